@@ -1,0 +1,18 @@
+"""dpjax: differential-privacy accounting in JAX.
+
+Layers (one sub-package each):
+
+* :mod:`dpjax.pld` -- FFT privacy-loss-distribution accounting (mechanism -> grid PMF ->
+  composition -> (eps, delta) conversion), certified upper bounds.
+* :mod:`dpjax.baselines` -- RDP (moments accountant) and the group-privacy lemma.
+* :mod:`dpjax.montecarlo` -- Monte Carlo accounting of matrix mechanisms under balls-in-bins
+  batching, with Estimate-Verify-Release.
+* :mod:`dpjax.calibration` -- noise calibration by bisection with implicit-differentiation
+  gradients.
+* :mod:`dpjax.cli` -- the ``dpjax`` command.
+
+All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
+:mod:`dpjax._x64`).
+"""
+
+__version__ = "0.1.0"

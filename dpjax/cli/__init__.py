@@ -1,0 +1,1 @@
+"""The ``dpjax`` command-line tool.  See :mod:`dpjax.cli.main`."""
