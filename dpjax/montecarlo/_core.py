@@ -1,0 +1,385 @@
+"""Pure, jittable core of the balls-in-bins Monte Carlo accountant (DESIGN.md section 4).
+
+Everything here is a pure function of arrays (no validation; the public wrappers in
+:mod:`dpjax.montecarlo._accountant` validate).  Call it with 64-bit types enabled
+(``with jax.enable_x64(True):`` or inside a function decorated with
+:func:`dpjax._x64.float64`): the sampler consumes uint64 random words.
+
+The dominating pair (seed 002, Lemma 3.2), ``n = b * E`` rounds::
+
+    P = (1/b) sum_i N(m_i, sigma^2 I_n),   m_i = sum_{j<E} |C|[:, b*j + i],   Q = N(0, sigma^2 I_n)
+
+Gram reduction: with ``G = M M^T`` (``M`` the ``(b, n)`` matrix of modes) and ``W ~ N(0, G)``,
+the privacy loss of ``X = m_I + sigma Z ~ P`` is::
+
+    Y_PQ = logsumexp_i((G[I, i] + sigma W_i - G[i, i]/2) / sigma^2) - log b
+
+and of ``X = sigma Z ~ Q`` (the reverse pair, loss ``log Q/P``)::
+
+    Y_QP = -(logsumexp_i((sigma W_i - G[i, i]/2) / sigma^2) - log b)
+
+``delta(eps) = E[max(0, 1 - exp(eps - Y))]`` for each direction; add/remove adjacency needs the
+max of the two (DESIGN.md section 4, "Both directions").
+
+Random stream (common random numbers).  Sample ``s`` lives in block ``s // BLOCK_SIZE``;
+block ``j`` draws ``(b + 1)`` uint64 words per sample from ``jax.random.fold_in(key, j)``:
+``b`` words give ``U ~ N(0, I_b)`` and one gives the mode index ``I``.  So the draws ``(I, U)``
+depend only on ``(key, b, sample index)`` -- never on ``sigma``, ``C``, ``epsilon``, the chunk
+size or the number of devices -- and ``W = L U`` with ``L L^T = G``.  For a fixed key the
+estimate is therefore a deterministic, piecewise-smooth function of ``(G, sigma, epsilon)``
+(and of ``C`` through ``G``): ``jax.grad`` through it gives the gradient of the common-random-
+numbers estimate (seed 002, section 4).  The same ``U`` serves both directions and every epsilon.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax.montecarlo._normal import normal_from_bits
+
+#: Samples per PRNG block.  Fixed, so the stream never depends on the chunk size.
+BLOCK_SIZE = 2048
+
+#: Default number of samples per chunk (per device): bounds memory at about
+#: ``chunk * (b + 1) * 8 * 4`` bytes.
+DEFAULT_CHUNK_SAMPLES = 1 << 15
+
+
+# --------------------------------------------------------------------------- modes and Gram
+
+
+def modes_from_dense(correlation_matrix, batches_per_epoch: int):
+    """Modes ``M`` of shape ``(b, n)``: ``M[i] = sum_{j<E} |C|[:, b*j + i]``.
+
+    ``correlation_matrix``: ``(n, n)`` lower-triangular, ``n = b * E``.
+    """
+    c = jnp.abs(jnp.asarray(correlation_matrix, jnp.float64))
+    n = c.shape[0]
+    b = batches_per_epoch
+    epochs = n // b
+    # Column b*j + i -> (j, i) after reshape: sum over the epoch index j.
+    return c.reshape(n, epochs, b).sum(axis=1).T
+
+
+def modes_from_column(first_column, batches_per_epoch: int, epochs: int):
+    """Modes of a lower-triangular Toeplitz ``C`` from its first column, without forming ``C``.
+
+    ``first_column``: ``(k,)``, ``C[t, s] = c[t - s]`` (zero beyond ``k``); ``k <= n`` is
+    zero-padded, ``k > n`` truncated.  Returns ``(b, n)``.
+
+    Why it works: ``m_0 = C x_0`` with ``x_0`` the indicator of rounds ``0, b, 2b, ...``, so
+    ``m_0[e*b + r] = sum_{j <= e} c[(e-j)*b + r]`` -- a cumulative sum over epochs of ``c``
+    reshaped to ``(E, b)``; and Toeplitz ``C`` commutes with the shift, so
+    ``m_i[t] = m_0[t - i]`` for ``t >= i`` and 0 before.  Cost O(b n).
+    """
+    b, epochs = batches_per_epoch, epochs
+    n = b * epochs
+    c = jnp.abs(jnp.asarray(first_column, jnp.float64))
+    k = c.shape[0]
+    c = jnp.pad(c, (0, n - k)) if k < n else c[:n]
+    m0 = jnp.cumsum(c.reshape(epochs, b), axis=0).reshape(n)
+    t = jnp.arange(n)[None, :]
+    i = jnp.arange(b)[:, None]
+    shifted = jnp.take(m0, jnp.clip(t - i, 0, n - 1))
+    return jnp.where(t >= i, shifted, 0.0)
+
+
+def gram_from_modes(modes):
+    """``G = M M^T``, shape ``(b, b)``."""
+    modes = jnp.asarray(modes, jnp.float64)
+    return modes @ modes.T
+
+
+def gram_from_columns(first_column, batches_per_epoch: int, epochs: int):
+    """Gram matrix ``(b, b)`` of a Toeplitz ``C`` given by its first column (differentiable)."""
+    return gram_from_modes(modes_from_column(first_column, batches_per_epoch, epochs))
+
+
+def gram_from_dense(correlation_matrix, batches_per_epoch: int):
+    """Gram matrix ``(b, b)`` of a dense lower-triangular ``C`` (differentiable)."""
+    return gram_from_modes(modes_from_dense(correlation_matrix, batches_per_epoch))
+
+
+def gram_sqrt(gram):
+    """A square root ``L`` with ``L L^T = G`` (``(b, b)``), robust to singular ``G``.
+
+    Cholesky when ``G`` is numerically positive definite (the usual case: ``C`` with a
+    non-zero diagonal makes the modes linearly independent).  If Cholesky fails (``G``
+    singular or indefinite by round-off) it falls back to the eigendecomposition
+    ``G = V diag(lam) V^T`` and ``L = V diag(sqrt(max(lam, 0)))``: exact for a PSD ``G``, and
+    clipping the round-off negative eigenvalues (``|lam| ~ 1e-16 |G|``) changes ``L L^T`` by
+    that much only.  No jitter is added, so the distribution of ``W = L U`` is ``N(0, G)``.
+    Any square root gives the same distribution of ``W``; the choice only matters for which
+    ``W`` a given ``U`` maps to (common random numbers switch when the branch switches).
+    """
+    gram = jnp.asarray(gram, jnp.float64)
+    gram = 0.5 * (gram + gram.T)
+    # The branch test runs on a stop-gradient copy so that a failed Cholesky (NaN) can never
+    # leak NaN cotangents into the gradient of the branch actually taken.
+    ok = jnp.all(jnp.isfinite(jnp.linalg.cholesky(jax.lax.stop_gradient(gram))))
+
+    def _eig(g):
+        lam, vec = jnp.linalg.eigh(g)
+        return vec * jnp.sqrt(jnp.clip(lam, 0.0, None))[None, :]
+
+    return jax.lax.cond(ok, jnp.linalg.cholesky, _eig, gram)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def draw_block(key, block_index, b: int):
+    """Draws of one block: mode indices ``(BLOCK_SIZE,)`` int32 and ``U`` ``(BLOCK_SIZE, b)``.
+
+    Mode index: ``word mod b``; its bias is below ``b / 2^64`` (negligible).
+    """
+    block_key = jax.random.fold_in(key, block_index)
+    bits = jax.random.bits(block_key, (BLOCK_SIZE, b + 1), jnp.uint64)
+    u = normal_from_bits(bits[:, :b])
+    mode_index = (bits[:, b] % jnp.uint64(b)).astype(jnp.int32)
+    return mode_index, u
+
+
+def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
+    """Privacy losses of both directions for a batch of draws.
+
+    ``mode_index`` ``(S,)``, ``u`` ``(S, b)``.  Returns ``(y_pq, y_qp)``, each ``(S,)``:
+    ``y_pq = log P/Q (X)`` with ``X ~ P`` and ``y_qp = log Q/P (X)`` with ``X ~ Q``.
+    """
+    b = gram.shape[0]
+    sigma = noise_multiplier
+    w = u @ sqrt_gram.T  # (S, b) ~ N(0, G)
+    half_norms = 0.5 * jnp.diagonal(gram) / sigma**2
+    logits_q = w / sigma - half_norms[None, :]
+    logits_p = logits_q + jnp.take(gram, mode_index, axis=0) / sigma**2
+    log_b = math.log(b)
+    y_pq = jax.nn.logsumexp(logits_p, axis=1) - log_b
+    y_qp = -(jax.nn.logsumexp(logits_q, axis=1) - log_b)
+    return y_pq, y_qp
+
+
+def hockey_stick_terms(losses, epsilon):
+    """``max(0, 1 - exp(eps - Y))`` for losses ``(S,)`` and epsilons ``(K,)`` -> ``(S, K)``."""
+    return -jnp.expm1(jnp.minimum(epsilon[None, :] - losses[:, None], 0.0))
+
+
+class MonteCarloSums(NamedTuple):
+    """Per-direction sums over samples; index 0 = P||Q (remove), 1 = Q||P (add).
+
+    ``total``: ``(2, K)`` sum of the hockey-stick terms; ``total_sq``: ``(2, K)`` sum of
+    their squares; ``num_samples``: the count (a Python int).
+    """
+
+    total: jax.Array
+    total_sq: jax.Array
+
+
+def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, *, num_samples, chunk_blocks):
+    b = gram.shape[0]
+    block_ids = first_block + jnp.arange(chunk_blocks)
+    mode_index, u = jax.vmap(lambda j: draw_block(key, j, b))(block_ids)
+    mode_index = mode_index.reshape(-1)
+    u = u.reshape(-1, b)
+    sample_ids = (block_ids[:, None] * BLOCK_SIZE + jnp.arange(BLOCK_SIZE)[None, :]).reshape(-1)
+    valid = (sample_ids < num_samples).astype(jnp.float64)[:, None]
+    y_pq, y_qp = privacy_losses(gram, sqrt_gram, sigma, mode_index, u)
+    t_pq = hockey_stick_terms(y_pq, epsilon) * valid
+    t_qp = hockey_stick_terms(y_qp, epsilon) * valid
+    total = jnp.stack([t_pq.sum(0), t_qp.sum(0)])
+    total_sq = jnp.stack([(t_pq * t_pq).sum(0), (t_qp * t_qp).sum(0)])
+    return total, total_sq
+
+
+def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, *, num_samples, chunk_blocks, num_chunks):
+    """Sums over chunks ``chunk_offset .. chunk_offset + num_chunks - 1`` (a ``lax.scan``).
+
+    The chunk body is rematerialised under reverse-mode AD (``jax.checkpoint``), so
+    ``jax.grad`` also runs in memory bounded by one chunk.
+    """
+    body_fn = jax.checkpoint(
+        functools.partial(_chunk_sums, num_samples=num_samples, chunk_blocks=chunk_blocks)
+    )
+    k = epsilon.shape[0]
+
+    def body(carry, c):
+        total, total_sq = body_fn(gram, sqrt_gram, sigma, epsilon, key, (chunk_offset + c) * chunk_blocks)
+        return (carry[0] + total, carry[1] + total_sq), None
+
+    init = (jnp.zeros((2, k), jnp.float64), jnp.zeros((2, k), jnp.float64))
+    (total, total_sq), _ = jax.lax.scan(body, init, jnp.arange(num_chunks))
+    return total, total_sq
+
+
+def chunk_plan(num_samples: int, chunk_size: int | None, num_devices: int = 1):
+    """``(chunk_blocks, chunks_per_device)`` covering ``num_samples`` (Python ints)."""
+    num_blocks = -(-num_samples // BLOCK_SIZE)
+    if chunk_size is None:
+        chunk_size = DEFAULT_CHUNK_SAMPLES
+    chunk_blocks = max(1, min(-(-int(chunk_size) // BLOCK_SIZE), -(-num_blocks // num_devices)))
+    num_chunks = -(-num_blocks // chunk_blocks)
+    chunks_per_device = -(-num_chunks // num_devices)
+    return chunk_blocks, chunks_per_device
+
+
+def _to_key(key):
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    return jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
+
+
+@functools.partial(jax.jit, static_argnames=("num_samples", "chunk_size"))
+def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chunk_size: int | None = None):
+    """Sums of the hockey-stick terms on one device.  Shapes: ``gram (b, b)``, ``epsilon (K,)``.
+
+    Returns :class:`MonteCarloSums` with ``(2, K)`` arrays.  Jittable and differentiable in
+    ``gram``, ``noise_multiplier`` and ``epsilon``; see the module docstring for the random
+    stream.  Use :func:`dpjax.montecarlo.sharded_monte_carlo_sums` for several devices.
+    """
+    key = _to_key(key)
+    gram = jnp.asarray(gram, jnp.float64)
+    epsilon = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    sqrt_gram = gram_sqrt(gram)
+    chunk_blocks, num_chunks = chunk_plan(num_samples, chunk_size, 1)
+    total, total_sq = _local_sums(
+        gram, sqrt_gram, sigma, epsilon, key, 0,
+        num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks,
+    )
+    return MonteCarloSums(total, total_sq)
+
+
+def estimate_from_sums(sums: MonteCarloSums, num_samples: int):
+    """Per-direction mean and standard error, each ``(2, K)``.
+
+    ``SE = sqrt(var / m)`` with the unbiased sample variance ``var``.
+    """
+    m = num_samples
+    mean = sums.total / m
+    second = sums.total_sq / m
+    var = jnp.maximum(second - mean * mean, 0.0) * (m / max(m - 1, 1))
+    return mean, jnp.sqrt(var / m)
+
+
+def delta_estimate(gram, noise_multiplier, epsilon, key, num_samples: int, chunk_size: int | None = None):
+    """Monte Carlo delta of balls-in-bins matrix mechanisms: pure, jittable, differentiable.
+
+    Args:
+      gram: ``(b, b)`` Gram matrix ``G = M M^T`` of the modes (:func:`gram_from_columns`,
+        :func:`gram_from_dense`); float64.
+      noise_multiplier: scalar ``sigma > 0`` (noise std / clip norm).
+      epsilon: scalar or ``(K,)``.
+      key: a JAX PRNG key (typed or raw ``uint32[2]``).
+      num_samples: static Python int ``m``.
+      chunk_size: static; samples per scan step (memory bound), does not change the draws.
+
+    Returns:
+      ``(delta, standard_error)``, each of ``epsilon``'s shape: the max over the two
+      directions (P||Q and Q||P) of the estimate, and the standard error of that direction.
+
+    Common random numbers: the draws ``(I, U)`` depend only on ``(key, b, m)`` -- not on
+    ``sigma``, ``G`` or ``epsilon`` -- so for a fixed key the result is a deterministic,
+    piecewise-smooth function of ``(G, sigma, epsilon)`` and ``jax.grad`` w.r.t. any of them
+    (or the coefficients that produced ``G``) is the gradient of the CRN estimate.
+
+    Must run with 64-bit types enabled (``jax.enable_x64(True)`` or ``dpjax._x64.float64``).
+
+    Example::
+
+        with jax.enable_x64(True):
+            g = gram_from_columns(jnp.array([1.0, 0.5, 0.25]), 32, 8)
+            d, se = delta_estimate(g, 1.0, jnp.array([1.0, 2.0]), jax.random.key(0), 1 << 16)
+            dd_dsigma = jax.grad(lambda s: delta_estimate(g, s, 2.0, jax.random.key(0), 1 << 14)[0])(1.0)
+    """
+    eps = jnp.asarray(epsilon, jnp.float64)
+    sums = monte_carlo_sums(gram, noise_multiplier, eps.reshape(-1), key, num_samples, chunk_size)
+    mean, se = estimate_from_sums(sums, num_samples)
+    pick = jnp.argmax(mean, axis=0)
+    delta = jnp.max(mean, axis=0)
+    stderr = jnp.take_along_axis(se, pick[None, :], axis=0)[0]
+    return delta.reshape(eps.shape), stderr.reshape(eps.shape)
+
+
+# --------------------------------------------------------------------------- sharded
+
+
+def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int,
+                             chunk_size: int | None = None, devices=None):
+    """:func:`monte_carlo_sums` spread over ``devices`` (default: all JAX sees), summed with ``psum``.
+
+    Device ``d`` processes chunks ``d * c .. (d + 1) * c - 1`` of the same global stream, so
+    the draws are identical to the single-device call with the same key; the result differs
+    from it only by the order of floating-point additions (relative ~1e-15).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) == 1:
+        return monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples, chunk_size)
+    return _sharded_fn(tuple(devices), num_samples, chunk_size)(
+        jnp.asarray(gram, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64),
+        jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64)), _to_key(key))
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_fn(devices, num_samples, chunk_size):
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    ndev = len(devices)
+    mesh = Mesh(np.array(devices), ("devices",))
+    chunk_blocks, chunks_per_device = chunk_plan(num_samples, chunk_size, ndev)
+
+    def per_device(gram, sigma, epsilon, key):
+        dev = jax.lax.axis_index("devices")
+        sqrt_gram = gram_sqrt(gram)
+        total, total_sq = _local_sums(
+            gram, sqrt_gram, sigma, epsilon, key, dev * chunks_per_device,
+            num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=chunks_per_device,
+        )
+        return jax.lax.psum(total, "devices"), jax.lax.psum(total_sq, "devices")
+
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(), P()),
+                           out_specs=(P(), P()), check_vma=False)
+
+    @jax.jit
+    def run(gram, sigma, epsilon, key):
+        total, total_sq = mapped(gram, sigma, epsilon, key)
+        return MonteCarloSums(total, total_sq)
+
+    return run
+
+
+# --------------------------------------------------------------------------- direct reference
+
+
+@functools.partial(jax.jit, static_argnames=("num_samples",))
+def direct_monte_carlo_sums(modes, noise_multiplier, epsilon, key, num_samples: int):
+    """Test reference: the same estimator sampling ``X`` in ``R^n`` directly (no Gram reduction).
+
+    ``X = m_I + sigma Z`` (P) and ``X = sigma Z`` (Q), ``Z ~ N(0, I_n)`` from
+    ``jax.random.normal``; losses from the definition
+    ``logsumexp_i((<X, m_i> - |m_i|^2/2)/sigma^2) - log b``.  O(n b) per sample; an
+    independent random stream from the Gram sampler.  ``modes``: ``(b, n)``.
+    """
+    key = _to_key(key)
+    modes = jnp.asarray(modes, jnp.float64)
+    epsilon = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    b, n = modes.shape
+    k_idx, k_p, k_q = jax.random.split(key, 3)
+    mode_index = jax.random.randint(k_idx, (num_samples,), 0, b)
+    x_p = modes[mode_index] + sigma * jax.random.normal(k_p, (num_samples, n), jnp.float64)
+    x_q = sigma * jax.random.normal(k_q, (num_samples, n), jnp.float64)
+    half_norms = 0.5 * jnp.sum(modes * modes, axis=1)
+
+    def loss(x):
+        return jax.nn.logsumexp((x @ modes.T - half_norms[None, :]) / sigma**2, axis=1) - math.log(b)
+
+    t_pq = hockey_stick_terms(loss(x_p), epsilon)
+    t_qp = hockey_stick_terms(-loss(x_q), epsilon)
+    total = jnp.stack([t_pq.sum(0), t_qp.sum(0)])
+    total_sq = jnp.stack([(t_pq**2).sum(0), (t_qp**2).sum(0)])
+    return MonteCarloSums(total, total_sq)
