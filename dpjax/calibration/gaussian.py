@@ -1,0 +1,116 @@
+"""Exact calibration of the (T-fold) Gaussian mechanism -- the analytic oracle (DESIGN.md §1).
+
+``T`` compositions of the Gaussian mechanism with noise multiplier ``sigma`` (sensitivity 1) are
+exactly one Gaussian mechanism with ``s = sigma / sqrt(T)`` (Balle & Wang 2018; seed 003)::
+
+    delta(eps; s) = Phi(-eps*s + 1/(2s)) - e^eps * Phi(-eps*s - 1/(2s))
+
+It is smooth and strictly decreasing in both ``eps`` and ``sigma``, and its partials are closed
+form (``d delta/d sigma = -phi(-eps*s + 1/(2s)) / (s^2 sqrt(T))``,
+``d delta/d eps = -e^eps Phi(-eps*s - 1/(2s))``), which makes it the reference problem for the
+generic calibration machinery in :mod:`dpjax.calibration.root`.
+
+Usage::
+
+    from dpjax.calibration import gaussian_noise_multiplier
+    gaussian_noise_multiplier(1.0, 1e-5, steps=16)   # 14.9225... (= 4 * 3.7306..., s = sigma/4)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import log_ndtr
+
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
+                                    solve_monotone_root)
+
+__all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
+
+# Search range for the per-composition-normalised s = sigma/sqrt(T).  delta(eps; s) -> 1 as
+# s -> 0 and <= exp(-(eps*s)^2/2)-ish as s grows, so every (eps >= 1e-4, delta >= 1e-300) target
+# is reached inside; targets outside raise (never a clipped sigma).
+_S_BRACKET = (1e-4, 1e7)
+
+
+def gaussian_delta(epsilon, noise_multiplier, steps=1):
+    """Tight delta(epsilon) of ``steps`` Gaussian mechanisms; pure, jittable, differentiable.
+
+    Args:
+      epsilon: scalar/array >= 0.
+      noise_multiplier: scalar/array > 0 (noise std / sensitivity).
+      steps: scalar/array >= 1 (may be a float: the formula only uses ``sqrt(steps)``).
+
+    Returns:
+      delta, broadcast shape of the inputs.
+    """
+    eps = jnp.asarray(epsilon, jnp.float64)
+    s = jnp.asarray(noise_multiplier, jnp.float64) / jnp.sqrt(jnp.asarray(steps, jnp.float64))
+    log_a = log_ndtr(-eps * s + 0.5 / s)
+    log_b = log_ndtr(-eps * s - 0.5 / s)
+    # Phi(a) - e^eps Phi(b) = Phi(a) * (1 - exp(eps + log Phi(b) - log Phi(a))): no cancellation
+    # when delta << Phi(a) (large eps or small deltas).
+    return jnp.exp(log_a) * -jnp.expm1(eps + log_b - log_a)
+
+
+def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
+                                   num_iterations: int = 64, adjoint=ImplicitAdjoint()):
+    """Jittable core: smallest sigma with ``gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.
+
+    Scalars in, a :class:`~dpjax.calibration.root.RootResult` out (``vmap`` for batches).
+    Differentiable in ``target_epsilon``, ``target_delta`` and ``steps`` through ``adjoint``.
+    """
+    steps = jnp.asarray(steps, jnp.float64)
+    sqrt_t = jnp.sqrt(steps)
+    theta = (jnp.asarray(target_epsilon, jnp.float64), steps)
+    bracket = (_S_BRACKET[0] * sqrt_t, _S_BRACKET[1] * sqrt_t)
+    # Bisection on log delta: log keeps the comparison meaningful down to delta ~ 1e-300.
+    fn = lambda sigma, th: jnp.log(gaussian_delta(th[0], sigma, th[1]))
+    return solve_monotone_root(fn, theta, jnp.log(jnp.asarray(target_delta, jnp.float64)),
+                               jax.lax.stop_gradient(bracket), decreasing=True,
+                               num_iterations=num_iterations, log_scale=True, adjoint=adjoint)
+
+
+@jax.jit
+def _batched(eps, delta, steps):
+    core = lambda e, d, t: gaussian_noise_multiplier_core(e, d, t, adjoint=StopGradientAdjoint())
+    return jax.vmap(core)(eps, delta, steps)
+
+
+@float64
+def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
+    """Smallest noise multiplier of ``steps`` composed Gaussian mechanisms meeting (eps, delta).
+
+    Exact analytic accounting (no discretisation); the returned value is the upper end of a
+    bisection bracket of relative width < 1e-15, so its delta is <= ``target_delta``.
+
+    Args:
+      target_epsilon: > 0, scalar or array.
+      target_delta: in (0, 1), scalar or array.
+      steps: integer >= 1, scalar or array.
+
+    Returns:
+      float (scalar inputs) or float64 ndarray (broadcast shape).
+
+    Raises:
+      ValueError: bad input, or a target no sigma in ``[1e-4, 1e7] * sqrt(steps)`` reaches.
+    """
+    eps = _validate.positive("target_epsilon", target_epsilon)
+    delta = _validate.probability_open("target_delta", target_delta)
+    steps_arr = _validate.positive("steps", steps)
+    if np.any(steps_arr < 1) or np.any(steps_arr != np.floor(steps_arr)):
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    eps, delta, steps_arr = np.broadcast_arrays(eps, delta, steps_arr)
+    shape = eps.shape
+    res = _batched(eps.ravel(), delta.ravel(), steps_arr.ravel())
+    status = np.asarray(res.status)
+    if np.any(status != STATUS_CONVERGED):
+        bad = int(np.argmax(status != STATUS_CONVERGED))
+        raise ValueError(
+            f"target (epsilon={eps.ravel()[bad]}, delta={delta.ravel()[bad]}) is outside the "
+            f"search range sigma/sqrt(steps) in {_S_BRACKET}; use epsilon >= 1e-4")
+    out = np.asarray(res.root).reshape(shape)
+    return float(out) if out.ndim == 0 else out
