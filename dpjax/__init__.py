@@ -16,3 +16,5 @@ All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
 """
 
 __version__ = "0.1.0"
+
+from dpjax import matrices, montecarlo  # noqa: E402
