@@ -32,8 +32,24 @@ from dpjax.montecarlo._core import (
     sharded_monte_carlo_sums,
 )
 from dpjax.montecarlo._normal import normal_from_bits
+from dpjax.montecarlo._accountant import (
+    BallsInBins,
+    Certificate,
+    DeltaEstimate,
+    certified_delta,
+    gaussian_delta,
+    gaussian_epsilon,
+    minimum_samples,
+)
 
 __all__ = [
+    "BallsInBins",
+    "Certificate",
+    "DeltaEstimate",
+    "certified_delta",
+    "gaussian_delta",
+    "gaussian_epsilon",
+    "minimum_samples",
     "BLOCK_SIZE",
     "DEFAULT_CHUNK_SAMPLES",
     "MonteCarloSums",

@@ -1,0 +1,349 @@
+"""User-facing balls-in-bins Monte Carlo accountant: validation + thin wrappers over the core."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import optimize, special
+
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax.matrices import BLT, Toeplitz
+from dpjax.montecarlo import _core, _evr
+
+MAX_SAMPLES = 1 << 40
+
+
+# --------------------------------------------------------------------------- Gaussian baseline
+
+
+def gaussian_delta(sensitivity_over_sigma: float, epsilon) -> np.ndarray:
+    """Tight delta of the Gaussian mechanism with ``mu = sensitivity / sigma`` (Balle & Wang 2018).
+
+    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``; the second term in log
+    space (``log_ndtr``) so large ``eps`` neither overflows nor cancels to a negative number.
+    """
+    mu = float(sensitivity_over_sigma)
+    eps = np.asarray(epsilon, dtype=np.float64)
+    if mu == 0.0:
+        return np.zeros_like(eps)
+    first = special.ndtr(-eps / mu + mu / 2)
+    second = np.exp(eps + special.log_ndtr(-eps / mu - mu / 2))
+    return np.clip(first - second, 0.0, 1.0)
+
+
+def gaussian_epsilon(sensitivity_over_sigma: float, target_delta: float) -> float:
+    """Smallest ``eps >= 0`` with :func:`gaussian_delta` ``<= target_delta`` (root, rounded up)."""
+    mu = float(sensitivity_over_sigma)
+    if gaussian_delta(mu, 0.0) <= target_delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_delta(mu, hi) > target_delta:
+        hi *= 2.0
+        if hi > 1e6:
+            return math.inf
+    root = optimize.brentq(lambda e: gaussian_delta(mu, e) - target_delta, 0.0, hi, xtol=1e-13, rtol=1e-13)
+    # brentq's bracket end with delta <= target keeps the answer on the safe side.
+    return float(root if gaussian_delta(mu, root) <= target_delta else root + 1e-12)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaEstimate:
+    """Monte Carlo delta for each epsilon.
+
+    Attributes:
+      epsilon: ``(K,)``.
+      delta: ``(K,)`` max over the two directions (the add/remove guarantee).
+      standard_error: ``(K,)`` standard error of the reported direction.
+      delta_remove, se_remove: ``(K,)`` direction P||Q (``X ~ P``, loss ``log P/Q``).
+      delta_add, se_add: ``(K,)`` direction Q||P (``X ~ Q``, loss ``log Q/P``).
+      num_samples: sample count (the same draws serve both directions and every epsilon).
+    """
+
+    epsilon: np.ndarray
+    delta: np.ndarray
+    standard_error: np.ndarray
+    delta_remove: np.ndarray
+    se_remove: np.ndarray
+    delta_add: np.ndarray
+    se_add: np.ndarray
+    num_samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Certificate:
+    """Outcome of Estimate-Verify-Release (see :mod:`dpjax.montecarlo._evr`).
+
+    Attributes:
+      verified: ``delta_estimate <= base_delta`` (both directions).
+      epsilon: the certified epsilon.
+      delta: the rigorous delta ``tau * base_delta + failure_probability`` (``<= target_delta``)
+        if verified, else ``inf`` (nothing certified; fall back to another accountant).
+      target_delta: requested.
+      base_delta: the threshold the estimate had to meet.
+      tau: slack factor of the true delta that the failure probability covers.
+      failure_probability: ``exp(-m KL(base_delta || tau base_delta))``, the chance that a
+        mechanism with true delta above ``tau * base_delta`` passed verification.
+      delta_estimate, standard_error: the Monte Carlo estimate (max direction) and its SE.
+      delta_remove, delta_add: per-direction estimates.
+      num_samples: samples used.
+      noise_multiplier: sigma.
+      reason: one line explaining the outcome.
+    """
+
+    verified: bool
+    epsilon: float
+    delta: float
+    target_delta: float
+    base_delta: float
+    tau: float
+    failure_probability: float
+    delta_estimate: float
+    standard_error: float
+    delta_remove: float
+    delta_add: float
+    num_samples: int
+    noise_multiplier: float
+    reason: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _validate_dense(name: str, value: Any, n: int) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a real (n, n) array, got {value!r}") from exc
+    if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
+        raise ValueError(f"{name} must be a square (n, n) array, got shape {arr.shape}")
+    if np.isnan(arr).any() or np.isinf(arr).any():
+        raise ValueError(f"{name} must be finite (no NaN/inf entries)")
+    if (arr < 0).any():
+        raise ValueError(f"{name} must be non-negative (entries >= 0), min entry {arr.min():.3g}")
+    if np.triu(arr, 1).any():
+        raise ValueError(f"{name} must be lower triangular (zero above the diagonal)")
+    if arr.shape[0] != n:
+        raise ValueError(
+            f"{name} has n = {arr.shape[0]} rows but batches_per_epoch * epochs = {n}; they must be equal")
+    return arr
+
+
+def _to_key(key):
+    if key is None:
+        raise ValueError("key must be a JAX PRNG key or an integer seed, got None")
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return jax.random.key(int(key))
+    return key
+
+
+def _validate_samples(num_samples) -> int:
+    m = _validate.positive_int("num_samples", num_samples)
+    if m > MAX_SAMPLES:
+        raise ValueError(f"num_samples must be <= 2^40, got {m}")
+    return m
+
+
+# --------------------------------------------------------------------------- accountant
+
+
+class BallsInBins:
+    """Monte Carlo accountant for ``C x + z`` under balls-in-bins batching (seed 002).
+
+    Args:
+      correlation: the correlation matrix ``C``: a dense ``(n, n)`` lower-triangular
+        non-negative array, a :class:`dpjax.matrices.Toeplitz` / :class:`~dpjax.matrices.BLT`,
+        or a 1-D array taken as a Toeplitz first column (zero-padded to ``n``: banded).
+      batches_per_epoch: ``b`` (each example falls in one of ``b`` batches, the same every epoch).
+      epochs: ``E``; ``n = b * E`` rounds.
+
+    Only the ``(b, b)`` Gram matrix of the modes is kept (O(b n) work for structured ``C``).
+
+    Example::
+
+        acc = BallsInBins(Toeplitz(np.array([1.0, 0.5, 0.25])), batches_per_epoch=32, epochs=8)
+        delta, se = acc.delta(noise_multiplier=1.0, epsilon=[1.0, 2.0], num_samples=1 << 20, key=0)
+        cert = acc.certify(1.0, epsilon=2.0, target_delta=1e-3, num_samples=1 << 22, key=1)
+    """
+
+    @float64
+    def __init__(self, correlation, batches_per_epoch, epochs):
+        b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+        e = _validate.positive_int("epochs", epochs)
+        n = b * e
+        self.batches_per_epoch = b
+        self.epochs = e
+        self.num_rounds = n
+        if isinstance(correlation, (Toeplitz, BLT)):
+            column = np.asarray(correlation.column(n), dtype=np.float64)
+            _validate.nonnegative("correlation (first column)", column)
+            gram = _core.gram_from_columns(jnp.asarray(column), b, e)
+        else:
+            arr = np.asarray(correlation, dtype=np.float64) if not isinstance(correlation, str) else None
+            if arr is not None and arr.ndim == 1:
+                if arr.size == 0:
+                    raise ValueError("correlation (Toeplitz first column) must be non-empty")
+                _validate.nonnegative("correlation (Toeplitz first column)", arr)
+                gram = _core.gram_from_columns(jnp.asarray(arr), b, e)
+            else:
+                dense = _validate_dense("correlation", correlation, n)
+                gram = _core.gram_from_dense(jnp.asarray(dense), b)
+        self.gram = np.asarray(gram)
+        if not np.isfinite(self.gram).all():
+            raise ValueError("correlation produces a non-finite Gram matrix (entries too large)")
+
+    # ------------------------------------------------------------------ baselines
+
+    @property
+    def sensitivity(self) -> float:
+        """Deterministic-batch L2 sensitivity ``max_i |m_i|_2`` (no amplification)."""
+        return float(np.sqrt(np.max(np.diagonal(self.gram))))
+
+    def unamplified_delta(self, noise_multiplier, epsilon) -> np.ndarray:
+        """Gaussian delta at sensitivity :attr:`sensitivity` -- the baseline amplification must beat.
+
+        It is also a rigorous upper bound on the balls-in-bins delta (joint convexity of the
+        hockey-stick divergence over the mixture P).
+        """
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        eps = _validate.nonnegative("epsilon", epsilon)
+        return gaussian_delta(self.sensitivity / sigma, eps)
+
+    def unamplified_epsilon(self, noise_multiplier, target_delta) -> float:
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        delta = float(_validate.probability_open("target_delta", target_delta))
+        return gaussian_epsilon(self.sensitivity / sigma, delta)
+
+    # ------------------------------------------------------------------ Monte Carlo
+
+    @float64
+    def estimate(self, noise_multiplier, epsilon, num_samples, key, *, chunk_size=None,
+                 devices=None) -> DeltaEstimate:
+        """Both directions at every ``epsilon`` from one set of ``num_samples`` draws."""
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        eps = _validate.nonnegative("epsilon", epsilon)
+        m = _validate_samples(num_samples)
+        if chunk_size is not None:
+            chunk_size = _validate.positive_int("chunk_size", chunk_size)
+        flat = np.atleast_1d(eps).reshape(-1)
+        sums = _core.sharded_monte_carlo_sums(
+            jnp.asarray(self.gram), sigma, jnp.asarray(flat), _to_key(key), m, chunk_size, devices)
+        mean, se = _core.estimate_from_sums(sums, m)
+        mean, se = np.asarray(mean), np.asarray(se)
+        pick = np.argmax(mean, axis=0)
+        cols = np.arange(flat.size)
+        return DeltaEstimate(
+            epsilon=flat, delta=mean[pick, cols], standard_error=se[pick, cols],
+            delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m)
+
+    def delta(self, noise_multiplier, epsilon, num_samples, key, *, chunk_size=None, devices=None):
+        """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape).
+
+        The estimate is the max over the two directions (add/remove adjacency); the standard
+        error is that direction's.  ``key``: JAX PRNG key or int seed.
+        """
+        est = self.estimate(noise_multiplier, epsilon, num_samples, key, chunk_size=chunk_size, devices=devices)
+        shape = np.shape(epsilon)
+        return est.delta.reshape(shape), est.standard_error.reshape(shape)
+
+    def epsilon(self, noise_multiplier, target_delta, num_samples, key, *, grid_size=32, refinements=3,
+                chunk_size=None, devices=None) -> float:
+        """Monte Carlo ``eps_hat(delta)``: the smallest grid epsilon with ``delta_hat <= target_delta``.
+
+        ``delta_hat(eps)`` (same draws for every eps) is non-increasing, so ``refinements``
+        passes over ``grid_size`` epsilons bracket the crossing to a width of
+        ``eps_hi / grid_size^refinements``; the upper end is returned.  ``inf`` if even the
+        upper search limit fails.  An estimate: use :meth:`certify` for a rigorous statement.
+        """
+        delta = float(_validate.probability_open("target_delta", target_delta))
+        grid_size = _validate.positive_int("grid_size", grid_size, minimum=2)
+        refinements = _validate.positive_int("refinements", refinements)
+        unamp = self.unamplified_epsilon(noise_multiplier, delta)
+        hi = 2.0 * unamp + 1.0 if math.isfinite(unamp) else 64.0
+        lo = 0.0
+
+        def deltas(grid):
+            return self.estimate(noise_multiplier, grid, num_samples, key, chunk_size=chunk_size,
+                                 devices=devices).delta
+
+        if deltas(np.array([0.0]))[0] <= delta:
+            return 0.0
+        while deltas(np.array([hi]))[0] > delta:
+            hi *= 2.0
+            if hi > 1e4:
+                return math.inf
+        for _ in range(refinements):
+            grid = np.linspace(lo, hi, grid_size)
+            d = deltas(grid)
+            ok = np.nonzero(d <= delta)[0]
+            first = int(ok[0])  # hi always passes
+            lo, hi = (grid[first - 1] if first > 0 else lo), grid[first]
+        return float(hi)
+
+    def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
+                devices=None) -> Certificate:
+        """Estimate-Verify-Release: is ``(epsilon, target_delta)`` certified with ``num_samples``?
+
+        Picks the largest ``base_delta`` whose EVR bound (see :mod:`dpjax.montecarlo._evr`)
+        stays within ``target_delta``, estimates delta (both directions) and verifies
+        ``delta_hat <= base_delta``.  ``ValueError`` if ``num_samples`` is below
+        :func:`minimum_samples` (no base delta can work).
+        """
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        eps = float(_validate.nonnegative("epsilon", epsilon))
+        target = float(_validate.probability_open("target_delta", target_delta))
+        m = _validate_samples(num_samples)
+        base = _evr.base_delta_for_target(m, target)
+        if base is None:
+            raise ValueError(
+                f"num_samples = {m} is too small to certify target_delta = {target:g}; need at least "
+                f"{_evr.minimum_samples(target)} (more, e.g. 10x, to leave room for the estimate)")
+        overall, tau, beta = _evr.overall_delta(m, base)
+        est = self.estimate(sigma, np.array([eps]), m, key, chunk_size=chunk_size, devices=devices)
+        d_hat = float(est.delta[0])
+        verified = d_hat <= base
+        if verified:
+            reason = (f"verified: delta_hat = {d_hat:.4g} <= base_delta = {base:.4g} with {m} samples; "
+                      f"(eps, tau*base_delta + beta) = ({eps:g}, {overall:.4g})")
+        else:
+            reason = (f"not verified: delta_hat = {d_hat:.4g} > base_delta = {base:.4g}; nothing certified "
+                      "(raise noise_multiplier, epsilon or num_samples)")
+        return Certificate(
+            verified=bool(verified), epsilon=eps, delta=float(overall) if verified else math.inf,
+            target_delta=target, base_delta=float(base), tau=float(tau), failure_probability=float(beta),
+            delta_estimate=d_hat, standard_error=float(est.standard_error[0]),
+            delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]),
+            num_samples=m, noise_multiplier=sigma, reason=reason)
+
+
+def minimum_samples(target_delta, base_delta=None) -> int:
+    """Smallest sample count for which Estimate-Verify-Release can certify ``target_delta``.
+
+    ``base_delta=None``: the absolute minimum (some ``base_delta`` works, about
+    ``log(m)/target_delta``); else the minimum for verifying against that ``base_delta``.
+    """
+    target = float(_validate.probability_open("target_delta", target_delta))
+    if base_delta is not None:
+        base = float(_validate.probability_open("base_delta", base_delta))
+        if base >= target:
+            raise ValueError(f"base_delta must be < target_delta = {target:g}, got {base:g}")
+        return _evr.minimum_samples(target, base)
+    return _evr.minimum_samples(target)
+
+
+def certified_delta(num_samples, base_delta) -> tuple[float, float, float]:
+    """``(delta, tau, failure_probability)`` that EVR reports after verifying ``base_delta``."""
+    m = _validate_samples(num_samples)
+    base = float(_validate.probability_open("base_delta", base_delta))
+    return _evr.overall_delta(m, base)
