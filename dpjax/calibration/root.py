@@ -165,7 +165,9 @@ class ImplicitAdjoint:
         target_bar =   x_bar / f_x,       f_x = df/dx (x*, theta)
 
     Values closed over by ``f`` that are JAX tracers (e.g. arrays from an enclosing ``jit`` or
-    ``grad``) are hoisted with ``jax.closure_convert`` and receive their gradients the same way.
+    ``grad``, of any dtype) are hoisted into explicit arguments (like ``jax.closure_convert``,
+    which however leaves integer tracers closed over and so breaks under ``jit``), and receive
+    their gradients the same way.
     The bracket gets a zero gradient (the root does not depend on it while it is interior).
 
     Accuracy: exact up to how close ``x*`` is to the true boundary (the bisection tolerance) and
@@ -179,7 +181,7 @@ class ImplicitAdjoint:
         lower, upper = jnp.asarray(bracket[0], dtype), jnp.asarray(bracket[1], dtype)
         target = jnp.asarray(target, dtype)
         theta = jax.tree_util.tree_map(jnp.asarray, theta)
-        fn_conv, consts = jax.closure_convert(fn, lower, theta)
+        fn_conv, consts = _hoist_closure(fn, lower, theta)
         solver = functools.partial(_implicit_solve, fn_conv, decreasing, num_iterations, log_scale)
         return solver(theta, target, lower, upper, *consts)
 
@@ -197,6 +199,23 @@ class StopGradientAdjoint:
         out = _bisect(lambda x: fn(x, theta), target, bracket[0], bracket[1],
                       decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale)
         return jax.lax.stop_gradient(out)
+
+
+def _hoist_closure(fn, x_example, theta):
+    """``fn(x, theta)`` -> ``(fn_conv(x, theta, *hoisted), hoisted)``: every closed-over tracer
+    becomes an explicit argument, so the custom VJP never captures a tracer of another trace."""
+    closed = jax.make_jaxpr(fn)(x_example, theta)
+    consts = list(closed.consts)
+    is_tracer = [isinstance(c, jax.core.Tracer) for c in consts]
+    hoisted = [c for c, t in zip(consts, is_tracer) if t]
+
+    def fn_conv(x, th, *hoisted_values):
+        it = iter(hoisted_values)
+        all_consts = [next(it) if t else c for c, t in zip(consts, is_tracer)]
+        (out,) = jax.core.eval_jaxpr(closed.jaxpr, all_consts, *jax.tree_util.tree_leaves((x, th)))
+        return out
+
+    return fn_conv, hoisted
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))

@@ -67,3 +67,8 @@ __all__ = [
     "privacy_losses",
     "sharded_monte_carlo_sums",
 ]
+
+# Differentiable calibration (implemented in dpjax.calibration; imported last: it uses the core).
+from dpjax.calibration.montecarlo import calibrated_noise  # noqa: E402
+
+__all__ += ["calibrated_noise"]

@@ -326,6 +326,12 @@ class BallsInBins:
             delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]),
             num_samples=m, noise_multiplier=sigma, reason=reason)
 
+    def calibrate(self, target_epsilon, target_delta, num_samples, key) -> float:
+        """Noise multiplier with ``delta_hat = target_delta`` (an estimate; see
+        :func:`dpjax.calibration.montecarlo.calibrate_accountant`, which implements it)."""
+        from dpjax.calibration.montecarlo import calibrate_accountant
+        return calibrate_accountant(self, target_epsilon, target_delta, num_samples, key)
+
 
 def minimum_samples(target_delta, base_delta=None) -> int:
     """Smallest sample count for which Estimate-Verify-Release can certify ``target_delta``.
