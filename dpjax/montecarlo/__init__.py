@@ -31,7 +31,7 @@ from dpjax.montecarlo._core import (
     privacy_losses,
     sharded_monte_carlo_sums,
 )
-from dpjax.montecarlo._normal import normal_from_bits
+from dpjax.montecarlo._normal import normal_from_bits, normal_pairs_from_bits, uniform_open
 from dpjax.montecarlo._accountant import (
     BallsInBins,
     Certificate,
@@ -64,6 +64,8 @@ __all__ = [
     "modes_from_dense",
     "monte_carlo_sums",
     "normal_from_bits",
+    "normal_pairs_from_bits",
+    "uniform_open",
     "privacy_losses",
     "sharded_monte_carlo_sums",
 ]

@@ -22,8 +22,8 @@ and of ``X = sigma Z ~ Q`` (the reverse pair, loss ``log Q/P``)::
 max of the two (DESIGN.md section 4, "Both directions").
 
 Random stream (common random numbers).  Sample ``s`` lives in block ``s // BLOCK_SIZE``;
-block ``j`` draws ``(b + 1)`` uint64 words per sample from ``jax.random.fold_in(key, j)``:
-``b`` words give ``U ~ N(0, I_b)`` and one gives the mode index ``I``.  So the draws ``(I, U)``
+block ``j`` draws ``2 ceil(b/2) + 1`` uint64 words per sample from ``jax.random.fold_in(key, j)``:
+``b`` words give ``U ~ N(0, I_b)`` (Box-Muller pairs) and one gives the mode index ``I``.  So the draws ``(I, U)``
 depend only on ``(key, b, sample index)`` -- never on ``sigma``, ``C``, ``epsilon``, the chunk
 size or the number of devices -- and ``W = L U`` with ``L L^T = G``.  For a fixed key the
 estimate is therefore a deterministic, piecewise-smooth function of ``(G, sigma, epsilon)``
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax.montecarlo._normal import normal_from_bits
+from dpjax.montecarlo._normal import normal_from_bits, uniform_open
 
 #: Samples per PRNG block.  Fixed, so the stream never depends on the chunk size.
 BLOCK_SIZE = 2048
@@ -137,13 +137,24 @@ def gram_sqrt(gram):
 def draw_block(key, block_index, b: int):
     """Draws of one block: mode indices ``(BLOCK_SIZE,)`` int32 and ``U`` ``(BLOCK_SIZE, b)``.
 
-    Mode index: ``word mod b``; its bias is below ``b / 2^64`` (negligible).
+    ``2 * ceil(b / 2) + 1`` uint64 words per sample from ``fold_in(key, block_index)``: pairs of
+    words give Box-Muller normals (:mod:`dpjax.montecarlo._normal`), the last word the mode
+    index ``floor(u * b)`` with ``u`` uniform on ``(0, 1)`` (52-bit resolution: the mode
+    probabilities are ``1/b`` up to ``2^-52``).
     """
+    half = -(-b // 2)
     block_key = jax.random.fold_in(key, block_index)
-    bits = jax.random.bits(block_key, (BLOCK_SIZE, b + 1), jnp.uint64)
-    u = normal_from_bits(bits[:, :b])
-    mode_index = (bits[:, b] % jnp.uint64(b)).astype(jnp.int32)
+    words = jax.random.bits(block_key, (BLOCK_SIZE, 2 * half + 1), jnp.uint64)
+    u = normal_from_bits(words[:, : 2 * half], b)
+    mode_index = jnp.minimum(jnp.floor(uniform_open(words[:, 2 * half]) * b), b - 1).astype(jnp.int32)
     return mode_index, u
+
+
+def _logsumexp_rows(x):
+    # Plain max-shifted logsumexp over the last axis: jax.nn.logsumexp adds inf/NaN handling
+    # passes that cost ~15% of a sample here, and our logits are always finite.
+    m = jax.lax.stop_gradient(jnp.max(x, axis=-1))
+    return m + jnp.log(jnp.sum(jnp.exp(x - m[..., None]), axis=-1))
 
 
 def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
@@ -154,13 +165,13 @@ def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
     """
     b = gram.shape[0]
     sigma = noise_multiplier
-    w = u @ sqrt_gram.T  # (S, b) ~ N(0, G)
+    # w / sigma with w = L U ~ N(0, G): fold 1/sigma into the (b, b) factor, not the (S, b) array.
     half_norms = 0.5 * jnp.diagonal(gram) / sigma**2
-    logits_q = w / sigma - half_norms[None, :]
+    logits_q = u @ (sqrt_gram.T / sigma) - half_norms[None, :]
     logits_p = logits_q + jnp.take(gram, mode_index, axis=0) / sigma**2
     log_b = math.log(b)
-    y_pq = jax.nn.logsumexp(logits_p, axis=1) - log_b
-    y_qp = -(jax.nn.logsumexp(logits_q, axis=1) - log_b)
+    y_pq = _logsumexp_rows(logits_p) - log_b
+    y_qp = -(_logsumexp_rows(logits_q) - log_b)
     return y_pq, y_qp
 
 
