@@ -1,0 +1,411 @@
+"""Public PLD accountant: validate, plan the grid, run one jitted program per direction.
+
+General API (any list of mechanisms with counts, heterogeneous compositions included)::
+
+    >>> from dpjax import pld
+    >>> comps = [(pld.Gaussian(10.0), 100), (pld.RandomizedResponse(0.96, 2), 100)]
+    >>> res = pld.epsilon(comps, target_delta=1e-5)          # doctest: +SKIP
+    >>> res.epsilon, res.epsilon_lower, res.epsilon_upper     # doctest: +SKIP
+
+DP-SGD::
+
+    >>> pld.dpsgd_accounting(1.0, 0.01, 1000, target_delta=1e-5).epsilon   # doctest: +SKIP
+
+The reported ``epsilon`` (= ``epsilon_upper``) is a certified upper bound: the pessimistic grid
+PMF dominates the mechanism, and the single-step truncation (``+inf`` atom), wrap-around
+(Chernoff) and FFT round-off terms are added to delta before converting.  ``epsilon_lower`` is
+certified from below (optimistic grid, wrap-around from below subtracted); it is loose by about
+``T dx / 2`` for long compositions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax.pld.compose import Group, compose
+from dpjax.pld.convert import delta_at, eps_at, table
+from dpjax.pld.mechanisms import PoissonSubsampledGaussian
+from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
+
+# ------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectionReport:
+    """Per-direction diagnostics (floats; arrays when several targets were asked)."""
+
+    direction: str
+    upper: Any
+    lower: Any
+    n: int
+    dx: float
+    p_inf: float
+    tail_above: float
+    tail_below: float
+    roundoff: float
+    truncation_budget: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonResult:
+    """``epsilon(target_delta)``: certified ``epsilon_upper`` (= ``epsilon``) and ``epsilon_lower``.
+
+    ``epsilon`` is ``inf`` when the upper bound cannot certify ``target_delta`` (``reason`` says
+    why).  ``directions`` holds the add/remove (or single symmetric) reports; ``blocked`` is True
+    when a long heterogeneous schedule was bracketed by blocks (see :class:`GridOptions`).
+    """
+
+    epsilon: Any
+    epsilon_lower: Any
+    epsilon_upper: Any
+    target_delta: Any
+    directions: tuple[DirectionReport, ...]
+    blocked: bool = False
+    reason: str | None = None
+
+    def as_dict(self) -> dict:
+        return dict(
+            epsilon=_py(self.epsilon), epsilon_lower=_py(self.epsilon_lower),
+            epsilon_upper=_py(self.epsilon_upper), target_delta=_py(self.target_delta),
+            blocked=self.blocked, reason=self.reason,
+            directions={d.direction: dict(epsilon_upper=_py(d.upper), epsilon_lower=_py(d.lower), n=d.n, dx=d.dx,
+                                          p_inf=d.p_inf, tail_above=d.tail_above, tail_below=d.tail_below,
+                                          roundoff=d.roundoff) for d in self.directions},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaResult:
+    """``delta(target_epsilon)``: certified ``delta_upper`` (= ``delta``) and ``delta_lower``."""
+
+    delta: Any
+    delta_lower: Any
+    delta_upper: Any
+    target_epsilon: Any
+    directions: tuple[DirectionReport, ...]
+    blocked: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(
+            delta=_py(self.delta), delta_lower=_py(self.delta_lower), delta_upper=_py(self.delta_upper),
+            target_epsilon=_py(self.target_epsilon), blocked=self.blocked,
+            directions={d.direction: dict(delta_upper=_py(d.upper), delta_lower=_py(d.lower), n=d.n, dx=d.dx,
+                                          p_inf=d.p_inf, tail_above=d.tail_above, tail_below=d.tail_below,
+                                          roundoff=d.roundoff) for d in self.directions},
+        )
+
+
+def _py(x):
+    a = np.asarray(x, np.float64)
+    return float(a) if a.ndim == 0 else a.tolist()
+
+
+# ------------------------------------------------------------------------------------------
+# Components -> stacked groups
+
+
+def _fields(mech):
+    data, static = [], []
+    for f in dataclasses.fields(mech):
+        (static if f.metadata.get("static", False) else data).append(f.name)
+    return data, static
+
+
+def _stack(components) -> list[tuple[type, dict, list[str], np.ndarray, np.ndarray]]:
+    """Group components by (class, static fields); returns per group the parameter matrix."""
+    groups: dict = {}
+    for item in components:
+        if isinstance(item, tuple):
+            mech, count = item
+        else:
+            mech, count = item, 1
+        if hasattr(mech, "validate"):
+            mech.validate()
+        data, static = _fields(mech)
+        cols = [np.atleast_1d(np.asarray(getattr(mech, f), np.float64)) for f in data]
+        G = int(np.broadcast_shapes(*[c.shape for c in cols])[0]) if cols else 1
+        if any(c.ndim != 1 for c in cols):
+            raise ValueError(f"mechanism parameters must be scalars or 1-D arrays, got {mech!r}")
+        cols = [np.broadcast_to(c, (G,)) for c in cols]
+        cnt = np.atleast_1d(np.asarray(count))
+        if cnt.ndim != 1 or cnt.shape[0] not in (1, G):
+            raise ValueError(f"count must be a positive integer or a 1-D array of length {G}, got {count!r}")
+        cnt = np.broadcast_to(cnt, (G,))
+        cnt = np.array([_validate.positive_int("count", c) for c in cnt], np.int64)
+        key = (type(mech), tuple((s, getattr(mech, s)) for s in static))
+        entry = groups.setdefault(key, (type(mech), {s: getattr(mech, s) for s in static}, data, [], []))
+        entry[3].append(np.stack(cols, axis=1))
+        entry[4].append(cnt)
+    out = []
+    for cls, static, data, params, counts in groups.values():
+        P = np.concatenate(params, axis=0)
+        C = np.concatenate(counts)
+        uniq, inv = np.unique(P, axis=0, return_inverse=True)
+        C = np.bincount(inv.reshape(-1), weights=C, minlength=len(uniq)).astype(np.int64)
+        out.append((cls, static, data, uniq, C))
+    return out
+
+
+def _block(cls, data, P, C, max_distinct):
+    """Bracket a long schedule by blocks: returns (upper params, lower params, counts) or None.
+
+    Only for mechanisms declaring ``privacy_parameter`` (a field where larger means more
+    private, all else equal), varying in that field alone.  Sorted by it, consecutive values
+    are grouped into ``max_distinct`` blocks of (nearly) equal total count; the upper bound uses
+    each block's smallest value (it dominates every member, by post-processing), the lower bound
+    its largest.
+    """
+    name = getattr(cls, "privacy_parameter", None)
+    if name is None or len(P) <= max_distinct:
+        return None
+    j = data.index(name)
+    others = np.delete(P, j, axis=1)
+    if len(others.T) and not np.all(others == others[0]):
+        return None
+    order = np.argsort(P[:, j])
+    P, C = P[order], C[order]
+    cum = np.cumsum(C)
+    block = np.minimum((cum - 1) * max_distinct // cum[-1], max_distinct - 1)
+    starts = np.r_[0, np.flatnonzero(np.diff(block)) + 1]
+    ends = np.r_[starts[1:], len(P)]
+    up = P[starts].copy()
+    lo = P[ends - 1].copy()
+    cnt = np.add.reduceat(C, starts)
+    return up, lo, cnt
+
+
+def _to_group(cls, static, data, P, C) -> Group:
+    G = len(C)
+    Gp = 1 << max(0, math.ceil(math.log2(G)))
+    if Gp > G:  # pad with copies of the first row and count 0 (no recompiles for every G)
+        P = np.concatenate([P, np.repeat(P[:1], Gp - G, axis=0)])
+        C = np.concatenate([C, np.zeros(Gp - G, np.int64)])
+    kwargs = {f: jnp.asarray(P[:, i], jnp.float64) for i, f in enumerate(data)}
+    kwargs.update(static)
+    return Group(mechanism=cls(**kwargs), counts=C, offsets=np.zeros(len(C), np.int64))
+
+
+def _prepare(components, max_distinct):
+    """Returns (upper_groups, lower_groups, symmetric, blocked)."""
+    stacked = _stack(components)
+    up, lo, blocked = [], [], False
+    for cls, static, data, P, C in stacked:
+        b = _block(cls, data, P, C, max_distinct)
+        if b is None:
+            g = _to_group(cls, static, data, P, C)
+            up.append(g)
+            lo.append(g)
+        else:
+            blocked = True
+            Pu, Pl, Cb = b
+            up.append(_to_group(cls, static, data, Pu, Cb))
+            lo.append(_to_group(cls, static, data, Pl, Cb))
+    symmetric = all(getattr(cls, "symmetric", False) for cls, *_ in stacked)
+    return up, lo, symmetric, blocked
+
+
+# ------------------------------------------------------------------------------------------
+# The jitted program (one per direction and static shape set)
+
+
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds"))
+def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds):
+    """All directions in one XLA program (one compile): compose, then convert."""
+    res = []
+    for di, d in enumerate(directions):
+        out = compose(groups[di], dx, lambdas[di], log_tau, direction=d, ms=ms[di], n=n, kinds=kinds)
+        r = {}
+        for kind in kinds:
+            pld = out[kind]
+            tab = table(pld, "upper" if kind == "up" else "lower")
+            r[kind] = dict(
+                eps=eps_at(tab, deltas), delta=delta_at(tab, epsilons), p_inf=pld.p_inf,
+                tail_above=pld.tail_above, tail_below=pld.tail_below, roundoff=pld.roundoff,
+            )
+        res.append(r)
+    return res
+
+
+def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, target_delta, options):
+    """Plan, run, and widen the window (keeping dx) while a wrap-around bound is over budget."""
+    factor = 1
+    while True:
+        plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
+                         target_delta=target_delta, options=options, n_factor=factor)
+        res = _program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
+                       directions=directions, ms=plan.ms, n=plan.n, kinds=kinds)
+        res = jax.device_get(res)
+        budget = 10.0 * plan.tau_wrap
+        over = any(
+            (k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
+            for rd in res for k, r in rd.items()
+        )
+        if not over or plan.n >= options.n_max or factor >= 64:
+            return plan, res
+        factor *= 2
+
+
+def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
+    up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct)
+    directions = ("remove",) if symmetric else ("remove", "add")
+    kinds = ("up", "down") if (with_lower and not blocked) else ("up",)
+    kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
+    plan, res = _run(up_groups, directions, kinds, deltas, epsilons, **kw)
+    if with_lower and blocked:
+        _, res_lo = _run(lo_groups, directions, ("down",), deltas, epsilons, **kw)
+        for r, rl in zip(res, res_lo):
+            r["down"] = rl["down"]
+    return [(d, plan, r) for d, r in zip(directions, res)], blocked
+
+
+def _options(options):
+    return options if options is not None else GridOptions()
+
+
+@float64
+def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True) -> EpsilonResult:
+    """Certified epsilon of a composition at ``target_delta`` (scalar or 1-D array).
+
+    Args:
+      components: a mechanism, or a sequence of mechanisms / ``(mechanism, count)`` pairs.
+        Mechanism parameters may be 1-D arrays (one mechanism per entry, e.g. a noise schedule).
+      target_delta: in (0, 1); an array gives one epsilon per entry (one FFT for all).
+      options: :class:`GridOptions` (accuracy/size knobs).
+      with_lower: also compute the optimistic ``epsilon_lower`` (doubles the FFT work).
+    Returns:
+      :class:`EpsilonResult`.
+    """
+    options = _options(options)
+    if not isinstance(components, (list, tuple)) or (isinstance(components, tuple) and len(components) == 2
+                                                      and not isinstance(components[0], tuple)
+                                                      and isinstance(components[1], (int, np.integer))):
+        components = [components]
+    deltas = _validate.probability_open("target_delta", target_delta)
+    tail_mass = options.tail_fraction * float(np.min(deltas))
+    reports, blocked = _account(components, jnp.asarray(deltas), jnp.zeros(()), with_lower=with_lower,
+                                options=options, eps_hint=None, target_delta=float(np.min(deltas)),
+                                tail_mass=tail_mass)
+    dir_reports = []
+    for d, plan, res in reports:
+        up = np.asarray(res["up"]["eps"])
+        lo = np.asarray(res["down"]["eps"]) if "down" in res else np.zeros_like(up)
+        dir_reports.append(_report(d, plan, res, up, lo))
+    upper = np.max([r.upper for r in dir_reports], axis=0)
+    lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
+    reason = None
+    if np.isinf(upper).any():
+        worst = max(dir_reports, key=lambda r: r.p_inf + r.tail_above + r.roundoff)
+        reason = (f"target_delta is below what the grid can certify in direction '{worst.direction}': "
+                  f"P(loss=+inf) + wrap-around + round-off = "
+                  f"{worst.p_inf + worst.tail_above + worst.roundoff:.3g} (the true epsilon may be very large "
+                  f"or infinite)")
+    return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
+                         target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
+                         reason=reason)
+
+
+@float64
+def delta(components, target_epsilon, *, options: GridOptions | None = None, with_lower: bool = True) -> DeltaResult:
+    """Certified delta of a composition at ``target_epsilon`` (scalar or 1-D array, >= 0).
+
+    The truncation/wrap-around budget is ``options.delta_tail_mass`` (absolute), so deltas far
+    below it are reported as about that value (an upper bound, never below the truth).
+    """
+    options = _options(options)
+    if not isinstance(components, (list, tuple)) or (isinstance(components, tuple) and len(components) == 2
+                                                      and not isinstance(components[0], tuple)
+                                                      and isinstance(components[1], (int, np.integer))):
+        components = [components]
+    eps = _validate.nonnegative("target_epsilon", target_epsilon)
+    reports, blocked = _account(components, jnp.asarray([0.5]), jnp.asarray(eps), with_lower=with_lower,
+                                options=options, eps_hint=float(np.max(eps)), target_delta=None,
+                                tail_mass=options.delta_tail_mass)
+    dir_reports = []
+    for d, plan, res in reports:
+        up = np.asarray(res["up"]["delta"])
+        lo = np.asarray(res["down"]["delta"]) if "down" in res else np.zeros_like(up)
+        dir_reports.append(_report(d, plan, res, up, lo))
+    upper = np.max([r.upper for r in dir_reports], axis=0)
+    lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
+    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                       target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+
+
+def _scalar(a):
+    a = np.asarray(a, np.float64)
+    return float(a) if a.ndim == 0 else a
+
+
+def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
+    r = res["up"]
+    tb = float(res["down"]["tail_below"]) if "down" in res else float("nan")
+    return DirectionReport(direction=d, upper=up, lower=lo, n=plan.n, dx=plan.dx, p_inf=float(r["p_inf"]),
+                           tail_above=float(r["tail_above"]), tail_below=tb, roundoff=float(r["roundoff"]),
+                           truncation_budget=plan.tau_inf)
+
+
+# ------------------------------------------------------------------------------------------
+# DP-SGD
+
+
+def _dpsgd_components(noise_multiplier, sampling_prob, steps):
+    steps = _validate.positive_int("steps", steps)
+    q = _validate.probability_open_closed("sampling_prob", sampling_prob)
+    if q.ndim != 0:
+        raise ValueError(f"sampling_prob must be a scalar in (0, 1], got {sampling_prob!r}")
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    if sigma.ndim == 0:
+        return [(PoissonSubsampledGaussian(float(sigma), float(q)), steps)]
+    if sigma.ndim != 1 or sigma.shape[0] != steps:
+        raise ValueError(
+            f"noise_multiplier must be a scalar or a 1-D array of length steps={steps}, got shape {sigma.shape}")
+    return [(PoissonSubsampledGaussian(sigma, np.full_like(sigma, float(q))), 1)]
+
+
+def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, target_epsilon=None, *,
+                     options: GridOptions | None = None, with_lower: bool = True):
+    """DP-SGD (Poisson sampling, add/remove adjacency): :class:`EpsilonResult` or :class:`DeltaResult`.
+
+    Args:
+      noise_multiplier: sigma > 0, or a 1-D array of length ``steps`` (per-step schedule).
+      sampling_prob: q in (0, 1].
+      steps: number of steps T >= 1.
+      target_delta / target_epsilon: exactly one of them.
+    """
+    if (target_delta is None) == (target_epsilon is None):
+        raise ValueError("give exactly one of target_delta and target_epsilon")
+    comps = _dpsgd_components(noise_multiplier, sampling_prob, steps)
+    if target_delta is not None:
+        return epsilon(comps, target_delta, options=options, with_lower=with_lower)
+    return delta(comps, target_epsilon, options=options, with_lower=with_lower)
+
+
+def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta) -> float:
+    """Certified epsilon of DP-SGD (Poisson-subsampled Gaussian, add/remove adjacency).
+
+    Example::
+
+        >>> import dpjax
+        >>> dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)     # doctest: +SKIP
+        1.8282...
+    """
+    target_delta = _validate.probability_open("target_delta", target_delta)
+    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False)
+    return res.epsilon
+
+
+def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon) -> float:
+    """Certified delta of DP-SGD at ``target_epsilon`` (>= 0)."""
+    target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False)
+    return res.delta

@@ -1,0 +1,93 @@
+"""Conversions of a composed PLD to (epsilon, delta) (DESIGN.md §1, §2.3).
+
+``delta(eps) = sum_t pmf_t (1 - e^{eps - y_t})_+ + P(Y = inf)`` is convex and decreasing in
+``eps``.  On a grid segment ``eps in [y_j, y_{j+1}]`` it is exactly
+
+    delta(eps) = A_j - e^{eps - y_ref} B_j,   A_j = sum_{t > j} pmf_t + const,
+                                              B_j = sum_{t > j} pmf_t e^{y_ref - y_t},
+
+so ``delta(eps)`` costs one segment lookup and ``eps(delta)`` is solved in closed form inside the
+bracketing segment (``eps = y_ref + log((A_j - delta) / B_j)``), vectorized over any number of
+targets and differentiable in the PMF (hence in the mechanism parameters) and in ``eps``.
+``y_ref`` is the window centre; the planner keeps the window narrower than 1300 so no exponent
+overflows.
+
+Upper bound: ``const = p_inf + tail_above + roundoff`` (mass that may have wrapped from above
+counts fully).  Lower bound: ``const = p_inf - tail_below - roundoff``, clipped at 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dpjax.pld.compose import ComposedPLD
+
+
+class HockeyStickTable(NamedTuple):
+    """Segment coefficients: ``A``, ``B`` of shape (n+1,) for segments ``j = -1..n-1``."""
+
+    A: jax.Array
+    B: jax.Array
+    y: jax.Array       # (n,) grid losses
+    y_ref: jax.Array   # ()
+
+
+def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
+    """Build the segment table for the ``"upper"`` or ``"lower"`` delta curve."""
+    r = pld.pmf
+    n = r.shape[-1]
+    y = pld.losses
+    y_ref = (pld.w_lo + n // 2) * pld.dx
+    if bound == "upper":
+        const = pld.p_inf + pld.tail_above + pld.roundoff
+    elif bound == "lower":
+        const = pld.p_inf - pld.tail_below - pld.roundoff
+    else:
+        raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
+    w = r * jnp.exp(y_ref - y)
+    # Suffix sums over t > j, accumulated from the top (small terms first).
+    sa = jnp.cumsum(r[::-1])[::-1]
+    sb = jnp.cumsum(w[::-1])[::-1]
+    zero = jnp.zeros((1,))
+    A = jnp.concatenate([sa, zero]) + const      # index j+1 <-> segment j (j = -1..n-1)
+    B = jnp.concatenate([sb, zero])
+    return HockeyStickTable(A=A, B=B, y=y, y_ref=y_ref)
+
+
+def delta_at(tab: HockeyStickTable, eps) -> jax.Array:
+    """``delta(eps)`` for any array of ``eps`` (clipped to [0, 1])."""
+    eps = jnp.asarray(eps, jnp.float64)
+    y = tab.y
+    n = y.shape[0]
+    dx = y[1] - y[0]
+    j = jnp.clip(jnp.floor((eps - y[0]) / dx).astype(jnp.int64), -1, n - 1)
+    A = tab.A[j + 1]
+    B = tab.B[j + 1]
+    d = A - jnp.exp(jnp.minimum(eps - tab.y_ref, 700.0)) * B
+    return jnp.clip(d, 0.0, 1.0)
+
+
+def eps_at(tab: HockeyStickTable, delta) -> jax.Array:
+    """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` (``inf`` if none), any array shape."""
+    delta = jnp.asarray(delta, jnp.float64)
+    y = tab.y
+    n = y.shape[0]
+    # D_j = delta(y_j) for j = 0..n-1 (decreasing); k = #{j : D_j > delta}.
+    D = tab.A[1:] - jnp.exp(y - tab.y_ref) * tab.B[1:]
+    # Clean monotonicity (round-off) so searchsorted sees a sorted array: running min.
+    D = jax.lax.cummin(D)
+    k = jnp.searchsorted(-D, -delta, side="left")           # in 0..n
+    seg = k - 1                                              # segment in -1..n-1
+    A = tab.A[k]
+    B = tab.B[k]
+    ratio = (A - delta) / B
+    eps = tab.y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
+    lo_end = jnp.where(seg >= 0, y[jnp.maximum(seg, 0)], -jnp.inf)
+    hi_end = jnp.where(seg + 1 <= n - 1, y[jnp.minimum(seg + 1, n - 1)], jnp.inf)
+    # Inside the segment the closed form is exact; round-off is resolved toward the upper end.
+    eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
+    eps = jnp.where(k >= n, jnp.inf, eps)
+    return jnp.maximum(eps, 0.0)

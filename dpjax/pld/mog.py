@@ -1,0 +1,449 @@
+"""Mixture-of-Gaussians (MoG) mechanism: closed-form privacy-loss distribution.
+
+A scalar MoG mechanism (Choquette-Choo, Ganesh, Steinke & Thakurta 2023; seed 000 Def. 2.8)
+has sensitivities ``s_j >= 0`` with probabilities ``p_j`` and noise standard deviation
+``sigma``.  Its dominating pair (seed 000 Lemma 2.9; DESIGN.md Sec. 1) is
+
+    remove:  P = sum_j p_j N(s_j, sigma^2)   vs   Q = N(0, sigma^2)
+    add:     the pair swapped.
+
+Work in units of sigma (``z = x / sigma``, ``c_j = s_j / sigma``).  The privacy loss of the
+remove pair at output z is
+
+    L(z) = log P(z)/Q(z) = log( p_0 + sum_{c_j > 0} p_j exp(c_j z - c_j^2 / 2) ),
+
+(``p_0`` = total probability of zero sensitivity) which is increasing and convex in z, with
+range ``(log p_0, inf)``.  So every event ``{L <= y}`` is a half-line ``{z <= z(y)}`` and the
+privacy-loss CDFs are closed-form sums of normal CDFs (seed 000 Sec. 2.3):
+
+    P[L(Z) <= y], Z ~ P  = sum_j p_j Phi(z(y) - c_j)
+    P[L(Z) <= y], Z ~ Q  = Phi(z(y)).
+
+The add pair's loss is ``-L(Z)`` with ``Z ~ Q``, so its CDF is ``P_Q[L(Z) >= -y]``.
+
+The only numerical step is the inverse ``z(y)``.  We solve ``h(z) = u`` with
+``h(z) = logsumexp_{c_j > 0}(log p_j + c_j z - c_j^2/2)`` and ``u = log(e^y - p_0)``: ``h`` is
+convex with slope in ``[min c_j, max c_j]`` (well conditioned even where L is flat near
+``log p_0``), and every single term lower-bounds it, so
+``z_0 = min_j (u - log p_j + c_j^2/2) / c_j`` lies right of the root; Newton's method from the
+right of the root of a convex increasing function decreases monotonically to it, quadratically
+once close.  All functions below are pure, fixed-shape and vmappable (pad unused components
+with probability 0, i.e. ``log_probs = -inf``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln, logsumexp
+
+from dpjax import _validate
+from dpjax.pld.mechanisms import LossCDFs, _check_direction
+
+# Newton steps for z(y).  The start is within log(K) / min c_j of the root and convergence is
+# quadratic from there: on the family-C mixtures 4-6 steps reach float64 round-off; 8 leaves a
+# margin (checked in tests/test_group_mog.py against a 60-step bisection on random mixtures).
+_NEWTON_STEPS = 8
+# Interpolation nodes and polishing steps of the fast path (see mog_inverse_privacy_loss).
+_INTERP_NODES = 2048
+_POLISH_STEPS = 3
+
+
+def _split_zero(scaled_sensitivities: jax.Array, log_probs: jax.Array):
+    positive = scaled_sensitivities > 0
+    log_p0 = logsumexp(jnp.where(positive, -jnp.inf, log_probs))
+    log_pos = jnp.where(positive, log_probs, -jnp.inf)
+    # Dummy slope for zero / padded components so divisions stay finite; their weight is 0.
+    c_safe = jnp.where(positive, scaled_sensitivities, 1.0)
+    return log_p0, log_pos, c_safe
+
+
+def mog_privacy_loss(z: jax.Array, scaled_sensitivities: jax.Array, log_probs: jax.Array) -> jax.Array:
+    """Remove-direction privacy loss ``L(z) = log P(z)/Q(z)`` at outputs ``z`` (units of sigma).
+
+    Args:
+      z: any shape, outputs divided by sigma.
+      scaled_sensitivities: shape ``(K,)``, ``s_j / sigma >= 0``.
+      log_probs: shape ``(K,)``, ``log p_j`` (``-inf`` for padding).
+    Returns:
+      same shape as ``z``.
+    """
+    c = scaled_sensitivities
+    a = log_probs + c * z[..., None] - 0.5 * c * c
+    return logsumexp(a, axis=-1)
+
+
+def _newton_h(u, z, log_pos, c, steps: int):
+    """``steps`` Newton iterations for ``h(z) = u`` (see module docstring), vectorized over u, z."""
+
+    def body(_, z):
+        a = log_pos + c * z[:, None] - 0.5 * c * c
+        top = jnp.max(a, axis=-1, keepdims=True)
+        e = jnp.exp(a - top)
+        total = jnp.sum(e, axis=-1)
+        h = top[:, 0] + jnp.log(total)
+        slope = jnp.sum(e * c, axis=-1) / total
+        return z - (h - u) / slope
+
+    return jax.lax.fori_loop(0, steps, body, z)
+
+
+def _u_of_y(y, log_p0):
+    """``u = log(e^y - p_0)`` (no cancellation) and the mask ``y > log p_0``."""
+    above = y > log_p0
+    y_safe = jnp.where(above, y, log_p0 + 1.0)
+    return y_safe + jnp.log(-jnp.expm1(log_p0 - y_safe)), above
+
+
+def _z_upper_start(u, log_pos, c):
+    """``min_j (u - log p_j + c_j^2/2) / c_j``: right of the root (each term lower-bounds h)."""
+    starts = (u[:, None] - log_pos + 0.5 * c * c) / c
+    return jnp.min(jnp.where(jnp.isfinite(log_pos), starts, jnp.inf), axis=-1)
+
+
+def mog_inverse_privacy_loss(y: jax.Array, scaled_sensitivities: jax.Array, log_probs: jax.Array, *, exact: bool = False) -> jax.Array:
+    """``z(y)`` with ``L(z(y)) = y`` (remove direction), ``-inf`` where ``y <= log p_0``.
+
+    Two stages (``exact=False``, the default used on PLD grids): the root is solved with full
+    Newton (``_NEWTON_STEPS``) at ``_INTERP_NODES`` nodes equally spaced in ``u`` between the
+    extreme queries, linearly interpolated (``z(u)`` is concave with slope in
+    ``[1/max c, 1/min c]``, so the start is within ~(du)^2 of the root) and polished with
+    ``_POLISH_STEPS`` Newton steps (quadratic convergence: 1e-5 -> 1e-10 -> 1e-20).  Cost per
+    query: ``_POLISH_STEPS`` log-sum-exps instead of ``_NEWTON_STEPS``.  ``exact=True`` runs the
+    full Newton iteration at every query (reference path for tests).
+
+    Args:
+      y: shape ``(n,)`` privacy-loss values (nats).
+      scaled_sensitivities, log_probs: shape ``(K,)`` (see :func:`mog_privacy_loss`).
+    Returns:
+      shape ``(n,)``, in units of sigma.
+    """
+    y = jnp.asarray(y, jnp.float64)
+    log_p0, log_pos, c = _split_zero(scaled_sensitivities, log_probs)
+    u, above = _u_of_y(y, log_p0)
+    if exact:
+        z = _newton_h(u, _z_upper_start(u, log_pos, c), log_pos, c, _NEWTON_STEPS)
+        return jnp.where(above, z, -jnp.inf)
+    u_lo = jnp.min(jnp.where(above, u, jnp.inf))
+    u_hi = jnp.max(jnp.where(above, u, -jnp.inf))
+    finite = jnp.isfinite(u_lo) & jnp.isfinite(u_hi)
+    u_lo = jnp.where(finite, u_lo, 0.0)
+    u_hi = jnp.where(finite, jnp.maximum(u_hi, u_lo + 1e-9), 1.0)
+    nodes = jnp.linspace(u_lo, u_hi, _INTERP_NODES)
+    z_nodes = _newton_h(nodes, _z_upper_start(nodes, log_pos, c), log_pos, c, _NEWTON_STEPS)
+    z = jnp.interp(u, nodes, z_nodes)
+    z = _newton_h(u, z, log_pos, c, _POLISH_STEPS)
+    return jnp.where(above, z, -jnp.inf)
+
+
+def _phi_neg_abs(d):
+    """``Phi(-|d|)`` via one ``erfc`` (4x cheaper than ``ndtr`` on CPU; same 1e-15 accuracy)."""
+    return 0.5 * jax.lax.erfc(jnp.abs(d) * 0.7071067811865476)
+
+
+def _mixture_cdf_sf(z: jax.Array, c: jax.Array, probs: jax.Array):
+    """``(sum_j p_j Phi(z - c_j), sum_j p_j Phi(c_j - z))``, each term's small side computed directly.
+
+    Shapes: ``z`` ``(n,)``, ``c``/``probs`` ``(K,)`` -> two ``(n,)`` arrays.  Summing accurate
+    non-negative terms keeps the relative accuracy of both tails (no ``1 - cdf``).
+    """
+    d = z[:, None] - c
+    small = _phi_neg_abs(d)
+    le = jnp.where(d < 0, small, 1.0 - small)
+    gt = jnp.where(d < 0, 1.0 - small, small)
+    return le @ probs, gt @ probs
+
+
+def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array, probabilities: jax.Array) -> LossCDFs:
+    """Privacy-loss CDFs of a MoG pair in ``direction`` at losses ``y`` (pure; the mechanism core).
+
+    Args:
+      direction: ``"remove"`` (P = mixture, Q = N(0,1)) or ``"add"`` (swapped); static.
+      y: any shape, loss values (nats).
+      scaled_sensitivities: ``(K,)`` sensitivities / standard deviation (>= 0).
+      probabilities: ``(K,)`` mixture weights (0 for padding).
+    Returns:
+      :class:`~dpjax.pld.mechanisms.LossCDFs` ``P(Y<=y), P(Y>y), Q(Y<=y), Q(Y>y)``, shape of ``y``.
+      Vmappable over padded ``(scaled_sensitivities, probabilities)``.
+    """
+    _check_direction(direction)
+    c = jnp.asarray(scaled_sensitivities, jnp.float64)
+    probs = jnp.asarray(probabilities, jnp.float64)
+    log_probs = jnp.log(probs)
+    y = jnp.asarray(y, jnp.float64)
+    flat = y.reshape(-1)
+    if direction == "remove":
+        # {Y <= y} = {Z <= z(y)}; Z ~ mixture under P, N(0, 1) under Q.
+        z = mog_inverse_privacy_loss(flat, c, log_probs)
+        p_le, p_gt = _mixture_cdf_sf(z, c, probs)
+        small = _phi_neg_abs(z)
+        q_le = jnp.where(z < 0, small, 1.0 - small)
+        q_gt = jnp.where(z < 0, 1.0 - small, small)
+    else:
+        # Y' = -L(Z); {Y' <= y} = {Z >= z(-y)}; Z ~ N(0, 1) under P', mixture under Q'.
+        z = mog_inverse_privacy_loss(-flat, c, log_probs)
+        small = _phi_neg_abs(z)
+        p_le = jnp.where(z < 0, 1.0 - small, small)   # Phi(-z)
+        p_gt = jnp.where(z < 0, small, 1.0 - small)   # Phi(z)
+        m_le, m_gt = _mixture_cdf_sf(z, c, probs)     # P_mix(Z <= z), P_mix(Z > z)
+        q_le, q_gt = m_gt, m_le
+    shape = y.shape
+    return LossCDFs(p_le.reshape(shape), p_gt.reshape(shape), q_le.reshape(shape), q_gt.reshape(shape))
+
+
+def mog_hockey_stick_single(epsilon: jax.Array, mechanism) -> tuple[jax.Array, jax.Array]:
+    """Exact single-step hockey-stick divergences ``(delta_remove, delta_add)`` at ``epsilon``.
+
+    ``H_eps(P||Q) = P_P[Y > eps] - e^eps P_Q[Y > eps]`` (Y the pair's privacy loss): the
+    closed form of seed 000 Sec. 2.3, for any mechanism with ``loss_cdfs`` (a test oracle).
+    Shapes: ``epsilon`` ``(n,)`` -> two ``(n,)`` arrays.
+    """
+    eps = jnp.asarray(epsilon, jnp.float64)
+    out = []
+    for direction in ("remove", "add"):
+        c = mechanism.loss_cdfs(direction, eps)
+        out.append(jnp.maximum(c.p_gt - jnp.exp(eps) * c.q_gt, 0.0))
+    return out[0], out[1]
+
+
+def _tuple_of_floats(name, values) -> tuple[float, ...]:
+    arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-d sequence of numbers, got {values!r}")
+    return tuple(float(v) for v in arr)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MixtureOfGaussians:
+    """Scalar mixture-of-Gaussians mechanism (seed 000 Def. 2.8), add/remove dominating pairs.
+
+    Remove: ``P = sum_j probabilities[j] N(sensitivities[j], standard_deviation^2)``,
+    ``Q = N(0, standard_deviation^2)``; add: the pair swapped (interface of
+    :mod:`dpjax.pld.mechanisms`).  The mixture is a static (hashable) part of the mechanism, the
+    noise ``standard_deviation`` a data field (so noise schedules stack); for a mixture that
+    varies inside a jitted/vmapped program use :class:`GroupSubsampledGaussian` or the pure
+    :func:`mog_loss_cdfs` with padded vectors.
+
+    Attributes:
+      standard_deviation: () noise standard deviation, > 0.
+      sensitivities: static tuple of ``K`` non-negative sensitivities (same units as the noise).
+      probabilities: static tuple of ``K`` non-negative weights summing to 1.
+
+    Example::
+
+        >>> from dpjax import pld
+        >>> mog = MixtureOfGaussians(1.0, sensitivities=(0.0, 1.0, 2.0), probabilities=(0.9801, 0.0198, 0.0001))
+        >>> pld.epsilon([(mog, 2000)], 1e-5).epsilon       # doctest: +SKIP
+        5.70...
+    """
+
+    standard_deviation: jax.Array
+    sensitivities: tuple = dataclasses.field(default=(0.0, 1.0), metadata=dict(static=True))
+    probabilities: tuple = dataclasses.field(default=(0.0, 1.0), metadata=dict(static=True))
+
+    symmetric = False
+
+    def __post_init__(self):
+        # Static fields must be hashable: normalise any sequence / array to a tuple of floats.
+        object.__setattr__(self, "sensitivities", _tuple_of_floats("sensitivities", self.sensitivities))
+        object.__setattr__(self, "probabilities", _tuple_of_floats("probabilities", self.probabilities))
+
+    def validate(self) -> "MixtureOfGaussians":
+        _validate.positive("standard_deviation", self.standard_deviation)
+        s = _validate.nonnegative("sensitivities", self.sensitivities)
+        p = _validate.nonnegative("probabilities", self.probabilities)
+        if s.shape != p.shape:
+            raise ValueError(
+                f"sensitivities and probabilities must have the same length, got {len(s)} and {len(p)}"
+            )
+        # 1e-9: weights computed in float64 from a pmf sum to 1 within ~1e-14.
+        if abs(p.sum() - 1.0) > 1e-9:
+            raise ValueError(f"probabilities must sum to 1, got sum {p.sum()!r}")
+        return self
+
+    def loss_cdfs(self, direction: str, y) -> LossCDFs:
+        sd = jnp.asarray(self.standard_deviation, jnp.float64)
+        c = jnp.asarray(self.sensitivities, jnp.float64) / sd
+        return mog_loss_cdfs(direction, y, c, jnp.asarray(self.probabilities, jnp.float64))
+
+
+# --------------------------------------------------------------------------------------------
+# Group privacy for DP-SGD (seed 000 Thm 3.1 and 3.3; DESIGN.md Sec. 3).
+
+
+def binomial_log_pmf(group_size, sampling_prob, num_components: int) -> jax.Array:
+    """``log Binomial(group_size, q)(j)`` for ``j = 0..num_components-1`` (``-inf`` for ``j > k``).
+
+    Pure and jittable; ``group_size`` may be traced (so it can be vmapped with a fixed padding
+    ``num_components >= max k + 1``).  ``q = 1`` puts all mass on ``j = k``.
+    """
+    k = jnp.asarray(group_size, jnp.float64)
+    q = jnp.asarray(sampling_prob, jnp.float64)
+    j = jnp.arange(num_components, dtype=jnp.float64)
+    inside = j <= k
+    safe_kj = jnp.where(inside, k - j, 0.0)
+    log_binom = gammaln(k + 1.0) - gammaln(j + 1.0) - gammaln(safe_kj + 1.0)
+    q_safe = jnp.where(q >= 1.0, 0.5, q)
+    log_pmf = log_binom + j * jnp.log(q_safe) + safe_kj * jnp.log1p(-q_safe)
+    log_pmf = jnp.where(q >= 1.0, jnp.where(j == k, 0.0, -jnp.inf), log_pmf)
+    return jnp.where(inside, log_pmf, -jnp.inf)
+
+
+def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components: int) -> jax.Array:
+    """``log Hypergeometric(N, k, B)(j)``: j of the k group members in a uniformly random batch
+    of B out of N (seed 001), ``j = 0..num_components-1``; ``-inf`` outside the support.
+
+    When ``N - k >= B`` (support starts at j = 0, the DP-SGD case) we use the exact product
+    ``pmf(0) = prod_{i<k} (1 - B/(N - i))`` and the ratio recursion
+    ``pmf(j+1)/pmf(j) = (k-j)(B-j) / ((j+1)(N-k-B+j+1))``: every factor is accurate to round-off,
+    so the weights carry ~k ulps of error (``gammaln`` of N = 5e4 would carry ~1e-10).  Otherwise
+    (tiny datasets) the ``gammaln`` form is used.  Pure, jittable, traced sizes allowed.
+    """
+    k = jnp.asarray(group_size, jnp.float64)
+    n = jnp.asarray(dataset_size, jnp.float64)
+    b = jnp.asarray(batch_size, jnp.float64)
+    j = jnp.arange(num_components, dtype=jnp.float64)
+    inside = (j <= k) & (j <= b) & (b - j <= n - k)
+
+    # Recursion (valid where N - k >= B).
+    log_p0 = jnp.sum(jnp.where(j < k, jnp.log1p(-b / (n - j)), 0.0))
+    num = (k - j) * (b - j)
+    den = (j + 1.0) * (n - k - b + j + 1.0)
+    log_ratio = jnp.where((num > 0) & (den > 0), jnp.log(jnp.where(num > 0, num, 1.0)) - jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
+    log_rec = log_p0 + jnp.concatenate([jnp.zeros(1), jnp.cumsum(log_ratio)[:-1]])
+
+    def log_choose(a, r):
+        r = jnp.where(inside, r, 0.0)
+        return gammaln(a + 1.0) - gammaln(r + 1.0) - gammaln(jnp.maximum(a - r, 0.0) + 1.0)
+
+    log_gam = log_choose(k, j) + log_choose(n - k, b - j) - log_choose(n, b)
+    log_pmf = jnp.where(n - k >= b, log_rec, log_gam)
+    return jnp.where(inside, log_pmf, -jnp.inf)
+
+
+def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson", num_components: int | None = None):
+    """``(sensitivities, probabilities, standard_deviation)`` of the group-privacy MoG (pure).
+
+    * ``sampling="poisson"`` (seed 000 Thm 3.1): sensitivities ``j = 0..k``, probabilities
+      ``Binomial(k, q)(j)``, standard deviation ``sigma``.
+    * ``sampling="fixed_batch"`` (seed 000 Thm 3.3, seed 001; replace adjacency): sensitivities
+      ``2j``, probabilities ``Hypergeometric(N, k, B)(j)``, standard deviation ``2 sigma``
+      (the convention of the reference rows and of jax_privacy's FIXED_BATCH_SIZE accountant
+      with noise multiplier ``2 sigma``; only the ratio ``j / sigma`` matters).
+
+    ``num_components`` (static) pads to a fixed length (default ``group_size + 1``, which then
+    must be concrete).  Shapes: ``(num_components,)``, ``(num_components,)``, ``()``.
+    """
+    if num_components is None:
+        num_components = int(group_size) + 1
+    j = jnp.arange(num_components, dtype=jnp.float64)
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    if sampling == "poisson":
+        log_p = binomial_log_pmf(group_size, sampling_prob, num_components)
+        return j, jnp.exp(log_p), sigma
+    if sampling == "fixed_batch":
+        log_p = hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components)
+        return 2.0 * j, jnp.exp(log_p), 2.0 * sigma
+    raise ValueError(f"sampling must be one of ('poisson', 'fixed_batch'), got {sampling!r}")
+
+
+def group_mixture(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson") -> MixtureOfGaussians:
+    """The concrete :class:`MixtureOfGaussians` of one DP-SGD step for groups of ``group_size``.
+
+    Conventions as in :func:`group_mixture_params` (e.g. the mixture of a reference row).
+    Not jittable (the mixture is static); see :class:`GroupSubsampledGaussian` for that.
+
+    Example::
+
+        >>> group_mixture(1.0, 2, 0.01).probabilities      # Binomial(2, 0.01)
+        (0.9801, 0.0198, 0.0001)
+    """
+    s, p, sd = group_mixture_params(noise_multiplier, group_size, sampling_prob, dataset_size, batch_size, sampling=sampling)
+    return MixtureOfGaussians(float(sd), sensitivities=np.asarray(s), probabilities=np.asarray(p))
+
+
+SAMPLINGS = ("poisson", "fixed_batch")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GroupSubsampledGaussian:
+    """One DP-SGD step as seen by a group of ``group_size`` examples: a MoG with scalar parameters.
+
+    * ``sampling="poisson"`` (seed 000 Thm 3.1): sensitivities ``j = 0..k``, weights
+      ``Binomial(k, sampling_prob)``, noise ``noise_multiplier`` (add/remove adjacency of groups).
+    * ``sampling="fixed_batch"`` (seed 000 Thm 3.3, seed 001): sensitivities ``2j``, weights
+      ``Hypergeometric(dataset_size, k, batch_size)``, noise ``2 * noise_multiplier``
+      (the reference rows' convention; ``sampling_prob`` unused).
+
+    All numeric parameters are scalar data fields (the mechanism interface of
+    :mod:`dpjax.pld.mechanisms`), so noise schedules stack and the mechanism is jittable and
+    vmappable in ``noise_multiplier``, ``group_size``, ``sampling_prob``, ``dataset_size`` and
+    ``batch_size``; the weights are computed inside :meth:`loss_cdfs`, padded to the static
+    ``num_components`` (>= group_size + 1) so that every group size shares one compiled program.
+
+    Example::
+
+        >>> from dpjax import pld
+        >>> step = GroupSubsampledGaussian(1.0, 4, sampling_prob=0.01, num_components=8)
+        >>> pld.epsilon([(step, 2000)], 1e-5).epsilon        # doctest: +SKIP
+        13.10...
+    """
+
+    noise_multiplier: jax.Array
+    group_size: jax.Array
+    sampling_prob: jax.Array = 0.0
+    dataset_size: jax.Array = 0.0
+    batch_size: jax.Array = 0.0
+    sampling: str = dataclasses.field(default="poisson", metadata=dict(static=True))
+    num_components: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    symmetric = False
+
+    def __post_init__(self):
+        if self.num_components == 0:
+            try:
+                k = int(np.max(np.asarray(self.group_size)))
+            except Exception as exc:  # traced group_size: padding must be given explicitly
+                raise ValueError("num_components must be given when group_size is traced") from exc
+            object.__setattr__(self, "num_components", _padded_components(k))
+
+    def validate(self) -> "GroupSubsampledGaussian":
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.one_of("sampling", self.sampling, SAMPLINGS)
+        k = np.atleast_1d(_validate.positive("group_size", self.group_size))
+        if (k != np.floor(k)).any():
+            raise ValueError(f"group_size must be an integer >= 1, got {self.group_size!r}")
+        if self.num_components < k.max() + 1:
+            raise ValueError(f"num_components must be >= group_size + 1 = {int(k.max()) + 1}, got {self.num_components}")
+        if self.sampling == "poisson":
+            _validate.probability_open_closed("sampling_prob", self.sampling_prob)
+        else:
+            n = _validate.positive("dataset_size", self.dataset_size)
+            b = _validate.positive("batch_size", self.batch_size)
+            if (b > n).any():
+                raise ValueError(f"batch_size must be <= dataset_size, got {self.batch_size!r} > {self.dataset_size!r}")
+            if (k > b).any():
+                raise ValueError(f"group_size must be <= batch_size, got {self.group_size!r} > {self.batch_size!r}")
+        return self
+
+    def mixture(self):
+        """``(scaled_sensitivities, probabilities)``, each ``(num_components,)`` (pure)."""
+        s, p, sd = group_mixture_params(
+            self.noise_multiplier, self.group_size, self.sampling_prob, self.dataset_size, self.batch_size,
+            sampling=self.sampling, num_components=self.num_components,
+        )
+        return s / sd, p
+
+    def loss_cdfs(self, direction: str, y) -> LossCDFs:
+        c, p = self.mixture()
+        return mog_loss_cdfs(direction, y, c, p)
+
+
+def _padded_components(group_size: int) -> int:
+    """Pad ``k + 1`` components to a power of two (>= 2): few distinct compiled shapes."""
+    return max(2, 1 << int(np.ceil(np.log2(group_size + 1))))
