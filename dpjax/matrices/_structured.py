@@ -19,6 +19,7 @@ Validation (non-negative, finite, ranges) runs only on concrete values, never un
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -43,11 +44,13 @@ def _check_1d_nonnegative(name: str, value, *, allow_empty=False) -> None:
         raise ValueError(f"{name} must be non-negative (a non-negative correlation matrix), got {value!r}")
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def _pad_or_truncate(c, n: int):
     k = c.shape[0]
     return jnp.pad(c, (0, n - k)) if k < n else c[:n]
 
 
+@jax.jit
 def toeplitz_dense(column):
     """Dense ``(n, n)`` lower-triangular Toeplitz matrix with first column ``column`` ``(n,)``."""
     n = column.shape[0]
@@ -67,6 +70,7 @@ def _truncated_product(a, b, length: int):
     return prod[:length]
 
 
+@jax.jit
 def inverse_toeplitz_column(column):
     """First column of ``C^{-1}`` for lower-triangular Toeplitz ``C`` with first column ``column``.
 
@@ -141,6 +145,23 @@ class Toeplitz:
         return inverse_toeplitz_column(self.column(n))
 
 
+@functools.partial(jax.jit, static_argnums=2)
+def _blt_column(theta, omega, n: int):
+    powers = jnp.arange(max(n - 1, 0), dtype=jnp.float64)
+    # theta^k via exp(k log theta): smooth in theta, no 0^0 issue since theta > 0.
+    tail = jnp.exp(powers[:, None] * jnp.log(theta)[None, :]) @ omega
+    return jnp.concatenate([jnp.ones((1,), jnp.float64), tail])[:n]
+
+
+@jax.jit
+def _dense_prefix_sum_rmse(c, noise_multiplier):
+    size = c.shape[0]
+    ones = jnp.tril(jnp.ones((size, size), jnp.float64))
+    # X = A C^{-1}  <=>  C^T X^T = A^T (upper-triangular solve).
+    x_t = jax.scipy.linalg.solve_triangular(c.T, ones.T, lower=False)
+    return noise_multiplier * jnp.sqrt(jnp.sum(x_t * x_t) / size)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class BLT:
@@ -179,12 +200,8 @@ class BLT:
     @float64
     def column(self, n: int):
         """First column ``(n,)``: ``[1, sum omega, sum omega theta, sum omega theta^2, ...]``."""
-        theta = jnp.asarray(self.buffer_decays, jnp.float64)
-        omega = jnp.asarray(self.output_scales, jnp.float64)
-        powers = jnp.arange(max(n - 1, 0), dtype=jnp.float64)
-        # theta^k via exp(k log theta): smooth in theta, no 0^0 issue since theta > 0.
-        tail = jnp.exp(powers[:, None] * jnp.log(theta)[None, :]) @ omega
-        return jnp.concatenate([jnp.ones((1,), jnp.float64), tail])[:n]
+        return _blt_column(jnp.asarray(self.buffer_decays, jnp.float64),
+                           jnp.asarray(self.output_scales, jnp.float64), n)
 
     @float64
     def dense(self, n: int):
@@ -195,6 +212,7 @@ class BLT:
         return inverse_toeplitz_column(self.column(n))
 
 
+@jax.jit
 def _prefix_sum_rmse_from_inverse_column(inv_column, noise_multiplier):
     n = inv_column.shape[0]
     # A C^{-1} is lower-triangular Toeplitz with column w = cumsum(v); entry w_k appears on
@@ -223,17 +241,22 @@ def prefix_sum_rmse(correlation, noise_multiplier, n: int | None = None):
             raise ValueError("n must be given for a structured (Toeplitz/BLT) correlation matrix")
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
-        return _prefix_sum_rmse_from_inverse_column(correlation.inverse_column(int(n)), noise_multiplier)
+        return _prefix_sum_rmse_from_inverse_column(correlation.inverse_column(int(n)),
+                                                    jnp.asarray(noise_multiplier, jnp.float64))
     c = jnp.asarray(correlation, jnp.float64)
     if c.ndim != 2 or c.shape[0] != c.shape[1]:
         raise ValueError(f"correlation must be a square (n, n) array, got shape {c.shape}")
     if n is not None and n != c.shape[0]:
         raise ValueError(f"n must equal the size of the correlation matrix {c.shape[0]}, got {n}")
-    size = c.shape[0]
-    ones = jnp.tril(jnp.ones((size, size), jnp.float64))
-    # X = A C^{-1}  <=>  C^T X^T = A^T (upper-triangular solve).
-    x_t = jax.scipy.linalg.solve_triangular(c.T, ones.T, lower=False)
-    return noise_multiplier * jnp.sqrt(jnp.sum(x_t * x_t) / size)
+    if _is_concrete(correlation):
+        arr = np.asarray(correlation, dtype=np.float64)
+        if not np.isfinite(arr).all():
+            raise ValueError("correlation must be finite (no NaN/inf entries)")
+        if np.triu(arr, 1).any():
+            raise ValueError("correlation must be lower triangular (zero above the diagonal)")
+        if (np.diagonal(arr) == 0).any():
+            raise ValueError("correlation must have a non-zero diagonal (C must be invertible)")
+    return _dense_prefix_sum_rmse(c, jnp.asarray(noise_multiplier, jnp.float64))
 
 
 def as_first_column(correlation, n: int):
