@@ -231,6 +231,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
             r[kind] = dict(
                 eps=eps_at(tab, deltas), delta=delta_at(tab, epsilons), p_inf=pld.p_inf,
                 tail_above=pld.tail_above, tail_below=pld.tail_below, roundoff=pld.roundoff,
+                needed_width=pld.needed_width,
             )
         res.append(r)
     return res
@@ -238,10 +239,10 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
 
 def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, target_delta, options):
     """Plan, run, and widen the window (keeping dx) while a wrap-around bound is over budget."""
-    factor = 1
-    while True:
+    min_width = 0.0
+    for _ in range(4):
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
-                         target_delta=target_delta, options=options, n_factor=factor)
+                         target_delta=target_delta, options=options, min_width=min_width)
         res = _program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
                        directions=directions, ms=plan.ms, n=plan.n, kinds=kinds)
         res = jax.device_get(res)
@@ -250,9 +251,11 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
             (k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
             for rd in res for k, r in rd.items()
         )
-        if not over or plan.n >= options.n_max or factor >= 64:
-            return plan, res
-        factor *= 2
+        if not over or plan.n >= options.n_max:
+            break
+        needed = max(float(r["needed_width"]) for rd in res for r in rd.values())
+        min_width = max(1.05 * needed, 1.5 * plan.n * plan.dx)
+    return plan, res
 
 
 def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):

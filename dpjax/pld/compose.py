@@ -67,6 +67,8 @@ class ComposedPLD(NamedTuple):
       tail_below: () bound on the mass at losses ``<= (w_lo - 1) dx`` (wrapped into the window).
       roundoff: () FFT round-off allowance (see module docstring).
       log_mgf: (L,) ``K(lam)`` of the composed sub-probability PMF at the candidate ``lam``.
+      needed_width: () ``h - l`` of the Chernoff quantiles at the planner's tail level (a
+        window narrower than this cannot meet the wrap-around budget).
     """
 
     pmf: jax.Array
@@ -77,6 +79,7 @@ class ComposedPLD(NamedTuple):
     tail_below: jax.Array
     roundoff: jax.Array
     log_mgf: jax.Array
+    needed_width: jax.Array
 
     @property
     def losses(self) -> jax.Array:
@@ -88,11 +91,16 @@ def _log_mgf(pmf, y, lambdas):
     return jax.nn.logsumexp(lambdas[:, None] * y[None, :], b=pmf[None, :], axis=1)
 
 
-def _window_start(log_mgf, lambdas, log_tau, dx, n):
-    """Centre the window between the Chernoff quantiles at level ``exp(log_tau)``."""
+def _chernoff_quantiles(log_mgf, lambdas, log_tau):
+    """``(l, h)``: the Chernoff bounds put mass <= exp(log_tau) below ``l`` and above ``h``."""
     pos = lambdas > 0
     h = jnp.min(jnp.where(pos, (log_mgf - log_tau) / jnp.where(pos, lambdas, 1.0), jnp.inf))
     l = jnp.max(jnp.where(~pos, (log_mgf - log_tau) / jnp.where(pos, 1.0, lambdas), -jnp.inf))
+    return l, h
+
+
+def _window_start(l, h, dx, n):
+    """Centre the window between the Chernoff quantiles."""
     centre = 0.5 * (h + l)
     centre = jnp.where(jnp.isfinite(centre), centre, 0.0)
     return jnp.floor(centre / dx).astype(jnp.int64) - n // 2
@@ -174,7 +182,8 @@ def compose(
         a = carry["acc"][kind]
         F = jnp.exp(a["logabs"]) * (jnp.cos(a["angle"]) + 1j * jnp.sin(a["angle"]))
         circ = jnp.fft.irfft(F, n)
-        w_lo = _window_start(a["K"], lambdas, log_tau, dx, n)
+        l, h = _chernoff_quantiles(a["K"], lambdas, log_tau)
+        w_lo = _window_start(l, h, dx, n)
         idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - carry["offset"], n)
         r = circ[idx]
         neg = jnp.sum(jnp.maximum(-r, 0.0))
@@ -184,6 +193,6 @@ def compose(
         p_inf = -jnp.expm1(a["log_fin"]) if kind == "up" else jnp.zeros(())
         out[kind] = ComposedPLD(
             pmf=r, w_lo=w_lo, dx=dx, p_inf=p_inf, tail_above=above, tail_below=below,
-            roundoff=roundoff, log_mgf=a["K"],
+            roundoff=roundoff, log_mgf=a["K"], needed_width=h - l,
         )
     return out

@@ -77,9 +77,8 @@ def eps_at(tab: HockeyStickTable, delta) -> jax.Array:
     n = y.shape[0]
     # D_j = delta(y_j) for j = 0..n-1 (decreasing); k = #{j : D_j > delta}.
     D = tab.A[1:] - jnp.exp(y - tab.y_ref) * tab.B[1:]
-    # Clean monotonicity (round-off) so searchsorted sees a sorted array: running min.
-    D = jax.lax.cummin(D)
-    k = jnp.searchsorted(-D, -delta, side="left")           # in 0..n
+    # A count rather than a binary search: D may be non-monotone at round-off level.
+    k = jnp.sum(D > delta[..., None], axis=-1)              # in 0..n
     seg = k - 1                                              # segment in -1..n-1
     A = tab.A[k]
     B = tab.B[k]

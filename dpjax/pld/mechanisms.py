@@ -24,7 +24,11 @@ The mechanism interface (what :mod:`dpjax.pld.mog` and any new mechanism must pr
 * ``loss_cdfs(self, direction, y) -> LossCDFs`` with ``direction`` in ``("remove", "add")`` (a
   Python string, static) and ``y`` a float64 array of any shape; pure ``jnp`` code, so that it
   can be jitted, vmapped over stacked parameters and differentiated in the parameters;
-* ``validate(self) -> self`` (optional but expected): boundary checks with clear ``ValueError``.
+* ``validate(self) -> self`` (optional but expected): boundary checks with clear ``ValueError``;
+* ``privacy_parameter: str`` (optional class attribute): the name of a field such that, all other
+  fields equal, a larger value is more private (the pair with the smaller value dominates by
+  post-processing).  Long heterogeneous schedules varying only in that field are then bracketed
+  by blocks instead of composed one by one (see :class:`dpjax.pld.GridOptions`).
 
 Convention: "remove" is ``P = M(D)``, ``Q = M(D')`` with ``D' = D`` minus one record (for
 DP-SGD: ``P`` is the mixture, ``Q = N(0, sigma^2)``); "add" swaps the pair.  A guarantee for
@@ -84,10 +88,9 @@ def _f64(x):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Gaussian:
-    """Gaussian mechanism: noise ``N(0, (noise_multiplier * sensitivity)^2)`` ... per coordinate.
+    """Gaussian mechanism with noise std ``noise_multiplier`` and L2 sensitivity ``sensitivity``.
 
-    Convention: the noise std is ``noise_multiplier`` (in units of the L2 sensitivity's scale) and
-    neighbouring outputs differ by ``sensitivity``, i.e. ``P = N(sensitivity, sigma^2)`` and
+    Neighbouring outputs differ by ``sensitivity``, i.e. ``P = N(sensitivity, sigma^2)`` and
     ``Q = N(0, sigma^2)`` with ``sigma = noise_multiplier``.  The privacy loss under ``P`` is
     ``N(mu, 2 mu)`` with ``mu = sensitivity^2 / (2 sigma^2)``; under ``Q`` it is ``N(-mu, 2 mu)``.
     The pair is symmetric (add = remove = replace with that shift).
@@ -97,6 +100,7 @@ class Gaussian:
     sensitivity: jax.Array = 1.0
 
     symmetric = True
+    privacy_parameter = "noise_multiplier"
 
     def validate(self) -> "Gaussian":
         _validate.positive("noise_multiplier", self.noise_multiplier)
@@ -131,6 +135,7 @@ class PoissonSubsampledGaussian:
     sampling_prob: jax.Array
 
     symmetric = False
+    privacy_parameter = "noise_multiplier"
 
     def validate(self) -> "PoissonSubsampledGaussian":
         _validate.positive("noise_multiplier", self.noise_multiplier)
@@ -138,14 +143,19 @@ class PoissonSubsampledGaussian:
         return self
 
     def _x_of_loss(self, y):
-        """Inverse of the remove-direction loss; ``-inf`` where ``y <= log(1-q)``."""
+        """Inverse of the remove-direction loss; ``-1e30`` (as good as ``-inf``) where
+        ``y <= log(1-q)``.
+
+        A finite sentinel rather than ``-inf``: the CDF values are the same (``Phi(-1e30/s) = 0``)
+        but reverse-mode AD would form ``0 * inf = NaN`` in ``d(x/s)/ds``.
+        """
         s = _f64(self.noise_multiplier)
         q = _f64(self.sampling_prob)
         arg = jnp.expm1(jnp.minimum(y, 700.0)) + q  # e^y - (1 - q), without cancellation
         ok = arg > 0
         safe = jnp.where(ok, arg, 1.0)
         x = s * s * (jnp.log(safe) - jnp.log(q)) + 0.5
-        return jnp.where(ok, x, -jnp.inf), s, q
+        return jnp.where(ok, x, -1e30), s, q
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)
@@ -184,6 +194,7 @@ class Laplace:
     sensitivity: jax.Array = 1.0
 
     symmetric = True
+    privacy_parameter = "scale"
 
     def validate(self) -> "Laplace":
         _validate.positive("scale", self.scale)

@@ -16,7 +16,7 @@ Rules (seed 003 §5; Doroshenko et al. 2022 for the ``dx^2`` law):
   against dp_accounting and the exact Gaussian oracle), ``sigma_c`` the std of the composed loss;
   ``dx`` is chosen so that this is ``<= relative_accuracy * eps_estimate``, and made finer for
   free while the FFT stays at ``n_min`` points.
-* Window: single support plus ``2.2 z sigma_c`` with ``z = sqrt(2 log(1/tau_wrap))``; the exact
+* Window: the wider of the single support and ``2.2 z sigma_c`` with ``z = sqrt(2 log(1/tau_wrap))``; the exact
   placement happens inside the jitted program from the log-MGF.
 """
 
@@ -54,10 +54,10 @@ class GridOptions:
         (upper bound: each block's least private member; lower bound: its most private one).
     """
 
-    relative_accuracy: float = 1e-5
+    relative_accuracy: float = 1e-4
     tail_fraction: float = 1e-6
     delta_tail_mass: float = 1e-13
-    n_min: int = 2**14
+    n_min: int = 2**16
     n_max: int = 2**21
     max_distinct: int = 256
 
@@ -113,7 +113,8 @@ def _probe_stats(p_le, p_gt, tau_single: float):
     tot = np.maximum(mass.sum(axis=1), 1e-300)
     mean = (mass * mid).sum(axis=1) / tot
     var = np.maximum((mass * (mid - mean[:, None]) ** 2).sum(axis=1) / tot, 0.0)
-    return y_lo, y_hi, mean, var
+    k3 = (mass * (mid - mean[:, None]) ** 3).sum(axis=1) / tot
+    return y_lo, y_hi, mean, var, k3
 
 
 def plan_grid(
@@ -124,12 +125,13 @@ def plan_grid(
     eps_hint: float | None,
     target_delta: float | None,
     options: GridOptions,
-    n_factor: int = 1,
+    min_width: float = 0.0,
 ) -> GridPlan:
     """Choose one grid for composing ``groups`` in every direction (see module docstring).
 
-    ``groups`` carry counts; their ``offsets`` are ignored and replaced.  ``n_factor`` (a power
-    of two) multiplies the FFT length at fixed ``dx`` (used to retry with a wider window).
+    ``groups`` carry counts; their ``offsets`` are ignored and replaced.  ``min_width`` (loss units)
+    forces a wider window at the same ``dx`` (a retry after a wrap-around bound came out over
+    budget passes the width the Chernoff bounds asked for).
     """
     counts = [np.asarray(g.counts, np.int64) for g in groups]
     total = int(sum(int(c.sum()) for c in counts))
@@ -142,6 +144,7 @@ def plan_grid(
     for di in range(len(directions)):
         stats = [_probe_stats(*probes[gi][di], tau_single) for gi in range(len(groups))]
         V = sum(float((c * s[3]).sum()) for c, s in zip(counts, stats))
+        K3 = sum(float((c * s[4]).sum()) for c, s in zip(counts, stats))
         M = sum(float((c * s[2]).sum()) for c, s in zip(counts, stats))
         support = max(float(np.max(np.where(c > 0, s[1] - s[0], 0.0))) for c, s in zip(counts, stats))
         sigma_c = math.sqrt(max(V, 1e-30))
@@ -150,7 +153,11 @@ def plan_grid(
             hint = M + sigma_c * math.sqrt(2.0 * math.log(1.0 / target_delta))
         eps_scale = max(hint, sigma_c, 1e-6)
         dx_acc = math.sqrt(options.relative_accuracy * eps_scale * sigma_c / (0.3 * max(total, 1)))
-        width = min(support + 2.2 * z * sigma_c, MAX_WINDOW_WIDTH)
+        # Cornish-Fisher: skewness gamma moves both Chernoff quantiles by ~gamma (z^2 - 1) / 6;
+        # the window must hold [M - z_lo sigma_c, M + z_hi sigma_c].
+        gamma = K3 / sigma_c**3
+        spread = (2.0 * z + abs(gamma) * (z * z - 1.0) / 3.0) * sigma_c
+        width = min(1.05 * max(support, 1.1 * spread), MAX_WINDOW_WIDTH)
         per_dir.append((stats, sigma_c, dx_acc, width))
     # Common grid: the finest spacing any direction asks for, the widest window.
     dx_acc = min(p[2] for p in per_dir)
@@ -158,19 +165,18 @@ def plan_grid(
     n = _pow2(width / dx_acc + 2)
     n = min(max(n, options.n_min), options.n_max)
     dx = width / (n - 2)
-    # A retry (n_factor > 1, after a wrap-around bound came out above budget) keeps dx and
-    # widens the window.
-    n = min(n * n_factor, max(options.n_max, n))
+    if min_width > width:  # retry: same dx, wider window
+        n = min(_pow2(min_width / dx + 2), max(options.n_max, n))
     all_groups, all_ms, all_lams = [], [], []
     for stats, sigma_c, _, _ in per_dir:
         new_groups, ms = [], []
-        for g, c, (y_lo, y_hi, _, _) in zip(groups, counts, stats):
+        for g, c, (y_lo, y_hi, *_) in zip(groups, counts, stats):
             off = np.floor(y_lo / dx).astype(np.int64)
             top = np.ceil(y_hi / dx).astype(np.int64)
             need = int(np.max(np.where(c > 0, top - off + 1, 2)))
             ms.append(min(max(_pow2(need), 64), n))
             new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
-        lam = (z / sigma_c) * np.array([0.25, 0.45, 0.7, 1.0, 1.5])
+        lam = (z / sigma_c) * np.geomspace(0.2, 5.0, 7)
         all_groups.append(tuple(new_groups))
         all_ms.append(tuple(ms))
         all_lams.append(np.concatenate([lam, -lam]))
