@@ -17,4 +17,8 @@ All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
 
 __version__ = "0.1.0"
 
+from dpjax import pld  # noqa: E402
+from dpjax.pld import dpsgd_delta, dpsgd_epsilon  # noqa: E402
 from dpjax import matrices, montecarlo  # noqa: E402
+from dpjax import calibration  # noqa: E402
+from dpjax.calibration import dpsgd_noise_multiplier  # noqa: E402

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.montecarlo",
+    "dpjax.cli.pld",
 )
 
 
