@@ -4,10 +4,18 @@
   iteration count, result on the safe side), :func:`solve_monotone_root` with a named adjoint
   (:class:`ImplicitAdjoint`, :class:`StopGradientAdjoint`).
 * :mod:`dpjax.calibration.gaussian` -- the exact T-fold Gaussian mechanism (analytic oracle).
+* :mod:`dpjax.calibration.pld` -- DP-SGD: :func:`dpsgd_noise_multiplier` (batched, certified
+  on the PLD accountant's grid), the differentiable :func:`epsilon_fn` and the jittable
+  :func:`dpsgd_noise_multiplier_core`.
+* :mod:`dpjax.calibration.montecarlo` -- matrix mechanisms under balls-in-bins batching:
+  :func:`calibrated_noise` (differentiable in ``C``), ``BallsInBins.calibrate``.
 """
 
 from dpjax.calibration.gaussian import (gaussian_delta, gaussian_noise_multiplier,
                                         gaussian_noise_multiplier_core)
+from dpjax.calibration.montecarlo import calibrate_accountant, calibrated_noise
+from dpjax.calibration.pld import (DPSGDGrid, dpsgd_delta_fn, dpsgd_grid, dpsgd_noise_multiplier,
+                                   dpsgd_noise_multiplier_core, epsilon_fn)
 from dpjax.calibration.root import (STATUS_CONVERGED, STATUS_MET_AT_BRACKET_END,
                                     STATUS_UNREACHABLE, ImplicitAdjoint, RootResult,
                                     StopGradientAdjoint, bisect_monotone, solve_monotone_root)
@@ -17,4 +25,7 @@ __all__ = [
     "ImplicitAdjoint", "RootResult", "StopGradientAdjoint", "bisect_monotone",
     "solve_monotone_root",
     "gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
+    "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
+    "dpsgd_noise_multiplier_core", "epsilon_fn",
+    "calibrate_accountant", "calibrated_noise",
 ]

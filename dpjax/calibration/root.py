@@ -95,31 +95,58 @@ def _feasible(value, target):
 
 
 def _bisect(fn: Callable, target, lower, upper, *, decreasing: bool, num_iterations: int,
-            log_scale: bool) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Raw bisection on ``fn(x) <= target``; returns (root, lower, upper, status_as_float)."""
+            log_scale: bool, method: str = "bisection"
+            ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Raw bracketing search on ``fn(x) <= target``; returns (root, lower, upper, status_as_float).
+
+    ``method="bisection"``: midpoints.  ``method="illinois"``: the Illinois variant of regula
+    falsi (Dowell & Jarratt 1971): secant through the two bracket ends, and the function value
+    kept at an end that survives twice in a row is halved, which gives superlinear convergence
+    (order ~1.44) for smooth ``fn`` while always keeping a bracket; a non-finite or
+    out-of-bracket secant point falls back to the midpoint.  Both keep the invariant
+    "``good`` feasible, ``bad`` infeasible", so the returned root is on the safe side either way.
+    """
+    if method not in ("bisection", "illinois"):
+        raise ValueError(f"method must be 'bisection' or 'illinois', got {method!r}")
     lower = jnp.asarray(lower, jnp.result_type(float))
     upper = jnp.asarray(upper, jnp.result_type(float))
     target = jnp.asarray(target, jnp.result_type(float))
     to_t = jnp.log if log_scale else (lambda v: v)
     from_t = jnp.exp if log_scale else (lambda v: v)
-    ok_lower = _feasible(fn(lower), target)
-    ok_upper = _feasible(fn(upper), target)
+    f_lower = fn(lower)
+    f_upper = fn(upper)
+    ok_lower = _feasible(f_lower, target)
+    ok_upper = _feasible(f_upper, target)
     # Orient the bracket so that `bad` is infeasible and `good` feasible throughout.
     good0, bad0 = (upper, lower) if decreasing else (lower, upper)
     ok_good, ok_bad = (ok_upper, ok_lower) if decreasing else (ok_lower, ok_upper)
+    g_good0, g_bad0 = ((f_upper, f_lower) if decreasing else (f_lower, f_upper))
+    g_good0, g_bad0 = g_good0 - target, g_bad0 - target
 
     def body(_, carry):
-        t_good, t_bad, x_good, x_bad = carry
+        t_good, t_bad, x_good, x_bad, g_good, g_bad, last = carry
         t_mid = 0.5 * (t_good + t_bad)
+        if method == "illinois":
+            t_sec = t_good - g_good * (t_bad - t_good) / (g_bad - g_good)
+            inside = jnp.isfinite(t_sec) & ((t_sec - t_good) * (t_sec - t_bad) < 0)
+            t_new = jnp.where(inside, t_sec, t_mid)
+        else:
+            t_new = t_mid
         # Keep the evaluated x itself: recomputing exp(t) outside the loop may differ by an
         # ulp (different XLA kernels), and the returned root must be the point proven feasible.
-        x_mid = from_t(t_mid)
-        ok_mid = _feasible(fn(x_mid), target)
-        return (jnp.where(ok_mid, t_mid, t_good), jnp.where(ok_mid, t_bad, t_mid),
-                jnp.where(ok_mid, x_mid, x_good), jnp.where(ok_mid, x_bad, x_mid))
+        x_new = from_t(t_new)
+        g_new = fn(x_new) - target
+        ok = _feasible(g_new, 0.0)
+        # Illinois: an end kept twice in a row has its value halved.
+        g_bad_kept = jnp.where(last == 1, 0.5 * g_bad, g_bad)
+        g_good_kept = jnp.where(last == -1, 0.5 * g_good, g_good)
+        return (jnp.where(ok, t_new, t_good), jnp.where(ok, t_bad, t_new),
+                jnp.where(ok, x_new, x_good), jnp.where(ok, x_bad, x_new),
+                jnp.where(ok, g_new, g_good_kept), jnp.where(ok, g_bad_kept, g_new),
+                jnp.where(ok, 1, -1).astype(jnp.int32))
 
-    _, _, good, bad = jax.lax.fori_loop(0, num_iterations, body,
-                                        (to_t(good0), to_t(bad0), good0, bad0))
+    init = (to_t(good0), to_t(bad0), good0, bad0, g_good0, g_bad0, jnp.zeros((), jnp.int32))
+    _, _, good, bad, _, _, _ = jax.lax.fori_loop(0, num_iterations, body, init)
     status = jnp.where(
         ~ok_good,
         STATUS_UNREACHABLE,
@@ -134,7 +161,7 @@ def _bisect(fn: Callable, target, lower, upper, *, decreasing: bool, num_iterati
 
 def bisect_monotone(fn: Callable[[jax.Array], jax.Array], target, bracket, *,
                     decreasing: bool = True, num_iterations: int = 64,
-                    log_scale: bool = False) -> RootResult:
+                    log_scale: bool = False, method: str = "bisection") -> RootResult:
     """Bisection for the boundary of ``{x in bracket : fn(x) <= target}``, ``fn`` monotone.
 
     No gradients (see :func:`solve_monotone_root` for the differentiable version).
@@ -146,12 +173,15 @@ def bisect_monotone(fn: Callable[[jax.Array], jax.Array], target, bracket, *,
       decreasing: ``True`` if ``fn`` decreases in ``x`` (e.g. delta in the noise multiplier).
       num_iterations: static; the bracket shrinks by 2 (or its log-ratio by 2) per step.
       log_scale: bisect in ``log x`` (relative precision; for positive scale parameters).
+      method: ``"bisection"`` (robust, fixed rate) or ``"illinois"`` (bracketing secant,
+        superlinear for smooth ``fn``: ~10 steps instead of ~40 for 1e-10 relative).
 
     Returns:
       :class:`RootResult`.
     """
     root, lo, hi, status = _bisect(fn, target, bracket[0], bracket[1], decreasing=decreasing,
-                                   num_iterations=num_iterations, log_scale=log_scale)
+                                   num_iterations=num_iterations, log_scale=log_scale,
+                                   method=method)
     return RootResult(root=root, lower=lo, upper=hi, status=status.astype(jnp.int32))
 
 
@@ -176,13 +206,15 @@ class ImplicitAdjoint:
     not ``STATUS_CONVERGED``.
     """
 
-    def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale):
+    def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale,
+              method="bisection"):
         dtype = jnp.result_type(float)
         lower, upper = jnp.asarray(bracket[0], dtype), jnp.asarray(bracket[1], dtype)
         target = jnp.asarray(target, dtype)
         theta = jax.tree_util.tree_map(jnp.asarray, theta)
         fn_conv, consts = _hoist_closure(fn, lower, theta)
-        solver = functools.partial(_implicit_solve, fn_conv, decreasing, num_iterations, log_scale)
+        solver = functools.partial(_implicit_solve, fn_conv, decreasing, num_iterations, log_scale,
+                                   method)
         return solver(theta, target, lower, upper, *consts)
 
 
@@ -194,10 +226,12 @@ class StopGradientAdjoint:
     tracing the backward pass.
     """
 
-    def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale):
+    def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale,
+              method="bisection"):
         theta, target = jax.lax.stop_gradient((theta, target))
         out = _bisect(lambda x: fn(x, theta), target, bracket[0], bracket[1],
-                      decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale)
+                      decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale,
+                      method=method)
         return jax.lax.stop_gradient(out)
 
 
@@ -218,21 +252,23 @@ def _hoist_closure(fn, x_example, theta):
     return fn_conv, hoisted
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _implicit_solve(fn_conv, decreasing, num_iterations, log_scale, theta, target, lower, upper,
-                    *consts):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _implicit_solve(fn_conv, decreasing, num_iterations, log_scale, method, theta, target, lower,
+                    upper, *consts):
     return _bisect(lambda x: fn_conv(x, theta, *consts), target, lower, upper,
-                   decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale)
+                   decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale,
+                   method=method)
 
 
-def _implicit_solve_fwd(fn_conv, decreasing, num_iterations, log_scale, theta, target, lower,
-                        upper, *consts):
-    out = _implicit_solve(fn_conv, decreasing, num_iterations, log_scale, theta, target, lower,
-                          upper, *consts)
+def _implicit_solve_fwd(fn_conv, decreasing, num_iterations, log_scale, method, theta, target,
+                        lower, upper, *consts):
+    out = _implicit_solve(fn_conv, decreasing, num_iterations, log_scale, method, theta, target,
+                          lower, upper, *consts)
     return out, (out[0], theta, target, lower, upper, consts)
 
 
-def _implicit_solve_bwd(fn_conv, decreasing, num_iterations, log_scale, residuals, cotangents):
+def _implicit_solve_bwd(fn_conv, decreasing, num_iterations, log_scale, method, residuals,
+                        cotangents):
     root, theta, target, lower, upper, consts = residuals
     root_bar = cotangents[0]  # bracket ends and status carry no gradient (documented)
     f_x = jax.grad(lambda x: fn_conv(x, theta, *consts))(root)
@@ -249,7 +285,7 @@ _implicit_solve.defvjp(_implicit_solve_fwd, _implicit_solve_bwd)
 
 def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, target, bracket,
                         *, decreasing: bool = True, num_iterations: int = 64,
-                        log_scale: bool = False,
+                        log_scale: bool = False, method: str = "bisection",
                         adjoint: ImplicitAdjoint | StopGradientAdjoint = ImplicitAdjoint(),
                         ) -> RootResult:
     """Differentiable boundary of ``{x : fn(x, theta) <= target}`` for ``fn`` monotone in ``x``.
@@ -263,6 +299,7 @@ def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, t
       decreasing: ``fn`` decreases in ``x`` (so the returned root is the *upper* bracket end).
       num_iterations: static bisection length (compiles once per value).
       log_scale: bisect in ``log x`` (requires ``lower > 0``).
+      method: ``"bisection"`` or ``"illinois"`` (see :func:`bisect_monotone`).
       adjoint: :class:`ImplicitAdjoint` (default) or :class:`StopGradientAdjoint`.
 
     Returns:
@@ -271,6 +308,7 @@ def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, t
     Works under ``jit`` and ``vmap`` (call it inside the mapped function).
     """
     root, lo, hi, status = adjoint.solve(fn, theta, target, bracket, decreasing=decreasing,
-                                         num_iterations=num_iterations, log_scale=log_scale)
+                                         num_iterations=num_iterations, log_scale=log_scale,
+                                         method=method)
     lo, hi, status = jax.lax.stop_gradient((lo, hi, status))
     return RootResult(root=root, lower=lo, upper=hi, status=status.astype(jnp.int32))

@@ -1,0 +1,373 @@
+"""DP-SGD noise calibration and a differentiable epsilon on the PLD accountant's fixed-grid core.
+
+Both are root problems on the certified (pessimistic, connect-the-dots) delta curve of the PLD
+accountant (:mod:`dpjax.pld`; DESIGN.md §2), evaluated on a grid that is *planned once* on the
+host and then held fixed, so that everything inside is one fixed-shape jitted program:
+
+* ``delta_up(eps; sigma, q, T)`` = max over the remove/add directions of the upper bound of
+  :func:`dpjax.pld.convert.delta_at` on :func:`dpjax.pld.compose.compose` (single-step
+  truncation, Chernoff wrap-around and FFT round-off included).  Soundness never depends on the
+  grid plan (see :mod:`dpjax.pld.plan`): for *any* sigma the value is an upper bound on the true
+  delta, so ``delta_up(eps*; sigma) <= delta*`` certifies ``(eps*, delta*)``-DP at that sigma.
+  The plan only affects tightness; it is made at a noise multiplier just below the expected
+  answer (wider single-step support, so the whole search bracket above it is covered).
+* :func:`dpsgd_noise_multiplier`: the smallest sigma with ``delta_up(eps*; sigma) <= delta*``
+  (delta_up decreases in sigma), by a bracketing Illinois search in ``log sigma`` with a fixed
+  number of steps (compiles once per grid size, vmapped over a batch of targets) -- the upper
+  end of the final bracket is returned, so the certified epsilon of the returned sigma is
+  ``<= target_epsilon`` by construction.
+* :func:`epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}``, differentiable by
+  the implicit function theorem (DESIGN.md §5)::
+
+      d eps/d theta = -(d delta_up/d theta) / (d delta_up/d eps)
+
+  with ``theta = (noise_multiplier, sampling_prob)``.  Likewise
+  :func:`dpsgd_noise_multiplier_core` is differentiable in ``(target_epsilon, target_delta,
+  sampling_prob)``.
+
+Usage::
+
+    import jax, dpjax
+    from dpjax.calibration import pld as cal
+
+    dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)          # 0.9591...
+    grid = cal.dpsgd_grid(0.9591, 0.01, 1000, target_delta=1e-5)  # host-side plan
+    deps = jax.grad(lambda s: cal.epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(0.9591)  # ~ -4.61
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax.calibration.gaussian import gaussian_noise_multiplier
+from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
+                                    solve_monotone_root)
+from dpjax.pld.compose import Group, compose
+from dpjax.pld.convert import delta_at, table
+from dpjax.pld.mechanisms import PoissonSubsampledGaussian
+from dpjax.pld.plan import GridOptions, plan_grid
+
+__all__ = [
+    "DirectionGrid", "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
+    "dpsgd_noise_multiplier_core", "dpsgd_noise_multiplier", "CALIBRATION_OPTIONS",
+    "NUM_ITERATIONS",
+]
+
+#: Grid accuracy for calibration: P's default (epsilon discretization error <= 1e-5 relative,
+#: which moves sigma by ~1e-5 relative; the reference tolerance is 1e-3).
+CALIBRATION_OPTIONS = GridOptions()
+#: Illinois steps: from a bracket of log-width ln(2.25) to < 1e-9 relative for these smooth,
+#: nearly log-linear curves (12 steps from a 4x wider bracket reach 1e-15 on the exact
+#: Gaussian oracle; tests check the final bracket width on the reference cases).
+NUM_ITERATIONS = 14
+#: The CLT (mu-GDP) guess is within ~10% of the PLD answer for the usual DP-SGD regimes; the
+#: search bracket is [guess / 1.5, 1.5 guess] and a miss is retried with a shifted bracket.
+_BRACKET_FACTOR = 1.5
+#: Plan the grid at guess / 1.15: lower noise has the wider single-step loss support, so the
+#: grid covers every sigma the search visits near the answer.
+_PLAN_FACTOR = 1.15
+_DIRECTIONS = ("remove", "add")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DirectionGrid:
+    """A fixed grid for one direction (arrays may carry a leading batch axis).
+
+    Attributes:
+      dx: () grid spacing.
+      offset: () int64, the single step's first grid point is ``offset * dx``.
+      lambdas: (L,) Chernoff parameters of the wrap-around bound.
+      log_tau: () tail level used to place the window.
+      n: static FFT length; m: static single-step support length; direction: static.
+    """
+
+    dx: jax.Array
+    offset: jax.Array
+    lambdas: jax.Array
+    log_tau: jax.Array
+    n: int = dataclasses.field(metadata=dict(static=True))
+    m: int = dataclasses.field(metadata=dict(static=True))
+    direction: str = dataclasses.field(metadata=dict(static=True))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DPSGDGrid:
+    """Fixed grids for both directions of DP-SGD (remove, add)."""
+
+    remove: DirectionGrid
+    add: DirectionGrid
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _SmoothPoissonSubsampledGaussian(PoissonSubsampledGaussian):
+    """:class:`~dpjax.pld.mechanisms.PoissonSubsampledGaussian`, gradient-safe below the loss range.
+
+    The same distribution.  For loss values below the loss's lower bound ``log(1-q)`` the parent
+    maps ``x(y) = -inf`` (CDF exactly 0) -- correct values, but reverse-mode AD then forms
+    ``0 * inf = NaN`` in ``d(x/s)/ds``.  A finite sentinel ``-1e30`` gives the same CDF values
+    (``Phi(-1e30/s) = 0`` for any ``s < 1e25``) and zero derivatives, which the calibration's
+    implicit gradients need.
+    """
+
+    def _x_of_loss(self, y):
+        x, s, q = super()._x_of_loss(y)
+        return jnp.where(jnp.isfinite(x), x, -1e30), s, q
+
+
+def _plan(sigma, q, steps, *, eps_hint, target_delta, options):
+    """P's planner (:func:`dpjax.pld.plan.plan_grid`) for one DP-SGD configuration, both
+    directions on one grid (common ``n`` and ``dx``)."""
+    mech = _SmoothPoissonSubsampledGaussian(jnp.asarray([sigma], jnp.float64),
+                                            jnp.asarray([q], jnp.float64))
+    group = Group(mechanism=mech, counts=np.array([steps], np.int64), offsets=np.zeros(1, np.int64))
+    # Truncation + wrap-around budget: a fraction of the delta that matters (P's convention).
+    tail_mass = (options.tail_fraction * target_delta if target_delta is not None
+                 else options.delta_tail_mass)
+    return plan_grid([group], _DIRECTIONS, tail_mass=tail_mass, eps_hint=eps_hint,
+                     target_delta=target_delta, options=options)
+
+
+def _grid_from_plan(plan, ms=None) -> DPSGDGrid:
+    grids = {}
+    for di, d in enumerate(_DIRECTIONS):
+        m = int(plan.ms[di][0]) if ms is None else int(min(ms[di], plan.n))
+        grids[d] = DirectionGrid(
+            dx=np.float64(plan.dx), offset=np.int64(plan.groups[di][0].offsets[0]),
+            lambdas=np.asarray(plan.lambdas[di], np.float64), log_tau=np.float64(plan.log_tau),
+            n=int(plan.n), m=m, direction=d)
+    return DPSGDGrid(**grids)
+
+
+@float64
+def dpsgd_grid(noise_multiplier, sampling_prob, steps, *, target_delta=None, target_epsilon=None,
+               options: GridOptions | None = None) -> DPSGDGrid:
+    """Plan the fixed grids (both directions) for DP-SGD around ``noise_multiplier`` (host side).
+
+    Give ``target_delta`` (for epsilon queries) or ``target_epsilon`` (for delta queries /
+    calibration).  The plan is valid (sound) for any noise multiplier; it is tight near
+    ``noise_multiplier`` and above it.
+    """
+    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
+    steps = _validate.positive_int("steps", steps)
+    options = options or CALIBRATION_OPTIONS
+    if (target_delta is None) == (target_epsilon is None):
+        raise ValueError("give exactly one of target_delta and target_epsilon")
+    if target_delta is not None:
+        delta = float(_validate.probability_open("target_delta", target_delta))
+        kw = dict(eps_hint=None, target_delta=delta)
+    else:
+        eps = float(_validate.positive("target_epsilon", target_epsilon))
+        kw = dict(eps_hint=eps, target_delta=None)
+    return jax.tree_util.tree_map(jnp.asarray, _grid_from_plan(_plan(sigma, q, steps, options=options, **kw)))
+
+
+def _direction_table(grid: DirectionGrid, noise_multiplier, sampling_prob, steps):
+    mech = _SmoothPoissonSubsampledGaussian(jnp.reshape(noise_multiplier, (1,)),
+                                            jnp.reshape(sampling_prob, (1,)))
+    group = Group(mechanism=mech, counts=jnp.reshape(jnp.asarray(steps, jnp.int64), (1,)),
+                  offsets=jnp.reshape(grid.offset, (1,)))
+    out = compose((group,), grid.dx, grid.lambdas, grid.log_tau, direction=grid.direction,
+                  ms=(grid.m,), n=grid.n, kinds=("up",))["up"]
+    return table(out, "upper")
+
+
+def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPSGDGrid):
+    """Certified delta (upper bound, max over remove/add) of DP-SGD at ``epsilon``; pure.
+
+    Scalars in (``steps`` an integer, may be traced), scalar out; jittable, vmappable (with a
+    batched ``grid``) and differentiable in ``epsilon``, ``noise_multiplier``, ``sampling_prob``.
+    """
+    eps = jnp.asarray(epsilon, jnp.float64)
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    q = jnp.asarray(sampling_prob, jnp.float64)
+    deltas = [delta_at(_direction_table(g, sigma, q, steps), eps) for g in (grid.remove, grid.add)]
+    return jnp.maximum(deltas[0], deltas[1])
+
+
+def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid,
+               adjoint=ImplicitAdjoint(), num_iterations: int = 64):
+    """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
+
+    ``eps = min{eps >= 0 : delta_up(eps) <= target_delta}`` on the fixed ``grid``
+    (:func:`dpsgd_grid`); the two compositions are done once, then the delta curve (a table
+    lookup) is bisected in ``eps`` on ``[0, 500]`` to float64 resolution.  Gradients w.r.t.
+    ``noise_multiplier``, ``sampling_prob`` and ``target_delta`` by implicit differentiation
+    (``d eps/d theta = -(d delta/d theta)/(d delta/d eps)``).  ``inf``/NaN if the target is not
+    reachable on the grid (delta_up(500) > target_delta).
+
+    Example::
+
+        grid = dpsgd_grid(1.0, 0.01, 1000, target_delta=1e-5)
+        jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(1.0)
+    """
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    q = jnp.asarray(sampling_prob, jnp.float64)
+    # The compositions depend on (sigma, q) only: built once, outside the bisection; the
+    # adjoint differentiates the root w.r.t. the tables, and autodiff carries it to (sigma, q).
+    tables = tuple(_direction_table(g, sigma, q, steps) for g in (grid.remove, grid.add))
+
+    def fn(eps, tabs):
+        return jnp.maximum(delta_at(tabs[0], eps), delta_at(tabs[1], eps))
+
+    res = solve_monotone_root(fn, tables, jnp.asarray(target_delta, jnp.float64), (0.0, 500.0),
+                              decreasing=True, num_iterations=num_iterations, adjoint=adjoint)
+    # Already private at eps = 0: the smallest feasible eps is 0 (not a bracket artefact).
+    return jnp.where(res.status == 2, 0.0, jnp.where(res.status == 0, res.root, jnp.inf))
+
+
+def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, steps, bracket, *,
+                                grid: DPSGDGrid, num_iterations: int = NUM_ITERATIONS,
+                                adjoint=ImplicitAdjoint()):
+    """Jittable core: smallest sigma in ``bracket`` with ``delta_up(target_epsilon; sigma) <= target_delta``.
+
+    Returns a :class:`~dpjax.calibration.root.RootResult`; ``root`` differentiable in
+    ``target_epsilon``, ``target_delta`` and ``sampling_prob`` (implicit adjoint).  The
+    comparison is made on ``log delta`` (relative resolution down to tiny deltas).
+    """
+    theta = (jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(sampling_prob, jnp.float64))
+    fn = lambda sigma, th: jnp.log(dpsgd_delta_fn(th[0], sigma, th[1], steps, grid=grid))
+    return solve_monotone_root(fn, theta, jnp.log(jnp.asarray(target_delta, jnp.float64)),
+                               jax.lax.stop_gradient(bracket), decreasing=True,
+                               num_iterations=num_iterations, log_scale=True, method="illinois",
+                               adjoint=adjoint)
+
+
+@functools.partial(jax.jit, static_argnames=("num_iterations", "batch_size"))
+def _calibrate_batch(eps, delta, q, steps, lo, hi, grid, *, num_iterations, batch_size):
+    def one(args):
+        e, d, qq, t, l, h, g = args
+        return dpsgd_noise_multiplier_core(e, d, qq, t, (l, h), grid=g,
+                                           num_iterations=num_iterations,
+                                           adjoint=StopGradientAdjoint())
+
+    # lax.map over chunks of `batch_size` vmapped calibrations bounds memory at
+    # ~batch_size * n complex numbers per intermediate array.
+    return jax.lax.map(one, (eps, delta, q, steps, lo, hi, grid), batch_size=batch_size)
+
+
+def _clt_guess(eps, delta, q, steps):
+    """mu-GDP (CLT) guess: mu = q sqrt(T (e^{1/sigma^2} - 1)) (Bu et al. 2020), exact Gaussian
+    calibration for mu, solved for sigma."""
+    s1 = gaussian_noise_multiplier(eps, delta, 1)  # = 1/mu
+    mu = 1.0 / np.asarray(s1)
+    return 1.0 / np.sqrt(np.log1p(mu * mu / (q * q * steps)))
+
+
+@float64
+def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, group_size=1,
+                           sampling="poisson", dataset_size=None, batch_size=None,
+                           options: GridOptions | None = None):
+    """Smallest DP-SGD noise multiplier whose certified epsilon meets ``target_epsilon``.
+
+    Poisson sampling with probability ``sampling_prob`` for ``steps`` steps, add/remove
+    adjacency, PLD accounting (:mod:`dpjax.pld`).  The answer is the upper end of a bracket of
+    relative width < 1e-9 found by a fixed-length Illinois search on the certified delta curve,
+    so the certified epsilon at the returned sigma is ``<= target_epsilon`` (rounded to the
+    safe side); its distance to the exact minimal sigma is the accountant's discretization
+    error (``options.relative_accuracy`` = 1e-5 in epsilon by default, ~1e-5 in sigma).
+
+    Vectorized: arrays (broadcast together) calibrate in one jitted, vmapped call per grid size
+    (configurations are grouped by FFT length; one compile per group shape).
+
+    Args:
+      target_epsilon: > 0.
+      target_delta: in (0, 1).
+      sampling_prob: q in (0, 1].
+      steps: integer >= 1.
+      group_size: only 1 (group privacy is not supported here yet).
+      sampling: only ``"poisson"`` (fixed-batch sampling is not supported here yet).
+      dataset_size, batch_size: only for fixed-batch sampling (unsupported).
+      options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
+
+    Returns:
+      float (scalar inputs) or float64 ndarray of the broadcast shape.
+
+    Raises:
+      ValueError: bad input; unsupported group_size/sampling; a target no sigma in
+        ``[1e-3, 1e4]`` reaches.
+
+    Example::
+
+        >>> dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)   # doctest: +SKIP
+        0.95910...
+    """
+    if _validate.positive_int("group_size", group_size) != 1:
+        raise ValueError(
+            f"group_size must be 1 for dpsgd_noise_multiplier (group privacy calibration is not "
+            f"supported yet), got {group_size!r}")
+    _validate.one_of("sampling", sampling, ("poisson", "fixed_batch"))
+    if sampling != "poisson" or dataset_size is not None or batch_size is not None:
+        raise ValueError("sampling must be 'poisson' for dpsgd_noise_multiplier (fixed-batch "
+                         "calibration is not supported yet); dataset_size/batch_size must be None")
+    eps = _validate.positive("target_epsilon", target_epsilon)
+    delta = _validate.probability_open("target_delta", target_delta)
+    q = _validate.probability_open_closed("sampling_prob", sampling_prob)
+    steps_arr = _validate.positive("steps", steps)
+    if np.any(steps_arr < 1) or np.any(steps_arr != np.floor(steps_arr)):
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    options = options or CALIBRATION_OPTIONS
+    eps, delta, q, steps_arr = np.broadcast_arrays(eps, delta, q, steps_arr)
+    shape = eps.shape
+    eps, delta, q = eps.ravel().copy(), delta.ravel().copy(), q.ravel().copy()
+    steps_i = steps_arr.ravel().astype(np.int64)
+    guess = np.atleast_1d(_clt_guess(eps, delta, q, steps_i.astype(np.float64)))
+    out = np.full(eps.size, np.nan)
+    todo = np.arange(eps.size)
+    for attempt in range(6):
+        if todo.size == 0:
+            break
+        roots, status = _solve_group(eps[todo], delta[todo], q[todo], steps_i[todo], guess[todo],
+                                     options)
+        out[todo[status == STATUS_CONVERGED]] = roots[status == STATUS_CONVERGED]
+        # Bracket missed: the answer is above (unreachable in bracket) or below (met at the
+        # bottom); move the guess by the bracket factor squared and retry.
+        up = status == 1
+        guess[todo[up]] *= _BRACKET_FACTOR ** 2
+        guess[todo[status == 2]] /= _BRACKET_FACTOR ** 2
+        todo = todo[status != STATUS_CONVERGED]
+        todo = todo[(guess[todo] > 1e-3) & (guess[todo] < 1e4)]
+    if np.isnan(out).any():
+        bad = int(np.argmax(np.isnan(out)))
+        raise ValueError(
+            f"target (epsilon={eps[bad]:g}, delta={delta[bad]:g}) for sampling_prob={q[bad]:g}, "
+            f"steps={steps_i[bad]} is not reached by any noise multiplier in [1e-3, 1e4]; "
+            "use a larger target_epsilon or target_delta")
+    out = out.reshape(shape)
+    return float(out) if out.ndim == 0 else out
+
+
+def _solve_group(eps, delta, q, steps, guess, options):
+    """Plan grids (host), group configurations by static grid shape, run each group batched."""
+    plans = [_plan(g / _PLAN_FACTOR, qq, int(t), eps_hint=float(e), target_delta=float(d),
+                   options=options) for e, d, qq, t, g in zip(eps, delta, q, steps, guess)]
+    # Configurations with the same FFT length run together in one batched program (support
+    # lengths m padded to the group's largest: extra grid points carry no mass).
+    keys = [p.n for p in plans]
+    roots = np.full(eps.size, np.nan)
+    status = np.full(eps.size, 1, np.int64)
+    for key in sorted(set(keys)):
+        idx = np.array([i for i, k in enumerate(keys) if k == key])
+        ms = [max(plans[i].ms[j][0] for i in idx) for j in range(2)]
+        grids = [_grid_from_plan(plans[i], ms) for i in idx]
+        grid = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *grids)
+        g = guess[idx]
+        res = _calibrate_batch(
+            jnp.asarray(eps[idx]), jnp.asarray(delta[idx]), jnp.asarray(q[idx]),
+            jnp.asarray(steps[idx]), jnp.asarray(g / _BRACKET_FACTOR),
+            jnp.asarray(g * _BRACKET_FACTOR), grid, num_iterations=NUM_ITERATIONS,
+            batch_size=max(1, min(len(idx), (1 << 21) // key)))
+        roots[idx] = np.asarray(res.root)
+        status[idx] = np.asarray(res.status)
+    return roots, status
