@@ -21,6 +21,7 @@ import sys
 from typing import Any, Sequence
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "dpjax.cli.demo",
     "dpjax.cli.montecarlo",
     "dpjax.cli.pld",
 )
