@@ -4,6 +4,8 @@
   Mironov, Talwar & Zhang 2019), with the standard and improved RDP-to-DP conversions.
 * :mod:`dpjax.baselines.strong_composition` -- amplification by subsampling + advanced
   composition (the "strong composition" curve of Abadi et al. 2016, Fig. 2).
+* :mod:`dpjax.baselines.group_privacy` -- the group-privacy lemma applied to the tight k = 1
+  guarantee, and seed 001's RDP over-approximation of group privacy.
 
 All are upper bounds on epsilon (sound), looser than :func:`dpjax.dpsgd_epsilon`.
 """
@@ -14,10 +16,14 @@ from dpjax.baselines.rdp import (
     rdp_poisson_subsampled_gaussian,
     rdp_to_epsilon,
 )
+from dpjax.baselines.group_privacy import GroupLemmaResult, group_lemma_epsilon, group_rdp_epsilon
 from dpjax.baselines.strong_composition import strong_composition_epsilon
 
 __all__ = [
     "DEFAULT_RDP_ORDERS",
+    "GroupLemmaResult",
+    "group_lemma_epsilon",
+    "group_rdp_epsilon",
     "rdp_epsilon",
     "rdp_poisson_subsampled_gaussian",
     "rdp_to_epsilon",

@@ -1,0 +1,219 @@
+"""Group-privacy baselines: the group-privacy lemma and the RDP over-approximation of seed 001.
+
+Both are sound but loose; :func:`dpjax.group_epsilon` (mixture-of-Gaussians PLD) is tight.
+
+Group-privacy lemma (Vadhan 2017, Lemma 2.2; seed 000 Lemma 1.1)
+-----------------------------------------------------------------
+An ``(eps_1, delta_1)``-DP mechanism is ``(k eps_1, k e^{(k-1) eps_1} delta_1)``-DP for groups of
+``k``.  Given the target ``delta_k`` we need ``delta_1`` with
+``log k + (k-1) eps_1(delta_1) + log delta_1 <= log delta_k``: for moderate k this forces
+``delta_1`` to tiny values where floating-point PLD accountants lose all accuracy (seed 000 Sec. 1:
+TensorFlow Privacy returns inf).  The numerically stable way (used here) parametrises by
+``eps_1`` instead: the certified k = 1 PLD gives ``log delta_1(eps_1)`` (an upper bound, including
+every truncation/wrap-around/round-off term) on a grid of ``eps_1`` in ONE FFT, and the
+condition ``h(eps_1) = log k + (k-1) eps_1 + log delta_1(eps_1) <= log delta_k`` is checked in log
+space.  The smallest feasible grid ``eps_1`` (refined by a second, finer grid between the last
+infeasible and the first feasible point) gives ``eps_k = k eps_1``; any feasible point is a valid
+guarantee, so the search only affects tightness.
+
+The certified PLD ``delta_1`` bound cannot go below the accountant's error floor (its FFT
+round-off allowance, ~4e-12 for T = 2000 steps): the lemma then needs ``delta_1`` where no
+float64 PLD can certify anything.  By default (``rdp_tail=True``) ``delta_1(eps_1)`` is the minimum
+of the PLD bound and the RDP bound ``log delta_1 <= (a-1)(R(a) - eps_1 + log(1 - 1/a)) - log a``
+(Canonne, Kamath & Steinke 2020 Prop. 12, minimised over the default orders), which is valid at
+any scale; both are certified upper bounds, so is their minimum.  When neither gives a feasible
+``eps_1`` the answer is an explicit ``inf`` with a reason.
+
+RDP over-approximation (seed 001, "I-am-using-keras" method)
+------------------------------------------------------------
+Shift all the mixture mass with ``j >= 1`` to the largest sensitivity ``k``: the MoG with
+``P(J = j)`` is dominated (seed 000 Lemma 2.9) by the two-point mixture
+``{0: P(J = 0), k: 1 - P(J = 0)}``, which is a Poisson-subsampled Gaussian with
+``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``; its RDP (moments accountant) gives
+a sound, loose epsilon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax.baselines.rdp import rdp_epsilon
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupLemmaResult:
+    """Result of :func:`group_lemma_epsilon`.
+
+    Attributes:
+      epsilon: ``k * epsilon_1`` (``inf`` when no delta_1 is feasible).
+      epsilon_1: per-example epsilon used.
+      delta_1: certified per-example delta at ``epsilon_1`` (upper bound).
+      group_delta: ``k e^{(k-1) eps_1} delta_1`` (<= target_delta).
+      reason: why the answer is inf (else None).
+    """
+
+    epsilon: float
+    epsilon_1: float
+    delta_1: float
+    group_delta: float
+    reason: str | None = None
+
+
+def _rdp_log_delta_curve(sigma: float, q: float, steps: int):
+    """``eps -> log delta`` upper bound from RDP (improved conversion, default orders), vectorized."""
+    from dpjax.baselines.rdp import DEFAULT_RDP_ORDERS, rdp_poisson_subsampled_gaussian
+
+    orders = np.asarray(DEFAULT_RDP_ORDERS)
+    orders = orders[orders > 1.01]  # the improved conversion is unstable next to 1
+    total = rdp_poisson_subsampled_gaussian(sigma, q, orders) * steps
+
+    def curve(eps):
+        eps = np.asarray(eps, np.float64)[..., None]
+        log_delta = (orders - 1) * (total - eps + np.log1p(-1 / orders)) - np.log(orders)
+        return np.minimum(np.min(log_delta, axis=-1), 0.0)
+
+    return curve
+
+
+def _log_h(k, eps1, delta1):
+    with np.errstate(divide="ignore"):
+        return math.log(k) + (k - 1) * eps1 + np.log(delta1)
+
+
+@float64
+def group_lemma_epsilon(
+    noise_multiplier: float,
+    sampling_prob: float | None,
+    steps: int,
+    target_delta: float,
+    *,
+    group_size: int,
+    sampling: str = "poisson",
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+    grid_points: int = 1024,
+    rdp_tail: bool = True,
+    options=None,
+) -> GroupLemmaResult:
+    """Group-privacy lemma applied to the tight (certified PLD) k = 1 guarantee of DP-SGD.
+
+    Args: as :func:`dpjax.group_epsilon`, plus ``grid_points`` (eps_1 grid per search stage) and
+      ``rdp_tail`` (also use the RDP bound on delta_1 where it is smaller; see module docstring).
+    Returns:
+      :class:`GroupLemmaResult`; ``.epsilon`` is ``inf`` where no ``delta_1`` is feasible.
+
+    Example::
+
+        >>> group_lemma_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8).epsilon       # doctest: +SKIP
+        inf
+    """
+    from dpjax import group as group_mod
+    from dpjax import pld
+
+    spec = group_mod.validate_group_args(
+        sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size
+    )
+    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    t = _validate.positive_int("steps", steps)
+    delta_k = float(_validate.probability_open("target_delta", target_delta))
+    m = _validate.positive_int("grid_points", grid_points, minimum=16)
+    k = spec.group_size
+    # k = 1 mechanism: fixed batch with k = 1 is the Poisson-subsampled Gaussian at q = B/N.
+    comps = [(pld.PoissonSubsampledGaussian(sigma, float(spec.sampling_prob)), t)]
+    if k == 1:
+        eps = float(pld.epsilon(comps, delta_k, options=options, with_lower=False).epsilon)
+        return GroupLemmaResult(eps, eps, delta_k, delta_k)
+    log_target = math.log(delta_k)
+    # Lower end: delta_1 <= delta_k / k is necessary.
+    eps_lo = float(pld.epsilon(comps, delta_k / k, options=options, with_lower=False).epsilon)
+    # Upper end: with delta_1 >= 1e-300 (or the PLD floor without the RDP tail), beyond this
+    # eps_1 the factor e^{(k-1) eps_1} alone exceeds the budget.
+    floor = 1e-300 if rdp_tail else 1e-16
+    eps_hi = (log_target - math.log(k) - math.log(floor)) / (k - 1)
+    rdp_curve = _rdp_log_delta_curve(sigma, float(spec.sampling_prob), t) if rdp_tail else None
+    inf_result = GroupLemmaResult(
+        math.inf, math.nan, math.nan, math.nan,
+        reason=(f"no eps_1 satisfies k e^((k-1) eps_1) delta_1(eps_1) <= {delta_k:g} with a certified delta_1 "
+                f"(PLD{' or RDP' if rdp_tail else ''} upper bound; the PLD cannot certify below its "
+                f"float64 error floor, ~1e-12)"),
+    )
+    if not math.isfinite(eps_lo) or eps_hi <= eps_lo:
+        return inf_result
+
+    def first_feasible(lo, hi):
+        grid = np.linspace(lo, hi, m)
+        d1 = np.asarray(pld.delta(comps, grid, options=options, with_lower=False).delta, np.float64)
+        if rdp_curve is not None:
+            d1 = np.minimum(d1, np.exp(rdp_curve(grid)))
+        ok = _log_h(k, grid, d1) <= log_target
+        if not ok.any():
+            return None
+        i = int(np.argmax(ok))
+        return grid, d1, i
+
+    if rdp_curve is not None:
+        # The RDP curve alone (cheap, NumPy) already gives a feasible eps_1: search below it.
+        fine = np.linspace(eps_lo, eps_hi, 200_001)
+        ok = _log_h(k, fine, np.exp(rdp_curve(fine))) <= log_target
+        if ok.any():
+            eps_hi = float(fine[int(np.argmax(ok))])
+    found = first_feasible(eps_lo, eps_hi)
+    if found is None:
+        return inf_result
+    grid, d1, i = found
+    # Refine between the last infeasible and the first feasible point until the eps_1 spacing
+    # is below 1e-7 relative (each stage shrinks it by grid_points - 1).
+    for _ in range(4):
+        if i == 0 or grid[i] - grid[i - 1] <= 1e-7 * max(grid[i], 1e-3):
+            break
+        refined = first_feasible(grid[i - 1], grid[i])
+        if refined is None:
+            break
+        grid, d1, i = refined
+    eps1, delta1 = float(grid[i]), float(d1[i])
+    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1)
+
+
+def group_rdp_epsilon(
+    noise_multiplier: float,
+    sampling_prob: float | None,
+    steps: int,
+    target_delta: float,
+    *,
+    group_size: int,
+    sampling: str = "poisson",
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+    orders=None,
+) -> tuple[float, float]:
+    """Seed 001's RDP over-approximation of group privacy: ``(epsilon, optimal_order)``.
+
+    All mixture mass at ``j >= 1`` is moved to ``k`` (sound by stochastic dominance), giving a
+    Poisson-subsampled Gaussian with ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``,
+    accounted with the moments accountant (:func:`dpjax.baselines.rdp_epsilon`).
+    ``P(J = 0) = (1 - q)^k`` (Poisson) or ``prod_{i<k} (1 - B / (N - i))`` (fixed batch).
+
+    Example::
+
+        >>> group_rdp_epsilon(1.0, 0.01, 2000, 1e-5, group_size=4)    # doctest: +SKIP
+    """
+    from dpjax import group as group_mod
+
+    spec = group_mod.validate_group_args(
+        sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size
+    )
+    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    k = spec.group_size
+    if spec.sampling == "poisson":
+        q_eff = -math.expm1(k * math.log1p(-spec.sampling_prob)) if spec.sampling_prob < 1 else 1.0
+    else:
+        n, b = spec.dataset_size, spec.batch_size
+        log_p0 = sum(math.log1p(-b / (n - i)) for i in range(k)) if n - k >= b else -math.inf
+        q_eff = -math.expm1(log_p0)
+    # Fixed batch: sensitivities 2j with noise 2 sigma -- the same ratio k / sigma at j = k.
+    return rdp_epsilon(sigma / k, q_eff, steps, target_delta, orders=orders)
