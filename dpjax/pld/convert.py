@@ -13,7 +13,8 @@ targets and differentiable in the PMF (hence in the mechanism parameters) and in
 overflows.
 
 Upper bound: ``const = p_inf + tail_above + roundoff`` (mass that may have wrapped from above
-counts fully).  Lower bound: ``const = p_inf - tail_below - roundoff``, clipped at 0.
+counts fully) and the sums inflated by the relative round-off allowance (``A`` up, ``B`` down).
+Lower bound: ``const = p_inf - tail_below - roundoff`` and the opposite factors, clipped at 0.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
     y_ref = (pld.w_lo + n // 2) * pld.dx
     if bound == "upper":
         const = pld.p_inf + pld.tail_above + pld.roundoff
+        fa, fb = 1.0 + pld.roundoff_rel, 1.0 - pld.roundoff_rel
     elif bound == "lower":
         const = pld.p_inf - pld.tail_below - pld.roundoff
+        fa, fb = 1.0 - pld.roundoff_rel, 1.0 + pld.roundoff_rel
     else:
         raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
     w = r * jnp.exp(y_ref - y)
@@ -52,8 +55,8 @@ def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
     sa = jnp.cumsum(r[::-1])[::-1]
     sb = jnp.cumsum(w[::-1])[::-1]
     zero = jnp.zeros((1,))
-    A = jnp.concatenate([sa, zero]) + const      # index j+1 <-> segment j (j = -1..n-1)
-    B = jnp.concatenate([sb, zero])
+    A = jnp.concatenate([sa, zero]) * fa + const     # index j+1 <-> segment j (j = -1..n-1)
+    B = jnp.concatenate([sb, zero]) * fb
     return HockeyStickTable(A=A, B=B, y=y, y_ref=y_ref)
 
 
