@@ -58,7 +58,7 @@ from dpjax.pld.plan import GridOptions, plan_grid
 __all__ = [
     "DirectionGrid", "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
     "dpsgd_noise_multiplier_core", "dpsgd_noise_multiplier", "CALIBRATION_OPTIONS",
-    "NUM_ITERATIONS",
+    "NUM_ITERATIONS", "SIGMA_RANGE",
 ]
 
 #: Grid accuracy for calibration: P's default (epsilon discretization error <= 1e-5 relative,
@@ -295,8 +295,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       float (scalar inputs) or float64 ndarray of the broadcast shape.
 
     Raises:
-      ValueError: bad input; unsupported group_size/sampling; a target no sigma in
-        ``[1e-3, 1e4]`` reaches.
+      ValueError: bad input; unsupported group_size/sampling; a target that needs a noise
+        multiplier outside :data:`SIGMA_RANGE` ``[1e-3, 1e4]`` (says which and how to fix it).
 
     Example::
 
@@ -323,29 +323,45 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     eps, delta, q = eps.ravel().copy(), delta.ravel().copy(), q.ravel().copy()
     steps_i = steps_arr.ravel().astype(np.int64)
     guess = np.atleast_1d(_clt_guess(eps, delta, q, steps_i.astype(np.float64)))
+    _check_range(guess, eps, delta, q, steps_i, "needs a noise multiplier of about")
     out = np.full(eps.size, np.nan)
     todo = np.arange(eps.size)
-    for attempt in range(6):
+    for _ in range(4):
         if todo.size == 0:
             break
         roots, status = _solve_group(eps[todo], delta[todo], q[todo], steps_i[todo], guess[todo],
                                      options)
         out[todo[status == STATUS_CONVERGED]] = roots[status == STATUS_CONVERGED]
-        # Bracket missed: the answer is above (unreachable in bracket) or below (met at the
-        # bottom); move the guess by the bracket factor squared and retry.
-        up = status == 1
-        guess[todo[up]] *= _BRACKET_FACTOR ** 2
+        # Bracket missed (the CLT guess was off by more than the bracket factor): the answer
+        # is above (status 1) or below (status 2) the bracket; shift the guess and retry.
+        guess[todo[status == 1]] *= _BRACKET_FACTOR ** 2
         guess[todo[status == 2]] /= _BRACKET_FACTOR ** 2
         todo = todo[status != STATUS_CONVERGED]
-        todo = todo[(guess[todo] > 1e-3) & (guess[todo] < 1e4)]
     if np.isnan(out).any():
         bad = int(np.argmax(np.isnan(out)))
         raise ValueError(
-            f"target (epsilon={eps[bad]:g}, delta={delta[bad]:g}) for sampling_prob={q[bad]:g}, "
-            f"steps={steps_i[bad]} is not reached by any noise multiplier in [1e-3, 1e4]; "
-            "use a larger target_epsilon or target_delta")
+            f"calibration did not bracket the noise multiplier for target (epsilon={eps[bad]:g}, "
+            f"delta={delta[bad]:g}), sampling_prob={q[bad]:g}, steps={steps_i[bad]} (last "
+            f"search around {guess[bad]:.4g}); this regime is far from the CLT guess")
+    _check_range(out, eps, delta, q, steps_i, "needs a noise multiplier of")
     out = out.reshape(shape)
     return float(out) if out.ndim == 0 else out
+
+
+#: Supported range of noise multipliers (the CLT guess and the answer must lie inside).
+SIGMA_RANGE = (1e-3, 1e4)
+
+
+def _check_range(sigma, eps, delta, q, steps, what):
+    bad = (sigma < SIGMA_RANGE[0]) | (sigma > SIGMA_RANGE[1]) | ~np.isfinite(sigma)
+    if bad.any():
+        i = int(np.argmax(bad))
+        hint = ("increase target_epsilon or target_delta" if not sigma[i] < SIGMA_RANGE[0]
+                else "decrease target_epsilon (the target is vacuous at any useful noise)")
+        raise ValueError(
+            f"target (epsilon={eps[i]:g}, delta={delta[i]:g}) with sampling_prob={q[i]:g}, "
+            f"steps={steps[i]} {what} {sigma[i]:.4g}, outside the supported range "
+            f"[{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}]: {hint}")
 
 
 def _solve_group(eps, delta, q, steps, guess, options):

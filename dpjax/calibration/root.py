@@ -113,8 +113,9 @@ def _bisect(fn: Callable, target, lower, upper, *, decreasing: bool, num_iterati
     target = jnp.asarray(target, jnp.result_type(float))
     to_t = jnp.log if log_scale else (lambda v: v)
     from_t = jnp.exp if log_scale else (lambda v: v)
-    f_lower = fn(lower)
-    f_upper = fn(upper)
+    # Both ends in one vmapped call: one copy of fn in the program instead of two (compile time
+    # of heavy fns, e.g. FFT compositions, scales with the number of copies).
+    f_lower, f_upper = jax.vmap(fn)(jnp.stack([lower, upper]))
     ok_lower = _feasible(f_lower, target)
     ok_upper = _feasible(f_upper, target)
     # Orient the bracket so that `bad` is infeasible and `good` feasible throughout.
