@@ -141,7 +141,7 @@ def test_stream_definition_and_partial_block():
         gram = gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4)
         key = jax.random.key(5)
         sums = monte_carlo_sums(gram, 1.0, eps, key, m)
-        idx, u = zip(*[_core.draw_block(key, j, 8) for j in range(2)])
+        idx, u = zip(*[_core.draw_block(_core._to_key(key), j, 8) for j in range(2)])
         idx, u = jnp.concatenate(idx)[:m], jnp.concatenate(u)[:m]
         y_pq, y_qp = privacy_losses(gram, gram_sqrt(gram), 1.0, idx, u)
         t_pq = np.maximum(0, 1 - np.exp(np.asarray(eps)[None, :] - np.asarray(y_pq)[:, None]))
@@ -149,6 +149,15 @@ def test_stream_definition_and_partial_block():
     np.testing.assert_allclose(np.asarray(sums.total), np.stack([t_pq.sum(0), t_qp.sum(0)]), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(sums.total_sq), np.stack([(t_pq**2).sum(0), (t_qp**2).sum(0)]), rtol=1e-12)
     assert np.all(np.bincount(np.asarray(idx), minlength=8) > 0)
+    # vmap over blocks gives the same words as one block at a time (the rbg generator's own
+    # batching rule would reuse the first key; draw_block's custom_vmap rule prevents that).
+    with jax.enable_x64(True):
+        rbg_key = _core._to_key(key)
+        batched = jax.vmap(lambda j: _core.draw_block(rbg_key, j, 8))(jnp.arange(1, 3))
+        for pos, j in enumerate((1, 2)):
+            single = _core.draw_block(rbg_key, j, 8)
+            np.testing.assert_array_equal(np.asarray(batched[0][pos]), np.asarray(single[0]))
+            np.testing.assert_allclose(np.asarray(batched[1][pos]), np.asarray(single[1]), rtol=1e-14, atol=1e-14)
 
 
 # ----------------------------------------------------------------------------- must-show 2

@@ -16,7 +16,7 @@ See :mod:`dpjax.montecarlo._core` for the math and the common-random-numbers pro
 
 from dpjax.montecarlo._core import (
     BLOCK_SIZE,
-    DEFAULT_CHUNK_SAMPLES,
+    DEFAULT_CHUNK_NORMALS,
     MonteCarloSums,
     delta_estimate,
     direct_monte_carlo_sums,
@@ -51,7 +51,7 @@ __all__ = [
     "gaussian_epsilon",
     "minimum_samples",
     "BLOCK_SIZE",
-    "DEFAULT_CHUNK_SAMPLES",
+    "DEFAULT_CHUNK_NORMALS",
     "MonteCarloSums",
     "delta_estimate",
     "direct_monte_carlo_sums",
