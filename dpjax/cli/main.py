@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.demo",
     "dpjax.cli.montecarlo",
     "dpjax.cli.pld",
+    "dpjax.cli.calibrate",
 )
 
 

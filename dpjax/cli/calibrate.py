@@ -1,0 +1,66 @@
+"""``dpjax noise`` (DP-SGD, PLD) and ``dpjax mc-calibrate`` (balls-in-bins, Monte Carlo).
+
+Examples::
+
+    dpjax noise --epsilon 2 --delta 1e-5 --sampling-prob 0.01 --steps 1000 --json
+    dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 \\
+        --epsilon 2 --delta 1e-3 --samples 65536 --seed 0 --json
+
+``noise`` prints the smallest noise multiplier whose certified epsilon (PLD accountant,
+add/remove adjacency, Poisson sampling) is at most ``--epsilon`` at ``--delta``.
+``mc-calibrate`` solves the Monte Carlo *estimate* ``delta_hat(sigma) = --delta`` with
+``--samples`` common random numbers; it is not a certificate (run ``dpjax mc-certify`` on the
+result with more samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dpjax.cli.montecarlo import _accountant, _float_list
+
+
+def _run_noise(args) -> dict:
+    from dpjax.calibration import dpsgd_noise_multiplier
+
+    sigma = dpsgd_noise_multiplier(args.epsilon, args.delta, args.sampling_prob, args.steps,
+                                   group_size=args.group_size)
+    return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
+                sampling_prob=args.sampling_prob, steps=args.steps, accountant="pld",
+                guarantee="certified epsilon <= target_epsilon at this noise multiplier")
+
+
+def _run_mc_calibrate(args) -> dict:
+    acc = _accountant(args)
+    samples = args.samples
+    sigma = acc.calibrate(args.epsilon, args.delta, samples, args.seed)
+    delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
+    return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
+                delta_estimate=float(delta_hat), standard_error=float(se), num_samples=int(samples),
+                seed=args.seed, accountant="montecarlo (balls-in-bins, common random numbers)",
+                guarantee="estimate only: certify with dpjax mc-certify and more samples")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("noise", help="DP-SGD noise multiplier for a target (epsilon, delta) (PLD)")
+    p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
+    p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    p.add_argument("--sampling-prob", type=float, required=True, help="Poisson sampling probability q in (0, 1]")
+    p.add_argument("--steps", type=int, required=True, help="number of steps T >= 1")
+    p.add_argument("--group-size", type=int, default=1, help="group size (only 1 is supported)")
+    p.set_defaults(run=_run_noise)
+
+    p = subparsers.add_parser("mc-calibrate",
+                              help="noise multiplier on the balls-in-bins Monte Carlo estimate")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--toeplitz", type=_float_list, help="Toeplitz first column c0,c1,... (default: identity)")
+    src.add_argument("--matrix", help="path of a dense (n, n) lower-triangular .npy matrix")
+    src.add_argument("--blt-decays", type=_float_list, help="BLT buffer decays (with --blt-scales)")
+    p.add_argument("--blt-scales", type=_float_list, help="BLT output scales")
+    p.add_argument("--batches-per-epoch", type=int, required=True, help="b")
+    p.add_argument("--epochs", type=int, required=True, help="E (n = b * E rounds)")
+    p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
+    p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    p.add_argument("--samples", type=int, default=1 << 16, help="Monte Carlo samples (default 2^16, >= 1/delta)")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the common random numbers")
+    p.set_defaults(run=_run_mc_calibrate)
