@@ -47,7 +47,8 @@ def test_laplace_and_rr_atoms():
     rr = pld.RandomizedResponse(0.96, 2)
     ell = math.log1p(2 * 0.04 / 0.96)   # = log(0.52/0.48), computed as the mechanism does
     assert ell == pytest.approx(math.log(0.52 / 0.48), rel=1e-14)
-    c = _x64(lambda: rr.loss_cdfs("remove", jnp.asarray([-ell - 1e-9, -ell, ell - 1e-9, ell])))
+    # Points 1e-12 inside/outside the atoms (an atom exactly on a query point is ulp-fragile).
+    c = _x64(lambda: rr.loss_cdfs("remove", jnp.asarray([-ell - 1e-9, -ell + 1e-12, ell - 1e-9, ell + 1e-12])))
     np.testing.assert_allclose(c.p_le, [0.0, 0.48, 0.48, 1.0], rtol=1e-14)
     np.testing.assert_allclose(c.q_le, [0.0, 0.52, 0.52, 1.0], rtol=1e-14)
 
