@@ -1,0 +1,68 @@
+"""``dpjax epsilon`` / ``dpjax delta``: JSON output, bracket, bad input (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dpjax.cli.main import main
+
+B1 = ["--noise-multiplier", "1.0", "--sampling-prob", "0.01", "--steps", "1000"]
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_epsilon_json(capsys, reference_cases):
+    rc, out, _ = _run(capsys, ["epsilon", *B1, "--delta", "1e-5", "--json"])
+    assert rc == 0
+    res = json.loads(out)
+    ref = reference_cases["B1"]["value"]
+    assert res["epsilon"] == res["epsilon_upper"]
+    assert res["epsilon_lower"] <= ref <= res["epsilon_upper"] <= ref * 1.003   # issue's 0.3%
+    assert set(res["grid"]) == {"remove", "add"}
+
+
+def test_delta_json_and_text(capsys):
+    rc, out, _ = _run(capsys, ["delta", *B1, "--epsilon", "2", "--json"])
+    assert rc == 0
+    res = json.loads(out)
+    assert 0 <= res["delta_lower"] <= res["delta"] == res["delta_upper"] < 1e-5
+    rc, out, _ = _run(capsys, ["delta", *B1, "--epsilon", "2"])
+    assert rc == 0 and out.startswith("delta")
+
+
+@pytest.mark.parametrize(
+    "argv, word",
+    [
+        (["epsilon", "--noise-multiplier", "-1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
+         "noise_multiplier"),
+        (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "2", "--steps", "10", "--delta", "1e-5"],
+         "sampling_prob"),
+        (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "0.1", "--steps", "1.5", "--delta", "1e-5"],
+         "steps"),
+        (["epsilon", "--noise-multiplier", "1", "--sampling-prob", "0.1", "--steps", "10", "--delta", "1"],
+         "delta"),
+        (["delta", "--noise-multiplier", "1", "--sampling-prob", "0.1", "--steps", "10", "--epsilon", "-1"],
+         "epsilon"),
+    ],
+)
+def test_bad_input_exit_2(capsys, argv, word):
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2
+    assert word in err and "Traceback" not in err
+    assert out == ""
+
+
+def test_subprocess_bad_input_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "dpjax", "epsilon", "--noise-multiplier", "nan",
+                           "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "noise_multiplier" in proc.stderr and "Traceback" not in proc.stderr
