@@ -118,6 +118,8 @@ def gram_sqrt(gram):
     that much only.  No jitter is added, so the distribution of ``W = L U`` is ``N(0, G)``.
     Any square root gives the same distribution of ``W``; the choice only matters for which
     ``W`` a given ``U`` maps to (common random numbers switch when the branch switches).
+    Gradients: exact through the Cholesky branch; through the eigen branch they are undefined
+    where eigenvalues repeat (a singular ``G`` is a boundary case for optimisation anyway).
     """
     gram = jnp.asarray(gram, jnp.float64)
     gram = 0.5 * (gram + gram.T)
