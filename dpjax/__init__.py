@@ -22,3 +22,7 @@ from dpjax.pld import dpsgd_delta, dpsgd_epsilon  # noqa: E402
 from dpjax import matrices, montecarlo  # noqa: E402
 from dpjax import calibration  # noqa: E402
 from dpjax.calibration import dpsgd_noise_multiplier  # noqa: E402
+from dpjax import baselines, group  # noqa: E402
+# Group privacy: dpjax.dpsgd_epsilon gains group_size / sampling="fixed_batch" keywords; with the
+# defaults it delegates to dpjax.pld.dpsgd_epsilon unchanged (see dpjax.group.dpsgd_epsilon).
+from dpjax.group import dpsgd_epsilon, group_accounting, group_delta, group_epsilon  # noqa: E402

@@ -32,7 +32,7 @@ from dpjax import _validate
 from dpjax._x64 import float64
 from dpjax.pld.mog import SAMPLINGS, GroupSubsampledGaussian
 
-__all__ = ["GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon", "group_delta"]
+__all__ = ["GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon", "group_delta", "dpsgd_epsilon"]
 
 
 class GroupSpec(tuple):
@@ -214,3 +214,47 @@ def group_delta(
         sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options, with_lower=False,
     )
     return res.delta
+
+
+def dpsgd_epsilon(
+    noise_multiplier,
+    sampling_prob,
+    steps,
+    target_delta,
+    *,
+    group_size: int = 1,
+    sampling: str = "poisson",
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+):
+    """Certified epsilon of DP-SGD, example-level or for groups of ``group_size`` examples.
+
+    With the defaults (``group_size=1``, ``sampling="poisson"``) this is exactly
+    :func:`dpjax.pld.dpsgd_epsilon` (noise schedules included); otherwise the tight
+    mixture-of-Gaussians group accountant :func:`group_epsilon`.
+
+    Args:
+      noise_multiplier: sigma > 0 (a 1-D per-step schedule only for the example-level Poisson case).
+      sampling_prob: Poisson q in (0, 1]; for ``"fixed_batch"`` None or ``batch_size / dataset_size``.
+      steps: T >= 1.
+      target_delta: in (0, 1).
+      group_size: k >= 1.
+      sampling: ``"poisson"`` or ``"fixed_batch"`` (then ``dataset_size`` and ``batch_size`` are required).
+
+    Example::
+
+        >>> import dpjax
+        >>> dpjax.dpsgd_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8)          # doctest: +SKIP
+        32.035...
+        >>> dpjax.dpsgd_epsilon(1.0, None, 2000, 1e-5, group_size=8, sampling="fixed_batch",
+        ...                     dataset_size=50_000, batch_size=500)          # doctest: +SKIP
+        32.030...
+    """
+    from dpjax.pld import dpsgd_epsilon as example_level
+
+    if group_size == 1 and sampling == "poisson" and dataset_size is None and batch_size is None:
+        return example_level(noise_multiplier, sampling_prob, steps, target_delta)
+    return group_epsilon(
+        noise_multiplier, sampling_prob, steps, target_delta, group_size=group_size, sampling=sampling,
+        dataset_size=dataset_size, batch_size=batch_size,
+    )

@@ -134,7 +134,12 @@ def mog_inverse_privacy_loss(y: jax.Array, scaled_sensitivities: jax.Array, log_
     u_hi = jnp.where(finite, jnp.maximum(u_hi, u_lo + 1e-9), 1.0)
     nodes = jnp.linspace(u_lo, u_hi, _INTERP_NODES)
     z_nodes = _newton_h(nodes, _z_upper_start(nodes, log_pos, c), log_pos, c, _NEWTON_STEPS)
-    z = jnp.interp(u, nodes, z_nodes)
+    # Uniform nodes: the bracketing interval is found by arithmetic (no searchsorted).
+    step = (u_hi - u_lo) / (_INTERP_NODES - 1)
+    t = jnp.clip((u - u_lo) / step, 0.0, _INTERP_NODES - 1.0)
+    i = jnp.minimum(jnp.floor(t).astype(jnp.int32), _INTERP_NODES - 2)
+    frac = t - i
+    z = z_nodes[i] + frac * (z_nodes[i + 1] - z_nodes[i])
     z = _newton_h(u, z, log_pos, c, _POLISH_STEPS)
     return jnp.where(above, z, -jnp.inf)
 
