@@ -218,9 +218,10 @@ def _prepare(components, max_distinct):
 # The jitted program (one per direction and static shape set)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds"))
-def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds):
-    """All directions in one XLA program (one compile): compose, then convert."""
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want"))
+def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want):
+    """All directions in one XLA program (one compile): compose, then convert (``want`` is
+    "eps" or "delta": only that conversion is compiled)."""
     res = []
     for di, d in enumerate(directions):
         out = compose(groups[di], dx, lambdas[di], log_tau, direction=d, ms=ms[di], n=n, kinds=kinds)
@@ -229,7 +230,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
             pld = out[kind]
             tab = table(pld, "upper" if kind == "up" else "lower")
             r[kind] = dict(
-                eps=eps_at(tab, deltas), delta=delta_at(tab, epsilons), p_inf=pld.p_inf,
+                value=eps_at(tab, deltas) if want == "eps" else delta_at(tab, epsilons), p_inf=pld.p_inf,
                 tail_above=pld.tail_above, tail_below=pld.tail_below, roundoff=pld.roundoff,
                 needed_width=pld.needed_width,
             )
@@ -244,7 +245,8 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
                          target_delta=target_delta, options=options, min_width=min_width)
         res = _program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                       directions=directions, ms=plan.ms, n=plan.n, kinds=kinds)
+                       directions=directions, ms=plan.ms, n=plan.n, kinds=kinds,
+                       want="eps" if eps_hint is None else "delta")
         res = jax.device_get(res)
         budget = 10.0 * plan.tau_wrap
         over = any(
@@ -300,8 +302,8 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
                                 tail_mass=tail_mass)
     dir_reports = []
     for d, plan, res in reports:
-        up = np.asarray(res["up"]["eps"])
-        lo = np.asarray(res["down"]["eps"]) if "down" in res else np.zeros_like(up)
+        up = np.asarray(res["up"]["value"])
+        lo = np.asarray(res["down"]["value"]) if "down" in res else np.zeros_like(up)
         dir_reports.append(_report(d, plan, res, up, lo))
     upper = np.max([r.upper for r in dir_reports], axis=0)
     lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
@@ -335,8 +337,8 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
                                 tail_mass=options.delta_tail_mass)
     dir_reports = []
     for d, plan, res in reports:
-        up = np.asarray(res["up"]["delta"])
-        lo = np.asarray(res["down"]["delta"]) if "down" in res else np.zeros_like(up)
+        up = np.asarray(res["up"]["value"])
+        lo = np.asarray(res["down"]["value"]) if "down" in res else np.zeros_like(up)
         dir_reports.append(_report(d, plan, res, up, lo))
     upper = np.max([r.upper for r in dir_reports], axis=0)
     lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
@@ -350,6 +352,9 @@ def _scalar(a):
 
 
 def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
+    # Last line of defence of the laws: no NaN leaves the accountant.
+    up = np.where(np.isnan(up), np.inf, up)
+    lo = np.where(np.isnan(lo), 0.0, lo)
     r = res["up"]
     tb = float(res["down"]["tail_below"]) if "down" in res else float("nan")
     return DirectionReport(direction=d, upper=up, lower=lo, n=plan.n, dx=plan.dx, p_inf=float(r["p_inf"]),

@@ -57,6 +57,11 @@ def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
     zero = jnp.zeros((1,))
     A = jnp.concatenate([sa, zero]) * fa + const     # index j+1 <-> segment j (j = -1..n-1)
     B = jnp.concatenate([sb, zero]) * fb
+    # Never let a NaN through: for the upper curve it becomes delta = 1 / eps = inf, for the
+    # lower curve delta = 0 / eps = 0 (both trivially valid).
+    bad = jnp.isnan(A) | jnp.isnan(B)
+    A = jnp.where(bad, jnp.inf if bound == "upper" else -jnp.inf, A)
+    B = jnp.where(bad, 0.0, B)
     return HockeyStickTable(A=A, B=B, y=y, y_ref=y_ref)
 
 

@@ -127,7 +127,7 @@ class PoissonSubsampledGaussian:
     Remove: ``P = (1-q) N(0, s^2) + q N(1, s^2)``, ``Q = N(0, s^2)``; add: the pair swapped
     (DESIGN.md §1).  The loss ``l(x) = log(1 - q + q exp((2x - 1) / (2 s^2)))`` is increasing in
     ``x`` and bounded below by ``log(1-q)``; its inverse is
-    ``x(y) = s^2 log((expm1(y) + q) / q) + 1/2`` for ``y > log(1 - q)``.  Under "add" the loss is
+    ``x(y) = s^2 log((e^y - (1 - q)) / q) + 1/2`` for ``y > log(1 - q)``.  Under "add" the loss is
     ``-l(X)`` with ``X ~ N(0, s^2)``, bounded above by ``-log(1-q)``.
     """
 
@@ -151,10 +151,14 @@ class PoissonSubsampledGaussian:
         """
         s = _f64(self.noise_multiplier)
         q = _f64(self.sampling_prob)
-        arg = jnp.expm1(jnp.minimum(y, 700.0)) + q  # e^y - (1 - q), without cancellation
-        ok = arg > 0
-        safe = jnp.where(ok, arg, 1.0)
-        x = s * s * (jnp.log(safe) - jnp.log(q)) + 0.5
+        # log(e^y - (1 - q)) = y + log(1 - (1-q) e^{-y}) = y + log(-expm1(log1p(-q) - y)):
+        # accurate for every y above the bound log1p(-q), including q = 1 (bound -inf) and
+        # y << 0 (where expm1(y) + q would cancel to 0).
+        bound = jnp.log1p(-q)
+        ok = y > bound
+        r = jnp.where(ok, bound - y, -1.0)
+        log_arg = y + jnp.log(-jnp.expm1(r))
+        x = s * s * (log_arg - jnp.log(q)) + 0.5
         return jnp.where(ok, x, -1e30), s, q
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:

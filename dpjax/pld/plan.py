@@ -165,6 +165,9 @@ def plan_grid(
     n = _pow2(width / dx_acc + 2)
     n = min(max(n, options.n_min), options.n_max)
     dx = width / (n - 2)
+    # Degenerate probes (all mass beyond +-650: zero width) must still give integer offsets.
+    y_abs = max(float(np.max(np.abs(np.r_[s[0], s[1]]))) for p in per_dir for s in p[0])
+    dx = max(dx, y_abs / 2.0**40, 1e-12)
     if min_width > width:  # retry: same dx, wider window
         n = min(_pow2(min_width / dx + 2), max(options.n_max, n))
     all_groups, all_ms, all_lams = [], [], []
@@ -176,7 +179,7 @@ def plan_grid(
             need = int(np.max(np.where(c > 0, top - off + 1, 2)))
             ms.append(min(max(_pow2(need), 64), n))
             new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
-        lam = (z / sigma_c) * np.geomspace(0.2, 5.0, 7)
+        lam = (z / sigma_c) * np.geomspace(0.3, 3.0, 7)
         all_groups.append(tuple(new_groups))
         all_ms.append(tuple(ms))
         all_lams.append(np.concatenate([lam, -lam]))

