@@ -180,3 +180,18 @@ def test_tiny_sigma_returns_inf_with_reason():
 
 def test_large_delta_gives_zero_epsilon():
     assert dpjax.dpsgd_epsilon(1.0, 1.0, 1, 0.9) == 0.0
+
+
+def test_q_one_is_the_gaussian_in_both_directions():
+    """q = 1: the subsampled pair is the Gaussian pair; the add direction at y << 0 and y >> 0
+    must not cancel (a past bug computed e^y - (1-q) as expm1(y) + q = 0 and reported
+    P(Y <= 600) = 1 for sigma = 0.01)."""
+    s = 0.01
+    y = np.array([-6000.0, -600.0, 0.0, 600.0, 4900.0, 5000.0, 5100.0])
+    sub = pld.PoissonSubsampledGaussian(s, 1.0)
+    gau = pld.Gaussian(s)
+    for d in ("remove", "add"):
+        a = _x64(lambda: sub.loss_cdfs(d, jnp.asarray(y)))
+        b = _x64(lambda: gau.loss_cdfs(d, jnp.asarray(y)))
+        np.testing.assert_allclose(a.p_le, b.p_le, rtol=1e-9, atol=1e-300)
+        np.testing.assert_allclose(a.p_gt, b.p_gt, rtol=1e-9, atol=1e-300)
