@@ -43,7 +43,10 @@ def _grid_info(res) -> dict:
 
 def _run_epsilon(args) -> dict:
     from dpjax import pld
+    from dpjax.cli import group as group_cli
 
+    if group_cli.requested(args) or args.sampling_prob is None:
+        return group_cli.run(args, _options(args), _grid_info)
     res = pld.dpsgd_accounting(args.noise_multiplier, args.sampling_prob, args.steps,
                                target_delta=args.delta, options=_options(args))
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
@@ -84,6 +87,9 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    from dpjax.cli import group as group_cli
+
+    group_cli.add_arguments(p)
     p.set_defaults(run=_run_epsilon, render=_render)
 
     p = subparsers.add_parser("delta", help="certified delta of DP-SGD at epsilon (PLD accountant)",

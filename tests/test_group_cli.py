@@ -1,0 +1,51 @@
+"""``dpjax epsilon --group-size K [--sampling fixed_batch --dataset-size N --batch-size B] --json``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpjax.cli.main import main
+from dpjax.group import group_epsilon
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_group_poisson_and_fixed_batch(capsys):
+    # sigma = 2, q = 0.01, T = 2000, k = 4: the C_*_s2_k4 rows (programs shared with test_group).
+    base = ["epsilon", "--noise-multiplier", "2", "--steps", "2000", "--delta", "1e-5", "--group-size", "4", "--json"]
+    rc, out, _ = _run(capsys, base + ["--sampling-prob", "0.01"])
+    assert rc == 0
+    res = json.loads(out)
+    assert res["epsilon"] == group_epsilon(2.0, 0.01, 2000, 1e-5, group_size=4)
+    assert res["group_size"] == 4 and res["sampling"] == "poisson"
+    assert res["epsilon_lower"] <= res["epsilon"] == res["epsilon_upper"]
+    rc, out, _ = _run(capsys, base + ["--sampling", "fixed_batch", "--dataset-size", "50000", "--batch-size", "500"])
+    assert rc == 0
+    res = json.loads(out)
+    want = group_epsilon(2.0, None, 2000, 1e-5, group_size=4, sampling="fixed_batch", dataset_size=50_000, batch_size=500)
+    assert res["epsilon"] == want and res["adjacency"].startswith("replace")
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--sampling-prob", "0.01", "--group-size", "0"], "group_size"),
+        (["--sampling-prob", "0.01", "--group-size", "2.5"], "group_size"),
+        (["--sampling-prob", "0.01", "--sampling", "shuffle"], "sampling"),
+        (["--sampling", "fixed_batch", "--dataset-size", "100", "--batch-size", "200"], "batch_size"),
+        (["--sampling", "fixed_batch", "--batch-size", "20"], "dataset_size"),
+        (["--sampling", "fixed_batch", "--dataset-size", "100", "--batch-size", "3", "--group-size", "4"], "group_size"),
+        ([], "sampling-prob"),
+    ],
+)
+def test_cli_group_bad_input_exits_2_with_one_line(capsys, extra, needle):
+    argv = ["epsilon", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5", "--json"] + extra
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2 and out == ""
+    assert needle in err and "Traceback" not in err
