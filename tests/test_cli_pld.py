@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,13 @@ import pytest
 from dpjax.cli.main import main
 
 B1 = ["--noise-multiplier", "1.0", "--sampling-prob", "0.01", "--steps", "1000"]
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    # The CLI turns on JAX's persistent compilation cache (global config); in-process tests
+    # must not change the configuration of the rest of the test session.
+    monkeypatch.setenv("DPJAX_COMPILATION_CACHE", "0")
 
 
 def _run(capsys, argv):
@@ -63,6 +71,17 @@ def test_bad_input_exit_2(capsys, argv, word):
 def test_subprocess_bad_input_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "dpjax", "epsilon", "--noise-multiplier", "nan",
                            "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5", "--json"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DPJAX_COMPILATION_CACHE": "0"})
     assert proc.returncode == 2
     assert "noise_multiplier" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cache_environment_switch(tmp_path, monkeypatch):
+    """DPJAX_COMPILATION_CACHE: "0" leaves JAX alone, a directory is used as given."""
+    from dpjax.pld import cache
+
+    monkeypatch.setenv("DPJAX_COMPILATION_CACHE", "0")
+    assert cache.enable_from_environment(default_on=True) is None
+    monkeypatch.delenv("DPJAX_COMPILATION_CACHE")
+    assert cache.enable_from_environment(default_on=False) is None
