@@ -78,7 +78,7 @@ def test_subprocess_bad_input_no_traceback():
 
 
 def test_cache_environment_switch(tmp_path, monkeypatch):
-    """DPJAX_COMPILATION_CACHE: "0" leaves JAX alone, a directory is used as given."""
+    """DPJAX_COMPILATION_CACHE="0" (or unset with default_on=False) leaves JAX's config alone."""
     from dpjax.pld import cache
 
     monkeypatch.setenv("DPJAX_COMPILATION_CACHE", "0")
