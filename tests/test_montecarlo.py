@@ -160,6 +160,19 @@ def test_stream_definition_and_partial_block():
             np.testing.assert_allclose(np.asarray(batched[1][pos]), np.asarray(single[1]), rtol=1e-14, atol=1e-14)
 
 
+def test_single_batch_is_exact_gaussian():
+    """b = 1: no amplification, the pair is N(m_0, s^2 I) vs N(0, s^2 I) -- the exact Gaussian oracle
+    with sensitivity |m_0| (both directions), so the MC estimate must match it within 3 SE."""
+    c = np.asarray(Toeplitz(np.array([1.0, 0.3])).dense(5))
+    acc = BallsInBins(c, 1, 5)
+    eps = np.array([0.5, 1.0, 3.0])
+    est = acc.estimate(1.3, eps, 1 << 15, key=8)
+    exact = gaussian_delta(acc.sensitivity / 1.3, eps)
+    for k in range(eps.size):
+        assert _close(est.delta_remove[k], est.se_remove[k], exact[k], 0.0), (eps[k], est.delta_remove[k], exact[k])
+        assert _close(est.delta_add[k], est.se_add[k], exact[k], 0.0), (eps[k], est.delta_add[k], exact[k])
+
+
 # ----------------------------------------------------------------------------- must-show 2
 
 
