@@ -197,7 +197,10 @@ def compose(
             return dict(acc=acc, offset=carry["offset"] + c_int * o, total=carry["total"] + c), None
 
         xs = (group.mechanism, jnp.asarray(group.counts, jnp.int64), jnp.asarray(group.offsets, jnp.int64))
-        carry, _ = jax.lax.scan(body, carry, xs)
+        if xs[1].shape[0] == 1:  # one mechanism: no loop (lets XLA fuse across the body)
+            carry, _ = body(carry, jax.tree_util.tree_map(lambda a: a[0], xs))
+        else:
+            carry, _ = jax.lax.scan(body, carry, xs)
 
     out = {}
     for kind in kinds:
