@@ -195,3 +195,16 @@ def test_q_one_is_the_gaussian_in_both_directions():
         b = _x64(lambda: gau.loss_cdfs(d, jnp.asarray(y)))
         np.testing.assert_allclose(a.p_le, b.p_le, rtol=1e-9, atol=1e-300)
         np.testing.assert_allclose(a.p_gt, b.p_gt, rtol=1e-9, atol=1e-300)
+
+
+def test_bad_components_and_options():
+    with pytest.raises(ValueError, match="not a mechanism"):
+        pld.epsilon([(3.0, 2)], 1e-5)
+    with pytest.raises(ValueError, match="must not be empty"):
+        pld.epsilon([], 1e-5)
+    with pytest.raises(ValueError, match="relative_accuracy"):
+        pld.GridOptions(relative_accuracy=0.0)
+    with pytest.raises(ValueError, match="power of two"):
+        pld.GridOptions(n_min=1000)
+    with pytest.raises(ValueError, match="GridOptions"):
+        pld.epsilon(pld.Gaussian(1.0), 1e-5, options={"n_min": 1024})

@@ -274,7 +274,36 @@ def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, tar
 
 
 def _options(options):
-    return options if options is not None else GridOptions()
+    if options is None:
+        return GridOptions()
+    if not isinstance(options, GridOptions):
+        raise ValueError(f"options must be a dpjax.pld.GridOptions, got {options!r}")
+    return options
+
+
+def _is_mechanism(x) -> bool:
+    return hasattr(x, "loss_cdfs") and dataclasses.is_dataclass(x)
+
+
+def _as_components(components) -> list:
+    """A mechanism, a ``(mechanism, count)`` pair, or a sequence of either."""
+    if _is_mechanism(components):
+        return [components]
+    if isinstance(components, tuple) and len(components) == 2 and _is_mechanism(components[0]) \
+            and not _is_mechanism(components[1]):
+        return [components]
+    try:
+        items = list(components)
+    except TypeError:
+        raise ValueError(f"components must be a mechanism or a sequence of mechanisms / (mechanism, count) "
+                         f"pairs, got {components!r}") from None
+    if not items:
+        raise ValueError("components must not be empty")
+    for item in items:
+        mech = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        if not _is_mechanism(mech):
+            raise ValueError(f"not a mechanism (needs loss_cdfs, see dpjax.pld.mechanisms): {mech!r}")
+    return items
 
 
 @float64
@@ -291,10 +320,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
       :class:`EpsilonResult`.
     """
     options = _options(options)
-    if not isinstance(components, (list, tuple)) or (isinstance(components, tuple) and len(components) == 2
-                                                      and not isinstance(components[0], tuple)
-                                                      and isinstance(components[1], (int, np.integer))):
-        components = [components]
+    components = _as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
     tail_mass = options.tail_fraction * float(np.min(deltas))
     reports, blocked = _account(components, jnp.asarray(deltas), jnp.zeros(()), with_lower=with_lower,
@@ -327,10 +353,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     below it are reported as about that value (an upper bound, never below the truth).
     """
     options = _options(options)
-    if not isinstance(components, (list, tuple)) or (isinstance(components, tuple) and len(components) == 2
-                                                      and not isinstance(components[0], tuple)
-                                                      and isinstance(components[1], (int, np.integer))):
-        components = [components]
+    components = _as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
     reports, blocked = _account(components, jnp.asarray([0.5]), jnp.asarray(eps), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,

@@ -61,6 +61,20 @@ class GridOptions:
     n_max: int = 2**21
     max_distinct: int = 256
 
+    def __post_init__(self):
+        for name in ("relative_accuracy", "tail_fraction", "delta_tail_mass"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < 1):
+                raise ValueError(f"{name} must be in (0, 1), got {v!r}")
+        for name in ("n_min", "n_max"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 64 and v & (v - 1) == 0):
+                raise ValueError(f"{name} must be a power of two >= 64, got {v!r}")
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min must be <= n_max, got {self.n_min} > {self.n_max}")
+        if not (isinstance(self.max_distinct, int) and self.max_distinct >= 1):
+            raise ValueError(f"max_distinct must be an integer >= 1, got {self.max_distinct!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class GridPlan:
