@@ -2,9 +2,24 @@
 
 Public API:
 
-* :class:`BallsInBins` -- ``BallsInBins(C, batches_per_epoch, epochs)`` with ``.delta``,
-  ``.epsilon``, ``.certify`` (Estimate-Verify-Release), ``.sensitivity``,
-  ``.unamplified_epsilon``.
+* :class:`BallsInBins` -- ``BallsInBins(C, batches_per_epoch, epochs)`` with ``.delta``
+  (estimate, standard error), ``.estimate`` (both directions, :class:`DeltaEstimate`),
+  ``.epsilon`` (eps_hat(delta)), ``.certify`` (Estimate-Verify-Release, :class:`Certificate`),
+  ``.sensitivity``, ``.unamplified_delta`` / ``.unamplified_epsilon`` (no-amplification
+  Gaussian baseline).  :func:`minimum_samples`, :func:`certified_delta` for EVR planning;
+  :func:`gaussian_delta` / :func:`gaussian_epsilon`.
+
+Example::
+
+    import numpy as np
+    from dpjax.matrices import Toeplitz
+    from dpjax.montecarlo import BallsInBins
+
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.5, 0.25])), batches_per_epoch=32, epochs=8)
+    delta, se = acc.delta(noise_multiplier=1.0, epsilon=[1.0, 2.0], num_samples=1 << 20, key=0)
+    cert = acc.certify(2.0, epsilon=4.0, target_delta=1e-3, num_samples=1 << 20, key=1)
+    cert.verified, cert.delta, cert.failure_probability
+
 * Pure jittable core (for calibration / optimisation under ``jit`` and ``grad``):
   :func:`delta_estimate`, :func:`monte_carlo_sums`, :func:`gram_from_columns`,
   :func:`gram_from_dense`, :func:`gram_from_modes`, :func:`modes_from_column`,
