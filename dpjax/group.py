@@ -107,7 +107,10 @@ def group_mechanism(noise_multiplier: float, spec: GroupSpec) -> GroupSubsampled
 def _components(noise_multiplier, steps, spec: GroupSpec):
     from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 
-    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    if sigma.ndim != 0:
+        raise ValueError(f"noise_multiplier must be a scalar > 0 for group accounting, got shape {sigma.shape}")
+    sigma = float(sigma)
     t = _validate.positive_int("steps", steps)
     if spec.group_size == 1:
         # k = 1: the mixture is {0: 1-q, 1: q} with noise sigma (fixed batch: {0, 2} with 2 sigma,

@@ -164,6 +164,7 @@ def test_accounting_returns_bracket_and_delta():
         (dict(sampling_prob=None), "sampling_prob"),
         (dict(sampling_prob=1.5), "sampling_prob"),
         (dict(noise_multiplier=-1.0), "noise_multiplier"),
+        (dict(noise_multiplier=[1.0, 2.0]), "noise_multiplier"),
         (dict(steps=0), "steps"),
         (dict(target_delta=0.0), "target_delta"),
     ],
