@@ -58,22 +58,32 @@ from dpjax.pld.plan import GridOptions, plan_grid
 __all__ = [
     "DirectionGrid", "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
     "dpsgd_noise_multiplier_core", "dpsgd_noise_multiplier", "CALIBRATION_OPTIONS",
-    "NUM_ITERATIONS", "SIGMA_RANGE",
+    "NUM_ITERATIONS", "NUM_FINE_ITERATIONS", "COARSE_OPTIONS", "SIGMA_RANGE",
 ]
 
 #: Grid accuracy for calibration: P's default (epsilon discretization error <= 1e-5 relative,
 #: which moves sigma by ~1e-5 relative; the reference tolerance is 1e-3).
 CALIBRATION_OPTIONS = GridOptions()
-#: Illinois steps: from a bracket of log-width ln(2.25) to < 1e-9 relative for these smooth,
-#: nearly log-linear curves (12 steps from a 4x wider bracket reach 1e-15 on the exact
-#: Gaussian oracle; tests check the final bracket width on the reference cases).
-NUM_ITERATIONS = 14
+#: Illinois steps of a search on the wide bracket [guess / 1.5, 1.5 guess]: < 1e-8 relative
+#: bracket (measured on these smooth, nearly log-linear curves; 12 steps from a 4x wider
+#: bracket reach 1e-15 on the exact Gaussian oracle).
+NUM_ITERATIONS = 10
+#: Illinois steps of the fine search on the narrow bracket around the coarse answer.
+NUM_FINE_ITERATIONS = 6
 #: The CLT (mu-GDP) guess is within ~10% of the PLD answer for the usual DP-SGD regimes; the
-#: search bracket is [guess / 1.5, 1.5 guess] and a miss is retried with a shifted bracket.
+#: wide bracket is [guess / 1.5, 1.5 guess] and a miss is retried with a shifted bracket.
 _BRACKET_FACTOR = 1.5
 #: Plan the grid at guess / 1.15: lower noise has the wider single-step loss support, so the
 #: grid covers every sigma the search visits near the answer.
 _PLAN_FACTOR = 1.15
+#: Two-stage search.  Stage 1 on a coarse grid (n <= 2^13, ~16x cheaper per evaluation) finds
+#: sigma_1 to ~1e-3; its grid is *more* pessimistic, so the fine answer is at or a little below
+#: sigma_1.  Stage 2 searches [0.97, 1.01] x sigma_1 on the accurate grid (planned at the lower
+#: end).  Brackets that miss are shifted by their own width and re-planned (see _refine).
+COARSE_OPTIONS = GridOptions(relative_accuracy=1e-3, n_min=2**10, n_max=2**13)
+#: (lower, upper, plan) factors of the bracket around a centre c.
+_WIDE = (1 / _BRACKET_FACTOR, _BRACKET_FACTOR, 1 / _PLAN_FACTOR)
+_FINE = (0.97, 1.01, 0.97)
 _DIRECTIONS = ("remove", "add")
 
 
@@ -273,7 +283,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
 
     Poisson sampling with probability ``sampling_prob`` for ``steps`` steps, add/remove
     adjacency, PLD accounting (:mod:`dpjax.pld`).  The answer is the upper end of a bracket of
-    relative width < 1e-9 found by a fixed-length Illinois search on the certified delta curve,
+    relative width ~1e-8 or less found by fixed-length Illinois searches (a coarse grid, then
+    the accurate one around the coarse answer) on the certified delta curve,
     so the certified epsilon at the returned sigma is ``<= target_epsilon`` (rounded to the
     safe side); its distance to the exact minimal sigma is the accountant's discretization
     error (``options.relative_accuracy`` = 1e-5 in epsilon by default, ~1e-5 in sigma).
@@ -324,25 +335,27 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     steps_i = steps_arr.ravel().astype(np.int64)
     guess = np.atleast_1d(_clt_guess(eps, delta, q, steps_i.astype(np.float64)))
     _check_range(guess, eps, delta, q, steps_i, "needs a noise multiplier of about")
+    # Stage 1, coarse grid: wide brackets around the current centre, re-planned at the answer
+    # until the grid was planned near it (a grid planned far from the root is sound but loose).
+    coarse, _ = _refine(eps, delta, q, steps_i, guess, options=COARSE_OPTIONS,
+                        num_iterations=NUM_ITERATIONS, factors=_WIDE, tol=0.15, max_rounds=8)
+    # Stage 2, accurate grid: narrow brackets around the coarse answer.
+    ok = np.isfinite(coarse)
     out = np.full(eps.size, np.nan)
-    todo = np.arange(eps.size)
-    for _ in range(4):
-        if todo.size == 0:
-            break
-        roots, status = _solve_group(eps[todo], delta[todo], q[todo], steps_i[todo], guess[todo],
-                                     options)
-        out[todo[status == STATUS_CONVERGED]] = roots[status == STATUS_CONVERGED]
-        # Bracket missed (the CLT guess was off by more than the bracket factor): the answer
-        # is above (status 1) or below (status 2) the bracket; shift the guess and retry.
-        guess[todo[status == 1]] *= _BRACKET_FACTOR ** 2
-        guess[todo[status == 2]] /= _BRACKET_FACTOR ** 2
-        todo = todo[status != STATUS_CONVERGED]
+    if ok.any():
+        out[ok], _ = _refine(eps[ok], delta[ok], q[ok], steps_i[ok], coarse[ok], options=options,
+                             num_iterations=NUM_FINE_ITERATIONS, factors=_FINE, tol=0.05,
+                             max_rounds=4)
+    guess = np.where(ok, coarse, guess)
     if np.isnan(out).any():
         bad = int(np.argmax(np.isnan(out)))
         raise ValueError(
-            f"calibration did not bracket the noise multiplier for target (epsilon={eps[bad]:g}, "
+            f"calibration found no consistent noise multiplier for target (epsilon={eps[bad]:g}, "
             f"delta={delta[bad]:g}), sampling_prob={q[bad]:g}, steps={steps_i[bad]} (last "
-            f"search around {guess[bad]:.4g}); this regime is far from the CLT guess")
+            f"search around {guess[bad]:.4g}): the PLD accountant's certified delta does not "
+            f"cross the target consistently on grids planned there (check "
+            f"dpjax.dpsgd_delta at nearby noise multipliers); no sigma is returned rather than "
+            f"a loose one")
     _check_range(out, eps, delta, q, steps_i, "needs a noise multiplier of")
     out = out.reshape(shape)
     return float(out) if out.ndim == 0 else out
@@ -364,10 +377,36 @@ def _check_range(sigma, eps, delta, q, steps, what):
             f"[{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}]: {hint}")
 
 
-def _solve_group(eps, delta, q, steps, guess, options):
-    """Plan grids (host), group configurations by static grid shape, run each group batched."""
-    plans = [_plan(g / _PLAN_FACTOR, qq, int(t), eps_hint=float(e), target_delta=float(d),
-                   options=options) for e, d, qq, t, g in zip(eps, delta, q, steps, guess)]
+def _refine(eps, delta, q, steps, center, *, options, num_iterations, factors, tol, max_rounds):
+    """Search ``[lo, hi] * c`` with the grid planned at ``plan * c`` (``factors``), accept roots
+    within ``tol`` of the centre (the grid was planned near them), re-centre the others on
+    their root, or shift a missed bracket by its own width (status 1 up, status 2 down).
+    Returns (roots, last centres); NaN where no round was accepted."""
+    lo_f, hi_f, plan_f = factors
+    out = np.full(eps.size, np.nan)
+    c = np.array(center, np.float64)
+    todo = np.arange(eps.size)
+    for _ in range(max_rounds):
+        if todo.size == 0:
+            break
+        ct = c[todo]
+        roots, st = _solve_group(eps[todo], delta[todo], q[todo], steps[todo], ct * lo_f,
+                                 ct * hi_f, ct * plan_f, options, num_iterations)
+        ok = st == STATUS_CONVERGED
+        accept = ok & (np.abs(roots / ct - 1) <= tol)
+        out[todo[accept]] = roots[accept]
+        c[todo] = np.where(ok, roots, np.where(st == 1, ct * hi_f / lo_f, ct * lo_f / hi_f))
+        todo = todo[~accept]
+        # outside the supported range: stop moving (reported by the caller)
+        todo = todo[(c[todo] > SIGMA_RANGE[0] / 10) & (c[todo] < SIGMA_RANGE[1] * 10)]
+    return out, c
+
+
+def _solve_group(eps, delta, q, steps, lower, upper, plan_at, options, num_iterations):
+    """Plan grids (host) at ``plan_at``, group configurations by grid shape, search each group's
+    brackets ``[lower, upper]`` in one batched program; returns (roots, status) arrays."""
+    plans = [_plan(float(p), qq, int(t), eps_hint=float(e), target_delta=float(d),
+                   options=options) for e, d, qq, t, p in zip(eps, delta, q, steps, plan_at)]
     # Configurations with the same FFT length run together in one batched program (support
     # lengths m padded to the group's largest: extra grid points carry no mass).
     keys = [p.n for p in plans]
@@ -378,12 +417,10 @@ def _solve_group(eps, delta, q, steps, guess, options):
         ms = [max(plans[i].ms[j][0] for i in idx) for j in range(2)]
         grids = [_grid_from_plan(plans[i], ms) for i in idx]
         grid = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *grids)
-        g = guess[idx]
         res = _calibrate_batch(
             jnp.asarray(eps[idx]), jnp.asarray(delta[idx]), jnp.asarray(q[idx]),
-            jnp.asarray(steps[idx]), jnp.asarray(g / _BRACKET_FACTOR),
-            jnp.asarray(g * _BRACKET_FACTOR), grid, num_iterations=NUM_ITERATIONS,
-            batch_size=max(1, min(len(idx), (1 << 21) // key)))
+            jnp.asarray(steps[idx]), jnp.asarray(lower[idx]), jnp.asarray(upper[idx]), grid,
+            num_iterations=num_iterations, batch_size=max(1, min(len(idx), (1 << 21) // key)))
         roots[idx] = np.asarray(res.root)
         status[idx] = np.asarray(res.status)
     return roots, status
