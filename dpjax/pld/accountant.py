@@ -255,7 +255,8 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
         )
         if not over or plan.n >= options.n_max:
             break
-        needed = max(float(r["needed_width"]) for rd in res for r in rd.values())
+        needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
+        needed = max([w for w in needed if math.isfinite(w)], default=0.0)
         min_width = max(1.05 * needed, 1.5 * plan.n * plan.dx)
     return plan, res
 
@@ -337,9 +338,10 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if np.isinf(upper).any():
         worst = max(dir_reports, key=lambda r: r.p_inf + r.tail_above + r.roundoff)
         reason = (f"target_delta is below what the grid can certify in direction '{worst.direction}': "
-                  f"P(loss=+inf) + wrap-around + round-off = "
-                  f"{worst.p_inf + worst.tail_above + worst.roundoff:.3g} (the true epsilon may be very large "
-                  f"or infinite)")
+                  f"P(loss=+inf) {worst.p_inf:.3g} + wrap-around bound {worst.tail_above:.3g} + round-off "
+                  f"{worst.roundoff:.3g} on a grid of n={worst.n}, dx={worst.dx:.3g}.  Either the true epsilon "
+                  f"is very large (loss beyond the widest window) or the composition is too long for "
+                  f"GridOptions.n_max={options.n_max} (raise it)")
     return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
                          target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)

@@ -194,7 +194,9 @@ def compose(
                     K=a["K"] + jnp.where(c > 0, c * _log_mgf(pmf, y, lambdas), 0.0),
                     log_fin=log_fin,
                 )
-            return dict(acc=acc, offset=carry["offset"] + c_int * o, total=carry["total"] + c), None
+            # Only O mod n matters (circular index); reduce first so huge counts cannot overflow.
+            off = jnp.mod(carry["offset"] + jnp.mod(c_int, n) * jnp.mod(o, n), n)
+            return dict(acc=acc, offset=off, total=carry["total"] + c), None
 
         xs = (group.mechanism, jnp.asarray(group.counts, jnp.int64), jnp.asarray(group.offsets, jnp.int64))
         if xs[1].shape[0] == 1:  # one mechanism: no loop (lets XLA fuse across the body)
