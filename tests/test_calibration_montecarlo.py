@@ -43,6 +43,10 @@ def test_calibrated_sigma_solves_the_estimate():
     # round-off ~1e-15 relative).
     assert d_at <= KW["target_delta"] * (1 + 1e-12)
     assert d_below > KW["target_delta"]
+    # A 1-D array is a Toeplitz first column, as for BallsInBins.
+    assert float(calibrated_noise(np.array([1.0, 0.5, 0.25]), B, E, **KW)) == pytest.approx(sigma, rel=1e-13)
+    with pytest.raises(ValueError, match=r"first column\) must be finite and >= 0"):
+        calibrated_noise(np.array([1.0, -0.5]), B, E, **KW)
     # The accountant's method gives the same number (thin delegation, same key).
     acc = BallsInBins(c, B, E)
     assert acc.calibrate(KW["target_epsilon"], KW["target_delta"], M, KW["key"]) == pytest.approx(sigma, rel=1e-13)

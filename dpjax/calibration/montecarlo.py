@@ -98,7 +98,10 @@ def gram_of(correlation, batches_per_epoch: int, epochs: int):
     if isinstance(correlation, (Toeplitz, BLT)):
         column = correlation.column(batches_per_epoch * epochs)
         return mc_core.gram_from_columns(column, batches_per_epoch, epochs)
-    return mc_core.gram_from_dense(jnp.asarray(correlation, jnp.float64), batches_per_epoch)
+    c = jnp.asarray(correlation, jnp.float64)
+    if c.ndim == 1:  # a Toeplitz first column, as BallsInBins accepts
+        return mc_core.gram_from_columns(c, batches_per_epoch, epochs)
+    return mc_core.gram_from_dense(c, batches_per_epoch)
 
 
 def draws(key, batches_per_epoch: int, num_samples: int):
@@ -202,8 +205,9 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     target gives NaN instead of raising).
 
     Args:
-      correlation: ``C``: :class:`~dpjax.matrices.Toeplitz`, :class:`~dpjax.matrices.BLT`, or
-        a dense ``(n, n)`` lower-triangular non-negative array with ``n = b * E``.
+      correlation: ``C``: :class:`~dpjax.matrices.Toeplitz`, :class:`~dpjax.matrices.BLT`, a
+        1-D array (a Toeplitz first column, zero-padded: banded), or a dense ``(n, n)``
+        lower-triangular non-negative array with ``n = b * E``.
       batches_per_epoch: ``b`` (static int).
       epochs: ``E`` (static int).
       target_epsilon: > 0.
@@ -228,16 +232,21 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     n = b * epochs
     if not isinstance(correlation, (Toeplitz, BLT)) and not _is_tracer(correlation):
         c = np.asarray(correlation, dtype=np.float64)
-        if c.shape != (n, n):
+        if c.ndim == 1:
+            _validate.nonnegative("correlation (Toeplitz first column)", c)
+            if c.size == 0:
+                raise ValueError("correlation (Toeplitz first column) must be non-empty")
+        elif c.shape != (n, n):
             raise ValueError(
                 f"correlation must have shape (n, n) = ({n}, {n}) for batches_per_epoch={b}, "
                 f"epochs={epochs}, got {c.shape}")
-        if np.isnan(c).any() or np.isinf(c).any():
-            raise ValueError("correlation must be finite (no NaN/inf)")
-        if np.any(np.triu(c, 1) != 0):
-            raise ValueError("correlation must be lower-triangular")
-        if np.any(c < 0):
-            raise ValueError("correlation must be non-negative")
+        else:
+            if np.isnan(c).any() or np.isinf(c).any():
+                raise ValueError("correlation must be finite (no NaN/inf)")
+            if np.any(np.triu(c, 1) != 0):
+                raise ValueError("correlation must be lower-triangular")
+            if np.any(c < 0):
+                raise ValueError("correlation must be non-negative")
     concrete = not _is_tracer((target_epsilon, target_delta))
     if concrete:
         _check_targets(target_epsilon, target_delta, m)
