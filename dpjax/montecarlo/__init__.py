@@ -85,7 +85,15 @@ __all__ = [
     "sharded_monte_carlo_sums",
 ]
 
-# Differentiable calibration (implemented in dpjax.calibration; imported last: it uses the core).
-from dpjax.calibration.montecarlo import calibrated_noise  # noqa: E402
-
 __all__ += ["calibrated_noise"]
+
+
+def __getattr__(name):
+    # Differentiable calibration, implemented in dpjax.calibration.montecarlo (which imports this
+    # package's core): resolved lazily (PEP 562) so that neither package imports the other at
+    # import time -- no circular import whichever is imported first.
+    if name == "calibrated_noise":
+        from dpjax.calibration.montecarlo import calibrated_noise
+
+        return calibrated_noise
+    raise AttributeError(f"module 'dpjax.montecarlo' has no attribute {name!r}")
