@@ -156,6 +156,9 @@ def test_bad_input():
         dpsgd_noise_multiplier(float("nan"), 1e-5, 0.01, 1000)
     with pytest.raises(ValueError, match="steps"):
         dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 0)
+    # epsilon_fn under grad without a grid: a clear error, not a tracer leak.
+    with pytest.raises(ValueError, match="needs a fixed grid"):
+        jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5))(1.0)
     # Unreachable: epsilon so small that only sigma ~ 4e4 would do.
     with pytest.raises(ValueError, match="outside the supported range"):
         dpsgd_noise_multiplier(1e-4, 1e-10, 1.0, 1)

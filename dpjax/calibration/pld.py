@@ -206,22 +206,32 @@ def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPS
     return jnp.maximum(deltas[0], deltas[1])
 
 
-def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid,
-               adjoint=ImplicitAdjoint(), num_iterations: int = 64):
+def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *,
+               grid: DPSGDGrid | None = None, adjoint=ImplicitAdjoint(),
+               num_iterations: int = 64):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
 
     ``eps = min{eps >= 0 : delta_up(eps) <= target_delta}`` on the fixed ``grid``
     (:func:`dpsgd_grid`); the two compositions are done once, then the delta curve (a table
     lookup) is bisected in ``eps`` on ``[0, 500]`` to float64 resolution.  Gradients w.r.t.
     ``noise_multiplier``, ``sampling_prob`` and ``target_delta`` by implicit differentiation
-    (``d eps/d theta = -(d delta/d theta)/(d delta/d eps)``).  ``inf``/NaN if the target is not
-    reachable on the grid (delta_up(500) > target_delta).
+    (``d eps/d theta = -(d delta/d theta)/(d delta/d eps)``).  ``inf`` if the target is not
+    reachable on the grid (delta_up(500) > target_delta).  ``grid=None`` plans one from the
+    (then necessarily concrete) arguments; under ``jit``/``grad`` pass a ``grid``.
 
     Example::
 
         grid = dpsgd_grid(1.0, 0.01, 1000, target_delta=1e-5)
         jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(1.0)
     """
+    if grid is None:
+        leaves = (noise_multiplier, sampling_prob, steps, target_delta)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            raise ValueError(
+                "epsilon_fn under jit/grad/vmap needs a fixed grid: pass "
+                "grid=dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=...) "
+                "planned on concrete values")
+        grid = dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=target_delta)
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
     q = jnp.asarray(sampling_prob, jnp.float64)
     # The compositions depend on (sigma, q) only: built once, outside the bisection; the
