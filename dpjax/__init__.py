@@ -17,12 +17,71 @@ All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
 
 __version__ = "0.1.0"
 
-from dpjax import pld  # noqa: E402
-from dpjax.pld import dpsgd_delta, dpsgd_epsilon  # noqa: E402
-from dpjax import matrices, montecarlo  # noqa: E402
-from dpjax import calibration  # noqa: E402
-from dpjax.calibration import dpsgd_noise_multiplier  # noqa: E402
-from dpjax import baselines, group  # noqa: E402
-# Group privacy: dpjax.dpsgd_epsilon gains group_size / sampling="fixed_batch" keywords; with the
-# defaults it delegates to dpjax.pld.dpsgd_epsilon unchanged (see dpjax.group.dpsgd_epsilon).
-from dpjax.group import dpsgd_epsilon, group_accounting, group_delta, group_epsilon  # noqa: E402
+# Lazy exports (PEP 562): ``import dpjax`` only imports what a name needs, on first access
+# (the Monte Carlo, calibration and optimization layers pull in scipy.optimize / optax; importing
+# them eagerly cost ~1 s of every cold start).  ``dpjax.X`` and ``from dpjax import X`` work as
+# before.
+import importlib as _importlib
+import importlib.abc  # noqa: F401  (for the finder below)
+import importlib.machinery  # noqa: F401
+import sys as _sys
+
+_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "baselines", "group")
+# name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
+# sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
+# unchanged (see dpjax.group.dpsgd_epsilon).
+_ATTRS = {
+    "dpsgd_delta": "dpjax.pld",
+    "dpsgd_noise_multiplier": "dpjax.calibration",
+    "dpsgd_epsilon": "dpjax.group",
+    "group_accounting": "dpjax.group",
+    "group_delta": "dpjax.group",
+    "group_epsilon": "dpjax.group",
+}
+
+__all__ = sorted(set(_ATTRS) | set(_SUBMODULES))
+
+
+def __getattr__(name):
+    if name in _ATTRS:
+        value = getattr(_importlib.import_module(_ATTRS[name]), name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"dpjax.{name}")
+    else:
+        raise AttributeError(f"module 'dpjax' has no attribute {name!r}")
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+class _MonteCarloBeforeCalibration(_importlib.abc.MetaPathFinder):
+    """Keeps the import order the eager ``__init__`` had: ``dpjax.montecarlo`` re-exports
+    ``dpjax.calibration.montecarlo.calibrated_noise`` (a circular import that only resolves when
+    ``dpjax.montecarlo`` starts first), so a first ``import dpjax.calibration`` runs
+    ``import dpjax.montecarlo`` before executing the calibration package."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "dpjax.calibration" or "dpjax.montecarlo" in _sys.modules:
+            return None
+        spec = _importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _MonteCarloFirstLoader(spec.loader)
+        return spec
+
+
+class _MonteCarloFirstLoader(_importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        _importlib.import_module("dpjax.montecarlo")
+        self._loader.exec_module(module)
+
+
+_sys.meta_path.insert(0, _MonteCarloBeforeCalibration())
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ATTRS) | set(_SUBMODULES))
