@@ -25,6 +25,11 @@ The mechanism interface (what :mod:`dpjax.pld.mog` and any new mechanism must pr
   Python string, static) and ``y`` a float64 array of any shape; pure ``jnp`` code, so that it
   can be jitted, vmapped over stacked parameters and differentiated in the parameters;
 * ``validate(self) -> self`` (optional but expected): boundary checks with clear ``ValueError``;
+* ``host_loss_cdfs(self, direction, y)`` (optional): the same four functions in NumPy for
+  concrete parameters (shape ``(G,)`` stacked, ``y`` of shape ``(L,)``, result ``(G, L)``).  The
+  grid planner uses it for its probe of the loss distribution instead of compiling an XLA
+  program (~1 s of a cold start).  Only the grid choice (tightness) depends on the probe, never
+  soundness; without it the planner jits ``loss_cdfs``;
 * ``privacy_parameter: str`` (optional class attribute): the name of a field such that, all other
   fields equal, a larger value is more private (the pair with the smaller value dominates by
   post-processing).  Long heterogeneous schedules varying only in that field are then bracketed
@@ -43,10 +48,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 
@@ -73,6 +80,18 @@ def _normal_cdf_sf(z):
     big = 1.0 - small
     neg = z < 0
     return jnp.where(neg, small, big), jnp.where(neg, big, small)
+
+
+_np_erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def _np_normal_cdf_sf(z):
+    """NumPy twin of :func:`_normal_cdf_sf` (``math.erfc``; no XLA compilation, no scipy import)."""
+    z = np.asarray(z, np.float64)
+    small = 0.5 * _np_erfc(np.abs(z) * _SQRT1_2).astype(np.float64)
+    big = 1.0 - small
+    neg = z < 0
+    return np.where(neg, small, big), np.where(neg, big, small)
 
 
 def _check_direction(direction: str) -> None:
@@ -115,6 +134,13 @@ class Gaussian:
         p_le, p_gt = _normal_cdf_sf((y - mu) / r)
         q_le, q_gt = _normal_cdf_sf((y + mu) / r)
         return LossCDFs(p_le, p_gt, q_le, q_gt)
+
+    def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
+        _check_direction(direction)
+        r = (np.asarray(self.sensitivity, np.float64) / np.asarray(self.noise_multiplier, np.float64))[..., None]
+        mu = 0.5 * r * r
+        y = np.asarray(y, np.float64)
+        return LossCDFs(*_np_normal_cdf_sf((y - mu) / r), *_np_normal_cdf_sf((y + mu) / r))
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,6 +207,28 @@ class PoissonSubsampledGaussian:
         q_le = (1.0 - q) * a_gt + q * b_gt
         q_gt = (1.0 - q) * a_le + q * b_le
         return LossCDFs(p_le, p_gt, q_le, q_gt)
+
+    def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
+        """NumPy :meth:`loss_cdfs` for concrete parameters ``(G,)`` and losses ``(L,)`` -> ``(G, L)``."""
+        _check_direction(direction)
+        s = np.asarray(self.noise_multiplier, np.float64)[..., None]
+        q = np.asarray(self.sampling_prob, np.float64)[..., None]
+        y = np.asarray(y, np.float64)
+        if direction == "add":
+            y = -y
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            bound = np.log1p(-q)
+            ok = y > bound
+            r = np.where(ok, bound - y, -1.0)
+            x = s * s * (y + np.log(-np.expm1(r)) - np.log(q)) + 0.5
+        x = np.where(ok, x, -1e30)
+        a_le, a_gt = _np_normal_cdf_sf(x / s)
+        b_le, b_gt = _np_normal_cdf_sf((x - 1.0) / s)
+        mix_le = (1.0 - q) * a_le + q * b_le
+        mix_gt = (1.0 - q) * a_gt + q * b_gt
+        if direction == "remove":
+            return LossCDFs(mix_le, mix_gt, a_le, a_gt)
+        return LossCDFs(a_gt, a_le, mix_gt, mix_le)
 
 
 # --------------------------------------------------------------------------------------------

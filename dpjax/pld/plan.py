@@ -111,6 +111,28 @@ def _probe(mechanism, directions):
     return out
 
 
+# Host-side probing is used up to this many stacked mechanisms (math.erfc runs per element).
+_HOST_PROBE_MAX = 16
+
+
+def _host_probe(mechanism, directions):
+    """The probe in NumPy (no XLA compile) when the mechanism provides ``host_loss_cdfs`` and
+    concrete parameters; None otherwise."""
+    if not hasattr(type(mechanism), "host_loss_cdfs"):
+        return None
+    try:
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(mechanism)]
+    except Exception:  # traced parameters (a plan made inside a transformation)
+        return None
+    if any(x.ndim != 1 or x.shape[0] > _HOST_PROBE_MAX for x in leaves):
+        return None
+    out = []
+    for d in directions:
+        c = mechanism.host_loss_cdfs(d, PROBE_LOSSES)
+        out.append((c.p_le, c.p_gt))
+    return out
+
+
 def _probe_stats(p_le, p_gt, tau_single: float):
     p_le, p_gt = np.asarray(p_le), np.asarray(p_gt)
     y = PROBE_LOSSES
@@ -153,7 +175,7 @@ def plan_grid(
     tau_wrap = 0.5 * tail_mass
     tau_single = tau_inf / max(total, 1)
     z = math.sqrt(2.0 * math.log(1.0 / tau_wrap))
-    probes = [_probe(g.mechanism, directions) for g in groups]  # [group][direction] -> (p_le, p_gt)
+    probes = [_host_probe(g.mechanism, directions) or _probe(g.mechanism, directions) for g in groups]  # [group][direction] -> (p_le, p_gt)
     per_dir = []
     for di in range(len(directions)):
         stats = [_probe_stats(*probes[gi][di], tau_single) for gi in range(len(groups))]
