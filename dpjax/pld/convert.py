@@ -36,6 +36,32 @@ class HockeyStickTable(NamedTuple):
     y_ref: jax.Array   # ()
 
 
+_BLOCK = 64
+
+
+def _suffix_sums(x):
+    """``s_j = sum_{t >= j} x_t`` of a 1-D array, as blocked triangular matrix products.
+
+    Same values as ``jnp.cumsum(x[::-1])[::-1]`` (every ``s_j`` sums only terms ``t >= j``, so
+    small tails keep their relative accuracy; for non-negative terms the rounding error is at
+    most ``(2 B + depth) u s_j``, below a sequential sum's ``n u s_j``), but XLA:CPU lowers
+    ``cumsum`` to an associative scan whose compilation takes ~0.45 s per call at n = 2^16;
+    these dots compile in ~0.05 s and run in ~1 ms.
+    """
+    n = x.shape[0]
+    if n <= _BLOCK:
+        tri = jnp.tril(jnp.ones((n, n), x.dtype))            # tri[i, j] = 1 for i >= j
+        return jnp.dot(x, tri, precision=jax.lax.Precision.HIGHEST)
+    nb = -(-n // _BLOCK)
+    xb = jnp.pad(x, (0, nb * _BLOCK - n)).reshape(nb, _BLOCK)
+    tri = jnp.tril(jnp.ones((_BLOCK, _BLOCK), x.dtype))
+    within = jnp.dot(xb, tri, precision=jax.lax.Precision.HIGHEST)     # suffix sums inside a block
+    totals = within[:, 0]
+    after = _suffix_sums(totals)                                        # blocks r' >= r
+    after = jnp.concatenate([after[1:], jnp.zeros((1,), x.dtype)])     # blocks r' > r
+    return (within + after[:, None]).reshape(-1)[:n]
+
+
 def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
     """Build the segment table for the ``"upper"`` or ``"lower"`` delta curve."""
     r = pld.pmf
@@ -52,8 +78,8 @@ def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
         raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
     w = r * jnp.exp(y_ref - y)
     # Suffix sums over t > j, accumulated from the top (small terms first).
-    sa = jnp.cumsum(r[::-1])[::-1]
-    sb = jnp.cumsum(w[::-1])[::-1]
+    sa = _suffix_sums(r)
+    sb = _suffix_sums(w)
     zero = jnp.zeros((1,))
     A = jnp.concatenate([sa, zero]) * fa + const     # index j+1 <-> segment j (j = -1..n-1)
     B = jnp.concatenate([sb, zero]) * fb
