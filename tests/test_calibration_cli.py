@@ -34,7 +34,8 @@ def test_mc_calibrate_json_reports_estimate_and_samples(capsys):
 
 @pytest.mark.parametrize("argv", [
     ["noise", "--epsilon", "2", "--delta", "1e-5", "--sampling-prob", "0.01", "--steps", "1000",
-     "--group-size", "2"],
+     "--group-size", "0"],
+    ["noise", "--epsilon", "2", "--delta", "1e-5", "--steps", "1000"],
     ["noise", "--epsilon", "-1", "--delta", "1e-5", "--sampling-prob", "0.01", "--steps", "1000"],
     ["mc-calibrate", "--batches-per-epoch", "8", "--epochs", "2", "--epsilon", "2", "--delta",
      "1e-6", "--samples", "1000"],

@@ -144,10 +144,16 @@ def test_calibrated_sigma_gradients_vs_finite_differences():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="group_size"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, group_size=2)
+        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, group_size=0)
+    with pytest.raises(ValueError, match="group_size must be <= batch_size"):
+        dpsgd_noise_multiplier(2.0, 1e-5, None, 1000, group_size=20, sampling="fixed_batch",
+                               dataset_size=1000, batch_size=10)
+    with pytest.raises(ValueError, match="dataset_size"):
+        dpsgd_noise_multiplier(2.0, 1e-5, None, 1000, sampling="fixed_batch")
+    with pytest.raises(ValueError, match="only for sampling='fixed_batch'"):
+        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, dataset_size=1000)
     with pytest.raises(ValueError, match="sampling"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, sampling="fixed_batch", dataset_size=1000,
-                               batch_size=10)
+        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, sampling="shuffle")
     with pytest.raises(ValueError, match="target_delta"):
         dpsgd_noise_multiplier(2.0, 0.0, 0.01, 1000)
     with pytest.raises(ValueError, match="sampling_prob"):
@@ -162,3 +168,21 @@ def test_bad_input():
     # Unreachable: epsilon so small that only sigma ~ 4e4 would do.
     with pytest.raises(ValueError, match="outside the supported range"):
         dpsgd_noise_multiplier(1e-4, 1e-10, 1.0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", ["C_poisson_s2_k4", "C_poisson_s1_k8", "C_fixed_s1_k2"])
+def test_group_calibration_reproduces_family_c(reference_cases, case_id):
+    # Family C gives the group epsilon at a noise multiplier (dp_accounting MoG PLD, 1e-4 grid);
+    # calibrating at that epsilon must give the noise multiplier back.  1e-3 relative: the
+    # reference epsilon's discretization error (~1e-4 relative) moves sigma by about as much.
+    c = reference_cases[case_id]
+    p = c["params"]
+    kw = dict(group_size=p["group_size"])
+    if "fixed" in case_id:
+        kw.update(sampling="fixed_batch", dataset_size=p["dataset_size"], batch_size=p["batch_size"])
+        q = None
+    else:
+        q = p["sampling_probability"]
+    sigma = dpsgd_noise_multiplier(c["value"], p["delta"], q, p["steps"], **kw)
+    assert sigma == pytest.approx(p["noise_multiplier"], rel=1e-3)

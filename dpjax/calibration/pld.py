@@ -135,11 +135,32 @@ class _SmoothPoissonSubsampledGaussian(PoissonSubsampledGaussian):
         return jnp.where(jnp.isfinite(x), x, -1e30), s, q
 
 
-def _plan(sigma, q, steps, *, eps_hint, target_delta, options):
+def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size=None,
+              num_components=None):
+    """One DP-SGD step as a mechanism pytree with ``(1,)`` fields (noise multiplier 1, replaced
+    during the search): the example-level Poisson-subsampled Gaussian, or for groups / fixed
+    batches the mixture of Gaussians of :class:`dpjax.pld.mog.GroupSubsampledGaussian`
+    (seed 000 Thm 3.1 / 3.3)."""
+    one = jnp.ones((1,), jnp.float64)
+    if group_size == 1 and sampling == "poisson":
+        return _SmoothPoissonSubsampledGaussian(one, jnp.asarray([q], jnp.float64))
+    from dpjax.pld.mog import GroupSubsampledGaussian
+
+    f = lambda v: jnp.asarray([0.0 if v is None else float(v)], jnp.float64)
+    mech = GroupSubsampledGaussian(
+        noise_multiplier=one, group_size=f(group_size), sampling_prob=f(q), dataset_size=f(dataset_size),
+        batch_size=f(batch_size), sampling=sampling, num_components=int(num_components))
+    return mech
+
+
+def _with_sigma(mech, sigma):
+    return dataclasses.replace(mech, noise_multiplier=jnp.reshape(jnp.asarray(sigma, jnp.float64), (1,)))
+
+
+def _plan(sigma, q, steps, *, eps_hint, target_delta, options, mech=None):
     """P's planner (:func:`dpjax.pld.plan.plan_grid`) for one DP-SGD configuration, both
     directions on one grid (common ``n`` and ``dx``)."""
-    mech = _SmoothPoissonSubsampledGaussian(jnp.asarray([sigma], jnp.float64),
-                                            jnp.asarray([q], jnp.float64))
+    mech = _with_sigma(_template(q) if mech is None else mech, sigma)
     group = Group(mechanism=mech, counts=np.array([steps], np.int64), offsets=np.zeros(1, np.int64))
     # Truncation + wrap-around budget: a fraction of the delta that matters (P's convention).
     tail_mass = (options.tail_fraction * target_delta if target_delta is not None
@@ -183,9 +204,12 @@ def dpsgd_grid(noise_multiplier, sampling_prob, steps, *, target_delta=None, tar
     return jax.tree_util.tree_map(jnp.asarray, _grid_from_plan(_plan(sigma, q, steps, options=options, **kw)))
 
 
-def _direction_table(grid: DirectionGrid, noise_multiplier, sampling_prob, steps):
-    mech = _SmoothPoissonSubsampledGaussian(jnp.reshape(noise_multiplier, (1,)),
-                                            jnp.reshape(sampling_prob, (1,)))
+def _direction_table(grid: DirectionGrid, noise_multiplier, sampling_prob, steps, mech=None):
+    if mech is None:
+        mech = _SmoothPoissonSubsampledGaussian(jnp.reshape(noise_multiplier, (1,)),
+                                                jnp.reshape(sampling_prob, (1,)))
+    else:
+        mech = _with_sigma(mech, noise_multiplier)
     group = Group(mechanism=mech, counts=jnp.reshape(jnp.asarray(steps, jnp.int64), (1,)),
                   offsets=jnp.reshape(grid.offset, (1,)))
     out = compose((group,), grid.dx, grid.lambdas, grid.log_tau, direction=grid.direction,
@@ -265,16 +289,21 @@ def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, ste
 
 
 @functools.partial(jax.jit, static_argnames=("num_iterations", "batch_size"))
-def _calibrate_batch(eps, delta, q, steps, lo, hi, grid, *, num_iterations, batch_size):
+def _calibrate_batch(eps, delta, mech, steps, lo, hi, grid, *, num_iterations, batch_size):
     def one(args):
-        e, d, qq, t, l, h, g = args
-        return dpsgd_noise_multiplier_core(e, d, qq, t, (l, h), grid=g,
-                                           num_iterations=num_iterations,
-                                           adjoint=StopGradientAdjoint())
+        e, d, mm, t, l, h, g = args
+
+        def fn(sigma, th):
+            tabs = [_direction_table(gd, sigma, None, t, mech=th[1]) for gd in (g.remove, g.add)]
+            return jnp.log(jnp.maximum(delta_at(tabs[0], th[0]), delta_at(tabs[1], th[0])))
+
+        return solve_monotone_root(fn, (e, mm), jnp.log(d), (l, h), decreasing=True,
+                                   num_iterations=num_iterations, log_scale=True,
+                                   method="illinois", adjoint=StopGradientAdjoint())
 
     # lax.map over chunks of `batch_size` vmapped calibrations bounds memory at
     # ~batch_size * n complex numbers per intermediate array.
-    return jax.lax.map(one, (eps, delta, q, steps, lo, hi, grid), batch_size=batch_size)
+    return jax.lax.map(one, (eps, delta, mech, steps, lo, hi, grid), batch_size=batch_size)
 
 
 def _clt_guess(eps, delta, q, steps):
@@ -307,16 +336,19 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       target_delta: in (0, 1).
       sampling_prob: q in (0, 1].
       steps: integer >= 1.
-      group_size: only 1 (group privacy is not supported here yet).
-      sampling: only ``"poisson"`` (fixed-batch sampling is not supported here yet).
-      dataset_size, batch_size: only for fixed-batch sampling (unsupported).
+      group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
+        Gaussians of seed 000 Thm 3.1 / 3.3 via :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
+      sampling: ``"poisson"`` or ``"fixed_batch"`` (replace adjacency, batch ``batch_size`` of
+        ``dataset_size``; noise std ``2 * noise_multiplier`` as in :mod:`dpjax.group`).
+      dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
+        ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
 
     Returns:
       float (scalar inputs) or float64 ndarray of the broadcast shape.
 
     Raises:
-      ValueError: bad input; unsupported group_size/sampling; a target that needs a noise
+      ValueError: bad input; a target that needs a noise
         multiplier outside :data:`SIGMA_RANGE` ``[1e-3, 1e4]`` (says which and how to fix it).
 
     Example::
@@ -324,17 +356,28 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
         >>> dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)   # doctest: +SKIP
         0.95910...
     """
-    if _validate.positive_int("group_size", group_size) != 1:
-        raise ValueError(
-            f"group_size must be 1 for dpsgd_noise_multiplier (group privacy calibration is not "
-            f"supported yet), got {group_size!r}")
+    k = _validate.positive_int("group_size", group_size)
     _validate.one_of("sampling", sampling, ("poisson", "fixed_batch"))
-    if sampling != "poisson" or dataset_size is not None or batch_size is not None:
-        raise ValueError("sampling must be 'poisson' for dpsgd_noise_multiplier (fixed-batch "
-                         "calibration is not supported yet); dataset_size/batch_size must be None")
+    if sampling == "poisson":
+        if dataset_size is not None or batch_size is not None:
+            raise ValueError("dataset_size and batch_size are only for sampling='fixed_batch'")
+        if sampling_prob is None:
+            raise ValueError("sampling_prob is required (in (0, 1]) for sampling='poisson'")
+        q = _validate.probability_open_closed("sampling_prob", sampling_prob)
+        n_data = b_size = None
+    else:
+        n_data = _validate.positive_int("dataset_size", dataset_size)
+        b_size = _validate.positive_int("batch_size", batch_size)
+        if b_size > n_data:
+            raise ValueError(f"batch_size must be <= dataset_size={n_data}, got {b_size}")
+        if k > b_size:
+            raise ValueError(f"group_size must be <= batch_size={b_size}, got {k}")
+        if sampling_prob is not None and not np.allclose(sampling_prob, b_size / n_data):
+            raise ValueError(f"sampling_prob must be None or batch_size/dataset_size = "
+                             f"{b_size / n_data:g} for sampling='fixed_batch', got {sampling_prob!r}")
+        q = np.asarray(b_size / n_data)
     eps = _validate.positive("target_epsilon", target_epsilon)
     delta = _validate.probability_open("target_delta", target_delta)
-    q = _validate.probability_open_closed("sampling_prob", sampling_prob)
     steps_arr = _validate.positive("steps", steps)
     if np.any(steps_arr < 1) or np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
@@ -343,17 +386,25 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     shape = eps.shape
     eps, delta, q = eps.ravel().copy(), delta.ravel().copy(), q.ravel().copy()
     steps_i = steps_arr.ravel().astype(np.int64)
-    guess = np.atleast_1d(_clt_guess(eps, delta, q, steps_i.astype(np.float64)))
+    # Mixture padding shared by every group size up to k (one compiled program per padding).
+    num_components = 1 << max(1, (k + 1 - 1).bit_length())
+    mechs = [_template(float(qq), k, sampling, n_data, b_size, num_components) for qq in q]
+    if hasattr(mechs[0], "validate"):
+        _with_sigma(mechs[0], 1.0).validate()
+    # A group of k behaves roughly like sampling probability k q (sensitivity-1 part of the
+    # mixture); the search re-centres when this guess is off.
+    guess = np.atleast_1d(_clt_guess(eps, delta, np.minimum(1.0, k * q), steps_i.astype(np.float64)))
     _check_range(guess, eps, delta, q, steps_i, "needs a noise multiplier of about")
     # Stage 1, coarse grid: wide brackets around the current centre, re-planned at the answer
     # until the grid was planned near it (a grid planned far from the root is sound but loose).
-    coarse, _ = _refine(eps, delta, q, steps_i, guess, options=COARSE_OPTIONS,
+    coarse, _ = _refine(eps, delta, mechs, steps_i, guess, options=COARSE_OPTIONS,
                         num_iterations=NUM_ITERATIONS, factors=_WIDE, tol=0.15, max_rounds=8)
     # Stage 2, accurate grid: narrow brackets around the coarse answer.
     ok = np.isfinite(coarse)
     out = np.full(eps.size, np.nan)
     if ok.any():
-        out[ok], _ = _refine(eps[ok], delta[ok], q[ok], steps_i[ok], coarse[ok], options=options,
+        out[ok], _ = _refine(eps[ok], delta[ok], [m for m, o in zip(mechs, ok) if o], steps_i[ok],
+                             coarse[ok], options=options,
                              num_iterations=NUM_FINE_ITERATIONS, factors=_FINE, tol=0.05,
                              max_rounds=4)
     guess = np.where(ok, coarse, guess)
@@ -387,7 +438,7 @@ def _check_range(sigma, eps, delta, q, steps, what):
             f"[{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}]: {hint}")
 
 
-def _refine(eps, delta, q, steps, center, *, options, num_iterations, factors, tol, max_rounds):
+def _refine(eps, delta, mechs, steps, center, *, options, num_iterations, factors, tol, max_rounds):
     """Search ``[lo, hi] * c`` with the grid planned at ``plan * c`` (``factors``), accept roots
     within ``tol`` of the centre (the grid was planned near them), re-centre the others on
     their root, or shift a missed bracket by its own width (status 1 up, status 2 down).
@@ -400,8 +451,8 @@ def _refine(eps, delta, q, steps, center, *, options, num_iterations, factors, t
         if todo.size == 0:
             break
         ct = c[todo]
-        roots, st = _solve_group(eps[todo], delta[todo], q[todo], steps[todo], ct * lo_f,
-                                 ct * hi_f, ct * plan_f, options, num_iterations)
+        roots, st = _solve_group(eps[todo], delta[todo], [mechs[i] for i in todo], steps[todo],
+                                 ct * lo_f, ct * hi_f, ct * plan_f, options, num_iterations)
         ok = st == STATUS_CONVERGED
         accept = ok & (np.abs(roots / ct - 1) <= tol)
         out[todo[accept]] = roots[accept]
@@ -412,25 +463,29 @@ def _refine(eps, delta, q, steps, center, *, options, num_iterations, factors, t
     return out, c
 
 
-def _solve_group(eps, delta, q, steps, lower, upper, plan_at, options, num_iterations):
+def _solve_group(eps, delta, mechs, steps, lower, upper, plan_at, options, num_iterations):
     """Plan grids (host) at ``plan_at``, group configurations by grid shape, search each group's
     brackets ``[lower, upper]`` in one batched program; returns (roots, status) arrays."""
-    plans = [_plan(float(p), qq, int(t), eps_hint=float(e), target_delta=float(d),
-                   options=options) for e, d, qq, t, p in zip(eps, delta, q, steps, plan_at)]
-    # Configurations with the same FFT length run together in one batched program (support
-    # lengths m padded to the group's largest: extra grid points carry no mass).
-    keys = [p.n for p in plans]
+    plans = [_plan(float(p), None, int(t), eps_hint=float(e), target_delta=float(d),
+                   options=options, mech=mm)
+             for e, d, mm, t, p in zip(eps, delta, mechs, steps, plan_at)]
+    # Configurations with the same FFT length and mechanism kind run together in one batched
+    # program (support lengths m padded to the group's largest: extra points carry no mass).
+    keys = [(p.n, type(mm).__name__, getattr(mm, "sampling", ""), getattr(mm, "num_components", 0))
+            for p, mm in zip(plans, mechs)]
     roots = np.full(eps.size, np.nan)
     status = np.full(eps.size, 1, np.int64)
     for key in sorted(set(keys)):
         idx = np.array([i for i, k in enumerate(keys) if k == key])
         ms = [max(plans[i].ms[j][0] for i in idx) for j in range(2)]
         grids = [_grid_from_plan(plans[i], ms) for i in idx]
-        grid = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *grids)
+        stack = lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs]))
+        grid = jax.tree_util.tree_map(stack, *grids)
+        mech = jax.tree_util.tree_map(stack, *[mechs[i] for i in idx])
         res = _calibrate_batch(
-            jnp.asarray(eps[idx]), jnp.asarray(delta[idx]), jnp.asarray(q[idx]),
+            jnp.asarray(eps[idx]), jnp.asarray(delta[idx]), mech,
             jnp.asarray(steps[idx]), jnp.asarray(lower[idx]), jnp.asarray(upper[idx]), grid,
-            num_iterations=num_iterations, batch_size=max(1, min(len(idx), (1 << 21) // key)))
+            num_iterations=num_iterations, batch_size=max(1, min(len(idx), (1 << 21) // key[0])))
         roots[idx] = np.asarray(res.root)
         status[idx] = np.asarray(res.status)
     return roots, status

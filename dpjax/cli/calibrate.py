@@ -24,9 +24,11 @@ def _run_noise(args) -> dict:
     from dpjax.calibration import dpsgd_noise_multiplier
 
     sigma = dpsgd_noise_multiplier(args.epsilon, args.delta, args.sampling_prob, args.steps,
-                                   group_size=args.group_size)
+                                   group_size=args.group_size, sampling=args.sampling,
+                                   dataset_size=args.dataset_size, batch_size=args.batch_size)
     return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
-                sampling_prob=args.sampling_prob, steps=args.steps, accountant="pld",
+                sampling_prob=args.sampling_prob, steps=args.steps, group_size=args.group_size,
+                sampling=args.sampling, accountant="pld",
                 guarantee="certified epsilon <= target_epsilon at this noise multiplier")
 
 
@@ -45,9 +47,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("noise", help="DP-SGD noise multiplier for a target (epsilon, delta) (PLD)")
     p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
     p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
-    p.add_argument("--sampling-prob", type=float, required=True, help="Poisson sampling probability q in (0, 1]")
+    p.add_argument("--sampling-prob", type=float, default=None,
+                   help="Poisson sampling probability q in (0, 1] (required for poisson sampling)")
     p.add_argument("--steps", type=int, required=True, help="number of steps T >= 1")
-    p.add_argument("--group-size", type=int, default=1, help="group size (only 1 is supported)")
+    p.add_argument("--group-size", type=int, default=1, help="group size k (default 1)")
+    p.add_argument("--sampling", default="poisson", help="poisson (default) or fixed_batch")
+    p.add_argument("--dataset-size", type=int, default=None, help="N (fixed_batch only)")
+    p.add_argument("--batch-size", type=int, default=None, help="B (fixed_batch only)")
     p.set_defaults(run=_run_noise)
 
     p = subparsers.add_parser("mc-calibrate",
