@@ -12,7 +12,7 @@ final ``(C, sigma)`` with many (seed 002 §5.1.4).
 
 Usage::
 
-    import jax, optax
+    import jax, jax.numpy as jnp, optax
     from dpjax.optimization import fit, log_rmse_balls_in_bins
 
     loss = lambda p: log_rmse_balls_in_bins(p, batches_per_epoch=8, epochs=2,
