@@ -55,6 +55,19 @@ def _bin_masses(le, gt):
     return jnp.maximum(m, 0.0)
 
 
+def _materialize(fn, ok):
+    """``fn()`` computed once into buffers (``NaN`` where ``ok`` is False: never for a valid grid).
+
+    Without a buffer XLA fuses (duplicates) the erfc expansions of the CDFs into every consumer
+    (``le[1:]``, ``le[:-1]``, the split, ...): ~10x the run time and a larger program to compile.
+    ``jax.lax.optimization_barrier`` does not prevent this on CPU (the barrier is expanded away
+    before fusion); the output of a ``lax.cond`` is always materialized.  The other branch makes
+    every result NaN, which the accountant turns into ``epsilon = inf`` (sound).
+    """
+    return jax.lax.cond(ok, fn, lambda: jax.tree_util.tree_map(
+        lambda v: jnp.full(v.shape, jnp.nan, v.dtype), jax.eval_shape(fn)))
+
+
 def discretize(mechanism, direction: str, offset, dx, m: int) -> GridPMF:
     """Place ``mechanism``'s privacy loss (``direction``) on ``m`` grid points.
 
@@ -69,9 +82,7 @@ def discretize(mechanism, direction: str, offset, dx, m: int) -> GridPMF:
       fixed), so ``jax.grad`` flows through them.
     """
     y = (offset + jnp.arange(m)) * dx
-    # The barrier materializes the four CDF arrays once: without it XLA fuses (duplicates) the
-    # erfc expansions into every consumer, which multiplies compile time.
-    c = jax.lax.optimization_barrier(mechanism.loss_cdfs(direction, y))
+    c = _materialize(lambda: mechanism.loss_cdfs(direction, y), jnp.asarray(dx) > 0)
     # Flush values below 1e-290 to 0: denormal arithmetic is ~100x slower on x86 and made the
     # far tails dominate the run time.  The P-mass this can remove (< 2 m 1e-290) is put on the
     # +inf atom below, so the pessimistic PMF stays an upper bound.
