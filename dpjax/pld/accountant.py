@@ -218,13 +218,14 @@ def _prepare(components, max_distinct):
 # The jitted program (one per direction and static shape set)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want"))
-def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want):
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
+def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled)."""
     res = []
     for di, d in enumerate(directions):
-        out = compose(groups[di], dx, lambdas[di], log_tau, direction=d, ms=ms[di], n=n, kinds=kinds)
+        out = compose(groups[di], dx, lambdas[di], log_tau, direction=d, ms=ms[di], n=n, kinds=kinds,
+                      n_freq=n_freq)
         r = {}
         for kind in kinds:
             pld = out[kind]
@@ -232,7 +233,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
             r[kind] = dict(
                 value=eps_at(tab, deltas) if want == "eps" else delta_at(tab, epsilons), p_inf=pld.p_inf,
                 tail_above=pld.tail_above, tail_below=pld.tail_below, roundoff=pld.roundoff,
-                needed_width=pld.needed_width,
+                needed_width=pld.needed_width, truncation=pld.truncation,
             )
         res.append(r)
     return res
@@ -244,10 +245,16 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
     for _ in range(4):
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
                          target_delta=target_delta, options=options, min_width=min_width)
-        res = _program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                       directions=directions, ms=plan.ms, n=plan.n, kinds=kinds,
-                       want="eps" if eps_hint is None else "delta")
-        res = jax.device_get(res)
+        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want="eps" if eps_hint is None else "delta")
+        res = jax.device_get(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
+                                      n_freq=plan.n_freq, **kw))
+        # Frequency truncation is always sound, but only free when the dropped part is
+        # negligible (smooth, near-Gaussian composed loss); otherwise keep every frequency.
+        if plan.n_freq is not None and any(float(r["truncation"]) > 1e-3 * plan.tau_wrap
+                                           for rd in res for r in rd.values()):
+            plan = dataclasses.replace(plan, n_freq=None)
+            res = jax.device_get(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
+                                          n_freq=None, **kw))
         budget = 10.0 * plan.tau_wrap
         over = any(
             (k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget

@@ -71,11 +71,14 @@ class ComposedPLD(NamedTuple):
       p_inf: () P-mass at loss ``+inf`` (``1 - prod_k (1 - p_inf_k)^{c_k}``).
       tail_above: () bound on the mass at losses ``>= (w_lo + n) dx`` (wrapped into the window).
       tail_below: () bound on the mass at losses ``<= (w_lo - 1) dx`` (wrapped into the window).
-      roundoff: () absolute FFT round-off allowance (see module docstring).
+      roundoff: () absolute FFT round-off allowance (see module docstring), frequency truncation
+        bound included.
       roundoff_rel: () relative FFT round-off allowance on the hockey-stick sums.
       log_mgf: (L,) ``K(lam)`` of the composed sub-probability PMF at the candidate ``lam``.
       needed_width: () ``h - l`` of the Chernoff quantiles at the planner's tail level (a
         window narrower than this cannot meet the wrap-around budget).
+      truncation: () the part of ``roundoff`` covering dropped frequencies (see ``compose``'s
+        ``n_freq``; 0 when all are kept).
     """
 
     pmf: jax.Array
@@ -88,6 +91,7 @@ class ComposedPLD(NamedTuple):
     roundoff_rel: jax.Array
     log_mgf: jax.Array
     needed_width: jax.Array
+    truncation: jax.Array = 0.0
 
     @property
     def losses(self) -> jax.Array:
@@ -137,7 +141,7 @@ def _tails(log_mgf, lambdas, w_lo, dx, n):
     return above, below
 
 
-@functools.partial(jax.jit, static_argnames=("direction", "ms", "n", "kinds"))
+@functools.partial(jax.jit, static_argnames=("direction", "ms", "n", "kinds", "n_freq"))
 def compose(
     groups: Sequence[Group],
     dx,
@@ -148,6 +152,7 @@ def compose(
     ms: tuple[int, ...],
     n: int,
     kinds: tuple[str, ...] = ("up",),
+    n_freq: int | None = None,
 ) -> dict:
     """Compose every mechanism of every group (``counts`` times each) on one grid.
 
@@ -160,16 +165,24 @@ def compose(
       ms: per group, the number of grid points of each single mechanism (static, <= n).
       n: FFT length (static).
       kinds: which discretizations to compose: "up" (pessimistic), "down" (optimistic).
+      n_freq: keep only the lowest ``n_freq`` frequencies of the composed transform (static;
+        None keeps all).  A long composition's characteristic function ``prod F_k^{c_k}`` is
+        (numerically) zero except at low frequencies, so the phase bookkeeping (arctan2, cos,
+        sin: the costliest elementwise work) is done only there.  Sound for any ``n_freq``: the
+        dropped coefficients move every window bin by at most ``(2/n) sum_{k >= n_freq} |F^c|_k``
+        (inverse real FFT), so ``2 sum_{k >= n_freq} |F^c|_k`` is added to ``roundoff`` (it
+        bounds the change of any hockey-stick sum); ``truncation`` reports it.
     Returns:
       dict kind -> :class:`ComposedPLD`.
     """
     dx = jnp.asarray(dx, jnp.float64)
     lambdas = jnp.asarray(lambdas, jnp.float64)
     half = n // 2 + 1
+    nf = half if n_freq is None else max(1, min(int(n_freq), half))
     L = lambdas.shape[0]
 
     def zero_acc():
-        return dict(logabs=jnp.zeros(half), angle=jnp.zeros(half), K=jnp.zeros(L), log_fin=jnp.zeros(()))
+        return dict(logabs=jnp.zeros(half), angle=jnp.zeros(nf), K=jnp.zeros(L), log_fin=jnp.zeros(()))
 
     carry = dict(acc={k: zero_acc() for k in kinds}, offset=jnp.zeros((), jnp.int64), total=jnp.zeros(()))
     for group, m in zip(groups, ms):
@@ -184,6 +197,7 @@ def compose(
                 pmf = g.pmf_up if kind == "up" else g.pmf_down
                 F = jnp.fft.rfft(pmf, n)
                 sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
+                F = F[:nf]
                 a = acc[kind]
                 log_fin = a["log_fin"]
                 if kind == "up":
@@ -207,7 +221,13 @@ def compose(
     out = {}
     for kind in kinds:
         a = carry["acc"][kind]
-        F = jnp.exp(a["logabs"]) * (jnp.cos(a["angle"]) + 1j * jnp.sin(a["angle"]))
+        mag = jnp.exp(a["logabs"])
+        F = mag[:nf] * (jnp.cos(a["angle"]) + 1j * jnp.sin(a["angle"]))
+        if nf < half:
+            F = jnp.concatenate([F, jnp.zeros((half - nf,), F.dtype)])
+            truncation = 2.0 * jnp.sum(mag[nf:])
+        else:
+            truncation = jnp.zeros(())
         circ = jnp.fft.irfft(F, n)
         l, h = _chernoff_quantiles(a["K"], lambdas, log_tau)
         w_lo = _window_start(l, h, dx, n)
@@ -217,11 +237,12 @@ def compose(
         r = jnp.maximum(r, 0.0)
         above, below = _tails(a["K"], lambdas, w_lo, dx, n)
         # Observed noise floor: every bin may carry the largest negative excursion seen.
-        roundoff = jnp.sum(neg_part) + n * jnp.max(neg_part)
+        roundoff = jnp.sum(neg_part) + n * jnp.max(neg_part) + truncation
         roundoff_rel = 8.0 * _U * (jnp.log2(n) + carry["total"])
         p_inf = -jnp.expm1(a["log_fin"]) if kind == "up" else jnp.zeros(())
         out[kind] = ComposedPLD(
             pmf=r, w_lo=w_lo, dx=dx, p_inf=p_inf, tail_above=above, tail_below=below,
             roundoff=roundoff, roundoff_rel=roundoff_rel, log_mgf=a["K"], needed_width=h - l,
+            truncation=truncation,
         )
     return out

@@ -107,6 +107,7 @@ class GridPlan:
     tau_inf: float
     sigma_composed: tuple[float, ...]
     total_count: int
+    n_freq: int | None = None
 
 
 def _pow2(x: float) -> int:
@@ -219,6 +220,24 @@ def _chernoff_lambdas(probes_d, counts, lam_gauss: float, log_tau: float, num: i
     return np.concatenate(out)
 
 
+# Frequency truncation (compose's n_freq) from this many composed mechanisms on.
+_TRUNCATE_MIN_COUNT = 64
+
+
+def _n_freq(n: int, dx: float, sigma_c: float, total: int) -> int | None:
+    """Frequencies to keep (see :func:`dpjax.pld.compose`): a composed loss with std
+    ``sigma_c`` has ``|phi(w)| ~ exp(-sigma_c^2 w^2 / 2)``, below 1e-347 from
+    ``w = 40 / sigma_c`` on; we keep 4x that (the exponent 16x) and let the compose program
+    bound what is dropped (sound whatever this returns; the accountant re-runs without
+    truncation if the bound is not negligible)."""
+    half = n // 2 + 1
+    if total < _TRUNCATE_MIN_COUNT or not sigma_c > 0:
+        return None
+    k_cut = 40.0 * n * dx / (2.0 * math.pi * sigma_c)
+    k = 64 * int(math.ceil(4.0 * k_cut / 64.0))
+    return k if k < half // 2 else None
+
+
 def plan_grid(
     groups: Sequence[Group],
     directions: tuple[str, ...],
@@ -287,6 +306,7 @@ def plan_grid(
         all_lams.append(_chernoff_lambdas([probes[gi][di] for gi in range(len(groups))], counts,
                                           z / sigma_c, math.log(tau_wrap)))
     return GridPlan(
+        n_freq=_n_freq(n, dx, min(p[1] for p in per_dir), total),
         directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
         lambdas=np.stack(all_lams), log_tau=math.log(tau_wrap), tau_wrap=tau_wrap, tau_inf=tau_inf,
         sigma_composed=tuple(p[1] for p in per_dir), total_count=total,
