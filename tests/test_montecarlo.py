@@ -77,6 +77,24 @@ def test_modes_definition_identity():
     np.testing.assert_array_equal(g, 3 * np.eye(4))
 
 
+def test_cholesky_xla_matches_lapack_and_flags_non_pd():
+    """The plain-XLA Cholesky used by gram_sqrt equals LAPACK's factor to round-off; non-PD -> non-finite."""
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(True):
+        for b in (1, 5, 32):
+            a = rng.standard_normal((b, b + 2))
+            g = a @ a.T
+            l_xla = np.asarray(_core.cholesky_xla(jnp.asarray(g)))
+            # Both are backward-stable factorizations of a matrix with condition number < 1e4
+            # here, so they agree to ~cond * 1e-16 relative to |L|.
+            np.testing.assert_allclose(l_xla, np.linalg.cholesky(g), rtol=1e-10, atol=1e-10 * np.abs(g).max())
+            assert np.all(np.triu(l_xla, 1) == 0)
+        # Indefinite and singular (zero pivot) matrices must not produce a finite factor: the
+        # eigen fallback in gram_sqrt depends on it.
+        assert not np.all(np.isfinite(np.asarray(_core.cholesky_xla(jnp.array([[1.0, 2.0], [2.0, 1.0]])))))
+        assert not np.all(np.isfinite(np.asarray(_core.cholesky_xla(jnp.zeros((3, 3))))))
+
+
 def test_gram_sqrt_singular_and_regular():
     with jax.enable_x64(True):
         v = jnp.array([1.0, 2.0, 0.0, 1.0])
