@@ -304,7 +304,7 @@ def plan_grid(
             off = np.floor(y_lo / dx).astype(np.int64)
             top = np.ceil(y_hi / dx).astype(np.int64)
             need = int(np.max(np.where(c > 0, top - off + 1, 2)))
-            ms.append(min(max(_pow2(need), 64), n))
+            ms.append(min(max(_fft_size(need), 64), n))
             new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
         all_groups.append(tuple(new_groups))
         all_ms.append(tuple(ms))
