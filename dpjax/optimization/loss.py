@@ -34,6 +34,7 @@ from dpjax.matrices import Toeplitz, prefix_sum_rmse
 from dpjax.montecarlo import calibrated_noise
 
 
+@float64
 def toeplitz_from_params(params) -> Toeplitz:
     """``C`` with first column ``[1, softplus(params)...]``: non-negative, diagonal 1 (the
     convention of :class:`dpjax.matrices.Toeplitz`), ``len(params) + 1`` bands.  ``params``:
@@ -42,6 +43,7 @@ def toeplitz_from_params(params) -> Toeplitz:
     return Toeplitz(jnp.concatenate([jnp.ones((1,), jnp.float64), jax.nn.softplus(params)]))
 
 
+@float64
 def log_rmse_balls_in_bins(params, *, batches_per_epoch: int, epochs: int, target_epsilon,
                            target_delta, num_samples: int, key, to_correlation: Callable = toeplitz_from_params):
     """``log RMSE`` of the prefix-sum workload at the calibrated noise; pure, differentiable.
