@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from dpjax.cli.montecarlo import _accountant, _float_list
+from dpjax.cli.montecarlo import _accountant, add_correlation_args
 
 
 def _run_noise(args) -> dict:
@@ -58,13 +58,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("mc-calibrate",
                               help="noise multiplier on the balls-in-bins Monte Carlo estimate")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--toeplitz", type=_float_list, help="Toeplitz first column c0,c1,... (default: identity)")
-    src.add_argument("--matrix", help="path of a dense (n, n) lower-triangular .npy matrix")
-    src.add_argument("--blt-decays", type=_float_list, help="BLT buffer decays (with --blt-scales)")
-    p.add_argument("--blt-scales", type=_float_list, help="BLT output scales")
-    p.add_argument("--batches-per-epoch", type=int, required=True, help="b")
-    p.add_argument("--epochs", type=int, required=True, help="E (n = b * E rounds)")
+    add_correlation_args(p)
     p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
     p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
     p.add_argument("--samples", type=int, default=1 << 16, help="Monte Carlo samples (default 2^16, >= 1/delta)")

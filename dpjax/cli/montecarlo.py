@@ -26,7 +26,8 @@ def _float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def add_correlation_args(p: argparse.ArgumentParser) -> None:
+    """The correlation matrix C and the balls-in-bins shape (read back by :func:`_accountant`)."""
     src = p.add_mutually_exclusive_group()
     src.add_argument("--toeplitz", type=_float_list, help="Toeplitz first column c0,c1,... (banded; default: identity)")
     src.add_argument("--matrix", help="path of a dense (n, n) lower-triangular .npy matrix")
@@ -34,6 +35,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blt-scales", type=_float_list, help="BLT output scales omega_j > 0")
     p.add_argument("--batches-per-epoch", type=int, required=True, help="b")
     p.add_argument("--epochs", type=int, required=True, help="E (n = b * E rounds)")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    add_correlation_args(p)
     p.add_argument("--noise-multiplier", type=float, required=True, help="sigma")
     p.add_argument("--samples", type=float, default=1 << 20, help="Monte Carlo sample count (default 2^20)")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
