@@ -48,7 +48,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import NamedTuple
 
 import jax
@@ -82,13 +81,28 @@ def _normal_cdf_sf(z):
     return jnp.where(neg, small, big), jnp.where(neg, big, small)
 
 
-_np_erfc = np.frompyfunc(math.erfc, 1, 1)
+# Chebyshev-fitted erfc (Numerical Recipes' ``erfcc``): fractional error < 1.2e-7 for every
+# x >= 0, down to underflow.  Used only by the grid planner's probe (host_loss_cdfs), where it
+# decides tightness knobs (support, moments, Chernoff parameters), never a reported bound.
+_ERFCC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+          1.48851587, -0.82215223, 0.17087277)
+
+
+def _np_erfc_nonneg(x):
+    t = 1.0 / (1.0 + 0.5 * x)
+    poly = np.full_like(t, _ERFCC[-1])
+    for c in _ERFCC[-2::-1]:
+        poly = poly * t + c
+    with np.errstate(under="ignore"):
+        return t * np.exp(-x * x + poly)
 
 
 def _np_normal_cdf_sf(z):
-    """NumPy twin of :func:`_normal_cdf_sf` (``math.erfc``; no XLA compilation, no scipy import)."""
+    """NumPy twin of :func:`_normal_cdf_sf` for the planner: vectorized, no XLA compile, no
+    scipy import; relative error < 1.2e-7 (the jitted CDFs that build the grid PMFs are the
+    accurate ones)."""
     z = np.asarray(z, np.float64)
-    small = 0.5 * _np_erfc(np.abs(z) * _SQRT1_2).astype(np.float64)
+    small = 0.5 * _np_erfc_nonneg(np.abs(z) * _SQRT1_2)
     big = 1.0 - small
     neg = z < 0
     return np.where(neg, small, big), np.where(neg, big, small)
@@ -190,18 +204,16 @@ class PoissonSubsampledGaussian:
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)
         y = _f64(y)
+        # Both normal CDFs in one call (one erfc expansion in the compiled program: the erfc
+        # code is the largest part of the discretizer's compile time).
+        x, s, q = self._x_of_loss(y if direction == "remove" else -y)
+        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf(jnp.stack([x / s, (x - 1.0) / s]))
         if direction == "remove":
-            x, s, q = self._x_of_loss(y)
-            # {Y <= y} = {X <= x(y)}
-            a_le, a_gt = _normal_cdf_sf(x / s)            # N(0, s^2)
-            b_le, b_gt = _normal_cdf_sf((x - 1.0) / s)    # N(1, s^2)
+            # {Y <= y} = {X <= x(y)};  a: N(0, s^2), b: N(1, s^2)
             p_le = (1.0 - q) * a_le + q * b_le
             p_gt = (1.0 - q) * a_gt + q * b_gt
             return LossCDFs(p_le, p_gt, a_le, a_gt)
         # add: Y = -l(X); {Y <= y} = {l(X) >= -y} = {X >= x(-y)}
-        x, s, q = self._x_of_loss(-y)
-        a_le, a_gt = _normal_cdf_sf(x / s)
-        b_le, b_gt = _normal_cdf_sf((x - 1.0) / s)
         # X >= x has probability Phi(-x/s) = a_gt; {Y <= y} is that event (continuous X).
         p_le, p_gt = a_gt, a_le
         q_le = (1.0 - q) * a_gt + q * b_gt
