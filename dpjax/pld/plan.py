@@ -154,8 +154,18 @@ def _host_probe(mechanism, directions):
     return out
 
 
-def _probe_stats(p_le, p_gt, tau_single: float):
-    p_le, p_gt = np.asarray(p_le), np.asarray(p_gt)
+def _probe_masses(p_le, p_gt):
+    """(G, B) probe-bin masses (differences of whichever of CDF / survival is below 1/2)."""
+    p_le, p_gt = np.atleast_2d(np.asarray(p_le)), np.atleast_2d(np.asarray(p_gt))
+    use_le = p_le[:, 1:] <= 0.5
+    return np.maximum(np.where(use_le, p_le[:, 1:] - p_le[:, :-1], p_gt[:, :-1] - p_gt[:, 1:]), 0.0)
+
+
+_PROBE_MID = 0.5 * (PROBE_LOSSES[1:] + PROBE_LOSSES[:-1])
+
+
+def _probe_stats(p_le, p_gt, mass, tau_single: float):
+    p_le, p_gt = np.atleast_2d(np.asarray(p_le)), np.atleast_2d(np.asarray(p_gt))
     y = PROBE_LOSSES
     # support: first probe point with P(Y > y) <= tau, last with P(Y <= y) <= tau
     ok_hi = p_gt <= tau_single
@@ -164,18 +174,24 @@ def _probe_stats(p_le, p_gt, tau_single: float):
     i_lo = np.where(ok_lo.any(axis=1), len(y) - 1 - ok_lo[:, ::-1].argmax(axis=1), 0)
     y_hi = y[i_hi]
     y_lo = np.minimum(y[i_lo], y_hi - 1e-12)
-    use_le = p_le[:, 1:] <= 0.5
-    mass = np.maximum(np.where(use_le, p_le[:, 1:] - p_le[:, :-1], p_gt[:, :-1] - p_gt[:, 1:]), 0.0)
-    mid = 0.5 * (y[1:] + y[:-1])
+    mid = _PROBE_MID
     tot = np.maximum(mass.sum(axis=1), 1e-300)
-    mean = (mass * mid).sum(axis=1) / tot
-    var = np.maximum((mass * (mid - mean[:, None]) ** 2).sum(axis=1) / tot, 0.0)
-    k3 = (mass * (mid - mean[:, None]) ** 3).sum(axis=1) / tot
+    mean = mass @ mid / tot
+    dev = mid[None, :] - mean[:, None]
+    var = np.maximum((mass * dev * dev).sum(axis=1) / tot, 0.0)
+    k3 = (mass * dev * dev * dev).sum(axis=1) / tot
     return y_lo, y_hi, mean, var, k3
 
 
-def _chernoff_lambdas(probes_d, counts, lam_gauss: float, log_tau: float, num: int = 7) -> np.ndarray:
-    """Chernoff parameters ``(+lam_1..+lam_num, -lam_1..-lam_num)`` for one direction.
+# Chernoff search grid (multiples of the Gaussian optimum z / sigma_c; ratio 1.58) and the
+# spread of the values handed to the jitted program around the best one (ratio 1.41).
+_LAMBDA_GRID = np.geomspace(1e-5, 10.0, 31)
+_LAMBDA_SPREAD = np.geomspace(0.5, 2.0, 5)
+_LAMBDA_FALLBACK = np.geomspace(0.3, 3.0, 5)
+
+
+def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float) -> np.ndarray:
+    """Chernoff parameters ``(+lam_1..+lam_5, -lam_1..-lam_5)`` for one direction.
 
     Any ``lam`` gives a valid wrap-around bound (the bound itself is evaluated inside the jitted
     program on the discretized PMF), so this choice only affects tightness.  For a near-Gaussian
@@ -183,45 +199,43 @@ def _chernoff_lambdas(probes_d, counts, lam_gauss: float, log_tau: float, num: i
     direction of a Poisson-subsampled Gaussian when ``q * T`` is small) it is orders of magnitude
     smaller, and a grid around ``z / sigma_c`` gives bounds that saturate at 1 (the accountant
     then returned inf).  So: evaluate the composed log-MGF ``K(lam)`` of the probe masses on a
-    wide log grid, take the ``lam`` that minimizes the Chernoff quantile ``(K(lam) - log tau) /
-    lam`` on each side, and return ``num`` values around it per sign.
+    wide log grid (both signs at once), take the ``lam`` that minimizes the Chernoff quantile
+    ``(K(lam) - log tau) / lam`` on each side, and return values within 2x of it per sign (the
+    bound is flat near its optimum).
     """
-    y = PROBE_LOSSES
-    mid = 0.5 * (y[1:] + y[:-1])
-    grid = lam_gauss * np.geomspace(1e-5, 10.0, 61)  # ratio 1.26: the 7 returned values span 4x around the best
-    fallback = lam_gauss * np.geomspace(0.3, 3.0, num)
+    grid = lam_gauss * _LAMBDA_GRID
+    L = grid.shape[0]
+    lam = np.concatenate([grid, -grid])                         # (2L,)
+    K = np.zeros(2 * L)
+    for mass, c in zip(masses_d, counts):
+        c = np.broadcast_to(np.asarray(c, np.float64), (mass.shape[0],))
+        keep = c > 0
+        if not keep.any():
+            continue
+        # Empty probe bins contribute exp(-inf) = 0: drop them (most of the 1000 bins lie
+        # outside the loss support; this is the planner's largest host-side cost).
+        mk = mass[keep]
+        nz = np.any(mk > 0, axis=0)
+        if not nz.any():
+            continue
+        with np.errstate(divide="ignore"):
+            log_mass = np.log(mk[:, nz])                                 # (G', B')
+        a = lam[:, None, None] * _PROBE_MID[nz][None, None, :] + log_mass[None]  # (2L, G', B')
+        amax = np.max(a, axis=2, keepdims=True)
+        amax = np.where(np.isfinite(amax), amax, 0.0)
+        with np.errstate(divide="ignore", over="ignore"):
+            lse = np.log(np.sum(np.exp(a - amax), axis=2)) + amax[..., 0]  # (2L, G')
+        K = K + lse @ c[keep]
     out = []
-    for sign in (1.0, -1.0):
-        lam = sign * grid
-        K = np.zeros_like(lam)
-        for (p_le, p_gt), c in zip(probes_d, counts):
-            p_le, p_gt = np.atleast_2d(np.asarray(p_le)), np.atleast_2d(np.asarray(p_gt))
-            use_le = p_le[:, 1:] <= 0.5
-            mass = np.maximum(np.where(use_le, p_le[:, 1:] - p_le[:, :-1], p_gt[:, :-1] - p_gt[:, 1:]), 0.0)
-            c = np.broadcast_to(np.asarray(c, np.float64), (mass.shape[0],))
-            keep = c > 0
-            if not keep.any():
-                continue
-            # Empty probe bins contribute exp(-inf) = 0: drop them (most of the 1000 bins lie
-            # outside the loss support; this is the planner's largest host-side cost).
-            nz = np.any(mass[keep] > 0, axis=0)
-            if not nz.any():
-                continue
-            with np.errstate(divide="ignore"):
-                log_mass = np.log(mass[keep][:, nz])                     # (G', B')
-            a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None]  # (L, G', B')
-            amax = np.max(a, axis=2, keepdims=True)
-            amax = np.where(np.isfinite(amax), amax, 0.0)
-            with np.errstate(divide="ignore"):
-                lse = np.log(np.sum(np.exp(a - amax), axis=2)) + amax[..., 0]  # (L, G')
-            K = K + lse @ c[keep]
-        quantile = sign * (K - log_tau) / lam   # h(lam) for sign=+1, -l(lam) for sign=-1: minimize
+    for sl, sign in ((slice(0, L), 1.0), (slice(L, 2 * L), -1.0)):
+        with np.errstate(invalid="ignore"):
+            quantile = sign * (K[sl] - log_tau) / lam[sl]   # h(lam) for sign=+1, -l(lam) for sign=-1: minimize
         quantile = np.where(np.isfinite(quantile), quantile, np.inf)
         if not np.isfinite(quantile).any():
-            out.append(sign * fallback)
+            out.append(sign * lam_gauss * _LAMBDA_FALLBACK)
             continue
         best = grid[int(np.argmin(quantile))]
-        out.append(sign * best * np.geomspace(0.5, 2.0, num))
+        out.append(sign * best * _LAMBDA_SPREAD)
     return np.concatenate(out)
 
 
@@ -267,8 +281,9 @@ def plan_grid(
     z = math.sqrt(2.0 * math.log(1.0 / tau_wrap))
     probes = [_host_probe(g.mechanism, directions) or _probe(g.mechanism, directions) for g in groups]  # [group][direction] -> (p_le, p_gt)
     per_dir = []
+    masses = [[_probe_masses(*probes[gi][di]) for gi in range(len(groups))] for di in range(len(directions))]
     for di in range(len(directions)):
-        stats = [_probe_stats(*probes[gi][di], tau_single) for gi in range(len(groups))]
+        stats = [_probe_stats(*probes[gi][di], masses[di][gi], tau_single) for gi in range(len(groups))]
         V = sum(float((c * s[3]).sum()) for c, s in zip(counts, stats))
         K3 = sum(float((c * s[4]).sum()) for c, s in zip(counts, stats))
         M = sum(float((c * s[2]).sum()) for c, s in zip(counts, stats))
@@ -308,8 +323,7 @@ def plan_grid(
             new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
         all_groups.append(tuple(new_groups))
         all_ms.append(tuple(ms))
-        all_lams.append(_chernoff_lambdas([probes[gi][di] for gi in range(len(groups))], counts,
-                                          z / sigma_c, math.log(tau_wrap)))
+        all_lams.append(_chernoff_lambdas(masses[di], counts, z / sigma_c, math.log(tau_wrap)))
     return GridPlan(
         n_freq=_n_freq(n, dx, min(p[1] for p in per_dir), total),
         directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
