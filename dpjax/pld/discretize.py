@@ -94,7 +94,21 @@ def discretize(mechanism, direction: str, offset, dx, m: int) -> GridPMF:
       fixed), so ``jax.grad`` flows through them.
     """
     y = (offset + jnp.arange(m)) * dx
-    c = _materialize(lambda: mechanism.loss_cdfs(direction, y), jnp.asarray(dx) > 0)
+    return grid_pmf(grid_cdfs(mechanism, direction, offset, dx, m), y, dx)
+
+
+def grid_cdfs(mechanism, direction: str, offset, dx, m: int):
+    """The mechanism-specific half of :func:`discretize`: its :class:`LossCDFs` at the ``m`` grid
+    points ``(offset + j) dx``, materialized (see ``_materialize``)."""
+    y = (offset + jnp.arange(m)) * dx
+    return _materialize(lambda: mechanism.loss_cdfs(direction, y), jnp.asarray(dx) > 0)
+
+
+def grid_pmf(c, y, dx) -> GridPMF:
+    """The generic half of :func:`discretize`: grid PMFs from the CDFs ``c`` at the grid ``y``
+    (1-D, spacing ``dx``).  Pure array code on any mechanism and direction, so it can be vmapped
+    over a batch of directions."""
+    m = y.shape[-1]
     # Flush values below 1e-290 to 0: denormal arithmetic is ~100x slower on x86 and made the
     # far tails dominate the run time.  The P-mass this can remove (< 2 m 1e-290) is put on the
     # +inf atom below, so the pessimistic PMF stays an upper bound.
@@ -106,9 +120,9 @@ def discretize(mechanism, direction: str, offset, dx, m: int) -> GridPMF:
     a = (q_bin * jnp.exp(jnp.minimum(y[1:], 700.0)) - p_bin) / jnp.expm1(dx)
     a = jnp.clip(a, 0.0, p_bin)
     b = p_bin - a
-    first = jnp.zeros(m).at[0].set(c.p_le[0])
-    last = jnp.zeros(m).at[-1].set(c.p_gt[-1])
-    pmf_up = jnp.pad(a, (0, 1)) + jnp.pad(b, (1, 0)) + first
+    # pmf_up[j] = a_j + b_{j-1} (+ the P-mass below y_0 at j = 0), assembled with in-place
+    # updates: the same sums as padding a and b, but XLA:CPU vectorizes these ~1.6x better.
+    pmf_up = jnp.zeros(m).at[:-1].set(a).at[1:].add(b).at[0].add(c.p_le[0])
     # Optimistic: a dominated pair on the grid, then rounding down (see module docstring).
     # Bin j's exact atom (loss l_j in (y_j, y_{j+1}]) has deficit D_j = e^{y_{j+1}} q_j - p_j
     # = a_j (e^dx - 1) >= 0 below y_{j+1}; bin j+1's atom has excess E_{j+1} = p_{j+1} -
@@ -138,5 +152,5 @@ def discretize(mechanism, direction: str, offset, dx, m: int) -> GridPMF:
         u = u + jnp.pad(up, (0, 1))
         f = jnp.maximum(f - jnp.pad(up, (0, 1)) - jnp.pad(dn, (1, 0)), 0.0)
     u = jnp.clip(u, 0.0, 1.0)
-    pmf_down = jnp.pad(p_bin * (1.0 - u), (0, 1)) + jnp.pad(p_bin * u, (1, 0)) + last
+    pmf_down = jnp.zeros(m).at[:-1].set(p_bin * (1.0 - u)).at[1:].add(p_bin * u).at[-1].add(c.p_gt[-1])
     return GridPMF(pmf_up=pmf_up, p_inf_up=c.p_gt[-1] + 2 * m * _FLUSH, pmf_down=pmf_down)
