@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax.pld.compose import ComposedPLD
 
@@ -124,3 +125,96 @@ def eps_at(tab: HockeyStickTable, delta) -> jax.Array:
     eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
     eps = jnp.where(k >= n, jnp.inf, eps)
     return jnp.maximum(eps, 0.0)
+
+
+# Block length of :func:`epsilon` (a power of two; n = 2^k or 3 * 2^k gives n / 256 <= 3 * 2^(k-8)
+# blocks: 384 at n = 98304).
+_EPS_BLOCK = 256
+
+
+def _block_len(n: int) -> int:
+    """Largest power of two <= ``_EPS_BLOCK`` dividing ``n``."""
+    b = 1
+    while b < _EPS_BLOCK and n % (2 * b) == 0:
+        b *= 2
+    return b
+
+
+def _suffix_sums_small(x):
+    """``s_i = sum_{i' >= i} x_i'`` of a short 1-D array as one triangular multiply-reduce
+    (cheap to compile; for non-negative terms the relative error is at most ``len(x) u``)."""
+    k = x.shape[-1]
+    upper = np.triu(np.ones((k, k)))                     # [i, i'] = 1 for i' >= i
+    return jnp.sum(upper * x[None, :], axis=1)
+
+
+def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
+    """``eps_at(table(pld, bound), delta)`` without building the whole table.
+
+    Same segment coefficients and closed form as :func:`eps_at`, but only where they are needed:
+    ``delta(y_j)`` is evaluated at the first point of every block of (up to) 256 grid points
+    from the block totals' suffix sums, the last block whose first point is above ``delta`` is
+    located, and only that block's 256 suffix sums are formed (a ``(targets, 256)`` slice
+    instead of two length-``n`` blocked triangular products).  The segment is the one after the *last*
+    grid point with ``delta(y_j) > delta`` (never below :func:`eps_at`'s count where round-off
+    makes ``delta(y_j)`` non-monotone).
+    """
+    delta = jnp.asarray(delta, jnp.float64)
+    r = pld.pmf
+    n = r.shape[-1]
+    y = pld.losses
+    y_ref = (pld.w_lo + n // 2) * pld.dx
+    if bound == "upper":
+        const = pld.p_inf + pld.tail_above + pld.roundoff
+        fa, fb = 1.0 + pld.roundoff_rel, 1.0 - pld.roundoff_rel
+    elif bound == "lower":
+        const = pld.p_inf - pld.tail_below - pld.roundoff
+        fa, fb = 1.0 - pld.roundoff_rel, 1.0 + pld.roundoff_rel
+    else:
+        raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
+    w = r * jnp.exp(y_ref - y)
+    b = _block_len(n)
+    nb = n // b
+    rb, wb = r.reshape(nb, b), w.reshape(nb, b)
+    # Suffix sums from block starts: s_r[i] = sum_{t >= i b} r_t (and likewise for w).
+    s_r = _suffix_sums_small(jnp.sum(rb, axis=1))
+    s_w = _suffix_sums_small(jnp.sum(wb, axis=1))
+    y_start = y[::b]
+    # delta at the block starts y_{ib}: terms t > ib, i.e. the suffix from ib minus r_{ib}.
+    D_start = (s_r - rb[:, 0]) * fa + const - jnp.exp(y_start - y_ref) * (s_w - wb[:, 0]) * fb
+    flat = delta.reshape(-1)
+    above = D_start[None, :] > flat[:, None]                                  # (K, nb)
+    any_above = jnp.any(above, axis=1)
+    blk = jnp.where(any_above, nb - 1 - jnp.argmax(above[:, ::-1], axis=1), 0)  # last block start above
+
+    # The located block of every target: its b suffix sums (terms t > j), as (K, b) arrays.
+    idx = blk[:, None] * b + np.arange(b)[None, :]                             # (K, b)
+    after = blk + 1 < nb
+    nxt = jnp.minimum(blk + 1, nb - 1)
+    tri = np.tril(np.ones((b, b)), -1)                                          # [t, j] = 1 for t > j
+    sr = jnp.sum(r[idx][:, :, None] * tri[None], axis=1) + jnp.where(after, s_r[nxt], 0.0)[:, None]
+    sw = jnp.sum(w[idx][:, :, None] * tri[None], axis=1) + jnp.where(after, s_w[nxt], 0.0)[:, None]
+    A_blk = sr * fa + const
+    B_blk = sw * fb
+    hit = (A_blk - jnp.exp(y[idx] - y_ref) * B_blk) > flat[:, None]
+    # (The block start itself was found above delta; should round-off disagree here, keep it.)
+    last = jnp.where(jnp.any(hit, axis=1), b - 1 - jnp.argmax(hit[:, ::-1], axis=1), 0)
+    # Segment j = the last grid point above delta (-1: none): coefficients of the sums over t > j.
+    found = any_above
+    j = jnp.where(found, blk * b + last, -1)
+    pick = last[:, None]
+    A = jnp.where(found, jnp.take_along_axis(A_blk, pick, axis=1)[:, 0], s_r[0] * fa + const)
+    B = jnp.where(found, jnp.take_along_axis(B_blk, pick, axis=1)[:, 0], s_w[0] * fb)
+    bad = jnp.isnan(A) | jnp.isnan(B)
+    A = jnp.where(bad, jnp.inf if bound == "upper" else -jnp.inf, A)
+    B = jnp.where(bad, 0.0, B)
+    ratio = (A - flat) / B
+    eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
+    lo_end = jnp.where(j >= 0, y[jnp.maximum(j, 0)], -jnp.inf)
+    hi_end = jnp.where(j + 1 <= n - 1, y[jnp.minimum(j + 1, n - 1)], jnp.inf)
+    eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
+    eps = jnp.where(j >= n - 1, jnp.inf, eps)
+    # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
+    broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
+    eps = jnp.where(broken, jnp.inf if bound == "upper" else 0.0, eps)
+    return jnp.maximum(eps, 0.0).reshape(delta.shape)
