@@ -1,8 +1,8 @@
 """Frequency truncation of the composed characteristic function (compose's ``n_freq``).
 
-Dropping high frequencies is sound for any ``n_freq`` because the program adds
-``2 sum_{k >= n_freq} |F^c|_k`` (a bound on the total change of the window, inverse real FFT) to the
-round-off allowance.  These tests check (1) on long near-Gaussian compositions the planner's
+Dropping high frequencies is sound for any ``n_freq`` because the program adds a bound on
+``2 sum_{k >= n_freq} |F^c|_k`` (the total change of the window, inverse real FFT), namely
+``2 (n/2 + 1 - n_freq) max_{k >= n_freq} |F_k|^c``, to the round-off allowance.  These tests check (1) on long near-Gaussian compositions the planner's
 ``n_freq`` changes nothing visible (the dropped magnitudes underflow to 0, so the certified value
 is the same to round-off), (2) a deliberately bad ``n_freq`` on an atomic PLD (randomized response,
 whose characteristic function does not decay) is still an upper bound, because the allowance
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dpjax import pld
-from dpjax.pld.accountant import _prepare, _program
+from dpjax.pld.accountant import _prepare, _program, _unpack
 
 
 def _plan(components, target_delta=1e-5):
@@ -29,9 +29,9 @@ def _plan(components, target_delta=1e-5):
 
 
 def _eps(plan, n_freq, target_delta=1e-5):
-    res = jax.device_get(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([target_delta]),
-                                  jnp.zeros(()), directions=plan.directions, ms=plan.ms, n=plan.n, kinds=("up",),
-                                  want="eps", n_freq=n_freq))
+    res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([target_delta]),
+                           jnp.zeros(()), directions=plan.directions, ms=plan.ms, n=plan.n, kinds=("up",),
+                           want="eps", n_freq=n_freq), plan.directions, ("up",), (1,))
     return max(float(r["up"]["value"][0]) for r in res), max(float(r["up"]["truncation"]) for r in res)
 
 

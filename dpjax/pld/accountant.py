@@ -31,8 +31,9 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64
-from dpjax.pld.compose import Group, compose
-from dpjax.pld.convert import delta_at, eps_at, table
+from dpjax.pld.compose import Group, compose_directions
+from dpjax.pld.convert import delta_at, table
+from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
 
@@ -190,7 +191,8 @@ def _to_group(cls, static, data, P, C) -> Group:
     if Gp > G:  # pad with copies of the first row and count 0 (no recompiles for every G)
         P = np.concatenate([P, np.repeat(P[:1], Gp - G, axis=0)])
         C = np.concatenate([C, np.zeros(Gp - G, np.int64)])
-    kwargs = {f: jnp.asarray(P[:, i], jnp.float64) for i, f in enumerate(data)}
+    # NumPy leaves: the jitted program takes them as they are (no eager device_put per field).
+    kwargs = {f: np.ascontiguousarray(P[:, i], np.float64) for i, f in enumerate(data)}
     kwargs.update(static)
     return Group(mechanism=cls(**kwargs), counts=C, offsets=np.zeros(len(C), np.int64))
 
@@ -218,23 +220,46 @@ def _prepare(components, max_distinct):
 # The jitted program (one per direction and static shape set)
 
 
+_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation")
+
+
 @functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
 def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
-    "eps" or "delta": only that conversion is compiled)."""
+    "eps" or "delta": only that conversion is compiled).
+
+    Returns one float64 array of shape ``(directions, kinds, targets + 6)``: the converted
+    values, then the diagnostics of ``_DIAGNOSTICS`` (a single device-to-host transfer).
+    """
+    # All directions batched along a leading axis (one copy of the composition and conversion
+    # code in the compiled program, batched FFTs); each group's support length is the largest
+    # any direction asked for (a longer support only moves mass from the +inf atom onto the grid).
+    ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
+    outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
+                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq)
+    per_kind = []
+    for kind in kinds:
+        stacked = outs[kind]
+        bound = "upper" if kind == "up" else "lower"
+        if want == "eps":
+            value = jax.vmap(lambda p: eps_from_pld(p, deltas, bound))(stacked)
+        else:
+            value = jax.vmap(lambda p: delta_at(table(p, bound), epsilons))(stacked)
+        diag = [getattr(stacked, name) for name in _DIAGNOSTICS]
+        per_kind.append(jnp.concatenate([jnp.reshape(value, (len(directions), -1)), jnp.stack(diag, axis=1)], axis=1))
+    return jnp.stack(per_kind, axis=1)
+
+
+def _unpack(flat, directions, kinds, shape):
+    """Host side of ``_program``'s packed output: ``[{kind: {value, p_inf, ...}}]`` per direction."""
+    flat = np.asarray(flat)
+    size = int(np.prod(shape, dtype=np.int64))
     res = []
-    for di, d in enumerate(directions):
-        out = compose(groups[di], dx, lambdas[di], log_tau, direction=d, ms=ms[di], n=n, kinds=kinds,
-                      n_freq=n_freq)
+    for di in range(len(directions)):
         r = {}
-        for kind in kinds:
-            pld = out[kind]
-            tab = table(pld, "upper" if kind == "up" else "lower")
-            r[kind] = dict(
-                value=eps_at(tab, deltas) if want == "eps" else delta_at(tab, epsilons), p_inf=pld.p_inf,
-                tail_above=pld.tail_above, tail_below=pld.tail_below, roundoff=pld.roundoff,
-                needed_width=pld.needed_width, truncation=pld.truncation,
-            )
+        for ki, kind in enumerate(kinds):
+            row = flat[di, ki]
+            r[kind] = dict(value=row[:size].reshape(shape), **{name: row[size + i] for i, name in enumerate(_DIAGNOSTICS)})
         res.append(r)
     return res
 
@@ -245,16 +270,18 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
     for _ in range(4):
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
                          target_delta=target_delta, options=options, min_width=min_width)
-        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want="eps" if eps_hint is None else "delta")
-        res = jax.device_get(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                                      n_freq=plan.n_freq, **kw))
+        want = "eps" if eps_hint is None else "delta"
+        shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
+        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want)
+        res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
+                               n_freq=plan.n_freq, **kw), directions, kinds, shape)
         # Frequency truncation is always sound, but only free when the dropped part is
         # negligible (smooth, near-Gaussian composed loss); otherwise keep every frequency.
         if plan.n_freq is not None and any(float(r["truncation"]) > 1e-3 * plan.tau_wrap
                                            for rd in res for r in rd.values()):
             plan = dataclasses.replace(plan, n_freq=None)
-            res = jax.device_get(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                                          n_freq=None, **kw))
+            res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
+                                   n_freq=None, **kw), directions, kinds, shape)
         budget = 10.0 * plan.tau_wrap
         over = any(
             (k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
