@@ -144,8 +144,9 @@ def _suffix_sums_small(x):
     """``s_i = sum_{i' >= i} x_i'`` of a short 1-D array as one triangular multiply-reduce
     (cheap to compile; for non-negative terms the relative error is at most ``len(x) u``)."""
     k = x.shape[-1]
-    upper = np.triu(np.ones((k, k)))                     # [i, i'] = 1 for i' >= i
-    return jnp.sum(upper * x[None, :], axis=1)
+    i = jax.lax.iota(jnp.int32, k)
+    # The mask from iotas, not a (k, k) constant: large constants slow XLA's compile.
+    return jnp.sum(jnp.where(i[None, :] >= i[:, None], x[None, :], 0.0), axis=1)
 
 
 def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
@@ -179,39 +180,44 @@ def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
     # Suffix sums from block starts: s_r[i] = sum_{t >= i b} r_t (and likewise for w).
     s_r = _suffix_sums_small(jnp.sum(rb, axis=1))
     s_w = _suffix_sums_small(jnp.sum(wb, axis=1))
-    y_start = y[::b]
     # delta at the block starts y_{ib}: terms t > ib, i.e. the suffix from ib minus r_{ib}.
-    D_start = (s_r - rb[:, 0]) * fa + const - jnp.exp(y_start - y_ref) * (s_w - wb[:, 0]) * fb
+    D_start = (s_r - rb[:, 0]) * fa + const - jnp.exp(y[::b] - y_ref) * (s_w - wb[:, 0]) * fb
     flat = delta.reshape(-1)
-    above = D_start[None, :] > flat[:, None]                                  # (K, nb)
-    any_above = jnp.any(above, axis=1)
-    blk = jnp.where(any_above, nb - 1 - jnp.argmax(above[:, ::-1], axis=1), 0)  # last block start above
-
+    # Index of the last block start above each target (-1: none).  Max-reductions over masked
+    # indices rather than argmax/gather: the same result, and cheaper to compile.
+    blk = jnp.max(jnp.where(D_start[None, :] > flat[:, None], jnp.arange(nb)[None, :], -1), axis=1)
+    any_above = blk >= 0
+    blk = jnp.maximum(blk, 0)
     # The located block of every target: its b suffix sums (terms t > j), as (K, b) arrays.
-    idx = blk[:, None] * b + np.arange(b)[None, :]                             # (K, b)
-    after = blk + 1 < nb
-    nxt = jnp.minimum(blk + 1, nb - 1)
-    tri = np.tril(np.ones((b, b)), -1)                                          # [t, j] = 1 for t > j
-    sr = jnp.sum(r[idx][:, :, None] * tri[None], axis=1) + jnp.where(after, s_r[nxt], 0.0)[:, None]
-    sw = jnp.sum(w[idx][:, :, None] * tri[None], axis=1) + jnp.where(after, s_w[nxt], 0.0)[:, None]
+    start = blk[:, None] * b
+    rw = jnp.stack([r, w])[:, start + np.arange(b)[None, :]]                   # (2, K, b)
+    nxt = blk + 1
+    after = nxt < nb
+    nxt = jnp.minimum(nxt, nb - 1)
+    t_idx = jax.lax.iota(jnp.int32, b)
+    later = t_idx[:, None] > t_idx[None, :]                                     # [t, j]: t > j
+    sums = jnp.sum(jnp.where(later, rw[..., :, None], 0.0), axis=-2)           # (2, K, b)
+    sr = sums[0] + jnp.where(after, s_r[nxt], 0.0)[:, None]
+    sw = sums[1] + jnp.where(after, s_w[nxt], 0.0)[:, None]
     A_blk = sr * fa + const
     B_blk = sw * fb
-    hit = (A_blk - jnp.exp(y[idx] - y_ref) * B_blk) > flat[:, None]
+    y_blk = (pld.w_lo + start + np.arange(b)[None, :]) * pld.dx                # = y[start + t]
+    hit = (A_blk - jnp.exp(y_blk - y_ref) * B_blk) > flat[:, None]
     # (The block start itself was found above delta; should round-off disagree here, keep it.)
-    last = jnp.where(jnp.any(hit, axis=1), b - 1 - jnp.argmax(hit[:, ::-1], axis=1), 0)
+    last = jnp.maximum(jnp.max(jnp.where(hit, np.arange(b)[None, :], -1), axis=1), 0)
     # Segment j = the last grid point above delta (-1: none): coefficients of the sums over t > j.
-    found = any_above
-    j = jnp.where(found, blk * b + last, -1)
-    pick = last[:, None]
-    A = jnp.where(found, jnp.take_along_axis(A_blk, pick, axis=1)[:, 0], s_r[0] * fa + const)
-    B = jnp.where(found, jnp.take_along_axis(B_blk, pick, axis=1)[:, 0], s_w[0] * fb)
+    j = jnp.where(any_above, blk * b + last, -1)
+    at_last = np.arange(b)[None, :] == last[:, None]
+    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), s_r[0] * fa + const)
+    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), s_w[0] * fb)
     bad = jnp.isnan(A) | jnp.isnan(B)
     A = jnp.where(bad, jnp.inf if bound == "upper" else -jnp.inf, A)
     B = jnp.where(bad, 0.0, B)
     ratio = (A - flat) / B
     eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
-    lo_end = jnp.where(j >= 0, y[jnp.maximum(j, 0)], -jnp.inf)
-    hi_end = jnp.where(j + 1 <= n - 1, y[jnp.minimum(j + 1, n - 1)], jnp.inf)
+    # Segment [y_j, y_{j+1}] (y_j = (w_lo + j) dx, as in ``pld.losses``).
+    lo_end = jnp.where(j >= 0, (pld.w_lo + j) * pld.dx, -jnp.inf)
+    hi_end = jnp.where(j + 1 <= n - 1, (pld.w_lo + j + 1) * pld.dx, jnp.inf)
     eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
     eps = jnp.where(j >= n - 1, jnp.inf, eps)
     # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
