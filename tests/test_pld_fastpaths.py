@@ -112,3 +112,14 @@ def test_planner_erfc_accuracy():
     ref = np.array([math.erfc(v) for v in x])
     ok = ref > 1e-300
     assert np.max(np.abs(_np_erfc_nonneg(x[ok]) / ref[ok] - 1.0)) < 1.2e-7
+
+
+def test_subsampled_gaussian_cdfs_for_all_directions_at_once():
+    mech = pld.PoissonSubsampledGaussian(0.9, 0.03)
+    y = np.stack([np.linspace(-0.05, 3.0, 257), np.linspace(-2.0, 0.04, 257)])
+    with jax.enable_x64(True):
+        both = mech.loss_cdfs_directions(("remove", "add"), jnp.asarray(y))
+        for di, d in enumerate(("remove", "add")):
+            one = mech.loss_cdfs(d, jnp.asarray(y[di]))
+            for a, b in zip(both, one):
+                np.testing.assert_array_equal(np.asarray(a)[di], np.asarray(b))

@@ -42,7 +42,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from dpjax.pld.discretize import grid_cdfs, grid_pmf
+from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
 
 _U = 2.0**-52
 
@@ -248,8 +248,12 @@ def compose_directions(
             mech, c_int, o = xs                                   # o: (D,) offsets
             c = c_int.astype(jnp.float64)
             y = (o[:, None] + jnp.arange(m)[None, :]) * dx        # (D, m)
-            cdfs = [grid_cdfs(mech, d, o[di], dx, m) for di, d in enumerate(directions)]
-            cdfs = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
+            if D > 1 and hasattr(mech, "loss_cdfs_directions"):
+                # One evaluation for every direction (optional mechanism method): less code.
+                cdfs = _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
+            else:
+                cdfs = [grid_cdfs(mech, d, o[di], dx, m) for di, d in enumerate(directions)]
+                cdfs = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
             g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(cdfs, y, dx)
             acc = dict(carry["acc"])
             for kind in kinds:

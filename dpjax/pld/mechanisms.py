@@ -201,6 +201,23 @@ class PoissonSubsampledGaussian:
         x = s * s * (log_arg - jnp.log(q)) + 0.5
         return jnp.where(ok, x, -1e30), s, q
 
+    def loss_cdfs_directions(self, directions: tuple[str, ...], y) -> LossCDFs:
+        """:meth:`loss_cdfs` for several directions at once: ``y`` has shape ``(D, ...)``, row
+        ``d`` in ``directions[d]``.  One inverse-loss and one erfc evaluation for all rows (the
+        same numbers as row-by-row calls, less code for XLA to compile)."""
+        for d in directions:
+            _check_direction(direction=d)
+        y = _f64(y)
+        shape = (len(directions),) + (1,) * (y.ndim - 1)
+        remove = np.array([d == "remove" for d in directions]).reshape(shape)
+        x, s, q = self._x_of_loss(jnp.where(remove, y, -y))
+        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf(jnp.stack([x / s, (x - 1.0) / s]))
+        mix_le = (1.0 - q) * a_le + q * b_le
+        mix_gt = (1.0 - q) * a_gt + q * b_gt
+        # remove: (mix, N(0)); add: (N(0) of the event {X >= x}, mix of it) -- see loss_cdfs.
+        return LossCDFs(jnp.where(remove, mix_le, a_gt), jnp.where(remove, mix_gt, a_le),
+                        jnp.where(remove, a_le, mix_gt), jnp.where(remove, a_gt, mix_le))
+
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)
         y = _f64(y)
