@@ -30,6 +30,9 @@ The mechanism interface (what :mod:`dpjax.pld.mog` and any new mechanism must pr
   grid planner uses it for its probe of the loss distribution instead of compiling an XLA
   program (~1 s of a cold start).  Only the grid choice (tightness) depends on the probe, never
   soundness; without it the planner jits ``loss_cdfs``;
+* ``loss_cdfs_directions(self, directions, y)`` (optional): :meth:`loss_cdfs` for a tuple of
+  directions at once, ``y`` of shape ``(D, ...)`` (row ``d`` in ``directions[d]``), identical
+  values; the batched composition uses it to compile one copy of the mechanism's code;
 * ``privacy_parameter: str`` (optional class attribute): the name of a field such that, all other
   fields equal, a larger value is more private (the pair with the smaller value dominates by
   post-processing).  Long heterogeneous schedules varying only in that field are then bracketed
