@@ -4,6 +4,8 @@ For each DP-SGD case (Poisson sampling, add/remove adjacency, delta = 1e-5):
 
 * cold: a fresh Python process imports the library and computes epsilon once (dpjax: JIT
   compilation included); measured inside the subprocess from before the import to the result;
+  median of ``--cold-runs`` such processes per library, interleaved (one sample is noisy on a
+  shared machine: +-0.3 s was seen);
   for dpjax also "cold*": the same with a warm persistent compilation cache on disk;
 * steady: median of ``--repeats`` calls in this process after one warm-up call, the libraries'
   calls interleaved round-robin (load drift on a shared machine hits all alike);
@@ -15,7 +17,7 @@ on both cases: ``GridOptions.per_step_accuracy``), and with a tighter grid ("acc
 smaller error) to show the cost of accuracy.  Prints a table and writes
 ``benchmarks/results/bench_pld.json``.
 
-    python benchmarks/bench_pld.py [--repeats 5] [--cases B1,B6]
+    python benchmarks/bench_pld.py [--repeats 5] [--cold-runs 3] [--cases B1,B6]
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cases", default="B1,B6")
+    ap.add_argument("--cold-runs", type=int, default=3, help="fresh processes per library for the cold time (median)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_pld.json"))
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -134,8 +137,15 @@ def main(argv=None):
         s, q, T = p["noise_multiplier"], p["sampling_prob"], p["steps"]
         ref = refs[cid]["value"]
         fmt = dict(s=s, q=q, T=T, d=DELTA)
-        dpa_cold = _subprocess(DPA_SNIPPET.format(**fmt))
         settings = (("default", None), ("accurate", ACCURATE[cid]))
+        # Cold: --cold-runs fresh processes per library, interleaved (dp_accounting, dpjax
+        # default, dpjax accurate, repeat) so load drift hits all alike; the median is reported.
+        cold_runs = {"dp_accounting": []} | {setting: [] for setting, _ in settings}
+        for _ in range(args.cold_runs):
+            cold_runs["dp_accounting"].append(_subprocess(DPA_SNIPPET.format(**fmt)))
+            for setting, opts in settings:
+                cold_runs[setting].append(_subprocess(DPJAX_SNIPPET.format(opts=repr(opts), cache_dir=None, **fmt)))
+        dpa_cold = dict(seconds=statistics.median(c["seconds"] for c in cold_runs["dp_accounting"]))
         # Steady state interleaved (dp_accounting, dpjax default, dpjax accurate, repeat): on a
         # shared machine the load drifts, and back-to-back blocks would bias the ratios.
         steady = _steady_interleaved([lambda: dpa_eps(s, q, T, DELTA)]
@@ -143,9 +153,12 @@ def main(argv=None):
         eps, med, times = steady[0]
         rows.append(dict(case=cid, library="dp_accounting 0.6.0", setting="PLDAccountant interval=1e-4",
                          epsilon=eps, abs_error_vs_reference=eps - ref, cold_s=dpa_cold["seconds"],
+                         cold_runs_s=[c["seconds"] for c in cold_runs["dp_accounting"]],
                          steady_s=med, steady_runs_s=times))
         for si, (setting, opts) in enumerate(settings):
-            cold = _subprocess(DPJAX_SNIPPET.format(opts=repr(opts), cache_dir=None, **fmt))
+            runs = cold_runs[setting]
+            cold = dict(seconds=statistics.median(c["seconds"] for c in runs),
+                        import_seconds=statistics.median(c["import_seconds"] for c in runs))
             # Second cold process with JAX's persistent compilation cache (what the CLI uses):
             # the first fills an empty cache directory, the second measures a warm one.
             with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +167,7 @@ def main(argv=None):
             eps, med, times = steady[si + 1]
             rows.append(dict(case=cid, library="dpjax", setting=f"{setting} {opts or ''}".strip(), epsilon=eps,
                              abs_error_vs_reference=eps - ref, cold_s=cold["seconds"],
-                             cold_import_s=cold["import_seconds"],
+                             cold_runs_s=[c["seconds"] for c in runs], cold_import_s=cold["import_seconds"],
                              cold_warm_disk_cache_s=cold_cached["seconds"], steady_s=med, steady_runs_s=times))
         base = [r for r in rows if r["case"] == cid and r["library"].startswith("dp_acc")][0]
         for r in rows:
@@ -175,7 +188,8 @@ def main(argv=None):
 
     out = dict(
         benchmark="bench_pld", delta=DELTA, reference="tests/data/reference.json (dp_accounting, interval 1e-5)",
-        cold_definition="fresh subprocess, import + first result (dpjax: JIT compile included)",
+        cold_definition=f"median of {args.cold_runs} fresh subprocesses (interleaved across libraries), "
+                        "import + first result (dpjax: JIT compile included)",
     cold_warm_disk_cache_definition="fresh subprocess, import + first result, warm persistent XLA cache",
         steady_definition=f"median of {args.repeats} in-process calls after one warm-up, libraries interleaved round-robin",
         machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
