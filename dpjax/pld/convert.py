@@ -63,8 +63,10 @@ def _suffix_sums(x):
     return (within + after[:, None]).reshape(-1)[:n]
 
 
-def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
-    """Build the segment table for the ``"upper"`` or ``"lower"`` delta curve."""
+def _curve_terms(pld: ComposedPLD, bound: str):
+    """``(r, y, w, y_ref, const, fa, fb)`` of the ``"upper"`` or ``"lower"`` delta curve:
+    ``delta(eps) = fa sum_{t > j} r_t + const - e^{eps - y_ref} fb sum_{t > j} w_t`` on segment
+    ``j``, with ``w_t = r_t e^{y_ref - y_t}`` (see the module docstring)."""
     r = pld.pmf
     n = r.shape[-1]
     y = pld.losses
@@ -77,7 +79,12 @@ def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
         fa, fb = 1.0 - pld.roundoff_rel, 1.0 + pld.roundoff_rel
     else:
         raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
-    w = r * jnp.exp(y_ref - y)
+    return r, y, r * jnp.exp(y_ref - y), y_ref, const, fa, fb
+
+
+def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
+    """Build the segment table for the ``"upper"`` or ``"lower"`` delta curve."""
+    r, y, w, y_ref, const, fa, fb = _curve_terms(pld, bound)
     # Suffix sums over t > j, accumulated from the top (small terms first).
     sa = _suffix_sums(r)
     sb = _suffix_sums(w)
@@ -161,19 +168,8 @@ def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
     makes ``delta(y_j)`` non-monotone).
     """
     delta = jnp.asarray(delta, jnp.float64)
-    r = pld.pmf
+    r, y, w, y_ref, const, fa, fb = _curve_terms(pld, bound)
     n = r.shape[-1]
-    y = pld.losses
-    y_ref = (pld.w_lo + n // 2) * pld.dx
-    if bound == "upper":
-        const = pld.p_inf + pld.tail_above + pld.roundoff
-        fa, fb = 1.0 + pld.roundoff_rel, 1.0 - pld.roundoff_rel
-    elif bound == "lower":
-        const = pld.p_inf - pld.tail_below - pld.roundoff
-        fa, fb = 1.0 - pld.roundoff_rel, 1.0 + pld.roundoff_rel
-    else:
-        raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
-    w = r * jnp.exp(y_ref - y)
     b = _block_len(n)
     nb = n // b
     rb, wb = r.reshape(nb, b), w.reshape(nb, b)
