@@ -363,13 +363,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     reports, blocked = _account(components, np.asarray(deltas, np.float64), np.zeros(()), with_lower=with_lower,
                                 options=options, eps_hint=None, target_delta=float(np.min(deltas)),
                                 tail_mass=tail_mass)
-    dir_reports = []
-    for d, plan, res in reports:
-        up = np.asarray(res["up"]["value"])
-        lo = np.asarray(res["down"]["value"]) if "down" in res else np.zeros_like(up)
-        dir_reports.append(_report(d, plan, res, up, lo))
-    upper = np.max([r.upper for r in dir_reports], axis=0)
-    lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
+    dir_reports, upper, lower = _combine(reports)
     reason = None
     if np.isinf(upper).any():
         worst = max(dir_reports, key=lambda r: r.p_inf + r.tail_above + r.roundoff)
@@ -396,6 +390,14 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     reports, blocked = _account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass)
+    dir_reports, upper, lower = _combine(reports)
+    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                       target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+
+
+def _combine(reports):
+    """Per-direction reports and the add/remove guarantee: the max over directions of each end
+    of the bracket (the lower end clipped to the upper)."""
     dir_reports = []
     for d, plan, res in reports:
         up = np.asarray(res["up"]["value"])
@@ -403,8 +405,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
         dir_reports.append(_report(d, plan, res, up, lo))
     upper = np.max([r.upper for r in dir_reports], axis=0)
     lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
-    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                       target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+    return dir_reports, upper, lower
 
 
 def _scalar(a):
