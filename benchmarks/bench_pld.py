@@ -128,6 +128,8 @@ def main(argv=None):
     ap.add_argument("--cold-runs", type=int, default=3, help="fresh processes per library for the cold time (median)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_pld.json"))
     args = ap.parse_args(argv)
+    if args.repeats < 1 or args.cold_runs < 1:
+        ap.error(f"--repeats and --cold-runs must be >= 1, got {args.repeats} and {args.cold_runs}")
     sys.path.insert(0, str(ROOT))
     refs = {c["id"]: c for c in json.load(open(REFERENCE))["cases"]}
 

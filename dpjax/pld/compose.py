@@ -248,7 +248,7 @@ def compose_directions(
             mech, c_int, o = xs                                   # o: (D,) offsets
             c = c_int.astype(jnp.float64)
             y = (o[:, None] + jnp.arange(m)[None, :]) * dx        # (D, m)
-            if D > 1 and hasattr(mech, "loss_cdfs_directions"):
+            if hasattr(mech, "loss_cdfs_directions"):
                 # One evaluation for every direction (optional mechanism method): less code.
                 cdfs = _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
             else:

@@ -206,39 +206,27 @@ class PoissonSubsampledGaussian:
 
     def loss_cdfs_directions(self, directions: tuple[str, ...], y) -> LossCDFs:
         """:meth:`loss_cdfs` for several directions at once: ``y`` has shape ``(D, ...)``, row
-        ``d`` in ``directions[d]``.  One inverse-loss and one erfc evaluation for all rows (the
-        same numbers as row-by-row calls, less code for XLA to compile)."""
+        ``d`` in ``directions[d]``.  One inverse-loss and one erfc evaluation for all rows (less
+        code for XLA to compile: the erfc expansion is the largest part of the discretizer)."""
         for d in directions:
-            _check_direction(direction=d)
+            _check_direction(d)
         y = _f64(y)
         shape = (len(directions),) + (1,) * (y.ndim - 1)
         remove = np.array([d == "remove" for d in directions]).reshape(shape)
+        # remove: {Y <= y} = {X <= x(y)};  add: Y = -l(X), {Y <= y} = {l(X) >= -y} = {X >= x(-y)}.
         x, s, q = self._x_of_loss(jnp.where(remove, y, -y))
+        # a: N(0, s^2), b: N(1, s^2); both normal CDFs in one erfc call.
         (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf(jnp.stack([x / s, (x - 1.0) / s]))
         mix_le = (1.0 - q) * a_le + q * b_le
         mix_gt = (1.0 - q) * a_gt + q * b_gt
-        # remove: (mix, N(0)); add: (N(0) of the event {X >= x}, mix of it) -- see loss_cdfs.
+        # remove: P is the mixture, Q = N(0, s^2).  add: the pair swapped, and the event is
+        # {X >= x}, of probability Phi(-x/s) = a_gt under N(0, s^2) (continuous X).
         return LossCDFs(jnp.where(remove, mix_le, a_gt), jnp.where(remove, mix_gt, a_le),
                         jnp.where(remove, a_le, mix_gt), jnp.where(remove, a_gt, mix_le))
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)
-        y = _f64(y)
-        # Both normal CDFs in one call (one erfc expansion in the compiled program: the erfc
-        # code is the largest part of the discretizer's compile time).
-        x, s, q = self._x_of_loss(y if direction == "remove" else -y)
-        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf(jnp.stack([x / s, (x - 1.0) / s]))
-        if direction == "remove":
-            # {Y <= y} = {X <= x(y)};  a: N(0, s^2), b: N(1, s^2)
-            p_le = (1.0 - q) * a_le + q * b_le
-            p_gt = (1.0 - q) * a_gt + q * b_gt
-            return LossCDFs(p_le, p_gt, a_le, a_gt)
-        # add: Y = -l(X); {Y <= y} = {l(X) >= -y} = {X >= x(-y)}
-        # X >= x has probability Phi(-x/s) = a_gt; {Y <= y} is that event (continuous X).
-        p_le, p_gt = a_gt, a_le
-        q_le = (1.0 - q) * a_gt + q * b_gt
-        q_gt = (1.0 - q) * a_le + q * b_le
-        return LossCDFs(p_le, p_gt, q_le, q_gt)
+        return LossCDFs(*(v[0] for v in self.loss_cdfs_directions((direction,), _f64(y)[None])))
 
     def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
         """NumPy :meth:`loss_cdfs` for concrete parameters ``(G,)`` and losses ``(L,)`` -> ``(G, L)``."""
