@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from dpjax.baselines import group_lemma_epsilon, group_rdp_epsilon, rdp_epsilon

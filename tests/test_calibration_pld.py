@@ -7,7 +7,6 @@ itself within 1e-4 relative of the true minimal sigma, see its tolerance_note).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -15,7 +15,6 @@ result with more samples).
 
 from __future__ import annotations
 
-import argparse
 
 from dpjax.cli.montecarlo import _accountant, add_correlation_args
 
