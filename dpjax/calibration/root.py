@@ -270,6 +270,24 @@ def _implicit_solve_fwd(fn_conv, decreasing, num_iterations, log_scale, method, 
 
 def _implicit_solve_bwd(fn_conv, decreasing, num_iterations, log_scale, method, residuals,
                         cotangents):
+    # JAX runs a custom VJP's backward rule when the *caller's* transpose runs, i.e. after the
+    # public function's float64 scope (dpjax._x64.float64) has exited.  Re-enter it here, so that
+    # a float32 caller (jax_enable_x64 off) gets the float64 derivative instead of a
+    # float64/float32 dtype clash; cotangents are then cast to the primal dtypes JAX expects.
+    with jax.enable_x64(True):
+        out = _implicit_solve_bwd_x64(fn_conv, residuals, cotangents)
+    primals = (residuals[1], residuals[2], residuals[3], residuals[4], *residuals[5])
+    return jax.tree_util.tree_map(_cast_like, tuple(out), primals)
+
+
+def _cast_like(cotangent, primal):
+    dtype = jnp.result_type(primal)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return cotangent  # integer primals take float0 cotangents, passed through unchanged
+    return jnp.asarray(cotangent).astype(dtype)
+
+
+def _implicit_solve_bwd_x64(fn_conv, residuals, cotangents):
     root, theta, target, lower, upper, consts = residuals
     root_bar = cotangents[0]  # bracket ends and status carry no gradient (documented)
     f_x = jax.grad(lambda x: fn_conv(x, theta, *consts))(root)
