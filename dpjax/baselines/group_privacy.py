@@ -29,8 +29,9 @@ RDP over-approximation (seed 001, "I-am-using-keras" method)
 Shift all the mixture mass with ``j >= 1`` to the largest sensitivity ``k``: the MoG with
 ``P(J = j)`` is dominated (seed 000 Lemma 2.9) by the two-point mixture
 ``{0: P(J = 0), k: 1 - P(J = 0)}``, which is a Poisson-subsampled Gaussian with
-``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``; its RDP (moments accountant) gives
-a sound, loose epsilon.
+``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k`` (``sigma / (2k)`` for fixed batches,
+whose replace adjacency doubles every sensitivity at the run's own noise multiplier); its RDP
+(moments accountant) gives a sound, loose epsilon.
 """
 
 from __future__ import annotations
@@ -123,8 +124,11 @@ def group_lemma_epsilon(
     delta_k = float(_validate.probability_open("target_delta", target_delta))
     m = _validate.positive_int("grid_points", grid_points, minimum=16)
     k = spec.group_size
-    # k = 1 mechanism: fixed batch with k = 1 is the Poisson-subsampled Gaussian at q = B/N.
-    comps = [(pld.PoissonSubsampledGaussian(sigma, float(spec.sampling_prob)), t)]
+    # k = 1 mechanism.  Poisson: the subsampled Gaussian.  Fixed batch (replace-one adjacency,
+    # Ganesh 2024 Thm 3.3): the mixture {0: 1 - B/N, 2: B/N} at standard deviation sigma, which is
+    # the subsampled Gaussian at q = B/N with noise multiplier sigma / 2 (divide by 2).
+    sigma_1 = _unit_sensitivity_noise(sigma, spec)
+    comps = [(pld.PoissonSubsampledGaussian(sigma_1, float(spec.sampling_prob)), t)]
     if k == 1:
         eps = float(pld.epsilon(comps, delta_k, options=options, with_lower=False).epsilon)
         return GroupLemmaResult(eps, eps, delta_k, delta_k)
@@ -135,7 +139,7 @@ def group_lemma_epsilon(
     # eps_1 the factor e^{(k-1) eps_1} alone exceeds the budget.
     floor = 1e-300 if rdp_tail else 1e-16
     eps_hi = (log_target - math.log(k) - math.log(floor)) / (k - 1)
-    rdp_curve = _rdp_log_delta_curve(sigma, float(spec.sampling_prob), t) if rdp_tail else None
+    rdp_curve = _rdp_log_delta_curve(sigma_1, float(spec.sampling_prob), t) if rdp_tail else None
     inf_result = GroupLemmaResult(
         math.inf, math.nan, math.nan, math.nan,
         reason=(f"no eps_1 satisfies k e^((k-1) eps_1) delta_1(eps_1) <= {delta_k:g} with a certified delta_1 "
@@ -215,5 +219,12 @@ def group_rdp_epsilon(
         n, b = spec.dataset_size, spec.batch_size
         log_p0 = sum(math.log1p(-b / (n - i)) for i in range(k)) if n - k >= b else -math.inf
         q_eff = -math.expm1(log_p0)
-    # Fixed batch: sensitivities 2j with noise 2 sigma -- the same ratio k / sigma at j = k.
-    return rdp_epsilon(sigma / k, q_eff, steps, target_delta, orders=orders)
+    # Largest sensitivity k (Poisson) or 2k (fixed batch, replace-k adjacency) at noise sigma.
+    return rdp_epsilon(_unit_sensitivity_noise(sigma, spec) / k, q_eff, steps, target_delta, orders=orders)
+
+
+def _unit_sensitivity_noise(sigma: float, spec) -> float:
+    """Noise multiplier per unit of a one-example change: ``sigma`` for Poisson sampling
+    (add/remove adjacency, sensitivity 1), ``sigma / 2`` for fixed batches (replace adjacency:
+    sensitivity 2 at the run's own noise multiplier, Ganesh 2024 Thm 3.3)."""
+    return sigma / 2.0 if str(getattr(spec.sampling, "value", spec.sampling)) == "fixed_batch" else sigma
