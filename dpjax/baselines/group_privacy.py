@@ -29,8 +29,9 @@ RDP over-approximation (seed 001, "I-am-using-keras" method)
 Shift all the mixture mass with ``j >= 1`` to the largest sensitivity ``k``: the MoG with
 ``P(J = j)`` is dominated (seed 000 Lemma 2.9) by the two-point mixture
 ``{0: P(J = 0), k: 1 - P(J = 0)}``, which is a Poisson-subsampled Gaussian with
-``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``; its RDP (moments accountant) gives
-a sound, loose epsilon.
+``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k`` (``sigma / (2k)`` for fixed
+batches: replace adjacency doubles every sensitivity, Ganesh et al., Thm 3.3); its RDP
+(moments accountant) gives a sound, loose epsilon.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64
 from dpjax.baselines.rdp import rdp_epsilon
+from dpjax.pld.group_spec import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,8 @@ class GroupLemmaResult:
       delta_1: certified per-example delta at ``epsilon_1`` (upper bound).
       group_delta: ``k e^{(k-1) eps_1} delta_1`` (<= target_delta).
       reason: why the answer is inf (else None).
+      adjacency: the neighbouring relation of the guarantee, per example (a group of k:
+        add/remove-k or replace-k): ``"add_or_remove"`` (Poisson) or ``"replace"`` (fixed batch).
     """
 
     epsilon: float
@@ -62,6 +66,7 @@ class GroupLemmaResult:
     delta_1: float
     group_delta: float
     reason: str | None = None
+    adjacency: str = "add_or_remove"
 
 
 def _rdp_log_delta_curve(sigma: float, q: float, steps: int):
@@ -123,11 +128,13 @@ def group_lemma_epsilon(
     delta_k = float(_validate.probability_open("target_delta", target_delta))
     m = _validate.positive_int("grid_points", grid_points, minimum=16)
     k = spec.group_size
-    # k = 1 mechanism: fixed batch with k = 1 is the Poisson-subsampled Gaussian at q = B/N.
-    comps = [(pld.PoissonSubsampledGaussian(sigma, float(spec.sampling_prob)), t)]
+    # k = 1 mechanism: the subsampled Gaussian with the adjacency's per-example sensitivity
+    # (fixed batch, replace-one: sensitivity 2 at q = B/N, i.e. noise multiplier sigma / 2).
+    sigma_unit = sigma / spec.sampling.sensitivity
+    comps = [(pld.PoissonSubsampledGaussian(sigma_unit, float(spec.sampling_prob)), t)]
     if k == 1:
         eps = float(pld.epsilon(comps, delta_k, options=options, with_lower=False).epsilon)
-        return GroupLemmaResult(eps, eps, delta_k, delta_k)
+        return GroupLemmaResult(eps, eps, delta_k, delta_k, adjacency=spec.adjacency)
     log_target = math.log(delta_k)
     # Lower end: delta_1 <= delta_k / k is necessary.
     eps_lo = float(pld.epsilon(comps, delta_k / k, options=options, with_lower=False).epsilon)
@@ -135,12 +142,13 @@ def group_lemma_epsilon(
     # eps_1 the factor e^{(k-1) eps_1} alone exceeds the budget.
     floor = 1e-300 if rdp_tail else 1e-16
     eps_hi = (log_target - math.log(k) - math.log(floor)) / (k - 1)
-    rdp_curve = _rdp_log_delta_curve(sigma, float(spec.sampling_prob), t) if rdp_tail else None
+    rdp_curve = _rdp_log_delta_curve(sigma_unit, float(spec.sampling_prob), t) if rdp_tail else None
     inf_result = GroupLemmaResult(
         math.inf, math.nan, math.nan, math.nan,
         reason=(f"no eps_1 satisfies k e^((k-1) eps_1) delta_1(eps_1) <= {delta_k:g} with a certified delta_1 "
                 f"(PLD{' or RDP' if rdp_tail else ''} upper bound; the PLD cannot certify below its "
                 f"float64 error floor, ~1e-12)"),
+        adjacency=spec.adjacency,
     )
     if not math.isfinite(eps_lo) or eps_hi <= eps_lo:
         return inf_result
@@ -176,7 +184,7 @@ def group_lemma_epsilon(
             break
         grid, d1, i = refined
     eps1, delta1 = float(grid[i]), float(d1[i])
-    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1)
+    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1, adjacency=spec.adjacency)
 
 
 def group_rdp_epsilon(
@@ -194,7 +202,8 @@ def group_rdp_epsilon(
     """Seed 001's RDP over-approximation of group privacy: ``(epsilon, optimal_order)``.
 
     All mixture mass at ``j >= 1`` is moved to ``k`` (sound by stochastic dominance), giving a
-    Poisson-subsampled Gaussian with ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``,
+    Poisson-subsampled Gaussian with ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``
+    (``sigma / (2k)`` for fixed batches, replace adjacency),
     accounted with the moments accountant (:func:`dpjax.baselines.rdp_epsilon`).
     ``P(J = 0) = (1 - q)^k`` (Poisson) or ``prod_{i<k} (1 - B / (N - i))`` (fixed batch).
 
@@ -209,11 +218,12 @@ def group_rdp_epsilon(
     )
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     k = spec.group_size
-    if spec.sampling == "poisson":
+    if spec.sampling is Sampling.POISSON:
         q_eff = -math.expm1(k * math.log1p(-spec.sampling_prob)) if spec.sampling_prob < 1 else 1.0
     else:
         n, b = spec.dataset_size, spec.batch_size
         log_p0 = sum(math.log1p(-b / (n - i)) for i in range(k)) if n - k >= b else -math.inf
         q_eff = -math.expm1(log_p0)
-    # Fixed batch: sensitivities 2j with noise 2 sigma -- the same ratio k / sigma at j = k.
-    return rdp_epsilon(sigma / k, q_eff, steps, target_delta, orders=orders)
+    # Largest sensitivity k times the per-example sensitivity of the adjacency (2 for fixed-batch
+    # replace-one: mixture {0, 2k} with noise sigma, Ganesh et al., Thm 3.3).
+    return rdp_epsilon(sigma / (k * spec.sampling.sensitivity), q_eff, steps, target_delta, orders=orders)
