@@ -52,8 +52,8 @@ def _mixture(sigma: float, sampling: str):
     j = np.arange(K + 1)
     if sampling == "poisson":
         return sigma, j.astype(float), binom.pmf(j, K, Q)
-    # Fixed batch: sensitivities 2j, noise 2 sigma (the reference rows' convention).
-    return 2 * sigma, 2.0 * j, hypergeom.pmf(j, N, K, B)
+    # Fixed batch (replace adjacency, Ganesh et al. Thm 3.3): sensitivities 2j, noise std sigma.
+    return sigma, 2.0 * j, hypergeom.pmf(j, N, K, B)
 
 
 def run_dp_accounting(sigma: float, sampling: str) -> dict:

@@ -27,6 +27,7 @@ def test_lemma_matches_reference_where_delta1_is_resolvable(reference_cases, cas
     case = reference_cases[case_id]
     assert case["extra"]["delta_1"] > 1e-10
     res = _lemma(case)
+    assert res.adjacency == ("replace" if "fixed" in case_id else "add_or_remove")
     # 0.5%: the issue's tolerance for comparisons with dp_accounting-derived values.
     assert res.epsilon == pytest.approx(case["value"], rel=5e-3)
     # The certificate: k e^{(k-1) eps_1} delta_1 <= delta.
@@ -50,7 +51,7 @@ def test_lemma_is_infinite_or_rdp_where_pld_cannot_certify_delta1(reference_case
 
 
 def test_lemma_is_never_below_the_tight_group_epsilon(reference_cases):
-    for cid in ["C_vadhan_poisson_s4_k2", "C_vadhan_poisson_s4_k8"]:
+    for cid in ["C_vadhan_poisson_s4_k2", "C_vadhan_poisson_s4_k8", "C_vadhan_fixed_s4_k4"]:
         case = reference_cases[cid]
         tight = reference_cases[cid.replace("vadhan_", "")]["value"]
         # The MoG value is tight (seed 000 Sec. 3.3), the lemma sound: lemma >= truth ~ tight.
@@ -63,11 +64,14 @@ def test_group_rdp_overapproximation(reference_cases):
     previous = 0.0
     for k in (1, 2, 4, 8):
         eps, _ = group_rdp_epsilon(2.0, 0.01, 2000, 1e-5, group_size=k)
-        eps_fixed, _ = group_rdp_epsilon(2.0, None, 2000, 1e-5, group_size=k, sampling="fixed_batch", dataset_size=50_000, batch_size=500)
+        fixed_row = reference_cases[f"C_fixed_s2_k{k}"]
+        # The fixed row's run: noise multiplier 4 (mixture {2j}, std 4; replace adjacency).
+        eps_fixed, _ = group_rdp_epsilon(fixed_row["params"]["noise_multiplier"], None, 2000, 1e-5, group_size=k,
+                                         sampling="fixed_batch", dataset_size=50_000, batch_size=500)
         tight = reference_cases[f"C_poisson_s2_k{k}"]["value"]
         # Sound over-approximation: above the tight MoG value (which is within 2e-5 of the truth),
         # and (seed 001) looser the larger k.
-        assert eps >= tight and eps_fixed >= reference_cases[f"C_fixed_s2_k{k}"]["value"]
+        assert eps >= tight and eps_fixed >= fixed_row["value"]
         assert eps > previous
         previous = eps
     # q_eff and sigma_eff: sigma / k with q_eff = 1 - (1 - q)^k.
@@ -86,8 +90,22 @@ def test_group_rdp_fixed_batch_q_eff():
     n, b, k = 1000, 37, 5
     p0 = hypergeom.pmf(0, n, k, b)
     got = group_rdp_epsilon(1.5, None, 300, 1e-5, group_size=k, sampling="fixed_batch", dataset_size=n, batch_size=b)
-    want = group_privacy.rdp_epsilon(1.5 / k, 1 - p0, 300, 1e-5)
+    # Replace adjacency: all mass at the largest sensitivity 2k with noise sigma, i.e. the
+    # sensitivity-1 subsampled Gaussian with noise multiplier sigma / (2k).
+    want = group_privacy.rdp_epsilon(1.5 / (2 * k), 1 - p0, 300, 1e-5)
+    # 1e-12: p0 from a product vs scipy's pmf (a few ulps apart).
     assert got[0] == pytest.approx(want[0], rel=1e-12)
+
+
+def test_fixed_batch_rdp_is_above_the_tight_fixed_batch_epsilon(reference_cases):
+    """Soundness of the fixed-batch over-approximation at the rows' own noise multiplier: the
+    old 'sigma / k' reading (sensitivity 1 per replaced example) fell below the tight value."""
+    for k in (2, 8):
+        row = reference_cases[f"C_fixed_s1_k{k}"]
+        p = row["params"]
+        eps, _ = group_rdp_epsilon(p["noise_multiplier"], None, p["steps"], p["delta"], group_size=k,
+                                   sampling="fixed_batch", dataset_size=p["dataset_size"], batch_size=p["batch_size"])
+        assert eps >= row["value"]
 
 
 @pytest.mark.parametrize(

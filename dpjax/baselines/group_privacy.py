@@ -29,8 +29,8 @@ RDP over-approximation (seed 001, "I-am-using-keras" method)
 Shift all the mixture mass with ``j >= 1`` to the largest sensitivity ``k``: the MoG with
 ``P(J = j)`` is dominated (seed 000 Lemma 2.9) by the two-point mixture
 ``{0: P(J = 0), k: 1 - P(J = 0)}``, which is a Poisson-subsampled Gaussian with
-``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k`` (``sigma / (2k)`` for fixed batches,
-whose replace adjacency doubles every sensitivity at the run's own noise multiplier); its RDP
+``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k`` (``sigma / (2k)`` for fixed
+batches: replace adjacency doubles every sensitivity, Ganesh et al., Thm 3.3); its RDP
 (moments accountant) gives a sound, loose epsilon.
 """
 
@@ -44,6 +44,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64
 from dpjax.baselines.rdp import rdp_epsilon
+from dpjax.pld.group_spec import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,8 @@ class GroupLemmaResult:
       delta_1: certified per-example delta at ``epsilon_1`` (upper bound).
       group_delta: ``k e^{(k-1) eps_1} delta_1`` (<= target_delta).
       reason: why the answer is inf (else None).
+      adjacency: the neighbouring relation of the guarantee, per example (a group of k:
+        add/remove-k or replace-k): ``"add_or_remove"`` (Poisson) or ``"replace"`` (fixed batch).
     """
 
     epsilon: float
@@ -63,6 +66,7 @@ class GroupLemmaResult:
     delta_1: float
     group_delta: float
     reason: str | None = None
+    adjacency: str = "add_or_remove"
 
 
 def _rdp_log_delta_curve(sigma: float, q: float, steps: int):
@@ -124,14 +128,13 @@ def group_lemma_epsilon(
     delta_k = float(_validate.probability_open("target_delta", target_delta))
     m = _validate.positive_int("grid_points", grid_points, minimum=16)
     k = spec.group_size
-    # k = 1 mechanism.  Poisson: the subsampled Gaussian.  Fixed batch (replace-one adjacency,
-    # Ganesh 2024 Thm 3.3): the mixture {0: 1 - B/N, 2: B/N} at standard deviation sigma, which is
-    # the subsampled Gaussian at q = B/N with noise multiplier sigma / 2 (divide by 2).
-    sigma_1 = _unit_sensitivity_noise(sigma, spec)
-    comps = [(pld.PoissonSubsampledGaussian(sigma_1, float(spec.sampling_prob)), t)]
+    # k = 1 mechanism: the subsampled Gaussian with the adjacency's per-example sensitivity
+    # (fixed batch, replace-one: sensitivity 2 at q = B/N, i.e. noise multiplier sigma / 2).
+    sigma_unit = sigma / spec.sampling.sensitivity
+    comps = [(pld.PoissonSubsampledGaussian(sigma_unit, float(spec.sampling_prob)), t)]
     if k == 1:
         eps = float(pld.epsilon(comps, delta_k, options=options, with_lower=False).epsilon)
-        return GroupLemmaResult(eps, eps, delta_k, delta_k)
+        return GroupLemmaResult(eps, eps, delta_k, delta_k, adjacency=spec.adjacency)
     log_target = math.log(delta_k)
     # Lower end: delta_1 <= delta_k / k is necessary.
     eps_lo = float(pld.epsilon(comps, delta_k / k, options=options, with_lower=False).epsilon)
@@ -139,12 +142,13 @@ def group_lemma_epsilon(
     # eps_1 the factor e^{(k-1) eps_1} alone exceeds the budget.
     floor = 1e-300 if rdp_tail else 1e-16
     eps_hi = (log_target - math.log(k) - math.log(floor)) / (k - 1)
-    rdp_curve = _rdp_log_delta_curve(sigma_1, float(spec.sampling_prob), t) if rdp_tail else None
+    rdp_curve = _rdp_log_delta_curve(sigma_unit, float(spec.sampling_prob), t) if rdp_tail else None
     inf_result = GroupLemmaResult(
         math.inf, math.nan, math.nan, math.nan,
         reason=(f"no eps_1 satisfies k e^((k-1) eps_1) delta_1(eps_1) <= {delta_k:g} with a certified delta_1 "
                 f"(PLD{' or RDP' if rdp_tail else ''} upper bound; the PLD cannot certify below its "
                 f"float64 error floor, ~1e-12)"),
+        adjacency=spec.adjacency,
     )
     if not math.isfinite(eps_lo) or eps_hi <= eps_lo:
         return inf_result
@@ -180,7 +184,7 @@ def group_lemma_epsilon(
             break
         grid, d1, i = refined
     eps1, delta1 = float(grid[i]), float(d1[i])
-    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1)
+    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1, adjacency=spec.adjacency)
 
 
 def group_rdp_epsilon(
@@ -198,7 +202,8 @@ def group_rdp_epsilon(
     """Seed 001's RDP over-approximation of group privacy: ``(epsilon, optimal_order)``.
 
     All mixture mass at ``j >= 1`` is moved to ``k`` (sound by stochastic dominance), giving a
-    Poisson-subsampled Gaussian with ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``,
+    Poisson-subsampled Gaussian with ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``
+    (``sigma / (2k)`` for fixed batches, replace adjacency),
     accounted with the moments accountant (:func:`dpjax.baselines.rdp_epsilon`).
     ``P(J = 0) = (1 - q)^k`` (Poisson) or ``prod_{i<k} (1 - B / (N - i))`` (fixed batch).
 
@@ -213,18 +218,12 @@ def group_rdp_epsilon(
     )
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     k = spec.group_size
-    if spec.sampling == "poisson":
+    if spec.sampling is Sampling.POISSON:
         q_eff = -math.expm1(k * math.log1p(-spec.sampling_prob)) if spec.sampling_prob < 1 else 1.0
     else:
         n, b = spec.dataset_size, spec.batch_size
         log_p0 = sum(math.log1p(-b / (n - i)) for i in range(k)) if n - k >= b else -math.inf
         q_eff = -math.expm1(log_p0)
-    # Largest sensitivity k (Poisson) or 2k (fixed batch, replace-k adjacency) at noise sigma.
-    return rdp_epsilon(_unit_sensitivity_noise(sigma, spec) / k, q_eff, steps, target_delta, orders=orders)
-
-
-def _unit_sensitivity_noise(sigma: float, spec) -> float:
-    """Noise multiplier per unit of a one-example change: ``sigma`` for Poisson sampling
-    (add/remove adjacency, sensitivity 1), ``sigma / 2`` for fixed batches (replace adjacency:
-    sensitivity 2 at the run's own noise multiplier, Ganesh 2024 Thm 3.3)."""
-    return sigma / 2.0 if str(getattr(spec.sampling, "value", spec.sampling)) == "fixed_batch" else sigma
+    # Largest sensitivity k times the per-example sensitivity of the adjacency (2 for fixed-batch
+    # replace-one: mixture {0, 2k} with noise sigma, Ganesh et al., Thm 3.3).
+    return rdp_epsilon(sigma / (k * spec.sampling.sensitivity), q_eff, steps, target_delta, orders=orders)

@@ -338,7 +338,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
         Gaussians of seed 000 Thm 3.1 / 3.3 via :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
       sampling: ``"poisson"`` or ``"fixed_batch"`` (replace adjacency, batch ``batch_size`` of
-        ``dataset_size``; noise std ``2 * noise_multiplier`` as in :mod:`dpjax.group`).
+        ``dataset_size``; sensitivity 2 per example, noise std ``noise_multiplier``, as in
+        :mod:`dpjax.group`).
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
@@ -355,26 +356,12 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
         >>> dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)   # doctest: +SKIP
         0.95910...
     """
-    k = _validate.positive_int("group_size", group_size)
-    _validate.one_of("sampling", sampling, ("poisson", "fixed_batch"))
-    if sampling == "poisson":
-        if dataset_size is not None or batch_size is not None:
-            raise ValueError("dataset_size and batch_size are only for sampling='fixed_batch'")
-        if sampling_prob is None:
-            raise ValueError("sampling_prob is required (in (0, 1]) for sampling='poisson'")
-        q = _validate.probability_open_closed("sampling_prob", sampling_prob)
-        n_data = b_size = None
-    else:
-        n_data = _validate.positive_int("dataset_size", dataset_size)
-        b_size = _validate.positive_int("batch_size", batch_size)
-        if b_size > n_data:
-            raise ValueError(f"batch_size must be <= dataset_size={n_data}, got {b_size}")
-        if k > b_size:
-            raise ValueError(f"group_size must be <= batch_size={b_size}, got {k}")
-        if sampling_prob is not None and not np.allclose(sampling_prob, b_size / n_data):
-            raise ValueError(f"sampling_prob must be None or batch_size/dataset_size = "
-                             f"{b_size / n_data:g} for sampling='fixed_batch', got {sampling_prob!r}")
-        q = np.asarray(b_size / n_data)
+    from dpjax.pld.group_spec import validate_group_spec
+
+    spec = validate_group_spec(sampling_prob, group_size=group_size, sampling=sampling,
+                               dataset_size=dataset_size, batch_size=batch_size)
+    k, sampling, n_data, b_size = spec.group_size, spec.sampling, spec.dataset_size, spec.batch_size
+    q = np.asarray(spec.sampling_prob)
     eps = _validate.positive("target_epsilon", target_epsilon)
     delta = _validate.probability_open("target_delta", target_delta)
     steps_arr = _validate.positive("steps", steps)

@@ -5,7 +5,9 @@
                   --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
 
 With ``--group-size 1`` and Poisson sampling (the defaults) the example-level accountant runs
-unchanged.
+unchanged.  Poisson sampling is accounted under add/remove adjacency; ``--sampling
+fixed_batch`` under replace adjacency (replace-k for a group of k), with noise std equal to
+``--noise-multiplier`` and sensitivity 2 per replaced example (Ganesh et al., Thm 3.3).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             action.required = False
             action.default = None
             action.help = "Poisson sampling probability q in (0, 1] (fixed batch: omit, or B/N)"
-    g = p.add_argument_group("group privacy (seed 000: tight mixture-of-Gaussians accounting)")
+    g = p.add_argument_group("group privacy (Ganesh et al.: tight mixture-of-Gaussians accounting)")
     g.add_argument("--group-size", type=float, default=1, help="k examples protected together (integer >= 1)")
-    g.add_argument("--sampling", default="poisson", help="poisson (default) or fixed_batch")
+    g.add_argument("--sampling", default="poisson",
+                   help="poisson (default; add/remove adjacency) or fixed_batch (batches of --batch-size "
+                        "out of --dataset-size; replace adjacency: sensitivity 2 per example, noise std "
+                        "= --noise-multiplier)")
     g.add_argument("--dataset-size", type=float, default=None, help="N (fixed_batch)")
     g.add_argument("--batch-size", type=float, default=None, help="B <= N (fixed_batch)")
 
@@ -37,6 +42,7 @@ def requested(args) -> bool:
 def run(args, options, grid_info) -> dict:
     """``dpjax epsilon`` with group flags: the JSON-able result dict."""
     from dpjax.group import group_accounting
+    from dpjax.pld.group_spec import Sampling
 
     if not requested(args) and args.sampling_prob is None:
         raise ValueError("--sampling-prob is required for Poisson sampling (a number in (0, 1])")
@@ -45,12 +51,12 @@ def run(args, options, grid_info) -> dict:
         group_size=args.group_size, sampling=args.sampling, dataset_size=args.dataset_size,
         batch_size=args.batch_size, options=options,
     )
-    adjacency = "add_remove" if args.sampling == "poisson" else "replace"
+    sampling = Sampling.parse(args.sampling)
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
            "delta": res.target_delta, "noise_multiplier": args.noise_multiplier,
            "sampling_prob": args.sampling_prob, "steps": int(args.steps), "group_size": int(args.group_size),
-           "sampling": args.sampling, "dataset_size": args.dataset_size, "batch_size": args.batch_size,
-           "adjacency": f"{adjacency} (groups of {int(args.group_size)})", "grid": grid_info(res)}
+           "sampling": sampling.value, "dataset_size": args.dataset_size, "batch_size": args.batch_size,
+           "adjacency": sampling.adjacency, "grid": grid_info(res)}
     if res.reason:
         out["reason"] = res.reason
     return out

@@ -41,6 +41,7 @@ import numpy as np
 from jax.scipy.special import gammaln, logsumexp
 
 from dpjax import _validate
+from dpjax.pld.group_spec import SAMPLINGS, Sampling, validate_group_spec
 from dpjax.pld.mechanisms import LossCDFs, _check_direction
 
 # Newton steps for z(y).  The start is within log(K) / min c_j of the root and convergence is
@@ -199,21 +200,6 @@ def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array,
     return LossCDFs(p_le.reshape(shape), p_gt.reshape(shape), q_le.reshape(shape), q_gt.reshape(shape))
 
 
-def mog_hockey_stick_single(epsilon: jax.Array, mechanism) -> tuple[jax.Array, jax.Array]:
-    """Exact single-step hockey-stick divergences ``(delta_remove, delta_add)`` at ``epsilon``.
-
-    ``H_eps(P||Q) = P_P[Y > eps] - e^eps P_Q[Y > eps]`` (Y the pair's privacy loss): the
-    closed form of seed 000 Sec. 2.3, for any mechanism with ``loss_cdfs`` (a test oracle).
-    Shapes: ``epsilon`` ``(n,)`` -> two ``(n,)`` arrays.
-    """
-    eps = jnp.asarray(epsilon, jnp.float64)
-    out = []
-    for direction in ("remove", "add"):
-        c = mechanism.loss_cdfs(direction, eps)
-        out.append(jnp.maximum(c.p_gt - jnp.exp(eps) * c.q_gt, 0.0))
-    return out[0], out[1]
-
-
 def _tuple_of_floats(name, values) -> tuple[float, ...]:
     arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
     if arr.ndim != 1:
@@ -333,45 +319,28 @@ def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components:
 def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson", num_components: int | None = None):
     """``(sensitivities, probabilities, standard_deviation)`` of the group-privacy MoG (pure).
 
-    * ``sampling="poisson"`` (seed 000 Thm 3.1): sensitivities ``j = 0..k``, probabilities
-      ``Binomial(k, q)(j)``, standard deviation ``sigma``.
-    * ``sampling="fixed_batch"`` (seed 000 Thm 3.3, seed 001; replace adjacency): sensitivities
-      ``2j``, probabilities ``Hypergeometric(N, k, B)(j)``, standard deviation ``2 sigma``
-      (the convention of the reference rows and of jax_privacy's FIXED_BATCH_SIZE accountant
-      with noise multiplier ``2 sigma``; only the ratio ``j / sigma`` matters).
+    * ``sampling="poisson"`` (add/remove adjacency; Ganesh et al., Thm 3.1): sensitivities
+      ``j = 0..k``, probabilities ``Binomial(k, q)(j)``, standard deviation ``sigma``.
+    * ``sampling="fixed_batch"`` (replace-one adjacency, replace-k for the group; Ganesh et al.,
+      Thm 3.3, with the hypergeometric weights of the note "Group Privacy for Deep Learning with
+      Differential Privacy"): sensitivities ``2j`` (replacing one example moves the clipped sum
+      by up to 2), probabilities ``Hypergeometric(N, k, B)(j)``, standard deviation ``sigma``,
+      the run's own noise multiplier (jax_privacy's FIXED_BATCH_SIZE user-level accountant uses
+      the same mixture).
 
     ``num_components`` (static) pads to a fixed length (default ``group_size + 1``, which then
     must be concrete).  Shapes: ``(num_components,)``, ``(num_components,)``, ``()``.
     """
+    sampling = Sampling.parse(sampling)
     if num_components is None:
         num_components = int(group_size) + 1
     j = jnp.arange(num_components, dtype=jnp.float64)
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
-    if sampling == "poisson":
+    if sampling is Sampling.POISSON:
         log_p = binomial_log_pmf(group_size, sampling_prob, num_components)
-        return j, jnp.exp(log_p), sigma
-    if sampling == "fixed_batch":
+    else:
         log_p = hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components)
-        return 2.0 * j, jnp.exp(log_p), 2.0 * sigma
-    raise ValueError(f"sampling must be one of ('poisson', 'fixed_batch'), got {sampling!r}")
-
-
-def group_mixture(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson") -> MixtureOfGaussians:
-    """The concrete :class:`MixtureOfGaussians` of one DP-SGD step for groups of ``group_size``.
-
-    Conventions as in :func:`group_mixture_params` (e.g. the mixture of a reference row).
-    Not jittable (the mixture is static); see :class:`GroupSubsampledGaussian` for that.
-
-    Example::
-
-        >>> group_mixture(1.0, 2, 0.01).probabilities      # Binomial(2, 0.01)
-        (0.9801, 0.0198, 0.0001)
-    """
-    s, p, sd = group_mixture_params(noise_multiplier, group_size, sampling_prob, dataset_size, batch_size, sampling=sampling)
-    return MixtureOfGaussians(float(sd), sensitivities=np.asarray(s), probabilities=np.asarray(p))
-
-
-SAMPLINGS = ("poisson", "fixed_batch")
+    return sampling.sensitivity * j, jnp.exp(log_p), sigma
 
 
 @jax.tree_util.register_dataclass
@@ -379,17 +348,18 @@ SAMPLINGS = ("poisson", "fixed_batch")
 class GroupSubsampledGaussian:
     """One DP-SGD step as seen by a group of ``group_size`` examples: a MoG with scalar parameters.
 
-    * ``sampling="poisson"`` (seed 000 Thm 3.1): sensitivities ``j = 0..k``, weights
-      ``Binomial(k, sampling_prob)``, noise ``noise_multiplier`` (add/remove adjacency of groups).
-    * ``sampling="fixed_batch"`` (seed 000 Thm 3.3, seed 001): sensitivities ``2j``, weights
-      ``Hypergeometric(dataset_size, k, batch_size)``, noise ``2 * noise_multiplier``
-      (the reference rows' convention; ``sampling_prob`` unused).
+    * ``sampling="poisson"`` (add/remove-k adjacency; Ganesh et al., Thm 3.1): sensitivities
+      ``j = 0..k``, weights ``Binomial(k, sampling_prob)``, noise ``noise_multiplier``.
+    * ``sampling="fixed_batch"`` (replace-k adjacency; Ganesh et al., Thm 3.3): sensitivities
+      ``2j``, weights ``Hypergeometric(dataset_size, k, batch_size)``, noise
+      ``noise_multiplier`` -- the run's own noise, not doubled (``sampling_prob`` unused).
 
-    All numeric parameters are scalar data fields (the mechanism interface of
-    :mod:`dpjax.pld.mechanisms`), so noise schedules stack and the mechanism is jittable and
-    vmappable in ``noise_multiplier``, ``group_size``, ``sampling_prob``, ``dataset_size`` and
-    ``batch_size``; the weights are computed inside :meth:`loss_cdfs`, padded to the static
-    ``num_components`` (>= group_size + 1) so that every group size shares one compiled program.
+    ``sampling`` also accepts :class:`dpjax.pld.group_spec.Sampling`.  All numeric parameters
+    are scalar data fields (the mechanism interface of :mod:`dpjax.pld.mechanisms`), so noise
+    schedules stack and the mechanism is jittable and vmappable in ``noise_multiplier``,
+    ``group_size``, ``sampling_prob``, ``dataset_size`` and ``batch_size``; the weights are
+    computed inside :meth:`loss_cdfs`, padded to the static ``num_components``
+    (>= group_size + 1) so that every group size shares one compiled program.
 
     Example::
 
@@ -416,24 +386,23 @@ class GroupSubsampledGaussian:
             except Exception as exc:  # traced group_size: padding must be given explicitly
                 raise ValueError("num_components must be given when group_size is traced") from exc
             object.__setattr__(self, "num_components", _padded_components(k))
+        if self.sampling in SAMPLINGS:  # normalise to the enum; bad values fail in validate()
+            object.__setattr__(self, "sampling", Sampling(self.sampling))
 
     def validate(self) -> "GroupSubsampledGaussian":
+        """Concrete-value checks: the group arguments through the one validator
+        (:func:`dpjax.pld.group_spec.validate_group_spec`, elementwise for stacked fields), then
+        the noise and the padding."""
         _validate.positive("noise_multiplier", self.noise_multiplier)
-        _validate.one_of("sampling", self.sampling, SAMPLINGS)
-        k = np.atleast_1d(_validate.positive("group_size", self.group_size))
-        if (k != np.floor(k)).any():
-            raise ValueError(f"group_size must be an integer >= 1, got {self.group_size!r}")
-        if self.num_components < k.max() + 1:
-            raise ValueError(f"num_components must be >= group_size + 1 = {int(k.max()) + 1}, got {self.num_components}")
-        if self.sampling == "poisson":
-            _validate.probability_open_closed("sampling_prob", self.sampling_prob)
-        else:
-            n = _validate.positive("dataset_size", self.dataset_size)
-            b = _validate.positive("batch_size", self.batch_size)
-            if (b > n).any():
-                raise ValueError(f"batch_size must be <= dataset_size, got {self.batch_size!r} > {self.dataset_size!r}")
-            if (k > b).any():
-                raise ValueError(f"group_size must be <= batch_size, got {self.group_size!r} > {self.batch_size!r}")
+        fixed = Sampling.parse(self.sampling) is Sampling.FIXED_BATCH
+        spec = validate_group_spec(
+            None if fixed else self.sampling_prob, group_size=self.group_size, sampling=self.sampling,
+            dataset_size=self.dataset_size if fixed else None, batch_size=self.batch_size if fixed else None,
+            allow_arrays=True,
+        )
+        k_max = int(np.max(spec.group_size))
+        if self.num_components < k_max + 1:
+            raise ValueError(f"num_components must be >= group_size + 1 = {k_max + 1}, got {self.num_components}")
         return self
 
     def mixture(self):
