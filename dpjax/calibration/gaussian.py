@@ -27,7 +27,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64
 from dpjax.pld.exact import gaussian_log_delta
-from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
+from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
 
 __all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
@@ -112,8 +112,8 @@ def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     shape = eps.shape
     res = _batched(eps.ravel(), delta.ravel(), steps_arr.ravel())
     status = np.asarray(res.status)
-    if np.any(status != STATUS_CONVERGED):
-        bad = int(np.argmax(status != STATUS_CONVERGED))
+    if np.any(status != SolverStatus.CONVERGED):
+        bad = int(np.argmax(status != SolverStatus.CONVERGED))
         raise ValueError(
             f"target (epsilon={eps.ravel()[bad]}, delta={delta.ravel()[bad]}) is outside the "
             f"search range sigma/sqrt(steps) in {_S_BRACKET}; use epsilon >= 1e-4")

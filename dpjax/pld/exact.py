@@ -44,6 +44,12 @@ __all__ = ["gaussian_delta", "gaussian_log_delta", "gaussian_epsilon"]
 _GROW_STEPS = 70
 #: Halvings of the epsilon bracket: enough to reach float64 resolution from any start.
 _BISECTION_STEPS = 200
+#: Safety margin in log delta for :func:`gaussian_epsilon`: feasible means
+#: ``log delta <= log target - 1e-12``.  Separately compiled evaluations of ``log delta`` (the
+#: bisection loop vs a caller's check) round ``log_ndtr`` differently by a few ulps (measured
+#: 5e-16 relative); the margin keeps ``gaussian_delta(result) <= target_delta`` under any of
+#: them, at a cost of ~1e-12 / |d log delta / d eps| in epsilon.
+_LOG_DELTA_MARGIN = 1e-12
 
 
 def _log_delta(eps, mu):
@@ -74,8 +80,11 @@ def gaussian_log_delta(epsilon, mu):
     Returns:
       float64 array of the broadcast shape.  Stable down to ``delta ~ 1e-300``.
     """
-    eps = jnp.asarray(epsilon, jnp.float64)
-    mu = jnp.asarray(mu, jnp.float64)
+    return _gaussian_log_delta(jnp.asarray(epsilon, jnp.float64), jnp.asarray(mu, jnp.float64))
+
+
+@jax.jit
+def _gaussian_log_delta(eps, mu):
     return jnp.where(mu > 0, _log_delta(eps, _safe_mu(mu)), -jnp.inf)
 
 
@@ -95,9 +104,11 @@ def gaussian_epsilon(target_delta, mu):
     """Smallest ``eps >= 0`` with ``gaussian_delta(eps, mu) <= target_delta``.
 
     Bisection on ``log delta`` (decreasing in ``eps``) to float64 resolution, returning the
-    upper end of the final bracket, so ``gaussian_delta(result, mu) <= target_delta`` holds as
-    computed (the safe side).  0 when already ``delta(0) <= target_delta``; ``inf`` when even
-    ``eps = 2^70`` does not reach it (never for ``mu < 1e10``).
+    upper end of the final bracket, with a margin of 1e-12 in ``log delta``, so that
+    ``gaussian_delta(result, mu) <= target_delta`` holds as computed by any compiled or eager
+    evaluation (the safe side; the margin moves epsilon by ~1e-12 relative).  0 when already
+    ``delta(0) <= target_delta``; ``inf`` when even ``eps = 2^70`` does not reach it (never
+    for ``mu < 1e10``).
 
     Vectorised over ``target_delta`` and ``mu`` (broadcast); jittable.  Differentiable by the
     implicit function theorem: ``d eps/d theta = -(d log delta/d theta) / (d log delta/d eps)``
@@ -107,22 +118,26 @@ def gaussian_epsilon(target_delta, mu):
       target_delta: in ``(0, 1)``.
       mu: ``>= 0``.
     """
-    log_target = jnp.log(jnp.asarray(target_delta, jnp.float64))
-    mu = jnp.asarray(mu, jnp.float64)
-    log_target, mu = jnp.broadcast_arrays(log_target, mu)
+    return _gaussian_epsilon(jnp.asarray(target_delta, jnp.float64), jnp.asarray(mu, jnp.float64))
+
+
+@jax.jit
+def _gaussian_epsilon(target_delta, mu):
+    # Jitted once per shape: an eager call would otherwise re-trace the loops every time.
+    log_target, mu = jnp.broadcast_arrays(jnp.log(target_delta), mu)
     root = _epsilon_bisection(jax.lax.stop_gradient(log_target), jax.lax.stop_gradient(mu))
     # Implicit-function gradient with the exact value: root + (g - stop_gradient(g)) equals root,
     # and its derivative is that of g = -(log delta(root; mu) - log target) / (d log delta/d eps).
     interior = (root > 0) & jnp.isfinite(root)
     safe_root = jnp.where(interior, root, 1.0)
-    slope = jax.grad(lambda e: jnp.sum(gaussian_log_delta(e, mu)))(safe_root)
-    g = -(gaussian_log_delta(safe_root, mu) - log_target) / jax.lax.stop_gradient(slope)
+    slope = jax.grad(lambda e: jnp.sum(_log_delta(e, _safe_mu(mu))))(safe_root)
+    g = -(_log_delta(safe_root, _safe_mu(mu)) - log_target) / jax.lax.stop_gradient(slope)
     g = jnp.where(interior, g, 0.0)
     return root + (g - jax.lax.stop_gradient(g))
 
 
 def _epsilon_bisection(log_target, mu):
-    feasible = lambda e: gaussian_log_delta(e, mu) <= log_target
+    feasible = lambda e: _gaussian_log_delta(e, mu) <= log_target - _LOG_DELTA_MARGIN
     hi = jax.lax.fori_loop(0, _GROW_STEPS, lambda _, h: jnp.where(feasible(h), h, 2.0 * h),
                            jnp.ones_like(mu))
 
