@@ -52,7 +52,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64

@@ -104,9 +104,23 @@ def inverse_toeplitz_column_recurrence(column):
     return v
 
 
+class _LowerTriangularToeplitz:
+    """What every lower-triangular Toeplitz matrix derives from its first column ``column(n)``."""
+
+    @float64
+    def dense(self, n: int):
+        """Dense ``(n, n)`` matrix."""
+        return toeplitz_dense(self.column(n))
+
+    @float64
+    def inverse_column(self, n: int):
+        """First column of ``C^{-1}`` (``(n,)``), O(n log n); see :func:`inverse_toeplitz_column`."""
+        return inverse_toeplitz_column(self.column(n))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Toeplitz:
+class Toeplitz(_LowerTriangularToeplitz):
     """Lower-triangular Toeplitz correlation matrix ``C[i, j] = coeffs[i - j]`` (``i >= j``).
 
     Attributes:
@@ -134,15 +148,6 @@ class Toeplitz:
         """First column, ``(n,)`` (zero-padded or truncated)."""
         return _pad_or_truncate(jnp.asarray(self.coeffs, jnp.float64), n)
 
-    @float64
-    def dense(self, n: int):
-        """Dense ``(n, n)`` matrix."""
-        return toeplitz_dense(self.column(n))
-
-    @float64
-    def inverse_column(self, n: int):
-        """First column of ``C^{-1}`` (``(n,)``), O(n log n); see :func:`inverse_toeplitz_column`."""
-        return inverse_toeplitz_column(self.column(n))
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -164,7 +169,7 @@ def _dense_prefix_sum_rmse(c, noise_multiplier):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class BLT:
+class BLT(_LowerTriangularToeplitz):
     """Buffered linear Toeplitz matrix: ``c_0 = 1``, ``c_k = sum_j omega_j theta_j^(k-1)``.
 
     Attributes:
@@ -203,13 +208,6 @@ class BLT:
         return _blt_column(jnp.asarray(self.buffer_decays, jnp.float64),
                            jnp.asarray(self.output_scales, jnp.float64), n)
 
-    @float64
-    def dense(self, n: int):
-        return toeplitz_dense(self.column(n))
-
-    @float64
-    def inverse_column(self, n: int):
-        return inverse_toeplitz_column(self.column(n))
 
 
 @jax.jit
@@ -311,14 +309,3 @@ def correlation_array(correlation, n: int, *, name: str = "correlation"):
         if host.ndim == 2 and np.triu(host, 1).any():
             raise ValueError(f"{name} must be lower triangular (zero above the diagonal)")
     return _pad_or_truncate(arr, int(n)) if arr.ndim == 1 else arr
-
-
-__all__ = [
-    "BLT",
-    "Toeplitz",
-    "correlation_array",
-    "inverse_toeplitz_column",
-    "inverse_toeplitz_column_recurrence",
-    "prefix_sum_rmse",
-    "toeplitz_dense",
-]
