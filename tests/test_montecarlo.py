@@ -374,6 +374,22 @@ def test_gaussian_baseline():
     assert float(gaussian_delta(e, mu)) <= 1e-5 < float(gaussian_delta(e - 1e-9, mu))
 
 
+def test_exact_gaussian_tiny_deltas_against_mpmath():
+    # dpjax.pld.gaussian_delta in log space vs 60-digit mpmath, down to delta ~ 1e-240: the
+    # log-space form keeps ~1e-12 relative accuracy where the direct difference would cancel or
+    # underflow (float64 log_ndtr is accurate to ~1e-15 relative; the exp/expm1 steps add a few
+    # ulps times |log delta| <= 460).
+    import mpmath
+
+    mpmath.mp.dps = 60
+    for mu, eps in [(0.5, 0.1), (1.0, 8.0), (2.0, 30.0), (0.3, 3.0), (5.0, 100.0), (10.0, 380.0)]:
+        m, e = mpmath.mpf(mu), mpmath.mpf(eps)
+        exact = mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)
+        ours = float(gaussian_delta(eps, mu))
+        assert 0.0 < ours and ours == pytest.approx(float(exact), rel=1e-10), (mu, eps, ours, exact)
+    assert float(gaussian_delta(3.0, 0.0)) == 0.0
+
+
 def test_evr_bounds_and_jax_privacy_oracle():
     from jax_privacy.experimental.monte_carlo import delta_calculation
 
