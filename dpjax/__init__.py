@@ -9,7 +9,12 @@ Layers (one sub-package each):
   batching, with Estimate-Verify-Release.
 * :mod:`dpjax.calibration` -- noise calibration by bisection with implicit-differentiation
   gradients.
+* :mod:`dpjax.optimization` -- optimising correlation matrices through the calibrated noise.
 * :mod:`dpjax.cli` -- the ``dpjax`` command.
+
+Imports run one way: ``pld``, ``matrices`` -> ``montecarlo`` -> ``calibration`` ->
+``optimization`` (``baselines`` and ``group`` build on ``pld``); any sub-package can be imported
+first.
 
 All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
 :mod:`dpjax._x64`).
@@ -22,11 +27,8 @@ __version__ = "0.1.0"
 # them eagerly cost ~1 s of every cold start).  ``dpjax.X`` and ``from dpjax import X`` work as
 # before.
 import importlib as _importlib
-import importlib.abc  # noqa: F401  (for the finder below)
-import importlib.machinery  # noqa: F401
-import sys as _sys
 
-_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "baselines", "group")
+_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group")
 # name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
 # unchanged (see dpjax.group.dpsgd_epsilon).
@@ -51,36 +53,6 @@ def __getattr__(name):
         raise AttributeError(f"module 'dpjax' has no attribute {name!r}")
     globals()[name] = value  # cache: later lookups skip __getattr__
     return value
-
-
-class _MonteCarloBeforeCalibration(_importlib.abc.MetaPathFinder):
-    """Keeps the import order the eager ``__init__`` had: ``dpjax.montecarlo`` re-exports
-    ``dpjax.calibration.montecarlo.calibrated_noise`` (a circular import that only resolves when
-    ``dpjax.montecarlo`` starts first), so a first ``import dpjax.calibration`` runs
-    ``import dpjax.montecarlo`` before executing the calibration package."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "dpjax.calibration" or "dpjax.montecarlo" in _sys.modules:
-            return None
-        spec = _importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _MonteCarloFirstLoader(spec.loader)
-        return spec
-
-
-class _MonteCarloFirstLoader(_importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        _importlib.import_module("dpjax.montecarlo")
-        self._loader.exec_module(module)
-
-
-_sys.meta_path.insert(0, _MonteCarloBeforeCalibration())
 
 
 def __dir__():

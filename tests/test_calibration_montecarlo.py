@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax.calibration.montecarlo import gram_of
+from dpjax.calibration import calibrated_noise
 from dpjax.matrices import Toeplitz
-from dpjax.montecarlo import BallsInBins, calibrated_noise, delta_estimate
+from dpjax.montecarlo import BallsInBins, delta_estimate, gram_matrix
 
 B, E = 8, 2          # small mechanism: n = 16 rounds
 M = 1 << 13          # 8192 common random numbers (>= 1/delta)
@@ -35,7 +35,7 @@ def test_calibrated_sigma_solves_the_estimate():
     c = Toeplitz(jnp.array([1.0, 0.5, 0.25]))
     sigma = float(calibrated_noise(c, B, E, **KW))
     with jax.enable_x64(True):
-        g = gram_of(c, B, E)
+        g = gram_matrix(c, B, E)
         d_at = float(delta_estimate(g, sigma, KW["target_epsilon"], KW["key"], M)[0])
         d_below = float(delta_estimate(g, sigma * (1 - 1e-9), KW["target_epsilon"], KW["key"], M)[0])
     # The same draws as the accountant: at the returned sigma (upper end of a 1e-14 bracket)
@@ -45,7 +45,7 @@ def test_calibrated_sigma_solves_the_estimate():
     assert d_below > KW["target_delta"]
     # A 1-D array is a Toeplitz first column, as for BallsInBins.
     assert float(calibrated_noise(np.array([1.0, 0.5, 0.25]), B, E, **KW)) == pytest.approx(sigma, rel=1e-13)
-    with pytest.raises(ValueError, match=r"first column\) must be finite and >= 0"):
+    with pytest.raises(ValueError, match=r"correlation must be non-negative \(entries >= 0\)"):
         calibrated_noise(np.array([1.0, -0.5]), B, E, **KW)
     # The accountant's method gives the same number (thin delegation, same key).
     acc = BallsInBins(c, B, E)
@@ -116,10 +116,14 @@ def test_bad_input_and_unreachable_targets():
     n = B * E
     with pytest.raises(ValueError, match="shape"):
         calibrated_noise(np.eye(n + 1), B, E, **kw)
-    with pytest.raises(ValueError, match="lower-triangular"):
+    with pytest.raises(ValueError, match="lower triangular"):
         calibrated_noise(np.eye(n) + np.triu(np.ones((n, n)), 1), B, E, **kw)
     with pytest.raises(ValueError, match="non-negative"):
         calibrated_noise(np.eye(n) - np.tril(np.ones((n, n)), -1), B, E, **kw)
+    with pytest.raises(ValueError, match="finite"):
+        calibrated_noise(np.where(np.eye(n) > 0, np.nan, 0.0), B, E, **kw)
+    with pytest.raises(ValueError, match="real"):
+        calibrated_noise(np.eye(n) + 1j * np.eye(n), B, E, **kw)
     # A vacuous target: met even at the bottom of the search range.
     with pytest.raises(ValueError, match="vacuous"):
         calibrated_noise(c, B, E, **{**kw, "target_epsilon": 1e7})

@@ -17,8 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 from scipy import optimize, stats
 
-from dpjax.calibration import (STATUS_CONVERGED, STATUS_MET_AT_BRACKET_END, STATUS_UNREACHABLE,
-                               ImplicitAdjoint, StopGradientAdjoint, bisect_monotone,
+from dpjax.calibration import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint, bisect_monotone,
                                gaussian_delta, gaussian_noise_multiplier,
                                gaussian_noise_multiplier_core, solve_monotone_root)
 
@@ -50,7 +49,7 @@ def test_bisection_root_is_on_the_safe_side(c, decreasing, log_scale):
         fn, target = (lambda x: x), c
     res = bisect_monotone(fn, target, (1e-3, 1e3), decreasing=decreasing, log_scale=log_scale)
     root = float(res.root)
-    assert int(res.status) == STATUS_CONVERGED
+    assert int(res.status) == SolverStatus.CONVERGED
     # Safe side: f(root) <= target exactly (the returned point is the one evaluated feasible).
     assert float(fn(res.root)) <= target
     # 64 halvings of [1e-3, 1e3] (linear width 1e3, log width 13.8) are below float64
@@ -63,10 +62,10 @@ def test_bisection_root_is_on_the_safe_side(c, decreasing, log_scale):
 def test_bisection_status_unreachable_and_met():
     # f = 1/x decreasing on [1, 10]: f in [0.1, 1].
     unreachable = bisect_monotone(lambda x: 1.0 / x, 0.01, (1.0, 10.0))
-    assert int(unreachable.status) == STATUS_UNREACHABLE
+    assert int(unreachable.status) == SolverStatus.UNREACHABLE
     assert math.isnan(float(unreachable.root))  # never a clipped value
     met = bisect_monotone(lambda x: 1.0 / x, 2.0, (1.0, 10.0))
-    assert int(met.status) == STATUS_MET_AT_BRACKET_END
+    assert int(met.status) == SolverStatus.MET_AT_BRACKET_END
     assert float(met.root) == 1.0  # the least favourable end, which is feasible
 
 
@@ -74,7 +73,7 @@ def test_bisection_nan_counts_as_infeasible():
     # f is NaN below 2: the boundary of the feasible set {f <= 0.5} is then x = 2.
     fn = lambda x: jnp.where(x < 2.0, jnp.nan, 0.0)
     res = bisect_monotone(fn, 0.5, (0.0, 4.0))
-    assert int(res.status) == STATUS_CONVERGED
+    assert int(res.status) == SolverStatus.CONVERGED
     assert 2.0 <= float(res.root) <= 2.0 + 1e-12
 
 

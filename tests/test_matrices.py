@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpjax.matrices import (BLT, Toeplitz, inverse_toeplitz_column, inverse_toeplitz_column_recurrence,
-                            prefix_sum_rmse, toeplitz_dense)
+from dpjax.matrices import (BLT, Toeplitz, correlation_array, inverse_toeplitz_column,
+                            inverse_toeplitz_column_recurrence, prefix_sum_rmse, toeplitz_dense)
 
 coeff_lists = st.lists(st.floats(0.0, 2.0, allow_nan=False), min_size=0, max_size=12).map(lambda c: [1.0] + c)
 
@@ -154,3 +154,41 @@ def test_prefix_sum_rmse_bad_input():
         prefix_sum_rmse(np.array([[1.0, 0.0], [np.nan, 1.0]]), 1.0)
     with jax.enable_x64(True):
         assert float(inverse_toeplitz_column(jnp.array([2.0]))[0]) == 0.5
+
+
+def test_correlation_array_dispatch():
+    # Structured and 1-D inputs become the (n,) first column (zero-padded / truncated), dense
+    # inputs stay (n, n): exact copies, so equality is exact.
+    np.testing.assert_array_equal(np.asarray(correlation_array(Toeplitz(np.array([1.0, 0.5])), 4)),
+                                  [1.0, 0.5, 0.0, 0.0])
+    blt = BLT(np.array([0.5]), np.array([0.2]))
+    np.testing.assert_array_equal(np.asarray(correlation_array(blt, 3)), np.asarray(blt.column(3)))
+    np.testing.assert_array_equal(np.asarray(correlation_array(np.array([1.0, 0.5, 0.25]), 2)), [1.0, 0.5])
+    dense = np.tril(np.ones((4, 4)))
+    out = correlation_array(dense, 4)
+    assert out.shape == (4, 4) and out.dtype == jnp.float64
+    np.testing.assert_array_equal(np.asarray(out), dense)
+    # Traced input: shape checked, values passed through (differentiable).
+    g = jax.grad(lambda a: jnp.sum(correlation_array(jnp.eye(3) * a, 3)))(2.0)
+    assert float(g) == pytest.approx(3.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad, n, words", [
+    (np.triu(np.ones((3, 3))), 3, "lower triangular"),
+    (-np.eye(3), 3, "non-negative"),
+    (np.eye(3) + 0j, 3, "real"),
+    (np.where(np.eye(3) > 0, np.nan, 0.0), 3, "finite"),
+    (np.array([1.0, np.inf]), 3, "finite"),
+    (np.eye(4), 3, "(3, 3)"),
+    (np.ones((3, 2)), 3, "square"),
+    (np.ones((1, 1, 1)), 1, "2-D"),
+    (np.array([]), 3, "non-empty"),
+    (np.eye(3), 0, ">= 1"),
+    ("identity", 3, "real array"),
+])
+def test_correlation_array_bad_input(bad, n, words):
+    with pytest.raises(ValueError) as info:
+        correlation_array(bad, n)
+    message = str(info.value)
+    assert words in message
+    assert ("correlation" in message) or ("n (number of rounds)" in message)

@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 
 from dpjax.matrices import Toeplitz
 from dpjax.montecarlo import (BLOCK_SIZE, BallsInBins, certified_delta, delta_estimate, direct_monte_carlo_sums,
-                              estimate_from_sums, gaussian_delta, gaussian_epsilon, gram_from_columns,
-                              gram_from_dense, gram_sqrt, minimum_samples, modes_from_column, modes_from_dense,
+                              estimate_from_sums, evr_minimum_samples, gram_from_columns,
+                              gram_from_dense, gram_sqrt, modes_from_column, modes_from_dense,
                               monte_carlo_sums, normal_from_bits, privacy_losses)
-from dpjax.montecarlo import _core, _evr
+from dpjax.montecarlo import _evr, core
+from dpjax.pld import gaussian_delta, gaussian_epsilon
 
 TOEPLITZ4 = np.array([1.0, 0.5, 0.25, 0.125])
 
@@ -84,15 +85,15 @@ def test_cholesky_xla_matches_lapack_and_flags_non_pd():
         for b in (1, 5, 32):
             a = rng.standard_normal((b, b + 2))
             g = a @ a.T
-            l_xla = np.asarray(_core.cholesky_xla(jnp.asarray(g)))
+            l_xla = np.asarray(core.cholesky_xla(jnp.asarray(g)))
             # Both are backward-stable factorizations of a matrix with condition number < 1e4
             # here, so they agree to ~cond * 1e-16 relative to |L|.
             np.testing.assert_allclose(l_xla, np.linalg.cholesky(g), rtol=1e-10, atol=1e-10 * np.abs(g).max())
             assert np.all(np.triu(l_xla, 1) == 0)
         # Indefinite and singular (zero pivot) matrices must not produce a finite factor: the
         # eigen fallback in gram_sqrt depends on it.
-        assert not np.all(np.isfinite(np.asarray(_core.cholesky_xla(jnp.array([[1.0, 2.0], [2.0, 1.0]])))))
-        assert not np.all(np.isfinite(np.asarray(_core.cholesky_xla(jnp.zeros((3, 3))))))
+        assert not np.all(np.isfinite(np.asarray(core.cholesky_xla(jnp.array([[1.0, 2.0], [2.0, 1.0]])))))
+        assert not np.all(np.isfinite(np.asarray(core.cholesky_xla(jnp.zeros((3, 3))))))
 
 
 def test_gram_sqrt_singular_and_regular():
@@ -159,7 +160,7 @@ def test_stream_definition_and_partial_block():
         gram = gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4)
         key = jax.random.key(5)
         sums = monte_carlo_sums(gram, 1.0, eps, key, m)
-        idx, u = zip(*[_core.draw_block(_core._to_key(key), j, 8) for j in range(2)])
+        idx, u = zip(*[core.draw_block(core.rbg_key(key), j, 8) for j in range(2)])
         idx, u = jnp.concatenate(idx)[:m], jnp.concatenate(u)[:m]
         y_pq, y_qp = privacy_losses(gram, gram_sqrt(gram), 1.0, idx, u)
         t_pq = np.maximum(0, 1 - np.exp(np.asarray(eps)[None, :] - np.asarray(y_pq)[:, None]))
@@ -170,10 +171,10 @@ def test_stream_definition_and_partial_block():
     # vmap over blocks gives the same words as one block at a time (the rbg generator's own
     # batching rule would reuse the first key; draw_block's custom_vmap rule prevents that).
     with jax.enable_x64(True):
-        rbg_key = _core._to_key(key)
-        batched = jax.vmap(lambda j: _core.draw_block(rbg_key, j, 8))(jnp.arange(1, 3))
+        rbg_key = core.rbg_key(key)
+        batched = jax.vmap(lambda j: core.draw_block(rbg_key, j, 8))(jnp.arange(1, 3))
         for pos, j in enumerate((1, 2)):
-            single = _core.draw_block(rbg_key, j, 8)
+            single = core.draw_block(rbg_key, j, 8)
             np.testing.assert_array_equal(np.asarray(batched[0][pos]), np.asarray(single[0]))
             np.testing.assert_allclose(np.asarray(batched[1][pos]), np.asarray(single[1]), rtol=1e-14, atol=1e-14)
 
@@ -185,7 +186,7 @@ def test_single_batch_is_exact_gaussian():
     acc = BallsInBins(c, 1, 5)
     eps = np.array([0.5, 1.0, 3.0])
     est = acc.estimate(1.3, eps, 1 << 15, key=8)
-    exact = gaussian_delta(acc.sensitivity / 1.3, eps)
+    exact = np.asarray(gaussian_delta(eps, acc.sensitivity / 1.3))
     for k in range(eps.size):
         assert _close(est.delta_remove[k], est.se_remove[k], exact[k], 0.0), (eps[k], est.delta_remove[k], exact[k])
         assert _close(est.delta_add[k], est.se_add[k], exact[k], 0.0), (eps[k], est.delta_add[k], exact[k])
@@ -368,9 +369,25 @@ def test_gaussian_baseline():
     for eps in (0.0, 0.5, 2.0):
         loss = lambda x: mu * x - mu**2 / 2  # noqa: E731  (X ~ N(mu, 1) vs N(0, 1))
         quad = integrate.quad(lambda x: stats.norm.pdf(x, mu) * max(0.0, 1 - math.exp(eps - loss(x))), -10, 20)[0]
-        assert float(gaussian_delta(mu, eps)) == pytest.approx(quad, rel=1e-8, abs=1e-14)
-    e = gaussian_epsilon(mu, 1e-5)
-    assert float(gaussian_delta(mu, e)) <= 1e-5 < float(gaussian_delta(mu, e - 1e-9))
+        assert float(gaussian_delta(eps, mu)) == pytest.approx(quad, rel=1e-8, abs=1e-14)
+    e = float(gaussian_epsilon(1e-5, mu))
+    assert float(gaussian_delta(e, mu)) <= 1e-5 < float(gaussian_delta(e - 1e-9, mu))
+
+
+def test_exact_gaussian_tiny_deltas_against_mpmath():
+    # dpjax.pld.gaussian_delta in log space vs 60-digit mpmath, down to delta ~ 1e-240: the
+    # log-space form keeps ~1e-12 relative accuracy where the direct difference would cancel or
+    # underflow (float64 log_ndtr is accurate to ~1e-15 relative; the exp/expm1 steps add a few
+    # ulps times |log delta| <= 460).
+    import mpmath
+
+    mpmath.mp.dps = 60
+    for mu, eps in [(0.5, 0.1), (1.0, 8.0), (2.0, 30.0), (0.3, 3.0), (5.0, 100.0), (10.0, 380.0)]:
+        m, e = mpmath.mpf(mu), mpmath.mpf(eps)
+        exact = mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)
+        ours = float(gaussian_delta(eps, mu))
+        assert 0.0 < ours and ours == pytest.approx(float(exact), rel=1e-10), (mu, eps, ours, exact)
+    assert float(gaussian_delta(3.0, 0.0)) == 0.0
 
 
 def test_evr_bounds_and_jax_privacy_oracle():
@@ -384,10 +401,10 @@ def test_evr_bounds_and_jax_privacy_oracle():
         # tau*base + beta is never smaller and at most 1% larger at the optimum.
         jp = delta_calculation.get_overall_delta(m, base)
         assert jp <= overall * (1 + 1e-6) and overall <= 1.01 * jp
-    n_min = minimum_samples(1e-4)
+    n_min = evr_minimum_samples(1e-4)
     assert _evr.base_delta_for_target(n_min, 1e-4) is not None and _evr.base_delta_for_target(n_min - 1, 1e-4) is None
     assert 1e4 < n_min < 2e5
-    assert minimum_samples(1e-4, 5e-5) > n_min
+    assert evr_minimum_samples(1e-4, 5e-5) > n_min
 
 
 def test_certify_verified_and_not():
@@ -415,6 +432,10 @@ def test_certify_verified_and_not():
     (np.eye(4), 0, 4, "batches_per_epoch"),
     (np.eye(4), 2, 1.5, "epochs"),
     (np.array([1.0, -0.1]), 2, 2, ">= 0"),
+    (np.eye(4) + 0j, 2, 2, "real"),
+    (np.ones((2, 2, 2)), 2, 2, "2-D"),
+    (np.array([]), 2, 2, "non-empty"),
+    ("eye", 2, 2, "real array"),
 ])
 def test_bad_correlation(corr, b, e, name):
     with pytest.raises(ValueError, match=name):

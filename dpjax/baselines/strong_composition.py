@@ -1,11 +1,12 @@
-"""Strong (advanced) composition baseline for DP-SGD: the curve Abadi et al. 2016 (seed 004,
-Fig. 2) compare the moments accountant with.
+"""Strong (advanced) composition baseline for DP-SGD: the curve that Abadi et al., "Deep Learning
+with Differential Privacy" (CCS 2016, Fig. 2) compare the moments accountant with.
 
 Recipe (every step is a valid (eps, delta) bound, so the result is an upper bound):
 
 1. One un-subsampled Gaussian step with noise multiplier ``sigma`` is ``(eps0, delta0)``-DP with
    the exact analytic-Gaussian trade-off (Balle & Wang 2018, Thm. 8):
-   ``delta0(eps0) = Phi(1/(2 sigma) - eps0 sigma) - e^eps0 Phi(-1/(2 sigma) - eps0 sigma)``.
+   ``delta0(eps0) = Phi(1/(2 sigma) - eps0 sigma) - e^eps0 Phi(-1/(2 sigma) - eps0 sigma)``
+   (:func:`dpjax.pld.gaussian_epsilon` with ``mu = 1/sigma``).
 2. Poisson subsampling with probability ``q`` amplifies it to
    ``eps' = log(1 + q (e^eps0 - 1))``, ``delta' = q delta0`` (Balle, Barthe & Gaboardi 2018, add/remove).
 3. Advanced composition over ``T`` steps (Dwork, Rothblum & Vadhan 2010; Dwork & Roth Thm. 3.20):
@@ -21,38 +22,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import log_ndtr
 
 from dpjax import _validate
 from dpjax._x64 import float64
+from dpjax.pld.exact import gaussian_epsilon
 
 _SPLITS = 199  # fractions f = 0.005, 0.010, ..., 0.995
-_BISECTION_STEPS = 200
-
-
-def _log_gaussian_delta(eps0, sigma):
-    """log delta0(eps0) of one Gaussian step (sensitivity 1), in log space for tiny deltas."""
-    a = log_ndtr(0.5 / sigma - eps0 * sigma)
-    b = eps0 + log_ndtr(-0.5 / sigma - eps0 * sigma)
-    return a + jnp.log(-jnp.expm1(b - a))
-
-
-def _gaussian_eps_for_delta(log_delta0, sigma):
-    """Smallest eps0 >= 0 with delta0(eps0) <= delta0 (bisection on a decreasing function)."""
-    lo = jnp.zeros_like(log_delta0)
-    hi = jnp.full_like(log_delta0, 1.0)
-    # Grow hi until feasible (delta0 decreases to 0 as eps0 grows).
-    hi = jax.lax.fori_loop(0, 60, lambda _, h: jnp.where(_log_gaussian_delta(h, sigma) > log_delta0, 2.0 * h, h), hi)
-
-    def body(_, lo_hi):
-        lo, hi = lo_hi
-        mid = 0.5 * (lo + hi)
-        ok = _log_gaussian_delta(mid, sigma) <= log_delta0
-        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-
-    lo, hi = jax.lax.fori_loop(0, _BISECTION_STEPS, body, (lo, hi))
-    # hi is always feasible (unless delta0 >= delta0(0), where eps0 = 0 is feasible).
-    return jnp.where(_log_gaussian_delta(0.0, sigma) <= log_delta0, 0.0, hi)
 
 
 @jax.jit
@@ -67,19 +42,20 @@ def strong_composition_epsilon_core(noise_multiplier, sampling_prob, steps, targ
     t = jnp.asarray(steps, jnp.float64)
     delta = jnp.asarray(target_delta, jnp.float64)
     f = jnp.arange(1, _SPLITS + 1, dtype=jnp.float64) / (_SPLITS + 1)
-    log_delta0 = jnp.log((1.0 - f) * delta) - jnp.log(t * q)
-    eps0 = _gaussian_eps_for_delta(log_delta0, sigma)
+    # Step 1: the exact Gaussian curve at mu = 1/sigma (one step, sensitivity 1).
+    mu = 1.0 / sigma
+    eps0 = gaussian_epsilon((1.0 - f) * delta / (t * q), mu)
     eps1 = jnp.log1p(q * jnp.expm1(eps0))
     advanced = jnp.sqrt(2.0 * t * jnp.log(1.0 / (f * delta))) * eps1 + t * eps1 * jnp.expm1(eps1)
     # Basic composition with the whole delta spent on the steps.
-    eps0_basic = _gaussian_eps_for_delta(jnp.log(delta) - jnp.log(t * q), sigma)
+    eps0_basic = gaussian_epsilon(delta / (t * q), mu)
     basic = t * jnp.log1p(q * jnp.expm1(eps0_basic))
     return jnp.minimum(jnp.min(advanced), basic)
 
 
 @float64
 def strong_composition_epsilon(noise_multiplier: float, sampling_prob: float, steps: int, target_delta: float) -> float:
-    """DP-SGD epsilon by amplification by subsampling + advanced composition (seed 004's baseline).
+    """DP-SGD epsilon by amplification by subsampling + advanced composition (the baseline of Abadi et al. 2016).
 
     Args:
       noise_multiplier: noise std / clip norm, > 0.

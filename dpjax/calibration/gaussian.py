@@ -1,7 +1,9 @@
-"""Exact calibration of the (T-fold) Gaussian mechanism -- the analytic oracle (DESIGN.md §1).
+"""Exact calibration of the (T-fold) Gaussian mechanism -- the analytic oracle.
 
 ``T`` compositions of the Gaussian mechanism with noise multiplier ``sigma`` (sensitivity 1) are
-exactly one Gaussian mechanism with ``s = sigma / sqrt(T)`` (Balle & Wang 2018; seed 003)::
+exactly one Gaussian mechanism with ``s = sigma / sqrt(T)`` (Balle & Wang 2018; Koskela et al.,
+"Computing Differential Privacy Guarantees for Heterogeneous Compositions Using FFT", 2021); the
+curve itself is defined once, in :mod:`dpjax.pld.exact` (``mu = 1/s``)::
 
     delta(eps; s) = Phi(-eps*s + 1/(2s)) - e^eps * Phi(-eps*s - 1/(2s))
 
@@ -21,11 +23,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import log_ndtr
 
 from dpjax import _validate
 from dpjax._x64 import float64
-from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
+from dpjax.pld.exact import gaussian_log_delta
+from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
 
 __all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
@@ -36,8 +38,12 @@ __all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_m
 _S_BRACKET = (1e-4, 1e7)
 
 
+@float64
 def gaussian_delta(epsilon, noise_multiplier, steps=1):
     """Tight delta(epsilon) of ``steps`` Gaussian mechanisms; pure, jittable, differentiable.
+
+    The calibration's parametrisation of :func:`dpjax.pld.gaussian_delta` (the one definition
+    of the formula): ``mu = sqrt(steps) / noise_multiplier`` (sensitivity 1).
 
     Args:
       epsilon: scalar/array >= 0.
@@ -47,13 +53,12 @@ def gaussian_delta(epsilon, noise_multiplier, steps=1):
     Returns:
       delta, broadcast shape of the inputs.
     """
-    eps = jnp.asarray(epsilon, jnp.float64)
-    s = jnp.asarray(noise_multiplier, jnp.float64) / jnp.sqrt(jnp.asarray(steps, jnp.float64))
-    log_a = log_ndtr(-eps * s + 0.5 / s)
-    log_b = log_ndtr(-eps * s - 0.5 / s)
-    # Phi(a) - e^eps Phi(b) = Phi(a) * (1 - exp(eps + log Phi(b) - log Phi(a))): no cancellation
-    # when delta << Phi(a) (large eps or small deltas).
-    return jnp.exp(log_a) * -jnp.expm1(eps + log_b - log_a)
+    return jnp.exp(_log_delta(epsilon, noise_multiplier, steps))
+
+
+def _log_delta(epsilon, noise_multiplier, steps):
+    mu = jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)
+    return gaussian_log_delta(epsilon, mu)
 
 
 def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
@@ -68,7 +73,7 @@ def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
     theta = (jnp.asarray(target_epsilon, jnp.float64), steps)
     bracket = (_S_BRACKET[0] * sqrt_t, _S_BRACKET[1] * sqrt_t)
     # Bisection on log delta: log keeps the comparison meaningful down to delta ~ 1e-300.
-    fn = lambda sigma, th: jnp.log(gaussian_delta(th[0], sigma, th[1]))
+    fn = lambda sigma, th: _log_delta(th[0], sigma, th[1])
     return solve_monotone_root(fn, theta, jnp.log(jnp.asarray(target_delta, jnp.float64)),
                                jax.lax.stop_gradient(bracket), decreasing=True,
                                num_iterations=num_iterations, log_scale=True, adjoint=adjoint)
@@ -107,8 +112,8 @@ def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     shape = eps.shape
     res = _batched(eps.ravel(), delta.ravel(), steps_arr.ravel())
     status = np.asarray(res.status)
-    if np.any(status != STATUS_CONVERGED):
-        bad = int(np.argmax(status != STATUS_CONVERGED))
+    if np.any(status != SolverStatus.CONVERGED):
+        bad = int(np.argmax(status != SolverStatus.CONVERGED))
         raise ValueError(
             f"target (epsilon={eps.ravel()[bad]}, delta={delta.ravel()[bad]}) is outside the "
             f"search range sigma/sqrt(steps) in {_S_BRACKET}; use epsilon >= 1e-4")

@@ -1,13 +1,18 @@
-"""Noise calibration for matrix mechanisms under balls-in-bins batching (seed 002 §4.1, Alg. 2).
+"""Noise calibration for matrix mechanisms under balls-in-bins batching.
+
+Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix
+Mechanisms" (2024), §4.1, Alg. 2.  Built on the public Monte Carlo core
+(:mod:`dpjax.montecarlo.core`: draws, privacy losses, estimators); the correlation matrix is
+validated by :func:`dpjax.matrices.correlation_array`.
 
 For a correlation matrix ``C`` (``n = b * E`` rounds) and a fixed Monte Carlo sample
 ``(I_j, U_j)_{j<m}`` (common random numbers, drawn once from ``key``), the estimate
-``delta_hat(sigma; C)`` of DESIGN.md §4 (max over the P||Q and Q||P directions) is a
+``delta_hat(sigma; C)`` of :func:`dpjax.montecarlo.delta_estimate` (max over the P||Q and Q||P directions) is a
 deterministic, continuous, piecewise-smooth function of ``(sigma, C)``.  The calibrated noise
 multiplier ``sigma*(C)`` is the smallest ``sigma`` with ``delta_hat(sigma; C) <= target_delta``
 at ``target_epsilon``; it is found by fixed-length bisection in ``log sigma`` (50 halvings of a
 bracket of log-width ln(1e7): relative width ~1.4e-14, so finite differences can check the
-gradient) and differentiated by the implicit function theorem (seed 002 §4.2)::
+gradient) and differentiated by the implicit function theorem (Choquette-Choo et al. 2024, §4.2)::
 
     d sigma*/d C = -(d delta_hat/d C) / (d delta_hat/d sigma)     at (sigma*, C)
 
@@ -19,18 +24,18 @@ bisection loop; each bisection step is one pass of ``logsumexp`` over ``(m, b)``
 draws are exactly those of :func:`dpjax.montecarlo.delta_estimate` for the same key (its stream
 depends only on ``(key, b, sample index)``), so the calibrated sigma reproduces
 ``delta_estimate(...) == target_delta``.  Above ``_MAX_PRECOMPUTED`` entries ``m * b`` the
-calibration instead calls the chunked :func:`dpjax.montecarlo.monte_carlo_sums` at every step
+calibration instead calls the chunked :func:`dpjax.montecarlo.delta_estimate` at every step
 (bounded memory, same numbers, slower).
 
-What this is and is not.  ``sigma*`` solves the *estimate* (the optimisation loop's use, seed
-002 §5.1.4: few samples while optimising).  It is not a certificate: certify the final
+What this is and is not.  ``sigma*`` solves the *estimate* (the optimisation loop's use,
+Choquette-Choo et al. 2024, §5.1.4: few samples while optimising).  It is not a certificate: certify the final
 ``(C, sigma)`` with :meth:`dpjax.montecarlo.BallsInBins.certify` and many samples.
 
 Usage::
 
     import jax, jax.numpy as jnp
     from dpjax.matrices import Toeplitz
-    from dpjax.montecarlo import calibrated_noise
+    from dpjax.calibration import calibrated_noise   # (not re-exported by dpjax.montecarlo)
 
     C = Toeplitz(jnp.array([1.0, 0.3]))
     sigma = calibrated_noise(C, 8, 2, target_epsilon=2.0, target_delta=1e-3,
@@ -47,24 +52,20 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64
-from dpjax.calibration.root import (STATUS_MET_AT_BRACKET_END, STATUS_UNREACHABLE,
-                                    ImplicitAdjoint, RootResult, StopGradientAdjoint,
-                                    solve_monotone_root)
-from dpjax.matrices import BLT, Toeplitz
-from dpjax.montecarlo import _core as mc_core
+from dpjax.calibration.root import (ImplicitAdjoint, RootResult, SolverStatus,
+                                    StopGradientAdjoint, solve_monotone_root)
+from dpjax.matrices import correlation_array
+from dpjax.montecarlo import (as_prng_key, delta_estimate, delta_from_projections, draws,
+                              gram_matrix, gram_sqrt)
 
 __all__ = [
-    "gram_of",
-    "draws",
-    "delta_hat_from_projections",
     "calibrated_noise_core",
     "calibrated_noise",
     "calibrate_accountant",
-    "minimum_samples",
+    "estimate_minimum_samples",
     "DEFAULT_NUM_ITERATIONS",
 ]
 
@@ -79,58 +80,14 @@ _BRACKET_RELATIVE = (1e-3, 1e4)
 _MAX_PRECOMPUTED = 1 << 24
 
 
-def minimum_samples(target_delta: float) -> int:
-    """Fewest Monte Carlo samples accepted for ``target_delta``: ``ceil(1 / target_delta)``.
+def estimate_minimum_samples(target_delta: float) -> int:
+    """Fewest Monte Carlo samples a calibration accepts for ``target_delta``: ``ceil(1 / delta)``.
 
     An estimate of delta from ``m`` samples cannot resolve deltas below ~1/m (a single sample
-    contributes up to 1/m); Estimate-Verify-Release needs about 1/delta samples at the very
-    least (DESIGN.md §4), more for a tight certificate.
+    contributes up to 1/m).  This is a floor for the *estimate*; certifying with
+    Estimate-Verify-Release needs more (:func:`dpjax.montecarlo.evr_minimum_samples`).
     """
     return int(math.ceil(1.0 / float(target_delta)))
-
-
-def gram_of(correlation, batches_per_epoch: int, epochs: int):
-    """Gram matrix ``G = M M^T`` ``(b, b)`` of the modes of ``C``; differentiable in ``C``.
-
-    ``correlation``: a :class:`~dpjax.matrices.Toeplitz` / :class:`~dpjax.matrices.BLT`
-    (O(b n), via the first column) or a dense ``(n, n)`` lower-triangular array, ``n = b * E``.
-    """
-    if isinstance(correlation, (Toeplitz, BLT)):
-        column = correlation.column(batches_per_epoch * epochs)
-        return mc_core.gram_from_columns(column, batches_per_epoch, epochs)
-    c = jnp.asarray(correlation, jnp.float64)
-    if c.ndim == 1:  # a Toeplitz first column, as BallsInBins accepts
-        return mc_core.gram_from_columns(c, batches_per_epoch, epochs)
-    return mc_core.gram_from_dense(c, batches_per_epoch)
-
-
-def draws(key, batches_per_epoch: int, num_samples: int):
-    """The first ``num_samples`` draws ``(mode_index (m,), U (m, b))`` of the accountant's stream.
-
-    Identical to the draws :func:`dpjax.montecarlo.delta_estimate` uses for the same key.
-    """
-    key = mc_core._to_key(key)
-    b = batches_per_epoch
-    num_blocks = -(-num_samples // mc_core.BLOCK_SIZE)
-    mode_index, u = jax.vmap(lambda j: mc_core.draw_block(key, j, b))(jnp.arange(num_blocks))
-    return mode_index.reshape(-1)[:num_samples], u.reshape(-1, b)[:num_samples]
-
-
-def delta_hat_from_projections(gram, projections, mode_index, noise_multiplier, epsilon):
-    """``delta_hat`` (max over both directions) from precomputed projections ``W = U L^T``.
-
-    Same formulas as :func:`dpjax.montecarlo._core.privacy_losses` (DESIGN.md §4, Gram
-    reduction), with ``W`` hoisted out of the bisection loop.  ``gram (b, b)``,
-    ``projections (m, b)``, ``mode_index (m,)``; scalar ``noise_multiplier``, ``epsilon``.
-    """
-    b = gram.shape[0]
-    sigma = noise_multiplier
-    logits_q = projections / sigma - (0.5 * jnp.diagonal(gram) / sigma**2)[None, :]
-    logits_p = logits_q + jnp.take(gram, mode_index, axis=0) / sigma**2
-    y_pq = jax.nn.logsumexp(logits_p, axis=1) - math.log(b)
-    y_qp = -(jax.nn.logsumexp(logits_q, axis=1) - math.log(b))
-    hockey = lambda y: jnp.mean(-jnp.expm1(jnp.minimum(epsilon - y, 0.0)))
-    return jnp.maximum(hockey(y_pq), hockey(y_qp))
 
 
 def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: int, *,
@@ -139,7 +96,7 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
     """Jittable core: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta`` (safe side).
 
     Args:
-      gram: ``(b, b)`` Gram matrix (:func:`gram_of`); gradients flow to it (and to whatever
+      gram: ``(b, b)`` Gram matrix (:func:`dpjax.montecarlo.gram_matrix`); gradients flow to it (and to whatever
         produced it) through ``adjoint``.
       target_epsilon, target_delta: scalars (differentiable).
       key: PRNG key of the common random numbers.
@@ -161,17 +118,17 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
         (_BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity))
     if precompute:
         mode_index, u = draws(key, b, num_samples)
-        projections = u @ mc_core.gram_sqrt(gram).T  # (m, b) ~ N(0, G); no sigma dependence
+        projections = u @ gram_sqrt(gram).T  # (m, b) ~ N(0, G); no sigma dependence
 
         def fn(sigma, theta):
             g, w, e = theta
-            return delta_hat_from_projections(g, w, mode_index, sigma, e)
+            return delta_from_projections(g, w, mode_index, sigma, e)
 
         theta = (gram, projections, eps)
     else:
         def fn(sigma, theta):
             g, e = theta
-            return mc_core.delta_estimate(g, sigma, e, key, num_samples)[0]
+            return delta_estimate(g, sigma, e, key, num_samples)[0]
 
         theta = (gram, eps)
     return solve_monotone_root(fn, theta, jnp.asarray(target_delta, jnp.float64), bracket,
@@ -182,7 +139,7 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8))
 def _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, num_samples,
                    num_iterations, adjoint):
-    gram = gram_of(correlation, b, epochs)
+    gram = gram_matrix(correlation, b, epochs)
     return calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples,
                                  num_iterations=num_iterations, adjoint=adjoint)
 
@@ -198,11 +155,17 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     """Noise multiplier calibrated on the Monte Carlo estimate; differentiable in ``C``.
 
     Solves ``delta_hat(sigma; C, target_epsilon) = target_delta`` (balls-in-bins dominating
-    pair of DESIGN.md §4, both directions, ``num_samples`` common random numbers from ``key``)
-    by bisection in ``log sigma`` to ~1e-14 relative, returning the upper end of the final
-    bracket; ``jax.grad`` gives ``d sigma*/d C`` by implicit differentiation.  Usable inside
-    ``jit``/``grad``/``vmap`` (then validation of traced values is skipped and an unreachable
-    target gives NaN instead of raising).
+    pair of :mod:`dpjax.montecarlo.core`, both directions, ``num_samples`` common random
+    numbers from ``key``) by ``num_iterations`` bisection steps in ``log sigma`` over
+    ``[1e-3, 1e4] x`` the sensitivity (default 50: bracket ~1.4e-14 relative), returning the
+    upper end of the final bracket; ``jax.grad`` gives ``d sigma*/d C`` by implicit
+    differentiation.  Usable under ``grad``/``vmap`` from float32 code, and inside ``jit``
+    traced with x64 on (inside a ``jit`` traced with x64 off it raises a ``ValueError`` naming
+    the fix; see :mod:`dpjax._x64`).  With traced inputs, validation of traced values is
+    skipped and an unreachable target gives NaN instead of raising.
+
+    Its home is the calibration layer: ``dpjax.calibration.calibrated_noise`` (it is not
+    re-exported by :mod:`dpjax.montecarlo`, which the calibration layer builds on).
 
     Args:
       correlation: ``C``: :class:`~dpjax.matrices.Toeplitz`, :class:`~dpjax.matrices.BLT`, a
@@ -219,7 +182,8 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
         :class:`~dpjax.calibration.StopGradientAdjoint`.
 
     Returns:
-      scalar float64 array ``sigma*`` (noise std / clip norm).  Not a certificate: certify the
+      scalar array ``sigma*`` (noise std / clip norm), computed in float64 (float32 when
+      returned to a traced float32 caller).  Not a certificate: certify the
       final ``(C, sigma)`` with many samples (:meth:`dpjax.montecarlo.BallsInBins.certify`).
 
     Raises:
@@ -229,28 +193,12 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
     epochs = _validate.positive_int("epochs", epochs)
     m = _validate.positive_int("num_samples", num_samples, minimum=2)
-    n = b * epochs
-    if not isinstance(correlation, (Toeplitz, BLT)) and not _is_tracer(correlation):
-        c = np.asarray(correlation, dtype=np.float64)
-        if c.ndim == 1:
-            _validate.nonnegative("correlation (Toeplitz first column)", c)
-            if c.size == 0:
-                raise ValueError("correlation (Toeplitz first column) must be non-empty")
-        elif c.shape != (n, n):
-            raise ValueError(
-                f"correlation must have shape (n, n) = ({n}, {n}) for batches_per_epoch={b}, "
-                f"epochs={epochs}, got {c.shape}")
-        else:
-            if np.isnan(c).any() or np.isinf(c).any():
-                raise ValueError("correlation must be finite (no NaN/inf)")
-            if np.any(np.triu(c, 1) != 0):
-                raise ValueError("correlation must be lower-triangular")
-            if np.any(c < 0):
-                raise ValueError("correlation must be non-negative")
+    # The one validation of C (shape, dtype; values when concrete), before tracing.
+    correlation = correlation_array(correlation, b * epochs)
     concrete = not _is_tracer((target_epsilon, target_delta))
     if concrete:
         _check_targets(target_epsilon, target_delta, m)
-    key = _as_key(key)
+    key = as_prng_key(key)
     res = _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, m,
                          num_iterations, adjoint)
     if concrete and not _is_tracer((correlation, key)):
@@ -258,31 +206,23 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     return res.root
 
 
-def _as_key(key):
-    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        return jax.random.key(int(key))
-    if key is None:
-        raise ValueError("key must be a JAX PRNG key or an integer seed, got None")
-    return key
-
-
 def _check_targets(target_epsilon, target_delta, m):
     _validate.positive("target_epsilon", target_epsilon)
     _validate.probability_open("target_delta", target_delta)
-    if m < minimum_samples(target_delta):
+    if m < estimate_minimum_samples(target_delta):
         raise ValueError(
             f"target_delta={float(target_delta):g} is below what num_samples={m} can "
-            f"resolve: use num_samples >= {minimum_samples(target_delta)} (about 1/delta)")
+            f"resolve: use num_samples >= {estimate_minimum_samples(target_delta)} (about 1/delta)")
 
 
 def _raise_on_status(res: RootResult, target_epsilon, target_delta):
     status = int(res.status)
-    if status == STATUS_UNREACHABLE:
+    if status == SolverStatus.UNREACHABLE:
         raise ValueError(
             f"target (epsilon={float(target_epsilon):g}, delta={float(target_delta):g}) is "
             f"not reached by any noise multiplier up to {_BRACKET_RELATIVE[1]:g} x "
             "sensitivity; increase target_epsilon or target_delta")
-    if status == STATUS_MET_AT_BRACKET_END:
+    if status == SolverStatus.MET_AT_BRACKET_END:
         raise ValueError(
             f"target (epsilon={float(target_epsilon):g}, delta={float(target_delta):g}) is met "
             f"even at noise multiplier {float(res.root):g} = {_BRACKET_RELATIVE[0]:g} x "
@@ -316,7 +256,7 @@ def calibrate_accountant(accountant, target_epsilon, target_delta, num_samples, 
     m = _validate.positive_int("num_samples", num_samples, minimum=2)
     _check_targets(target_epsilon, target_delta, m)
     res = _calibrate_gram_jit(jnp.asarray(accountant.gram, jnp.float64),
-                              float(target_epsilon), float(target_delta), _as_key(key), m,
+                              float(target_epsilon), float(target_delta), as_prng_key(key), m,
                               num_iterations)
     _raise_on_status(res, target_epsilon, target_delta)
     return float(res.root)

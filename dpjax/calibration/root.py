@@ -12,8 +12,10 @@ multiplier, or epsilon itself), and we want the boundary of the feasible set
   ``lax.fori_loop`` of static length: it compiles once, its cost is known, and ``vmap`` over
   ``theta``/``target``/``bracket`` calibrates a batch in one call.  With ``log_scale=True`` the
   bracket is halved in ``log x``, so ``k`` iterations reach a relative width of
-  ``(upper / lower) ** (2 ** -k)`` -- 64 iterations take ``[1e-3, 1e3]`` to ~1e-18 relative,
-  i.e. to float64 resolution.
+  ``(upper / lower) ** (2 ** -k)``; 50 iterations take ``[1e-3, 1e4]`` to ~1.4e-14 relative.
+  Below ~``|log x| * 2.2e-16`` relative (adjacent float64 values of ``log x``) more iterations
+  do not shrink the bracket further: 64 iterations on ``[1e-3, 1e3]`` reach that floor
+  (~1e-15 relative), not the 7.5e-19 the formula would give.
 
 Bisection is piecewise constant in ``theta``, so autodiff through it gives zero.  The implicit
 function theorem gives the true derivative of the root ``x*(theta)`` of ``f(x*, theta) = target``
@@ -43,6 +45,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from typing import Any, Callable, Tuple
 
@@ -50,9 +53,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
-    "STATUS_CONVERGED",
-    "STATUS_UNREACHABLE",
-    "STATUS_MET_AT_BRACKET_END",
+    "SolverStatus",
     "RootResult",
     "bisect_monotone",
     "ImplicitAdjoint",
@@ -60,12 +61,26 @@ __all__ = [
     "solve_monotone_root",
 ]
 
-#: The feasible boundary lies inside the bracket; ``root`` is feasible.
-STATUS_CONVERGED = 0
-#: Even the most favourable end of the bracket violates the target: ``root`` is NaN.
-STATUS_UNREACHABLE = 1
-#: The whole bracket is feasible: ``root`` is the least-favourable end (feasible, maybe not optimal).
-STATUS_MET_AT_BRACKET_END = 2
+class SolverStatus(enum.IntEnum):
+    """Outcome of a monotone bisection, stored as an int32 in :attr:`RootResult.status`.
+
+    An ``IntEnum``, so ``int(result.status) == SolverStatus.CONVERGED`` and
+    ``SolverStatus(int(result.status))`` work on the array values.
+    """
+
+    #: The feasible boundary lies inside the bracket; ``root`` is feasible.
+    CONVERGED = 0
+    #: Even the most favourable end of the bracket violates the target: ``root`` is NaN.
+    UNREACHABLE = 1
+    #: The whole bracket is feasible: ``root`` is the least-favourable end (feasible, maybe
+    #: not optimal).
+    MET_AT_BRACKET_END = 2
+
+
+# Aliases of the enum members, for dpjax.calibration.pld (which compares arrays against them).
+STATUS_CONVERGED = SolverStatus.CONVERGED
+STATUS_UNREACHABLE = SolverStatus.UNREACHABLE
+STATUS_MET_AT_BRACKET_END = SolverStatus.MET_AT_BRACKET_END
 
 
 @jax.tree_util.register_dataclass
@@ -76,10 +91,10 @@ class RootResult:
     Attributes:
       root: the end of the final bracket inside the feasible set ``{x: f(x) <= target}``
         (the *upper* end when ``f`` decreases in ``x``, the *lower* end when it increases);
-        NaN when ``status == STATUS_UNREACHABLE``.  Differentiable through the chosen adjoint.
+        NaN when ``status == SolverStatus.UNREACHABLE``.  Differentiable through the chosen
+        adjoint.
       lower, upper: the final bracket (``lower <= boundary <= upper``), no gradient.
-      status: int32, one of ``STATUS_CONVERGED``, ``STATUS_UNREACHABLE``,
-        ``STATUS_MET_AT_BRACKET_END``.
+      status: int32, a :class:`SolverStatus` value.
     """
 
     root: jax.Array
@@ -150,12 +165,12 @@ def _bisect(fn: Callable, target, lower, upper, *, decreasing: bool, num_iterati
     _, _, good, bad, _, _, _ = jax.lax.fori_loop(0, num_iterations, body, init)
     status = jnp.where(
         ~ok_good,
-        STATUS_UNREACHABLE,
-        jnp.where(ok_bad, STATUS_MET_AT_BRACKET_END, STATUS_CONVERGED),
+        int(SolverStatus.UNREACHABLE),
+        jnp.where(ok_bad, int(SolverStatus.MET_AT_BRACKET_END), int(SolverStatus.CONVERGED)),
     )
     # Whole bracket feasible: answer the least-favourable feasible end (the bad end), not a
     # bisection artefact.  Unreachable: NaN, so nothing downstream silently uses a clipped value.
-    root = jnp.where(status == STATUS_CONVERGED, good, jnp.where(ok_bad, bad0, jnp.nan))
+    root = jnp.where(status == int(SolverStatus.CONVERGED), good, jnp.where(ok_bad, bad0, jnp.nan))
     lo, hi = (bad, good) if decreasing else (good, bad)
     return root, lo, hi, status.astype(root.dtype)
 
@@ -204,7 +219,7 @@ class ImplicitAdjoint:
     Accuracy: exact up to how close ``x*`` is to the true boundary (the bisection tolerance) and
     to the smoothness of ``f``.  The derivative is undefined where ``f_x = 0`` (a flat ``f``;
     gives inf/NaN, never a silently wrong finite number) and meaningless when the status is
-    not ``STATUS_CONVERGED``.
+    not ``SolverStatus.CONVERGED``.
     """
 
     def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale,

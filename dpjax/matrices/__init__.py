@@ -1,13 +1,15 @@
 """Correlation matrices for matrix-factorization mechanisms (DESIGN.md section 6).
 
 :class:`Toeplitz`, :class:`BLT` (immutable pytrees with ``.column(n)``, ``.dense(n)``,
-``.inverse_column(n)``) and :func:`prefix_sum_rmse`.  All differentiable in the coefficients.
+``.inverse_column(n)``), :func:`prefix_sum_rmse`, and :func:`correlation_array`, the one
+dispatch/validation of correlation-matrix input used by the Monte Carlo accountant, the
+calibration and the optimisation loss.  All differentiable in the coefficients.
 """
 
 from dpjax.matrices._structured import (
     BLT,
     Toeplitz,
-    as_first_column,
+    correlation_array,
     inverse_toeplitz_column,
     inverse_toeplitz_column_recurrence,
     prefix_sum_rmse,
@@ -17,7 +19,7 @@ from dpjax.matrices._structured import (
 __all__ = [
     "BLT",
     "Toeplitz",
-    "as_first_column",
+    "correlation_array",
     "inverse_toeplitz_column",
     "inverse_toeplitz_column_recurrence",
     "prefix_sum_rmse",

@@ -104,9 +104,23 @@ def inverse_toeplitz_column_recurrence(column):
     return v
 
 
+class _LowerTriangularToeplitz:
+    """What every lower-triangular Toeplitz matrix derives from its first column ``column(n)``."""
+
+    @float64
+    def dense(self, n: int):
+        """Dense ``(n, n)`` matrix."""
+        return toeplitz_dense(self.column(n))
+
+    @float64
+    def inverse_column(self, n: int):
+        """First column of ``C^{-1}`` (``(n,)``), O(n log n); see :func:`inverse_toeplitz_column`."""
+        return inverse_toeplitz_column(self.column(n))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Toeplitz:
+class Toeplitz(_LowerTriangularToeplitz):
     """Lower-triangular Toeplitz correlation matrix ``C[i, j] = coeffs[i - j]`` (``i >= j``).
 
     Attributes:
@@ -134,15 +148,6 @@ class Toeplitz:
         """First column, ``(n,)`` (zero-padded or truncated)."""
         return _pad_or_truncate(jnp.asarray(self.coeffs, jnp.float64), n)
 
-    @float64
-    def dense(self, n: int):
-        """Dense ``(n, n)`` matrix."""
-        return toeplitz_dense(self.column(n))
-
-    @float64
-    def inverse_column(self, n: int):
-        """First column of ``C^{-1}`` (``(n,)``), O(n log n); see :func:`inverse_toeplitz_column`."""
-        return inverse_toeplitz_column(self.column(n))
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -164,7 +169,7 @@ def _dense_prefix_sum_rmse(c, noise_multiplier):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class BLT:
+class BLT(_LowerTriangularToeplitz):
     """Buffered linear Toeplitz matrix: ``c_0 = 1``, ``c_k = sum_j omega_j theta_j^(k-1)``.
 
     Attributes:
@@ -203,13 +208,6 @@ class BLT:
         return _blt_column(jnp.asarray(self.buffer_decays, jnp.float64),
                            jnp.asarray(self.output_scales, jnp.float64), n)
 
-    @float64
-    def dense(self, n: int):
-        return toeplitz_dense(self.column(n))
-
-    @float64
-    def inverse_column(self, n: int):
-        return inverse_toeplitz_column(self.column(n))
 
 
 @jax.jit
@@ -259,19 +257,55 @@ def prefix_sum_rmse(correlation, noise_multiplier, n: int | None = None):
     return _dense_prefix_sum_rmse(c, jnp.asarray(noise_multiplier, jnp.float64))
 
 
-def as_first_column(correlation, n: int):
-    """First column ``(n,)`` of a structured matrix (Toeplitz / BLT), else ``None``."""
+@float64
+def correlation_array(correlation, n: int, *, name: str = "correlation"):
+    """The one dispatch and validation of correlation-matrix input ``C`` (``n`` rounds).
+
+    Every consumer of a correlation matrix (the Monte Carlo accountant, the calibration, the
+    optimisation loss) goes through this function, so all accept the same inputs with the same
+    rules:
+
+    * :class:`Toeplitz` / :class:`BLT` -> their first column, ``(n,)`` (validated by the class);
+    * a 1-D array -> a Toeplitz first column, zero-padded to ``n`` (banded) or truncated;
+    * a 2-D array -> a dense ``(n, n)`` matrix.
+
+    Returns a float64 array: ``ndim == 1`` means "Toeplitz with this first column", ``ndim == 2``
+    "dense".  Differentiable in the input (the column / matrix is passed through).
+
+    Raises:
+      ValueError (naming ``name`` and the valid range): complex entries; wrong shape (a dense
+        matrix must be ``(n, n)``); and, for concrete (non-traced) values, NaN/inf, negative
+        entries, or non-zero entries above the diagonal.  Traced values are checked for shape
+        and dtype only (their values are unknown at trace time).
+    """
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (number of rounds) must be an integer >= 1, got {n!r}")
     if isinstance(correlation, (Toeplitz, BLT)):
-        return correlation.column(n)
-    return None
-
-
-__all__ = [
-    "BLT",
-    "Toeplitz",
-    "as_first_column",
-    "inverse_toeplitz_column",
-    "inverse_toeplitz_column_recurrence",
-    "prefix_sum_rmse",
-    "toeplitz_dense",
-]
+        return correlation.column(int(n))
+    if isinstance(correlation, (str, bytes)) or correlation is None:
+        raise ValueError(f"{name} must be a Toeplitz/BLT matrix or a real array, got {correlation!r}")
+    if jnp.iscomplexobj(correlation):
+        raise ValueError(f"{name} must be real (a non-negative lower-triangular matrix), got a complex array")
+    try:
+        arr = jnp.asarray(correlation, jnp.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a Toeplitz/BLT matrix or a real array, got {correlation!r}") from exc
+    if arr.ndim == 1:
+        if arr.shape[0] == 0:
+            raise ValueError(f"{name} (a Toeplitz first column) must be non-empty")
+    elif arr.ndim == 2:
+        if arr.shape != (n, n):
+            raise ValueError(
+                f"{name} must be a square (n, n) = ({n}, {n}) matrix (n = batches_per_epoch * "
+                f"epochs), got shape {arr.shape}")
+    else:
+        raise ValueError(f"{name} must be 1-D (a Toeplitz first column) or 2-D (n, n), got shape {arr.shape}")
+    if _is_concrete(correlation):
+        host = np.asarray(arr)
+        if not np.isfinite(host).all():
+            raise ValueError(f"{name} must be finite (no NaN/inf entries)")
+        if (host < 0).any():
+            raise ValueError(f"{name} must be non-negative (entries >= 0), min entry {host.min():.3g}")
+        if host.ndim == 2 and np.triu(host, 1).any():
+            raise ValueError(f"{name} must be lower triangular (zero above the diagonal)")
+    return _pad_or_truncate(arr, int(n)) if arr.ndim == 1 else arr

@@ -1,13 +1,19 @@
-"""Monte Carlo accounting of matrix mechanisms under balls-in-bins batching (seed 002).
+"""Monte Carlo accounting of matrix mechanisms under balls-in-bins batching.
+
+Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix
+Mechanisms" (2024).  Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> this package ->
+:mod:`dpjax.calibration` -> :mod:`dpjax.optimization`; nothing here imports the calibration or
+optimization layers at import time.
 
 Public API:
 
 * :class:`BallsInBins` -- ``BallsInBins(C, batches_per_epoch, epochs)`` with ``.delta``
   (estimate, standard error), ``.estimate`` (both directions, :class:`DeltaEstimate`),
   ``.epsilon`` (eps_hat(delta)), ``.certify`` (Estimate-Verify-Release, :class:`Certificate`),
+  ``.calibrate`` (a convenience call into :func:`dpjax.calibration.calibrate_accountant`),
   ``.sensitivity``, ``.unamplified_delta`` / ``.unamplified_epsilon`` (no-amplification
-  Gaussian baseline).  :func:`minimum_samples`, :func:`certified_delta` for EVR planning;
-  :func:`gaussian_delta` / :func:`gaussian_epsilon`.
+  Gaussian baseline, :func:`dpjax.pld.gaussian_delta`).  :func:`evr_minimum_samples`,
+  :func:`certified_delta` for Estimate-Verify-Release planning.
 
 Example::
 
@@ -20,30 +26,40 @@ Example::
     cert = acc.certify(2.0, epsilon=4.0, target_delta=1e-3, num_samples=1 << 20, key=1)
     cert.verified, cert.delta, cert.failure_probability
 
-* Pure jittable core (for calibration / optimisation under ``jit`` and ``grad``):
-  :func:`delta_estimate`, :func:`monte_carlo_sums`, :func:`gram_from_columns`,
+* Public pure, jittable core (:mod:`dpjax.montecarlo.core`; the calibration and optimisation
+  layers build on it): draws (:func:`draws`), privacy losses (:func:`privacy_losses`,
+  :func:`privacy_losses_from_projections`), estimators (:func:`delta_estimate`,
+  :func:`delta_from_projections`, :func:`monte_carlo_sums`, :func:`sharded_monte_carlo_sums`,
+  :func:`estimate_from_sums`), Gram matrices (:func:`gram_matrix`, :func:`gram_from_columns`,
   :func:`gram_from_dense`, :func:`gram_from_modes`, :func:`modes_from_column`,
-  :func:`modes_from_dense`, :func:`gram_sqrt`, :func:`sharded_monte_carlo_sums`.
+  :func:`modes_from_dense`, :func:`gram_sqrt`), keys (:func:`as_prng_key`, :func:`rbg_key`).
 * Direct ``n``-dimensional reference sampler: :func:`direct_monte_carlo_sums`.
 
-See :mod:`dpjax.montecarlo._core` for the math and the common-random-numbers property.
+The differentiable calibration of the noise multiplier lives in the calibration layer:
+:func:`dpjax.calibration.calibrated_noise` (it is not re-exported here).
 """
 
-from dpjax.montecarlo._core import (
+from dpjax.montecarlo.core import (
     BLOCK_SIZE,
     DEFAULT_CHUNK_NORMALS,
     MonteCarloSums,
+    as_prng_key,
     delta_estimate,
+    delta_from_projections,
     direct_monte_carlo_sums,
+    draws,
     estimate_from_sums,
     gram_from_columns,
     gram_from_dense,
     gram_from_modes,
+    gram_matrix,
     gram_sqrt,
     modes_from_column,
     modes_from_dense,
     monte_carlo_sums,
     privacy_losses,
+    privacy_losses_from_projections,
+    rbg_key,
     sharded_monte_carlo_sums,
 )
 from dpjax.montecarlo._normal import normal_from_bits, normal_pairs_from_bits, uniform_open
@@ -52,9 +68,7 @@ from dpjax.montecarlo._accountant import (
     Certificate,
     DeltaEstimate,
     certified_delta,
-    gaussian_delta,
-    gaussian_epsilon,
-    minimum_samples,
+    evr_minimum_samples,
 )
 
 __all__ = [
@@ -62,38 +76,29 @@ __all__ = [
     "Certificate",
     "DeltaEstimate",
     "certified_delta",
-    "gaussian_delta",
-    "gaussian_epsilon",
-    "minimum_samples",
+    "evr_minimum_samples",
     "BLOCK_SIZE",
     "DEFAULT_CHUNK_NORMALS",
     "MonteCarloSums",
+    "as_prng_key",
     "delta_estimate",
+    "delta_from_projections",
     "direct_monte_carlo_sums",
+    "draws",
     "estimate_from_sums",
     "gram_from_columns",
     "gram_from_dense",
     "gram_from_modes",
+    "gram_matrix",
     "gram_sqrt",
     "modes_from_column",
     "modes_from_dense",
     "monte_carlo_sums",
     "normal_from_bits",
     "normal_pairs_from_bits",
-    "uniform_open",
     "privacy_losses",
+    "privacy_losses_from_projections",
+    "rbg_key",
     "sharded_monte_carlo_sums",
+    "uniform_open",
 ]
-
-__all__ += ["calibrated_noise"]
-
-
-def __getattr__(name):
-    # Differentiable calibration, implemented in dpjax.calibration.montecarlo (which imports this
-    # package's core): resolved lazily (PEP 562) so that neither package imports the other at
-    # import time -- no circular import whichever is imported first.
-    if name == "calibrated_noise":
-        from dpjax.calibration.montecarlo import calibrated_noise
-
-        return calibrated_noise
-    raise AttributeError(f"module 'dpjax.montecarlo' has no attribute {name!r}")

@@ -4,52 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import optimize, special
 
 from dpjax import _validate
 from dpjax._x64 import float64
-from dpjax.matrices import BLT, Toeplitz
-from dpjax.montecarlo import _core, _evr
+from dpjax.montecarlo import _evr, core
+from dpjax.pld.exact import gaussian_delta, gaussian_epsilon
 
 MAX_SAMPLES = 1 << 40
-
-
-# --------------------------------------------------------------------------- Gaussian baseline
-
-
-def gaussian_delta(sensitivity_over_sigma: float, epsilon) -> np.ndarray:
-    """Tight delta of the Gaussian mechanism with ``mu = sensitivity / sigma`` (Balle & Wang 2018).
-
-    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``; the second term in log
-    space (``log_ndtr``) so large ``eps`` neither overflows nor cancels to a negative number.
-    """
-    mu = float(sensitivity_over_sigma)
-    eps = np.asarray(epsilon, dtype=np.float64)
-    if mu == 0.0:
-        return np.zeros_like(eps)
-    first = special.ndtr(-eps / mu + mu / 2)
-    second = np.exp(eps + special.log_ndtr(-eps / mu - mu / 2))
-    return np.clip(first - second, 0.0, 1.0)
-
-
-def gaussian_epsilon(sensitivity_over_sigma: float, target_delta: float) -> float:
-    """Smallest ``eps >= 0`` with :func:`gaussian_delta` ``<= target_delta`` (root, rounded up)."""
-    mu = float(sensitivity_over_sigma)
-    if gaussian_delta(mu, 0.0) <= target_delta:
-        return 0.0
-    hi = 1.0
-    while gaussian_delta(mu, hi) > target_delta:
-        hi *= 2.0
-        if hi > 1e6:
-            return math.inf
-    root = optimize.brentq(lambda e: gaussian_delta(mu, e) - target_delta, 0.0, hi, xtol=1e-13, rtol=1e-13)
-    # brentq's bracket end with delta <= target keeps the answer on the safe side.
-    return float(root if gaussian_delta(mu, root) <= target_delta else root + 1e-12)
 
 
 # --------------------------------------------------------------------------- results
@@ -121,33 +85,6 @@ class Certificate:
 # --------------------------------------------------------------------------- validation
 
 
-def _validate_dense(name: str, value: Any, n: int) -> np.ndarray:
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a real (n, n) array, got {value!r}") from exc
-    if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
-        raise ValueError(f"{name} must be a square (n, n) array, got shape {arr.shape}")
-    if np.isnan(arr).any() or np.isinf(arr).any():
-        raise ValueError(f"{name} must be finite (no NaN/inf entries)")
-    if (arr < 0).any():
-        raise ValueError(f"{name} must be non-negative (entries >= 0), min entry {arr.min():.3g}")
-    if np.triu(arr, 1).any():
-        raise ValueError(f"{name} must be lower triangular (zero above the diagonal)")
-    if arr.shape[0] != n:
-        raise ValueError(
-            f"{name} has n = {arr.shape[0]} rows but batches_per_epoch * epochs = {n}; they must be equal")
-    return arr
-
-
-def _to_key(key):
-    if key is None:
-        raise ValueError("key must be a JAX PRNG key or an integer seed, got None")
-    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        return jax.random.key(int(key))
-    return key
-
-
 def _validate_samples(num_samples) -> int:
     m = _validate.positive_int("num_samples", num_samples)
     if m > MAX_SAMPLES:
@@ -159,12 +96,13 @@ def _validate_samples(num_samples) -> int:
 
 
 class BallsInBins:
-    """Monte Carlo accountant for ``C x + z`` under balls-in-bins batching (seed 002).
+    """Monte Carlo accountant for ``C x + z`` under balls-in-bins batching (Choquette-Choo et al. 2024).
 
     Args:
       correlation: the correlation matrix ``C``: a dense ``(n, n)`` lower-triangular
         non-negative array, a :class:`dpjax.matrices.Toeplitz` / :class:`~dpjax.matrices.BLT`,
-        or a 1-D array taken as a Toeplitz first column (zero-padded to ``n``: banded).
+        or a 1-D array taken as a Toeplitz first column (zero-padded to ``n``: banded);
+        validated by :func:`dpjax.matrices.correlation_array`.
       batches_per_epoch: ``b`` (each example falls in one of ``b`` batches, the same every epoch).
       epochs: ``E``; ``n = b * E`` rounds.
 
@@ -181,24 +119,10 @@ class BallsInBins:
     def __init__(self, correlation, batches_per_epoch, epochs):
         b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
         e = _validate.positive_int("epochs", epochs)
-        n = b * e
         self.batches_per_epoch = b
         self.epochs = e
-        self.num_rounds = n
-        if isinstance(correlation, (Toeplitz, BLT)):
-            column = np.asarray(correlation.column(n), dtype=np.float64)
-            _validate.nonnegative("correlation (first column)", column)
-            gram = _core.gram_from_columns(jnp.asarray(column), b, e)
-        else:
-            arr = np.asarray(correlation, dtype=np.float64) if not isinstance(correlation, str) else None
-            if arr is not None and arr.ndim == 1:
-                if arr.size == 0:
-                    raise ValueError("correlation (Toeplitz first column) must be non-empty")
-                _validate.nonnegative("correlation (Toeplitz first column)", arr)
-                gram = _core.gram_from_columns(jnp.asarray(arr), b, e)
-            else:
-                dense = _validate_dense("correlation", correlation, n)
-                gram = _core.gram_from_dense(jnp.asarray(dense), b)
+        self.num_rounds = b * e
+        gram = core.gram_matrix(correlation, b, e)
         self.gram = np.asarray(gram)
         if not np.isfinite(self.gram).all():
             raise ValueError("correlation produces a non-finite Gram matrix (entries too large)")
@@ -218,12 +142,13 @@ class BallsInBins:
         """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = _validate.nonnegative("epsilon", epsilon)
-        return gaussian_delta(self.sensitivity / sigma, eps)
+        return np.asarray(gaussian_delta(eps, self.sensitivity / sigma))
 
     def unamplified_epsilon(self, noise_multiplier, target_delta) -> float:
+        """Gaussian epsilon at sensitivity :attr:`sensitivity` (:func:`dpjax.pld.gaussian_epsilon`)."""
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         delta = float(_validate.probability_open("target_delta", target_delta))
-        return gaussian_epsilon(self.sensitivity / sigma, delta)
+        return float(gaussian_epsilon(delta, self.sensitivity / sigma))
 
     # ------------------------------------------------------------------ Monte Carlo
 
@@ -237,9 +162,9 @@ class BallsInBins:
         if chunk_size is not None:
             chunk_size = _validate.positive_int("chunk_size", chunk_size)
         flat = np.atleast_1d(eps).reshape(-1)
-        sums = _core.sharded_monte_carlo_sums(
-            jnp.asarray(self.gram), sigma, jnp.asarray(flat), _to_key(key), m, chunk_size, devices)
-        mean, se = _core.estimate_from_sums(sums, m)
+        sums = core.sharded_monte_carlo_sums(
+            jnp.asarray(self.gram), sigma, jnp.asarray(flat), core.as_prng_key(key), m, chunk_size, devices)
+        mean, se = core.estimate_from_sums(sums, m)
         mean, se = np.asarray(mean), np.asarray(se)
         pick = np.argmax(mean, axis=0)
         cols = np.arange(flat.size)
@@ -298,7 +223,7 @@ class BallsInBins:
         Picks the largest ``base_delta`` whose EVR bound (see :mod:`dpjax.montecarlo._evr`)
         stays within ``target_delta``, estimates delta (both directions) and verifies
         ``delta_hat <= base_delta``.  ``ValueError`` if ``num_samples`` is below
-        :func:`minimum_samples` (no base delta can work).
+        :func:`evr_minimum_samples` (no base delta can work).
         """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = float(_validate.nonnegative("epsilon", epsilon))
@@ -327,14 +252,24 @@ class BallsInBins:
             num_samples=m, noise_multiplier=sigma, reason=reason)
 
     def calibrate(self, target_epsilon, target_delta, num_samples, key) -> float:
-        """Noise multiplier with ``delta_hat = target_delta`` (an estimate; see
-        :func:`dpjax.calibration.montecarlo.calibrate_accountant`, which implements it)."""
+        """Noise multiplier with ``delta_hat = target_delta`` (an estimate, not a certificate).
+
+        A convenience for :func:`dpjax.calibration.calibrate_accountant`, which implements it
+        (see there for the arguments and errors).
+        """
+        # The one import from the calibration layer, function-local on purpose: calibration
+        # builds on this package (pld, matrices -> montecarlo -> calibration), so a module-level
+        # import here would be a cycle.
         from dpjax.calibration.montecarlo import calibrate_accountant
+
         return calibrate_accountant(self, target_epsilon, target_delta, num_samples, key)
 
 
-def minimum_samples(target_delta, base_delta=None) -> int:
+def evr_minimum_samples(target_delta, base_delta=None) -> int:
     """Smallest sample count for which Estimate-Verify-Release can certify ``target_delta``.
+
+    (Not :func:`dpjax.calibration.estimate_minimum_samples`, the ``ceil(1/delta)`` floor below
+    which a Monte Carlo *estimate* cannot resolve ``delta`` at all.)
 
     ``base_delta=None``: the absolute minimum (some ``base_delta`` works, about
     ``log(m)/target_delta``); else the minimum for verifying against that ``base_delta``.

@@ -2,7 +2,7 @@
 
 ``RMSE(C) = sigma*(C) * |A C^{-1}|_F / sqrt(n)`` (DESIGN.md §6; seed 002 §4.2), ``A`` the
 prefix-sum workload, ``sigma*(C)`` the noise multiplier calibrated on the Monte Carlo estimate
-with common random numbers (:func:`dpjax.montecarlo.calibrated_noise`).  Its gradient is
+with common random numbers (:func:`dpjax.calibration.calibrated_noise`).  Its gradient is
 
     d RMSE/dC = sigma* d|A C^{-1}|_F/dC / sqrt(n) + |A C^{-1}|_F / sqrt(n) * d sigma*/dC,
 
@@ -31,7 +31,7 @@ import optax
 
 from dpjax._x64 import float64
 from dpjax.matrices import Toeplitz, prefix_sum_rmse
-from dpjax.montecarlo import calibrated_noise
+from dpjax.calibration import calibrated_noise
 
 
 @float64

@@ -71,6 +71,7 @@ from dpjax.pld.accountant import (
 from dpjax.pld.compose import ComposedPLD, Group, compose
 from dpjax.pld.convert import HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.discretize import GridPMF, discretize
+from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
 from dpjax.pld.mechanisms import (
     DIRECTIONS, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
 )
@@ -81,4 +82,5 @@ __all__ = [
     "GridPMF", "GridPlan", "Group", "HockeyStickTable", "Laplace", "LossCDFs", "PoissonSubsampledGaussian",
     "RandomizedResponse", "compose", "delta", "delta_at", "discretize", "dpsgd_accounting", "dpsgd_delta",
     "dpsgd_epsilon", "epsilon", "eps_at", "plan_grid", "table",
+    "gaussian_delta", "gaussian_epsilon", "gaussian_log_delta",
 ]

@@ -1,11 +1,16 @@
-"""Pure, jittable core of the balls-in-bins Monte Carlo accountant (DESIGN.md section 4).
+"""Public, pure, jittable core of the balls-in-bins Monte Carlo accountant.
 
-Everything here is a pure function of arrays (no validation; the public wrappers in
-:mod:`dpjax.montecarlo._accountant` validate).  Call it with 64-bit types enabled
-(``with jax.enable_x64(True):`` or inside a function decorated with
-:func:`dpjax._x64.float64`): the sampler consumes uint64 random words.
+Draws, privacy losses and estimators (Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near
+Exact Privacy Amplification for Matrix Mechanisms", 2024): the layer that
+:class:`dpjax.montecarlo.BallsInBins`, :mod:`dpjax.calibration.montecarlo` and
+:mod:`dpjax.optimization` build on.  Everything here is a pure function of arrays; only
+:func:`gram_matrix` validates (through :func:`dpjax.matrices.correlation_array`), the other
+functions trust their inputs (the user-facing wrappers validate).  The exported functions follow
+the float64 contract of :mod:`dpjax._x64` (the sampler consumes uint64 random words): they run
+in float64 for eager, ``grad`` and ``vmap`` callers with x64 off, and inside a ``jax.jit``
+traced with x64 off they raise a ``ValueError`` naming the fix.
 
-The dominating pair (seed 002, Lemma 3.2), ``n = b * E`` rounds::
+The dominating pair (Choquette-Choo et al. 2024, Lemma 3.2), ``n = b * E`` rounds::
 
     P = (1/b) sum_i N(m_i, sigma^2 I_n),   m_i = sum_{j<E} |C|[:, b*j + i],   Q = N(0, sigma^2 I_n)
 
@@ -19,16 +24,16 @@ and of ``X = sigma Z ~ Q`` (the reverse pair, loss ``log Q/P``)::
     Y_QP = -(logsumexp_i((sigma W_i - G[i, i]/2) / sigma^2) - log b)
 
 ``delta(eps) = E[max(0, 1 - exp(eps - Y))]`` for each direction; add/remove adjacency needs the
-max of the two (DESIGN.md section 4, "Both directions").
+max of the two.
 
 Random stream (common random numbers).  The key is mapped to an ``rbg`` key (see
-:func:`_to_key`).  Sample ``s`` lives in block ``s // BLOCK_SIZE``; block ``j`` draws ``2 ceil(b/2) + 1`` uint64 words per sample from ``jax.random.fold_in(key, j)``:
+:func:`rbg_key`).  Sample ``s`` lives in block ``s // BLOCK_SIZE``; block ``j`` draws ``2 ceil(b/2) + 1`` uint64 words per sample from ``jax.random.fold_in(key, j)``:
 ``b`` words give ``U ~ N(0, I_b)`` (Box-Muller pairs) and one gives the mode index ``I``.  So the draws ``(I, U)``
 depend only on ``(key, b, sample index)`` -- never on ``sigma``, ``C``, ``epsilon``, the chunk
 size or the number of devices -- and ``W = L U`` with ``L L^T = G``.  For a fixed key the
 estimate is therefore a deterministic, piecewise-smooth function of ``(G, sigma, epsilon)``
 (and of ``C`` through ``G``): ``jax.grad`` through it gives the gradient of the common-random-
-numbers estimate (seed 002, section 4).  The same ``U`` serves both directions and every epsilon.
+numbers estimate (Choquette-Choo et al. 2024, section 4).  The same ``U`` serves both directions and every epsilon.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax.matrices import correlation_array
 from dpjax.montecarlo._normal import normal_from_bits, uniform_open
 
 #: Samples per PRNG block.  Fixed, so the stream never depends on the chunk size.
@@ -55,6 +63,7 @@ DEFAULT_CHUNK_NORMALS = 1 << 18
 # --------------------------------------------------------------------------- modes and Gram
 
 
+@float64
 def modes_from_dense(correlation_matrix, batches_per_epoch: int):
     """Modes ``M`` of shape ``(b, n)``: ``M[i] = sum_{j<E} |C|[:, b*j + i]``.
 
@@ -68,6 +77,7 @@ def modes_from_dense(correlation_matrix, batches_per_epoch: int):
     return c.reshape(n, epochs, b).sum(axis=1).T
 
 
+@float64
 def modes_from_column(first_column, batches_per_epoch: int, epochs: int):
     """Modes of a lower-triangular Toeplitz ``C`` from its first column, without forming ``C``.
 
@@ -91,22 +101,42 @@ def modes_from_column(first_column, batches_per_epoch: int, epochs: int):
     return jnp.where(t >= i, shifted, 0.0)
 
 
+@float64
 def gram_from_modes(modes):
     """``G = M M^T``, shape ``(b, b)``."""
     modes = jnp.asarray(modes, jnp.float64)
     return modes @ modes.T
 
 
+@float64
 def gram_from_columns(first_column, batches_per_epoch: int, epochs: int):
     """Gram matrix ``(b, b)`` of a Toeplitz ``C`` given by its first column (differentiable)."""
     return gram_from_modes(modes_from_column(first_column, batches_per_epoch, epochs))
 
 
+@float64
 def gram_from_dense(correlation_matrix, batches_per_epoch: int):
     """Gram matrix ``(b, b)`` of a dense lower-triangular ``C`` (differentiable)."""
     return gram_from_modes(modes_from_dense(correlation_matrix, batches_per_epoch))
 
 
+@float64
+def gram_matrix(correlation, batches_per_epoch: int, epochs: int):
+    """Gram matrix ``G = M M^T`` ``(b, b)`` of the modes of any correlation-matrix input.
+
+    ``correlation``: what :func:`dpjax.matrices.correlation_array` accepts (Toeplitz / BLT,
+    a 1-D Toeplitz first column, or a dense ``(n, n)`` lower-triangular non-negative array,
+    ``n = b * E``), validated there.  O(b n) for Toeplitz input.  Differentiable in ``C``.
+    """
+    b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    epochs = _validate.positive_int("epochs", epochs)
+    arr = correlation_array(correlation, b * epochs)
+    if arr.ndim == 1:
+        return gram_from_columns(arr, b, epochs)
+    return gram_from_dense(arr, b)
+
+
+@float64
 def gram_sqrt(gram):
     """A square root ``L`` with ``L L^T = G`` (``(b, b)``), robust to singular ``G``.
 
@@ -195,7 +225,7 @@ def _block_words_fn(words_per_sample: int, block_size: int):
 def draw_block(key, block_index, b: int):
     """Draws of one block: mode indices ``(BLOCK_SIZE,)`` int32 and ``U`` ``(BLOCK_SIZE, b)``.
 
-    ``key``: the sampler's rbg key (:func:`_to_key`).  ``2 * ceil(b / 2) + 1`` uint64 words per
+    ``key``: the sampler's rbg key (:func:`rbg_key`).  ``2 * ceil(b / 2) + 1`` uint64 words per
     sample from ``fold_in(key, block_index)``: pairs of words give Box-Muller normals
     (:mod:`dpjax.montecarlo._normal`), the last word the mode index ``floor(u * b)`` with ``u``
     uniform on ``(0, 1)`` (52-bit resolution: the mode probabilities are ``1/b`` up to
@@ -216,17 +246,12 @@ def _logsumexp_rows(x):
     return m + jnp.log(jnp.sum(jnp.exp(x - m[..., None]), axis=-1))
 
 
-def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
-    """Privacy losses of both directions for a batch of draws.
-
-    ``mode_index`` ``(S,)``, ``u`` ``(S, b)``.  Returns ``(y_pq, y_qp)``, each ``(S,)``:
-    ``y_pq = log P/Q (X)`` with ``X ~ P`` and ``y_qp = log Q/P (X)`` with ``X ~ Q``.
-    """
+def _privacy_losses(gram, scaled_projections, noise_multiplier, mode_index):
+    """Both directions' losses from ``W / sigma`` ``(S, b)`` (``W ~ N(0, G)``); the one formula."""
     b = gram.shape[0]
     sigma = noise_multiplier
-    # w / sigma with w = L U ~ N(0, G): fold 1/sigma into the (b, b) factor, not the (S, b) array.
     half_norms = 0.5 * jnp.diagonal(gram) / sigma**2
-    logits_q = u @ (sqrt_gram.T / sigma) - half_norms[None, :]
+    logits_q = scaled_projections - half_norms[None, :]
     logits_p = logits_q + jnp.take(gram, mode_index, axis=0) / sigma**2
     log_b = math.log(b)
     y_pq = _logsumexp_rows(logits_p) - log_b
@@ -234,16 +259,71 @@ def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
     return y_pq, y_qp
 
 
+@float64
+def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
+    """Privacy losses of both directions for a batch of draws.
+
+    ``mode_index`` ``(S,)``, ``u`` ``(S, b)``, ``sqrt_gram`` ``L`` with ``L L^T = G``
+    (:func:`gram_sqrt`).  Returns ``(y_pq, y_qp)``, each ``(S,)``: ``y_pq = log P/Q (X)`` with
+    ``X ~ P`` and ``y_qp = log Q/P (X)`` with ``X ~ Q`` (formulas in the module docstring).
+    """
+    # w / sigma with w = L U ~ N(0, G): fold 1/sigma into the (b, b) factor, not the (S, b) array.
+    return _privacy_losses(gram, u @ (sqrt_gram.T / noise_multiplier), noise_multiplier, mode_index)
+
+
+@float64
+def privacy_losses_from_projections(gram, projections, noise_multiplier, mode_index):
+    """:func:`privacy_losses` from precomputed projections ``W = U L^T`` ``(S, b)``.
+
+    ``W`` does not depend on ``sigma``: a calibration over ``sigma`` computes it once.
+    """
+    return _privacy_losses(gram, projections / noise_multiplier, noise_multiplier, mode_index)
+
+
 def hockey_stick_terms(losses, epsilon):
     """``max(0, 1 - exp(eps - Y))`` for losses ``(S,)`` and epsilons ``(K,)`` -> ``(S, K)``."""
     return -jnp.expm1(jnp.minimum(epsilon[None, :] - losses[:, None], 0.0))
+
+
+@float64
+def draws(key, batches_per_epoch: int, num_samples: int):
+    """The first ``num_samples`` draws ``(mode_index (m,), U (m, b))`` of the sampler's stream.
+
+    Exactly the draws that :func:`delta_estimate` / :func:`monte_carlo_sums` use for the same
+    ``key`` (block ``j`` from ``fold_in(rbg_key(key), j)``, see the module docstring).
+    Materialises ``(m, b)`` floats: for calibration with moderate ``m * b``.
+    """
+    key = rbg_key(key)
+    b = batches_per_epoch
+    num_blocks = -(-num_samples // BLOCK_SIZE)
+    mode_index, u = jax.vmap(lambda j: draw_block(key, j, b))(jnp.arange(num_blocks))
+    return mode_index.reshape(-1)[:num_samples], u.reshape(-1, b)[:num_samples]
+
+
+@float64
+def delta_from_projections(gram, projections, mode_index, noise_multiplier, epsilon):
+    """Monte Carlo delta (max over both directions) from precomputed projections ``W = U L^T``.
+
+    The estimator of :func:`delta_estimate` on materialised draws (:func:`draws`): the mean of
+    ``max(0, 1 - exp(eps - Y))`` per direction, the larger direction returned.  ``gram (b, b)``,
+    ``projections (m, b)``, ``mode_index (m,)``, scalar ``noise_multiplier``; ``epsilon`` any
+    shape (result of the same shape).  Differentiable in ``gram``, ``projections``,
+    ``noise_multiplier`` and ``epsilon``.
+    """
+    eps = jnp.asarray(epsilon, jnp.float64)
+    y_pq, y_qp = privacy_losses_from_projections(gram, projections, noise_multiplier, mode_index)
+    flat = eps.reshape(-1)
+    mean_pq = jnp.mean(hockey_stick_terms(y_pq, flat), axis=0)
+    mean_qp = jnp.mean(hockey_stick_terms(y_qp, flat), axis=0)
+    return jnp.maximum(mean_pq, mean_qp).reshape(eps.shape)
 
 
 class MonteCarloSums(NamedTuple):
     """Per-direction sums over samples; index 0 = P||Q (remove), 1 = Q||P (add).
 
     ``total``: ``(2, K)`` sum of the hockey-stick terms; ``total_sq``: ``(2, K)`` sum of
-    their squares; ``num_samples``: the count (a Python int).
+    their squares.  The sample count is not stored: pass the ``num_samples`` the sums were
+    computed with to :func:`estimate_from_sums`.
     """
 
     total: jax.Array
@@ -297,7 +377,20 @@ def chunk_plan(num_samples: int, chunk_size: int | None, num_devices: int = 1, b
     return chunk_blocks, chunks_per_device
 
 
-def _to_key(key):
+def as_prng_key(key):
+    """A user's ``key`` argument as a JAX PRNG key: an int seed becomes ``jax.random.key(seed)``.
+
+    Keys (typed, or raw ``uint32`` data) pass through unchanged; ``None`` (and ``bool``) raise a
+    ``ValueError``.
+    """
+    if key is None or isinstance(key, bool):
+        raise ValueError(f"key must be a JAX PRNG key or an integer seed, got {key!r}")
+    if isinstance(key, (int, np.integer)):
+        return jax.random.key(int(key))
+    return key
+
+
+def rbg_key(key):
     """The sampler's key: an ``rbg`` key (XLA ``RngBitGenerator``) derived from ``key``.
 
     Why rbg: on XLA:CPU its bits cost ~2.6 ns per uint64 against ~6 ns for threefry, and a
@@ -322,6 +415,7 @@ def _to_key(key):
     return jax.random.wrap_key_data(data, impl="rbg")
 
 
+@float64
 @functools.partial(jax.jit, static_argnames=("num_samples", "chunk_size"))
 def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chunk_size: int | None = None):
     """Sums of the hockey-stick terms on one device.  Shapes: ``gram (b, b)``, ``epsilon (K,)``.
@@ -330,7 +424,7 @@ def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chu
     ``gram``, ``noise_multiplier`` and ``epsilon``; see the module docstring for the random
     stream.  Use :func:`dpjax.montecarlo.sharded_monte_carlo_sums` for several devices.
     """
-    key = _to_key(key)
+    key = rbg_key(key)
     gram = jnp.asarray(gram, jnp.float64)
     epsilon = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
@@ -343,6 +437,7 @@ def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chu
     return MonteCarloSums(total, total_sq)
 
 
+@float64
 def estimate_from_sums(sums: MonteCarloSums, num_samples: int):
     """Per-direction mean and standard error, each ``(2, K)``.
 
@@ -355,6 +450,7 @@ def estimate_from_sums(sums: MonteCarloSums, num_samples: int):
     return mean, jnp.sqrt(var / m)
 
 
+@float64
 def delta_estimate(gram, noise_multiplier, epsilon, key, num_samples: int, chunk_size: int | None = None):
     """Monte Carlo delta of balls-in-bins matrix mechanisms: pure, jittable, differentiable.
 
@@ -376,7 +472,8 @@ def delta_estimate(gram, noise_multiplier, epsilon, key, num_samples: int, chunk
     piecewise-smooth function of ``(G, sigma, epsilon)`` and ``jax.grad`` w.r.t. any of them
     (or the coefficients that produced ``G``) is the gradient of the CRN estimate.
 
-    Must run with 64-bit types enabled (``jax.enable_x64(True)`` or ``dpjax._x64.float64``).
+    float64 contract: see the module docstring (under a ``jax.jit`` traced with x64 off it
+    raises a ``ValueError``; eager, ``grad`` and ``vmap`` work from float32 code).
 
     Example::
 
@@ -397,6 +494,7 @@ def delta_estimate(gram, noise_multiplier, epsilon, key, num_samples: int, chunk
 # --------------------------------------------------------------------------- sharded
 
 
+@float64
 def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int,
                              chunk_size: int | None = None, devices=None):
     """:func:`monte_carlo_sums` spread over ``devices`` (default: all JAX sees), summed with ``psum``.
@@ -411,7 +509,7 @@ def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: 
     gram = jnp.asarray(gram, jnp.float64)
     return _sharded_fn(tuple(devices), num_samples, chunk_size, gram.shape[0])(
         gram, jnp.asarray(noise_multiplier, jnp.float64),
-        jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64)), _to_key(key))
+        jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64)), rbg_key(key))
 
 
 @functools.lru_cache(maxsize=64)
@@ -445,6 +543,7 @@ def _sharded_fn(devices, num_samples, chunk_size, b):
 # --------------------------------------------------------------------------- direct reference
 
 
+@float64
 @functools.partial(jax.jit, static_argnames=("num_samples",))
 def direct_monte_carlo_sums(modes, noise_multiplier, epsilon, key, num_samples: int):
     """Test reference: the same estimator sampling ``X`` in ``R^n`` directly (no Gram reduction).
@@ -454,7 +553,7 @@ def direct_monte_carlo_sums(modes, noise_multiplier, epsilon, key, num_samples: 
     ``logsumexp_i((<X, m_i> - |m_i|^2/2)/sigma^2) - log b``.  O(n b) per sample; an
     independent random stream from the Gram sampler.  ``modes``: ``(b, n)``.
     """
-    key = _to_key(key)
+    key = rbg_key(key)
     modes = jnp.asarray(modes, jnp.float64)
     epsilon = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
