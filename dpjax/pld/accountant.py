@@ -239,7 +239,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
                               ms=ms_common, n=n, kinds=kinds, n_freq=n_freq)
     per_kind = []
     for kind in kinds:
-        stacked = outs[kind]
+        stacked = getattr(outs, kind)
         bound = "upper" if kind == "up" else "lower"
         if want == "eps":
             value = jax.vmap(lambda p: eps_from_pld(p, deltas, bound))(stacked)

@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import NamedTuple
 
 import jax
@@ -59,7 +60,34 @@ import numpy as np
 
 from dpjax import _validate
 
-DIRECTIONS = ("remove", "add")
+
+
+class Direction(str, enum.Enum):
+    """Which dominating pair of add/remove adjacency: ``REMOVE`` is ``P = M(D)``, ``Q = M(D')``
+    with ``D'`` = ``D`` minus one record; ``ADD`` swaps the pair.
+
+    A ``str`` subclass: ``Direction.REMOVE == "remove"`` (same hash), so plain strings are
+    accepted wherever a direction is expected and :meth:`parse` validates them.
+    """
+
+    REMOVE = "remove"
+    ADD = "add"
+
+    __hash__ = str.__hash__  # hash like the plain string (static jit arguments, dict keys)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value, name: str = "direction") -> "Direction":
+        """``value`` as a :class:`Direction`; ``ValueError`` naming ``name`` otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{name} must be one of {[d.value for d in cls]}, got {value!r}") from None
+
+
+DIRECTIONS = (Direction.REMOVE, Direction.ADD)
 _SQRT1_2 = 0.7071067811865476
 
 
@@ -112,8 +140,7 @@ def _np_normal_cdf_sf(z):
 
 
 def _check_direction(direction: str) -> None:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    Direction.parse(direction)
 
 
 def _f64(x):
