@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._x64 import float64, host_only
 from dpjax.pld.mog import SAMPLINGS, GroupSubsampledGaussian
 
 __all__ = ["GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon", "group_delta", "dpsgd_epsilon"]
@@ -219,6 +219,7 @@ def group_delta(
     return res.delta
 
 
+@host_only("dpjax.calibration.epsilon_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_epsilon(
     noise_multiplier,
     sampling_prob,

@@ -24,7 +24,7 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._x64 import float64, host_only
 from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
                                     solve_monotone_root)
 
@@ -36,6 +36,7 @@ __all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_m
 _S_BRACKET = (1e-4, 1e7)
 
 
+@float64
 def gaussian_delta(epsilon, noise_multiplier, steps=1):
     """Tight delta(epsilon) of ``steps`` Gaussian mechanisms; pure, jittable, differentiable.
 
@@ -56,6 +57,7 @@ def gaussian_delta(epsilon, noise_multiplier, steps=1):
     return jnp.exp(log_a) * -jnp.expm1(eps + log_b - log_a)
 
 
+@float64
 def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                    num_iterations: int = 64, adjoint=ImplicitAdjoint()):
     """Jittable core: smallest sigma with ``gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.
@@ -80,6 +82,7 @@ def _batched(eps, delta, steps):
     return jax.vmap(core)(eps, delta, steps)
 
 
+@host_only("dpjax.calibration.gaussian_noise_multiplier_core")
 @float64
 def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     """Smallest noise multiplier of ``steps`` composed Gaussian mechanisms meeting (eps, delta).

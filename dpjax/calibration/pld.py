@@ -1,29 +1,34 @@
-"""DP-SGD noise calibration and a differentiable epsilon on the PLD accountant's fixed-grid core.
+"""DP-SGD noise calibration and a differentiable epsilon: the DP-SGD specialisation of the
+fixed-grid PLD API (:mod:`dpjax.pld.fixed_grid`).
 
-Both are root problems on the certified (pessimistic, connect-the-dots) delta curve of the PLD
-accountant (:mod:`dpjax.pld`; DESIGN.md §2), evaluated on a grid that is *planned once* on the
-host and then held fixed, so that everything inside is one fixed-shape jitted program:
+Everything here is a root problem on the certified (pessimistic, connect-the-dots) delta curve
+of the PLD accountant (Koskela et al., "Computing Differential Privacy Guarantees for
+Heterogeneous Compositions Using FFT", 2021), evaluated on a grid that is *planned once* on the
+host (:func:`dpsgd_grid` = :func:`dpjax.pld.plan_fixed_grid` for one DP-SGD step composed
+``steps`` times) and then held fixed:
 
-* ``delta_up(eps; sigma, q, T)`` = max over the remove/add directions of the upper bound of
-  :func:`dpjax.pld.convert.delta_at` on :func:`dpjax.pld.compose.compose` (single-step
-  truncation, Chernoff wrap-around and FFT round-off included).  Soundness never depends on the
-  grid plan (see :mod:`dpjax.pld.plan`): for *any* sigma the value is an upper bound on the true
-  delta, so ``delta_up(eps*; sigma) <= delta*`` certifies ``(eps*, delta*)``-DP at that sigma.
-  The plan only affects tightness; it is made at a noise multiplier just below the expected
-  answer (wider single-step support, so the whole search bracket above it is covered).
+* ``delta_up(eps; sigma, q, T)`` (:func:`dpsgd_delta_fn`) = :func:`dpjax.pld.delta_fn`, the max
+  over the remove/add directions of the certified upper bound (single-step truncation, Chernoff
+  wrap-around and FFT round-off included; both directions share one grid and are composed in
+  one program).  Soundness never depends on the grid plan: for *any* sigma the value is an
+  upper bound on the true delta, so ``delta_up(eps*; sigma) <= delta*`` certifies
+  ``(eps*, delta*)``-DP at that sigma.  The plan only affects tightness; it is made at a noise
+  multiplier just below the expected answer (wider single-step support, so the whole search
+  bracket above it is covered).
 * :func:`dpsgd_noise_multiplier`: the smallest sigma with ``delta_up(eps*; sigma) <= delta*``
   (delta_up decreases in sigma), by a bracketing Illinois search in ``log sigma`` with a fixed
   number of steps (compiles once per grid size, vmapped over a batch of targets) -- the upper
   end of the final bracket is returned, so the certified epsilon of the returned sigma is
   ``<= target_epsilon`` by construction.
-* :func:`epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}``, differentiable by
-  the implicit function theorem (DESIGN.md §5)::
-
-      d eps/d theta = -(d delta_up/d theta) / (d delta_up/d eps)
-
-  with ``theta = (noise_multiplier, sampling_prob)``.  Likewise
+* :func:`epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}`` in closed form on
+  the bracketing grid segment (:func:`dpjax.pld.epsilon_fn`), differentiable in
+  ``(noise_multiplier, sampling_prob, target_delta)`` through the delta-curve table.
   :func:`dpsgd_noise_multiplier_core` is differentiable in ``(target_epsilon, target_delta,
-  sampling_prob)``.
+  sampling_prob)`` by the implicit function theorem
+  (``d sigma/d theta = -(d delta_up/d theta) / (d delta_up/d sigma)``).
+
+All of them follow the float64 contract of :mod:`dpjax._x64`: eager, ``grad`` and ``vmap`` calls
+from float32 code get float64 answers; inside a user's ``jit`` trace with x64 enabled.
 
 Usage::
 
@@ -60,8 +65,10 @@ __all__ = [
     "NUM_ITERATIONS", "NUM_FINE_ITERATIONS", "COARSE_OPTIONS", "SIGMA_RANGE",
 ]
 
-#: Grid accuracy for calibration: P's default (epsilon discretization error <= 1e-5 relative,
-#: which moves sigma by ~1e-5 relative; the reference tolerance is 1e-3).
+#: Grid accuracy for calibration: the accountant's default :class:`~dpjax.pld.GridOptions`
+#: (epsilon discretization error <= min(1e-3 x epsilon, 8e-9 x steps): e.g. 8e-6 absolute,
+#: 4e-6 relative at epsilon = 2 and 1000 steps, which moves sigma by about as much relative;
+#: the must-show tolerance against the references is 1e-3).
 CALIBRATION_OPTIONS = GridOptions()
 #: Illinois steps of a search on the wide bracket [guess / 1.5, 1.5 guess]: < 1e-8 relative
 #: bracket (measured on these smooth, nearly log-linear curves; 12 steps from a 4x wider
@@ -227,6 +234,7 @@ def _clt_guess(eps, delta, q, steps):
     return 1.0 / np.sqrt(np.log1p(mu * mu / (q * q * steps)))
 
 
+@host_only("dpjax.calibration.dpsgd_noise_multiplier_core on a grid from dpjax.calibration.dpsgd_grid")
 @float64
 def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, group_size=1,
                            sampling="poisson", dataset_size=None, batch_size=None,
@@ -239,7 +247,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     the accurate one around the coarse answer) on the certified delta curve,
     so the certified epsilon at the returned sigma is ``<= target_epsilon`` (rounded to the
     safe side); its distance to the exact minimal sigma is the accountant's discretization
-    error (``options.relative_accuracy`` = 1e-5 in epsilon by default, ~1e-5 in sigma).
+    error (by default at most ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon, see
+    :data:`CALIBRATION_OPTIONS`; about the same relative error in sigma).
 
     Vectorized: arrays (broadcast together) calibrate in one jitted, vmapped call per grid size
     (configurations are grouped by FFT length; one compile per group shape).
@@ -250,9 +259,12 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       sampling_prob: q in (0, 1].
       steps: integer >= 1.
       group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
-        Gaussians of seed 000 Thm 3.1 / 3.3 via :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
-      sampling: ``"poisson"`` or ``"fixed_batch"`` (replace adjacency, batch ``batch_size`` of
-        ``dataset_size``; noise std ``2 * noise_multiplier`` as in :mod:`dpjax.group`).
+        Gaussians of Ganesh et al., "Tight Group-Level DP Guarantees for DP-SGD with Sampling
+        via Mixture of Gaussians Mechanisms", Thm 3.1 / 3.3, via
+        :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
+      sampling: ``"poisson"`` or ``"fixed_batch"`` (batch ``batch_size`` of ``dataset_size``,
+        replace-one (replace-k) adjacency: sensitivities ``2j`` with noise std
+        ``noise_multiplier``, Ganesh et al. Thm 3.3, as in :mod:`dpjax.group`).
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
