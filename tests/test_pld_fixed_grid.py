@@ -123,7 +123,7 @@ def test_enums_and_typed_composition():
         lo = float(pld.delta_at(pld.table(out.down, pld.Bound.LOWER), 1.0))
         with pytest.raises(ValueError, match="bound must be one of"):
             pld.table(out.up, "upper_bound")
-        with pytest.raises(ValueError, match="directions must be one of"):
+        with pytest.raises(ValueError, match="direction must be one of"):
             pld.compose((g,), grid.dx, grid.lambdas[0], grid.log_tau, direction="sideways",
                         ms=grid.ms[0], n=grid.n)
     # Gaussian mu = sqrt(3)/2: exact delta(1) bracketed by the two certified curves

@@ -1,4 +1,4 @@
-"""Public PLD accountant: validate, plan the grid, run one jitted program per direction.
+"""Public PLD accountant: validate, plan the grid, run one jitted program for all directions.
 
 General API (any list of mechanisms with counts, heterogeneous compositions included)::
 

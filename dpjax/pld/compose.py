@@ -221,6 +221,7 @@ def compose(
     Returns:
       :class:`Composition` (``.up`` / ``.down``, the kinds requested).
     """
+    direction = Direction.parse(direction)
     out = compose_directions((tuple(groups),), dx, jnp.asarray(lambdas, jnp.float64)[None], log_tau,
                              directions=(direction,), ms=ms, n=n, kinds=kinds, n_freq=n_freq)
     return jax.tree_util.tree_map(lambda a: a[0], out)

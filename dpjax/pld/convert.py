@@ -19,7 +19,6 @@ Lower bound: ``const = p_inf - tail_below - roundoff`` and the opposite factors,
 
 from __future__ import annotations
 
-import enum
 from typing import NamedTuple
 
 import jax
@@ -28,30 +27,15 @@ import numpy as np
 
 from dpjax._x64 import float64
 from dpjax.pld.compose import ComposedPLD
+from dpjax.pld.mechanisms import StrEnum
 
 
-class Bound(str, enum.Enum):
-    """Which delta curve: the certified ``UPPER`` bound or the certified ``LOWER`` bound.
-
-    A ``str`` subclass (``Bound.UPPER == "upper"``, same hash): plain strings are accepted and
-    validated by :meth:`parse`.
-    """
+class Bound(StrEnum):
+    """Which delta curve: the certified ``UPPER`` bound or the certified ``LOWER`` bound
+    (``Bound.UPPER == "upper"``)."""
 
     UPPER = "upper"
     LOWER = "lower"
-
-    __hash__ = str.__hash__
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, value, name: str = "bound") -> "Bound":
-        """``value`` as a :class:`Bound`; ``ValueError`` naming ``name`` otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"{name} must be one of {[b.value for b in cls]}, got {value!r}") from None
 
 
 class HockeyStickTable(NamedTuple):

@@ -62,29 +62,33 @@ from dpjax import _validate
 
 
 
-class Direction(str, enum.Enum):
-    """Which dominating pair of add/remove adjacency: ``REMOVE`` is ``P = M(D)``, ``Q = M(D')``
-    with ``D'`` = ``D`` minus one record; ``ADD`` swaps the pair.
+class StrEnum(str, enum.Enum):
+    """A string flag with meaning: ``Member == "value"`` with the same hash as the string, so
+    plain strings are accepted wherever a member is expected (dict keys, static ``jit``
+    arguments) and :meth:`parse` validates them at the boundary."""
 
-    A ``str`` subclass: ``Direction.REMOVE == "remove"`` (same hash), so plain strings are
-    accepted wherever a direction is expected and :meth:`parse` validates them.
-    """
-
-    REMOVE = "remove"
-    ADD = "add"
-
-    __hash__ = str.__hash__  # hash like the plain string (static jit arguments, dict keys)
+    __hash__ = str.__hash__
 
     def __str__(self) -> str:
         return self.value
 
     @classmethod
-    def parse(cls, value, name: str = "direction") -> "Direction":
-        """``value`` as a :class:`Direction`; ``ValueError`` naming ``name`` otherwise."""
+    def parse(cls, value, name: str | None = None):
+        """``value`` as a member; a ``ValueError`` naming the argument ``name`` (default: the
+        class name in lower case) and the valid values otherwise."""
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(f"{name} must be one of {[d.value for d in cls]}, got {value!r}") from None
+            raise ValueError(f"{name or cls.__name__.lower()} must be one of "
+                             f"{[m.value for m in cls]}, got {value!r}") from None
+
+
+class Direction(StrEnum):
+    """Which dominating pair of add/remove adjacency: ``REMOVE`` is ``P = M(D)``, ``Q = M(D')``
+    with ``D'`` = ``D`` minus one record; ``ADD`` swaps the pair (``Direction.ADD == "add"``)."""
+
+    REMOVE = "remove"
+    ADD = "add"
 
 
 DIRECTIONS = (Direction.REMOVE, Direction.ADD)
