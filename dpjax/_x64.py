@@ -39,7 +39,7 @@ import numpy as np
 
 F = TypeVar("F", bound=Callable)
 
-__all__ = ["float64", "x64_enabled", "require_concrete"]
+__all__ = ["float64", "x64_enabled", "require_concrete", "host_only"]
 
 
 def x64_enabled() -> bool:
@@ -158,3 +158,21 @@ def require_concrete(name: str, value: Any, *, use_instead: str) -> None:
         raise ValueError(
             f"{name} must be a concrete value, got a JAX tracer: this function plans on the host "
             f"and cannot be traced by jax.jit/vmap/grad. Use {use_instead} instead.")
+
+
+def host_only(use_instead: str) -> Callable[[F], F]:
+    """Decorator for host-side entry points: any JAX tracer among the arguments raises the
+    :func:`require_concrete` ``ValueError`` (naming ``use_instead``) before anything else runs,
+    so that under ``jax.jit`` with x64 off the caller learns that the function is not traceable
+    at all (rather than being told to enable x64)."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            require_concrete(f"{fn.__module__}.{fn.__qualname__}: every argument", (args, kwargs),
+                             use_instead=use_instead)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._x64 import float64, host_only
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
 
@@ -175,6 +175,7 @@ def group_delta(
     return res.delta
 
 
+@host_only("dpjax.calibration.epsilon_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_epsilon(
     noise_multiplier,
     sampling_prob,

@@ -85,3 +85,15 @@ def test_cache_environment_switch(tmp_path, monkeypatch):
     assert cache.enable_from_environment(default_on=True) is None
     monkeypatch.delenv("DPJAX_COMPILATION_CACHE")
     assert cache.enable_from_environment(default_on=False) is None
+
+
+def test_help_states_the_actual_grid_default(capsys):
+    """The --relative-accuracy help names the default the accountant really uses."""
+    from dpjax.pld import GridOptions
+
+    with pytest.raises(SystemExit) as exc:
+        main(["epsilon", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert GridOptions().relative_accuracy == 1e-3 and GridOptions().per_step_accuracy == 8e-9
+    assert "default 1e-3" in out and "8e-9 x steps" in out

@@ -72,21 +72,11 @@ def test_discretization_dominates_and_conserves():
 # ------------------------------------------------------------------ fixed grid: jit/vmap/grad
 @pytest.fixture(scope="module")
 def fixed_grid():
-    with jax.enable_x64(True):
-        mech = pld.PoissonSubsampledGaussian(jnp.asarray([1.0]), jnp.asarray([0.01]))
-        group = pld.Group(mech, counts=np.array([1000]), offsets=np.zeros(1, np.int64))
-        plan = pld.plan_grid([group], ("remove", "add"), tail_mass=1e-11, eps_hint=None, target_delta=1e-5,
-                             options=pld.GridOptions())
+    # Planned once at sigma = 1 (tail budget 1e-6 * target_delta); any sigma, q may be traced.
+    grid = pld.plan_fixed_grid([(pld.PoissonSubsampledGaussian(1.0, 0.01), 1000)], target_delta=1e-5)
 
     def delta_fn(eps, sigma, q):
-        out = []
-        for di, d in enumerate(plan.directions):
-            g = plan.groups[di][0]
-            m = pld.PoissonSubsampledGaussian(jnp.reshape(sigma, (1,)), jnp.reshape(q, (1,)))
-            comp = pld.compose((pld.Group(m, g.counts, g.offsets),), plan.dx, plan.lambdas[di], plan.log_tau,
-                               direction=d, ms=plan.ms[di], n=plan.n)["up"]
-            out.append(pld.delta_at(pld.table(comp, "upper"), eps))
-        return jnp.maximum(*out)
+        return pld.delta_fn(grid, eps, [pld.PoissonSubsampledGaussian(sigma, q)])
 
     return delta_fn
 

@@ -102,8 +102,8 @@ def test_batched_directions_equal_single_direction_compose():
                           kinds=("up", "down"), n_freq=plan.n_freq)
             for kind in ("up", "down"):
                 for name in ("pmf", "w_lo", "p_inf", "tail_above", "tail_below", "roundoff", "log_mgf"):
-                    a = np.asarray(getattr(both[kind], name))[di]
-                    b = np.asarray(getattr(one[kind], name))
+                    a = np.asarray(getattr(getattr(both, kind), name))[di]
+                    b = np.asarray(getattr(getattr(one, kind), name))
                     np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-18, err_msg=f"{d} {kind} {name}")
 
 

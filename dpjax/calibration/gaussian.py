@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._x64 import float64, host_only
 from dpjax.pld.exact import gaussian_log_delta
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
@@ -61,6 +61,7 @@ def _log_delta(epsilon, noise_multiplier, steps):
     return gaussian_log_delta(epsilon, mu)
 
 
+@float64
 def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                    num_iterations: int = 64, adjoint=ImplicitAdjoint()):
     """Jittable core: smallest sigma with ``gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.
@@ -85,6 +86,7 @@ def _batched(eps, delta, steps):
     return jax.vmap(core)(eps, delta, steps)
 
 
+@host_only("dpjax.calibration.gaussian_noise_multiplier_core")
 @float64
 def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     """Smallest noise multiplier of ``steps`` composed Gaussian mechanisms meeting (eps, delta).

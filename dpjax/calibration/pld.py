@@ -1,29 +1,34 @@
-"""DP-SGD noise calibration and a differentiable epsilon on the PLD accountant's fixed-grid core.
+"""DP-SGD noise calibration and a differentiable epsilon: the DP-SGD specialisation of the
+fixed-grid PLD API (:mod:`dpjax.pld.fixed_grid`).
 
-Both are root problems on the certified (pessimistic, connect-the-dots) delta curve of the PLD
-accountant (:mod:`dpjax.pld`; DESIGN.md §2), evaluated on a grid that is *planned once* on the
-host and then held fixed, so that everything inside is one fixed-shape jitted program:
+Everything here is a root problem on the certified (pessimistic, connect-the-dots) delta curve
+of the PLD accountant (Koskela et al., "Computing Differential Privacy Guarantees for
+Heterogeneous Compositions Using FFT", 2021), evaluated on a grid that is *planned once* on the
+host (:func:`dpsgd_grid` = :func:`dpjax.pld.plan_fixed_grid` for one DP-SGD step composed
+``steps`` times) and then held fixed:
 
-* ``delta_up(eps; sigma, q, T)`` = max over the remove/add directions of the upper bound of
-  :func:`dpjax.pld.convert.delta_at` on :func:`dpjax.pld.compose.compose` (single-step
-  truncation, Chernoff wrap-around and FFT round-off included).  Soundness never depends on the
-  grid plan (see :mod:`dpjax.pld.plan`): for *any* sigma the value is an upper bound on the true
-  delta, so ``delta_up(eps*; sigma) <= delta*`` certifies ``(eps*, delta*)``-DP at that sigma.
-  The plan only affects tightness; it is made at a noise multiplier just below the expected
-  answer (wider single-step support, so the whole search bracket above it is covered).
+* ``delta_up(eps; sigma, q, T)`` (:func:`dpsgd_delta_fn`) = :func:`dpjax.pld.delta_fn`, the max
+  over the remove/add directions of the certified upper bound (single-step truncation, Chernoff
+  wrap-around and FFT round-off included; both directions share one grid and are composed in
+  one program).  Soundness never depends on the grid plan: for *any* sigma the value is an
+  upper bound on the true delta, so ``delta_up(eps*; sigma) <= delta*`` certifies
+  ``(eps*, delta*)``-DP at that sigma.  The plan only affects tightness; it is made at a noise
+  multiplier just below the expected answer (wider single-step support, so the whole search
+  bracket above it is covered).
 * :func:`dpsgd_noise_multiplier`: the smallest sigma with ``delta_up(eps*; sigma) <= delta*``
   (delta_up decreases in sigma), by a bracketing Illinois search in ``log sigma`` with a fixed
   number of steps (compiles once per grid size, vmapped over a batch of targets) -- the upper
   end of the final bracket is returned, so the certified epsilon of the returned sigma is
   ``<= target_epsilon`` by construction.
-* :func:`epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}``, differentiable by
-  the implicit function theorem (DESIGN.md §5)::
-
-      d eps/d theta = -(d delta_up/d theta) / (d delta_up/d eps)
-
-  with ``theta = (noise_multiplier, sampling_prob)``.  Likewise
+* :func:`epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}`` in closed form on
+  the bracketing grid segment (:func:`dpjax.pld.epsilon_fn`), differentiable in
+  ``(noise_multiplier, sampling_prob, target_delta)`` through the delta-curve table.
   :func:`dpsgd_noise_multiplier_core` is differentiable in ``(target_epsilon, target_delta,
-  sampling_prob)``.
+  sampling_prob)`` by the implicit function theorem
+  (``d sigma/d theta = -(d delta_up/d theta) / (d delta_up/d sigma)``).
+
+All of them follow the float64 contract of :mod:`dpjax._x64`: eager, ``grad`` and ``vmap`` calls
+from float32 code get float64 answers; inside a user's ``jit`` trace with x64 enabled.
 
 Usage::
 
@@ -45,23 +50,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._x64 import float64, host_only
 from dpjax.calibration.gaussian import gaussian_noise_multiplier
 from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
                                     solve_monotone_root)
-from dpjax.pld.compose import Group, compose
-from dpjax.pld.convert import delta_at, table
+from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid, stack_grids
+from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
-from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax.pld.plan import GridOptions
 
 __all__ = [
-    "DirectionGrid", "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
+    "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
     "dpsgd_noise_multiplier_core", "dpsgd_noise_multiplier", "CALIBRATION_OPTIONS",
     "NUM_ITERATIONS", "NUM_FINE_ITERATIONS", "COARSE_OPTIONS", "SIGMA_RANGE",
 ]
 
-#: Grid accuracy for calibration: P's default (epsilon discretization error <= 1e-5 relative,
-#: which moves sigma by ~1e-5 relative; the reference tolerance is 1e-3).
+#: Grid accuracy for calibration: the accountant's default :class:`~dpjax.pld.GridOptions`
+#: (epsilon discretization error <= min(1e-3 x epsilon, 8e-9 x steps): e.g. 8e-6 absolute,
+#: 4e-6 relative at epsilon = 2 and 1000 steps, which moves sigma by about as much relative;
+#: the must-show tolerance against the references is 1e-3).
 CALIBRATION_OPTIONS = GridOptions()
 #: Illinois steps of a search on the wide bracket [guess / 1.5, 1.5 guess]: < 1e-8 relative
 #: bracket (measured on these smooth, nearly log-linear curves; 12 steps from a 4x wider
@@ -83,55 +90,12 @@ COARSE_OPTIONS = GridOptions(relative_accuracy=1e-3, n_min=2**10, n_max=2**13)
 #: (lower, upper, plan) factors of the bracket around a centre c.
 _WIDE = (1 / _BRACKET_FACTOR, _BRACKET_FACTOR, 1 / _PLAN_FACTOR)
 _FINE = (0.97, 1.01, 0.97)
-_DIRECTIONS = ("remove", "add")
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DirectionGrid:
-    """A fixed grid for one direction (arrays may carry a leading batch axis).
-
-    Attributes:
-      dx: () grid spacing.
-      offset: () int64, the single step's first grid point is ``offset * dx``.
-      lambdas: (L,) Chernoff parameters of the wrap-around bound.
-      log_tau: () tail level used to place the window.
-      n: static FFT length; m: static single-step support length; direction: static.
-    """
-
-    dx: jax.Array
-    offset: jax.Array
-    lambdas: jax.Array
-    log_tau: jax.Array
-    n: int = dataclasses.field(metadata=dict(static=True))
-    m: int = dataclasses.field(metadata=dict(static=True))
-    direction: str = dataclasses.field(metadata=dict(static=True))
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DPSGDGrid:
-    """Fixed grids for both directions of DP-SGD (remove, add)."""
-
-    remove: DirectionGrid
-    add: DirectionGrid
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class _SmoothPoissonSubsampledGaussian(PoissonSubsampledGaussian):
-    """:class:`~dpjax.pld.mechanisms.PoissonSubsampledGaussian`, gradient-safe below the loss range.
-
-    The same distribution.  For loss values below the loss's lower bound ``log(1-q)`` the parent
-    maps ``x(y) = -inf`` (CDF exactly 0) -- correct values, but reverse-mode AD then forms
-    ``0 * inf = NaN`` in ``d(x/s)/ds``.  A finite sentinel ``-1e30`` gives the same CDF values
-    (``Phi(-1e30/s) = 0`` for any ``s < 1e25``) and zero derivatives, which the calibration's
-    implicit gradients need.
-    """
-
-    def _x_of_loss(self, y):
-        x, s, q = super()._x_of_loss(y)
-        return jnp.where(jnp.isfinite(x), x, -1e30), s, q
+#: The fixed grid of a DP-SGD configuration: a :class:`dpjax.pld.FixedGrid` whose single
+#: component is one DP-SGD step (noise multiplier, sampling probability) composed ``steps``
+#: times, in both add/remove directions.
+DPSGDGrid = FixedGrid
 
 
 def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size=None,
@@ -139,108 +103,76 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
     """One DP-SGD step as a mechanism pytree with ``(1,)`` fields (noise multiplier 1, replaced
     during the search): the example-level Poisson-subsampled Gaussian, or for groups / fixed
     batches the mixture of Gaussians of :class:`dpjax.pld.mog.GroupSubsampledGaussian`
-    (seed 000 Thm 3.1 / 3.3)."""
+    (Ganesh et al., "Tight Group-Level DP Guarantees for DP-SGD with Sampling via Mixture of
+    Gaussians Mechanisms", Thm 3.1 / 3.3)."""
     one = jnp.ones((1,), jnp.float64)
     if group_size == 1 and sampling == "poisson":
-        return _SmoothPoissonSubsampledGaussian(one, jnp.asarray([q], jnp.float64))
+        return PoissonSubsampledGaussian(one, jnp.asarray([q], jnp.float64))
     from dpjax.pld.mog import GroupSubsampledGaussian
 
     f = lambda v: jnp.asarray([0.0 if v is None else float(v)], jnp.float64)
-    mech = GroupSubsampledGaussian(
+    return GroupSubsampledGaussian(
         noise_multiplier=one, group_size=f(group_size), sampling_prob=f(q), dataset_size=f(dataset_size),
         batch_size=f(batch_size), sampling=sampling, num_components=int(num_components))
-    return mech
 
 
-def _with_sigma(mech, sigma):
-    return dataclasses.replace(mech, noise_multiplier=jnp.reshape(jnp.asarray(sigma, jnp.float64), (1,)))
+def _with(mech, noise_multiplier, sampling_prob=None):
+    """``mech`` with its noise multiplier (and sampling probability, when given) replaced."""
+    kw = dict(noise_multiplier=jnp.reshape(jnp.asarray(noise_multiplier, jnp.float64), (1,)))
+    if sampling_prob is not None:
+        kw["sampling_prob"] = jnp.reshape(jnp.asarray(sampling_prob, jnp.float64), (1,))
+    return dataclasses.replace(mech, **kw)
 
 
-def _plan(sigma, q, steps, *, eps_hint, target_delta, options, mech=None):
-    """P's planner (:func:`dpjax.pld.plan.plan_grid`) for one DP-SGD configuration, both
-    directions on one grid (common ``n`` and ``dx``)."""
-    mech = _with_sigma(_template(q) if mech is None else mech, sigma)
-    group = Group(mechanism=mech, counts=np.array([steps], np.int64), offsets=np.zeros(1, np.int64))
-    # Truncation + wrap-around budget: a fraction of the delta that matters (P's convention).
-    tail_mass = (options.tail_fraction * target_delta if target_delta is not None
-                 else options.delta_tail_mass)
-    return plan_grid([group], _DIRECTIONS, tail_mass=tail_mass, eps_hint=eps_hint,
-                     target_delta=target_delta, options=options)
+def _plan(mech, steps, *, options, **targets) -> FixedGrid:
+    """The fixed grid of one DP-SGD configuration (both directions, one ``n`` and ``dx``)."""
+    return plan_fixed_grid([(mech, int(steps))], options=options, **targets)
 
 
-def _grid_from_plan(plan, ms=None) -> DPSGDGrid:
-    grids = {}
-    for di, d in enumerate(_DIRECTIONS):
-        m = int(plan.ms[di][0]) if ms is None else int(min(ms[di], plan.n))
-        grids[d] = DirectionGrid(
-            dx=np.float64(plan.dx), offset=np.int64(plan.groups[di][0].offsets[0]),
-            lambdas=np.asarray(plan.lambdas[di], np.float64), log_tau=np.float64(plan.log_tau),
-            n=int(plan.n), m=m, direction=d)
-    return DPSGDGrid(**grids)
-
-
+@host_only("dpjax.calibration.dpsgd_delta_fn / epsilon_fn with a grid planned outside the transformation")
 @float64
 def dpsgd_grid(noise_multiplier, sampling_prob, steps, *, target_delta=None, target_epsilon=None,
                options: GridOptions | None = None) -> DPSGDGrid:
-    """Plan the fixed grids (both directions) for DP-SGD around ``noise_multiplier`` (host side).
+    """Plan the fixed grid (both directions) for DP-SGD around ``noise_multiplier`` (host side).
 
     Give ``target_delta`` (for epsilon queries) or ``target_epsilon`` (for delta queries /
     calibration).  The plan is valid (sound) for any noise multiplier; it is tight near
-    ``noise_multiplier`` and above it.
+    ``noise_multiplier`` and above it.  :func:`dpjax.pld.plan_fixed_grid` for one
+    :class:`~dpjax.pld.PoissonSubsampledGaussian` composed ``steps`` times.
     """
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
     steps = _validate.positive_int("steps", steps)
-    options = options or CALIBRATION_OPTIONS
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
-    if target_delta is not None:
-        delta = float(_validate.probability_open("target_delta", target_delta))
-        kw = dict(eps_hint=None, target_delta=delta)
-    else:
-        eps = float(_validate.positive("target_epsilon", target_epsilon))
-        kw = dict(eps_hint=eps, target_delta=None)
-    return jax.tree_util.tree_map(jnp.asarray, _grid_from_plan(_plan(sigma, q, steps, options=options, **kw)))
+    return _plan(_with(_template(q), sigma), steps, options=options or CALIBRATION_OPTIONS,
+                 target_delta=target_delta, target_epsilon=target_epsilon)
 
 
-def _direction_table(grid: DirectionGrid, noise_multiplier, sampling_prob, steps, mech=None):
-    if mech is None:
-        mech = _SmoothPoissonSubsampledGaussian(jnp.reshape(noise_multiplier, (1,)),
-                                                jnp.reshape(sampling_prob, (1,)))
-    else:
-        mech = _with_sigma(mech, noise_multiplier)
-    group = Group(mechanism=mech, counts=jnp.reshape(jnp.asarray(steps, jnp.int64), (1,)),
-                  offsets=jnp.reshape(grid.offset, (1,)))
-    out = compose((group,), grid.dx, grid.lambdas, grid.log_tau, direction=grid.direction,
-                  ms=(grid.m,), n=grid.n, kinds=("up",))["up"]
-    return table(out, "upper")
-
-
+@float64
 def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPSGDGrid):
     """Certified delta (upper bound, max over remove/add) of DP-SGD at ``epsilon``; pure.
 
     Scalars in (``steps`` an integer, may be traced), scalar out; jittable, vmappable (with a
     batched ``grid``) and differentiable in ``epsilon``, ``noise_multiplier``, ``sampling_prob``.
+    ``sampling_prob=None`` keeps the planned mechanism's (e.g. a group mixture's) own.
     """
-    eps = jnp.asarray(epsilon, jnp.float64)
-    sigma = jnp.asarray(noise_multiplier, jnp.float64)
-    q = jnp.asarray(sampling_prob, jnp.float64)
-    deltas = [delta_at(_direction_table(g, sigma, q, steps), eps) for g in (grid.remove, grid.add)]
-    return jnp.maximum(deltas[0], deltas[1])
+    mech = _with(grid.mechanisms[0], noise_multiplier, sampling_prob)
+    return delta_fn(grid, epsilon, (mech,), counts=(jnp.reshape(steps, (1,)),))
 
 
-def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *,
-               grid: DPSGDGrid | None = None, adjoint=ImplicitAdjoint(),
-               num_iterations: int = 64):
+@float64
+def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
 
     ``eps = min{eps >= 0 : delta_up(eps) <= target_delta}`` on the fixed ``grid``
-    (:func:`dpsgd_grid`); the two compositions are done once, then the delta curve (a table
-    lookup) is bisected in ``eps`` on ``[0, 500]`` to float64 resolution.  Gradients w.r.t.
-    ``noise_multiplier``, ``sampling_prob`` and ``target_delta`` by implicit differentiation
-    (``d eps/d theta = -(d delta/d theta)/(d delta/d eps)``).  ``inf`` if the target is not
-    reachable on the grid (delta_up(500) > target_delta).  ``grid=None`` plans one from the
-    (then necessarily concrete) arguments; under ``jit``/``grad`` pass a ``grid``.
+    (:func:`dpsgd_grid`), in closed form on the bracketing grid segment
+    (:func:`dpjax.pld.epsilon_fn`; no search).  Differentiable in ``noise_multiplier``,
+    ``sampling_prob`` and ``target_delta`` through the delta-curve table (on a segment the
+    curve is ``A - e^{eps - y} B``, so this is the implicit-function derivative
+    ``-(d delta/d theta) / (d delta/d eps)``).  ``inf`` if the target is not reachable on the
+    grid.  ``grid=None`` plans one from the (then necessarily concrete) arguments; under
+    ``jit``/``grad``/``vmap`` pass a ``grid``.  Works from float32 code (float64 inside).
 
     Example::
 
@@ -248,28 +180,18 @@ def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *,
         jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(1.0)
     """
     if grid is None:
-        leaves = (noise_multiplier, sampling_prob, steps, target_delta)
+        leaves = jax.tree_util.tree_leaves((noise_multiplier, sampling_prob, steps, target_delta))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             raise ValueError(
                 "epsilon_fn under jit/grad/vmap needs a fixed grid: pass "
                 "grid=dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=...) "
                 "planned on concrete values")
         grid = dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=target_delta)
-    sigma = jnp.asarray(noise_multiplier, jnp.float64)
-    q = jnp.asarray(sampling_prob, jnp.float64)
-    # The compositions depend on (sigma, q) only: built once, outside the bisection; the
-    # adjoint differentiates the root w.r.t. the tables, and autodiff carries it to (sigma, q).
-    tables = tuple(_direction_table(g, sigma, q, steps) for g in (grid.remove, grid.add))
-
-    def fn(eps, tabs):
-        return jnp.maximum(delta_at(tabs[0], eps), delta_at(tabs[1], eps))
-
-    res = solve_monotone_root(fn, tables, jnp.asarray(target_delta, jnp.float64), (0.0, 500.0),
-                              decreasing=True, num_iterations=num_iterations, adjoint=adjoint)
-    # Already private at eps = 0: the smallest feasible eps is 0 (not a bracket artefact).
-    return jnp.where(res.status == 2, 0.0, jnp.where(res.status == 0, res.root, jnp.inf))
+    mech = _with(grid.mechanisms[0], noise_multiplier, sampling_prob)
+    return pld_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),))
 
 
+@float64
 def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, steps, bracket, *,
                                 grid: DPSGDGrid, num_iterations: int = NUM_ITERATIONS,
                                 adjoint=ImplicitAdjoint()):
@@ -282,27 +204,26 @@ def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, ste
     theta = (jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(sampling_prob, jnp.float64))
     fn = lambda sigma, th: jnp.log(dpsgd_delta_fn(th[0], sigma, th[1], steps, grid=grid))
     return solve_monotone_root(fn, theta, jnp.log(jnp.asarray(target_delta, jnp.float64)),
-                               jax.lax.stop_gradient(bracket), decreasing=True,
+                               jax.lax.stop_gradient(jnp.asarray(bracket, jnp.float64)), decreasing=True,
                                num_iterations=num_iterations, log_scale=True, method="illinois",
                                adjoint=adjoint)
 
 
 @functools.partial(jax.jit, static_argnames=("num_iterations", "batch_size"))
-def _calibrate_batch(eps, delta, mech, steps, lo, hi, grid, *, num_iterations, batch_size):
+def _calibrate_batch(eps, delta, steps, lo, hi, grid, *, num_iterations, batch_size):
     def one(args):
-        e, d, mm, t, l, h, g = args
+        e, d, t, l, h, g = args
 
         def fn(sigma, th):
-            tabs = [_direction_table(gd, sigma, None, t, mech=th[1]) for gd in (g.remove, g.add)]
-            return jnp.log(jnp.maximum(delta_at(tabs[0], th[0]), delta_at(tabs[1], th[0])))
+            return jnp.log(dpsgd_delta_fn(th, sigma, None, t, grid=g))
 
-        return solve_monotone_root(fn, (e, mm), jnp.log(d), (l, h), decreasing=True,
+        return solve_monotone_root(fn, e, jnp.log(d), (l, h), decreasing=True,
                                    num_iterations=num_iterations, log_scale=True,
                                    method="illinois", adjoint=StopGradientAdjoint())
 
     # lax.map over chunks of `batch_size` vmapped calibrations bounds memory at
     # ~batch_size * n complex numbers per intermediate array.
-    return jax.lax.map(one, (eps, delta, mech, steps, lo, hi, grid), batch_size=batch_size)
+    return jax.lax.map(one, (eps, delta, steps, lo, hi, grid), batch_size=batch_size)
 
 
 def _clt_guess(eps, delta, q, steps):
@@ -313,6 +234,7 @@ def _clt_guess(eps, delta, q, steps):
     return 1.0 / np.sqrt(np.log1p(mu * mu / (q * q * steps)))
 
 
+@host_only("dpjax.calibration.dpsgd_noise_multiplier_core on a grid from dpjax.calibration.dpsgd_grid")
 @float64
 def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, group_size=1,
                            sampling="poisson", dataset_size=None, batch_size=None,
@@ -325,7 +247,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     the accurate one around the coarse answer) on the certified delta curve,
     so the certified epsilon at the returned sigma is ``<= target_epsilon`` (rounded to the
     safe side); its distance to the exact minimal sigma is the accountant's discretization
-    error (``options.relative_accuracy`` = 1e-5 in epsilon by default, ~1e-5 in sigma).
+    error (by default at most ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon, see
+    :data:`CALIBRATION_OPTIONS`; about the same relative error in sigma).
 
     Vectorized: arrays (broadcast together) calibrate in one jitted, vmapped call per grid size
     (configurations are grouped by FFT length; one compile per group shape).
@@ -336,10 +259,12 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       sampling_prob: q in (0, 1].
       steps: integer >= 1.
       group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
-        Gaussians of seed 000 Thm 3.1 / 3.3 via :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
-      sampling: ``"poisson"`` or ``"fixed_batch"`` (replace adjacency, batch ``batch_size`` of
-        ``dataset_size``; sensitivity 2 per example, noise std ``noise_multiplier``, as in
-        :mod:`dpjax.group`).
+        Gaussians of Ganesh et al., "Tight Group-Level DP Guarantees for DP-SGD with Sampling
+        via Mixture of Gaussians Mechanisms", Thm 3.1 / 3.3, via
+        :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
+      sampling: ``"poisson"`` or ``"fixed_batch"`` (batch ``batch_size`` of ``dataset_size``,
+        replace-one (replace-k) adjacency: sensitivities ``2j`` with noise std
+        ``noise_multiplier``, Ganesh et al. Thm 3.3, as in :mod:`dpjax.group`).
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
@@ -376,7 +301,7 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     num_components = 1 << max(1, (k + 1 - 1).bit_length())
     mechs = [_template(float(qq), k, sampling, n_data, b_size, num_components) for qq in q]
     if hasattr(mechs[0], "validate"):
-        _with_sigma(mechs[0], 1.0).validate()
+        _with(mechs[0], 1.0).validate()
     # A group of k behaves roughly like sampling probability k q (sensitivity-1 part of the
     # mixture); the search re-centres when this guess is off.
     guess = np.atleast_1d(_clt_guess(eps, delta, np.minimum(1.0, k * q), steps_i.astype(np.float64)))
@@ -452,25 +377,21 @@ def _refine(eps, delta, mechs, steps, center, *, options, num_iterations, factor
 def _solve_group(eps, delta, mechs, steps, lower, upper, plan_at, options, num_iterations):
     """Plan grids (host) at ``plan_at``, group configurations by grid shape, search each group's
     brackets ``[lower, upper]`` in one batched program; returns (roots, status) arrays."""
-    plans = [_plan(float(p), None, int(t), eps_hint=float(e), target_delta=float(d),
-                   options=options, mech=mm)
+    plans = [_plan(_with(mm, float(p)), int(t), target_epsilon=float(e), target_delta=float(d),
+                   options=options)
              for e, d, mm, t, p in zip(eps, delta, mechs, steps, plan_at)]
     # Configurations with the same FFT length and mechanism kind run together in one batched
     # program (support lengths m padded to the group's largest: extra points carry no mass).
-    keys = [(p.n, type(mm).__name__, getattr(mm, "sampling", ""), getattr(mm, "num_components", 0))
-            for p, mm in zip(plans, mechs)]
+    keys = [(g.n, type(mm).__name__, getattr(mm, "sampling", ""), getattr(mm, "num_components", 0))
+            for g, mm in zip(plans, mechs)]
     roots = np.full(eps.size, np.nan)
     status = np.full(eps.size, 1, np.int64)
     for key in sorted(set(keys)):
         idx = np.array([i for i, k in enumerate(keys) if k == key])
-        ms = [max(plans[i].ms[j][0] for i in idx) for j in range(2)]
-        grids = [_grid_from_plan(plans[i], ms) for i in idx]
-        stack = lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs]))
-        grid = jax.tree_util.tree_map(stack, *grids)
-        mech = jax.tree_util.tree_map(stack, *[mechs[i] for i in idx])
+        grid = stack_grids([plans[i] for i in idx])
         res = _calibrate_batch(
-            jnp.asarray(eps[idx]), jnp.asarray(delta[idx]), mech,
-            jnp.asarray(steps[idx]), jnp.asarray(lower[idx]), jnp.asarray(upper[idx]), grid,
+            jnp.asarray(eps[idx]), jnp.asarray(delta[idx]), jnp.asarray(steps[idx]),
+            jnp.asarray(lower[idx]), jnp.asarray(upper[idx]), grid,
             num_iterations=num_iterations, batch_size=max(1, min(len(idx), (1 << 21) // key[0])))
         roots[idx] = np.asarray(res.root)
         status[idx] = np.asarray(res.status)

@@ -52,6 +52,8 @@ from typing import Any, Callable, Tuple
 import jax
 import jax.numpy as jnp
 
+from dpjax._x64 import float64
+
 __all__ = [
     "SolverStatus",
     "RootResult",
@@ -317,6 +319,7 @@ def _implicit_solve_bwd_x64(fn_conv, residuals, cotangents):
 _implicit_solve.defvjp(_implicit_solve_fwd, _implicit_solve_bwd)
 
 
+@float64
 def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, target, bracket,
                         *, decreasing: bool = True, num_iterations: int = 64,
                         log_scale: bool = False, method: str = "bisection",

@@ -23,7 +23,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="Poisson sampling probability q in (0, 1]")
     p.add_argument("--steps", type=float, required=True, help="number of steps T (integer >= 1)")
     p.add_argument("--relative-accuracy", type=float, default=None,
-                   help="target discretization error of epsilon relative to epsilon (default 1e-4)")
+                   help="target discretization error of epsilon relative to epsilon (default 1e-3, "
+                        "with the per-step bound 8e-9 x steps of dpjax.pld.GridOptions, whichever "
+                        "is tighter)")
 
 
 def _options(args):

@@ -12,6 +12,8 @@ Layers (one module each; DESIGN.md §1-2, seed 003):
 * :mod:`~dpjax.pld.convert` -- ``delta(eps)`` / ``eps(delta)``, exact on each grid segment,
   vectorized over targets.
 * :mod:`~dpjax.pld.plan` -- grid choice from the requested accuracy (host side).
+* :mod:`~dpjax.pld.fixed_grid` -- a grid planned once, then jittable, differentiable
+  ``delta_fn`` / ``epsilon_fn`` in the mechanism parameters.
 * :mod:`~dpjax.pld.accountant` -- the public entry points.
 
 Quick use::
@@ -30,57 +32,52 @@ Noise schedules: give array parameters, e.g.
 ``pld.dpsgd_accounting(numpy.linspace(3.0, 2.5, T), 0.01, T, target_delta=1e-5)``; more than
 ``GridOptions.max_distinct`` distinct values are bracketed by blocks (``result.blocked``).
 
-A jittable, differentiable ``delta(eps; params)`` on a FIXED grid (for calibration, sweeps)
-------------------------------------------------------------------------------------------
-Plan the grid once on the host, then compose and convert inside your own ``jit`` / ``grad`` /
-``vmap``; the grid (``n``, ``dx``, offsets, support lengths) stays fixed while the mechanism
-parameters are traced.  The result is a certified upper bound for *any* parameters (mass
-leaving the grid goes to the ``+inf`` atom or is covered by the wrap-around bound); it is tight
-near the planning point::
+A jittable, differentiable ``delta(eps; params)`` / ``eps(delta; params)`` on a FIXED grid
+----------------------------------------------------------------------------------------
+:mod:`~dpjax.pld.fixed_grid` (for calibration, sweeps, optimization loops): plan the grid once
+on the host for any mechanisms with counts, then evaluate inside your own ``jit`` / ``grad`` /
+``vmap`` with the mechanism parameters traced.  The result is a certified upper bound for
+*any* parameters (mass leaving the grid goes to the ``+inf`` atom or is covered by the
+wrap-around bound); it is tight near the planning point.  ``epsilon_fn`` is closed-form per
+grid segment (no search)::
 
-    import jax, jax.numpy as jnp, numpy as np
+    import jax, jax.numpy as jnp
     from dpjax import pld
 
-    with jax.enable_x64(True):
-        mech = pld.PoissonSubsampledGaussian(jnp.asarray([1.0]), jnp.asarray([0.01]))
-        group = pld.Group(mech, counts=np.array([1000]), offsets=np.zeros(1, np.int64))
-        plan = pld.plan_grid([group], ("remove", "add"), tail_mass=1e-11, eps_hint=None,
-                             target_delta=1e-5, options=pld.GridOptions())
+    grid = pld.plan_fixed_grid([(pld.PoissonSubsampledGaussian(1.0, 0.01), 1000)],
+                               target_delta=1e-5)                     # host side, once
+    mech = lambda s, q: [pld.PoissonSubsampledGaussian(s, q)]
+    pld.epsilon_fn(grid, 1e-5, mech(1.0, 0.01))                        # certified eps
+    jax.grad(lambda s, q: pld.delta_fn(grid, 2.0, mech(s, q)), argnums=(0, 1))(1.0, 0.01)
+    jax.vmap(lambda s: pld.epsilon_fn(grid, 1e-5, mech(s, 0.01)))(jnp.linspace(0.9, 1.2, 8))
 
-        def delta_fn(eps, sigma, q):          # scalars in, scalar out
-            out = []
-            for di, d in enumerate(plan.directions):
-                g = plan.groups[di][0]
-                m = pld.PoissonSubsampledGaussian(jnp.reshape(sigma, (1,)), jnp.reshape(q, (1,)))
-                comp = pld.compose((pld.Group(m, g.counts, g.offsets),), plan.dx, plan.lambdas[di],
-                                   plan.log_tau, direction=d, ms=plan.ms[di], n=plan.n)["up"]
-                out.append(pld.delta_at(pld.table(comp, "upper"), eps))
-            return jnp.maximum(*out)
-
-        jax.grad(delta_fn, argnums=(0, 1, 2))(2.0, 1.0, 0.01)
-        jax.vmap(delta_fn, in_axes=(None, 0, None))(2.0, jnp.linspace(0.9, 1.2, 8), 0.01)
-
-:mod:`dpjax.calibration.pld` packages exactly this for DP-SGD (``dpsgd_grid``,
-``dpsgd_delta_fn``, ``epsilon_fn``).  ``pld.eps_at(table, delta)`` gives ``eps(delta)`` in
-closed form per segment (differentiable in the parameters through the table).
+These run from float32 code (float64 inside); under a user's ``jax.jit`` trace with
+``jax.enable_x64(True)``.  :mod:`dpjax.calibration.pld` specialises this to DP-SGD
+(``dpsgd_grid``, ``dpsgd_delta_fn``, ``epsilon_fn``, noise calibration).  The lower layers
+(:func:`compose` returning a :class:`Composition`, :func:`table`, :func:`delta_at`,
+:func:`eps_at`) stay available; directions and bounds are the string enums :class:`Direction`
+and :class:`Bound`.
 """
 
 from dpjax.pld.accountant import (
     DeltaResult, DirectionReport, EpsilonResult, delta, dpsgd_accounting, dpsgd_delta, dpsgd_epsilon, epsilon,
 )
-from dpjax.pld.compose import ComposedPLD, Group, compose
-from dpjax.pld.convert import HockeyStickTable, delta_at, eps_at, table
+from dpjax.pld.compose import ComposedPLD, Composition, Group, compose
+from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.discretize import GridPMF, discretize
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
+from dpjax.pld.fixed_grid import FixedGrid, delta_fn, epsilon_fn, plan_fixed_grid, stack_grids
 from dpjax.pld.mechanisms import (
-    DIRECTIONS, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
+    DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
 )
 from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
 
 __all__ = [
-    "ComposedPLD", "DIRECTIONS", "DeltaResult", "DirectionReport", "EpsilonResult", "Gaussian", "GridOptions",
-    "GridPMF", "GridPlan", "Group", "HockeyStickTable", "Laplace", "LossCDFs", "PoissonSubsampledGaussian",
-    "RandomizedResponse", "compose", "delta", "delta_at", "discretize", "dpsgd_accounting", "dpsgd_delta",
-    "dpsgd_epsilon", "epsilon", "eps_at", "plan_grid", "table",
+    "Bound", "ComposedPLD", "Composition", "DIRECTIONS", "DeltaResult", "Direction", "DirectionReport",
+    "EpsilonResult", "FixedGrid", "Gaussian", "GridOptions", "GridPMF", "GridPlan", "Group",
+    "HockeyStickTable", "Laplace", "LossCDFs", "PoissonSubsampledGaussian", "RandomizedResponse",
+    "compose", "delta", "delta_at", "delta_fn", "discretize", "dpsgd_accounting", "dpsgd_delta",
+    "dpsgd_epsilon", "epsilon", "epsilon_fn", "eps_at", "plan_fixed_grid", "plan_grid", "stack_grids",
+    "table",
     "gaussian_delta", "gaussian_epsilon", "gaussian_log_delta",
 ]

@@ -1,4 +1,4 @@
-"""Public PLD accountant: validate, plan the grid, run one jitted program per direction.
+"""Public PLD accountant: validate, plan the grid, run one jitted program for all directions.
 
 General API (any list of mechanisms with counts, heterogeneous compositions included)::
 
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._x64 import float64, host_only
 from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
@@ -239,7 +239,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
                               ms=ms_common, n=n, kinds=kinds, n_freq=n_freq)
     per_kind = []
     for kind in kinds:
-        stacked = outs[kind]
+        stacked = getattr(outs, kind)
         bound = "upper" if kind == "up" else "lower"
         if want == "eps":
             value = jax.vmap(lambda p: eps_from_pld(p, deltas, bound))(stacked)
@@ -341,6 +341,7 @@ def _as_components(components) -> list:
     return items
 
 
+@host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
 def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True) -> EpsilonResult:
     """Certified epsilon of a composition at ``target_delta`` (scalar or 1-D array).
@@ -377,6 +378,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
                          reason=reason)
 
 
+@host_only("dpjax.pld.delta_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
 def delta(components, target_epsilon, *, options: GridOptions | None = None, with_lower: bool = True) -> DeltaResult:
     """Certified delta of a composition at ``target_epsilon`` (scalar or 1-D array, >= 0).
@@ -442,6 +444,7 @@ def _dpsgd_components(noise_multiplier, sampling_prob, steps):
     return [(PoissonSubsampledGaussian(sigma, np.full_like(sigma, float(q))), 1)]
 
 
+@host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, target_epsilon=None, *,
                      options: GridOptions | None = None, with_lower: bool = True):
     """DP-SGD (Poisson sampling, add/remove adjacency): :class:`EpsilonResult` or :class:`DeltaResult`.
@@ -460,6 +463,7 @@ def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, 
     return delta(comps, target_epsilon, options=options, with_lower=with_lower)
 
 
+@host_only("dpjax.calibration.epsilon_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta) -> float:
     """Certified epsilon of DP-SGD (Poisson-subsampled Gaussian, add/remove adjacency).
 
@@ -474,6 +478,7 @@ def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta) -> float
     return res.epsilon
 
 
+@host_only("dpjax.calibration.dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon) -> float:
     """Certified delta of DP-SGD at ``target_epsilon`` (>= 0)."""
     target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)

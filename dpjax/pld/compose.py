@@ -36,6 +36,7 @@ deltas of 1e-9.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
+from dpjax.pld.mechanisms import Direction
 
 _U = 2.0**-52
 
@@ -97,6 +99,33 @@ class ComposedPLD(NamedTuple):
     def losses(self) -> jax.Array:
         """(n,) the loss value of each window bin."""
         return (self.w_lo + jnp.arange(self.pmf.shape[-1])) * self.dx
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Composition:
+    """What :func:`compose` / :func:`compose_directions` return: one :class:`ComposedPLD` per
+    requested discretization (``None`` where not requested).
+
+    Attributes:
+      up: the pessimistic (connect-the-dots, dominating) composition; its
+        :func:`~dpjax.pld.convert.table` with ``Bound.UPPER`` gives certified upper bounds.
+      down: the optimistic (round-down) composition, for ``Bound.LOWER``.
+    """
+
+    up: ComposedPLD | None = None
+    down: ComposedPLD | None = None
+
+
+#: The discretizations :func:`compose` can run: "up" (pessimistic), "down" (optimistic).
+KINDS = ("up", "down")
+
+
+def _check_kinds(kinds) -> tuple[str, ...]:
+    kinds = tuple(kinds)
+    if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+        raise ValueError(f"kinds must be a non-empty tuple of distinct values from {KINDS}, got {kinds!r}")
+    return kinds
 
 
 # Block length of the log-MGF evaluation (see ``_log_mgf``): m is 2^k or 3 * 2^k >= 64.
@@ -168,7 +197,7 @@ def compose(
     n: int,
     kinds: tuple[str, ...] = ("up",),
     n_freq: int | None = None,
-) -> dict:
+) -> Composition:
     """Compose every mechanism of every group (``counts`` times each) on one grid.
 
     Args:
@@ -176,7 +205,7 @@ def compose(
       dx: grid spacing (traced).
       lambdas: (L,) Chernoff parameters, both signs present (traced).
       log_tau: log of the tail level used to centre the window (traced).
-      direction: "remove" or "add".
+      direction: a :class:`~dpjax.pld.mechanisms.Direction` (or its string, "remove"/"add").
       ms: per group, the number of grid points of each single mechanism (static, <= n).
       n: FFT length (static).
       kinds: which discretizations to compose: "up" (pessimistic), "down" (optimistic).
@@ -190,11 +219,12 @@ def compose(
         The bound is ``2 (n/2 + 1 - n_freq) prod_k (max_{f >= n_freq} |F_k(f)|)^{c_k}``: one
         max-reduction per mechanism instead of a log and an exp per dropped frequency.
     Returns:
-      dict kind -> :class:`ComposedPLD`.
+      :class:`Composition` (``.up`` / ``.down``, the kinds requested).
     """
+    direction = Direction.parse(direction)
     out = compose_directions((tuple(groups),), dx, jnp.asarray(lambdas, jnp.float64)[None], log_tau,
                              directions=(direction,), ms=ms, n=n, kinds=kinds, n_freq=n_freq)
-    return {k: jax.tree_util.tree_map(lambda a: a[0], v) for k, v in out.items()}
+    return jax.tree_util.tree_map(lambda a: a[0], out)
 
 
 @functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "n_freq"))
@@ -209,7 +239,7 @@ def compose_directions(
     n: int,
     kinds: tuple[str, ...] = ("up",),
     n_freq: int | None = None,
-) -> dict:
+) -> Composition:
     """:func:`compose` for several directions at once, batched along a leading axis.
 
     Only the loss CDFs are computed per direction (they are mechanism code with a static
@@ -225,8 +255,10 @@ def compose_directions(
       ms: per group, the number of grid points (static, common to all directions).
       dx, log_tau, n, kinds, n_freq: as in :func:`compose`.
     Returns:
-      dict kind -> :class:`ComposedPLD` whose fields have a leading axis of length D.
+      :class:`Composition` whose :class:`ComposedPLD` fields have a leading axis of length D.
     """
+    directions = tuple(Direction.parse(d, "directions") for d in directions)
+    kinds = _check_kinds(kinds)
     dx = jnp.asarray(dx, jnp.float64)
     lambdas = jnp.asarray(lambdas, jnp.float64)
     D = len(directions)
@@ -320,4 +352,4 @@ def compose_directions(
             roundoff=roundoff, roundoff_rel=roundoff_rel, log_mgf=a["K"], needed_width=width,
             truncation=truncation,
         )
-    return out
+    return Composition(**out)

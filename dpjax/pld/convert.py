@@ -25,7 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax._x64 import float64
 from dpjax.pld.compose import ComposedPLD
+from dpjax.pld.mechanisms import StrEnum
+
+
+class Bound(StrEnum):
+    """Which delta curve: the certified ``UPPER`` bound or the certified ``LOWER`` bound
+    (``Bound.UPPER == "upper"``)."""
+
+    UPPER = "upper"
+    LOWER = "lower"
 
 
 class HockeyStickTable(NamedTuple):
@@ -67,23 +77,24 @@ def _curve_terms(pld: ComposedPLD, bound: str):
     """``(r, y, w, y_ref, const, fa, fb)`` of the ``"upper"`` or ``"lower"`` delta curve:
     ``delta(eps) = fa sum_{t > j} r_t + const - e^{eps - y_ref} fb sum_{t > j} w_t`` on segment
     ``j``, with ``w_t = r_t e^{y_ref - y_t}`` (see the module docstring)."""
+    bound = Bound.parse(bound)
     r = pld.pmf
     n = r.shape[-1]
     y = pld.losses
     y_ref = (pld.w_lo + n // 2) * pld.dx
-    if bound == "upper":
+    if bound is Bound.UPPER:
         const = pld.p_inf + pld.tail_above + pld.roundoff
         fa, fb = 1.0 + pld.roundoff_rel, 1.0 - pld.roundoff_rel
-    elif bound == "lower":
+    else:
         const = pld.p_inf - pld.tail_below - pld.roundoff
         fa, fb = 1.0 - pld.roundoff_rel, 1.0 + pld.roundoff_rel
-    else:
-        raise ValueError(f"bound must be 'upper' or 'lower', got {bound!r}")
     return r, y, r * jnp.exp(y_ref - y), y_ref, const, fa, fb
 
 
-def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
-    """Build the segment table for the ``"upper"`` or ``"lower"`` delta curve."""
+@float64
+def table(pld: ComposedPLD, bound: Bound | str = Bound.UPPER) -> HockeyStickTable:
+    """Build the segment table for the upper or lower delta curve (:class:`Bound`)."""
+    bound = Bound.parse(bound)
     r, y, w, y_ref, const, fa, fb = _curve_terms(pld, bound)
     # Suffix sums over t > j, accumulated from the top (small terms first).
     sa = _suffix_sums(r)
@@ -94,11 +105,12 @@ def table(pld: ComposedPLD, bound: str = "upper") -> HockeyStickTable:
     # Never let a NaN through: for the upper curve it becomes delta = 1 / eps = inf, for the
     # lower curve delta = 0 / eps = 0 (both trivially valid).
     bad = jnp.isnan(A) | jnp.isnan(B)
-    A = jnp.where(bad, jnp.inf if bound == "upper" else -jnp.inf, A)
+    A = jnp.where(bad, jnp.inf if bound is Bound.UPPER else -jnp.inf, A)
     B = jnp.where(bad, 0.0, B)
     return HockeyStickTable(A=A, B=B, y=y, y_ref=y_ref)
 
 
+@float64
 def delta_at(tab: HockeyStickTable, eps) -> jax.Array:
     """``delta(eps)`` for any array of ``eps`` (clipped to [0, 1])."""
     eps = jnp.asarray(eps, jnp.float64)
@@ -112,6 +124,7 @@ def delta_at(tab: HockeyStickTable, eps) -> jax.Array:
     return jnp.clip(d, 0.0, 1.0)
 
 
+@float64
 def eps_at(tab: HockeyStickTable, delta) -> jax.Array:
     """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` (``inf`` if none), any array shape."""
     delta = jnp.asarray(delta, jnp.float64)
@@ -124,12 +137,15 @@ def eps_at(tab: HockeyStickTable, delta) -> jax.Array:
     seg = k - 1                                              # segment in -1..n-1
     A = tab.A[k]
     B = tab.B[k]
-    ratio = (A - delta) / B
-    eps = tab.y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
+    # Closed form only where it is defined; the other branch's operands are made harmless so
+    # that reverse-mode AD never forms 0 * inf (B = 0 or A <= delta give no gradient at all).
+    ok = (B > 0) & (A - delta > 0)
+    ratio = jnp.where(ok, (A - delta) / jnp.where(ok, B, 1.0), 1.0)
+    eps = tab.y_ref + jnp.log(ratio)
     lo_end = jnp.where(seg >= 0, y[jnp.maximum(seg, 0)], -jnp.inf)
     hi_end = jnp.where(seg + 1 <= n - 1, y[jnp.minimum(seg + 1, n - 1)], jnp.inf)
     # Inside the segment the closed form is exact; round-off is resolved toward the upper end.
-    eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
+    eps = jnp.where(ok, jnp.clip(eps, lo_end, hi_end), hi_end)
     eps = jnp.where(k >= n, jnp.inf, eps)
     return jnp.maximum(eps, 0.0)
 
@@ -156,7 +172,7 @@ def _suffix_sums_small(x):
     return jnp.sum(jnp.where(i[None, :] >= i[:, None], x[None, :], 0.0), axis=1)
 
 
-def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
+def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Array:
     """``eps_at(table(pld, bound), delta)`` without building the whole table.
 
     Same segment coefficients and closed form as :func:`eps_at`, but only where they are needed:
@@ -167,6 +183,7 @@ def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
     grid point with ``delta(y_j) > delta`` (never below :func:`eps_at`'s count where round-off
     makes ``delta(y_j)`` non-monotone).
     """
+    bound = Bound.parse(bound)
     delta = jnp.asarray(delta, jnp.float64)
     r, y, w, y_ref, const, fa, fb = _curve_terms(pld, bound)
     n = r.shape[-1]
@@ -207,7 +224,7 @@ def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
     A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), s_r[0] * fa + const)
     B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), s_w[0] * fb)
     bad = jnp.isnan(A) | jnp.isnan(B)
-    A = jnp.where(bad, jnp.inf if bound == "upper" else -jnp.inf, A)
+    A = jnp.where(bad, jnp.inf if bound is Bound.UPPER else -jnp.inf, A)
     B = jnp.where(bad, 0.0, B)
     ratio = (A - flat) / B
     eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
@@ -218,5 +235,5 @@ def epsilon(pld: ComposedPLD, delta, bound: str = "upper") -> jax.Array:
     eps = jnp.where(j >= n - 1, jnp.inf, eps)
     # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
     broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
-    eps = jnp.where(broken, jnp.inf if bound == "upper" else 0.0, eps)
+    eps = jnp.where(broken, jnp.inf if bound is Bound.UPPER else 0.0, eps)
     return jnp.maximum(eps, 0.0).reshape(delta.shape)

@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import NamedTuple
 
 import jax
@@ -59,7 +60,38 @@ import numpy as np
 
 from dpjax import _validate
 
-DIRECTIONS = ("remove", "add")
+
+
+class StrEnum(str, enum.Enum):
+    """A string flag with meaning: ``Member == "value"`` with the same hash as the string, so
+    plain strings are accepted wherever a member is expected (dict keys, static ``jit``
+    arguments) and :meth:`parse` validates them at the boundary."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value, name: str | None = None):
+        """``value`` as a member; a ``ValueError`` naming the argument ``name`` (default: the
+        class name in lower case) and the valid values otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{name or cls.__name__.lower()} must be one of "
+                             f"{[m.value for m in cls]}, got {value!r}") from None
+
+
+class Direction(StrEnum):
+    """Which dominating pair of add/remove adjacency: ``REMOVE`` is ``P = M(D)``, ``Q = M(D')``
+    with ``D'`` = ``D`` minus one record; ``ADD`` swaps the pair (``Direction.ADD == "add"``)."""
+
+    REMOVE = "remove"
+    ADD = "add"
+
+
+DIRECTIONS = (Direction.REMOVE, Direction.ADD)
 _SQRT1_2 = 0.7071067811865476
 
 
@@ -112,8 +144,7 @@ def _np_normal_cdf_sf(z):
 
 
 def _check_direction(direction: str) -> None:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    Direction.parse(direction)
 
 
 def _f64(x):
