@@ -37,7 +37,15 @@ from dpjax.pld.compose import Group
 # Widest window (in loss units) for which exp(+-width/2) stays finite in float64.
 MAX_WINDOW_WIDTH = 1300.0
 
-_G = np.linspace(-8.0, math.log10(MAX_WINDOW_WIDTH / 2), 500)
+# Probe losses: log-spaced magnitudes from 1e-8 to MAX_WINDOW_WIDTH / 2 (500 points), continued at
+# the same ratio up to PROBE_MAX_LOSS.  A single step whose loss lies beyond +-650 (one Gaussian
+# with mu ~ 45: epsilon ~ 1000) must still be seen: the window can sit anywhere, only its width
+# is limited.  The extension leaves the probe (hence the plan) of every loss within +-650 as it was.
+PROBE_MAX_LOSS = 1e4
+_G_STEP = (math.log10(MAX_WINDOW_WIDTH / 2) + 8.0) / 499
+_G = np.r_[np.linspace(-8.0, math.log10(MAX_WINDOW_WIDTH / 2), 500),
+           math.log10(MAX_WINDOW_WIDTH / 2) + _G_STEP * np.arange(
+               1, math.ceil((math.log10(PROBE_MAX_LOSS) - math.log10(MAX_WINDOW_WIDTH / 2)) / _G_STEP) + 1)]
 PROBE_LOSSES = np.concatenate([-(10.0 ** _G[::-1]), [0.0], 10.0 ** _G])
 
 
@@ -53,7 +61,9 @@ class GridOptions:
         dp_accounting's at a fixed ``value_discretization_interval`` (~7e-9 C at 1e-4, measured
         on DP-SGD against the pinned references): 8e-9 keeps the default grid at least as
         accurate as that anchor on short and long compositions alike (errors vs the pinned
-        references: B1 5.0e-6 vs 6.9e-6, B6 8.3e-4 vs 9.6e-4) at a fraction of its cost.  For
+        references: B1 5.0e-6 vs 6.9e-6, B6 8.3e-4 vs 9.6e-4) at a fraction of its cost.  It is
+        never pushed below ``1e-3 * relative_accuracy * epsilon`` (large epsilon or few steps:
+        a finer grid would only cost time).  For
         tighter values lower both targets (``GridOptions(relative_accuracy=1e-5,
         per_step_accuracy=1e-10)``).
       tail_fraction: truncation + wrap-around budget relative to the target delta (eps queries).
@@ -257,6 +267,25 @@ def _n_freq(n: int, dx: float, sigma_c: float, total: int) -> int | None:
     return k if k < half // 2 else None
 
 
+# The per-step target never asks for more than this fraction of the relative target: a predicted
+# discretization error of 1e-6 * epsilon is negligible against ``relative_accuracy`` (1e-3), and
+# finer grids only cost time.  Binds only where ``epsilon > 8e-3 * steps`` at the defaults (large
+# epsilon or few steps, e.g. a 1,000-step schedule at epsilon 256: n = 2^19 points without it);
+# ordinary DP-SGD runs (epsilon ~ 1 over 1e3..1e5 steps) keep the per-step target.
+_FINEST_RELATIVE = 1e-3
+
+
+def _discretization_target(options: GridOptions, eps_scale: float, total: int) -> float:
+    """Absolute error target of epsilon for the grid spacing (``0.3 C dx^2 / sigma_c <= it``).
+
+    ``min(relative_accuracy * eps, max(per_step_accuracy * C, 1e-3 * relative_accuracy * eps))``:
+    the tighter of the two targets of :class:`GridOptions`, but not finer than 1e-3 of the
+    relative one.  Tightness only (soundness never depends on ``dx``).
+    """
+    rel = options.relative_accuracy * eps_scale
+    return min(rel, max(options.per_step_accuracy * max(total, 1), _FINEST_RELATIVE * rel))
+
+
 def plan_grid(
     groups: Sequence[Group],
     directions: tuple[str, ...],
@@ -293,8 +322,8 @@ def plan_grid(
         if hint is None:
             hint = M + sigma_c * math.sqrt(2.0 * math.log(1.0 / target_delta))
         eps_scale = max(hint, sigma_c, 1e-6)
-        dx_acc = math.sqrt(min(options.relative_accuracy * eps_scale, options.per_step_accuracy * max(total, 1))
-                           * sigma_c / (0.3 * max(total, 1)))
+        target = _discretization_target(options, eps_scale, total)
+        dx_acc = math.sqrt(target * sigma_c / (0.3 * max(total, 1)))
         # Cornish-Fisher: skewness gamma moves both Chernoff quantiles by ~gamma (z^2 - 1) / 6;
         # the window must hold [M - z_lo sigma_c, M + z_hi sigma_c].
         gamma = K3 / sigma_c**3
