@@ -37,16 +37,17 @@ from dpjax.pld.compose import Group
 # Widest window (in loss units) for which exp(+-width/2) stays finite in float64.
 MAX_WINDOW_WIDTH = 1300.0
 
-# Probe losses: log-spaced magnitudes from 1e-8 to MAX_WINDOW_WIDTH / 2 (500 points), continued at
-# the same ratio up to PROBE_MAX_LOSS.  A single step whose loss lies beyond +-650 (one Gaussian
-# with mu ~ 45: epsilon ~ 1000) must still be seen: the window can sit anywhere, only its width
-# is limited.  The extension leaves the probe (hence the plan) of every loss within +-650 as it was.
-PROBE_MAX_LOSS = 1e4
-_G_STEP = (math.log10(MAX_WINDOW_WIDTH / 2) + 8.0) / 499
-_G = np.r_[np.linspace(-8.0, math.log10(MAX_WINDOW_WIDTH / 2), 500),
-           math.log10(MAX_WINDOW_WIDTH / 2) + _G_STEP * np.arange(
-               1, math.ceil((math.log10(PROBE_MAX_LOSS) - math.log10(MAX_WINDOW_WIDTH / 2)) / _G_STEP) + 1)]
+# Probe losses: log-spaced magnitudes from 1e-8 to MAX_WINDOW_WIDTH / 2 (500 points each side).
+_G = np.linspace(-8.0, math.log10(MAX_WINDOW_WIDTH / 2), 500)
 PROBE_LOSSES = np.concatenate([-(10.0 ** _G[::-1]), [0.0], 10.0 ** _G])
+# The same probe continued at the same ratio up to +-PROBE_MAX_LOSS, used only when a single
+# step has mass beyond +-650 at the truncation level (one Gaussian with mu ~ 45: epsilon ~ 1000;
+# the window can sit anywhere, only its width is limited).  Without it that mass went to the
+# +inf atom and epsilon came out inf.  Ordinary plans are unchanged (same probe, same cost).
+PROBE_MAX_LOSS = 1e4
+_G_STEP = (_G[-1] - _G[0]) / (len(_G) - 1)
+_G_EXT = np.r_[_G, _G[-1] + _G_STEP * np.arange(1, math.ceil((math.log10(PROBE_MAX_LOSS) - _G[-1]) / _G_STEP) + 1)]
+PROBE_LOSSES_EXTENDED = np.concatenate([-(10.0 ** _G_EXT[::-1]), [0.0], 10.0 ** _G_EXT])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +134,8 @@ def _fft_size(x: float) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("directions",))
-def _probe(mechanism, directions):
-    y = jnp.asarray(PROBE_LOSSES)
+def _probe(mechanism, directions, y):
+    y = jnp.asarray(y)
     out = []
     for d in directions:
         c = jax.vmap(lambda mech: mech.loss_cdfs(d, y))(mechanism)
@@ -146,7 +147,7 @@ def _probe(mechanism, directions):
 _HOST_PROBE_MAX = 16
 
 
-def _host_probe(mechanism, directions):
+def _host_probe(mechanism, directions, y):
     """The probe in NumPy (no XLA compile) when the mechanism provides ``host_loss_cdfs`` and
     concrete parameters; None otherwise."""
     if not hasattr(type(mechanism), "host_loss_cdfs"):
@@ -159,7 +160,7 @@ def _host_probe(mechanism, directions):
         return None
     out = []
     for d in directions:
-        c = mechanism.host_loss_cdfs(d, PROBE_LOSSES)
+        c = mechanism.host_loss_cdfs(d, y)
         out.append((c.p_le, c.p_gt))
     return out
 
@@ -171,12 +172,8 @@ def _probe_masses(p_le, p_gt):
     return np.maximum(np.where(use_le, p_le[:, 1:] - p_le[:, :-1], p_gt[:, :-1] - p_gt[:, 1:]), 0.0)
 
 
-_PROBE_MID = 0.5 * (PROBE_LOSSES[1:] + PROBE_LOSSES[:-1])
-
-
-def _probe_stats(p_le, p_gt, mass, tau_single: float):
+def _probe_stats(p_le, p_gt, mass, tau_single: float, y):
     p_le, p_gt = np.atleast_2d(np.asarray(p_le)), np.atleast_2d(np.asarray(p_gt))
-    y = PROBE_LOSSES
     # support: first probe point with P(Y > y) <= tau, last with P(Y <= y) <= tau
     ok_hi = p_gt <= tau_single
     i_hi = np.where(ok_hi.any(axis=1), ok_hi.argmax(axis=1), len(y) - 1)
@@ -184,7 +181,7 @@ def _probe_stats(p_le, p_gt, mass, tau_single: float):
     i_lo = np.where(ok_lo.any(axis=1), len(y) - 1 - ok_lo[:, ::-1].argmax(axis=1), 0)
     y_hi = y[i_hi]
     y_lo = np.minimum(y[i_lo], y_hi - 1e-12)
-    mid = _PROBE_MID
+    mid = 0.5 * (y[1:] + y[:-1])
     tot = np.maximum(mass.sum(axis=1), 1e-300)
     mean = mass @ mid / tot
     dev = mid[None, :] - mean[:, None]
@@ -200,7 +197,7 @@ _LAMBDA_SPREAD = np.geomspace(0.5, 2.0, 5)
 _LAMBDA_FALLBACK = np.geomspace(0.3, 3.0, 5)
 
 
-def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float) -> np.ndarray:
+def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float, mid) -> np.ndarray:
     """Chernoff parameters ``(+lam_1..+lam_5, -lam_1..-lam_5)`` for one direction.
 
     Any ``lam`` gives a valid wrap-around bound (the bound itself is evaluated inside the jitted
@@ -230,7 +227,7 @@ def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float) -> np.
             continue
         with np.errstate(divide="ignore"):
             log_mass = np.log(mk[:, nz])                                 # (G', B')
-        a = lam[:, None, None] * _PROBE_MID[nz][None, None, :] + log_mass[None]  # (2L, G', B')
+        a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None]  # (2L, G', B')
         amax = np.max(a, axis=2, keepdims=True)
         amax = np.where(np.isfinite(amax), amax, 0.0)
         with np.errstate(divide="ignore", over="ignore"):
@@ -308,11 +305,22 @@ def plan_grid(
     tau_wrap = 0.5 * tail_mass
     tau_single = tau_inf / max(total, 1)
     z = math.sqrt(2.0 * math.log(1.0 / tau_wrap))
-    probes = [_host_probe(g.mechanism, directions) or _probe(g.mechanism, directions) for g in groups]  # [group][direction] -> (p_le, p_gt)
+
+    def probe_all(y):  # [group][direction] -> (p_le, p_gt)
+        return [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
+
+    probe_y = PROBE_LOSSES
+    probes = probe_all(probe_y)
+    # Mass beyond the probe at the truncation level: probe again, further out.
+    if any(np.any(((np.asarray(le)[..., 0] > tau_single) | (np.asarray(gt)[..., -1] > tau_single)) & (cnt > 0))
+           for pr, cnt in zip(probes, counts) for le, gt in pr):
+        probe_y = PROBE_LOSSES_EXTENDED
+        probes = probe_all(probe_y)
+    probe_mid = 0.5 * (probe_y[1:] + probe_y[:-1])
     per_dir = []
     masses = [[_probe_masses(*probes[gi][di]) for gi in range(len(groups))] for di in range(len(directions))]
     for di in range(len(directions)):
-        stats = [_probe_stats(*probes[gi][di], masses[di][gi], tau_single) for gi in range(len(groups))]
+        stats = [_probe_stats(*probes[gi][di], masses[di][gi], tau_single, probe_y) for gi in range(len(groups))]
         V = sum(float((c * s[3]).sum()) for c, s in zip(counts, stats))
         K3 = sum(float((c * s[4]).sum()) for c, s in zip(counts, stats))
         M = sum(float((c * s[2]).sum()) for c, s in zip(counts, stats))
@@ -352,7 +360,7 @@ def plan_grid(
             new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
         all_groups.append(tuple(new_groups))
         all_ms.append(tuple(ms))
-        all_lams.append(_chernoff_lambdas(masses[di], counts, z / sigma_c, math.log(tau_wrap)))
+        all_lams.append(_chernoff_lambdas(masses[di], counts, z / sigma_c, math.log(tau_wrap), probe_mid))
     return GridPlan(
         n_freq=_n_freq(n, dx, min(p[1] for p in per_dir), total),
         directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
