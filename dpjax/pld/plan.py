@@ -73,7 +73,9 @@ class GridOptions:
         or three times one, the smallest that holds the accuracy).  Below ``n_min`` accuracy is free;
         when ``n_max`` cannot hold the requested accuracy ``dx`` is widened (looser but sound).
       max_distinct: heterogeneous schedules with more distinct mechanisms than this are blocked
-        (upper bound: each block's least private member; lower bound: its most private one).
+        (upper bound: each block's least private member; lower bound: its most private one),
+        except schedules of Gaussian mechanisms (``Gaussian``, or ``PoissonSubsampledGaussian``
+        with ``sampling_prob = 1``), which compose exactly as one Gaussian and are merged into it.
     """
 
     relative_accuracy: float = 1e-3
