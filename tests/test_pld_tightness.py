@@ -1,5 +1,6 @@
 """Tightness claim of the README: with the default grid the certified epsilon is within 0.1%
-(relative) of the truth for epsilon in [0.01, 1000], and never below it.
+(relative) of the truth for epsilon in [0.01, 1000] (compositions of up to 3,000 steps, delta in
+[1e-10, 1e-3]), and never below it.
 
 Checked on heterogeneous Gaussian schedules (DP-SGD with ``sampling_prob = 1``), for which an
 exact oracle exists: composing Gaussian mechanisms with noise multipliers ``sigma_i``
@@ -108,7 +109,7 @@ def _run_schedule(steps, kind, log_ratio, seed, log10_delta, log10_eps):
     assert exact == pytest.approx(10.0**log10_eps, rel=1e-6)
 
 
-@settings(max_examples=20)  # + the 5 explicit examples: 25 in all, ~40 s on 2 cores
+@settings(max_examples=20)  # + the 6 explicit examples: 26 in all, ~45 s on 2 cores
 @given(**_schedules)
 # The ends of the range on both paths: one step at eps 1000 (a single loss far beyond +-650),
 # 256 distinct values (member by member) and 3000 distinct values (merged) at eps 0.01 and 1000.
@@ -117,17 +118,21 @@ def _run_schedule(steps, kind, log_ratio, seed, log10_delta, log10_eps):
 @example(steps=256, kind="linear_decay", log_ratio=math.log(10.0), seed=0, log10_delta=-10.0, log10_eps=-2.0)
 @example(steps=3000, kind="random", log_ratio=math.log(10.0), seed=2, log10_delta=-3.0, log10_eps=-2.0)
 @example(steps=3000, kind="linear_decay", log_ratio=math.log(10.0), seed=0, log10_delta=-10.0, log10_eps=3.0)
+# The tightest corner: 3000 identical steps (composed by FFT power) at eps 0.01 and delta 1e-10,
+# where the FFT round-off allowance (~3e-16 per composed step, added to delta) moves epsilon by
+# ~6e-4 relative (measured); longer compositions there are outside the stated range (README).
+@example(steps=3000, kind="staircase", log_ratio=0.0, seed=0, log10_delta=-10.0, log10_eps=-2.0)
 def test_heterogeneous_gaussian_schedules_sound_and_within_stated_accuracy(steps, kind, log_ratio, seed,
                                                                           log10_delta, log10_eps):
-    """Never below the exact epsilon, at most 0.1% above it (20 drawn + 5 explicit examples, default tier)."""
+    """Never below the exact epsilon, at most 0.1% above it (20 drawn + 6 explicit examples, default tier)."""
     _run_schedule(steps, kind, log_ratio, seed, log10_delta, log10_eps)
 
 
 @pytest.mark.slow
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(**_schedules)
 def test_heterogeneous_gaussian_schedules_many(steps, kind, log_ratio, seed, log10_delta, log10_eps):
-    """The same property on 300 examples (slow tier)."""
+    """The same property on 200 drawn examples (slow tier, ~6 min on 2 cores)."""
     _run_schedule(steps, kind, log_ratio, seed, log10_delta, log10_eps)
 
 
