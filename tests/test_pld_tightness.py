@@ -132,7 +132,7 @@ def test_heterogeneous_gaussian_schedules_sound_and_within_stated_accuracy(steps
 @settings(max_examples=200)
 @given(**_schedules)
 def test_heterogeneous_gaussian_schedules_many(steps, kind, log_ratio, seed, log10_delta, log10_eps):
-    """The same property on 200 drawn examples (slow tier, ~6 min on 2 cores)."""
+    """The same property on 200 drawn examples (slow tier, ~3.5 min on 2 cores)."""
     _run_schedule(steps, kind, log_ratio, seed, log10_delta, log10_eps)
 
 
