@@ -34,7 +34,7 @@ from dpjax._x64 import float64, host_only
 from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
-from dpjax.pld.mechanisms import PoissonSubsampledGaussian
+from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
 
 # ------------------------------------------------------------------------------------------
@@ -164,7 +164,8 @@ def _block(cls, data, P, C, max_distinct):
     private, all else equal), varying in that field alone.  Sorted by it, consecutive values
     are grouped into ``max_distinct`` blocks of (nearly) equal total count; the upper bound uses
     each block's smallest value (it dominates every member, by post-processing), the lower bound
-    its largest.
+    its largest.  Schedules that compose exactly as one Gaussian are merged into that Gaussian
+    instead (upper params == lower params, one block): no bracket.
     """
     name = getattr(cls, "privacy_parameter", None)
     if name is None or len(P) <= max_distinct:
@@ -173,6 +174,11 @@ def _block(cls, data, P, C, max_distinct):
     others = np.delete(P, j, axis=1)
     if len(others.T) and not np.all(others == others[0]):
         return None
+    if _composes_as_one_gaussian(cls, data, P):
+        # Exact, not a bracket: the whole schedule is one Gaussian (see _composes_as_one_gaussian).
+        merged = P[:1].copy()
+        merged[0, j] = float(np.sum(C / P[:, j] ** 2)) ** -0.5
+        return merged, merged, np.ones(1, np.int64)
     order = np.argsort(P[:, j])
     P, C = P[order], C[order]
     cum = np.cumsum(C)
@@ -183,6 +189,31 @@ def _block(cls, data, P, C, max_distinct):
     lo = P[ends - 1].copy()
     cnt = np.add.reduceat(C, starts)
     return up, lo, cnt
+
+
+def _composes_as_one_gaussian(cls, data, P) -> bool:
+    """True for a schedule of Gaussian mechanisms varying in the noise multiplier only:
+    :class:`Gaussian`, or :class:`PoissonSubsampledGaussian` with every ``sampling_prob == 1``
+    (then ``P = N(1, s^2)``, ``Q = N(0, s^2)`` in both directions).
+
+    Such a composition is *exactly* one Gaussian mechanism: with ``mu_i = sensitivity /
+    sigma_i``, the composition of ``c_i`` copies of each has the trade-off function ``G_mu`` with
+    ``mu = sqrt(sum_i c_i mu_i^2)`` (Dong, Roth and Su, "Gaussian Differential Privacy", 2022,
+    Cor. 3.3: ``G_mu1 (x) G_mu2 = G_sqrt(mu1^2 + mu2^2)``, an equality of trade-off functions,
+    hence of every hockey-stick divergence).  Directly: the pair ``(N(m, I), N(0, I))`` with
+    ``m_i = mu_i`` is, up to the invertible rotation sending ``m / |m|`` to the first axis and
+    the independent pure-noise coordinates it leaves, the pair ``(N(|m|, 1), N(0, 1))``.  So
+    replacing such a schedule by the single mechanism with noise multiplier
+    ``(sum_i c_i / sigma_i^2)^(-1/2)`` (same sensitivity) changes no privacy-loss distribution:
+    the bound stays certified and the bracket of blocking (each block at its least private
+    member) disappears.  On ``numpy.linspace(4.7, 1.3, 2197)`` at delta 1e-6 that bracket put the
+    certified epsilon 0.49% above the truth.
+    """
+    if cls is Gaussian:
+        return True
+    if cls is PoissonSubsampledGaussian:
+        return bool(np.all(P[:, data.index("sampling_prob")] == 1.0))
+    return False
 
 
 def _to_group(cls, static, data, P, C) -> Group:
@@ -203,6 +234,8 @@ def _prepare(components, max_distinct):
     up, lo, blocked = [], [], False
     for cls, static, data, P, C in stacked:
         b = _block(cls, data, P, C, max_distinct)
+        if b is not None and np.array_equal(b[0], b[1]):  # an exact merge, not a bracket
+            P, C, b = b[0], b[2], None
         if b is None:
             g = _to_group(cls, static, data, P, C)
             up.append(g)

@@ -11,11 +11,13 @@ Rules (seed 003 §5; Doroshenko et al. 2022 for the ``dx^2`` law):
 * Single-mechanism support ``[y_lo, y_hi]``: ``P(Y > y_hi) <= tau_inf / C`` (that mass goes to
   the ``+inf`` atom, so the composition of ``C = sum c_k`` mechanisms loses at most
   ``tau_inf``) and ``P(Y <= y_lo) <= tau_inf / C`` (lumped onto ``y_lo``: sound, slightly loose).
-  Found on a fixed log-spaced probe of 1001 loss values (one vectorized call).
+  Found on a fixed log-spaced probe of 1001 loss values within +-650 (one vectorized call),
+  extended to +-1e4 only when a single step has mass beyond +-650 at that level.
 * Spacing: the connect-the-dots error in epsilon behaves like ``0.3 C dx^2 / sigma_c`` (measured
   against dp_accounting and the exact Gaussian oracle), ``sigma_c`` the std of the composed loss;
   ``dx`` is chosen so that this is ``<= min(relative_accuracy * eps_estimate,
-  per_step_accuracy * C)``, and made finer for free while the FFT stays at ``n_min`` points.
+  max(per_step_accuracy * C, 1e-3 * relative_accuracy * eps_estimate))``, and made finer for
+  free while the FFT stays at ``n_min`` points.
   The FFT length is the smallest ``2^k`` or ``3 * 2^k`` that holds the window at that ``dx``.
 * Window: the wider of the single support and ``2.2 z sigma_c`` with ``z = sqrt(2 log(1/tau_wrap))``; the exact
   placement happens inside the jitted program from the log-MGF.
@@ -37,8 +39,17 @@ from dpjax.pld.compose import Group
 # Widest window (in loss units) for which exp(+-width/2) stays finite in float64.
 MAX_WINDOW_WIDTH = 1300.0
 
+# Probe losses: log-spaced magnitudes from 1e-8 to MAX_WINDOW_WIDTH / 2 (500 points each side).
 _G = np.linspace(-8.0, math.log10(MAX_WINDOW_WIDTH / 2), 500)
 PROBE_LOSSES = np.concatenate([-(10.0 ** _G[::-1]), [0.0], 10.0 ** _G])
+# The same probe continued at the same ratio up to +-PROBE_MAX_LOSS, used only when a single
+# step has mass beyond +-650 at the truncation level (one Gaussian with mu ~ 45: epsilon ~ 1000;
+# the window can sit anywhere, only its width is limited).  Without it that mass went to the
+# +inf atom and epsilon came out inf.  Ordinary plans are unchanged (same probe, same cost).
+PROBE_MAX_LOSS = 1e4
+_G_STEP = (_G[-1] - _G[0]) / (len(_G) - 1)
+_G_EXT = np.r_[_G, _G[-1] + _G_STEP * np.arange(1, math.ceil((math.log10(PROBE_MAX_LOSS) - _G[-1]) / _G_STEP) + 1)]
+PROBE_LOSSES_EXTENDED = np.concatenate([-(10.0 ** _G_EXT[::-1]), [0.0], 10.0 ** _G_EXT])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +64,9 @@ class GridOptions:
         dp_accounting's at a fixed ``value_discretization_interval`` (~7e-9 C at 1e-4, measured
         on DP-SGD against the pinned references): 8e-9 keeps the default grid at least as
         accurate as that anchor on short and long compositions alike (errors vs the pinned
-        references: B1 5.0e-6 vs 6.9e-6, B6 8.3e-4 vs 9.6e-4) at a fraction of its cost.  For
+        references: B1 5.0e-6 vs 6.9e-6, B6 8.3e-4 vs 9.6e-4) at a fraction of its cost.  It is
+        never pushed below ``1e-3 * relative_accuracy * epsilon`` (large epsilon or few steps:
+        a finer grid would only cost time).  For
         tighter values lower both targets (``GridOptions(relative_accuracy=1e-5,
         per_step_accuracy=1e-10)``).
       tail_fraction: truncation + wrap-around budget relative to the target delta (eps queries).
@@ -62,7 +75,9 @@ class GridOptions:
         or three times one, the smallest that holds the accuracy).  Below ``n_min`` accuracy is free;
         when ``n_max`` cannot hold the requested accuracy ``dx`` is widened (looser but sound).
       max_distinct: heterogeneous schedules with more distinct mechanisms than this are blocked
-        (upper bound: each block's least private member; lower bound: its most private one).
+        (upper bound: each block's least private member; lower bound: its most private one),
+        except schedules of Gaussian mechanisms (``Gaussian``, or ``PoissonSubsampledGaussian``
+        with ``sampling_prob = 1``), which compose exactly as one Gaussian and are merged into it.
     """
 
     relative_accuracy: float = 1e-3
@@ -123,8 +138,8 @@ def _fft_size(x: float) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("directions",))
-def _probe(mechanism, directions):
-    y = jnp.asarray(PROBE_LOSSES)
+def _probe(mechanism, directions, y):
+    y = jnp.asarray(y)
     out = []
     for d in directions:
         c = jax.vmap(lambda mech: mech.loss_cdfs(d, y))(mechanism)
@@ -136,7 +151,7 @@ def _probe(mechanism, directions):
 _HOST_PROBE_MAX = 16
 
 
-def _host_probe(mechanism, directions):
+def _host_probe(mechanism, directions, y):
     """The probe in NumPy (no XLA compile) when the mechanism provides ``host_loss_cdfs`` and
     concrete parameters; None otherwise."""
     if not hasattr(type(mechanism), "host_loss_cdfs"):
@@ -149,7 +164,7 @@ def _host_probe(mechanism, directions):
         return None
     out = []
     for d in directions:
-        c = mechanism.host_loss_cdfs(d, PROBE_LOSSES)
+        c = mechanism.host_loss_cdfs(d, y)
         out.append((c.p_le, c.p_gt))
     return out
 
@@ -161,12 +176,8 @@ def _probe_masses(p_le, p_gt):
     return np.maximum(np.where(use_le, p_le[:, 1:] - p_le[:, :-1], p_gt[:, :-1] - p_gt[:, 1:]), 0.0)
 
 
-_PROBE_MID = 0.5 * (PROBE_LOSSES[1:] + PROBE_LOSSES[:-1])
-
-
-def _probe_stats(p_le, p_gt, mass, tau_single: float):
+def _probe_stats(p_le, p_gt, mass, tau_single: float, y):
     p_le, p_gt = np.atleast_2d(np.asarray(p_le)), np.atleast_2d(np.asarray(p_gt))
-    y = PROBE_LOSSES
     # support: first probe point with P(Y > y) <= tau, last with P(Y <= y) <= tau
     ok_hi = p_gt <= tau_single
     i_hi = np.where(ok_hi.any(axis=1), ok_hi.argmax(axis=1), len(y) - 1)
@@ -174,7 +185,7 @@ def _probe_stats(p_le, p_gt, mass, tau_single: float):
     i_lo = np.where(ok_lo.any(axis=1), len(y) - 1 - ok_lo[:, ::-1].argmax(axis=1), 0)
     y_hi = y[i_hi]
     y_lo = np.minimum(y[i_lo], y_hi - 1e-12)
-    mid = _PROBE_MID
+    mid = 0.5 * (y[1:] + y[:-1])
     tot = np.maximum(mass.sum(axis=1), 1e-300)
     mean = mass @ mid / tot
     dev = mid[None, :] - mean[:, None]
@@ -190,7 +201,7 @@ _LAMBDA_SPREAD = np.geomspace(0.5, 2.0, 5)
 _LAMBDA_FALLBACK = np.geomspace(0.3, 3.0, 5)
 
 
-def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float) -> np.ndarray:
+def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float, mid) -> np.ndarray:
     """Chernoff parameters ``(+lam_1..+lam_5, -lam_1..-lam_5)`` for one direction.
 
     Any ``lam`` gives a valid wrap-around bound (the bound itself is evaluated inside the jitted
@@ -220,7 +231,7 @@ def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float) -> np.
             continue
         with np.errstate(divide="ignore"):
             log_mass = np.log(mk[:, nz])                                 # (G', B')
-        a = lam[:, None, None] * _PROBE_MID[nz][None, None, :] + log_mass[None]  # (2L, G', B')
+        a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None]  # (2L, G', B')
         amax = np.max(a, axis=2, keepdims=True)
         amax = np.where(np.isfinite(amax), amax, 0.0)
         with np.errstate(divide="ignore", over="ignore"):
@@ -257,6 +268,26 @@ def _n_freq(n: int, dx: float, sigma_c: float, total: int) -> int | None:
     return k if k < half // 2 else None
 
 
+# The per-step target never asks for more than this fraction of the relative target: a predicted
+# discretization error of 1e-6 * epsilon is negligible against ``relative_accuracy`` (1e-3), and
+# finer grids only cost time.  Binds only where ``epsilon > 8e-3 * steps`` at the defaults (large
+# epsilon or few steps, e.g. ``linspace(4.7, 1.3, 2197)`` at q = 1, delta 1e-6, epsilon 269:
+# n = 2^19 points without it, n_min = 2^16 with it; error 2.7e-10 vs 1.2e-8 relative);
+# ordinary DP-SGD runs (epsilon ~ 1 over 1e3..1e5 steps) keep the per-step target.
+_FINEST_RELATIVE = 1e-3
+
+
+def _discretization_target(options: GridOptions, eps_scale: float, total: int) -> float:
+    """Absolute error target of epsilon for the grid spacing (``0.3 C dx^2 / sigma_c <= it``).
+
+    ``min(relative_accuracy * eps, max(per_step_accuracy * C, 1e-3 * relative_accuracy * eps))``:
+    the tighter of the two targets of :class:`GridOptions`, but not finer than 1e-3 of the
+    relative one.  Tightness only (soundness never depends on ``dx``).
+    """
+    rel = options.relative_accuracy * eps_scale
+    return min(rel, max(options.per_step_accuracy * max(total, 1), _FINEST_RELATIVE * rel))
+
+
 def plan_grid(
     groups: Sequence[Group],
     directions: tuple[str, ...],
@@ -279,11 +310,22 @@ def plan_grid(
     tau_wrap = 0.5 * tail_mass
     tau_single = tau_inf / max(total, 1)
     z = math.sqrt(2.0 * math.log(1.0 / tau_wrap))
-    probes = [_host_probe(g.mechanism, directions) or _probe(g.mechanism, directions) for g in groups]  # [group][direction] -> (p_le, p_gt)
+
+    def probe_all(y):  # [group][direction] -> (p_le, p_gt)
+        return [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
+
+    probe_y = PROBE_LOSSES
+    probes = probe_all(probe_y)
+    # Mass beyond the probe at the truncation level: probe again, further out.
+    if any(np.any(((np.asarray(le)[..., 0] > tau_single) | (np.asarray(gt)[..., -1] > tau_single)) & (cnt > 0))
+           for pr, cnt in zip(probes, counts) for le, gt in pr):
+        probe_y = PROBE_LOSSES_EXTENDED
+        probes = probe_all(probe_y)
+    probe_mid = 0.5 * (probe_y[1:] + probe_y[:-1])
     per_dir = []
     masses = [[_probe_masses(*probes[gi][di]) for gi in range(len(groups))] for di in range(len(directions))]
     for di in range(len(directions)):
-        stats = [_probe_stats(*probes[gi][di], masses[di][gi], tau_single) for gi in range(len(groups))]
+        stats = [_probe_stats(*probes[gi][di], masses[di][gi], tau_single, probe_y) for gi in range(len(groups))]
         V = sum(float((c * s[3]).sum()) for c, s in zip(counts, stats))
         K3 = sum(float((c * s[4]).sum()) for c, s in zip(counts, stats))
         M = sum(float((c * s[2]).sum()) for c, s in zip(counts, stats))
@@ -293,8 +335,8 @@ def plan_grid(
         if hint is None:
             hint = M + sigma_c * math.sqrt(2.0 * math.log(1.0 / target_delta))
         eps_scale = max(hint, sigma_c, 1e-6)
-        dx_acc = math.sqrt(min(options.relative_accuracy * eps_scale, options.per_step_accuracy * max(total, 1))
-                           * sigma_c / (0.3 * max(total, 1)))
+        target = _discretization_target(options, eps_scale, total)
+        dx_acc = math.sqrt(target * sigma_c / (0.3 * max(total, 1)))
         # Cornish-Fisher: skewness gamma moves both Chernoff quantiles by ~gamma (z^2 - 1) / 6;
         # the window must hold [M - z_lo sigma_c, M + z_hi sigma_c].
         gamma = K3 / sigma_c**3
@@ -323,7 +365,7 @@ def plan_grid(
             new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
         all_groups.append(tuple(new_groups))
         all_ms.append(tuple(ms))
-        all_lams.append(_chernoff_lambdas(masses[di], counts, z / sigma_c, math.log(tau_wrap)))
+        all_lams.append(_chernoff_lambdas(masses[di], counts, z / sigma_c, math.log(tau_wrap), probe_mid))
     return GridPlan(
         n_freq=_n_freq(n, dx, min(p[1] for p in per_dir), total),
         directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
