@@ -52,7 +52,7 @@ def _mixture(sigma: float, sampling: str):
     j = np.arange(K + 1)
     if sampling == "poisson":
         return sigma, j.astype(float), binom.pmf(j, K, Q)
-    # Fixed batch (replace adjacency, Ganesh et al. Thm 3.3): sensitivities 2j, noise std sigma.
+    # Fixed batch (replace adjacency, Ganesh (2024), Thm 3.3): sensitivities 2j, noise std sigma.
     return sigma, 2.0 * j, hypergeom.pmf(j, N, K, B)
 
 

@@ -1,18 +1,18 @@
-"""Tight group privacy for DP-SGD (Ganesh et al., "Tight Group-Level DP Guarantees for DP-SGD
+"""Tight group privacy for DP-SGD (Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD
 with Sampling via Mixture of Gaussians Mechanisms").
 
 A group of ``k`` examples in DP-SGD with noise multiplier ``sigma`` and
 
 * Poisson sampling (probability ``q``; add/remove adjacency, add/remove-k for the group):
   each step is dominated by the mixture-of-Gaussians mechanism with sensitivities ``0..k``,
-  weights ``Binomial(k, q)`` and noise ``sigma`` (Ganesh et al., Thm 3.1);
+  weights ``Binomial(k, q)`` and noise ``sigma`` (Ganesh (2024), Thm 3.1);
 * fixed batch size ``B`` out of ``N`` (replace-one adjacency, replace-k for the group):
   sensitivities ``2j``, weights ``Hypergeometric(N, k, B)`` and noise ``sigma``, the run's own
-  noise multiplier (Ganesh et al., Thm 3.3; the hypergeometric weights as in the note "Group
+  noise multiplier (Ganesh (2024), Thm 3.3; the hypergeometric weights as in the note "Group
   Privacy for Deep Learning with Differential Privacy").  Replacing an example costs a factor
   2 in sensitivity; nothing doubles the noise, so at k = 1 fixed batch is NOT Poisson DP-SGD.
 
-Both reductions are tight (Ganesh et al., Sec. 3.3).  The T-fold composition is accounted by
+Both reductions are tight (Ganesh (2024), Sec. 3.3).  The T-fold composition is accounted by
 the same certified FFT-PLD program as every other mechanism (:mod:`dpjax.pld`), with the
 mixture PLD of :mod:`dpjax.pld.mog`: no delta_1 has to be found, so no inf for moderate k
 (unlike the group-privacy lemma, :func:`dpjax.baselines.group_lemma_epsilon`).
@@ -136,7 +136,7 @@ def group_epsilon(
       sampling: ``"poisson"`` (add/remove adjacency: adding or removing k examples) or
         ``"fixed_batch"`` (replace adjacency: replacing k examples; batches of ``batch_size``
         drawn without replacement from ``dataset_size``; the mixture's noise std is
-        ``noise_multiplier`` itself, Ganesh et al., Thm 3.3).
+        ``noise_multiplier`` itself, Ganesh (2024), Thm 3.3).
     Returns:
       epsilon (float): an upper bound, never below the truth; ``inf`` only when the grid cannot
       certify ``target_delta`` at all.

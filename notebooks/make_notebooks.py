@@ -43,15 +43,15 @@ def group_privacy_notebook():
     cells = [
         new_markdown_cell(
             "# Tight group privacy for DP-SGD\n\n"
-            "Reproduces Ganesh et al., *Tight Group-Level DP Guarantees for DP-SGD with Sampling via "
+            "Reproduces Ganesh (2024), *Tight Group-Level DP Guarantees for DP-SGD with Sampling via "
             "Mixture of Gaussians Mechanisms*, Fig. 1 (Poisson sampling) and Fig. 2 (fixed batch size), and "
             "the epsilon-over-k plot of the note *Group Privacy for Deep Learning with Differential Privacy*.\n\n"
             "* **MoG (dpjax)**: `dpjax.dpsgd_epsilon(..., group_size=k)` -- the T-fold composition of the "
             "mixture-of-Gaussians mechanism with noise std = the run's noise multiplier and sensitivities `0..k`, "
-            "Binomial(k, q) weights (Poisson sampling, add/remove adjacency; Ganesh et al., Thm 3.1) or "
+            "Binomial(k, q) weights (Poisson sampling, add/remove adjacency; Ganesh (2024), Thm 3.1) or "
             "sensitivities `2j`, Hypergeometric(N, k, B) weights (fixed batch size, replace adjacency: replacing "
             "an example moves the clipped sum by up to 2; Thm 3.3), accounted by the certified FFT-PLD program.  "
-            "Tight (Ganesh et al., Sec. 3.3) and certified (an upper bound).\n"
+            "Tight (Ganesh (2024), Sec. 3.3) and certified (an upper bound).\n"
             "* **Lemma**: the group-privacy lemma applied to the tight k = 1 guarantee "
             "(`eps_k = k eps_1`, `delta_k = k e^{(k-1) eps_1} delta_1`), `dpjax.baselines.group_lemma_epsilon`; "
             "with `rdp_tail=False` it uses the PLD delta_1 curve only and is `inf` once delta_1 falls below what "
@@ -75,7 +75,7 @@ def group_privacy_notebook():
             "    kw = dict(sampling='fixed_batch', dataset_size=N, batch_size=B) if sampling == 'fixed_batch' else {}\n"
             "    q = None if sampling == 'fixed_batch' else Q\n"
             "    for sigma in SIGMAS:\n"
-            "        # Ganesh et al. Fig. 2 runs fixed batches with a doubled noise multiplier.\n"
+            "        # Ganesh (2024), Fig. 2 runs fixed batches with a doubled noise multiplier.\n"
             "        noise = 2 * sigma if sampling == 'fixed_batch' else sigma\n"
             "        eps1 = dpjax.dpsgd_epsilon(noise, q, T, DELTA, **kw)\n"
             "        for k in KS:\n"
@@ -185,7 +185,7 @@ def moments_accountant_notebook():
     cells = [
         new_markdown_cell(
             "# Moments accountant vs strong composition vs tight PLD\n\n"
-            "Reproduces seed 004 (Abadi et al. 2016, *Deep Learning with Differential Privacy*) Fig. 2: epsilon as "
+            "Reproduces Abadi et al. 2016 (*Deep Learning with Differential Privacy*) Fig. 2: epsilon as "
             "a function of the number of epochs E for q = 0.01 (100 steps per epoch), sigma = 4, delta = 1e-5.\n\n"
             "* **tight PLD**: `dpjax.dpsgd_epsilon` (certified FFT privacy-loss-distribution accounting);\n"
             "* **RDP / moments accountant**: `dpjax.baselines.rdp_epsilon` with the standard (Mironov 2017) and "
@@ -221,7 +221,7 @@ def moments_accountant_notebook():
             "ax.plot(E, [r['rdp_standard'] for r in rows], 'x:', label='moments accountant (standard conversion)')\n"
             "ax.plot(E, [r['rdp'] for r in rows], 'o-', label='moments accountant (improved conversion)')\n"
             "ax.plot(E, [r['pld'] for r in rows], 'k-', lw=2, label='tight PLD (dpjax)')\n"
-            "ax.set_xlabel('epochs E'); ax.set_ylabel('epsilon'); ax.set_title('seed 004 Fig. 2: q=0.01, sigma=4, delta=1e-5')\n"
+            "ax.set_xlabel('epochs E'); ax.set_ylabel('epsilon'); ax.set_title('Abadi et al. 2016, Fig. 2: q=0.01, sigma=4, delta=1e-5')\n"
             "ax.legend(fontsize=7)\n"
             "show(fig)"
         ),

@@ -1,4 +1,4 @@
-"""Group-privacy baselines: the group-privacy lemma (Vadhan) and seed 001's RDP over-approximation."""
+"""Group-privacy baselines: the group-privacy lemma (Vadhan) and the group-privacy note's RDP over-approximation."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_lemma_is_never_below_the_tight_group_epsilon(reference_cases):
     for cid in ["C_vadhan_poisson_s4_k2", "C_vadhan_poisson_s4_k8", "C_vadhan_fixed_s4_k4"]:
         case = reference_cases[cid]
         tight = reference_cases[cid.replace("vadhan_", "")]["value"]
-        # The MoG value is tight (seed 000 Sec. 3.3), the lemma sound: lemma >= truth ~ tight.
+        # The MoG value is tight (Ganesh 2024, §3.3), the lemma sound: lemma >= truth ~ tight.
         assert _lemma(case).epsilon >= tight * (1 - 1e-3)
 
 
@@ -70,7 +70,7 @@ def test_group_rdp_overapproximation(reference_cases):
                                          sampling="fixed_batch", dataset_size=50_000, batch_size=500)
         tight = reference_cases[f"C_poisson_s2_k{k}"]["value"]
         # Sound over-approximation: above the tight MoG value (which is within 2e-5 of the truth),
-        # and (seed 001) looser the larger k.
+        # and (the group-privacy note) looser the larger k.
         assert eps >= tight and eps_fixed >= fixed_row["value"]
         assert eps > previous
         previous = eps

@@ -158,7 +158,7 @@ def test_strong_composition_is_looser_than_rdp_and_grows_with_steps():
     for steps in [100, 1000, 10_000]:
         strong = strong_composition_epsilon(4.0, 0.01, steps, 1e-5)
         rdp, _ = rdp_epsilon(4.0, 0.01, steps, 1e-5)
-        # Seed 004 Fig. 2: the moments accountant is far tighter than strong composition.
+        # Abadi et al. (2016), Fig. 2: the moments accountant is far tighter than strong composition.
         assert strong > 2 * rdp
         assert strong > previous
         previous = strong

@@ -1,7 +1,7 @@
 """Generic calibration machinery: fixed-length monotone bisection and the implicit adjoint.
 
 Tested against problems with known answers: closed-form roots and the exact T-fold Gaussian
-mechanism (DESIGN.md §1), whose calibrated sigma scipy's brentq finds independently and whose
+mechanism (docs/design.md §1), whose calibrated sigma scipy's brentq finds independently and whose
 partials d delta/d sigma, d delta/d eps are closed form.
 """
 

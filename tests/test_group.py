@@ -68,7 +68,7 @@ def test_k1_is_exactly_the_dpsgd_epsilon():
 
 def test_fixed_batch_k1_is_the_sensitivity_2_subsampled_gaussian():
     """Fixed batch, k = 1 (replace-one adjacency): Hypergeometric(N, 1, B) = Bernoulli(B/N) with
-    sensitivity 2 and noise sigma (Ganesh et al., Thm 3.3), i.e. the sensitivity-1 subsampled
+    sensitivity 2 and noise sigma (Ganesh (2024), Thm 3.3), i.e. the sensitivity-1 subsampled
     Gaussian at q = B/N with noise multiplier sigma / 2 -- exactly, same program -- and NOT
     Poisson DP-SGD at sigma (which is add/remove adjacency, sensitivity 1)."""
     fixed = dpjax.dpsgd_epsilon(2.0, None, 2000, 1e-5, sampling="fixed_batch", dataset_size=50_000, batch_size=500)
@@ -101,7 +101,7 @@ def test_mog_path_at_k1_agrees_with_the_dpsgd_mechanism():
 
 
 def test_finite_tight_where_the_lemma_is_infinite(reference_cases):
-    """Seed 000's example regime (T = 2000, q = 0.01, sigma = 1, k = 16): the lemma gives inf,
+    """Ganesh's (2024) example regime (T = 2000, q = 0.01, sigma = 1, k = 16): the lemma gives inf,
     the MoG accountant a finite epsilon close to the reference."""
     from dpjax.baselines import group_lemma_epsilon
 

@@ -1,5 +1,5 @@
 """Fixed-batch group privacy (replace adjacency): the mixture {2j: Hypergeometric(N, k, B)(j)}
-with noise std = the run's noise multiplier (Ganesh et al., "Tight Group-Level DP Guarantees for
+with noise std = the run's noise multiplier (Ganesh (2024), "Tight Group-Level DP Guarantees for
 DP-SGD with Sampling via Mixture of Gaussians Mechanisms", Thm 3.3), checked against
 
 * the corrected family-C fixed-batch rows of the reference (dp_accounting's MoG PLD);

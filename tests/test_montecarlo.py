@@ -257,7 +257,7 @@ def test_identity_between_poisson_and_unamplified(reference_cases):
 
     Poisson value from dpjax's own PLD accountant (``dpjax.pld.dpsgd_delta``), checked against
     the pinned dp_accounting value.  Balls-in-bins keeps each example in the same bin every epoch
-    (seed 002 Def. 3.1), so it is much weaker than Poisson here, by design.
+    (Choquette-Choo et al. 2024, Def. 3.1), so it is much weaker than Poisson here, by design.
     """
     from dpjax.pld import dpsgd_delta
 

@@ -1,5 +1,5 @@
 """Optax smoke test: gradient steps on log RMSE of a 2-band Toeplitz C under balls-in-bins
-calibration decrease it (DESIGN.md §6; the gradient goes through the implicit adjoint)."""
+calibration decrease it (docs/design.md §6; the gradient goes through the implicit adjoint)."""
 
 from __future__ import annotations
 

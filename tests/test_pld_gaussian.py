@@ -1,6 +1,6 @@
 """Must-show 1: soundness and tightness of the FFT path against the exact Gaussian oracle.
 
-A T-fold Gaussian composition is a Gaussian with sigma/sqrt(T) (DESIGN.md §1), so
+A T-fold Gaussian composition is a Gaussian with sigma/sqrt(T) (docs/design.md §1), so
 ``delta(eps) = Phi(-eps s + 1/(2s)) - e^eps Phi(-eps s - 1/(2s))``, ``s = sigma/sqrt(T)``, is
 exact.  dpjax does NOT use that shortcut: ``pld.epsilon([(Gaussian(sigma), T)], ...)``
 discretizes one Gaussian PLD and composes it T times by FFT power.  We check
@@ -27,7 +27,7 @@ TIGHT = 1.003
 
 
 def exact_delta(eps, s):
-    """Exact hockey stick of the Gaussian pair N(1, s^2) vs N(0, s^2) (DESIGN.md §1), log-space."""
+    """Exact hockey stick of the Gaussian pair N(1, s^2) vs N(0, s^2) (docs/design.md §1), log-space."""
     a = special.log_ndtr(-eps * s + 1.0 / (2 * s))
     b = eps + special.log_ndtr(-eps * s - 1.0 / (2 * s))
     return math.exp(a) * -math.expm1(b - a) if a > -np.inf else 0.0

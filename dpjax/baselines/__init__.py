@@ -5,7 +5,7 @@
 * :mod:`dpjax.baselines.strong_composition` -- amplification by subsampling + advanced
   composition (the "strong composition" curve of Abadi et al. 2016, Fig. 2).
 * :mod:`dpjax.baselines.group_privacy` -- the group-privacy lemma applied to the tight k = 1
-  guarantee, and seed 001's RDP over-approximation of group privacy.
+  guarantee, and the group-privacy note's RDP over-approximation of group privacy.
 
 All are upper bounds on epsilon (sound), looser than :func:`dpjax.dpsgd_epsilon`.
 """

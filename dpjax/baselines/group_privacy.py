@@ -1,13 +1,13 @@
-"""Group-privacy baselines: the group-privacy lemma and the RDP over-approximation of seed 001.
+"""Group-privacy baselines: the group-privacy lemma and the RDP over-approximation of the group-privacy note.
 
 Both are sound but loose; :func:`dpjax.group_epsilon` (mixture-of-Gaussians PLD) is tight.
 
-Group-privacy lemma (Vadhan 2017, Lemma 2.2; seed 000 Lemma 1.1)
+Group-privacy lemma (Vadhan 2017, Lemma 2.2; Ganesh 2024, Lemma 1.1)
 -----------------------------------------------------------------
 An ``(eps_1, delta_1)``-DP mechanism is ``(k eps_1, k e^{(k-1) eps_1} delta_1)``-DP for groups of
 ``k``.  Given the target ``delta_k`` we need ``delta_1`` with
 ``log k + (k-1) eps_1(delta_1) + log delta_1 <= log delta_k``: for moderate k this forces
-``delta_1`` to tiny values where floating-point PLD accountants lose all accuracy (seed 000 Sec. 1:
+``delta_1`` to tiny values where floating-point PLD accountants lose all accuracy (Ganesh 2024, §1:
 TensorFlow Privacy returns inf).  The numerically stable way (used here) parametrises by
 ``eps_1`` instead: the certified k = 1 PLD gives ``log delta_1(eps_1)`` (an upper bound, including
 every truncation/wrap-around/round-off term) on a grid of ``eps_1`` in ONE FFT, and the
@@ -24,13 +24,13 @@ of the PLD bound and the RDP bound ``log delta_1 <= (a-1)(R(a) - eps_1 + log(1 -
 any scale; both are certified upper bounds, so is their minimum.  When neither gives a feasible
 ``eps_1`` the answer is an explicit ``inf`` with a reason.
 
-RDP over-approximation (seed 001, "I-am-using-keras" method)
+RDP over-approximation (the group-privacy note, "I-am-using-keras" method)
 ------------------------------------------------------------
 Shift all the mixture mass with ``j >= 1`` to the largest sensitivity ``k``: the MoG with
-``P(J = j)`` is dominated (seed 000 Lemma 2.9) by the two-point mixture
+``P(J = j)`` is dominated (Ganesh 2024, Lemma 2.9) by the two-point mixture
 ``{0: P(J = 0), k: 1 - P(J = 0)}``, which is a Poisson-subsampled Gaussian with
 ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k`` (``sigma / (2k)`` for fixed
-batches: replace adjacency doubles every sensitivity, Ganesh et al., Thm 3.3); its RDP
+batches: replace adjacency doubles every sensitivity, Ganesh (2024), Thm 3.3); its RDP
 (moments accountant) gives a sound, loose epsilon.
 """
 
@@ -199,7 +199,7 @@ def group_rdp_epsilon(
     batch_size: int | None = None,
     orders=None,
 ) -> tuple[float, float]:
-    """Seed 001's RDP over-approximation of group privacy: ``(epsilon, optimal_order)``.
+    """The group-privacy note's RDP over-approximation of group privacy: ``(epsilon, optimal_order)``.
 
     All mixture mass at ``j >= 1`` is moved to ``k`` (sound by stochastic dominance), giving a
     Poisson-subsampled Gaussian with ``q_eff = 1 - P(J = 0)`` and noise multiplier ``sigma / k``
@@ -225,5 +225,5 @@ def group_rdp_epsilon(
         log_p0 = sum(math.log1p(-b / (n - i)) for i in range(k)) if n - k >= b else -math.inf
         q_eff = -math.expm1(log_p0)
     # Largest sensitivity k times the per-example sensitivity of the adjacency (2 for fixed-batch
-    # replace-one: mixture {0, 2k} with noise sigma, Ganesh et al., Thm 3.3).
+    # replace-one: mixture {0, 2k} with noise sigma, Ganesh (2024), Thm 3.3).
     return rdp_epsilon(sigma / (k * spec.sampling.sensitivity), q_eff, steps, target_delta, orders=orders)

@@ -1,7 +1,7 @@
 """Exact calibration of the (T-fold) Gaussian mechanism -- the analytic oracle.
 
 ``T`` compositions of the Gaussian mechanism with noise multiplier ``sigma`` (sensitivity 1) are
-exactly one Gaussian mechanism with ``s = sigma / sqrt(T)`` (Balle & Wang 2018; Koskela et al.,
+exactly one Gaussian mechanism with ``s = sigma / sqrt(T)`` (Balle & Wang 2018; Koskela & Honkela,
 "Computing Differential Privacy Guarantees for Heterogeneous Compositions Using FFT", 2021); the
 curve itself is defined once, in :mod:`dpjax.pld.exact` (``mu = 1/s``)::
 

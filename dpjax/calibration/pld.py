@@ -2,7 +2,7 @@
 fixed-grid PLD API (:mod:`dpjax.pld.fixed_grid`).
 
 Everything here is a root problem on the certified (pessimistic, connect-the-dots) delta curve
-of the PLD accountant (Koskela et al., "Computing Differential Privacy Guarantees for
+of the PLD accountant (Koskela & Honkela, "Computing Differential Privacy Guarantees for
 Heterogeneous Compositions Using FFT", 2021), evaluated on a grid that is *planned once* on the
 host (:func:`dpsgd_grid` = :func:`dpjax.pld.plan_fixed_grid` for one DP-SGD step composed
 ``steps`` times) and then held fixed:
@@ -103,7 +103,7 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
     """One DP-SGD step as a mechanism pytree with ``(1,)`` fields (noise multiplier 1, replaced
     during the search): the example-level Poisson-subsampled Gaussian, or for groups / fixed
     batches the mixture of Gaussians of :class:`dpjax.pld.mog.GroupSubsampledGaussian`
-    (Ganesh et al., "Tight Group-Level DP Guarantees for DP-SGD with Sampling via Mixture of
+    (Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with Sampling via Mixture of
     Gaussians Mechanisms", Thm 3.1 / 3.3)."""
     one = jnp.ones((1,), jnp.float64)
     if group_size == 1 and sampling == "poisson":
@@ -259,12 +259,12 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       sampling_prob: q in (0, 1].
       steps: integer >= 1.
       group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
-        Gaussians of Ganesh et al., "Tight Group-Level DP Guarantees for DP-SGD with Sampling
+        Gaussians of Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with Sampling
         via Mixture of Gaussians Mechanisms", Thm 3.1 / 3.3, via
         :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
       sampling: ``"poisson"`` or ``"fixed_batch"`` (batch ``batch_size`` of ``dataset_size``,
         replace-one (replace-k) adjacency: sensitivities ``2j`` with noise std
-        ``noise_multiplier``, Ganesh et al. Thm 3.3, as in :mod:`dpjax.group`).
+        ``noise_multiplier``, Ganesh (2024), Thm 3.3, as in :mod:`dpjax.group`).
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).

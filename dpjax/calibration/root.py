@@ -19,7 +19,7 @@ multiplier, or epsilon itself), and we want the boundary of the feasible set
 
 Bisection is piecewise constant in ``theta``, so autodiff through it gives zero.  The implicit
 function theorem gives the true derivative of the root ``x*(theta)`` of ``f(x*, theta) = target``
-(seed 002 §4.2; DESIGN.md §5)::
+(Choquette-Choo et al. 2024, §4.2; docs/design.md §5)::
 
     d x*/d theta  = -(df/dtheta) / (df/dx)     at (x*, theta)
     d x*/d target =  1 / (df/dx)
@@ -308,7 +308,7 @@ def _implicit_solve_bwd_x64(fn_conv, residuals, cotangents):
     root, theta, target, lower, upper, consts = residuals
     root_bar = cotangents[0]  # bracket ends and status carry no gradient (documented)
     f_x = jax.grad(lambda x: fn_conv(x, theta, *consts))(root)
-    # Implicit function theorem, seed 002 §4.2: dx*/dtheta = -(df/dtheta)/(df/dx).
+    # Implicit function theorem, Choquette-Choo et al. (2024), §4.2: dx*/dtheta = -(df/dtheta)/(df/dx).
     w = root_bar / f_x
     _, vjp = jax.vjp(lambda th, cs: fn_conv(root, th, *cs), theta, tuple(consts))
     theta_bar, consts_bar = vjp(-w)

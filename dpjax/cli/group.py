@@ -7,7 +7,7 @@
 With ``--group-size 1`` and Poisson sampling (the defaults) the example-level accountant runs
 unchanged.  Poisson sampling is accounted under add/remove adjacency; ``--sampling
 fixed_batch`` under replace adjacency (replace-k for a group of k), with noise std equal to
-``--noise-multiplier`` and sensitivity 2 per replaced example (Ganesh et al., Thm 3.3).
+``--noise-multiplier`` and sensitivity 2 per replaced example (Ganesh (2024), Thm 3.3).
 """
 
 from __future__ import annotations

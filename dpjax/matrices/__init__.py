@@ -1,4 +1,4 @@
-"""Correlation matrices for matrix-factorization mechanisms (DESIGN.md section 6).
+"""Correlation matrices for matrix-factorization mechanisms (docs/design.md §6).
 
 :class:`Toeplitz`, :class:`BLT` (immutable pytrees with ``.column(n)``, ``.dense(n)``,
 ``.inverse_column(n)``), :func:`prefix_sum_rmse`, and :func:`correlation_array`, the one

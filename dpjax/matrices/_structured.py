@@ -1,4 +1,4 @@
-"""Structured lower-triangular correlation matrices (DESIGN.md section 6).
+"""Structured lower-triangular correlation matrices (docs/design.md §6).
 
 * :class:`Toeplitz` -- ``C[i, j] = c[i - j]`` for ``i >= j`` (0 above the diagonal), from the
   first column ``c`` (shorter than ``n``: zero-padded, i.e. banded).
@@ -176,7 +176,7 @@ class BLT(_LowerTriangularToeplitz):
       buffer_decays: ``theta``, ``(d,)`` in ``(0, 1)``.
       output_scales: ``omega``, ``(d,)``, ``> 0``.
 
-    ``C`` is lower-triangular Toeplitz with that first column (DESIGN.md section 6); its
+    ``C`` is lower-triangular Toeplitz with that first column (docs/design.md §6); its
     inverse is again Toeplitz (a BLT), computed here from the column.
 
     Example::
@@ -222,7 +222,7 @@ def _prefix_sum_rmse_from_inverse_column(inv_column, noise_multiplier):
 
 @float64
 def prefix_sum_rmse(correlation, noise_multiplier, n: int | None = None):
-    """RMSE of the prefix-sum workload: ``sigma * |A C^{-1}|_F / sqrt(n)`` (DESIGN.md section 6).
+    """RMSE of the prefix-sum workload: ``sigma * |A C^{-1}|_F / sqrt(n)`` (docs/design.md §6).
 
     Args:
       correlation: a :class:`Toeplitz` or :class:`BLT` (then ``n`` is required; O(n log n)),

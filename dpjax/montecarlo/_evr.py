@@ -1,9 +1,9 @@
-"""Estimate-Verify-Release bookkeeping (Wang et al. 2023, Thm 9; seed 002 section 2, Thm 2.1).
+"""Estimate-Verify-Release bookkeeping (Wang et al. 2023, Thm 9; Choquette-Choo et al. 2024, §2, Thm 2.1).
 
 Verification: with ``m`` i.i.d. samples of the hockey-stick terms ``T = max(0, 1 - e^(eps - Y))``
 in ``[0, 1]``, release iff the sample mean ``delta_hat <= base_delta``.  If the true
 ``delta = E[T]`` exceeds ``tau * base_delta`` (``tau >= 1``), Hoeffding's Chernoff bound for
-``[0, 1]``-valued variables (Hoeffding 1963, Thm 1; the Bernoulli-KL bound of DESIGN.md section 4) gives::
+``[0, 1]``-valued variables (Hoeffding 1963, Thm 1; the Bernoulli-KL bound of docs/design.md §4) gives::
 
     P(delta_hat <= base_delta) <= exp(-m * KL(base_delta || tau * base_delta)) =: beta
 
@@ -78,7 +78,7 @@ def minimum_samples(target_delta: float, base_delta: float | None = None) -> int
     """Smallest ``m`` such that verifying ``delta_hat <= base_delta`` certifies ``target_delta``.
 
     With ``base_delta=None``: the smallest ``m`` for which any ``base_delta`` works (about
-    ``log(m) / target_delta``; seed 002: "about 1/delta samples are the minimum").
+    ``log(m) / target_delta``; Choquette-Choo et al. 2024: "about 1/delta samples are the minimum").
     """
 
     def ok(m: int) -> bool:

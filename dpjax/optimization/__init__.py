@@ -1,4 +1,4 @@
-"""Optimising correlation matrices through the calibrated noise (DESIGN.md §6; seed 002 §4.2).
+"""Optimising correlation matrices through the calibrated noise (docs/design.md §6; Choquette-Choo et al. 2024, §4.2).
 
 * :func:`toeplitz_from_params` -- unconstrained parameters -> non-negative banded Toeplitz ``C``.
 * :func:`log_rmse_balls_in_bins` -- the objective ``log(sigma*(C) |A C^{-1}|_F / sqrt(n))``

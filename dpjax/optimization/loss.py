@@ -1,6 +1,6 @@
 """The RMSE objective of matrix-factorization mechanisms under balls-in-bins batching.
 
-``RMSE(C) = sigma*(C) * |A C^{-1}|_F / sqrt(n)`` (DESIGN.md §6; seed 002 §4.2), ``A`` the
+``RMSE(C) = sigma*(C) * |A C^{-1}|_F / sqrt(n)`` (docs/design.md §6; Choquette-Choo et al. 2024, §4.2), ``A`` the
 prefix-sum workload, ``sigma*(C)`` the noise multiplier calibrated on the Monte Carlo estimate
 with common random numbers (:func:`dpjax.calibration.calibrated_noise`).  Its gradient is
 
@@ -8,7 +8,7 @@ with common random numbers (:func:`dpjax.calibration.calibrated_noise`).  Its gr
 
 the second term by implicit differentiation of the calibration.  We minimise the log (scale
 free, so one learning rate fits any ``n``).  Use few samples while optimising and certify the
-final ``(C, sigma)`` with many (seed 002 §5.1.4).
+final ``(C, sigma)`` with many (Choquette-Choo et al. 2024, §5.1.4).
 
 Usage::
 

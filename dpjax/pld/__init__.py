@@ -1,6 +1,6 @@
 """FFT privacy-loss-distribution (PLD) accounting: sound, tight, jitted.
 
-Layers (one module each; DESIGN.md §1-2, seed 003):
+Layers (one module each; docs/design.md §1-2, Koskela & Honkela 2021):
 
 * :mod:`~dpjax.pld.mechanisms` -- mechanisms as privacy-loss distributions (pytree dataclasses:
   :class:`Gaussian`, :class:`PoissonSubsampledGaussian`, :class:`Laplace`,
@@ -30,7 +30,9 @@ Quick use::
 
 Noise schedules: give array parameters, e.g.
 ``pld.dpsgd_accounting(numpy.linspace(3.0, 2.5, T), 0.01, T, target_delta=1e-5)``; more than
-``GridOptions.max_distinct`` distinct values are bracketed by blocks (``result.blocked``).
+``GridOptions.max_distinct`` distinct values are bracketed by blocks (``result.blocked``), except
+schedules of Gaussians (``Gaussian``, or ``PoissonSubsampledGaussian`` with every ``q = 1``),
+which compose exactly as one Gaussian and are merged into it (no bracket).
 
 A jittable, differentiable ``delta(eps; params)`` / ``eps(delta; params)`` on a FIXED grid
 ----------------------------------------------------------------------------------------

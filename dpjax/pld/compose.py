@@ -1,4 +1,4 @@
-"""FFT composition of grid PMFs (seed 003 §4; DESIGN.md §2), with certified wrap-around bounds.
+"""FFT composition of grid PMFs (Koskela & Honkela 2021, §4; docs/design.md §2), with certified wrap-around bounds.
 
 Layout.  Mechanism ``k`` sits on indices ``i = 0..m_k-1`` of a length-``n`` array with loss
 ``(i + o_k) dx`` (``o_k`` an integer offset).  A circular convolution adds indices mod ``n``, so
@@ -11,7 +11,7 @@ Composition in Fourier space is ``F = prod_k rfft(pmf_k)^{c_k}``; the power is t
 ``exp(c_k (log|F_k| + i arg F_k))``, exact for integer ``c_k`` on the principal branch, with
 modulus and phase accumulated as real arrays (no complex ``0 * inf``).
 
-Wrap-around (seed 003 Thm 1, Chernoff form).  Mass of the composed (discretized) loss ``S``
+Wrap-around (Koskela & Honkela 2021, Thm 1, Chernoff form).  Mass of the composed (discretized) loss ``S``
 outside the window is aliased into it.  With the log-MGF of the sub-probability PMF
 ``K_k(lam) = log sum_i pmf_k[i] e^{lam y_i}`` and ``K = sum_k c_k K_k``:
 

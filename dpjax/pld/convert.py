@@ -1,4 +1,4 @@
-"""Conversions of a composed PLD to (epsilon, delta) (DESIGN.md §1, §2.3).
+"""Conversions of a composed PLD to (epsilon, delta) (docs/design.md §1, §2.3).
 
 ``delta(eps) = sum_t pmf_t (1 - e^{eps - y_t})_+ + P(Y = inf)`` is convex and decreasing in
 ``eps``.  On a grid segment ``eps in [y_j, y_{j+1}]`` it is exactly

@@ -9,7 +9,7 @@ differentiable in every numeric mechanism parameter, ``epsilon`` / ``target_delt
 
 Soundness for ANY parameters.  The grid (``n``, ``dx``, offsets, support lengths, Chernoff
 parameters) was chosen at the planning point, but every approximation is bounded inside the
-program for the parameters actually given (Koskela et al., "Computing Differential Privacy
+program for the parameters actually given (Koskela & Honkela, "Computing Differential Privacy
 Guarantees for Heterogeneous Compositions Using FFT", 2021): single-step mass above the support
 goes to the ``+inf`` atom, mass below is lumped onto the first grid point (dominating), the
 wrap-around of the circular convolution is bounded by Chernoff bounds on the discretized

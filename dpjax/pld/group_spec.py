@@ -1,19 +1,19 @@
 """Group-privacy arguments of DP-SGD: the sampling scheme, its adjacency, and ONE validator.
 
-Two batching schemes, each with its own neighbouring relation (Ganesh et al., "Tight
+Two batching schemes, each with its own neighbouring relation (Ganesh (2024), "Tight
 Group-Level DP Guarantees for DP-SGD with Sampling via Mixture of Gaussians Mechanisms"):
 
 * :attr:`Sampling.POISSON` -- every example joins each batch independently with probability
   ``q``; datasets are neighbours when they differ by adding or removing one example
   (add/remove-k for a group of k).  A group member moves the clipped sum by at most 1, so the
   group's mixture has sensitivities ``j = 0..k``, weights ``Binomial(k, q)``, noise ``sigma``
-  (Ganesh et al., Thm 3.1).
+  (Ganesh (2024), Thm 3.1).
 * :attr:`Sampling.FIXED_BATCH` -- each batch is ``B`` examples drawn without replacement from
   ``N``; datasets are neighbours when one example is replaced by another (replace-one;
   replace-k for a group).  Replacing one example moves the clipped sum by up to 2, so the
   mixture has sensitivities ``2j``, weights ``Hypergeometric(N, k, B)`` and standard deviation
-  ``sigma``, the run's own noise multiplier (Ganesh et al., Thm 3.3): nothing doubles the noise.
-  (Ganesh et al., Fig. 2 *plots* fixed-batch runs against half their noise multiplier, "a
+  ``sigma``, the run's own noise multiplier (Ganesh (2024), Thm 3.3): nothing doubles the noise.
+  (Ganesh (2024), Fig. 2 *plots* fixed-batch runs against half their noise multiplier, "a
   doubled noise multiplier", to share an axis with Poisson; that is a plotting choice only.)
 
 :func:`validate_group_spec` is the single definition of what group arguments are valid; the

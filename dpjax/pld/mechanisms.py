@@ -1,7 +1,7 @@
 """Mechanisms as privacy-loss distributions (the first layer of :mod:`dpjax.pld`).
 
 A *mechanism* here is an immutable pytree dataclass that knows the distribution of its privacy
-loss ``Y = log(dP/dQ)(X)`` for a dominating pair ``(P, Q)`` (DESIGN.md §1).  The discretizer
+loss ``Y = log(dP/dQ)(X)`` for a dominating pair ``(P, Q)`` (docs/design.md §1).  The discretizer
 (:mod:`dpjax.pld.discretize`) needs nothing else than four vectorized functions of a loss value
 ``y`` (right-continuous, so atoms sit in bins ``(y_i, y_{i+1}]``)::
 
@@ -199,7 +199,7 @@ class PoissonSubsampledGaussian:
 
     Sensitivity 1 (clip norm folded into ``noise_multiplier = sigma``), add/remove adjacency.
     Remove: ``P = (1-q) N(0, s^2) + q N(1, s^2)``, ``Q = N(0, s^2)``; add: the pair swapped
-    (DESIGN.md §1).  The loss ``l(x) = log(1 - q + q exp((2x - 1) / (2 s^2)))`` is increasing in
+    (docs/design.md §1).  The loss ``l(x) = log(1 - q + q exp((2x - 1) / (2 s^2)))`` is increasing in
     ``x`` and bounded below by ``log(1-q)``; its inverse is
     ``x(y) = s^2 log((e^y - (1 - q)) / q) + 1/2`` for ``y > log(1 - q)``.  Under "add" the loss is
     ``-l(X)`` with ``X ~ N(0, s^2)``, bounded above by ``-log(1-q)``.
@@ -290,7 +290,7 @@ class Laplace:
 
     ``P = Lap(0, b)``, ``Q = Lap(Delta, b)``; with ``a = Delta / b`` the loss
     ``(|x - Delta| - |x|) / b`` has atoms ``+a`` (P-mass 1/2) and ``-a`` (P-mass e^{-a}/2) and
-    is linear in between (seed 003 §6.1).  Symmetric: add, remove and replace coincide.
+    is linear in between (Koskela & Honkela 2021, §6.1).  Symmetric: add, remove and replace coincide.
     """
 
     scale: jax.Array

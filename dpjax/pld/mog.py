@@ -1,8 +1,8 @@
 """Mixture-of-Gaussians (MoG) mechanism: closed-form privacy-loss distribution.
 
-A scalar MoG mechanism (Choquette-Choo, Ganesh, Steinke & Thakurta 2023; seed 000 Def. 2.8)
+A scalar MoG mechanism (Choquette-Choo, Ganesh, Steinke & Thakurta 2023; Ganesh 2024, Def. 2.8)
 has sensitivities ``s_j >= 0`` with probabilities ``p_j`` and noise standard deviation
-``sigma``.  Its dominating pair (seed 000 Lemma 2.9; DESIGN.md Sec. 1) is
+``sigma``.  Its dominating pair (Ganesh 2024, Lemma 2.9; docs/design.md §1) is
 
     remove:  P = sum_j p_j N(s_j, sigma^2)   vs   Q = N(0, sigma^2)
     add:     the pair swapped.
@@ -14,7 +14,7 @@ remove pair at output z is
 
 (``p_0`` = total probability of zero sensitivity) which is increasing and convex in z, with
 range ``(log p_0, inf)``.  So every event ``{L <= y}`` is a half-line ``{z <= z(y)}`` and the
-privacy-loss CDFs are closed-form sums of normal CDFs (seed 000 Sec. 2.3):
+privacy-loss CDFs are closed-form sums of normal CDFs (Ganesh 2024, §2.3):
 
     P[L(Z) <= y], Z ~ P  = sum_j p_j Phi(z(y) - c_j)
     P[L(Z) <= y], Z ~ Q  = Phi(z(y)).
@@ -210,7 +210,7 @@ def _tuple_of_floats(name, values) -> tuple[float, ...]:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MixtureOfGaussians:
-    """Scalar mixture-of-Gaussians mechanism (seed 000 Def. 2.8), add/remove dominating pairs.
+    """Scalar mixture-of-Gaussians mechanism (Ganesh 2024, Def. 2.8), add/remove dominating pairs.
 
     Remove: ``P = sum_j probabilities[j] N(sensitivities[j], standard_deviation^2)``,
     ``Q = N(0, standard_deviation^2)``; add: the pair swapped (interface of
@@ -263,7 +263,7 @@ class MixtureOfGaussians:
 
 
 # --------------------------------------------------------------------------------------------
-# Group privacy for DP-SGD (seed 000 Thm 3.1 and 3.3; DESIGN.md Sec. 3).
+# Group privacy for DP-SGD (Ganesh 2024, Thm 3.1 and 3.3; docs/design.md §3).
 
 
 def binomial_log_pmf(group_size, sampling_prob, num_components: int) -> jax.Array:
@@ -286,7 +286,7 @@ def binomial_log_pmf(group_size, sampling_prob, num_components: int) -> jax.Arra
 
 def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components: int) -> jax.Array:
     """``log Hypergeometric(N, k, B)(j)``: j of the k group members in a uniformly random batch
-    of B out of N (seed 001), ``j = 0..num_components-1``; ``-inf`` outside the support.
+    of B out of N (the group-privacy note), ``j = 0..num_components-1``; ``-inf`` outside the support.
 
     When ``N - k >= B`` (support starts at j = 0, the DP-SGD case) we use the exact product
     ``pmf(0) = prod_{i<k} (1 - B/(N - i))`` and the ratio recursion
@@ -319,9 +319,9 @@ def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components:
 def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson", num_components: int | None = None):
     """``(sensitivities, probabilities, standard_deviation)`` of the group-privacy MoG (pure).
 
-    * ``sampling="poisson"`` (add/remove adjacency; Ganesh et al., Thm 3.1): sensitivities
+    * ``sampling="poisson"`` (add/remove adjacency; Ganesh (2024), Thm 3.1): sensitivities
       ``j = 0..k``, probabilities ``Binomial(k, q)(j)``, standard deviation ``sigma``.
-    * ``sampling="fixed_batch"`` (replace-one adjacency, replace-k for the group; Ganesh et al.,
+    * ``sampling="fixed_batch"`` (replace-one adjacency, replace-k for the group; Ganesh (2024),
       Thm 3.3, with the hypergeometric weights of the note "Group Privacy for Deep Learning with
       Differential Privacy"): sensitivities ``2j`` (replacing one example moves the clipped sum
       by up to 2), probabilities ``Hypergeometric(N, k, B)(j)``, standard deviation ``sigma``,
@@ -348,9 +348,9 @@ def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, datas
 class GroupSubsampledGaussian:
     """One DP-SGD step as seen by a group of ``group_size`` examples: a MoG with scalar parameters.
 
-    * ``sampling="poisson"`` (add/remove-k adjacency; Ganesh et al., Thm 3.1): sensitivities
+    * ``sampling="poisson"`` (add/remove-k adjacency; Ganesh (2024), Thm 3.1): sensitivities
       ``j = 0..k``, weights ``Binomial(k, sampling_prob)``, noise ``noise_multiplier``.
-    * ``sampling="fixed_batch"`` (replace-k adjacency; Ganesh et al., Thm 3.3): sensitivities
+    * ``sampling="fixed_batch"`` (replace-k adjacency; Ganesh (2024), Thm 3.3): sensitivities
       ``2j``, weights ``Hypergeometric(dataset_size, k, batch_size)``, noise
       ``noise_multiplier`` -- the run's own noise, not doubled (``sampling_prob`` unused).
 

@@ -6,7 +6,7 @@ the Chernoff parameters.  Only tightness depends on these choices: soundness nev
 every truncation and wrap-around is bounded inside the jitted program and added to the upper
 bound.
 
-Rules (seed 003 §5; Doroshenko et al. 2022 for the ``dx^2`` law):
+Rules (Koskela & Honkela 2021, §5; Doroshenko et al. 2022 for the ``dx^2`` law):
 
 * Single-mechanism support ``[y_lo, y_hi]``: ``P(Y > y_hi) <= tau_inf / C`` (that mass goes to
   the ``+inf`` atom, so the composition of ``C = sum c_k`` mechanisms loses at most
