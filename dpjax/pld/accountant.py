@@ -56,6 +56,12 @@ class DirectionReport:
     roundoff: float
     truncation_budget: float
 
+    def as_dict(self, quantity: str) -> dict:
+        """JSON-ready diagnostics; ``quantity`` names the bracket (``"epsilon"`` or ``"delta"``)."""
+        return {f"{quantity}_upper": _py(self.upper), f"{quantity}_lower": _py(self.lower),
+                "n": self.n, "dx": self.dx, "p_inf": self.p_inf, "tail_above": self.tail_above,
+                "tail_below": self.tail_below, "roundoff": self.roundoff}
+
 
 @dataclasses.dataclass(frozen=True)
 class EpsilonResult:
@@ -79,9 +85,7 @@ class EpsilonResult:
             epsilon=_py(self.epsilon), epsilon_lower=_py(self.epsilon_lower),
             epsilon_upper=_py(self.epsilon_upper), target_delta=_py(self.target_delta),
             blocked=self.blocked, reason=self.reason,
-            directions={d.direction: dict(epsilon_upper=_py(d.upper), epsilon_lower=_py(d.lower), n=d.n, dx=d.dx,
-                                          p_inf=d.p_inf, tail_above=d.tail_above, tail_below=d.tail_below,
-                                          roundoff=d.roundoff) for d in self.directions},
+            directions={str(d.direction): d.as_dict("epsilon") for d in self.directions},
         )
 
 
@@ -100,9 +104,7 @@ class DeltaResult:
         return dict(
             delta=_py(self.delta), delta_lower=_py(self.delta_lower), delta_upper=_py(self.delta_upper),
             target_epsilon=_py(self.target_epsilon), blocked=self.blocked,
-            directions={d.direction: dict(delta_upper=_py(d.upper), delta_lower=_py(d.lower), n=d.n, dx=d.dx,
-                                          p_inf=d.p_inf, tail_above=d.tail_above, tail_below=d.tail_below,
-                                          roundoff=d.roundoff) for d in self.directions},
+            directions={str(d.direction): d.as_dict("delta") for d in self.directions},
         )
 
 
