@@ -20,6 +20,7 @@ result with more samples).
 from __future__ import annotations
 
 from dpjax.cli.montecarlo import _accountant, add_correlation_args
+from dpjax.pld.group_spec import Sampling
 
 
 def _run_noise(args) -> dict:
@@ -30,7 +31,7 @@ def _run_noise(args) -> dict:
                                    dataset_size=args.dataset_size, batch_size=args.batch_size)
     return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
                 sampling_prob=args.sampling_prob, steps=args.steps, group_size=args.group_size,
-                sampling=args.sampling, accountant="pld",
+                sampling=args.sampling, adjacency=Sampling(args.sampling).adjacency, accountant="pld",
                 guarantee="certified epsilon <= target_epsilon at this noise multiplier")
 
 
