@@ -256,7 +256,15 @@ def _privacy_losses(gram, scaled_projections, noise_multiplier, mode_index):
     log_b = math.log(b)
     y_pq = _logsumexp_rows(logits_p) - log_b
     y_qp = -(_logsumexp_rows(logits_q) - log_b)
-    return y_pq, y_qp
+    return _nan_to_plus_inf(y_pq), _nan_to_plus_inf(y_qp)
+
+
+def _nan_to_plus_inf(losses):
+    # Soundness: a loss that cannot be evaluated (NaN: e.g. sigma**2 underflows to 0 for
+    # sigma <~ 1e-154, giving inf - inf in the logits) must count as the worst case, +inf (a
+    # hockey-stick term of 1), never as 0.  Counting NaN as 0 certified delta = 0.01 at
+    # sigma = 1e-160, where the truth is 1.
+    return jnp.where(jnp.isnan(losses), jnp.inf, losses)
 
 
 @float64
@@ -281,7 +289,11 @@ def privacy_losses_from_projections(gram, projections, noise_multiplier, mode_in
 
 
 def hockey_stick_terms(losses, epsilon):
-    """``max(0, 1 - exp(eps - Y))`` for losses ``(S,)`` and epsilons ``(K,)`` -> ``(S, K)``."""
+    """``max(0, 1 - exp(eps - Y))`` for losses ``(S,)`` and epsilons ``(K,)`` -> ``(S, K)``.
+
+    A NaN loss counts as ``+inf`` (term 1): the conservative reading of a loss that could not be
+    evaluated."""
+    losses = _nan_to_plus_inf(losses)
     return -jnp.expm1(jnp.minimum(epsilon[None, :] - losses[:, None], 0.0))
 
 

@@ -1,0 +1,49 @@
+"""Monte Carlo soundness at extreme noise multipliers (sigma**2 underflow, subnormals).
+
+A privacy loss that cannot be evaluated (NaN, e.g. from inf - inf once sigma**2 underflows to 0
+for sigma <~ 1e-154) must count as +inf, never as 0: otherwise a tiny sigma, which releases the
+data almost exactly, looked private and was even certified.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpjax.matrices import Toeplitz
+from dpjax.montecarlo import BallsInBins
+
+SAMPLES = 1024
+
+
+def test_issue_reproducer_no_false_certificate():
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.5, 0.25])), 4, 2)
+    cert = acc.certify(1e-160, 1.0, 1e-2, 4096, 0)
+    assert not cert.verified
+    est = acc.estimate(1e-160, [1.0], 4096, 0)
+    np.testing.assert_array_equal(est.delta, [1.0])        # was [0.]
+    one_bin = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 1, 2)
+    np.testing.assert_array_equal(one_bin.estimate(1e-160, [1.0], 4096, 0).delta, [1.0])  # was NaN
+
+
+@settings(max_examples=15, deadline=None)
+@given(coef=st.floats(0.0, 0.9), b=st.sampled_from([1, 2, 4]),
+       log_s=st.floats(min_value=-323.0, max_value=-150.0, allow_nan=False),
+       eps=st.sampled_from([0.5, 2.0]))
+def test_underflowing_sigma_gives_delta_one(coef, b, log_s, eps):
+    # As sigma -> 0 the pair separates and the true delta tends to 1; from sigma**2 underflow on
+    # (and into the subnormals) every loss is +inf or NaN -> +inf, so each term is exactly 1.
+    acc = BallsInBins(Toeplitz(np.array([1.0, coef])), b, 2)
+    sigma = max(10.0 ** log_s, 5e-324)
+    d, se = acc.delta(sigma, [eps], SAMPLES, 7)
+    np.testing.assert_array_equal(d, [1.0])
+
+
+@settings(max_examples=10, deadline=None)
+@given(coef=st.floats(0.0, 0.9), log_s=st.floats(min_value=-323.0, max_value=-0.5), target=st.sampled_from([1e-2, 1e-1]))
+def test_no_certificate_where_unamplified_delta_reaches_target(coef, log_s, target):
+    acc = BallsInBins(Toeplitz(np.array([1.0, coef])), 2, 2)
+    sigma = max(10.0 ** log_s, 5e-324)
+    if float(np.max(acc.unamplified_delta(sigma, [1.0]))) >= target:
+        assert not acc.certify(sigma, 1.0, target, 4096, 3).verified
