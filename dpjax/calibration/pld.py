@@ -52,7 +52,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
 from dpjax.calibration.gaussian import gaussian_noise_multiplier
-from dpjax.calibration.root import (STATUS_CONVERGED, ImplicitAdjoint, StopGradientAdjoint,
+from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
 from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid, stack_grids
 from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
@@ -364,7 +364,7 @@ def _refine(eps, delta, mechs, steps, center, *, options, num_iterations, factor
         ct = c[todo]
         roots, st = _solve_group(eps[todo], delta[todo], [mechs[i] for i in todo], steps[todo],
                                  ct * lo_f, ct * hi_f, ct * plan_f, options, num_iterations)
-        ok = st == STATUS_CONVERGED
+        ok = st == SolverStatus.CONVERGED
         accept = ok & (np.abs(roots / ct - 1) <= tol)
         out[todo[accept]] = roots[accept]
         c[todo] = np.where(ok, roots, np.where(st == 1, ct * hi_f / lo_f, ct * lo_f / hi_f))

@@ -79,11 +79,6 @@ class SolverStatus(enum.IntEnum):
     MET_AT_BRACKET_END = 2
 
 
-# Aliases of the enum members, for dpjax.calibration.pld (which compares arrays against them).
-STATUS_CONVERGED = SolverStatus.CONVERGED
-STATUS_UNREACHABLE = SolverStatus.UNREACHABLE
-STATUS_MET_AT_BRACKET_END = SolverStatus.MET_AT_BRACKET_END
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
