@@ -29,6 +29,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from dpjax import _validate
@@ -109,8 +111,11 @@ def group_accounting(
     spec = validate_group_args(sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size)
     comps = _components(noise_multiplier, steps, spec)
     if target_delta is not None:
-        return pld.epsilon(comps, target_delta, options=options, with_lower=with_lower)
-    return pld.delta(comps, target_epsilon, options=options, with_lower=with_lower)
+        res = pld.epsilon(comps, target_delta, options=options, with_lower=with_lower)
+    else:
+        res = pld.delta(comps, target_epsilon, options=options, with_lower=with_lower)
+    # Name the neighbouring relation: replace(-k) for fixed batches, add/remove(-k) for Poisson.
+    return dataclasses.replace(res, adjacency=spec.adjacency)
 
 
 def group_epsilon(

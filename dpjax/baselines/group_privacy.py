@@ -42,13 +42,14 @@ import math
 import numpy as np
 
 from dpjax import _validate
+from dpjax._results import ResultMixin
 from dpjax._x64 import float64
 from dpjax.baselines.rdp import rdp_epsilon
 from dpjax.pld.group_spec import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupLemmaResult:
+class GroupLemmaResult(ResultMixin):
     """Result of :func:`group_lemma_epsilon`.
 
     Attributes:
@@ -59,6 +60,8 @@ class GroupLemmaResult:
       reason: why the answer is inf (else None).
       adjacency: the neighbouring relation of the guarantee, per example (a group of k:
         add/remove-k or replace-k): ``"add_or_remove"`` (Poisson) or ``"replace"`` (fixed batch).
+
+    ``to_dict()`` / ``to_json(path)`` / ``GroupLemmaResult.load(path)``: see :mod:`dpjax._results`.
     """
 
     epsilon: float

@@ -50,6 +50,8 @@ import functools
 from typing import Any, Callable, Tuple
 
 import jax
+
+from dpjax._results import ResultMixin
 import jax.numpy as jnp
 
 from dpjax._x64 import float64
@@ -82,7 +84,7 @@ class SolverStatus(enum.IntEnum):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class RootResult:
+class RootResult(ResultMixin):
     """Outcome of a monotone bisection (all fields have the batch shape of the inputs).
 
     Attributes:
@@ -92,6 +94,9 @@ class RootResult:
         adjoint.
       lower, upper: the final bracket (``lower <= boundary <= upper``), no gradient.
       status: int32, a :class:`SolverStatus` value.
+
+    ``to_dict()`` / ``to_json(path)`` / ``RootResult.load(path)`` (arrays as lists; loaded
+    back as NumPy arrays): see :mod:`dpjax._results`.
     """
 
     root: jax.Array

@@ -14,11 +14,19 @@ target; its distance to the exact minimal noise is the accountant's discretizati
 (at most ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon with the default grid).
 ``mc-calibrate`` solves the Monte Carlo *estimate* ``delta_hat(sigma) = --delta`` with
 ``--samples`` common random numbers; it is not a certificate (run ``dpjax mc-certify`` on the
-result with more samples).
+result with more samples).  Adjacency: add/remove for Poisson sampling and for the
+balls-in-bins Monte Carlo accountant, replace for fixed batches (``adjacency`` in the output).
+Comma lists (``--epsilon 1,2,4``) calibrate once per value and print one row each.  Group
+calibration is slow (tens of seconds): a progress bar is drawn on stderr when it is a terminal
+(``--quiet`` turns it off).
 """
 
 from __future__ import annotations
 
+import argparse
+
+from dpjax.cli import _args
+from dpjax.cli.montecarlo import ADJACENCY as MC_ADJACENCY
 from dpjax.cli.montecarlo import _accountant, add_correlation_args
 from dpjax.pld.group_spec import Sampling
 
@@ -26,12 +34,16 @@ from dpjax.pld.group_spec import Sampling
 def _run_noise(args) -> dict:
     from dpjax.calibration import dpsgd_noise_multiplier
 
+    if args.sampling == "poisson" and args.sampling_prob is None:
+        raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
     sigma = dpsgd_noise_multiplier(args.epsilon, args.delta, args.sampling_prob, args.steps,
                                    group_size=args.group_size, sampling=args.sampling,
-                                   dataset_size=args.dataset_size, batch_size=args.batch_size)
+                                   dataset_size=args.dataset_size, batch_size=args.batch_size,
+                                   progress=None if not args.quiet else False)
     return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
                 sampling_prob=args.sampling_prob, steps=args.steps, group_size=args.group_size,
-                sampling=args.sampling, adjacency=Sampling(args.sampling).adjacency, accountant="pld",
+                sampling=args.sampling, dataset_size=args.dataset_size, batch_size=args.batch_size,
+                adjacency=Sampling(args.sampling).adjacency, accountant="pld",
                 guarantee="certified epsilon <= target_epsilon at this noise multiplier")
 
 
@@ -42,29 +54,31 @@ def _run_mc_calibrate(args) -> dict:
     delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
     return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
                 delta_estimate=float(delta_hat), standard_error=float(se), num_samples=int(samples),
-                seed=args.seed, accountant="montecarlo (balls-in-bins, common random numbers)",
+                seed=args.seed, adjacency=MC_ADJACENCY, accountant="montecarlo (balls-in-bins, common random numbers)",
                 guarantee="estimate only: certify with dpjax mc-certify and more samples")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("noise", help="DP-SGD noise multiplier for a target (epsilon, delta) (PLD)")
-    p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
-    p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
-    p.add_argument("--sampling-prob", type=float, default=None,
-                   help="Poisson sampling probability q in (0, 1] (required for poisson sampling)")
-    p.add_argument("--steps", type=int, required=True, help="number of steps T >= 1")
-    p.add_argument("--group-size", type=int, default=1, help="group size k (default 1)")
-    p.add_argument("--sampling", default="poisson",
-                   help="poisson (default; add/remove adjacency) or fixed_batch (replace-one adjacency)")
-    p.add_argument("--dataset-size", type=int, default=None, help="N (fixed_batch only)")
-    p.add_argument("--batch-size", type=int, default=None, help="B (fixed_batch only)")
+    p = subparsers.add_parser("noise", help="DP-SGD noise multiplier for a target (epsilon, delta) (PLD; groups too)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epsilon", type=_args.real_list(0, None, lo_open=True), required=True,
+                   help="target epsilon > 0 (comma list for several)")
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
+    _args.add_steps(p)
+    _args.add_group_args(p)
     p.set_defaults(run=_run_noise)
 
     p = subparsers.add_parser("mc-calibrate",
-                              help="noise multiplier on the balls-in-bins Monte Carlo estimate")
+                              help="noise multiplier on the balls-in-bins Monte Carlo estimate (not a certificate)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_correlation_args(p)
-    p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
-    p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
-    p.add_argument("--samples", type=int, default=1 << 16, help="Monte Carlo samples (default 2^16, >= 1/delta)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the common random numbers")
+    p.add_argument("--epsilon", type=_args.real_list(0, None, lo_open=True), required=True,
+                   help="target epsilon > 0 (comma list for several)")
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+                   help="target " + _args.DELTA_TARGET_HELP)
+    p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 16,
+                   help=_args.SAMPLES_HELP + "; default 2^16, should be >= 1/delta")
+    p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
     p.set_defaults(run=_run_mc_calibrate)

@@ -10,7 +10,10 @@ how much tighter the PLD answer is.  All flags are optional, so ``dpjax demo`` r
 from __future__ import annotations
 
 import argparse
+import math
 import time
+
+from dpjax.cli import _args
 
 
 def _run(args) -> dict:
@@ -26,8 +29,14 @@ def _run(args) -> dict:
                                  conversion="standard")
     t_rdp = time.perf_counter() - t0
     eps = float(res.epsilon)
+    if not math.isfinite(eps):
+        raise ValueError(f"--noise-multiplier {args.noise_multiplier:g} gives no finite certified epsilon at "
+                         f"--delta {args.delta:g} in this setting (q={args.sampling_prob:g}, "
+                         f"steps={args.steps}); the demo compares finite epsilons: use a noise multiplier "
+                         "of about 0.5 or more")
     return {
         "setting": "DP-SGD, Poisson sampling, add/remove adjacency",
+        "adjacency": "add_or_remove",
         "noise_multiplier": args.noise_multiplier,
         "sampling_prob": args.sampling_prob,
         "steps": int(args.steps),
@@ -44,6 +53,17 @@ def _run(args) -> dict:
     }
 
 
+def _bracket(lo: float, hi: float) -> str:
+    """``[lo, hi]`` with enough significant digits that the two ends differ on the page."""
+    for digits in range(4, 17):
+        a, b = f"{lo:.{digits}g}", f"{hi:.{digits}g}"
+        if a != b or lo == hi:
+            break
+    # one more digit than the first that separates them, so the width of the bracket is visible
+    digits = min(digits + 1, 17)
+    return f"[{lo:.{digits}g}, {hi:.{digits}g}]  (width {hi - lo:.2g})"
+
+
 def _render(r: dict) -> str:
     return "\n".join([
         f"{r['setting']}",
@@ -51,7 +71,7 @@ def _render(r: dict) -> str:
         f"steps={r['steps']}  delta={r['delta']:g}",
         "",
         f"  PLD (dpjax, certified upper bound)   epsilon = {r['epsilon']:.4f}",
-        f"      bracket on the exact epsilon      [{r['epsilon_lower']:.4f}, {r['epsilon_upper']:.4f}]",
+        f"      bracket on the exact epsilon      {_bracket(r['epsilon_lower'], r['epsilon_upper'])}",
         f"  RDP / moments accountant (improved)   epsilon = {r['epsilon_rdp']:.4f}  (order {r['rdp_optimal_order']:g})",
         f"  RDP (standard conversion)             epsilon = {r['epsilon_rdp_standard_conversion']:.4f}",
         "",
@@ -63,8 +83,11 @@ def _render(r: dict) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="account a standard DP-SGD run (built-in example)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--noise-multiplier", type=float, default=1.0, help="noise std / clip norm (default 1.0)")
-    p.add_argument("--sampling-prob", type=float, default=0.01, help="Poisson sampling probability (default 0.01)")
-    p.add_argument("--steps", type=int, default=1000, help="number of steps (default 1000)")
-    p.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
+    p.add_argument("--noise-multiplier", type=_args.real_list(0, None, lo_open=True), default=[1.0],
+                   help=_args.NOISE_MULTIPLIER_HELP + " (default 1.0)")
+    p.add_argument("--sampling-prob", type=_args.real(0, 1, lo_open=True), default=0.01,
+                   help="Poisson sampling probability q in (0, 1] (default 0.01)")
+    _args.add_steps(p, required=False, default=1000)
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), default=[1e-5],
+                   help="target " + _args.DELTA_TARGET_HELP + " (default 1e-5)")
     p.set_defaults(run=_run, render=_render)

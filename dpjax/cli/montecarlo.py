@@ -9,7 +9,11 @@ Examples::
 
 The correlation matrix is a Toeplitz first column (``--toeplitz``), a BLT
 (``--blt-decays`` + ``--blt-scales``), a dense ``.npy`` file (``--matrix``), or the identity
-(default).
+(default).  Balls-in-bins batching (Choquette-Choo, Ganesh, Haque, Steinke, Thakurta, "Near
+exact privacy amplification for matrix mechanisms"): each example falls in one of
+``--batches-per-epoch`` batches, the same in every epoch; the accounting is under add/remove
+adjacency (the max over both directions; ``adjacency`` in the output).  Comma lists run one
+computation per value (``--epsilon`` of ``mc-delta`` shares one set of draws).
 """
 
 from __future__ import annotations
@@ -18,31 +22,35 @@ import argparse
 
 import numpy as np
 
+from dpjax.cli import _args
 
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+ADJACENCY = "add_or_remove"  # balls-in-bins Monte Carlo: max over the add and remove directions
 
 
 def add_correlation_args(p: argparse.ArgumentParser) -> None:
     """The correlation matrix C and the balls-in-bins shape (read back by :func:`_accountant`)."""
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--toeplitz", type=_float_list, help="Toeplitz first column c0,c1,... (banded; default: identity)")
-    src.add_argument("--matrix", help="path of a dense (n, n) lower-triangular .npy matrix")
-    src.add_argument("--blt-decays", type=_float_list, help="BLT buffer decays theta_j in (0,1) (with --blt-scales)")
-    p.add_argument("--blt-scales", type=_float_list, help="BLT output scales omega_j > 0")
-    p.add_argument("--batches-per-epoch", type=int, required=True, help="b")
-    p.add_argument("--epochs", type=int, required=True, help="E (n = b * E rounds)")
+    src.add_argument("--toeplitz", type=_args.real_vector(0, None),
+                     help="Toeplitz first column c0,c1,... >= 0 (banded; default: the identity, i.e. DP-SGD)")
+    src.add_argument("--matrix", metavar="FILE", help="path of a dense (n, n) lower-triangular non-negative .npy matrix")
+    src.add_argument("--blt-decays", type=_args.real_vector(0, 1, lo_open=True, hi_open=True),
+                     help="BLT buffer decays theta_j in (0, 1), comma list (with --blt-scales)")
+    p.add_argument("--blt-scales", type=_args.real_vector(0, None, lo_open=True),
+                   help="BLT output scales omega_j > 0, comma list (with --blt-decays)")
+    p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), required=True,
+                   help="b: batches per epoch; each example falls in one of b batches (integer >= 1)")
+    p.add_argument("--epochs", type=_args.integer(1, 2**20), required=True,
+                   help="E: epochs (n = b * E rounds; integer >= 1)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     add_correlation_args(p)
-    p.add_argument("--noise-multiplier", type=float, required=True, help="sigma")
-    p.add_argument("--samples", type=float, default=1 << 20, help="Monte Carlo sample count (default 2^20)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
-    p.add_argument("--chunk-size", type=int, default=None, help="samples per chunk (memory bound)")
+    _args.add_noise_multiplier(p)
+    p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 20,
+                   help=_args.SAMPLES_HELP + "; default 2^20")
+    p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
+    p.add_argument("--chunk-size", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
+                   help="samples per chunk, an integer >= 1 (bounds memory; default: automatic)")
 
 
 def _accountant(args):
@@ -67,31 +75,34 @@ def _accountant(args):
     return BallsInBins(corr, args.batches_per_epoch, args.epochs)
 
 
-def _run_delta(args) -> dict:
+def _run_delta(args) -> list[dict]:
     acc = _accountant(args)
     eps = np.asarray(args.epsilon, dtype=np.float64)
+    # One set of draws serves every epsilon (common random numbers): --epsilon is vectorized.
     est = acc.estimate(args.noise_multiplier, eps, args.samples, args.seed, chunk_size=args.chunk_size)
-    scalar = len(args.epsilon) == 1
-    pick = (lambda a: float(a[0])) if scalar else (lambda a: [float(x) for x in a])
-    return {
-        "epsilon": pick(est.epsilon),
-        "delta": pick(est.delta),
-        "standard_error": pick(est.standard_error),
-        "delta_remove": pick(est.delta_remove),
-        "delta_add": pick(est.delta_add),
-        "num_samples": est.num_samples,
-        "unamplified_delta": pick(acc.unamplified_delta(args.noise_multiplier, eps)),
+    unamplified = np.atleast_1d(acc.unamplified_delta(args.noise_multiplier, eps))
+    return [{
+        "epsilon": float(est.epsilon[i]),
+        "delta": float(est.delta[i]),
+        "standard_error": float(est.standard_error[i]),
+        "delta_remove": float(est.delta_remove[i]),
+        "delta_add": float(est.delta_add[i]),
+        "num_samples": int(est.num_samples),
+        "seed": args.seed,
+        "noise_multiplier": args.noise_multiplier,
+        "unamplified_delta": float(unamplified[i]),
         "sensitivity": acc.sensitivity,
+        "adjacency": ADJACENCY,
         "note": "Monte Carlo estimate (max over add/remove directions) with its standard error; "
                 "use mc-certify for a rigorous (eps, delta)",
-    }
+    } for i in range(eps.size)]
 
 
 def _run_certify(args) -> dict:
     acc = _accountant(args)
     cert = acc.certify(args.noise_multiplier, args.epsilon, args.target_delta, args.samples, args.seed,
                        chunk_size=args.chunk_size)
-    return cert.as_dict()
+    return {**cert.to_dict(), "seed": args.seed, "adjacency": ADJACENCY}
 
 
 def _run_epsilon(args) -> dict:
@@ -102,23 +113,34 @@ def _run_epsilon(args) -> dict:
         "delta": args.delta,
         "num_samples": int(args.samples),
         "unamplified_epsilon": acc.unamplified_epsilon(args.noise_multiplier, args.delta),
+        "seed": args.seed,
+        "noise_multiplier": args.noise_multiplier,
+        "adjacency": ADJACENCY,
         "note": "Monte Carlo estimate eps_hat(delta); use mc-certify for a rigorous statement",
     }
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("mc-delta", help="balls-in-bins Monte Carlo delta(epsilon) with standard error")
+    doc = __doc__
+    p = subparsers.add_parser("mc-delta", help="balls-in-bins Monte Carlo delta(epsilon) with standard error",
+                              description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--epsilon", type=_float_list, required=True, help="epsilon (comma-separated for several)")
-    p.set_defaults(run=_run_delta)
+    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
+                   help=_args.EPSILON_TARGET_HELP + "; one set of draws serves all")
+    p.set_defaults(run=_run_delta, vectorized=("epsilon",))
 
-    p = subparsers.add_parser("mc-certify", help="Estimate-Verify-Release certificate for (epsilon, target delta)")
+    p = subparsers.add_parser("mc-certify", help="Estimate-Verify-Release certificate for (epsilon, target delta)",
+                              description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--epsilon", type=float, required=True)
-    p.add_argument("--target-delta", type=float, required=True)
+    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
+                   help="epsilon to certify, " + _args.EPSILON_TARGET_HELP)
+    p.add_argument("--target-delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+                   help="delta to certify, " + _args.DELTA_TARGET_HELP)
     p.set_defaults(run=_run_certify)
 
-    p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate")
+    p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate",
+                              description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+                   help="target " + _args.DELTA_TARGET_HELP)
     p.set_defaults(run=_run_epsilon)

@@ -3,45 +3,66 @@
 Examples::
 
     dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5 --json
-    dpjax delta   --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 2 --json
+    dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6
+    dpjax delta   --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 0.5,1,2 --json
+    dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
+                  --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
 
 The printed ``epsilon`` (``delta``) is a certified upper bound; ``epsilon_lower`` /
-``epsilon_upper`` bracket the exact value.  Compiled programs are cached on disk
-(``~/.cache/dpjax/xla``; ``DPJAX_COMPILATION_CACHE=0`` disables, ``=<dir>`` relocates).
+``epsilon_upper`` bracket the exact value.  Adjacency: Poisson sampling is accounted under
+add/remove adjacency ("add_or_remove": neighbouring datasets differ by adding or removing one
+example, k for a group of k), ``--sampling fixed_batch`` under replace adjacency ("replace":
+one example, k for a group, replaced by another); every result names it in ``adjacency``.
+Group privacy (``--group-size k``) uses the tight mixture-of-Gaussians accountant of Ganesh
+(2024), "Tight group-level DP guarantees for DP-SGD with sampling via mixture of Gaussians
+mechanisms".  Compiled programs are cached on disk (``~/.cache/dpjax/xla``;
+``DPJAX_COMPILATION_CACHE=0`` disables, ``=<dir>`` relocates).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import re
+
+from dpjax.cli import _args
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--noise-multiplier", type=float, required=True,
-                   help="noise std / clip norm (sigma > 0)")
-    p.add_argument("--sampling-prob", type=float, required=True,
-                   help="Poisson sampling probability q in (0, 1]")
-    p.add_argument("--steps", type=float, required=True, help="number of steps T (integer >= 1)")
-    p.add_argument("--relative-accuracy", type=float, default=None,
-                   help="target discretization error of epsilon relative to epsilon (default 1e-3, "
-                        "with the per-step bound 8e-9 x steps of dpjax.pld.GridOptions, whichever "
+    _args.add_noise_multiplier(p)
+    _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
+    _args.add_steps(p)
+    p.add_argument("--relative-accuracy", type=_args.real(0, 1, lo_open=True), default=None,
+                   help="target discretization error of epsilon relative to epsilon, in (0, 1] (default "
+                        "1e-3, with the per-step bound 8e-9 x steps of dpjax.pld.GridOptions, whichever "
                         "is tighter)")
+    p.add_argument("--max-grid-points", type=_args.integer(2**10, 2**26), default=None,
+                   help="largest FFT grid (a power of two is used; default 2^21 = dpjax.pld.GridOptions.n_max); "
+                        "raise it when the result says the grid is too small")
+    _args.add_group_args(p)
 
 
 def _options(args):
     from dpjax.pld import GridOptions
 
-    if args.relative_accuracy is None:
-        return None
-    ra = args.relative_accuracy
-    if not (ra > 0 and math.isfinite(ra)):
-        raise ValueError(f"relative_accuracy must be finite and > 0, got {ra!r}")
-    return GridOptions(relative_accuracy=ra)
+    kw = {}
+    if args.relative_accuracy is not None:
+        kw["relative_accuracy"] = args.relative_accuracy
+    if args.max_grid_points is not None:
+        n = 1 << (int(args.max_grid_points) - 1).bit_length()  # next power of two
+        kw["n_max"] = n
+    return GridOptions(**kw) if kw else None
 
 
 def _grid_info(res) -> dict:
     return {d.direction: {"n": d.n, "dx": d.dx, "p_inf": d.p_inf, "tail_above": d.tail_above,
                           "tail_below": d.tail_below, "roundoff": d.roundoff} for d in res.directions}
+
+
+def _cli_reason(reason: str | None) -> str | None:
+    # The library's reason names the Python knob; the CLI user's knob is --max-grid-points.
+    if reason is None:
+        return None
+    return re.sub(r"GridOptions\.n_max", "--max-grid-points", reason)
 
 
 def _prepare_jax() -> None:
@@ -52,36 +73,42 @@ def _prepare_jax() -> None:
     enable_from_environment(default_on=True)
 
 
-def _run_epsilon(args) -> dict:
+def _account(args, **target):
     from dpjax import pld
-
-    _prepare_jax()
     from dpjax.cli import group as group_cli
 
-    if group_cli.requested(args) or args.sampling_prob is None:
-        return group_cli.run(args, _options(args), _grid_info)
-    res = pld.dpsgd_accounting(args.noise_multiplier, args.sampling_prob, args.steps,
-                               target_delta=args.delta, options=_options(args))
+    _prepare_jax()
+    if group_cli.requested(args):
+        return group_cli.accounting(args, _options(args), **target)
+    if args.sampling_prob is None:
+        raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
+    return pld.dpsgd_accounting(args.noise_multiplier, args.sampling_prob, args.steps,
+                                options=_options(args), **target)
+
+
+def _setting(args) -> dict:
+    from dpjax.pld.group_spec import Sampling
+
+    sampling = Sampling.parse(args.sampling)
+    return {"noise_multiplier": args.noise_multiplier, "sampling_prob": args.sampling_prob,
+            "steps": int(args.steps), "group_size": int(args.group_size), "sampling": sampling.value,
+            "dataset_size": args.dataset_size, "batch_size": args.batch_size,
+            "adjacency": sampling.adjacency}
+
+
+def _run_epsilon(args) -> dict:
+    res = _account(args, target_delta=args.delta)
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
-           "delta": res.target_delta, "noise_multiplier": args.noise_multiplier,
-           "sampling_prob": args.sampling_prob, "steps": int(args.steps), "adjacency": "add_remove",
-           "grid": _grid_info(res)}
+           "delta": res.target_delta, **_setting(args), "grid": _grid_info(res)}
     if res.reason:
-        out["reason"] = res.reason
+        out["reason"] = _cli_reason(res.reason)
     return out
 
 
 def _run_delta(args) -> dict:
-    from dpjax import pld
-
-    _prepare_jax()
-
-    res = pld.dpsgd_accounting(args.noise_multiplier, args.sampling_prob, args.steps,
-                               target_epsilon=args.epsilon, options=_options(args))
+    res = _account(args, target_epsilon=args.epsilon)
     return {"delta": res.delta, "delta_lower": res.delta_lower, "delta_upper": res.delta_upper,
-            "epsilon": res.target_epsilon, "noise_multiplier": args.noise_multiplier,
-            "sampling_prob": args.sampling_prob, "steps": int(args.steps), "adjacency": "add_remove",
-            "grid": _grid_info(res)}
+            "epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
 
 
 def _render(result: dict) -> str:
@@ -91,6 +118,8 @@ def _render(result: dict) -> str:
             for d, info in value.items():
                 lines.append(f"grid[{d}]  n={info['n']} dx={info['dx']:.3g} tail_above={info['tail_above']:.2g}")
             continue
+        if value is None:
+            continue
         if isinstance(value, float):
             value = f"{value:.6g}"
         lines.append(f"{key:<16} {value}")
@@ -98,17 +127,16 @@ def _render(result: dict) -> str:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD (PLD accountant)",
+    p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD at delta (PLD accountant; groups too)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
-    from dpjax.cli import group as group_cli
-
-    group_cli.add_arguments(p)
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+                   help="target " + _args.DELTA_TARGET_HELP)
     p.set_defaults(run=_run_epsilon, render=_render)
 
-    p = subparsers.add_parser("delta", help="certified delta of DP-SGD at epsilon (PLD accountant)",
+    p = subparsers.add_parser("delta", help="certified delta of DP-SGD at epsilon (PLD accountant; groups too)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--epsilon", type=float, required=True, help="target epsilon >= 0")
+    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
+                   help="target " + _args.EPSILON_TARGET_HELP)
     p.set_defaults(run=_run_delta, render=_render)

@@ -8,6 +8,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax._results import ResultMixin
+
 from dpjax import _validate
 from dpjax._x64 import float64
 from dpjax.montecarlo import _evr, core
@@ -20,7 +22,7 @@ MAX_SAMPLES = 1 << 40
 
 
 @dataclasses.dataclass(frozen=True)
-class DeltaEstimate:
+class DeltaEstimate(ResultMixin):
     """Monte Carlo delta for each epsilon.
 
     Attributes:
@@ -30,6 +32,8 @@ class DeltaEstimate:
       delta_remove, se_remove: ``(K,)`` direction P||Q (``X ~ P``, loss ``log P/Q``).
       delta_add, se_add: ``(K,)`` direction Q||P (``X ~ Q``, loss ``log Q/P``).
       num_samples: sample count (the same draws serve both directions and every epsilon).
+
+    ``to_dict()`` / ``to_json(path)`` / ``DeltaEstimate.load(path)``: see :mod:`dpjax._results`.
     """
 
     epsilon: np.ndarray
@@ -43,7 +47,7 @@ class DeltaEstimate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Certificate:
+class Certificate(ResultMixin):
     """Outcome of Estimate-Verify-Release (see :mod:`dpjax.montecarlo._evr`).
 
     Attributes:
@@ -61,6 +65,9 @@ class Certificate:
       num_samples: samples used.
       noise_multiplier: sigma.
       reason: one line explaining the outcome.
+
+    ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`
+    (``as_dict`` is the same as ``to_dict``).
     """
 
     verified: bool
@@ -79,7 +86,8 @@ class Certificate:
     reason: str
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Alias of :meth:`to_dict`."""
+        return self.to_dict()
 
 
 # --------------------------------------------------------------------------- validation

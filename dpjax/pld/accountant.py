@@ -32,6 +32,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
 from dpjax.pld.compose import Group, compose_directions
+from dpjax._results import ResultMixin
 from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
@@ -42,8 +43,11 @@ from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
 
 
 @dataclasses.dataclass(frozen=True)
-class DirectionReport:
-    """Per-direction diagnostics (floats; arrays when several targets were asked)."""
+class DirectionReport(ResultMixin):
+    """Per-direction diagnostics (floats; arrays when several targets were asked).
+
+    ``to_dict()`` / ``to_json(path)`` / ``DirectionReport.load(path)``: see :mod:`dpjax._results`.
+    """
 
     direction: str
     upper: Any
@@ -64,13 +68,20 @@ class DirectionReport:
 
 
 @dataclasses.dataclass(frozen=True)
-class EpsilonResult:
+class EpsilonResult(ResultMixin):
     """``epsilon(target_delta)``: certified ``epsilon_upper`` (= ``epsilon``) and ``epsilon_lower``.
 
     ``epsilon`` is ``inf`` when the upper bound cannot certify ``target_delta`` (``reason`` says
     why).  ``directions`` holds the add/remove (or single symmetric) reports; ``blocked`` is True
     when a long heterogeneous schedule was bracketed by blocks (see :class:`GridOptions`).
+    ``adjacency`` names the neighbouring relation: ``"add_or_remove"`` (the max over the add and
+    remove directions; Poisson sampling) or ``"replace"`` (fixed batches, :mod:`dpjax.group`).
+
+    ``to_dict()`` / ``to_json(path)`` / ``EpsilonResult.load(path)`` keep every field (arrays as
+    lists; see :mod:`dpjax._results`); ``as_dict()`` is the compact report keyed by direction.
     """
+
+    _nested = {"directions": DirectionReport}
 
     epsilon: Any
     epsilon_lower: Any
@@ -79,6 +90,7 @@ class EpsilonResult:
     directions: tuple[DirectionReport, ...]
     blocked: bool = False
     reason: str | None = None
+    adjacency: str = "add_or_remove"
 
     def as_dict(self) -> dict:
         return dict(
@@ -90,8 +102,14 @@ class EpsilonResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeltaResult:
-    """``delta(target_epsilon)``: certified ``delta_upper`` (= ``delta``) and ``delta_lower``."""
+class DeltaResult(ResultMixin):
+    """``delta(target_epsilon)``: certified ``delta_upper`` (= ``delta``) and ``delta_lower``.
+
+    ``adjacency``, ``to_dict()`` / ``to_json(path)`` / ``DeltaResult.load(path)``: as for
+    :class:`EpsilonResult`.
+    """
+
+    _nested = {"directions": DirectionReport}
 
     delta: Any
     delta_lower: Any
@@ -99,6 +117,7 @@ class DeltaResult:
     target_epsilon: Any
     directions: tuple[DirectionReport, ...]
     blocked: bool = False
+    adjacency: str = "add_or_remove"
 
     def as_dict(self) -> dict:
         return dict(

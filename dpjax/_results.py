@@ -1,0 +1,144 @@
+"""One implementation of ``to_dict`` / ``to_json`` / ``from_dict`` / ``load`` for result objects.
+
+Every public result type of dpjax (:class:`dpjax.pld.EpsilonResult`, :class:`~dpjax.pld.DeltaResult`,
+:class:`~dpjax.pld.DirectionReport`, :class:`dpjax.montecarlo.DeltaEstimate`,
+:class:`~dpjax.montecarlo.Certificate`, :class:`dpjax.baselines.GroupLemmaResult`,
+:class:`dpjax.calibration.RootResult`) is a frozen dataclass that inherits :class:`ResultMixin`:
+
+* ``result.to_dict()`` -- a dict of plain Python values: NumPy / JAX arrays become (nested)
+  lists, NumPy / JAX scalars become ``float`` / ``int`` / ``bool``, nested results become dicts,
+  tuples become lists.  Non-finite floats stay floats (``inf``, ``nan``).
+* ``result.to_json(path=None, **json_kwargs)`` -- strict JSON text (RFC 8259 has no ``Infinity``
+  or ``NaN``, so non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``,
+  the convention of the ``dpjax`` command's ``--json``); also written to ``path`` when given.
+* ``Type.from_dict(d)`` / ``Type.load(path_or_json_text)`` -- the inverse: ``"inf"``-style
+  strings become floats again, lists in array-valued fields become ``np.ndarray`` (float64,
+  or the integer / bool dtype of the values), nested results are rebuilt.  Round trip:
+  ``Type.from_dict(r.to_dict())`` and ``Type.load(r.to_json())`` equal ``r`` field by field
+  (arrays come back as NumPy arrays, also where the original held JAX arrays).
+
+``json.dumps(dataclasses.asdict(result))`` fails on array fields; use ``result.to_json()``.
+
+Example::
+
+    >>> from dpjax import pld
+    >>> res = pld.dpsgd_accounting(1.0, 0.01, 1000, target_delta=1e-5)   # doctest: +SKIP
+    >>> text = res.to_json()                                              # doctest: +SKIP
+    >>> pld.EpsilonResult.load(text).epsilon == res.epsilon               # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+from typing import Any, ClassVar
+
+import numpy as np
+
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan, "Infinity": math.inf,
+              "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` as plain Python data (dict / list / float / int / bool / str / None)."""
+    if isinstance(value, ResultMixin) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (str, bytes)) or value is None:
+        return value.decode() if isinstance(value, bytes) else value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if hasattr(value, "__array__") or isinstance(value, np.generic):
+        arr = np.asarray(value)
+        return arr.tolist()  # 0-d arrays become Python scalars, n-d nested lists
+    if isinstance(value, (int, float)):
+        return value
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):  # enum.Enum with str value
+        return value.value
+    raise TypeError(f"cannot convert {type(value).__name__} to JSON data")
+
+
+def strict_json_data(value: Any) -> Any:
+    """Plain data with non-finite floats replaced by ``"inf"`` / ``"-inf"`` / ``"nan"``."""
+    if isinstance(value, dict):
+        return {k: strict_json_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json_data(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _restore_floats(value: Any) -> Any:
+    if isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
+    if isinstance(value, list):
+        return [_restore_floats(v) for v in value]
+    return value
+
+
+def _as_array_or_scalar(value: Any) -> Any:
+    value = _restore_floats(value)
+    if isinstance(value, list):
+        arr = np.asarray(value)
+        if arr.dtype == object:
+            raise ValueError(f"ragged list cannot become an array: {value!r}")
+        return arr.astype(np.float64) if arr.dtype.kind == "f" else arr
+    return value
+
+
+class ResultMixin:
+    """``to_dict`` / ``to_json`` / ``from_dict`` / ``load`` for a (frozen) result dataclass.
+
+    Subclasses may set ``_nested = {"field": ResultClass}`` for fields holding a result or a
+    tuple of results, so that :meth:`from_dict` rebuilds them.
+    """
+
+    _nested: ClassVar[dict] = {}
+
+    def to_dict(self) -> dict:
+        """The fields as plain Python data (arrays -> lists; non-finite floats kept)."""
+        return to_plain(self)
+
+    def to_json(self, path: str | os.PathLike | None = None, **json_kwargs) -> str:
+        """Strict JSON text of :meth:`to_dict` (``inf`` / ``nan`` as strings); written to ``path`` if given."""
+        text = json.dumps(strict_json_data(self.to_dict()), **json_kwargs)
+        if path is not None:
+            pathlib.Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """Rebuild a result from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}.from_dict: unknown fields {sorted(unknown)}")
+        kwargs = {}
+        for name, value in data.items():
+            nested = cls._nested.get(name)
+            if nested is not None:
+                if isinstance(value, list):
+                    kwargs[name] = tuple(nested.from_dict(v) for v in value)
+                else:
+                    kwargs[name] = nested.from_dict(value) if value is not None else None
+            else:
+                kwargs[name] = _as_array_or_scalar(value)
+        return cls(**kwargs)
+
+    @classmethod
+    def load(cls, source: str | os.PathLike):
+        """Rebuild a result from a JSON file path or JSON text written by :meth:`to_json`."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            text = pathlib.Path(source).read_text()
+        return cls.from_dict(json.loads(text))

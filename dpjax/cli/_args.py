@@ -1,0 +1,170 @@
+"""Argument types of the ``dpjax`` command: every number is range-checked while parsing.
+
+A bad value becomes an argparse error (exit status 2, one line naming the option and the valid
+range, no traceback) before any computation starts.  List-valued options accept comma lists
+(``--delta 1e-5,1e-6``); :func:`dpjax.cli.main.main` runs one computation per combination and
+prints a list of rows.
+
+    p.add_argument("--steps", type=integer(1, MAX_STEPS), ...)
+    p.add_argument("--delta", type=real_list(0, 1, lo_open=True, hi_open=True), ...)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+MAX_STEPS = 2**31 - 1        # ~2e9 steps: far beyond any training run, exact in float64
+MAX_COUNT = 2**53            # dataset / batch sizes: integers exact in float64
+MAX_GROUP_SIZE = 2**31 - 1
+MAX_SEED = 2**32 - 1         # jax.random.key takes a 32-bit seed without x64
+MAX_SAMPLES = 2**40          # dpjax.montecarlo's limit
+
+
+def _interval(lo, hi, lo_open, hi_open) -> str:
+    left = "(" if lo_open else "["
+    right = ")" if hi_open else "]"
+    lo_s = "-inf" if lo is None else f"{lo:g}"
+    hi_s = "inf" if hi is None else f"{hi:g}"
+    return f"{left}{lo_s}, {hi_s}{right}"
+
+
+def _parse_real(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    return value
+
+
+def _check_real(value: float, text: str, lo, hi, lo_open, hi_open, what: str) -> float:
+    ok = math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    if not ok:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def real(lo=None, hi=None, *, lo_open=False, hi_open=False):
+    """A finite float in the interval; ``type=real(0, None, lo_open=True)`` is ``> 0``."""
+    what = f"a finite number in {_interval(lo, hi, lo_open, hi_open)}"
+
+    def parse(text: str) -> float:
+        return _check_real(_parse_real(text, what), text, lo, hi, lo_open, hi_open, what)
+
+    parse.__name__ = "number"
+    parse.interval = what
+    return parse
+
+
+def real_list(lo=None, hi=None, *, lo_open=False, hi_open=False):
+    """A comma-separated list of finite floats in the interval (one value is a list of one)."""
+    what = f"a comma-separated list of finite numbers in {_interval(lo, hi, lo_open, hi_open)}"
+
+    def parse(text: str) -> list[float]:
+        parts = [s.strip() for s in text.split(",")]
+        if not parts or any(s == "" for s in parts):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return [_check_real(_parse_real(s, what), text, lo, hi, lo_open, hi_open, what) for s in parts]
+
+    parse.__name__ = "number list"
+    parse.interval = what
+    parse.is_list = True
+    return parse
+
+
+def real_vector(lo=None, hi=None, *, lo_open=False, hi_open=False):
+    """A comma-separated vector of finite floats (ONE value, e.g. a Toeplitz column; not expanded into rows)."""
+    parse = real_list(lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+    def vector(text: str) -> list[float]:
+        return parse(text)
+
+    vector.__name__ = "number vector"
+    vector.interval = parse.interval
+    return vector
+
+
+def integer(lo: int, hi: int):
+    """An integer in ``[lo, hi]``; ``1e3`` is accepted (an exact integer), ``1.5`` and ``1e30`` are not."""
+    what = f"an integer in [{lo}, {hi}]"
+
+    def parse(text: str) -> int:
+        t = text.strip()
+        try:
+            value = int(t)
+        except ValueError:
+            try:
+                f = float(t)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+            if not (math.isfinite(f) and f == int(f)):
+                raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+            if abs(f) > 2**53:  # beyond 2^53 a float literal is not an exact integer
+                raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+            value = int(f)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"
+    parse.interval = what
+    return parse
+
+
+def choice(*values: str):
+    """One of ``values`` (a clearer one-line error than argparse's ``choices`` for our usage)."""
+    what = "one of " + ", ".join(values)
+
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return text
+
+    parse.__name__ = "choice"
+    parse.interval = what
+    return parse
+
+
+# Shared argument definitions: the same name, type and help for the same thing everywhere.
+NOISE_MULTIPLIER_HELP = "noise multiplier sigma = noise std / clip norm, > 0 (comma list for several)"
+EPSILON_TARGET_HELP = "epsilon >= 0 (comma list for several)"
+DELTA_TARGET_HELP = "delta in (0, 1) (comma list for several)"
+STEPS_HELP = f"number of steps T, an integer in [1, {MAX_STEPS}]"
+SEED_HELP = f"PRNG seed of the Monte Carlo draws, an integer in [0, {MAX_SEED}] (default 0)"
+SAMPLES_HELP = f"Monte Carlo sample count m, an integer in [1, 2^40] (1e6 accepted)"
+
+
+def add_noise_multiplier(p, *, required=True, default=None):
+    p.add_argument("--noise-multiplier", type=real_list(0, None, lo_open=True), required=required,
+                   default=default, help=NOISE_MULTIPLIER_HELP + ("" if default is None else f"; default {default}"))
+
+
+def add_steps(p, *, required=True, default=None):
+    p.add_argument("--steps", type=integer(1, MAX_STEPS), required=required, default=default,
+                   help=STEPS_HELP + ("" if default is None else f" (default {default})"))
+
+
+def add_sampling_prob(p, *, required=False, default=None, extra=""):
+    p.add_argument("--sampling-prob", type=real(0, 1, lo_open=True), required=required, default=default,
+                   help="Poisson sampling probability q in (0, 1]" + extra)
+
+
+def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-Gaussians accounting)"):
+    """``--group-size``, ``--sampling``, ``--dataset-size``, ``--batch-size`` (the same for every subcommand)."""
+    g = p.add_argument_group(title)
+    g.add_argument("--group-size", type=integer(1, MAX_GROUP_SIZE), default=1,
+                   help=f"group size k: examples protected together, an integer in [1, {MAX_GROUP_SIZE}] "
+                        "(default 1)")
+    g.add_argument("--sampling", type=choice("poisson", "fixed_batch"), default="poisson",
+                   help="poisson (default; add/remove adjacency: neighbours differ by adding or removing one "
+                        "example, k for a group) or fixed_batch (batches of --batch-size out of "
+                        "--dataset-size; replace adjacency: neighbours differ by replacing one example, "
+                        "sensitivity 2 per example, noise std = --noise-multiplier)")
+    g.add_argument("--dataset-size", type=integer(1, MAX_COUNT), default=None,
+                   help="dataset size N, an integer >= 1 (fixed_batch only)")
+    g.add_argument("--batch-size", type=integer(1, MAX_COUNT), default=None,
+                   help="batch size B, an integer in [1, N] (fixed_batch only)")
