@@ -65,7 +65,8 @@ class Progress:
     """One progress line.  ``total`` may be ``None`` (unknown length: a counter, no ETA)."""
 
     def __init__(self, total: int | None = None, desc: str = "", *, enabled: bool | None = None,
-                 stream=None, initial: int = 0, min_interval: float = 0.1, unit: str = "it"):
+                 stream=None, initial: int = 0, min_interval: float = 0.1, unit: str = "it",
+                 delay: float = 0.0):
         self.stream = sys.stderr if stream is None else stream
         self.enabled = progress_enabled(enabled, self.stream)
         self.total = total
@@ -79,7 +80,11 @@ class Progress:
         self._min_interval = min_interval
         self._width = 0
         self._closed = False
-        if self.enabled:
+        # ``delay``: draw nothing until the call has run this long (tqdm's ``delay``), so calls
+        # that turn out fast leave no trace on the terminal.
+        self._delay = float(delay)
+        self._drawn = False
+        if self.enabled and self._delay <= 0:
             self._draw(force=True)
 
     def __enter__(self) -> "Progress":
@@ -121,12 +126,15 @@ class Progress:
 
     def _draw(self, force: bool = False) -> None:
         now = time.perf_counter()
+        if now - self._start < self._delay:
+            return
         if not force and now - self._last_draw < self._min_interval and (self.total is None or self.n < self.total):
             return
         self._last_draw = now
         text = self.line()
         pad = max(0, self._width - len(text))
         self._width = len(text)
+        self._drawn = True
         try:
             self.stream.write("\r" + text + " " * pad)
             self.stream.flush()
@@ -137,7 +145,7 @@ class Progress:
         if self._closed:
             return
         self._closed = True
-        if self.enabled:
+        if self.enabled and (self._drawn or self._delay <= 0 or time.perf_counter() - self._start >= self._delay):
             self._draw(force=True)
             try:
                 self.stream.write("\n")

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
+from dpjax import _progress, _validate
 from dpjax._x64 import float64, host_only
 from dpjax.calibration.gaussian import gaussian_noise_multiplier
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
@@ -238,7 +238,7 @@ def _clt_guess(eps, delta, q, steps):
 @float64
 def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, group_size=1,
                            sampling="poisson", dataset_size=None, batch_size=None,
-                           options: GridOptions | None = None):
+                           options: GridOptions | None = None, progress: bool | None = None):
     """Smallest DP-SGD noise multiplier whose certified epsilon meets ``target_epsilon``.
 
     Poisson sampling with probability ``sampling_prob`` for ``steps`` steps, add/remove
@@ -268,6 +268,9 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
+      progress: a progress bar on stderr, one tick per bracketed search (group calibration can
+        take tens of seconds): ``None`` (default) draws it when stderr is a terminal and the call
+        runs over a second (see :mod:`dpjax._progress`), ``False`` never, ``True`` always.
 
     Returns:
       float (scalar inputs) or float64 ndarray of the broadcast shape.
@@ -308,8 +311,9 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     _check_range(guess, eps, delta, q, steps_i, "needs a noise multiplier of about")
     # Stage 1, coarse grid: wide brackets around the current centre, re-planned at the answer
     # until the grid was planned near it (a grid planned far from the root is sound but loose).
+    bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="searches", delay=1.0)
     coarse, _ = _refine(eps, delta, mechs, steps_i, guess, options=COARSE_OPTIONS,
-                        num_iterations=NUM_ITERATIONS, factors=_WIDE, tol=0.15, max_rounds=8)
+                        num_iterations=NUM_ITERATIONS, factors=_WIDE, tol=0.15, max_rounds=8, bar=bar)
     # Stage 2, accurate grid: narrow brackets around the coarse answer.
     ok = np.isfinite(coarse)
     out = np.full(eps.size, np.nan)
@@ -317,7 +321,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
         out[ok], _ = _refine(eps[ok], delta[ok], [m for m, o in zip(mechs, ok) if o], steps_i[ok],
                              coarse[ok], options=options,
                              num_iterations=NUM_FINE_ITERATIONS, factors=_FINE, tol=0.05,
-                             max_rounds=4)
+                             max_rounds=4, bar=bar)
+    bar.close()
     guess = np.where(ok, coarse, guess)
     if np.isnan(out).any():
         bad = int(np.argmax(np.isnan(out)))
@@ -349,7 +354,7 @@ def _check_range(sigma, eps, delta, q, steps, what):
             f"[{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}]: {hint}")
 
 
-def _refine(eps, delta, mechs, steps, center, *, options, num_iterations, factors, tol, max_rounds):
+def _refine(eps, delta, mechs, steps, center, *, options, num_iterations, factors, tol, max_rounds, bar=None):
     """Search ``[lo, hi] * c`` with the grid planned at ``plan * c`` (``factors``), accept roots
     within ``tol`` of the centre (the grid was planned near them), re-centre the others on
     their root, or shift a missed bracket by its own width (status 1 up, status 2 down).
@@ -369,6 +374,8 @@ def _refine(eps, delta, mechs, steps, center, *, options, num_iterations, factor
         out[todo[accept]] = roots[accept]
         c[todo] = np.where(ok, roots, np.where(st == 1, ct * hi_f / lo_f, ct * lo_f / hi_f))
         todo = todo[~accept]
+        if bar is not None:
+            bar.update(1, sigma=f"{float(np.nanmax(c)):.5g}")
         # outside the supported range: stop moving (reported by the caller)
         todo = todo[(c[todo] > SIGMA_RANGE[0] / 10) & (c[todo] < SIGMA_RANGE[1] * 10)]
     return out, c

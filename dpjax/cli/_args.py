@@ -23,7 +23,7 @@ MAX_SAMPLES = 2**40          # dpjax.montecarlo's limit
 
 def _interval(lo, hi, lo_open, hi_open) -> str:
     left = "(" if lo_open else "["
-    right = ")" if hi_open else "]"
+    right = ")" if (hi_open or hi is None) else "]"
     lo_s = "-inf" if lo is None else f"{lo:g}"
     hi_s = "inf" if hi is None else f"{hi:g}"
     return f"{left}{lo_s}, {hi_s}{right}"

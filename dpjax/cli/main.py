@@ -162,7 +162,10 @@ def _combine(results: list) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) and usage errors (2): a return code for callers
+        return exc.code if isinstance(exc.code, int) else 2
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 0

@@ -1,0 +1,157 @@
+"""Every public result type round-trips through to_dict / to_json / from_dict / load (issue 13).
+
+``json.dumps(result)`` used to fail on ndarray fields; every result now inherits
+:class:`dpjax._results.ResultMixin`.  ``test_every_public_result_type_is_covered`` enumerates the
+public classes of every sub-package whose name marks a result and fails when one is neither in
+``CASES`` below nor exempted with a reason, so a new result type without ``to_json`` is caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import math
+
+import numpy as np
+import pytest
+
+SUBPACKAGES = ("dpjax.pld", "dpjax.montecarlo", "dpjax.baselines", "dpjax.calibration",
+               "dpjax.optimization", "dpjax.matrices", "dpjax.group")
+RESULT_SUFFIXES = ("Result", "Estimate", "Report", "Certificate")
+# Public names that end like results but are not user-facing results (with the reason).
+EXEMPT: dict[str, str] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _epsilon_result():
+    from dpjax import pld
+
+    return pld.dpsgd_accounting(1.0, 0.01, 100, target_delta=np.array([1e-5, 1e-6]))
+
+
+@functools.lru_cache(maxsize=None)
+def _delta_result():
+    from dpjax import pld
+
+    return pld.dpsgd_accounting(1.0, 0.01, 100, target_epsilon=1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _group_epsilon_result():
+    from dpjax.group import group_accounting
+
+    return group_accounting(2.0, None, 20, target_delta=1e-5, group_size=2, sampling="fixed_batch",
+                            dataset_size=1000, batch_size=10)
+
+
+@functools.lru_cache(maxsize=None)
+def _delta_estimate():
+    from dpjax.montecarlo import BallsInBins
+
+    return BallsInBins(np.array([1.0, 0.5]), 2, 2).estimate(1.0, [0.5, 1.0], 4096, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _certificate():
+    from dpjax.montecarlo import BallsInBins
+
+    return BallsInBins(np.array([1.0, 0.5]), 2, 2).certify(1.0, 2.0, 0.5, 4096, 0)
+
+
+def _group_lemma():
+    from dpjax.baselines import GroupLemmaResult
+
+    return GroupLemmaResult(epsilon=math.inf, epsilon_1=1.5, delta_1=1e-9, group_delta=3e-6,
+                            reason="no feasible delta_1", adjacency="replace")
+
+
+def _root_result():
+    import jax.numpy as jnp
+
+    from dpjax.calibration import bisect_monotone
+
+    return bisect_monotone(lambda x: x * x, 2.0, (0.0, 10.0), decreasing=False)
+
+
+CASES = {
+    "EpsilonResult": _epsilon_result,
+    "DeltaResult": _delta_result,
+    "DirectionReport": lambda: _epsilon_result().directions[0],
+    "DeltaEstimate": _delta_estimate,
+    "Certificate": _certificate,
+    "GroupLemmaResult": _group_lemma,
+    "RootResult": _root_result,
+}
+
+
+def _public_result_types():
+    found = {}
+    for name in SUBPACKAGES:
+        module = importlib.import_module(name)
+        for attr in getattr(module, "__all__", dir(module)):
+            obj = getattr(module, attr, None)
+            if inspect.isclass(obj) and attr.endswith(RESULT_SUFFIXES):
+                found[attr] = obj
+    return found
+
+
+def test_every_public_result_type_is_covered():
+    found = _public_result_types()
+    assert set(CASES) <= set(found), set(CASES) - set(found)
+    missing = set(found) - set(CASES) - set(EXEMPT)
+    assert not missing, f"public result types without a round-trip case (add to CASES): {sorted(missing)}"
+    for name, cls in found.items():
+        assert callable(getattr(cls, "to_json", None)), f"{name} has no to_json()"
+        assert callable(getattr(cls, "to_dict", None)), f"{name} has no to_dict()"
+        assert (cls.to_json.__doc__ or "").strip(), f"{name}.to_json is undocumented"
+
+
+def _assert_same(a, b, path="result"):
+    if dataclasses.is_dataclass(a):
+        assert type(a) is type(b), path
+        for f in dataclasses.fields(a):
+            _assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, (tuple, list)) and not hasattr(a, "shape"):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, (str, type(None), bool)):
+        assert a == b, path
+    else:
+        x, y = np.asarray(a), np.asarray(b)
+        assert x.shape == y.shape, path
+        # exact: JSON keeps float64 to the last bit (repr round-trips)
+        np.testing.assert_array_equal(x, y, err_msg=path)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_round_trip(name, tmp_path):
+    found = _public_result_types()
+    cls = found[name]
+    result = CASES[name]()
+    assert isinstance(result, cls)
+    # json.dumps of to_dict works (arrays -> lists); to_json is strict JSON (no Infinity/NaN)
+    json.dumps(result.to_dict())
+    text = result.to_json()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    _assert_same(result, cls.from_dict(result.to_dict()))
+    _assert_same(result, cls.load(text))
+    path = tmp_path / f"{name}.json"
+    assert result.to_json(path) == text
+    _assert_same(result, cls.load(path))
+
+
+def test_infinite_fields_are_strings_in_json_and_floats_again():
+    r = _group_lemma()
+    assert json.loads(r.to_json())["epsilon"] == "inf"
+    assert type(r).load(r.to_json()).epsilon == math.inf
+
+
+def test_as_dict_alias_and_adjacency():
+    cert = _certificate()
+    assert cert.as_dict() == cert.to_dict()
+    assert _group_epsilon_result().adjacency == "replace"
+    assert _epsilon_result().adjacency == "add_or_remove"
