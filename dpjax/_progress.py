@@ -29,6 +29,9 @@ import time
 
 _GLOBAL_ENABLED: bool | None = None
 
+#: Seconds a long call runs before its bar appears (calls that turn out fast leave no trace).
+LONG_CALL_DELAY = 1.0
+
 
 def set_progress(enabled: bool | None) -> None:
     """Switch progress bars on (``True``), off (``False``) or back to auto (``None``) globally."""

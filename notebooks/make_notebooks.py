@@ -240,6 +240,7 @@ def moments_accountant_notebook():
             "ax.plot(E, [r['rdp_standard'] for r in rows], 'x:', label='moments accountant (standard conversion)')\n"
             "ax.plot(E, [r['rdp'] for r in rows], 'o-', label='moments accountant (improved conversion)')\n"
             "ax.plot(E, [r['pld'] for r in rows], 'k-', lw=2, label='tight PLD (dpjax)')\n"
+            "ax.set_xscale('log'); ax.set_yscale('log')   # log-log: the three lower curves stay apart\n"
             "ax.set_xlabel('epochs E (100 steps each)'); ax.set_ylabel('epsilon at delta=1e-5')\n"
             "ax.set_title('Abadi et al. 2016, Fig. 2: q=0.01, sigma=4, delta=1e-5', fontsize=9)\n"
             "ax.legend(loc='upper left')   # the curves start low on the left: the corner is empty\n"

@@ -311,7 +311,8 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     _check_range(guess, eps, delta, q, steps_i, "needs a noise multiplier of about")
     # Stage 1, coarse grid: wide brackets around the current centre, re-planned at the answer
     # until the grid was planned near it (a grid planned far from the root is sound but loose).
-    bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="searches", delay=1.0)
+    bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="searches",
+                              delay=_progress.LONG_CALL_DELAY)
     coarse, _ = _refine(eps, delta, mechs, steps_i, guess, options=COARSE_OPTIONS,
                         num_iterations=NUM_ITERATIONS, factors=_WIDE, tol=0.15, max_rounds=8, bar=bar)
     # Stage 2, accurate grid: narrow brackets around the coarse answer.

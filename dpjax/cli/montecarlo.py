@@ -5,7 +5,7 @@ Examples::
     dpjax mc-delta --toeplitz 1,0.5,0.25 --batches-per-epoch 32 --epochs 8 \\
         --noise-multiplier 1.0 --epsilon 2 --samples 1048576 --json
     dpjax mc-certify --toeplitz 1,0.5 --batches-per-epoch 32 --epochs 8 \\
-        --noise-multiplier 2.0 --epsilon 4 --target-delta 1e-3 --samples 1048576 --json
+        --noise-multiplier 2.0 --epsilon 4 --delta 1e-3 --samples 1048576 --json
 
 The correlation matrix is a Toeplitz first column (``--toeplitz``), a BLT
 (``--blt-decays`` + ``--blt-scales``), a dense ``.npy`` file (``--matrix``), or the identity
@@ -134,7 +134,9 @@ def register(subparsers) -> None:
     _add_common(p)
     p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
                    help="epsilon to certify, " + _args.EPSILON_TARGET_HELP)
-    p.add_argument("--target-delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+    # --delta as everywhere else; --target-delta kept as an alias (its original name)
+    p.add_argument("--delta", "--target-delta", dest="target_delta",
+                   type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
                    help="delta to certify, " + _args.DELTA_TARGET_HELP)
     p.set_defaults(run=_run_certify)
 

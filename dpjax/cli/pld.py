@@ -36,8 +36,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "1e-3, with the per-step bound 8e-9 x steps of dpjax.pld.GridOptions, whichever "
                         "is tighter)")
     p.add_argument("--max-grid-points", type=_args.integer(2**10, 2**26), default=None,
-                   help="largest FFT grid (a power of two is used; default 2^21 = dpjax.pld.GridOptions.n_max); "
-                        "raise it when the result says the grid is too small")
+                   metavar="N",
+                   help="largest FFT grid, an integer in [2^10, 2^26] (rounded up to a power of two; "
+                        "default 2^21 = dpjax.pld.GridOptions.n_max); raise it when the result says "
+                        "the grid is too small (memory grows linearly with N)")
     _args.add_group_args(p)
 
 
@@ -50,6 +52,7 @@ def _options(args):
     if args.max_grid_points is not None:
         n = 1 << (int(args.max_grid_points) - 1).bit_length()  # next power of two
         kw["n_max"] = n
+        kw["n_min"] = min(GridOptions().n_min, n)
     return GridOptions(**kw) if kw else None
 
 
