@@ -121,3 +121,20 @@ def test_calibration_takes_a_progress_argument():
     from dpjax.calibration import dpsgd_noise_multiplier
 
     assert inspect.signature(dpsgd_noise_multiplier).parameters["progress"].default is None
+
+
+def test_monte_carlo_bar_ticks_per_chunk_and_never_changes_the_numbers(monkeypatch):
+    import numpy as np
+
+    import dpjax._progress as prog
+    from dpjax.montecarlo import BallsInBins
+
+    monkeypatch.setattr(prog, "LONG_CALL_DELAY", 0.0)
+    acc = BallsInBins(np.array([1.0, 0.5]), 4, 2)
+    quiet = acc.estimate(1.0, [0.5, 1.0], 1 << 15, 0, chunk_size=4096, progress=False)
+    err = _FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    shown = acc.estimate(1.0, [0.5, 1.0], 1 << 15, 0, chunk_size=4096, progress=None)  # auto: a "terminal"
+    assert "monte carlo: 100%" in err.getvalue() and "8/8" in err.getvalue()
+    for field in ("delta", "standard_error", "delta_remove", "delta_add"):
+        np.testing.assert_array_equal(getattr(quiet, field), getattr(shown, field))

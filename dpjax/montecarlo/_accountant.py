@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -162,16 +163,25 @@ class BallsInBins:
 
     @float64
     def estimate(self, noise_multiplier, epsilon, num_samples, key, *, chunk_size=None,
-                 devices=None) -> DeltaEstimate:
-        """Both directions at every ``epsilon`` from one set of ``num_samples`` draws."""
+                 devices=None, progress=None) -> DeltaEstimate:
+        """Both directions at every ``epsilon`` from one set of ``num_samples`` draws.
+
+        ``progress``: a bar on stderr over the sample chunks (single device): ``None`` (default)
+        when stderr is a terminal and the call runs over a second, ``False`` never, ``True``
+        always (:mod:`dpjax._progress`).  It never changes the numbers.
+        """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = _validate.nonnegative("epsilon", epsilon)
         m = _validate_samples(num_samples)
         if chunk_size is not None:
             chunk_size = _validate.positive_int("chunk_size", chunk_size)
         flat = np.atleast_1d(eps).reshape(-1)
-        sums = core.sharded_monte_carlo_sums(
-            jnp.asarray(self.gram), sigma, jnp.asarray(flat), core.as_prng_key(key), m, chunk_size, devices)
+        n_dev = len(jax.devices() if devices is None else devices)
+        chunks = core.chunk_plan(m, chunk_size, n_dev, self.gram.shape[0])[1]
+        with core.progress_bar(chunks, "monte carlo", enabled=progress if n_dev == 1 else False) as bar:
+            sums = core.sharded_monte_carlo_sums(
+                jnp.asarray(self.gram), sigma, jnp.asarray(flat), core.as_prng_key(key), m, chunk_size, devices,
+                progress=bar.enabled)
         mean, se = core.estimate_from_sums(sums, m)
         mean, se = np.asarray(mean), np.asarray(se)
         pick = np.argmax(mean, axis=0)

@@ -358,11 +358,49 @@ def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, *, num_sample
     return total, total_sq
 
 
-def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, *, num_samples, chunk_blocks, num_chunks):
+#: Host-side progress bar of the running Monte Carlo call (set by :func:`progress_bar`); the
+#: compiled loop reports each finished chunk to it when built with ``progress=True``.
+_ACTIVE_BAR = None
+
+
+def _tick(_):
+    bar = _ACTIVE_BAR
+    if bar is not None:
+        bar.update(1)
+
+
+class progress_bar:
+    """Context manager: a bar over ``num_chunks`` chunks for :func:`monte_carlo_sums` calls made
+    with ``progress=True`` inside it (one tick per chunk, from a ``jax.debug.callback``)."""
+
+    def __init__(self, num_chunks: int, desc: str = "monte carlo", enabled=None):
+        from dpjax import _progress
+
+        self.bar = _progress.progress(num_chunks, desc, enabled=enabled, unit="chunks",
+                                      delay=_progress.LONG_CALL_DELAY)
+
+    @property
+    def enabled(self) -> bool:
+        return self.bar.enabled
+
+    def __enter__(self):
+        global _ACTIVE_BAR
+        _ACTIVE_BAR = self.bar
+        return self
+
+    def __exit__(self, *exc):
+        global _ACTIVE_BAR
+        _ACTIVE_BAR = None
+        self.bar.close()
+
+
+def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, *, num_samples, chunk_blocks, num_chunks,
+                progress: bool = False):
     """Sums over chunks ``chunk_offset .. chunk_offset + num_chunks - 1`` (a ``lax.scan``).
 
     The chunk body is rematerialised under reverse-mode AD (``jax.checkpoint``), so
-    ``jax.grad`` also runs in memory bounded by one chunk.
+    ``jax.grad`` also runs in memory bounded by one chunk.  ``progress`` (static) adds a host
+    callback per chunk for the progress bar; it does not touch the arithmetic.
     """
     body_fn = jax.checkpoint(
         functools.partial(_chunk_sums, num_samples=num_samples, chunk_blocks=chunk_blocks)
@@ -371,6 +409,8 @@ def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, *, num_sampl
 
     def body(carry, c):
         total, total_sq = body_fn(gram, sqrt_gram, sigma, epsilon, key, (chunk_offset + c) * chunk_blocks)
+        if progress:
+            jax.debug.callback(_tick, c, ordered=False)
         return (carry[0] + total, carry[1] + total_sq), None
 
     init = (jnp.zeros((2, k), jnp.float64), jnp.zeros((2, k), jnp.float64))
@@ -428,13 +468,15 @@ def rbg_key(key):
 
 
 @float64
-@functools.partial(jax.jit, static_argnames=("num_samples", "chunk_size"))
-def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chunk_size: int | None = None):
+@functools.partial(jax.jit, static_argnames=("num_samples", "chunk_size", "progress"))
+def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chunk_size: int | None = None,
+                     progress: bool = False):
     """Sums of the hockey-stick terms on one device.  Shapes: ``gram (b, b)``, ``epsilon (K,)``.
 
     Returns :class:`MonteCarloSums` with ``(2, K)`` arrays.  Jittable and differentiable in
     ``gram``, ``noise_multiplier`` and ``epsilon``; see the module docstring for the random
     stream.  Use :func:`dpjax.montecarlo.sharded_monte_carlo_sums` for several devices.
+    ``progress`` (static): report each chunk to the bar of an enclosing :class:`progress_bar`.
     """
     key = rbg_key(key)
     gram = jnp.asarray(gram, jnp.float64)
@@ -444,7 +486,7 @@ def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chu
     chunk_blocks, num_chunks = chunk_plan(num_samples, chunk_size, 1, gram.shape[0])
     total, total_sq = _local_sums(
         gram, sqrt_gram, sigma, epsilon, key, 0,
-        num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks,
+        num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks, progress=progress,
     )
     return MonteCarloSums(total, total_sq)
 
@@ -508,7 +550,7 @@ def delta_estimate(gram, noise_multiplier, epsilon, key, num_samples: int, chunk
 
 @float64
 def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int,
-                             chunk_size: int | None = None, devices=None):
+                             chunk_size: int | None = None, devices=None, progress: bool = False):
     """:func:`monte_carlo_sums` spread over ``devices`` (default: all JAX sees), summed with ``psum``.
 
     Device ``d`` processes chunks ``d * c .. (d + 1) * c - 1`` of the same global stream, so
@@ -517,7 +559,7 @@ def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: 
     """
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) == 1:
-        return monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples, chunk_size)
+        return monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples, chunk_size, progress=progress)
     gram = jnp.asarray(gram, jnp.float64)
     return _sharded_fn(tuple(devices), num_samples, chunk_size, gram.shape[0])(
         gram, jnp.asarray(noise_multiplier, jnp.float64),
