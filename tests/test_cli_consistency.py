@@ -206,3 +206,13 @@ def test_grid_too_small_says_which_cli_flag_to_raise(capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["epsilon"] == "inf" and res["grid"]["remove"]["n"] == 1024
     assert "--max-grid-points" in res["reason"] and "GridOptions" not in res["reason"]
+
+
+def test_demo_bracket_shows_enough_digits_to_be_a_bracket():
+    from dpjax.cli.demo import _bracket
+
+    text = _bracket(1.8282264761240046, 1.8282416892690323)  # the demo's bracket
+    lo, hi = text.split("]")[0].strip("[").split(", ")
+    assert lo != hi and float(lo) < float(hi)
+    assert float(lo) <= 1.8282264761240046 + 1e-12 or lo.startswith("1.82822")
+    assert "width" in text

@@ -163,7 +163,7 @@ def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-G
                    help="poisson (default; add/remove adjacency: neighbours differ by adding or removing one "
                         "example, k for a group) or fixed_batch (batches of --batch-size out of "
                         "--dataset-size; replace adjacency: neighbours differ by replacing one example, "
-                        "sensitivity 2 per example, noise std = --noise-multiplier)")
+                        "sensitivity 2 per example, noise std = the noise multiplier)")
     g.add_argument("--dataset-size", type=integer(1, MAX_COUNT), default=None,
                    help="dataset size N, an integer >= 1 (fixed_batch only)")
     g.add_argument("--batch-size", type=integer(1, MAX_COUNT), default=None,
