@@ -160,7 +160,8 @@ def test_integer_options_name_their_range(capsys):
 
 
 def test_every_subcommand_has_a_json_case():
-    missing = set(SUBCOMMANDS) - {c for c in JSON_ARGV if c not in SLOW_JSON_CASES}
+    covered = {c if c in SUBCOMMANDS else c.rsplit("-", 1)[0] for c in JSON_ARGV if c not in SLOW_JSON_CASES}
+    missing = set(SUBCOMMANDS) - covered
     assert not missing, f"add a cheap invocation and its adjacency to JSON_ARGV for {sorted(missing)}"
 
 
