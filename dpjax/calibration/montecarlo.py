@@ -373,18 +373,25 @@ def _newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: Newt
         step = jnp.abs(t_new - t)
         at_top = (t >= t_max) & ~feasible
         at_bottom = (t <= t_min) & feasible
-        converged = (step <= solver.xtol) | (bracketed & (hi - lo <= solver.xtol))
+        # Quadratic regime (a Newton step at least 10x shorter than the previous one): the error
+        # of t_new is ~step^2, so accept it once 100 step^2 <= xtol instead of paying one more
+        # pass to see a step below xtol.
+        quadratic = newton_ok & state["prev_newton"] & (step <= 0.1 * state["prev_step"])
+        converged = ((step <= solver.xtol) | (quadratic & (100.0 * step * step <= solver.xtol))
+                     | (bracketed & (hi - lo <= solver.xtol)))
         status = jnp.where(at_top, int(SolverStatus.UNREACHABLE),
                            jnp.where(at_bottom, int(SolverStatus.MET_AT_BRACKET_END),
                                      int(SolverStatus.CONVERGED))).astype(jnp.int32)
         done = converged | at_top | at_bottom
         return dict(t=jnp.where(done & ~converged, t, t_new), lo=lo, hi=hi, g_lo=g_lo, g_hi=g_hi,
-                    last=last, k=state["k"] + 1, done=done, status=status)
+                    last=last, k=state["k"] + 1, done=done, status=status, prev_step=step,
+                    prev_newton=newton_ok)
 
     t0 = jnp.clip(jnp.asarray(t0, jnp.float64), t_min, t_max)
     init = dict(t=t0, lo=-inf, hi=inf, g_lo=inf, g_hi=-inf, last=jnp.zeros((), jnp.int32),
                 k=jnp.zeros((), jnp.int32), done=jnp.zeros((), bool),
-                status=jnp.asarray(int(SolverStatus.CONVERGED), jnp.int32))
+                status=jnp.asarray(int(SolverStatus.CONVERGED), jnp.int32), prev_step=inf,
+                prev_newton=jnp.zeros((), bool))
     out = jax.lax.while_loop(cond, body, init)
     # Not converged within max_steps: answer the feasible end if there is one (safe side).
     status = jnp.where(out["done"], out["status"], int(SolverStatus.CONVERGED)).astype(jnp.int32)
