@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.montecarlo",
     "dpjax.cli.pld",
     "dpjax.cli.calibrate",
+    "dpjax.cli.optimize",
 )
 
 
