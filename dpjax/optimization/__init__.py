@@ -8,8 +8,11 @@
   ``C`` (static config + unconstrained parameter pytree), :func:`make_parameterization`.
 * :mod:`~dpjax.optimization.objectives` -- :func:`prefix_sum_error`, :func:`max_error`,
   :func:`workload_error` (noise-free; multiply by ``sigma``), O(n log n) for Toeplitz/BLT.
+* :mod:`~dpjax.optimization.export` -- :func:`to_jax_privacy` / :func:`from_jax_privacy`
+  (``BufferedToeplitz`` for BLT, Toeplitz coefficients); jax_privacy imported lazily.
 """
 
+from dpjax.optimization.export import from_jax_privacy, to_jax_privacy
 from dpjax.optimization.loss import fit, log_rmse_balls_in_bins, toeplitz_from_params
 from dpjax.optimization.objectives import (max_error, prefix_sum_error, sgd_workload,
                                            workload_error)
@@ -24,5 +27,5 @@ __all__ += [
     "max_error", "prefix_sum_error", "sgd_workload", "workload_error",
     "BandedToeplitzParameterization", "BLTParameterization", "DenseParameterization",
     "ToeplitzParameterization", "make_parameterization", "params_from_list", "params_to_list",
-    "unamplified_loss", "unamplified_sensitivity",
+    "unamplified_loss", "unamplified_sensitivity", "from_jax_privacy", "to_jax_privacy",
 ]
