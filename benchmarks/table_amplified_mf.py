@@ -24,7 +24,9 @@ Rows (groups, run with --groups; each group's rows are saved as soon as it finis
                 (dpjax.optimization.optimize_correlation, when available on this branch).
 
 Run:  nohup python benchmarks/table_amplified_mf.py [--groups dpsgd,banded,...] [--quick] &
-Writes benchmarks/results/table_amplified_mf.json (merged per group) and prints the table.
+Each group writes benchmarks/results/table_amplified_mf.<group>.json when it finishes (groups can
+run as parallel processes); every run merges them into benchmarks/results/table_amplified_mf.json
+and prints the table (--print-only: just merge and print).
 Timings are wall-clock on a shared 2-core CPU under heavy contention (inflated).
 """
 
@@ -60,19 +62,44 @@ ORIENTATION = {
 }
 
 
+def _group_path(group):
+    # One file per group so that groups can run as separate (parallel) processes.
+    return RESULTS.replace(".json", f".{group}.json")
+
+
 def _load():
+    data = {}
     if os.path.exists(RESULTS):
         with open(RESULTS) as f:
-            return json.load(f)
-    return {}
+            data = json.load(f)
+    data.setdefault("groups", {})
+    for group in GROUPS:
+        path = _group_path(group)
+        if os.path.exists(path):
+            with open(path) as f:
+                data["groups"][group] = json.load(f)
+    # Optimized rows are saved one file per (family, epsilon) as each run finishes.
+    import glob
+
+    opt_rows = []
+    for path in sorted(glob.glob(RESULTS.replace(".json", ".optimized_*.json"))):
+        with open(path) as f:
+            opt_rows.append(json.load(f))
+    if opt_rows:
+        data["groups"]["optimized"] = {"rows": opt_rows}
+    return data
+
+
+def _write(path, obj):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
 
 
 def _save(data):
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, RESULTS)
+    _write(RESULTS, data)
 
 
 def run_group(group, eps_values, delta, b, epochs, args):
@@ -112,13 +139,15 @@ def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
 
     n = b * epochs
     rows = []
-    for family, kw in (("blt", {"num_buffers": 4}), ("toeplitz", {})):
+    families = {"blt": {"num_buffers": 4}, "toeplitz": {}}
+    for family in args.families.split(","):
+        kw = families[family]
         for i, eps in enumerate(eps_values):
             par = make_parameterization(family, n, **kw)
             t0 = time.perf_counter()
             res = optimize_correlation(par, batches_per_epoch=b, epochs=epochs, target_epsilon=eps,
                                        target_delta=delta, num_steps=args.steps,
-                                       num_samples=args.samples, key=jax.random.key(2000 + i),
+                                       num_samples=args.samples, key=2000 + i, progress=False,
                                        certify=True, certify_samples=args.certify_samples)
             secs = time.perf_counter() - t0
             d = res.to_dict()
@@ -131,6 +160,7 @@ def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
                                 noise_multiplier_estimate=d.get("noise_multiplier_estimate"),
                                 certificate=d.get("certificate"), seconds=secs,
                                 family=par.to_dict()))
+            _write(RESULTS.replace(".json", f".optimized_{family}_eps{eps:g}.json"), rows[-1].to_dict())
             print(f"  optimized {family} eps={eps:g}: sigma={sigma:.4f} rmse={rows[-1].rmse:.4f} "
                   f"({secs:.0f}s)", flush=True)
     return rows
@@ -167,12 +197,14 @@ def main():
     parser.add_argument("--certify-samples", type=int, default=1 << 23)
     parser.add_argument("--unamplified-iterations", type=int, default=1000)
     parser.add_argument("--banded-steps", type=int, default=250)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--samples", type=int, default=1 << 13)
+    parser.add_argument("--steps", type=int, default=300, help="optimization steps (optimized group)")
+    parser.add_argument("--samples", type=int, default=1 << 13, help="MC samples per step (optimized group)")
+    parser.add_argument("--families", default="blt,toeplitz", help="optimized group: families to run")
+    parser.add_argument("--epsilons", default="1,2,4,8")
     parser.add_argument("--print-only", action="store_true")
     args = parser.parse_args()
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting RDP convergence chatter
-    eps_values = [1.0, 2.0, 4.0, 8.0]
+    eps_values = [float(e) for e in args.epsilons.split(",")]
     delta = 1e-5
     b, epochs = (16, 4) if args.quick else (128, 16)
     data = _load()
@@ -193,12 +225,13 @@ def main():
             t0 = time.perf_counter()
             rows = run_group(group, eps_values, delta, b, epochs, args)
             secs = time.perf_counter() - t0
-            if rows:
+            if rows and group != "optimized":
                 data["groups"][group] = {"rows": [r.to_dict() for r in rows], "seconds": secs,
                                          "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-                _save(data)
+                _write(_group_path(group), data["groups"][group])
             print(f"== {group}: {len(rows)} rows in {secs:.0f}s", flush=True)
             print_table(data, eps_values)
+    data["groups"].update(_load()["groups"])  # groups finished by other processes meanwhile
     _save(data)
     print_table(data, eps_values)
 
