@@ -81,6 +81,7 @@ def main():
     parser.add_argument("--reduced", action="store_true")
     parser.add_argument("--samples", type=int, default=1 << 17)
     parser.add_argument("--figures", default="2a,2b,3a")
+    parser.add_argument("--out", default=None, help="output JSON (default notebooks/data/...)")
     args = parser.parse_args()
     logging.getLogger("absl").setLevel(logging.ERROR)
     if args.reduced:
@@ -90,7 +91,8 @@ def main():
     n = b * epochs
     delta = 1e-5
     os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
-    out = os.path.join(HERE, "data", f"matrix_mechanisms{'_reduced' if args.reduced else ''}.json")
+    out = args.out or os.path.join(HERE, "data", f"matrix_mechanisms{'_reduced' if args.reduced else ''}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     data = {"batches_per_epoch": b, "epochs": epochs, "n": n, "delta": delta, "epsilons": eps_values,
             "balls_in_bins_samples": args.samples, "key": KEY,
             "normalization": "rmse = sigma |A C^-1|_F / sqrt(n), c_0 = 1"}
