@@ -11,9 +11,12 @@
 * :func:`certify_noise` -- Estimate-Verify-Release certificate of an optimised ``(C, sigma)``.
 * :mod:`~dpjax.optimization.objectives` -- :func:`prefix_sum_error`, :func:`max_error`,
   :func:`workload_error` (noise-free; multiply by ``sigma``), O(n log n) for Toeplitz/BLT.
+* :mod:`~dpjax.optimization.export` -- :func:`to_jax_privacy` / :func:`from_jax_privacy`
+  (``BufferedToeplitz`` for BLT, Toeplitz coefficients); jax_privacy imported lazily.
 """
 
 from dpjax.optimization.certify import certify_noise, default_certify_samples
+from dpjax.optimization.export import from_jax_privacy, to_jax_privacy
 from dpjax.optimization.loop import OptimizationResult, default_optimizer, optimize_correlation
 from dpjax.optimization.loss import fit, log_rmse_balls_in_bins, toeplitz_from_params
 from dpjax.optimization.objectives import (max_error, prefix_sum_error, sgd_workload,
@@ -29,7 +32,7 @@ __all__ += [
     "max_error", "prefix_sum_error", "sgd_workload", "workload_error",
     "BandedToeplitzParameterization", "BLTParameterization", "DenseParameterization",
     "ToeplitzParameterization", "make_parameterization", "params_from_list", "params_to_list",
-    "unamplified_loss", "unamplified_sensitivity",
+    "unamplified_loss", "unamplified_sensitivity", "from_jax_privacy", "to_jax_privacy",
 ]
 __all__ += ["OptimizationResult", "optimize_correlation", "default_optimizer", "certify_noise",
             "default_certify_samples"]
