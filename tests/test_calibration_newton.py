@@ -98,6 +98,9 @@ def test_estimate_mode_accepts_any_sample_count():
         assert np.isfinite(float(s_bis)) and float(s_bis) > 0
         assert int(new.status) == SolverStatus.CONVERGED
         assert float(new.root) == pytest.approx(float(s_bis), rel=1e-9)
+    s_new = calibrated_noise(col, B, E, target_epsilon=2.0, target_delta=1e-5, num_samples=64,
+                             key=KEY, solver=NewtonIllinois())
+    assert float(s_new) == pytest.approx(float(s_bis), rel=1e-9)
 
 
 def test_unreachable_and_vacuous_status():

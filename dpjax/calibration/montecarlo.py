@@ -142,10 +142,13 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
                                adjoint=adjoint)
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8))
+@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9))
 def _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, num_samples,
-                   num_iterations, adjoint):
+                   num_iterations, adjoint, solver=None):
     gram = gram_matrix(correlation, b, epochs)
+    if solver is not None:
+        return calibrate_on_draws(gram, target_epsilon, target_delta, key=key,
+                                  num_samples=num_samples, solver=solver, adjoint=adjoint)
     return calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples,
                                  num_iterations=num_iterations, adjoint=adjoint)
 
@@ -157,7 +160,8 @@ def _is_tracer(x) -> bool:
 @float64
 def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target_epsilon,
                      target_delta, num_samples: int, key,
-                     num_iterations: int = DEFAULT_NUM_ITERATIONS, adjoint=ImplicitAdjoint()):
+                     num_iterations: int = DEFAULT_NUM_ITERATIONS, adjoint=ImplicitAdjoint(),
+                     solver=None):
     """Noise multiplier calibrated on the Monte Carlo estimate; differentiable in ``C``.
 
     Solves ``delta_hat(sigma; C, target_epsilon) = target_delta`` (balls-in-bins dominating
@@ -186,6 +190,8 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
       num_iterations: static bisection length.
       adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` (default) or
         :class:`~dpjax.calibration.StopGradientAdjoint`.
+      solver: ``None`` (bisection of ``num_iterations`` steps), :class:`Bisection` or
+        :class:`NewtonIllinois` (a few passes; the same root to ~1e-11 relative).
 
     Returns:
       scalar array ``sigma*`` (noise std / clip norm), computed in float64 (float32 when
@@ -205,8 +211,10 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     if concrete:
         _check_targets(target_epsilon, target_delta, m)
     key = as_prng_key(key)
+    if solver is not None and not isinstance(solver, (Bisection, NewtonIllinois)):
+        raise ValueError(f"solver must be None, Bisection(...) or NewtonIllinois(...), got {solver!r}")
     res = _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, m,
-                         num_iterations, adjoint)
+                         num_iterations, adjoint, solver)
     if concrete and not _is_tracer((correlation, key)):
         _raise_on_status(res, target_epsilon, target_delta)
     return res.root
