@@ -30,6 +30,18 @@ Run::
     python benchmarks/bench_optimize.py --configs 64x128x20 --steps 3 --no-anchor   # memory
 
 Writes ``benchmarks/results/bench_optimize.json`` and prints a table.
+
+Measured 2026-11-23 on the shared 2-core CPU with load average 25-40 (other jobs), so absolute
+times are inflated ~10x and noisy; the lead re-measures:
+
+* E=16, b=128, 2^17, eps=2 (bench_optimize_quick.json): dpjax 41.8 s/step, 6.1 passes/step
+  (12 steps, including the cold first step); anchor (Algorithm 2) 76.4 s/step, 52 passes
+  (3 steps); ratio 1.8x per step.  Profile (bench_optimize_profile.json, load ~25): draws
+  2.49 s, Cholesky + W 0.97 s, one value pass 2.27 s, one Newton (jvp) pass 3.83 s, reverse
+  pass 3.05 s, objective 0.002 s, full warm-started step 14.2 s.  The fixed per-step costs
+  (draws, W, reverse pass) now outweigh the solver passes.
+* E=64, b=128, 2^20, eps=1 (bench_optimize_memory.json): one step, streamed in chunks,
+  compile + step 381 s, 5 passes, peak RSS 817 MB (target: within 8 GB).
 """
 
 from __future__ import annotations
