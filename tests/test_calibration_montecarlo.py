@@ -107,8 +107,10 @@ def test_gradient_wrt_targets_is_consistent():
 def test_bad_input_and_unreachable_targets():
     c = Toeplitz(jnp.array([1.0, 0.5]))
     kw = dict(KW)
-    with pytest.raises(ValueError, match="num_samples >= 10000"):
-        calibrated_noise(c, B, E, **{**kw, "target_delta": 1e-4})
+    # Estimate mode: fewer samples than 1/delta are accepted (an estimate; only certification
+    # demands enough samples), and the answer is a finite positive sigma.
+    s_small = float(calibrated_noise(c, B, E, **{**kw, "target_delta": 1e-4, "num_samples": 64}))
+    assert np.isfinite(s_small) and s_small > 0
     with pytest.raises(ValueError, match="target_epsilon"):
         calibrated_noise(c, B, E, **{**kw, "target_epsilon": float("nan")})
     with pytest.raises(ValueError, match="target_delta"):
@@ -128,8 +130,9 @@ def test_bad_input_and_unreachable_targets():
     with pytest.raises(ValueError, match="vacuous"):
         calibrated_noise(c, B, E, **{**kw, "target_epsilon": 1e7})
     acc = BallsInBins(c, B, E)
-    with pytest.raises(ValueError, match="num_samples >= 1000000"):
-        acc.calibrate(2.0, 1e-6, M, 0)
+    assert np.isfinite(acc.calibrate(2.0, 1e-6, M, 0))
+    with pytest.raises(ValueError, match="num_samples"):
+        acc.calibrate(2.0, 1e-6, 0, 0)
 
 
 @pytest.mark.slow

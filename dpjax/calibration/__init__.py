@@ -19,8 +19,9 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 
 from dpjax.calibration.gaussian import (gaussian_delta, gaussian_noise_multiplier,
                                         gaussian_noise_multiplier_core)
-from dpjax.calibration.montecarlo import (calibrate_accountant, calibrated_noise,
-                                          estimate_minimum_samples)
+from dpjax.calibration.montecarlo import (Bisection, CalibrationResult, NewtonIllinois,
+                                          calibrate_accountant, calibrate_on_draws,
+                                          calibrated_noise, estimate_minimum_samples)
 from dpjax.calibration.pld import (DPSGDGrid, dpsgd_delta_fn, dpsgd_grid, dpsgd_noise_multiplier,
                                    dpsgd_noise_multiplier_core, epsilon_fn)
 from dpjax.calibration.root import (ImplicitAdjoint, RootResult, SolverStatus,
@@ -33,4 +34,5 @@ __all__ = [
     "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
     "dpsgd_noise_multiplier_core", "epsilon_fn",
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",
+    "Bisection", "NewtonIllinois", "CalibrationResult", "calibrate_on_draws",
 ]

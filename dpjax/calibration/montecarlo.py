@@ -47,11 +47,13 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64
@@ -67,6 +69,10 @@ __all__ = [
     "calibrate_accountant",
     "estimate_minimum_samples",
     "DEFAULT_NUM_ITERATIONS",
+    "Bisection",
+    "NewtonIllinois",
+    "CalibrationResult",
+    "calibrate_on_draws",
 ]
 
 #: Bisection length: 50 halvings of log(1e7) -> relative bracket width 1.4e-14.
@@ -136,10 +142,13 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
                                adjoint=adjoint)
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8))
+@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9))
 def _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, num_samples,
-                   num_iterations, adjoint):
+                   num_iterations, adjoint, solver=None):
     gram = gram_matrix(correlation, b, epochs)
+    if solver is not None:
+        return calibrate_on_draws(gram, target_epsilon, target_delta, key=key,
+                                  num_samples=num_samples, solver=solver, adjoint=adjoint)
     return calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples,
                                  num_iterations=num_iterations, adjoint=adjoint)
 
@@ -151,7 +160,8 @@ def _is_tracer(x) -> bool:
 @float64
 def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target_epsilon,
                      target_delta, num_samples: int, key,
-                     num_iterations: int = DEFAULT_NUM_ITERATIONS, adjoint=ImplicitAdjoint()):
+                     num_iterations: int = DEFAULT_NUM_ITERATIONS, adjoint=ImplicitAdjoint(),
+                     solver=None):
     """Noise multiplier calibrated on the Monte Carlo estimate; differentiable in ``C``.
 
     Solves ``delta_hat(sigma; C, target_epsilon) = target_delta`` (balls-in-bins dominating
@@ -180,6 +190,8 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
       num_iterations: static bisection length.
       adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` (default) or
         :class:`~dpjax.calibration.StopGradientAdjoint`.
+      solver: ``None`` (bisection of ``num_iterations`` steps), :class:`Bisection` or
+        :class:`NewtonIllinois` (a few passes; the same root to ~1e-11 relative).
 
     Returns:
       scalar array ``sigma*`` (noise std / clip norm), computed in float64 (float32 when
@@ -192,27 +204,29 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     """
     b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
     epochs = _validate.positive_int("epochs", epochs)
-    m = _validate.positive_int("num_samples", num_samples, minimum=2)
+    m = _validate.positive_int("num_samples", num_samples)
     # The one validation of C (shape, dtype; values when concrete), before tracing.
     correlation = correlation_array(correlation, b * epochs)
     concrete = not _is_tracer((target_epsilon, target_delta))
     if concrete:
         _check_targets(target_epsilon, target_delta, m)
     key = as_prng_key(key)
+    if solver is not None and not isinstance(solver, (Bisection, NewtonIllinois)):
+        raise ValueError(f"solver must be None, Bisection(...) or NewtonIllinois(...), got {solver!r}")
     res = _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, m,
-                         num_iterations, adjoint)
+                         num_iterations, adjoint, solver)
     if concrete and not _is_tracer((correlation, key)):
         _raise_on_status(res, target_epsilon, target_delta)
     return res.root
 
 
 def _check_targets(target_epsilon, target_delta, m):
+    # Estimate mode: any m >= 1 is accepted.  With m < 1/delta the hockey-stick terms are still
+    # continuous in sigma, so delta_hat(sigma) = target_delta has a solution; it is a noisy
+    # estimate (Choquette-Choo et al. 2024, §5.1.4 optimise with ~2^9 samples per step).  Only
+    # certification (Estimate-Verify-Release) demands enough samples.
     _validate.positive("target_epsilon", target_epsilon)
     _validate.probability_open("target_delta", target_delta)
-    if m < estimate_minimum_samples(target_delta):
-        raise ValueError(
-            f"target_delta={float(target_delta):g} is below what num_samples={m} can "
-            f"resolve: use num_samples >= {estimate_minimum_samples(target_delta)} (about 1/delta)")
 
 
 def _raise_on_status(res: RootResult, target_epsilon, target_delta):
@@ -253,10 +267,263 @@ def calibrate_accountant(accountant, target_epsilon, target_delta, num_samples, 
       ValueError: bad input; ``num_samples < ceil(1/target_delta)`` (says the minimum);
         unreachable or vacuous targets.
     """
-    m = _validate.positive_int("num_samples", num_samples, minimum=2)
+    m = _validate.positive_int("num_samples", num_samples)
     _check_targets(target_epsilon, target_delta, m)
     res = _calibrate_gram_jit(jnp.asarray(accountant.gram, jnp.float64),
                               float(target_epsilon), float(target_delta), as_prng_key(key), m,
                               num_iterations)
     _raise_on_status(res, target_epsilon, target_delta)
     return float(res.root)
+
+
+# --------------------------------------------------------------------------- Newton / Illinois
+#
+# The in-loop solver (Choquette-Choo et al. 2024, §4, Alg. 2 spends 50 bisection passes over the
+# sample per optimisation step; a warm-started Newton iteration needs 2-4).  With common random
+# numbers, delta_hat(sigma) is a smooth (piecewise C^1: a sample's term has a kink where its loss
+# crosses epsilon, invisible at m >~ 100), decreasing function of sigma, and log delta_hat is
+# nearly linear in log sigma over the range a step moves.  One forward-mode pass (jax.jvp)
+# gives delta_hat and d delta_hat/d sigma together, so each Newton step is one pass.
+
+
+@dataclasses.dataclass(frozen=True)
+class Bisection:
+    """Fixed-length bisection in ``log sigma`` (the paper's Algorithm 2 as written).
+
+    ``num_iterations`` passes over the sample; robust, no warm start.  The root is the upper
+    (feasible) end of the final bracket.
+    """
+
+    num_iterations: int = DEFAULT_NUM_ITERATIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class NewtonIllinois:
+    """Safeguarded Newton iteration on ``g(t) = log delta_hat(e^t) - log target_delta``.
+
+    ``t = log sigma``.  Each step is one pass over the sample (``jax.jvp`` gives the value and
+    the slope together).  Every evaluated point updates a bracket ``[lo, hi]`` (``g(lo) > 0 >=
+    g(hi)``); a Newton point outside the bracket (or undefined: ``delta_hat = 0``, a
+    non-negative slope) is replaced by the Illinois secant of the bracket ends (the value kept
+    at an end that survives twice is halved) or, without a two-sided bracket yet, by a step of
+    ``max_log_step`` towards the root.  Newton steps are also clipped to ``max_log_step``.
+
+    Attributes:
+      max_steps: static cap on passes (each pass is one Newton/Illinois step).
+      xtol: stop when the step in ``log sigma`` is below this (relative accuracy of sigma; the
+        error after the last quadratic step is ~``step^2``).
+      max_log_step: largest step in ``log sigma`` (``log 4`` by default).
+
+    Warm start: ``initial_noise`` of :func:`calibrate_on_draws` (the previous optimisation
+    step's sigma); from within a few percent of the root 2-4 passes reach ``xtol = 1e-12``.
+    """
+
+    max_steps: int = 40
+    xtol: float = 1e-12
+    max_log_step: float = math.log(4.0)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult:
+    """Outcome of :func:`calibrate_on_draws`.
+
+    Attributes:
+      root: the noise multiplier ``sigma*`` with ``delta_hat(sigma*) = target_delta`` (an
+        estimate; differentiable through the chosen adjoint).
+      lower, upper: the tightest bracket evaluated (``delta_hat(lower) > target >=
+        delta_hat(upper)``; ``-inf``/``inf`` logs mean "not yet bracketed" -> 0 / inf).
+      status: int32 :class:`~dpjax.calibration.SolverStatus`.
+      num_passes: int32, passes over the sample spent by the solver (forward only).
+    """
+
+    root: jax.Array
+    lower: jax.Array
+    upper: jax.Array
+    status: jax.Array
+    num_passes: jax.Array
+
+
+def _newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: NewtonIllinois):
+    """Raw safeguarded Newton/Illinois loop in ``t = log sigma``; see :class:`NewtonIllinois`.
+
+    ``value_and_slope(sigma) -> (delta, d delta / d sigma)``.  Returns
+    ``(t_root, t_lo, t_hi, status, passes)``.
+    """
+    inf = jnp.asarray(jnp.inf, jnp.float64)
+    step_cap = solver.max_log_step
+
+    def cond(state):
+        return (state["k"] < solver.max_steps) & ~state["done"]
+
+    def body(state):
+        t = state["t"]
+        sigma = jnp.exp(t)
+        d, dd = value_and_slope(sigma)
+        g = jnp.log(d) - log_target  # -inf at d = 0; NaN d is infeasible (conservative)
+        feasible = d <= jnp.exp(log_target)
+        lo = jnp.where(feasible, state["lo"], jnp.maximum(state["lo"], t))
+        hi = jnp.where(feasible, jnp.minimum(state["hi"], t), state["hi"])
+        # Illinois bookkeeping: g at the bracket ends; an end kept twice has its g halved.
+        g_lo = jnp.where(feasible, jnp.where(state["last"] == 1, 0.5 * state["g_lo"], state["g_lo"]), g)
+        g_hi = jnp.where(feasible, g, jnp.where(state["last"] == -1, 0.5 * state["g_hi"], state["g_hi"]))
+        last = jnp.where(feasible, 1, -1).astype(jnp.int32)
+        slope = dd * sigma / d  # d log delta / d log sigma, < 0
+        newton = t - jnp.clip(g / slope, -step_cap, step_cap)
+        bracketed = jnp.isfinite(lo) & jnp.isfinite(hi)
+        newton_ok = jnp.isfinite(newton) & (slope < 0) & (newton > lo) & (newton < hi)
+        secant = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+        secant_ok = bracketed & jnp.isfinite(secant) & (secant > lo) & (secant < hi)
+        fallback = jnp.where(secant_ok, secant,
+                             jnp.where(bracketed, 0.5 * (lo + hi),
+                                       jnp.where(feasible, t - step_cap, t + step_cap)))
+        t_new = jnp.clip(jnp.where(newton_ok, newton, fallback), t_min, t_max)
+        step = jnp.abs(t_new - t)
+        at_top = (t >= t_max) & ~feasible
+        at_bottom = (t <= t_min) & feasible
+        # Quadratic regime (a Newton step at least 10x shorter than the previous one): the error
+        # of t_new is ~step^2, so accept it once 100 step^2 <= xtol instead of paying one more
+        # pass to see a step below xtol.
+        quadratic = newton_ok & state["prev_newton"] & (step <= 0.1 * state["prev_step"])
+        converged = ((step <= solver.xtol) | (quadratic & (100.0 * step * step <= solver.xtol))
+                     | (bracketed & (hi - lo <= solver.xtol)))
+        status = jnp.where(at_top, int(SolverStatus.UNREACHABLE),
+                           jnp.where(at_bottom, int(SolverStatus.MET_AT_BRACKET_END),
+                                     int(SolverStatus.CONVERGED))).astype(jnp.int32)
+        done = converged | at_top | at_bottom
+        return dict(t=jnp.where(done & ~converged, t, t_new), lo=lo, hi=hi, g_lo=g_lo, g_hi=g_hi,
+                    last=last, k=state["k"] + 1, done=done, status=status, prev_step=step,
+                    prev_newton=newton_ok)
+
+    t0 = jnp.clip(jnp.asarray(t0, jnp.float64), t_min, t_max)
+    init = dict(t=t0, lo=-inf, hi=inf, g_lo=inf, g_hi=-inf, last=jnp.zeros((), jnp.int32),
+                k=jnp.zeros((), jnp.int32), done=jnp.zeros((), bool),
+                status=jnp.asarray(int(SolverStatus.CONVERGED), jnp.int32), prev_step=inf,
+                prev_newton=jnp.zeros((), bool))
+    out = jax.lax.while_loop(cond, body, init)
+    # Not converged within max_steps: answer the feasible end if there is one (safe side).
+    status = jnp.where(out["done"], out["status"], int(SolverStatus.CONVERGED)).astype(jnp.int32)
+    t_root = jnp.where(out["done"] | ~jnp.isfinite(out["hi"]), out["t"], out["hi"])
+    t_root = jnp.where(status == int(SolverStatus.UNREACHABLE), jnp.nan, t_root)
+    return t_root, out["lo"], out["hi"], status, out["k"]
+
+
+def _value_and_slope(fn, theta, consts):
+    def vs(sigma):
+        return jax.jvp(lambda s: fn(s, theta, consts), (sigma,), (jnp.ones_like(sigma),))
+    return vs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _newton_implicit(fn, solver, theta, consts, log_target, t0, t_min, t_max):
+    return _newton_illinois(_value_and_slope(fn, theta, consts), log_target, t0, t_min, t_max,
+                            solver)
+
+
+def _newton_implicit_fwd(fn, solver, theta, consts, log_target, t0, t_min, t_max):
+    out = _newton_implicit(fn, solver, theta, consts, log_target, t0, t_min, t_max)
+    return out, (out[0], theta, consts, log_target, t0, t_min, t_max)
+
+
+def _newton_implicit_bwd(fn, solver, residuals, cotangents):
+    t_root, theta, consts, log_target, t0, t_min, t_max = residuals
+    t_bar = cotangents[0]
+    with jax.enable_x64(True):
+        sigma = jnp.exp(t_root)
+        # One reverse pass gives d delta/d sigma and d delta/d theta together (implicit function
+        # theorem, Choquette-Choo et al. 2024, §4.2):  d t*/d theta = -(d delta/d theta) /
+        # (sigma d delta/d sigma),  d t*/d log target = delta / (sigma d delta/d sigma).
+        d, vjp = jax.vjp(lambda s, th: fn(s, th, consts), sigma, theta)
+        f_sigma, f_theta = vjp(jnp.ones_like(d))
+        w = t_bar / (sigma * f_sigma)
+        theta_bar = jax.tree_util.tree_map(lambda x: -w * x, f_theta)
+        log_target_bar = w * d
+    consts_bar = jax.tree_util.tree_map(_zero_cotangent, consts)
+    return (theta_bar, consts_bar, jnp.asarray(log_target_bar, jnp.result_type(log_target)),
+            jnp.zeros_like(t0), jnp.zeros_like(t_min), jnp.zeros_like(t_max))
+
+
+def _zero_cotangent(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
+
+
+_newton_implicit.defvjp(_newton_implicit_fwd, _newton_implicit_bwd)
+
+
+def _delta_on_projections(sigma, theta, consts):
+    gram, projections, eps = theta
+    (mode_index,) = consts
+    return delta_from_projections(gram, projections, mode_index, sigma, eps)
+
+
+def _delta_chunked(num_samples, sigma, theta, consts):
+    gram, eps = theta
+    (key_data,) = consts
+    key = jax.random.wrap_key_data(key_data, impl="rbg")
+    return delta_estimate(gram, sigma, eps, key, num_samples)[0]
+
+
+def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samples: int | None = None,
+                       draws_=None, solver=NewtonIllinois(), adjoint=ImplicitAdjoint(),
+                       initial_noise=None, precompute: bool | None = None) -> CalibrationResult:
+    """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
+
+    Args:
+      gram: ``(b, b)`` Gram matrix of the modes; gradients flow to it through ``adjoint``.
+      target_epsilon, target_delta: scalars (differentiable).
+      key, num_samples: the common random numbers (the sampler's stream of
+        :mod:`dpjax.montecarlo.core`; ``num_samples`` static, any ``>= 1``).
+      draws_: optional precomputed ``(mode_index (m,), U (m, b))`` (:func:`dpjax.montecarlo.draws`
+        of the same key), e.g. drawn once per optimisation step.
+      solver: :class:`NewtonIllinois` (default) or :class:`Bisection`.
+      adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` (one extra reverse pass at the root)
+        or :class:`~dpjax.calibration.StopGradientAdjoint`.
+      initial_noise: warm start for :class:`NewtonIllinois` (default: the geometric middle of
+        the search range is *not* used; the unamplified Gaussian-ish guess ``sensitivity``).
+      precompute: materialise ``W = U L^T`` (default when ``m * b <= 2^24``); else every pass
+        re-draws chunk by chunk (bounded memory, same numbers).
+
+    Returns:
+      :class:`CalibrationResult`.  An *estimate*: certify with many samples
+      (:meth:`dpjax.montecarlo.BallsInBins.certify`).
+    """
+    gram = jnp.asarray(gram, jnp.float64)
+    b = gram.shape[0]
+    eps = jnp.asarray(target_epsilon, jnp.float64)
+    target = jnp.asarray(target_delta, jnp.float64)
+    sensitivity = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
+    lo_b, hi_b = _BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity
+    if draws_ is not None:
+        num_samples = draws_[1].shape[0]
+    if precompute is None:
+        precompute = draws_ is not None or num_samples * b <= _MAX_PRECOMPUTED
+    if precompute:
+        mode_index, u = draws_ if draws_ is not None else draws(key, b, num_samples)
+        projections = u @ gram_sqrt(gram).T
+        fn, theta, consts = _delta_on_projections, (gram, projections, eps), (mode_index,)
+    else:
+        fn = functools.partial(_delta_chunked, num_samples)
+        from dpjax.montecarlo import rbg_key
+        theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)),)
+    if isinstance(solver, Bisection):
+        res = solve_monotone_root(lambda s, th: fn(s, th, consts), theta, target, (lo_b, hi_b),
+                                  decreasing=True, num_iterations=solver.num_iterations,
+                                  log_scale=True, adjoint=adjoint)
+        return CalibrationResult(res.root, res.lower, res.upper, res.status,
+                                 jnp.asarray(solver.num_iterations + 2, jnp.int32))
+    if not isinstance(solver, NewtonIllinois):
+        raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
+    t0 = jnp.log(sensitivity if initial_noise is None else
+                 jax.lax.stop_gradient(jnp.asarray(initial_noise, jnp.float64)))
+    args = (theta, consts, jnp.log(target), t0, jnp.log(lo_b), jnp.log(hi_b))
+    if isinstance(adjoint, StopGradientAdjoint):
+        args = jax.lax.stop_gradient(args)
+        t_root, t_lo, t_hi, status, passes = _newton_illinois(
+            _value_and_slope(fn, args[0], args[1]), *args[2:], solver)
+    else:
+        t_root, t_lo, t_hi, status, passes = _newton_implicit(fn, solver, *args)
+    t_lo, t_hi, status, passes = jax.lax.stop_gradient((t_lo, t_hi, status, passes))
+    return CalibrationResult(jnp.exp(t_root), jnp.exp(t_lo), jnp.exp(t_hi), status, passes)

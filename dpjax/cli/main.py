@@ -39,6 +39,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.montecarlo",
     "dpjax.cli.pld",
     "dpjax.cli.calibrate",
+    "dpjax.cli.optimize",
 )
 
 

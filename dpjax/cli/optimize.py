@@ -1,0 +1,114 @@
+"""``dpjax optimize``: optimise a correlation matrix under balls-in-bins amplification, certified.
+
+Example::
+
+    dpjax optimize --family blt --buffers 4 --batches-per-epoch 128 --epochs 16 \\
+        --epsilon 2 --delta 1e-5 --steps 300 --samples 131072 --out result.json [--resume]
+
+Progress on stderr (off with ``--quiet`` or ``--json``).  ``--out`` receives the
+:class:`dpjax.optimization.OptimizationResult` JSON (written atomically); a checkpoint
+``<out>.checkpoint.json`` is written every ``--checkpoint-every`` steps, and ``--resume``
+continues from it.  The printed object holds ``noise_multiplier`` (certified),
+``noise_multiplier_estimate``, ``first_column``, ``rmse`` (at the certified sigma) and
+``certificate``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _run(args) -> dict:
+    from dpjax._progress import set_progress
+    from dpjax.optimization import make_parameterization, optimize_correlation
+    from dpjax.optimization.loop import default_optimizer
+
+    if args.family != "blt" and args.buffers is not None:
+        raise ValueError(f"--buffers is only used by --family blt, got --family {args.family}")
+    if args.family != "banded" and args.bands is not None:
+        raise ValueError(f"--bands is only used by --family banded, got --family {args.family}")
+    if args.family == "blt" and args.buffers is None:
+        args.buffers = 4
+    if args.family == "banded" and args.bands is None:
+        raise ValueError("--bands must be given for --family banded (an integer >= 1)")
+    for name in ("batches_per_epoch", "epochs", "steps", "samples", "checkpoint_every"):
+        value = getattr(args, name)
+        if value is None or value < (0 if name == "steps" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be an integer >= "
+                             f"{0 if name == 'steps' else 1}, got {value}")
+    if not args.learning_rate > 0:
+        raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.out is not None:
+        directory = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(directory):
+            raise ValueError(f"--out: directory {directory!r} does not exist")
+    n = args.batches_per_epoch * args.epochs
+    param = make_parameterization(args.family, n, bands=args.bands,
+                                  num_buffers=args.buffers if args.family == "blt" else None)
+    if args.quiet or args.json:
+        set_progress(False)
+    checkpoint = None if args.out is None else args.out + ".checkpoint.json"
+    if args.resume and checkpoint is None:
+        raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
+    res = optimize_correlation(
+        param, batches_per_epoch=args.batches_per_epoch, epochs=args.epochs,
+        target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.steps,
+        num_samples=args.samples, optimizer=default_optimizer(args.learning_rate), key=args.seed,
+        checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        certify=not args.no_certify, certify_samples=args.certify_samples)
+    if args.out is not None:
+        res.to_json(args.out)
+    d = res.to_dict()
+    out = {k: d[k] for k in ("noise_multiplier", "noise_multiplier_estimate", "gap_to_estimate",
+                             "rmse", "rmse_estimate", "error", "first_column", "certificate",
+                             "status", "stop_reason", "parameterization", "batches_per_epoch",
+                             "epochs", "target_epsilon", "target_delta", "num_steps",
+                             "num_samples", "timings")}
+    out["params"] = d["params"]
+    out["history_rows"] = len(d["history"])
+    if args.out is not None:
+        out["out"] = args.out
+    return out
+
+
+def _render(result: dict) -> str:
+    cert = result.get("certificate") or {}
+    lines = [
+        f"family            {result['parameterization']}",
+        f"noise_multiplier  {result['noise_multiplier']:.6g}  (certified; estimate "
+        f"{result['noise_multiplier_estimate']:.6g}, gap {100 * result['gap_to_estimate']:+.2f}%)",
+        f"rmse              {result['rmse']:.6g}  (at the certified noise multiplier)",
+        f"certificate       {cert.get('reason', 'not requested')}",
+        f"failure prob.     {cert.get('failure_probability', float('nan')):.3g} "
+        f"({cert.get('num_samples', 0)} samples)",
+        f"status            {result['status']} {result['stop_reason']}".rstrip(),
+    ]
+    if "out" in result:
+        lines.append(f"saved             {result['out']}")
+    return "\n".join(lines)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("optimize", help="optimise a correlation matrix C under balls-in-bins "
+                                               "amplification and certify its noise multiplier")
+    p.add_argument("--family", choices=("blt", "toeplitz", "banded"), default="blt")
+    p.add_argument("--buffers", type=int, default=None, help="BLT buffers (default 4)")
+    p.add_argument("--bands", type=int, default=None, help="bands of a banded Toeplitz C")
+    p.add_argument("--batches-per-epoch", type=int, required=True, help="b")
+    p.add_argument("--epochs", type=int, required=True, help="E (n = b * E rounds)")
+    p.add_argument("--epsilon", type=float, required=True)
+    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    p.add_argument("--samples", type=int, default=1 << 13,
+                   help="Monte Carlo samples per step (default 2^13; an estimate)")
+    p.add_argument("--certify-samples", type=int, default=None,
+                   help="samples per certification sample set (default: enough to verify ~0.4 delta)")
+    p.add_argument("--no-certify", action="store_true", help="skip the certificate (estimate only)")
+    p.add_argument("--learning-rate", type=float, default=0.05, help="Adam learning rate (default 0.05)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="result JSON path (checkpoint: <out>.checkpoint.json)")
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=_run, render=_render)

@@ -1,0 +1,43 @@
+"""``dpjax optimize``: JSON keys of issue 10, bad input exits 2 with one line, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpjax.cli.main import main
+
+BASE = ["optimize", "--family", "blt", "--buffers", "2", "--batches-per-epoch", "4", "--epochs", "2",
+        "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--samples", "256",
+        "--certify-samples", "65536", "--quiet"]
+
+
+def test_optimize_json_has_the_issue_keys(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(BASE + ["--json", "--out", str(out)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["first_column"]) == 8 and d["first_column"][0] == 1.0
+    cert = d["certificate"]
+    assert cert["verified"] and cert["delta"] <= 1e-3 and cert["num_samples"] == 65536
+    assert 0 < cert["failure_probability"] < 1e-3 and cert["epsilon"] == 2.0
+    assert d["noise_multiplier"] == cert["noise_multiplier"]
+    assert d["rmse"] == pytest.approx(d["noise_multiplier"] * d["error"], rel=1e-14)
+    saved = json.loads(out.read_text())
+    assert saved["noise_multiplier"] == d["noise_multiplier"] and len(saved["history"]) == 3
+    assert json.loads((tmp_path / "r.json.checkpoint.json").read_text())["step"] == 3
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--epochs", "0"], "--epochs"),
+    (["--delta", "1e-9"], "certify_samples >= "),
+    (["--family", "toeplitz"], "--buffers"),
+    (["--epsilon", "-1"], "target_epsilon"),
+    (["--samples", "0"], "--samples"),
+])
+def test_bad_input_exits_2_one_line(tmp_path, capsys, extra, match):
+    out = tmp_path / "r.json"
+    assert main(BASE + extra + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "r.json.checkpoint.json").exists()
