@@ -9,6 +9,9 @@ Adding a subcommand: write a module under ``dpjax/cli/`` with a function
 (floats may be ``inf``; they are printed as the JSON string "inf").  Optionally also
 ``parser.set_defaults(render=fn)`` with ``fn(result: dict) -> str`` for the human-readable form.
 Then list the module in ``SUBCOMMAND_MODULES`` below.
+
+Every subcommand runs with JAX's persistent compilation cache on (``~/.cache/dpjax/xla``;
+``DPJAX_COMPILATION_CACHE=0`` disables it, ``=<dir>`` relocates it): see :mod:`dpjax.pld.cache`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.montecarlo",
     "dpjax.cli.pld",
     "dpjax.cli.calibrate",
+    "dpjax.cli.sweep",
 )
 
 
@@ -82,6 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 0
+    # A CLI process owns its JAX configuration: every subcommand keeps compiled programs on disk
+    # (dpjax.pld.cache; DPJAX_COMPILATION_CACHE=0 turns it off, =<dir> relocates it), so a second
+    # run of any subcommand skips XLA compilation.
+    from dpjax.pld.cache import enable_from_environment
+
+    enable_from_environment(default_on=True)
     try:
         result = args.run(args)
     except ValueError as exc:
