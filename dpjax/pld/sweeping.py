@@ -347,8 +347,21 @@ def _gather(out) -> np.ndarray:
     return np.asarray(out)
 
 
-def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh):
-    """Run one chunk of a bucket (``len(members) <= per_device * devices``).
+def _bucket_static(members: list[_Planned]):
+    """The bucket's padded static sizes: the largest support length (every direction and
+    component) and the most kept frequencies (None: all)."""
+    first = members[0]
+    D = len(first.directions)
+    G = len(first.plan.groups[0])
+    m = max(max(p.plan.ms[di][gi] for di in range(D) for gi in range(G)) for p in members)
+    ms = tuple(tuple(m for _ in range(G)) for _ in range(D))
+    n_freq = None if first.plan.n_freq is None else max(p.plan.n_freq for p in members)
+    return ms, n_freq
+
+
+def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
+    """Run one chunk of a bucket (``len(members) <= per_device * devices``) with the bucket's
+    static sizes ``static = (ms, n_freq)`` (one program for every chunk of the bucket).
 
     Layout: device ``d`` gets ``members[d::devices]`` first in its block, then padding (copies of
     the first member, never computed: each device loops over its real count only).
@@ -357,14 +370,7 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh):
 
     ndev = mesh.devices.size
     first = members[0]
-    D = len(first.directions)
-    G = len(first.plan.groups[0])
-    ms = max(max(p.plan.ms[di][gi] for di in range(D) for gi in range(G)) for p in members)
-    ms = tuple(tuple(ms for _ in range(G)) for _ in range(D))
-    if first.plan.n_freq is None:
-        n_freq = None
-    else:
-        n_freq = max(p.plan.n_freq for p in members)
+    ms, n_freq = static
     slots, counts = [], []
     for d in range(ndev):
         mine = members[d::ndev]
@@ -495,9 +501,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                 buckets.setdefault(p.signature, []).append(p)
             pending = []
             for sig, members in buckets.items():
+                static = _bucket_static(members)
                 for start in range(0, len(members), chunk):
                     part = members[start:start + chunk]
-                    results, static = _run_chunk(part, per_device, kinds, mesh)
+                    results, static = _run_chunk(part, per_device, kinds, mesh, static)
                     programs.add((sig, static))
                     new = []
                     for p, res in zip(part, results):
