@@ -148,6 +148,21 @@ def main(argv=None):
     only = None if args.only is None else set(args.only.split(","))
     rows = []
     load0 = os.getloadavg()
+    import jax
+
+    def save():  # after every row: a long run interrupted still leaves its measurements
+        out = dict(benchmark="bench_first_call",
+                   definition="fresh process, empty compilation cache; time from before the import to the result; "
+                              "CLI: wall time of `python -m dpjax ...`, second run with the persistent cache the first "
+                              "filled",
+                   note="2-core CPU shared with other jobs: absolute times inflated by contention",
+                   loadavg_start=load0, loadavg_end=os.getloadavg(), rows=rows,
+                   machine=dict(platform=platform.platform(), python=platform.python_version(),
+                                cpu_count=os.cpu_count(), jax=jax.__version__))
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
     for name, (code, anchor, kind) in ENTRY_POINTS.items():
         if only is not None and name not in only:
             continue
@@ -161,6 +176,7 @@ def main(argv=None):
         print(f"{name:24} dpjax {mine['seconds']:7.2f} s   anchor "
               f"{'' if ref is None else format(ref['seconds'], '7.2f') + ' s':>9}   target {target:5.2f} s"
               f"{'   ERROR ' + mine['error'] if mine.get('error') else ''}", flush=True)
+        save()
     if not args.skip_cli:
         for name, cli_argv in CLI.items():
             if only is not None and f"cli:{name}" not in only:
@@ -174,18 +190,8 @@ def main(argv=None):
             print(f"cli {name:20} first {first['seconds']:7.2f} s   second (cache) {second['seconds']:6.2f} s"
                   f"{'   ERROR ' + str(first.get('error') or second.get('error')) if first.get('error') or second.get('error') else ''}",
                   flush=True)
-    import jax
-
-    out = dict(benchmark="bench_first_call",
-               definition="fresh process, empty compilation cache; time from before the import to the result; "
-                          "CLI: wall time of `python -m dpjax ...`, second run with the persistent cache the first filled",
-               note="2-core CPU shared with other jobs: absolute times inflated by contention",
-               loadavg_start=load0, loadavg_end=os.getloadavg(), rows=rows,
-               machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
-                            jax=jax.__version__))
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+            save()
+    save()
     print(f"wrote {args.out}")
 
 

@@ -166,9 +166,11 @@ def test_sweep_kill_minus_nine_and_resume(tmp_path):
     assert [r["index"] for r in jl] == list(range(len(configs)))
     resumed = [r for r in jl if r["path"] == "resumed"]
     assert len(resumed) >= min(killed_at, len(configs)) - 1 >= 2   # the rows written before the kill
+    # Rows computed before and after the kill sat in buckets of different members (different
+    # padding): equal up to the bucket slack.
     fresh = dpjax.sweep(configs)
     for r, f in zip(jl, fresh.rows):
-        assert r["epsilon"] == pytest.approx(f["epsilon"], rel=1e-12)
+        assert r["epsilon"] == pytest.approx(f["epsilon"], rel=SLACK, abs=0)
 
 
 def test_parse_values():
