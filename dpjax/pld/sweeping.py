@@ -242,10 +242,14 @@ class SweepTable:
 def _components(cfg: SweepConfig):
     if cfg.group_size == 1:
         return _acc._dpsgd_components(cfg.noise_multiplier, cfg.sampling_prob, cfg.steps)
-    from dpjax import group
+    # Poisson sampling, add/remove-k adjacency: the mixture-of-Gaussians step of Ganesh (2024),
+    # Thm 3.1, as dpjax.group builds it (from the pld layer's own modules: no upward import).
+    from dpjax.pld.group_spec import validate_group_spec
+    from dpjax.pld.mog import GroupSubsampledGaussian
 
-    spec = group.validate_group_args(cfg.sampling_prob, group_size=cfg.group_size)
-    return group._components(cfg.noise_multiplier, cfg.steps, spec)
+    spec = validate_group_spec(cfg.sampling_prob, group_size=cfg.group_size)
+    mech = GroupSubsampledGaussian(cfg.noise_multiplier, float(spec.group_size), sampling_prob=float(spec.sampling_prob))
+    return [(mech.validate(), cfg.steps)]
 
 
 @dataclasses.dataclass
@@ -437,7 +441,7 @@ def _row(p: _Planned, reports, path: str) -> dict:
 DEFAULT_PER_DEVICE = 32
 
 
-@host_only("nothing: a sweep plans on the host (call it outside jax.jit)")
+@host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
 def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
           with_lower: bool = True, devices: Sequence | None = None, per_device: int = DEFAULT_PER_DEVICE,
