@@ -197,3 +197,11 @@ def test_cli_sweep_grid_values(capsys, tmp_path):
     assert rc == 2 and "sampling_prob" in err and "Traceback" not in err
     rc = main(["sweep", "--grid", str(tmp_path / "missing.json")])
     assert rc == 2
+
+
+def test_sweep_group_size_equals_group_epsilon():
+    table = dpjax.sweep([dict(noise_multiplier=2.0, sampling_prob=0.01, steps=200, delta=1e-5, group_size=4)],
+                        with_lower=False)
+    single = dpjax.group_epsilon(2.0, 0.01, 200, 1e-5, group_size=4)
+    assert table.rows[0]["group_size"] == 4
+    assert abs(table.rows[0]["epsilon"] - single) <= SLACK * single
