@@ -43,7 +43,7 @@ def _check_rows_against_single_calls(configs, table):
 
 
 def test_sweep_rows_equal_single_calls_and_exact_oracle():
-    configs = _random_configs(10, seed=1)
+    configs = _random_configs(6, seed=1)
     # q = 1: DP-SGD without sampling is the Gaussian mechanism, whose epsilon is exact.
     configs += [dict(noise_multiplier=s, sampling_prob=1.0, steps=t, delta=1e-5) for s, t in ((2.0, 10), (5.0, 300))]
     table = dpjax.sweep(configs)
@@ -112,7 +112,7 @@ def _subprocess_sweep(configs, devices, per_device):
 
 
 def test_sweep_eight_devices_same_table():
-    configs = _random_configs(11, seed=3, t_max=2000)
+    configs = _random_configs(6, seed=3, t_max=2000)
     one = dpjax.sweep(configs, devices=dpjax_devices()[:1])
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
@@ -137,7 +137,7 @@ def _journal_rows(path):
 def test_sweep_kill_minus_nine_and_resume(tmp_path):
     # Same-shape configurations (one program), one per chunk: rows land one by one.
     configs = [dict(noise_multiplier=float(s), sampling_prob=0.01, steps=300, delta=1e-5)
-               for s in np.linspace(1.0, 2.0, 12)]
+               for s in np.linspace(1.0, 2.0, 8)]
     grid = tmp_path / "configs.json"
     grid.write_text(json.dumps(configs))
     out = tmp_path / "sweep.csv"
@@ -148,13 +148,13 @@ def test_sweep_kill_minus_nine_and_resume(tmp_path):
            "--json"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 600
-    while _journal_rows(journal) < 3 and proc.poll() is None and time.time() < deadline:
+    while _journal_rows(journal) < 2 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     killed_at = _journal_rows(journal)
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert killed_at >= 3, proc.stderr.read().decode()[-2000:]
+    assert killed_at >= 2, proc.stderr.read().decode()[-2000:]
     # Resume (in-process, through the CLI): every configuration exactly once, input order.
     rc = main(["sweep", "--grid", str(grid), "--out", str(out), "--per-device", "4", "--resume", "--json"])
     assert rc == 0
@@ -165,7 +165,7 @@ def test_sweep_kill_minus_nine_and_resume(tmp_path):
     jl = [json.loads(line) for line in journal.read_text().splitlines()]
     assert [r["index"] for r in jl] == list(range(len(configs)))
     resumed = [r for r in jl if r["path"] == "resumed"]
-    assert len(resumed) >= min(killed_at, len(configs)) - 1 >= 2   # the rows written before the kill
+    assert len(resumed) >= min(killed_at, len(configs)) - 1 >= 1   # the rows written before the kill
     # Rows computed before and after the kill sat in buckets of different members (different
     # padding): equal up to the bucket slack.
     fresh = dpjax.sweep(configs)
