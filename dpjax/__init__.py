@@ -39,6 +39,8 @@ _ATTRS = {
     "group_accounting": "dpjax.group",
     "group_delta": "dpjax.group",
     "group_epsilon": "dpjax.group",
+    "sweep": "dpjax.pld.sweeping",
+    "epsilon_curve": "dpjax.pld.curve",
 }
 
 __all__ = sorted(set(_ATTRS) | set(_SUBMODULES))

@@ -39,3 +39,11 @@ def reference_cases() -> dict:
             case = dict(case, value=float("inf"))
         out[case["id"]] = case
     return out
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_compilation_cache(monkeypatch):
+    # Every CLI subcommand turns on JAX's persistent compilation cache (a global setting) unless
+    # DPJAX_COMPILATION_CACHE=0; tests calling dpjax.cli.main.main in-process must not change
+    # the configuration of the rest of the session.
+    monkeypatch.setenv("DPJAX_COMPILATION_CACHE", "0")

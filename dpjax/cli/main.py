@@ -21,6 +21,9 @@ and ``parser.set_defaults(vectorized=("epsilon",))`` for list options that ``fn`
 (it then receives the list and may return a list of row dicts).  Then list the module in
 ``SUBCOMMAND_MODULES`` below.  ``tests/test_cli_consistency.py`` checks every registered
 subcommand against these rules.
+
+Every subcommand runs with JAX's persistent compilation cache on (``~/.cache/dpjax/xla``;
+``DPJAX_COMPILATION_CACHE=0`` disables it, ``=<dir>`` relocates it): see :mod:`dpjax.pld.cache`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.pld",
     "dpjax.cli.calibrate",
     "dpjax.cli.optimize",
+    "dpjax.cli.sweep",
 )
 
 
@@ -170,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 0
+    # A CLI process owns its JAX configuration: every subcommand keeps compiled programs on disk
+    # (dpjax.pld.cache; DPJAX_COMPILATION_CACHE=0 turns it off, =<dir> relocates it), so a second
+    # run of any subcommand skips XLA compilation.
+    from dpjax.pld.cache import enable_from_environment
+
+    enable_from_environment(default_on=True)
     from dpjax._progress import set_progress
 
     if args.quiet:

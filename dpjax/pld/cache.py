@@ -4,8 +4,9 @@ A first call compiles one XLA program per grid shape (~1-3 s on a small CPU).  J
 compiled programs on disk; a later *process* then skips compilation for shapes it has seen.
 This changes global JAX configuration, so the library never does it on its own: call
 :func:`enable_persistent_cache` yourself, or set ``DPJAX_COMPILATION_CACHE=<dir>`` (or ``1``
-for ``~/.cache/dpjax/xla``).  The ``dpjax epsilon`` / ``dpjax delta`` commands enable it by
-default (a CLI process owns its JAX configuration); ``DPJAX_COMPILATION_CACHE=0`` turns it off.
+for ``~/.cache/dpjax/xla``).  Every ``dpjax`` CLI subcommand enables it by default
+(``dpjax.cli.main``; a CLI process owns its JAX configuration); ``DPJAX_COMPILATION_CACHE=0``
+turns it off.
 """
 
 from __future__ import annotations

@@ -1,0 +1,154 @@
+"""``dpjax sweep``: certified epsilon (or delta) for a grid or a list of DP-SGD configurations.
+
+Examples::
+
+    dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
+        --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
+    dpjax sweep --grid configs.json --out sweep.csv
+
+Value lists: ``a,b,c`` (listed values), ``start:stop:num`` (``num`` evenly spaced values, both
+ends included), ``start:stop:num:log`` (log-spaced).  The grid is the Cartesian product, with
+``--noise-multiplier`` varying slowest.  ``configs.json`` is a JSON list of objects with
+``noise_multiplier``, ``sampling_prob``, ``steps`` and ``delta`` (or ``epsilon`` for a delta
+query), optionally ``group_size``.
+
+The CSV has one row per configuration in input order: the configuration, then ``epsilon`` (a
+certified upper bound) or ``delta``, the certified bracket ``lower`` / ``upper`` of that value,
+and the grid (``n``, ``dx``).  Rows are written as they are computed (``.jsonl`` journal next
+to the CSV); ``--resume`` continues a killed sweep without recomputing or losing a row.  The
+configurations are bucketed into a few padded grid shapes and run vmapped over every device
+JAX sees (:func:`dpjax.sweep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+
+def parse_values(name: str, text: str, *, integer: bool = False) -> list:
+    """``a,b,c`` | ``start:stop:num`` | ``start:stop:num:log`` -> list of numbers."""
+    import numpy as np
+
+    text = str(text).strip()
+    try:
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in ("log", "lin")):
+                raise ValueError
+            start, stop, num = float(parts[0]), float(parts[1]), int(parts[2])
+            if num < 1 or not (math.isfinite(start) and math.isfinite(stop)):
+                raise ValueError
+            if len(parts) == 4 and parts[3] == "log":
+                if start <= 0 or stop <= 0:
+                    raise ValueError
+                values = np.geomspace(start, stop, num)
+            else:
+                values = np.linspace(start, stop, num)
+            values = [float(v) for v in values]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+            if not values:
+                raise ValueError
+    except ValueError:
+        raise ValueError(f"{name} must be a list a,b,c or a range start:stop:num[:log], got {text!r}") from None
+    if integer:
+        rounded = [int(round(v)) for v in values]
+        if any(abs(v - r) > 1e-9 * max(1.0, abs(v)) for v, r in zip(values, rounded)) and ":" not in text:
+            raise ValueError(f"{name} must be integers, got {text!r}")
+        # A range of integers may repeat after rounding; keep the first of each.
+        seen, values = set(), []
+        for r in rounded:
+            if r not in seen:
+                seen.add(r)
+                values.append(r)
+    return values
+
+
+def _configs(args):
+    from dpjax.pld.sweeping import SweepConfig, sweep_grid
+
+    if args.grid is not None:
+        if any(v is not None for v in (args.noise_multiplier, args.sampling_prob, args.steps, args.delta,
+                                       args.epsilon)):
+            raise ValueError("give either --grid FILE or the value lists (--noise-multiplier ...), not both")
+        try:
+            with open(args.grid) as f:
+                data = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"grid: cannot read {args.grid}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"grid: {args.grid} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, list) or not data:
+            raise ValueError(f"grid: {args.grid} must hold a non-empty JSON list of configuration objects")
+        return [SweepConfig.from_mapping(m) for m in data]
+    missing = [n for n, v in (("--noise-multiplier", args.noise_multiplier), ("--sampling-prob", args.sampling_prob),
+                              ("--steps", args.steps)) if v is None]
+    if missing or (args.delta is None) == (args.epsilon is None):
+        raise ValueError("give --grid FILE, or --noise-multiplier, --sampling-prob, --steps and exactly one of "
+                         "--delta / --epsilon" + (f" (missing {', '.join(missing)})" if missing else ""))
+    return sweep_grid(
+        parse_values("noise_multiplier", args.noise_multiplier),
+        parse_values("sampling_prob", args.sampling_prob),
+        parse_values("steps", args.steps, integer=True),
+        None if args.delta is None else parse_values("delta", args.delta),
+        None if args.epsilon is None else parse_values("epsilon", args.epsilon),
+        parse_values("group_size", args.group_size, integer=True),
+    )
+
+
+def _run(args) -> dict:
+    from dpjax.pld.sweeping import sweep
+
+    configs = _configs(args)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out (the file the killed sweep wrote)")
+    if args.per_device < 1:
+        raise ValueError(f"per_device must be an integer >= 1, got {args.per_device}")
+    table = sweep(configs, out=args.out, resume=args.resume, with_lower=not args.no_lower,
+                  per_device=args.per_device)
+    eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
+    out = dict(configurations=len(table), out=args.out, programs=table.programs, devices=table.devices,
+               seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
+    if eps:
+        finite = [e for e in eps if math.isfinite(e)]
+        out.update(epsilon_min=min(finite) if finite else math.inf, epsilon_max=max(eps))
+    if args.out is None or args.rows:
+        out["rows"] = [dict(r) for r in table.rows]
+    return out
+
+
+def _render(result: dict) -> str:
+    lines = []
+    for key, value in result.items():
+        if key == "rows":
+            from dpjax.pld.sweeping import ROW_FIELDS
+
+            lines.append(",".join(ROW_FIELDS))
+            for r in value:
+                lines.append(",".join("" if r.get(f) is None else str(r.get(f)) for f in ROW_FIELDS))
+            continue
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        lines.append(f"{key:<16} {value}")
+    return "\n".join(lines)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="certified epsilon/delta for a grid or list of DP-SGD configurations",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", default=None, metavar="FILE", help="JSON list of configuration objects")
+    p.add_argument("--noise-multiplier", default=None, metavar="VALUES", help="sigma values (list or range)")
+    p.add_argument("--sampling-prob", default=None, metavar="VALUES", help="q values in (0, 1]")
+    p.add_argument("--steps", default=None, metavar="VALUES", help="T values (integers)")
+    p.add_argument("--delta", default=None, metavar="VALUES", help="target deltas (epsilon queries)")
+    p.add_argument("--epsilon", default=None, metavar="VALUES", help="target epsilons (delta queries)")
+    p.add_argument("--group-size", default="1", metavar="VALUES", help="group sizes k (Poisson; default 1)")
+    p.add_argument("--out", default=None, metavar="FILE.csv",
+                   help="write rows here as they are computed (plus FILE.jsonl; FILE.parquet with pyarrow)")
+    p.add_argument("--resume", action="store_true", help="continue a killed sweep recorded in --out")
+    p.add_argument("--no-lower", action="store_true", help="skip the certified lower end of each bracket (~2x faster)")
+    p.add_argument("--per-device", type=int, default=8, help="configurations per device per program call")
+    p.add_argument("--rows", action="store_true", help="also print every row (always when --out is not given)")
+    p.set_defaults(run=_run, render=_render)

@@ -1,0 +1,544 @@
+"""Sweeps: thousands of DP-SGD configurations in a handful of compiled programs.
+
+``sweep(configs)`` takes a list of configurations (noise multiplier ``sigma``, sampling
+probability ``q``, steps ``T``, and either a target ``delta`` (an epsilon query) or a target
+``epsilon`` (a delta query), optionally a ``group_size``) and returns a :class:`SweepTable`: one
+row per configuration, in input order, with the certified value, its certified bracket
+``[lower, upper]`` and the grid used (``n``, ``dx``).
+
+How it stays fast on the first call.  Compilation, not arithmetic, is the cost of a first
+call: every new FFT length ``n`` (and support length, frequency count, batch size) is a new
+XLA program.  The sweep therefore
+
+1. plans every configuration's grid on the host exactly as :func:`dpjax.pld.epsilon` does
+   (:func:`dpjax.pld.plan_grid`; no compile, ~5 ms each);
+2. puts configurations with the same program signature in one *bucket*: same query kind,
+   directions, FFT length ``n`` and mechanism structure.  Inside a bucket the static sizes are
+   padded to the bucket's largest: the single-step support length ``m`` (a longer support only
+   moves single-step mass from the ``+inf`` atom onto grid points, each of which contributes at
+   most what the atom did: still an upper bound, never looser) and the number of kept frequencies
+   (more kept frequencies means a smaller truncation bound; all kept when any member keeps all);
+3. runs every bucket as ONE jitted program: the accountant's own program
+   (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
+   (padding slots are never computed), so a sweep compiles one program per bucket, typically
+   4-8 (FFT lengths are ``2^k`` or ``3 * 2^k``), whatever the number of configurations;
+4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
+   budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
+   negligible: keep every frequency); retried rows (rare) form the buckets of the next round.
+
+So every row is the accountant's certified value on the grid the accountant itself plans: equal
+to :func:`dpjax.pld.dpsgd_epsilon` up to the padding of ``m`` and of the kept frequencies.
+Padding only moves the truncation and wrap-around terms (``+inf`` atom, Chernoff bounds, the
+window placed from the log-MGF), which together stay below ``tail_fraction * delta`` (1e-6
+delta by default) in both computations; the "bucket slack" is stated as 1e-6 relative in
+epsilon (measured in ``tests/test_sweep.py`` and ``benchmarks``), and every row is a sound
+upper bound whatever the padding.
+
+Devices.  The configuration axis of every chunk is sharded over every device JAX sees
+(``jax.sharding.NamedSharding`` on a 1-D mesh named ``"configs"``; the chunk size is a multiple
+of the device count).  Eight fake CPU devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``) give the same table as one.  Multi-host:
+call ``jax.distributed.initialize()`` in every process before the sweep and run the same sweep
+in every process; ``jax.devices()`` then lists every host's devices, the global input arrays are
+built with ``jax.make_array_from_callback`` (each process supplies only its own shards; every
+process plans the same configurations, planning is deterministic) and the output is gathered
+with ``jax.experimental.multihost_utils.process_allgather``: the same code path as one device.
+Only process 0 should write ``out`` (pass ``out=None`` elsewhere).
+
+Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON lines next to
+it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
+``resume=True`` skips every configuration already recorded there: a killed sweep (even
+``kill -9``) resumes without recomputing or losing a row, and the final files hold every
+configuration exactly once, in input order.  A progress bar (:mod:`dpjax._progress`) shows on a TTY.
+
+Example::
+
+    >>> import dpjax
+    >>> configs = dpjax.pld.sweep_grid(noise_multiplier=[0.8, 1.0, 2.0], sampling_prob=[0.001, 0.01],
+    ...                                steps=[1000, 10000], delta=1e-5)          # doctest: +SKIP
+    >>> table = dpjax.sweep(configs, out="sweep.csv")                           # doctest: +SKIP
+    >>> table.rows[0]["epsilon"], table.rows[0]["lower"], table.rows[0]["upper"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import time
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax import _validate
+from dpjax._progress import progress
+from dpjax._x64 import host_only
+from dpjax.pld import accountant as _acc
+from dpjax.pld.plan import GridOptions, plan_grid
+
+__all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS"]
+
+#: Columns of every row, in order (CSV header).
+ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon",
+              "query", "lower", "upper", "n", "dx", "path")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """One configuration.  Exactly one of ``delta`` (epsilon query) and ``epsilon`` (delta query).
+
+    Attributes:
+      noise_multiplier: sigma > 0 (noise std / clip norm).
+      sampling_prob: Poisson sampling probability q in (0, 1].
+      steps: T >= 1.
+      delta: target delta in (0, 1) (the row reports the certified epsilon), or None.
+      epsilon: target epsilon >= 0 (the row reports the certified delta), or None.
+      group_size: k >= 1 examples protected together (Poisson add/remove-k; :mod:`dpjax.group`).
+    """
+
+    noise_multiplier: float
+    sampling_prob: float
+    steps: int
+    delta: float | None = None
+    epsilon: float | None = None
+    group_size: int = 1
+
+    @property
+    def query(self) -> str:
+        return "epsilon" if self.delta is not None else "delta"
+
+    def validate(self) -> "SweepConfig":
+        s = float(_validate.positive("noise_multiplier", self.noise_multiplier))
+        q = float(_validate.probability_open_closed("sampling_prob", self.sampling_prob))
+        t = _validate.positive_int("steps", self.steps)
+        k = _validate.positive_int("group_size", self.group_size)
+        if (self.delta is None) == (self.epsilon is None):
+            raise ValueError(f"each configuration needs exactly one of delta and epsilon, got {self!r}")
+        d = None if self.delta is None else float(_validate.probability_open("delta", self.delta))
+        e = None if self.epsilon is None else float(_validate.nonnegative("epsilon", self.epsilon))
+        return SweepConfig(s, q, t, d, e, k)
+
+    def key(self) -> tuple:
+        """Identity used by resume (a recorded row belongs to this configuration)."""
+        return (self.noise_multiplier, self.sampling_prob, self.steps, self.delta, self.epsilon, self.group_size)
+
+    @classmethod
+    def from_mapping(cls, m: dict) -> "SweepConfig":
+        if not isinstance(m, dict):
+            raise ValueError(f"a configuration must be a mapping with noise_multiplier, sampling_prob, steps and "
+                             f"delta (or epsilon), got {m!r}")
+        allowed = {"noise_multiplier", "sampling_prob", "steps", "delta", "epsilon", "group_size",
+                   "target_delta", "target_epsilon"}
+        extra = set(m) - allowed
+        if extra:
+            raise ValueError(f"unknown configuration field(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+        missing = [f for f in ("noise_multiplier", "sampling_prob", "steps") if m.get(f) is None]
+        if missing:
+            raise ValueError(f"configuration {m!r} is missing {missing}")
+        d = m.get("delta", m.get("target_delta"))
+        e = m.get("epsilon", m.get("target_epsilon"))
+        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, m.get("group_size", 1) or 1).validate()
+
+
+def _as_list(name, v) -> list:
+    if v is None:
+        return [None]
+    if isinstance(v, (str, bytes)):
+        raise ValueError(f"{name} must be a number or a sequence of numbers, got {v!r}")
+    a = np.atleast_1d(np.asarray(v, dtype=object))
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name} must be a number or a non-empty 1-D sequence, got {v!r}")
+    return list(a)
+
+
+def sweep_grid(noise_multiplier, sampling_prob, steps, delta=None, epsilon=None, group_size=1) -> list[SweepConfig]:
+    """The Cartesian product of the given values (scalars or sequences), as configurations.
+
+    Order: ``noise_multiplier`` varies slowest, then ``sampling_prob``, ``steps``, ``delta`` /
+    ``epsilon``, ``group_size`` (``itertools.product`` order).  Exactly one of ``delta`` and
+    ``epsilon``.
+    """
+    if (delta is None) == (epsilon is None):
+        raise ValueError("give exactly one of delta and epsilon")
+    out = []
+    for s, q, t, d, e, k in itertools.product(
+            _as_list("noise_multiplier", noise_multiplier), _as_list("sampling_prob", sampling_prob),
+            _as_list("steps", steps), _as_list("delta", delta), _as_list("epsilon", epsilon),
+            _as_list("group_size", group_size)):
+        out.append(SweepConfig(s, q, t, d, e, k).validate())
+    return out
+
+
+def _as_configs(configs) -> list[SweepConfig]:
+    if isinstance(configs, dict):  # columns of equal length
+        cols = {k: _as_list(k, v) for k, v in configs.items()}
+        lens = {len(v) for v in cols.values()}
+        if len(lens) != 1:
+            raise ValueError(f"configuration columns must have equal lengths, got { {k: len(v) for k, v in cols.items()} }")
+        n = lens.pop()
+        configs = [{k: v[i] for k, v in cols.items()} for i in range(n)]
+    try:
+        items = list(configs)
+    except TypeError:
+        raise ValueError(f"configs must be a list of configurations (mappings or SweepConfig), got {configs!r}") from None
+    if not items:
+        raise ValueError("configs must not be empty")
+    return [c.validate() if isinstance(c, SweepConfig) else SweepConfig.from_mapping(c) for c in items]
+
+
+# ------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepTable:
+    """The result of :func:`sweep`: ``rows`` (dicts with :data:`ROW_FIELDS`) in input order.
+
+    Row fields: the configuration; ``query`` ("epsilon" or "delta"); the certified value in the
+    queried column (``epsilon`` for an epsilon query, ``delta`` for a delta query: an upper
+    bound, ``inf`` / 1 when nothing can be certified); ``lower`` / ``upper`` the certified bracket
+    of that value (``upper`` is the value); ``n``, ``dx`` the grid; ``path`` "batched" (bucket
+    program), "single" (recomputed by the single-configuration accountant) or "resumed" (read
+    back from ``out``).
+    """
+
+    rows: tuple
+    programs: int = 0
+    seconds: float = 0.0
+    devices: int = 1
+
+    def column(self, name: str) -> np.ndarray:
+        return np.asarray([np.nan if r[name] is None else r[name] for r in self.rows], dtype=np.float64)
+
+    @property
+    def epsilon(self) -> np.ndarray:
+        return self.column("epsilon")
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.column("delta")
+
+    def to_dict(self) -> dict:
+        return dict(rows=[dict(r) for r in self.rows], programs=self.programs, seconds=self.seconds,
+                    devices=self.devices)
+
+    def to_json(self) -> str:
+        from dpjax.pld.sweep_store import jsonable
+
+        return json.dumps(jsonable(self.to_dict()))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+# ------------------------------------------------------------------------------------------
+# Planning and bucketing
+
+
+def _components(cfg: SweepConfig):
+    if cfg.group_size == 1:
+        return _acc._dpsgd_components(cfg.noise_multiplier, cfg.sampling_prob, cfg.steps)
+    # Poisson sampling, add/remove-k adjacency: the mixture-of-Gaussians step of Ganesh (2024),
+    # Thm 3.1, as dpjax.group builds it (from the pld layer's own modules: no upward import).
+    from dpjax.pld.group_spec import validate_group_spec
+    from dpjax.pld.mog import GroupSubsampledGaussian
+
+    spec = validate_group_spec(cfg.sampling_prob, group_size=cfg.group_size)
+    mech = GroupSubsampledGaussian(cfg.noise_multiplier, float(spec.group_size), sampling_prob=float(spec.sampling_prob))
+    return [(mech.validate(), cfg.steps)]
+
+
+@dataclasses.dataclass
+class _Planned:
+    index: int
+    cfg: SweepConfig
+    plan: Any
+    directions: tuple
+    want: str
+    signature: tuple
+    attempt: int = 0
+    groups: Any = None
+
+    def _signed(self) -> "_Planned":
+        self.signature = (self.want, self.directions, self.plan.n, self.plan.n_freq is None, _signature(self.groups))
+        return self
+
+
+def _signature(groups) -> tuple:
+    sig = []
+    for g in groups:
+        leaves, tree = jax.tree_util.tree_flatten(g.mechanism)
+        sig.append((type(g.mechanism), str(tree), tuple(np.shape(x) for x in leaves), len(g.counts)))
+    return tuple(sig)
+
+
+def _query(cfg: SweepConfig, options: GridOptions):
+    if cfg.query == "epsilon":
+        return "eps", dict(tail_mass=options.tail_fraction * cfg.delta, eps_hint=None, target_delta=cfg.delta)
+    return "delta", dict(tail_mass=options.delta_tail_mass, eps_hint=cfg.epsilon, target_delta=None)
+
+
+def _plan(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
+          groups=None) -> _Planned:
+    if groups is None:
+        groups, _lo, symmetric, _blocked = _acc._prepare(_components(cfg), options.max_distinct)
+    directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
+        else ("remove", "add")
+    want, kw = _query(cfg, options)
+    plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
+    return _Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
+
+
+# ------------------------------------------------------------------------------------------
+# The batched program
+
+
+@functools.lru_cache(maxsize=None)
+def _batched(mesh, directions, ms, n, kinds, want, n_freq):
+    """One jitted program for a bucket: the accountant's program (:func:`dpjax.pld.accountant._program`)
+    looped over the configurations of a chunk, the chunk's leading axis sharded over ``mesh``.
+
+    Each device runs a ``lax.while_loop`` over its own block of the chunk, stopping after its
+    ``count`` real configurations (padding costs nothing at run time, so one chunk size serves
+    every bucket).  A loop rather than ``jax.vmap``: vmapping turns the window's dynamic slices
+    and the conversion's lookups into batched gathers, measured 6x slower on CPU at n = 98304.
+    Output ``(chunk, directions, kinds, 1 + 6)``.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    def one(g, dx, lam, lt, d, e):
+        return _acc._program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
+                             n_freq=n_freq)
+
+    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons):
+        size = dx.shape[0]
+        out0 = jnp.zeros((size, len(directions), len(kinds), 1 + len(_acc._DIAGNOSTICS)), jnp.float64)
+
+        def body(state):
+            i, out = state
+            take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
+            val = one(jax.tree_util.tree_map(take, groups), take(dx), take(lambdas), take(log_tau), take(deltas),
+                      take(epsilons))
+            return i + 1, jax.lax.dynamic_update_index_in_dim(out, val, i, 0)
+
+        _, out = jax.lax.while_loop(lambda st: st[0] < count[0], body, (jnp.zeros((), count.dtype), out0))
+        return out
+
+    spec = P("configs")
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    return jax.jit(sharded)
+
+
+def _mesh(devices):
+    from jax.sharding import Mesh
+
+    return Mesh(np.asarray(devices), ("configs",))
+
+
+def _global_array(x: np.ndarray, sharding):
+    """A global array sharded along axis 0 (each process supplies its own shards; the same call
+    on one host)."""
+    x = np.ascontiguousarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def _gather(out) -> np.ndarray:
+    if jax.process_count() > 1:  # pragma: no cover - multi-host only
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+    return np.asarray(out)
+
+
+def _bucket_static(members: list[_Planned]):
+    """The bucket's padded static sizes: the largest support length (every direction and
+    component) and the most kept frequencies (None: all)."""
+    first = members[0]
+    D = len(first.directions)
+    G = len(first.plan.groups[0])
+    m = max(max(p.plan.ms[di][gi] for di in range(D) for gi in range(G)) for p in members)
+    ms = tuple(tuple(m for _ in range(G)) for _ in range(D))
+    n_freq = None if first.plan.n_freq is None else max(p.plan.n_freq for p in members)
+    return ms, n_freq
+
+
+def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
+    """Run one chunk of a bucket (``len(members) <= per_device * devices``) with the bucket's
+    static sizes ``static = (ms, n_freq)`` (one program for every chunk of the bucket).
+
+    Layout: device ``d`` gets ``members[d::devices]`` first in its block, then padding (copies of
+    the first member, never computed: each device loops over its real count only).
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    ndev = mesh.devices.size
+    first = members[0]
+    ms, n_freq = static
+    slots, counts = [], []
+    for d in range(ndev):
+        mine = members[d::ndev]
+        counts.append(len(mine))
+        slots.extend(mine + [first] * (per_device - len(mine)))
+    # Stack every leaf of the per-direction groups along a new leading axis.
+    groups = jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
+                                    *[tuple(tuple(g) for g in p.plan.groups) for p in slots])
+    dx = np.asarray([p.plan.dx for p in slots], np.float64)
+    lambdas = np.stack([np.asarray(p.plan.lambdas, np.float64) for p in slots])
+    log_tau = np.asarray([p.plan.log_tau for p in slots], np.float64)
+    deltas = np.asarray([[p.cfg.delta if p.cfg.delta is not None else 0.5] for p in slots], np.float64)
+    epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
+    count = np.asarray(counts, np.int32)
+    sharding = NamedSharding(mesh, PartitionSpec("configs"))
+    args = jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
+                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons))
+    fn = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq)
+    out = _gather(fn(*args))
+    results = {}
+    for d in range(ndev):
+        for j, p in enumerate(members[d::ndev]):
+            results[p.index] = _acc._unpack(out[d * per_device + j], p.directions, kinds, (1,))
+    return [results[p.index] for p in members], (ms, n_freq)
+
+
+def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
+    """The accountant's own retry rules (:func:`dpjax.pld.accountant._run`), for the next round:
+    a frequency truncation that is not negligible -> the same plan with every frequency; a
+    wrap-around bound over budget -> a wider window at the same ``dx`` (up to four plans).
+    None: the row is final."""
+    if n_freq is not None and any(float(r["truncation"]) > 1e-3 * p.plan.tau_wrap for rd in res for r in rd.values()):
+        q = dataclasses.replace(p, plan=dataclasses.replace(p.plan, n_freq=None))
+        return q._signed()
+    budget = 10.0 * p.plan.tau_wrap
+    over = any((k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
+               for rd in res for k, r in rd.items())
+    if not over or p.plan.n >= options.n_max or p.attempt >= 3:
+        return None
+    needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
+    needed = max([w for w in needed if math.isfinite(w)], default=0.0)
+    min_width = max(1.05 * needed, 1.5 * p.plan.n * p.plan.dx)
+    return _plan(p.index, p.cfg, options, min_width=min_width, attempt=p.attempt + 1, groups=p.groups)
+
+
+def _row(p: _Planned, reports, path: str) -> dict:
+    dir_reports, upper, lower = _acc._combine(reports)
+    upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
+    cfg = p.cfg
+    value = upper
+    row = dict(index=p.index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
+               steps=cfg.steps, group_size=cfg.group_size,
+               delta=cfg.delta if cfg.query == "epsilon" else value,
+               epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
+               query=cfg.query, lower=lower, upper=upper, n=int(dir_reports[0].n), dx=float(dir_reports[0].dx),
+               path=path)
+    return row
+
+
+#: Configurations per device in one program call (the chunk is this times the device count).
+DEFAULT_PER_DEVICE = 32
+
+
+@host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
+def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
+          group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
+          with_lower: bool = True, devices: Sequence | None = None, per_device: int = DEFAULT_PER_DEVICE,
+          progress_bar: bool | None = None) -> SweepTable:
+    """Certified epsilon (or delta) for every configuration; one row each, in input order.
+
+    Args:
+      configs: a list of configurations (:class:`SweepConfig` or mappings with
+        ``noise_multiplier``, ``sampling_prob``, ``steps``, ``delta`` or ``epsilon``, optional
+        ``group_size``), or a dict of equal-length columns.  Or leave it None and give the grid
+        keywords instead.
+      noise_multiplier, sampling_prob, steps, delta, epsilon, group_size: a grid
+        (:func:`sweep_grid`: Cartesian product, scalars or sequences).
+      out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
+        ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).
+      resume: with ``out``, skip configurations already recorded there (a killed sweep resumes).
+      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs), as for :func:`dpjax.pld.epsilon`.
+      with_lower: also compute the certified lower end of the bracket (about doubles the work).
+      devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
+      per_device: configurations per device in one program call.
+      progress_bar: show a progress bar (None: auto, on a TTY).
+    Returns:
+      :class:`SweepTable` (``programs`` = number of distinct batched programs run).
+    """
+    t0 = time.perf_counter()
+    options = _acc._options(options)
+    if configs is None:
+        if noise_multiplier is None or sampling_prob is None or steps is None:
+            raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
+                             "delta (or epsilon)")
+        configs = sweep_grid(noise_multiplier, sampling_prob, steps, delta, epsilon, group_size)
+    else:
+        configs = _as_configs(configs)
+    per_device = _validate.positive_int("per_device", per_device)
+    if resume and out is None:
+        raise ValueError("resume=True needs out (the file a previous run wrote)")
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("devices must not be empty")
+    mesh = _mesh(devices)
+    chunk = per_device * len(devices)
+    kinds = ("up", "down") if with_lower else ("up",)
+
+    store = None
+    done: dict[int, dict] = {}
+    if out is not None:
+        from dpjax.pld.sweep_store import SweepStore
+
+        store = SweepStore(out, ROW_FIELDS, resume=resume)
+        for i, row in store.rows.items():
+            if i >= len(configs) or not _matches(row, configs[i]):
+                raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep; "
+                                 f"resume only the sweep that wrote it (or write to a new file)")
+            done[i] = dict(row, path="resumed")
+    rows: dict[int, dict] = dict(done)
+    todo = [i for i in range(len(configs)) if i not in done]
+    programs = set()
+    with jax.enable_x64(True), progress(total=len(configs), desc="sweep", enabled=progress_bar,
+                                        initial=len(done), unit="cfg") as bar:
+        pending = [_plan(i, configs[i], options) for i in todo]
+        while pending:  # rounds: a retried row (rare) goes to the next round's buckets
+            buckets: dict[tuple, list[_Planned]] = {}
+            for p in pending:
+                buckets.setdefault(p.signature, []).append(p)
+            pending = []
+            for sig, members in buckets.items():
+                static = _bucket_static(members)
+                for start in range(0, len(members), chunk):
+                    part = members[start:start + chunk]
+                    results, static = _run_chunk(part, per_device, kinds, mesh, static)
+                    programs.add((sig, static))
+                    new = []
+                    for p, res in zip(part, results):
+                        again = _retry(p, res, static[1], options)
+                        if again is not None:
+                            pending.append(again)
+                            continue
+                        row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
+                        rows[p.index] = row
+                        new.append(row)
+                    if store is not None:
+                        store.append(new)
+                    bar.update(len(new), programs=len(programs))
+    table = SweepTable(rows=tuple(rows[i] for i in range(len(configs))), programs=len(programs),
+                       seconds=time.perf_counter() - t0, devices=len(devices))
+    if store is not None:
+        store.finalize(table.rows)
+    return table
+
+
+def _matches(row: dict, cfg: SweepConfig) -> bool:
+    def same(a, b):
+        if a is None or b is None or (isinstance(a, float) and math.isnan(a)):
+            return (a is None or (isinstance(a, float) and math.isnan(a))) and b is None
+        return float(a) == float(b)
+    given = "delta" if cfg.query == "epsilon" else "epsilon"
+    return (row.get("query") == cfg.query and same(row.get("noise_multiplier"), cfg.noise_multiplier)
+            and same(row.get("sampling_prob"), cfg.sampling_prob) and int(row.get("steps")) == cfg.steps
+            and int(row.get("group_size", 1)) == cfg.group_size
+            and same(row.get(given), getattr(cfg, given)))
