@@ -78,6 +78,13 @@ RELATIVE_TOLERANCE = 1e-4
 #: grid the caller planned): < 1e-8 relative bracket from a 2x bracket on these smooth, nearly
 #: log-linear curves.
 NUM_ITERATIONS = 10
+#: The search compares epsilon with ``target_epsilon * (1 - _AGREEMENT_MARGIN)``.  Its probes run
+#: the accountant's grid plan and composition, but in one batched program with supports padded
+#: to ``n`` and no frequency truncation, so its values differ from
+#: :func:`dpjax.pld.dpsgd_epsilon`'s by round-off and by the (tiny, bounded) truncation and
+#: ``+inf``-atom terms: measured <= 1e-8 relative.  The margin keeps the returned sigma on the
+#: safe side of the target under the accountant itself; it moves sigma by ~1e-7 relative.
+_AGREEMENT_MARGIN = 1e-7
 
 
 #: The fixed grid of a DP-SGD configuration: a :class:`dpjax.pld.FixedGrid` whose single
@@ -222,6 +229,8 @@ def _certified_epsilons(mechanism, counts, offsets, dx, lambdas, log_tau, target
 
 #: Largest ``B * n`` of one batched evaluation (bounds memory at ~ a few hundred MB).
 _MAX_BATCH_POINTS = 1 << 22
+#: Batch of a vectorized call's evaluations (one single search evaluates pairs).
+_WIDE_BATCH = 16
 #: Window widenings after a wrap-around bound over budget (as :func:`dpjax.pld.epsilon`).
 _MAX_PLANS = 4
 
@@ -283,7 +292,9 @@ def _run_plans(plans, sigmas, deltas, templates):
         cap = 1 << (cap.bit_length() - 1)
         for start in range(0, len(idx), cap):
             chunk = idx[start:start + cap]
-            b = min(cap, 1 << max(1, (len(chunk) - 1).bit_length()))
+            # Two batch sizes per n (a single search's pair, or a full chunk of a vectorized
+            # call): two programs at most per grid length, whatever the number of targets.
+            b = 2 if len(chunk) <= 2 else min(cap, _WIDE_BATCH)
             pad = chunk + [chunk[-1]] * (b - len(chunk))
             mech = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
                                           *[plans[i].groups[0][0].mechanism for i in pad])
@@ -535,8 +546,18 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
         _with(mechs[0], 1.0).validate()
     # A group of k behaves roughly like sampling probability k q (sensitivity-1 part of the
     # mixture): only the search's starting point.
+    if k == 1 and sampling == "poisson":
+        # delta >= 1 - (1-q)^T, the probability that the record is sampled at all: met by every
+        # noise multiplier (sigma -> 0 has exactly this delta at every epsilon), no smallest one.
+        floor = -np.expm1(steps_i * np.log1p(-np.minimum(q, 1.0)))
+        if np.any(delta >= floor):
+            i = int(np.argmax(delta >= floor))
+            raise ValueError(_unreachable_message("below", eps[i], delta[i], q[i], steps_i[i], k, sampling))
     guess = _clt_guess(eps, delta, np.minimum(1.0, k * q), steps_i.astype(np.float64))
-    out, reason, _ = _calibrate(eps, delta, steps_i, mechs, guess, options=options, rtol=RELATIVE_TOLERANCE)
+    # Search a hair below the target (see _AGREEMENT_MARGIN): the returned sigma then also meets
+    # the target under dpjax.dpsgd_epsilon's own program, not only under the search's.
+    out, reason, _ = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess, options=options,
+                                rtol=RELATIVE_TOLERANCE)
     bad = np.flatnonzero(np.isnan(out))
     if bad.size:
         i = int(bad[0])
