@@ -6,7 +6,8 @@ environment, ``jax_enable_compilation_cache`` False), so the first call pays for
 planning, tracing and every XLA compile it needs.  Recorded per case:
 
 * ``import_s``: ``import dpjax`` (lazy; not part of the call);
-* ``first_s``: the first ``dpjax.dpsgd_noise_multiplier`` call;
+* ``first_s``: the first ``dpjax.dpsgd_noise_multiplier`` call (wall); ``cpu_first_s``: its
+  CPU time (all threads; far less sensitive to other processes than wall time);
 * ``second_s``: the same call again (compiled programs cached in the process);
 * ``other_s``: a different target of the same kind (how much of the compile is reused);
 * ``compiles``: number of XLA programs of the search compiled in the first call.
@@ -46,19 +47,20 @@ import dpjax
 import dpjax.calibration.pld as cal
 t_import = time.perf_counter() - t0
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-t = time.perf_counter(); s1 = dpjax.dpsgd_noise_multiplier(*a); first = time.perf_counter() - t
-compiles = cal._certified_epsilons._cache_size()
+c = time.process_time(); t = time.perf_counter(); s1 = dpjax.dpsgd_noise_multiplier(*a)
+first = time.perf_counter() - t; cpu_first = time.process_time() - c
+compiles = cal._certified_epsilons._cache_size() if hasattr(cal, "_certified_epsilons") else None
 t = time.perf_counter(); dpjax.dpsgd_noise_multiplier(*a); second = time.perf_counter() - t
 t = time.perf_counter(); s2 = dpjax.dpsgd_noise_multiplier(*b); other = time.perf_counter() - t
-print(json.dumps(dict(import_s=t_import, first_s=first, second_s=second, other_s=other,
+print(json.dumps(dict(import_s=t_import, first_s=first, cpu_first_s=cpu_first, second_s=second, other_s=other,
                       compiles=compiles, sigma=s1, sigma_other=s2)))
 """
 
 
-def run_case(name, a, b):
+def run_case(name, a, b, root=ROOT):
     env = {k: v for k, v in os.environ.items()
            if k not in ("JAX_COMPILATION_CACHE_DIR", "DPJAX_COMPILATION_CACHE")}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(a), json.dumps(b)], env=env,
                          capture_output=True, text=True, check=True)
     rec = json.loads(out.stdout.strip().splitlines()[-1])
@@ -69,22 +71,30 @@ def run_case(name, a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
+    ap.add_argument("--baseline", default=None,
+                    help="a directory holding another dpjax checkout (e.g. the code before issue 14), "
+                         "run the same cases against it in the same run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_calibration_first_call.json"))
     args = ap.parse_args()
+    wanted = args.cases.split(",")
     rows = []
     for _ in range(args.repeat):
-        for name, a, b in CASES:
+        for (name, a, b), (label, root) in [(c, r) for c in CASES if c[0] in wanted
+                                            for r in [("this", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])]:
             load = os.getloadavg()[0]
-            rec = run_case(name, a, b)
+            rec = run_case(name, a, b, root)
             rec["load_average_1min"] = load
+            rec["code"] = label
             rows.append(rec)
-            print(f"{name:18s} first {rec['first_s']:7.2f} s  second {rec['second_s']:6.2f} s  "
+            print(f"{label:8s} {name:18s} first {rec['first_s']:7.2f} s (cpu {rec['cpu_first_s']:6.2f} s)  second {rec['second_s']:6.2f} s  "
                   f"other {rec['other_s']:6.2f} s  compiles {rec['compiles']}  import {rec['import_s']:.2f} s  "
                   f"sigma {rec['sigma']:.6g}  load {load:.1f}", flush=True)
     res = dict(benchmark="bench_calibration_first_call", cpu_count=os.cpu_count(), platform=platform.platform(),
                python=sys.version.split()[0], note="fresh process per case, persistent compilation cache off; "
                "timings inflated by machine load (load_average_1min per row)", rows=rows)
-    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "benchmarks", "results", "bench_calibration_first_call.json")
+    path = args.out
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print("wrote", path)
