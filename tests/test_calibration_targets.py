@@ -182,18 +182,23 @@ def main(argv):
     ap.add_argument("--out", required=True)
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--one-by-one", action="store_true")
     a = ap.parse_args(argv)
     ts = targets(a.n, a.seed)
     idx = [i for i in range(len(ts)) if i % a.shards == a.shard]
     with open(a.out, "a") as f:
         t0 = time.time()
         sub = [ts[i] for i in idx]
-        sig = calibrate(sub)
+        # --one-by-one: calibrate each target alone right before its checks (partial runs then
+        # leave complete records); default: one batched call for all (the vectorized path).
+        sig = {} if a.one_by_one else calibrate(sub)
         f.write(json.dumps(dict(event="calibrated", seconds=time.time() - t0, count=len(sig))) + "\n")
         f.flush()
         for j, i in enumerate(idx):
             t = ts[i]
             t1 = time.time()
+            if a.one_by_one and not vacuous(*t[1:]):
+                sig[j] = float(dpjax.dpsgd_noise_multiplier(*t))
             if vacuous(*t[1:]):
                 try:
                     dpjax.dpsgd_noise_multiplier(*t)
