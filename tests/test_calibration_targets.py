@@ -183,9 +183,10 @@ def main(argv):
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--one-by-one", action="store_true")
+    ap.add_argument("--start", type=int, default=0, help="skip the first targets (already checked)")
     a = ap.parse_args(argv)
     ts = targets(a.n, a.seed)
-    idx = [i for i in range(len(ts)) if i % a.shards == a.shard]
+    idx = [i for i in range(a.start, len(ts)) if i % a.shards == a.shard]
     with open(a.out, "a") as f:
         t0 = time.time()
         sub = [ts[i] for i in idx]
