@@ -61,7 +61,8 @@ def run_case(name, a, b, root=ROOT):
     env = {k: v for k, v in os.environ.items()
            if k not in ("JAX_COMPILATION_CACHE_DIR", "DPJAX_COMPILATION_CACHE")}
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(a), json.dumps(b)], env=env,
+    # cwd=root: `python -c` puts the working directory first on sys.path.
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(a), json.dumps(b)], env=env, cwd=root,
                          capture_output=True, text=True, check=True)
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     rec.update(name=name, target=a, other_target=b)

@@ -600,8 +600,8 @@ def _unreachable_message(reason, eps, delta, q, steps, group_size, sampling):
             + (f", sampling={sampling!r}" if sampling != "poisson" else ""))
     lo, hi = SIGMA_RANGE
     if reason == "above":
-        return (f"{what} is not met by any noise multiplier up to {hi:g} (the largest supported): "
-                f"the certified epsilon at sigma={hi:g} is still above the target; increase "
+        return (f"{what} needs a noise multiplier above {hi:g}, outside the supported range "
+                f"[{lo:g}, {hi:g}]: the certified epsilon at sigma={hi:g} is still above the target; increase "
                 f"target_epsilon or target_delta, or lower sampling_prob or steps")
     if reason == "below":
         floor = 1.0 - (1.0 - q) ** steps if (group_size == 1 and sampling == "poisson") else None
@@ -609,7 +609,7 @@ def _unreachable_message(reason, eps, delta, q, steps, group_size, sampling):
                f"is sampled at all: every noise multiplier meets it, the target is vacuous)"
                if floor is not None and delta >= floor else "")
         return (f"{what} is met already at sigma={lo:g}, the smallest supported noise multiplier"
-                f"{why}; the smallest sufficient sigma is below the supported range: decrease "
+                f"{why}; the smallest sufficient sigma is outside the supported range [{lo:g}, {hi:g}]: decrease "
                 f"target_epsilon or target_delta")
     return (f"{what}: the calibration search did not close its bracket (internal error: the "
             f"certified epsilon curve is not monotone here); please report it")
