@@ -58,7 +58,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
-from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid, stack_grids
+from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
 from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
 from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import epsilon as eps_from_pld
