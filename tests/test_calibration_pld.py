@@ -185,3 +185,24 @@ def test_group_calibration_reproduces_family_c(reference_cases, case_id):
         q = p["sampling_probability"]
     sigma = dpsgd_noise_multiplier(c["value"], p["delta"], q, p["steps"], **kw)
     assert sigma == pytest.approx(p["noise_multiplier"], rel=1e-3)
+
+
+# Issue 14: an everyday target was refused (the fixed grid planned there had a window too
+# narrow for the heavy-tailed remove loss and no widening: epsilon = inf on it), and another
+# came back 28% too noisy (1.5489 where 1.2015 suffices: the search's grid was planned above
+# the root, where it is loose below the planning point).  Now: the returned sigma meets the
+# target under the public accountant and sigma * (1 - 1e-3) does not, i.e. it is within 0.1%
+# of the smallest sigma on the accountant's own curve.
+@pytest.mark.parametrize("target, expected", [
+    ((0.583, 1.2296519642684441e-05, 0.003014704296372604, 514), 0.85666),
+    ((0.997, 2.1438288799726377e-09, 0.011793946091293604, 57), 1.20154),
+])
+def test_issue14_targets_are_calibrated_to_the_smallest_sigma(target, expected):
+    eps, delta, q, steps = target
+    sigma = dpsgd_noise_multiplier(*target)
+    # dp_accounting's calibrate_dp_mechanism at a 1e-4 interval: 0.856629 and 1.201499 (checked
+    # with tests/test_calibration_targets.py); ours is the certified pessimistic end.
+    assert sigma == pytest.approx(expected, rel=2e-4)
+    with jax.disable_jit():  # op by op: no compile per grid shape for the two checks
+        assert dpjax.dpsgd_epsilon(sigma, q, steps, delta) <= eps
+        assert dpjax.dpsgd_epsilon(sigma * (1 - 1e-3), q, steps, delta) > eps
