@@ -55,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax._results import ResultMixin
+
 from dpjax import _validate
 from dpjax._x64 import float64
 from dpjax.calibration.root import (ImplicitAdjoint, RootResult, SolverStatus,
@@ -325,7 +327,7 @@ class NewtonIllinois:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class CalibrationResult:
+class CalibrationResult(ResultMixin):
     """Outcome of :func:`calibrate_on_draws`.
 
     Attributes:

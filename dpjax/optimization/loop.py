@@ -158,13 +158,22 @@ class OptimizationResult:
         return text
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "OptimizationResult":
-        with open(path) as f:
-            d = _unjson(json.load(f))
+    def from_dict(cls, data: dict) -> "OptimizationResult":
+        """Rebuild a result from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
+        d = _unjson(dict(data))
         if d.pop("format", None) != RESULT_FORMAT:
-            raise ValueError(f"{path}: not a dpjax optimize result (format {RESULT_FORMAT!r} expected)")
+            raise ValueError(f"not a dpjax optimize result (format {RESULT_FORMAT!r} expected)")
         d.pop("gap_to_estimate", None)
         return cls(**d)
+
+    @classmethod
+    def load(cls, source: str | os.PathLike) -> "OptimizationResult":
+        """Rebuild a result from a JSON file path or JSON text written by :meth:`to_json`."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            with open(source) as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
 
     def correlation(self):
         """``C`` as the family's structured matrix (Toeplitz / BLT) or dense array."""

@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax._results import ResultMixin
+
 from dpjax import _validate
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
@@ -53,8 +55,9 @@ __all__ = ["EpsilonCurve", "epsilon_curve"]
 
 
 @dataclasses.dataclass(frozen=True)
-class EpsilonCurve:
-    """Certified epsilon after each number of steps.
+class EpsilonCurve(ResultMixin):
+    """Certified epsilon after each number of steps (``to_dict`` / ``to_json`` / ``load`` from
+    :class:`dpjax._results.ResultMixin`).
 
     Attributes:
       steps: (K,) int64, the numbers of steps, in the order given.
@@ -74,19 +77,6 @@ class EpsilonCurve:
     n: int
     dx: float
     recomputed: np.ndarray
-
-    def to_dict(self) -> dict:
-        from dpjax.pld.sweep_store import jsonable
-
-        return jsonable(dict(steps=self.steps.tolist(), epsilon=self.epsilon.tolist(),
-                             epsilon_lower=self.epsilon_lower.tolist(), epsilon_upper=self.epsilon_upper.tolist(),
-                             target_delta=self.target_delta, n=self.n, dx=self.dx,
-                             recomputed=self.recomputed.tolist()))
-
-    def to_json(self) -> str:
-        import json
-
-        return json.dumps(self.to_dict())
 
 
 @functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "batch"))

@@ -74,6 +74,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax._results import ResultMixin
+
 from dpjax import _validate
 from dpjax._progress import progress
 from dpjax._x64 import host_only
@@ -195,7 +197,7 @@ def _as_configs(configs) -> list[SweepConfig]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SweepTable:
+class SweepTable(ResultMixin):
     """The result of :func:`sweep`: ``rows`` (dicts with :data:`ROW_FIELDS`) in input order.
 
     Row fields: the configuration; ``query`` ("epsilon" or "delta"); the certified value in the
@@ -223,13 +225,19 @@ class SweepTable:
         return self.column("delta")
 
     def to_dict(self) -> dict:
+        """Plain data: ``rows`` (list of dicts), ``programs``, ``seconds``, ``devices``; ``to_json``
+        / ``load`` (from :class:`dpjax._results.ResultMixin`) write and read it as strict JSON."""
         return dict(rows=[dict(r) for r in self.rows], programs=self.programs, seconds=self.seconds,
                     devices=self.devices)
 
-    def to_json(self) -> str:
-        from dpjax.pld.sweep_store import jsonable
+    @classmethod
+    def from_dict(cls, data: dict) -> "SweepTable":
+        """Rebuild a table from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
+        from dpjax._results import _restore_floats
 
-        return json.dumps(jsonable(self.to_dict()))
+        rows = tuple({k: _restore_floats(v) for k, v in r.items()} for r in data["rows"])
+        return cls(rows=rows, programs=int(data.get("programs", 0)), seconds=float(data.get("seconds", 0.0)),
+                   devices=int(data.get("devices", 1)))
 
     def __len__(self) -> int:
         return len(self.rows)
