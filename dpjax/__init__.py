@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 # before.
 import importlib as _importlib
 
-_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group")
+_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
+               "sampling", "noise", "interop")
 # name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
 # unchanged (see dpjax.group.dpsgd_epsilon).

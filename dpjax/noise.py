@@ -19,8 +19,8 @@ float64 for the checks below; float32 in training is the user's choice, like the
 model, and the recurrences below are stable for ``theta in (0, 1)``).
 
 BLT (buffered linear Toeplitz; Dvijotham, McMahan, Pillutla, Steinke & Thakurta, "Efficient and
-near-optimal noise generation for streaming differential privacy", and McMahan, Choquette-Choo et
-al., "Scaling up the banded matrix factorization mechanism ... / BLT" line of work):
+near-optimal noise generation for streaming differential privacy", 2024; McMahan, Xu & Zhang, "A
+hassle-free algorithm for private learning in practice: don't use tree aggregation, use BLTs", 2024):
 ``c_0 = 1``, ``c_k = sum_j omega_j theta_j^(k-1)`` for ``k >= 1`` (:class:`dpjax.matrices.BLT`).
 Solving ``C y = z`` row by row,
 

@@ -1,0 +1,150 @@
+"""Interop with dp_accounting and a running accountant: dpjax vs the anchors, side by side.
+
+Three parts (issue 12, must-show 3 and 4), all in one process, delta = 1e-5:
+
+1. ``events``: the 20 DpEvents of tests/test_interop_dp_accounting.py (nested compositions
+   included).  dpjax ``dpjax.interop.PLDAccountant().compose(e).get_epsilon(1e-5)`` vs
+   dp_accounting 0.6.0 ``PLDAccountant(value_discretization_interval=1e-5)`` (pessimistic,
+   the anchor) and its optimistic estimate at 1e-5 (a lower bound on the truth: dpjax must not
+   go below it).  Relative difference and wall time of each (dpjax's first call includes JIT
+   compilation when the grid size is new; dp_accounting is NumPy, nothing to compile).
+2. ``calibrate``: ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` for DP-SGD
+   (q = 0.01, T = 1000, eps = 2) with dpjax's accountant vs dp_accounting's (default interval
+   1e-4): sigma, relative difference, wall time (dpjax: first run = compile + run, then a
+   second run = steady state).
+3. ``running``: 20 epochs of 100 steps (sigma 1, q = 0.01); query epsilon after every epoch
+   with ``RunningAccountant(horizon=2000)`` (fixed grid), ``RunningAccountant()`` (full
+   composition, cached) and 20 fresh ``dpjax.dpsgd_epsilon`` calls; total wall time of the
+   20 queries of each (first-call compilation inside, as a training loop sees it) and the
+   ratio fresh / running.
+
+The machine is shared (2 cores, several concurrent jobs): absolute times are inflated; the
+ratios are measured side by side in one run.  Prints a table and writes
+``benchmarks/results/bench_interop.json``.
+
+    python benchmarks/bench_interop.py [--parts events,calibrate,running] [--interval 1e-5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import platform
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _load_events():
+    spec = importlib.util.spec_from_file_location("_events", ROOT / "tests" / "test_interop_dp_accounting.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def part_events(interval):
+    import dp_accounting as dpa
+
+    from dpjax.interop import PLDAccountant, events_to_components
+
+    mod = _load_events()
+    rows = []
+    for name, event, rel in mod.EVENTS:
+        t0 = time.perf_counter()
+        ours = PLDAccountant(rel).compose(event).get_epsilon(1e-5)
+        t_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        theirs = dpa.pld.PLDAccountant(rel, value_discretization_interval=interval).compose(event).get_epsilon(1e-5)
+        t_theirs = time.perf_counter() - t0
+        floor = mod.optimistic_floor(events_to_components(event, rel)[0], 1e-5, interval)
+        row = dict(event=name, dpjax=ours, dp_accounting=theirs, floor=floor, rel_diff=(ours - theirs) / theirs,
+                   above_floor=ours >= floor, dpjax_s=t_ours, dp_accounting_s=t_theirs)
+        rows.append(row)
+        print(f"{name:34s} dpjax {ours:10.6f}  dp_acc {theirs:10.6f}  floor {floor:10.6f}  "
+              f"rel {row['rel_diff']:+.2e}  {t_ours:6.2f}s vs {t_theirs:6.2f}s", flush=True)
+    worst = max(abs(r["rel_diff"]) for r in rows)
+    print(f"worst |rel diff| {worst:.2e}; all above floor: {all(r['above_floor'] for r in rows)}")
+    return dict(rows=rows, worst_rel_diff=worst, interval=interval,
+                all_above_floor=all(r["above_floor"] for r in rows))
+
+
+def part_calibrate():
+    import dp_accounting as dpa
+
+    from dpjax.interop import PLDAccountant
+
+    def make(s):
+        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(s)), 1000)
+
+    cal = dpa.mechanism_calibration.calibrate_dp_mechanism
+    out = {}
+    for label, acc in (("dpjax_first", PLDAccountant), ("dpjax_steady", PLDAccountant),
+                       ("dp_accounting", dpa.pld.PLDAccountant)):
+        t0 = time.perf_counter()
+        sigma = cal(acc, make, 2.0, 1e-5)
+        out[label] = dict(sigma=sigma, seconds=time.perf_counter() - t0)
+        print(f"calibrate_dp_mechanism [{label:13s}] sigma {sigma:.8f}  {out[label]['seconds']:.2f}s", flush=True)
+    out["rel_diff"] = out["dpjax_steady"]["sigma"] / out["dp_accounting"]["sigma"] - 1
+    out["speedup_first"] = out["dp_accounting"]["seconds"] / out["dpjax_first"]["seconds"]
+    out["speedup_steady"] = out["dp_accounting"]["seconds"] / out["dpjax_steady"]["seconds"]
+    print(f"sigma rel diff {out['rel_diff']:+.2e}; dp_accounting / dpjax time: first {out['speedup_first']:.2f}x, "
+          f"steady {out['speedup_steady']:.2f}x")
+    return out
+
+
+def part_running(epochs=20, steps_per_epoch=100, sigma=1.0, q=0.01):
+    import dpjax
+    from dpjax.interop import RunningAccountant
+
+    out = {}
+    for label in ("fixed_grid", "full", "fresh"):
+        acc = RunningAccountant(horizon=epochs * steps_per_epoch) if label == "fixed_grid" else RunningAccountant()
+        eps, times = [], []
+        for e in range(1, epochs + 1):
+            acc.step(noise_multiplier=sigma, sample_rate=q, num_steps=steps_per_epoch)
+            t0 = time.perf_counter()
+            if label == "fresh":
+                eps.append(dpjax.dpsgd_epsilon(sigma, q, e * steps_per_epoch, 1e-5))
+            else:
+                eps.append(acc.get_epsilon(1e-5))
+            times.append(time.perf_counter() - t0)
+        out[label] = dict(total_s=sum(times), first_s=times[0], per_query_s=times, epsilons=eps)
+        print(f"running [{label:10s}] 20 queries {sum(times):7.2f}s (first {times[0]:.2f}s)  final eps {eps[-1]:.6f}",
+              flush=True)
+    out["ratio_fresh_over_fixed_grid"] = out["fresh"]["total_s"] / out["fixed_grid"]["total_s"]
+    out["ratio_fresh_over_full"] = out["fresh"]["total_s"] / out["full"]["total_s"]
+    out["max_rel_diff_fixed_grid_vs_fresh"] = max(abs(a / b - 1) for a, b in
+                                                  zip(out["fixed_grid"]["epsilons"], out["fresh"]["epsilons"]))
+    print(f"fresh / running: fixed grid {out['ratio_fresh_over_fixed_grid']:.1f}x, full {out['ratio_fresh_over_full']:.2f}x;"
+          f" fixed-grid eps within {out['max_rel_diff_fixed_grid_vs_fresh']:.1e} of fresh")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="events,calibrate,running")
+    ap.add_argument("--interval", type=float, default=1e-5, help="dp_accounting's value_discretization_interval")
+    args = ap.parse_args(argv)
+    parts = args.parts.split(",")
+    out = dict(machine=platform.platform(), python=platform.python_version(),
+               note="shared 2-core machine under contention: absolute times inflated; ratios side by side")
+    if "events" in parts:
+        out["events"] = part_events(args.interval)
+    if "calibrate" in parts:
+        out["calibrate"] = part_calibrate()
+    if "running" in parts:
+        out["running"] = part_running()
+    path = ROOT / "benchmarks" / "results" / "bench_interop.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    previous.update(out)
+    path.write_text(json.dumps(previous, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
