@@ -152,7 +152,8 @@ def toeplitz_noise(correlation) -> StreamingNoise:
         def leaf(zl, h):
             c = coeffs.astype(h.dtype)
             y = (zl - jnp.tensordot(c[1:], h, axes=1)) / c[0]
-            return y, jnp.concatenate([y[None], h[:-1]], axis=0)
+            # Newest first; keep k - 1 rows (none for a diagonal C).
+            return y, jnp.concatenate([y[None], h], axis=0)[: k - 1]
 
         pairs = jax.tree_util.tree_map(leaf, z, state.history)
         y = jax.tree_util.tree_map(lambda _, p: p[0], z, pairs)

@@ -50,7 +50,7 @@ def test_toeplitz_stream_equals_dense_n2048_full_and_banded():
         rng = np.random.default_rng(1)
         z = rng.standard_normal((N,))
         full = 1.0 / np.sqrt(np.arange(1, N + 1))  # slowly decaying, not banded
-        for column in (full, np.array([1.0, 0.6, 0.3, 0.1])):
+        for column in (full, np.array([1.0, 0.6, 0.3, 0.1]), np.array([2.0])):
             ys, _ = _stream(toeplitz_noise(Toeplitz(jnp.asarray(column))), jnp.asarray(z))
             ref = _dense_solve(np.pad(column, (0, N - column.size)), z)
             err = np.max(np.abs(np.asarray(ys) - ref))
