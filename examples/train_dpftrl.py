@@ -129,8 +129,8 @@ def main(argv=None):
     batch_size = int(n / b + 6.5 * np.sqrt(n / b))  # ~6.5 sd above the mean: truncation negligible
     m_cal, m_cert = (100_000, 1_500_000) if not args.quick else (50_000, 400_000)
     delta = args.delta if not args.quick else 5e-4
-    x, y = make_data(n, 20, args.seed)
-    xt, yt = make_data(4000, 20, args.seed + 100)
+    x_all, y_all = make_data(n + 4000, 20, args.seed)  # one labelling function; split train / test
+    x, y, xt, yt = x_all[:n], y_all[:n], x_all[n:], y_all[n:]
     sampler = BallsInBinsSampler(n, b, e, batch_size, seed=args.seed)
     print(f"balls-in-bins: N={n}, b={b}, E={e}, B={batch_size}: expected truncation rate "
           f"{sampler.truncation_rate():.2e}, realised {sampler.truncated_fraction():.2e}, padded slots "

@@ -24,7 +24,7 @@ def _generator():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["group_privacy.ipynb", "moments_accountant.ipynb"])
+@pytest.mark.parametrize("name", ["group_privacy.ipynb", "moments_accountant.ipynb", "training.ipynb"])
 def test_notebook_executes(tmp_path, name):
     pytest.importorskip("nbclient")
     pytest.importorskip("matplotlib")
