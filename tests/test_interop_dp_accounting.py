@@ -169,3 +169,17 @@ def test_calibrate_dp_mechanism_same_sigma():
     assert ours == pytest.approx(theirs, rel=1e-3)
     # Calibrated sigma is feasible under dpjax's certified bound.
     assert PLDAccountant().compose(make(ours)).get_epsilon(1e-5) <= 2.0 + 1e-9
+
+
+def test_jax_privacy_training_accountant_runs_on_dpjax():
+    analysis = pytest.importorskip("jax_privacy.accounting.analysis")
+    from dpjax.interop import PLDAccountantConfig
+
+    params = analysis.DpParams(noise_multipliers=1.0, num_samples=10_000, delta=1e-5, batch_size=100)
+    ours = analysis.DpsgdTrainingAccountant(dp_accountant_config=PLDAccountantConfig()).compute_epsilon(500, params)
+    assert ours == pytest.approx(pld.dpsgd_epsilon(1.0, 0.01, 500, 1e-5), rel=1e-9)
+    from jax_privacy.accounting import accountants
+
+    theirs = analysis.DpsgdTrainingAccountant(
+        dp_accountant_config=accountants.PldAccountantConfig()).compute_epsilon(500, params)
+    assert ours == pytest.approx(theirs, rel=3e-3)

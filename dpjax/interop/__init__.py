@@ -4,6 +4,7 @@
   (:func:`events_to_components`), and :class:`PLDAccountant`, a
   ``dp_accounting.PrivacyAccountant`` backed by dpjax's certified FFT accountant, usable by
   ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` and jax_privacy unchanged.
+  :class:`PLDAccountantConfig` plugs it into jax_privacy's training accountants.
   dp_accounting is an optional extra (``pip install dpjax[dp_accounting]``), imported only
   when one of these names is first used.
 * :mod:`dpjax.interop.opacus` -- ``get_noise_multiplier(*, target_epsilon, target_delta,
@@ -16,6 +17,7 @@ import importlib as _importlib
 
 _ATTRS = {
     "PLDAccountant": "dpjax.interop.dp_accounting",
+    "PLDAccountantConfig": "dpjax.interop.dp_accounting",
     "events_to_components": "dpjax.interop.dp_accounting",
     "UnsupportedDpEventError": "dpjax.interop.dp_accounting",
     "RunningAccountant": "dpjax.interop.opacus",

@@ -66,7 +66,7 @@ import numpy as np
 from dpjax import pld
 from dpjax.pld.mog import MixtureOfGaussians
 
-__all__ = ["PLDAccountant", "UnsupportedDpEventError", "events_to_components"]
+__all__ = ["PLDAccountant", "PLDAccountantConfig", "UnsupportedDpEventError", "events_to_components"]
 
 NeighboringRelation = _dpa_pkg.NeighboringRelation
 _ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -312,3 +312,28 @@ class PLDAccountant(_dpa_pkg.PrivacyAccountant):
             res = pld.delta(self._components, eps, options=self._options, with_lower=False)
             self._cache[key] = float(np.minimum(res.delta, 1.0))
         return self._cache[key]
+
+
+class PLDAccountantConfig:
+    """jax_privacy accountant config for dpjax: ``create_accountant()`` returns a fresh :class:`PLDAccountant`.
+
+    jax_privacy's training accountants take a ``dp_accountant_config`` and call only its
+    ``create_accountant()``; pass this instead of ``jax_privacy.accounting.PldAccountantConfig``::
+
+        from jax_privacy.accounting import analysis
+        acc = analysis.DpsgdTrainingAccountant(dp_accountant_config=PLDAccountantConfig())
+        acc.compute_epsilon(num_updates=1000, dp_params=analysis.DpParams(
+            noise_multipliers=1.0, num_samples=50_000, delta=1e-5, batch_size=500))
+
+    Args:
+      options: :class:`dpjax.pld.GridOptions` for the accountants it creates.
+    """
+
+    def __init__(self, options: "pld.GridOptions | None" = None):
+        self.options = options
+
+    def create_accountant(self) -> PLDAccountant:
+        return PLDAccountant(_ADD_REMOVE, options=self.options)
+
+    def __repr__(self) -> str:
+        return f"PLDAccountantConfig(options={self.options!r})"
