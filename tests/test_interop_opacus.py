@@ -81,6 +81,7 @@ def test_get_noise_multiplier_opacus_convention():
     assert dpjax.dpsgd_epsilon(sigma * 0.99, 0.02, steps, 1e-5) > 2.0
 
 
+@pytest.mark.slow  # ~35 certified evaluations at varying grid sizes (compiles)
 def test_calibrate_steps_and_batch_size():
     t = calibrate_steps(noise_multiplier=1.0, sample_rate=0.02, target_epsilon=2.0, target_delta=1e-5)
     assert dpjax.dpsgd_epsilon(1.0, 0.02, t, 1e-5) <= 2.0 < dpjax.dpsgd_epsilon(1.0, 0.02, t + 1, 1e-5)
