@@ -14,9 +14,9 @@ Three parts (issue 12, must-show 3 and 4), all in one process, delta = 1e-5:
    second run = steady state).
 3. ``running``: 20 epochs of 100 steps (sigma 1, q = 0.01); query epsilon after every epoch
    with ``RunningAccountant(horizon=2000)`` (fixed grid), ``RunningAccountant()`` (full
-   composition, cached) and 20 fresh ``dpjax.dpsgd_epsilon`` calls; total wall time of the
-   20 queries of each (first-call compilation inside, as a training loop sees it) and the
-   ratio fresh / running.
+   composition, cached) and 20 fresh ``dpjax.dpsgd_epsilon`` calls; each variant in its own
+   fresh process: total wall time of the 20 queries cold (compilation inside, as a training
+   loop sees it) and again in the same process (steady state); ratios fresh / running.
 
 The machine is shared (2 cores, several concurrent jobs): absolute times are inflated; the
 ratios are measured side by side in one run.  Prints a table and writes
@@ -96,31 +96,50 @@ def part_calibrate():
     return out
 
 
-def part_running(epochs=20, steps_per_epoch=100, sigma=1.0, q=0.01):
-    import dpjax
-    from dpjax.interop import RunningAccountant
+RUNNING_SCRIPT = r"""
+import json, sys, time
+t_import = time.perf_counter()
+import dpjax
+from dpjax.interop import RunningAccountant
+label, epochs, spe, sigma, q, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+runs = []
+for r in range(repeats):
+    acc = RunningAccountant(horizon=epochs * spe) if label == "fixed_grid" else RunningAccountant()
+    eps, times = [], []
+    for e in range(1, epochs + 1):
+        acc.step(noise_multiplier=sigma, sample_rate=q, num_steps=spe)
+        t0 = time.perf_counter()
+        eps.append(dpjax.dpsgd_epsilon(sigma, q, e * spe, 1e-5) if label == "fresh" else acc.get_epsilon(1e-5))
+        times.append(time.perf_counter() - t0)
+    runs.append(dict(total_s=sum(times), first_s=times[0], per_query_s=times, epsilons=eps))
+print(json.dumps(runs))
+"""
+
+
+def part_running(epochs=20, steps_per_epoch=100, sigma=1.0, q=0.01, repeats=2):
+    """Each variant in its own fresh process: run 1 = cold (compilation inside, as a training
+    loop sees it), run 2 = the same 20 queries again in that process (steady state)."""
+    import subprocess
 
     out = {}
-    for label in ("fixed_grid", "full", "fresh"):
-        acc = RunningAccountant(horizon=epochs * steps_per_epoch) if label == "fixed_grid" else RunningAccountant()
-        eps, times = [], []
-        for e in range(1, epochs + 1):
-            acc.step(noise_multiplier=sigma, sample_rate=q, num_steps=steps_per_epoch)
-            t0 = time.perf_counter()
-            if label == "fresh":
-                eps.append(dpjax.dpsgd_epsilon(sigma, q, e * steps_per_epoch, 1e-5))
-            else:
-                eps.append(acc.get_epsilon(1e-5))
-            times.append(time.perf_counter() - t0)
-        out[label] = dict(total_s=sum(times), first_s=times[0], per_query_s=times, epsilons=eps)
-        print(f"running [{label:10s}] 20 queries {sum(times):7.2f}s (first {times[0]:.2f}s)  final eps {eps[-1]:.6f}",
-              flush=True)
-    out["ratio_fresh_over_fixed_grid"] = out["fresh"]["total_s"] / out["fixed_grid"]["total_s"]
-    out["ratio_fresh_over_full"] = out["fresh"]["total_s"] / out["full"]["total_s"]
-    out["max_rel_diff_fixed_grid_vs_fresh"] = max(abs(a / b - 1) for a, b in
-                                                  zip(out["fixed_grid"]["epsilons"], out["fresh"]["epsilons"]))
-    print(f"fresh / running: fixed grid {out['ratio_fresh_over_fixed_grid']:.1f}x, full {out['ratio_fresh_over_full']:.2f}x;"
-          f" fixed-grid eps within {out['max_rel_diff_fixed_grid_vs_fresh']:.1e} of fresh")
+    for label in ("fixed_grid", "fresh", "full"):
+        proc = subprocess.run([sys.executable, "-c", RUNNING_SCRIPT, label, str(epochs), str(steps_per_epoch),
+                               str(sigma), str(q), str(repeats)], capture_output=True, text=True, check=True,
+                              env=dict(__import__("os").environ, PYTHONPATH=str(ROOT)))
+        runs = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[label] = dict(cold=runs[0], steady=runs[-1])
+        print(f"running [{label:10s}] 20 queries: cold {runs[0]['total_s']:7.2f}s (first {runs[0]['first_s']:.2f}s), "
+              f"steady {runs[-1]['total_s']:6.2f}s; final eps {runs[0]['epsilons'][-1]:.6f}", flush=True)
+    for kind in ("cold", "steady"):
+        out[f"ratio_fresh_over_fixed_grid_{kind}"] = out["fresh"][kind]["total_s"] / out["fixed_grid"][kind]["total_s"]
+        out[f"ratio_fresh_over_full_{kind}"] = out["fresh"][kind]["total_s"] / out["full"][kind]["total_s"]
+    out["max_rel_diff_fixed_grid_vs_fresh"] = max(abs(a / b - 1) for a, b in zip(
+        out["fixed_grid"]["cold"]["epsilons"], out["fresh"]["cold"]["epsilons"]))
+    out["full_equals_fresh"] = out["full"]["cold"]["epsilons"] == out["fresh"]["cold"]["epsilons"]
+    print(f"fresh / running (fixed grid): cold {out['ratio_fresh_over_fixed_grid_cold']:.2f}x, steady "
+          f"{out['ratio_fresh_over_fixed_grid_steady']:.2f}x; fresh / running (full): cold "
+          f"{out['ratio_fresh_over_full_cold']:.2f}x, steady {out['ratio_fresh_over_full_steady']:.2f}x; fixed-grid eps "
+          f"within {out['max_rel_diff_fixed_grid_vs_fresh']:.1e} of fresh; full == fresh: {out['full_equals_fresh']}")
     return out
 
 
