@@ -149,6 +149,12 @@ def calibrate_batch_size(*, noise_multiplier, num_examples, steps, target_epsilo
     return best
 
 
+# One jitted program for every accountant: the grid is a pytree whose static part (FFT length,
+# support lengths, directions) keys the compilation cache, so a new accountant with the same
+# grid shape (a restarted loop, a restored checkpoint) reuses the compiled program.
+_epsilon_on_grid = jax.jit(float64(lambda grid, delta, counts: pld.epsilon_fn(grid, delta, counts=counts)))
+
+
 class RunningAccountant:
     """DP-SGD accountant for a training loop (Opacus's ``accountant.step`` / ``get_epsilon``).
 
@@ -228,13 +234,11 @@ class RunningAccountant:
             # Plan every distinct phase at the full horizon: the widest window any later count
             # needs; certified for every count, tight near the horizon.
             comps = [(pld.PoissonSubsampledGaussian(s, q), self.horizon) for s, q in phases]
-            grid = pld.plan_fixed_grid(comps, target_delta=delta, options=self.options)
-            fn = jax.jit(float64(lambda g, d, c: pld.epsilon_fn(g, d, counts=c)))
-            self._grids[gkey] = (grid, fn)
-        grid, fn = self._grids[gkey]
+            self._grids[gkey] = pld.plan_fixed_grid(comps, target_delta=delta, options=self.options)
+        grid = self._grids[gkey]
         counts = tuple(np.asarray([self._phases[p]], np.int64) for p in phases)
         with jax.enable_x64(True):
-            return float(fn(grid, np.float64(delta), counts))
+            return float(_epsilon_on_grid(grid, np.float64(delta), counts))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
