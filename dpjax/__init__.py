@@ -10,6 +10,10 @@ Layers (one sub-package each):
 * :mod:`dpjax.calibration` -- noise calibration by bisection with implicit-differentiation
   gradients.
 * :mod:`dpjax.optimization` -- optimising correlation matrices through the calibrated noise.
+* :mod:`dpjax.sampling` -- balls-in-bins and Poisson batch schedules for training loops.
+* :mod:`dpjax.noise` -- streaming correlated noise ``C^{-1} z`` (BLT buffers, Toeplitz history).
+* :mod:`dpjax.interop` -- dp_accounting ``DpEvent``s / ``PrivacyAccountant``, jax_privacy config,
+  Opacus-style names and a running accountant.
 * :mod:`dpjax.cli` -- the ``dpjax`` command.
 
 Imports run one way: ``pld``, ``matrices`` -> ``montecarlo`` -> ``calibration`` ->
