@@ -46,21 +46,22 @@ def _load_events():
     return mod
 
 
-def part_events(interval, start=0):
+def part_events(interval, start=0, stop=None):
     import dp_accounting as dpa
 
     from dpjax.interop import PLDAccountant, events_to_components
 
     mod = _load_events()
     rows = []
-    for name, event, rel in mod.EVENTS[start:]:
+    for name, event, rel in mod.EVENTS[start:stop]:
         t0 = time.perf_counter()
         ours = PLDAccountant(rel).compose(event).get_epsilon(1e-5)
         t_ours = time.perf_counter() - t0
         t0 = time.perf_counter()
-        theirs = dpa.pld.PLDAccountant(rel, value_discretization_interval=interval).compose(event).get_epsilon(1e-5)
+        comps = events_to_components(event, rel)[0]
+        theirs = mod.anchor_epsilon(event, rel, comps, 1e-5, interval)  # RR: dp_accounting's PLDs composed directly
         t_theirs = time.perf_counter() - t0
-        floor = mod.optimistic_floor(events_to_components(event, rel)[0], 1e-5, interval)
+        floor = mod.optimistic_floor(comps, 1e-5, interval)
         row = dict(event=name, dpjax=ours, dp_accounting=theirs, floor=floor, rel_diff=(ours - theirs) / theirs,
                    above_floor=ours >= floor, dpjax_s=t_ours, dp_accounting_s=t_theirs)
         rows.append(row)
@@ -148,12 +149,14 @@ def main(argv=None):
     ap.add_argument("--parts", default="events,calibrate,running")
     ap.add_argument("--interval", type=float, default=1e-5, help="dp_accounting's value_discretization_interval")
     ap.add_argument("--start", type=int, default=0, help="skip the first START events (resume a partial run)")
+    ap.add_argument("--stop", type=int, default=None, help="stop before event STOP")
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
     out = dict(machine=platform.platform(), python=platform.python_version(),
                note="shared 2-core machine under contention: absolute times inflated; ratios side by side")
     if "events" in parts:
-        out["events" if args.start == 0 else f"events_from_{args.start}"] = part_events(args.interval, args.start)
+        key = "events" if (args.start, args.stop) == (0, None) else f"events_{args.start}_{args.stop}"
+        out[key] = part_events(args.interval, args.start, args.stop)
     if "calibrate" in parts:
         out["calibrate"] = part_calibrate()
     if "running" in parts:
