@@ -181,14 +181,18 @@ def test_unsupported_events_clear_errors():
         PLDAccountant().compose(E.GaussianDpEvent(1.0)).get_epsilon(0.0)
 
 
-def test_sampled_without_replacement_tighter_than_rdp_and_sound():
-    """SWOR under replace-one (Zhu-Dong-Wang pair): below dp_accounting's RDP bound, above the
-    optimistic PLD of the same pair, and above the no-amplification-free floor q -> Poisson pair."""
+def test_sampled_without_replacement_replace_one():
+    """SWOR under replace-one = the Zhu-Dong-Wang pair = Poisson-subsampled Gaussian at sigma / 2
+    (jax_privacy's fixed-batch reduction); sigma is relative to the clip norm (replace-one
+    sensitivity 2), as dp_accounting's PLD treats GaussianDpEvent under REPLACE_ONE.  Tighter than
+    dp_accounting's RDP of the same pair; above dp_accounting's optimistic PLD of it."""
     ev = E.SelfComposedDpEvent(E.SampledWithoutReplacementDpEvent(10_000, 100, E.GaussianDpEvent(1.0)), 500)
-    ours = PLDAccountant(R1).compose(ev).get_epsilon(1e-5)
-    rdp = dpa.rdp.RdpAccountant(neighboring_relation=R1).compose(ev).get_epsilon(1e-5)
     comps, _ = events_to_components(ev, R1)
-    assert optimistic_floor(comps, 1e-5, 1e-4) <= ours < rdp
+    assert comps == [(pld.PoissonSubsampledGaussian(0.5, 0.01), 500)]
+    ours = PLDAccountant(R1).compose(ev).get_epsilon(1e-5)
+    assert ours == PLDAccountant().compose(_ps(0.01, 0.5, 500)).get_epsilon(1e-5)
+    rdp_same_pair = dpa.rdp.RdpAccountant().compose(_ps(0.01, 0.5, 500)).get_epsilon(1e-5)
+    assert optimistic_floor(comps, 1e-5, 1e-4) <= ours < rdp_same_pair
 
 
 @pytest.mark.slow

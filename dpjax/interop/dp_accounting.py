@@ -44,8 +44,13 @@ subsampled mechanism whenever ``(P, Q)`` dominates the base mechanism (Zhu, Dong
 "Optimal accounting of differential privacy via characteristic function", AISTATS 2022, Thm 10);
 with ``P = N(1, s^2)``, ``Q = N(-1, s^2)`` (replace-one Gaussian, clip norm 1) this is, after a
 shift and a scaling by 1/2, the remove pair of ``PoissonSubsampledGaussian(s / 2, q)``, and the
-swapped pair its add pair; dpjax reports the max of both directions.  dp_accounting's own PLD
-accountant does not support this event (its RDP accountant does).
+swapped pair its add pair; dpjax reports the max of both directions (jax_privacy's fixed-batch
+analysis makes the same reduction).  Units: the noise multiplier is relative to the per-example
+clip norm, so a replacement moves the sum by up to 2 -- as dp_accounting's PLD treats
+``GaussianDpEvent`` under ``REPLACE_ONE`` (epsilon of ``GaussianDpEvent(2)`` 4.38 there, vs
+1.99 under add/remove).  dp_accounting's RDP accountant reads the same events with replace
+sensitivity 1 (2.17 for ``GaussianDpEvent(2)`` under either relation), a factor 2 in sigma;
+its PLD accountant does not support this event.
 
 Anything else (``PoissonSampledDpEvent`` of a Laplace, Poisson sampling under replace-one,
 ``REPLACE_SPECIAL``, tree aggregation, zCDP, truncated subsampled Gaussian, ...) raises
