@@ -148,6 +148,7 @@ def test_events_to_components_merges_and_multiplies():
     assert comps[0][0].sensitivities == (0.0, 1.0) and comps[0][0].probabilities == pytest.approx((0.9, 0.1))
 
 
+@pytest.mark.slow  # MoG discretization compiles
 def test_poisson_sampled_mog_equals_subsampled_gaussian():
     a = PLDAccountant().compose(E.PoissonSampledDpEvent(0.05, E.MixtureOfGaussiansDpEvent(1.0, [1.0], [1.0])), 200)
     b = PLDAccountant().compose(_ps(0.05, 1.0), 200)

@@ -32,6 +32,7 @@ def test_running_equals_dpsgd_epsilon_and_state_dict_roundtrip():
     assert restored.get_epsilon(1e-5) == pytest.approx(dpjax.dpsgd_epsilon(1.1, 0.01, 2000, 1e-5), rel=1e-9)
 
 
+@pytest.mark.slow  # two phases: two grid plans and compilations
 def test_heterogeneous_phases_and_fast_path():
     acc = RunningAccountant(horizon=600)
     acc.step(noise_multiplier=1.0, sample_rate=0.02, num_steps=300)
@@ -74,6 +75,7 @@ def test_empty_and_bad_input():
         get_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=0.01, steps=10, accountant="rdp")
 
 
+@pytest.mark.slow  # compiles the calibration program
 def test_get_noise_multiplier_opacus_convention():
     sigma = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.02, epochs=4)
     steps = int(4 / 0.02)
