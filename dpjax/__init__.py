@@ -10,6 +10,10 @@ Layers (one sub-package each):
 * :mod:`dpjax.calibration` -- noise calibration by bisection with implicit-differentiation
   gradients.
 * :mod:`dpjax.optimization` -- optimising correlation matrices through the calibrated noise.
+* :mod:`dpjax.sampling` -- balls-in-bins and Poisson batch schedules for training loops.
+* :mod:`dpjax.noise` -- streaming correlated noise ``C^{-1} z`` (BLT buffers, Toeplitz history).
+* :mod:`dpjax.interop` -- dp_accounting ``DpEvent``s / ``PrivacyAccountant``, jax_privacy config,
+  Opacus-style names and a running accountant.
 * :mod:`dpjax.cli` -- the ``dpjax`` command.
 
 Imports run one way: ``pld``, ``matrices`` -> ``montecarlo`` -> ``calibration`` ->
@@ -28,7 +32,8 @@ __version__ = "0.1.0"
 # before.
 import importlib as _importlib
 
-_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group")
+_SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
+               "sampling", "noise", "interop")
 # name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
 # unchanged (see dpjax.group.dpsgd_epsilon).

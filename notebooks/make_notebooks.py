@@ -1,4 +1,4 @@
-"""Write notebooks/group_privacy.ipynb, moments_accountant.ipynb, matrix_mechanisms.ipynb and sweeps.ipynb (nbformat).
+"""Write notebooks/group_privacy.ipynb, moments_accountant.ipynb, matrix_mechanisms.ipynb, sweeps.ipynb and training.ipynb (nbformat).
 
     python notebooks/make_notebooks.py            # write the notebooks (no outputs)
     python notebooks/make_notebooks.py --execute  # ... and execute them in place (nbclient)
@@ -427,11 +427,82 @@ def sweeps_notebook():
     return nb
 
 
+def training_notebook():
+    cells = [
+        new_markdown_cell(
+            "# From accountant to training loop\n\n"
+            "Balls-in-bins batches (`dpjax.sampling`), streaming correlated noise (`dpjax.noise`), the "
+            "dp_accounting door (`dpjax.interop.PLDAccountant`) and a running accountant "
+            "(`dpjax.interop.RunningAccountant`); then DP-SGD vs DP-FTRL (BLT) at the same certified "
+            "(epsilon, delta) with `examples/train_dpftrl.py` (docs/design.md §7, §11)."
+        ),
+        new_code_cell(
+            "import sys, pathlib, time\n"
+            "import numpy as np\n"
+            "import jax, jax.numpy as jnp\n"
+            "import scipy.linalg\n"
+            "import dpjax\n"
+            "from dpjax.sampling import BallsInBinsSampler\n"
+            "from dpjax.noise import blt_noise\n"
+            "from dpjax.matrices import BLT\n"
+            "sys.path.insert(0, str(pathlib.Path(dpjax.__file__).resolve().parents[1] / 'examples'))"
+        ),
+        new_markdown_cell("## Balls-in-bins batches: fixed shapes, one permutation, the same bins every epoch"),
+        new_code_cell(
+            "s = BallsInBinsSampler(num_examples=8000, batches_per_epoch=20, epochs=8, batch_size=530, seed=0)\n"
+            "idx, mask = s.batch(0)\n"
+            "print(idx.shape, idx.dtype, mask.sum(), 'real examples in batch 0; bin sizes', s.bin_sizes[:5], '...')\n"
+            "print(f'expected truncation rate {s.truncation_rate():.2e}; truncation term for eps=2: {s.truncation_delta(2.0):.2e}')\n"
+            "acc = s.accountant(BLT(jnp.array([0.95, 0.6]), jnp.array([0.3, 0.2])))\n"
+            "print('accountant: b =', acc.batches_per_epoch, 'E =', acc.epochs)"
+        ),
+        new_markdown_cell("## Streaming BLT noise equals the dense C^-1 z"),
+        new_code_cell(
+            "with jax.enable_x64(True):\n"
+            "    C = BLT(jnp.array([0.95, 0.6]), jnp.array([0.3, 0.2]))\n"
+            "    noise = blt_noise(C)\n"
+            "    z = np.random.default_rng(0).standard_normal(2048)\n"
+            "    def body(st, zt):\n"
+            "        y, st = noise.update(zt, st)\n"
+            "        return st, y\n"
+            "    _, ys = jax.lax.scan(body, noise.init(z[0]), jnp.asarray(z))\n"
+            "    col = np.asarray(C.column(2048))\n"
+            "    ref = scipy.linalg.solve_triangular(scipy.linalg.toeplitz(col, np.zeros(2048)), z, lower=True)\n"
+            "err = float(np.max(np.abs(np.asarray(ys) - ref)))\n"
+            "print('max |stream - dense| =', err)\n"
+            "assert err < 1e-10"
+        ),
+        new_markdown_cell("## dp_accounting events, dpjax accounting"),
+        new_code_cell(
+            "import dp_accounting\n"
+            "from dpjax.interop import PLDAccountant, RunningAccountant\n"
+            "ev = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 1000)\n"
+            "print('dpjax          ', PLDAccountant().compose(ev).get_epsilon(1e-5))\n"
+            "print('dp_accounting  ', dp_accounting.pld.PLDAccountant().compose(ev).get_epsilon(1e-5))\n"
+            "ra = RunningAccountant(horizon=1000)\n"
+            "for epoch in range(10):\n"
+            "    ra.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=100)\n"
+            "    print(epoch, round(ra.get_epsilon(1e-5), 4), end='; ')\n"
+            "print()\n"
+            "print('exact after 1000 steps', ra.get_epsilon(1e-5, exact=True), '= dpsgd_epsilon', dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5))"
+        ),
+        new_markdown_cell("## DP-SGD vs DP-FTRL (BLT), same certified (epsilon, delta), same batches (quick settings)"),
+        new_code_cell(
+            "import train_dpftrl\n"
+            "out = train_dpftrl.main(['--quick'])"
+        ),
+    ]
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
 NOTEBOOKS = {
     "group_privacy.ipynb": group_privacy_notebook,
     "moments_accountant.ipynb": moments_accountant_notebook,
     "matrix_mechanisms.ipynb": matrix_mechanisms_notebook,
     "sweeps.ipynb": sweeps_notebook,
+    "training.ipynb": training_notebook,
 }
 
 

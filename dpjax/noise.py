@@ -1,0 +1,170 @@
+"""Streaming correlated noise ``C^{-1} z`` for matrix-factorization training (DP-FTRL / DP-MF).
+
+A matrix mechanism with lower-triangular ``C`` releases ``C x + z``; a training loop realises it
+by adding, at step ``t``, the ``t``-th row of ``C^{-1} z`` to the sum of clipped gradients
+(``z_t`` i.i.d. ``N(0, sigma^2 clip^2 I)`` of the model's shape).  This module generates that
+row by row, as a pure optax-style state machine over pytrees of model shape::
+
+    noise = blt_noise(C)                      # C: dpjax.matrices.BLT (the C you accounted)
+    state = noise.init(params)                # zeros, leaves of shape (d,) + leaf.shape
+    for t, (idx, mask) in enumerate(sampler):
+        z = tree_normal(jax.random.fold_in(key, t), params, stddev=sigma * clip)
+        y, state = noise.update(z, state)     # y_t = (C^{-1} z)_t, shape of params
+        grad_sum = clipped_sum(params, idx, mask) + y
+        params = params - lr * grad_sum / batch_size
+
+``init`` / ``update`` are pure and jit-able (``update`` may sit inside the user's ``jit`` or
+``lax.scan``); the state is a NamedTuple pytree.  Arithmetic runs in the dtype of ``z`` (use
+float64 for the checks below; float32 in training is the user's choice, like the rest of their
+model, and the recurrences below are stable for ``theta in (0, 1)``).
+
+BLT (buffered linear Toeplitz; Dvijotham, McMahan, Pillutla, Steinke & Thakurta, "Efficient and
+near-optimal noise generation for streaming differential privacy", 2024; McMahan, Xu & Zhang, "A
+hassle-free algorithm for private learning in practice: don't use tree aggregation, use BLTs", 2024):
+``c_0 = 1``, ``c_k = sum_j omega_j theta_j^(k-1)`` for ``k >= 1`` (:class:`dpjax.matrices.BLT`).
+Solving ``C y = z`` row by row,
+
+    z_t = y_t + sum_{s<t} c_{t-s} y_s = y_t + sum_j omega_j S_j(t),
+    S_j(t) = sum_{s<t} theta_j^(t-1-s) y_s,
+
+so with ``d`` buffers ``S_j`` (each of model shape)
+
+    y_t      = z_t - sum_j omega_j S_j(t),
+    S_j(t+1) = theta_j S_j(t) + y_t,        S_j(0) = 0.
+
+This is the inverse of the BLT as a ``d``-buffer recurrence: memory ``O(d x model size)``, work
+``O(d x model size)`` per step, no dependence on ``n``.  (Its transfer function ``1 / c(x)`` with
+``c(x) = 1 + x sum_j omega_j / (1 - theta_j x)`` is again rational of degree ``d``, i.e. ``C^{-1}``
+is itself a BLT-like Toeplitz matrix; the recurrence evaluates it without factorising the
+numerator.)
+
+General lower-triangular Toeplitz (:class:`dpjax.matrices.Toeplitz`, ``k`` coefficients, banded
+if ``k < n``): ``y_t = (z_t - sum_{s=1}^{k-1} c_s y_{t-s}) / c_0`` with a history of the last
+``k - 1`` outputs: ``O(k x model size)`` memory and work per step.
+
+Both match the dense ``solve_triangular(C, z)`` to ~1e-13 in float64 for ``n = 2048``
+(tests/test_noise.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["StreamingNoise", "BLTNoiseState", "ToeplitzNoiseState", "blt_noise", "toeplitz_noise",
+           "streaming_noise", "tree_normal"]
+
+
+class StreamingNoise(NamedTuple):
+    """A pure noise generator: ``init(params) -> state``, ``update(z, state) -> (y, state)``."""
+
+    init: Callable[[Any], Any]
+    update: Callable[[Any, Any], tuple[Any, Any]]
+
+
+class BLTNoiseState(NamedTuple):
+    """``buffers``: pytree like the params, each leaf ``(d,) + leaf.shape``; ``step``: int32 scalar."""
+
+    buffers: Any
+    step: jax.Array
+
+
+class ToeplitzNoiseState(NamedTuple):
+    """``history``: leaves ``(k - 1,) + leaf.shape``, most recent output first; ``step``: int32 scalar."""
+
+    history: Any
+    step: jax.Array
+
+
+def tree_normal(key, like, stddev=1.0):
+    """I.i.d. ``N(0, stddev^2)`` pytree with the structure, shapes and dtypes of ``like``."""
+    leaves, treedef = jax.tree_util.tree_flatten(like)
+    keys = jax.random.split(key, len(leaves))
+    out = [stddev * jax.random.normal(k, jnp.shape(x), jnp.result_type(x)) for k, x in zip(keys, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def blt_noise(blt) -> StreamingNoise:
+    """Streaming ``C^{-1} z`` for a :class:`dpjax.matrices.BLT` ``C`` (``d`` buffers; module docstring).
+
+    Args:
+      blt: the BLT that was accounted (``buffer_decays`` theta ``(d,)``, ``output_scales`` omega ``(d,)``).
+
+    Returns:
+      :class:`StreamingNoise`; state :class:`BLTNoiseState`.
+
+    Example::
+
+        noise = blt_noise(BLT(jnp.array([0.9, 0.5]), jnp.array([0.3, 0.2])))
+        state = noise.init({"w": jnp.zeros((3, 4))})
+        y, state = noise.update({"w": z_t}, state)   # y["w"].shape == (3, 4)
+    """
+    theta = jnp.asarray(blt.buffer_decays)
+    omega = jnp.asarray(blt.output_scales)
+    if theta.ndim != 1 or theta.shape != omega.shape:
+        raise ValueError(f"buffer_decays and output_scales must be 1-D of equal length, got {theta.shape}, {omega.shape}")
+    d = theta.shape[0]
+
+    def init(params):
+        return BLTNoiseState(
+            buffers=jax.tree_util.tree_map(lambda p: jnp.zeros((d,) + jnp.shape(p), jnp.result_type(p)), params),
+            step=jnp.zeros((), jnp.int32))
+
+    def update(z, state):
+        def leaf(zl, s):
+            th = theta.astype(s.dtype).reshape((d,) + (1,) * (s.ndim - 1))
+            y = zl - jnp.tensordot(omega.astype(s.dtype), s, axes=1)
+            return y, th * s + y[None]
+
+        pairs = jax.tree_util.tree_map(leaf, z, state.buffers)
+        y = jax.tree_util.tree_map(lambda _, p: p[0], z, pairs)
+        buffers = jax.tree_util.tree_map(lambda _, p: p[1], z, pairs)
+        return y, BLTNoiseState(buffers=buffers, step=state.step + 1)
+
+    return StreamingNoise(init, update)
+
+
+def toeplitz_noise(correlation) -> StreamingNoise:
+    """Streaming ``C^{-1} z`` for lower-triangular Toeplitz ``C`` with first column ``coeffs`` (``(k,)``).
+
+    Args:
+      correlation: a :class:`dpjax.matrices.Toeplitz` or a 1-D array of the first column
+        (``coeffs[0] > 0``; ``k`` coefficients: banded beyond ``k - 1``).
+
+    Memory ``O((k - 1) x model size)`` (history of outputs); state :class:`ToeplitzNoiseState`.
+    """
+    coeffs = jnp.asarray(getattr(correlation, "coeffs", correlation))
+    if coeffs.ndim != 1 or coeffs.shape[0] == 0:
+        raise ValueError(f"correlation must be a Toeplitz or a non-empty 1-D first column, got shape {coeffs.shape}")
+    if not isinstance(coeffs, jax.core.Tracer) and not float(np.asarray(coeffs)[0]) > 0:
+        raise ValueError(f"the first coefficient (diagonal of C) must be > 0, got {float(np.asarray(coeffs)[0])!r}")
+    k = coeffs.shape[0]
+
+    def init(params):
+        return ToeplitzNoiseState(
+            history=jax.tree_util.tree_map(lambda p: jnp.zeros((k - 1,) + jnp.shape(p), jnp.result_type(p)), params),
+            step=jnp.zeros((), jnp.int32))
+
+    def update(z, state):
+        def leaf(zl, h):
+            c = coeffs.astype(h.dtype)
+            y = (zl - jnp.tensordot(c[1:], h, axes=1)) / c[0]
+            # Newest first; keep k - 1 rows (none for a diagonal C).
+            return y, jnp.concatenate([y[None], h], axis=0)[: k - 1]
+
+        pairs = jax.tree_util.tree_map(leaf, z, state.history)
+        y = jax.tree_util.tree_map(lambda _, p: p[0], z, pairs)
+        history = jax.tree_util.tree_map(lambda _, p: p[1], z, pairs)
+        return y, ToeplitzNoiseState(history=history, step=state.step + 1)
+
+    return StreamingNoise(init, update)
+
+
+def streaming_noise(correlation) -> StreamingNoise:
+    """Dispatch: :func:`blt_noise` for a BLT, :func:`toeplitz_noise` for a Toeplitz or a 1-D column."""
+    if hasattr(correlation, "buffer_decays"):
+        return blt_noise(correlation)
+    return toeplitz_noise(correlation)

@@ -1,0 +1,294 @@
+"""Batch schedules that realise what the accountants assume (docs/design.md §7).
+
+Two samplers with one interface, both yielding fixed-shape ``(indices, mask)`` pairs so that a
+jit-compiled training step sees the same shapes at every step:
+
+* :class:`BallsInBinsSampler` -- balls-in-bins batching (Choquette-Choo, Ganesh, Haque, Steinke
+  & Thakurta, "Near exact privacy amplification for matrix mechanisms", Def. 3.1 and the
+  practical variant of §5.2.1): every example falls into one of ``b`` bins uniformly at random,
+  once; bin ``i`` is the batch of rounds ``i, i + b, i + 2b, ...`` (the same bin every epoch).
+  It is implemented as in §5.2.1: shuffle once, draw the bin sizes from
+  ``Multinomial(N, (1/b, ..., 1/b))``, cut the shuffled order into consecutive runs of those
+  sizes (a uniformly random partition with multinomial sizes is exactly i.i.d. uniform bins).
+  :meth:`BallsInBinsSampler.accountant` hands the same ``(b, E)`` to
+  :class:`dpjax.montecarlo.BallsInBins`, so the batching that is trained and the batching that
+  is accounted cannot drift apart.
+* :class:`PoissonSampler` -- Poisson sampling for DP-SGD (every example independently with
+  probability ``q`` at every step), accounted by :func:`dpjax.dpsgd_epsilon` /
+  :meth:`PoissonSampler.epsilon`.
+
+Fixed shape: a batch is ``indices`` (``(batch_size,)`` int32) and ``mask`` (``(batch_size,)``
+bool).  Short batches are padded with index 0 and ``mask = False``; long ones are truncated to
+their first ``batch_size`` examples.  **The training step must zero the clipped gradients of
+masked entries and normalise the noisy sum by the fixed ``1 / batch_size``** (not by the
+number of real examples, which would depend on the data set size and leak through the
+normalisation); both are post-processing of the noisy sum of clipped gradients that the
+accountants analyse.
+
+Truncation and the guarantee.  Choquette-Choo et al. (§5.2.1) argue that a truncated example
+is an example with gradient 0.  Under add/remove adjacency, however, the added example can
+push *another* example out of a full batch, a change of the sum by two clipped gradients.  We do
+not rely on that argument: the truncating mechanism ``M'`` equals the untruncated ``M`` except
+on the event that some batch overflows, so for every output set ``S``,
+``P[M'(D) in S] <= e^eps P[M'(D') in S] + delta + (1 + e^eps) p`` where ``p`` bounds the
+overflow probability on both neighbours (``N`` or ``N + 1`` examples).
+:meth:`BallsInBinsSampler.overflow_probability` returns ``p`` (union bound over the bins,
+exact binomial tails) and :meth:`~BallsInBinsSampler.truncation_delta` the term
+``(1 + e^eps) p`` to add to the accounted delta.  Pick ``batch_size`` a few standard
+deviations above ``N / b`` so that this term is negligible (it is printed by the example).
+
+Memory: ``O(N)`` -- one int32 permutation of the examples (4 bytes per example) and ``b``
+offsets; batches are views materialised one at a time.  Reproducible: everything derives from
+``seed`` (NumPy ``PCG64``); the same seed gives the same batches.
+
+Example::
+
+    sampler = BallsInBinsSampler(num_examples=60_000, batches_per_epoch=100, epochs=5,
+                                 batch_size=760, seed=0)
+    acc = sampler.accountant(dpjax.matrices.BLT(...))        # BallsInBins(C, b=100, E=5)
+    for step, (indices, mask) in enumerate(sampler):          # 500 steps
+        params, state = train_step(params, state, x[indices], y[indices], mask)
+    sampler.truncation_rate()        # expected fraction of example-visits dropped
+    sampler.truncation_delta(eps)    # add to the accounted delta
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterator
+
+import numpy as np
+import scipy.stats
+
+from dpjax import _validate
+
+__all__ = ["BallsInBinsSampler", "PoissonSampler"]
+
+
+def _check_seed(seed) -> int:
+    return _validate.positive_int("seed", seed, minimum=0)
+
+
+def _binomial_excess_mean(n: int, p: float, cap: int) -> float:
+    """``E[(K - cap)_+]`` for ``K ~ Binomial(n, p)``, exactly (sum over the tail)."""
+    # E[(K-c)+] = E[K] - c + E[(c-K)+]; the second term is a finite sum over k < c.
+    k = np.arange(0, min(cap, n) + 1)
+    below = float(np.sum((cap - k) * scipy.stats.binom.pmf(k, n, p)))
+    return max(n * p - cap + below, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BallsInBinsSampler:
+    """Balls-in-bins batch schedule (Choquette-Choo et al. 2024, Def. 3.1 and §5.2.1).
+
+    Args:
+      num_examples: ``N``, data set size (indices are ``0..N-1``, int32, so ``N < 2^31``).
+      batches_per_epoch: ``b``, number of bins; round ``t`` uses bin ``t mod b``.
+      epochs: ``E``; ``num_steps = b * E``.
+      batch_size: ``B``, the fixed (physical) batch shape; bins are padded or truncated to it.
+        The expected bin size is ``N / b``.
+      seed: non-negative integer; the whole schedule is a function of it.
+
+    Iterating yields ``num_steps`` pairs ``(indices, mask)`` of shape ``(B,)`` (int32, bool),
+    epoch after epoch; :meth:`batch` gives step ``t`` directly.  Attributes ``bin_sizes``
+    (``(b,)`` int64, the multinomial draw) and ``order`` (``(N,)`` int32, the one shuffle) are
+    computed once at construction.
+    """
+
+    num_examples: int
+    batches_per_epoch: int
+    epochs: int
+    batch_size: int
+    seed: int = 0
+
+    def __post_init__(self):
+        n = _validate.positive_int("num_examples", self.num_examples)
+        if n >= 2**31:
+            raise ValueError(f"num_examples must be < 2**31 (int32 indices), got {n}")
+        b = _validate.positive_int("batches_per_epoch", self.batches_per_epoch)
+        e = _validate.positive_int("epochs", self.epochs)
+        bs = _validate.positive_int("batch_size", self.batch_size)
+        s = _check_seed(self.seed)
+        for name, v in (("num_examples", n), ("batches_per_epoch", b), ("epochs", e), ("batch_size", bs),
+                        ("seed", s)):
+            object.__setattr__(self, name, v)
+        rng = np.random.Generator(np.random.PCG64(s))
+        # One shuffle (in place on an int32 array: 4 bytes per example, no int64 temporary),
+        # then multinomial bin sizes: a uniformly random ordered partition with multinomial
+        # sizes has the law of i.i.d. uniform bin assignments.
+        order = np.arange(n, dtype=np.int32)
+        rng.shuffle(order)
+        sizes = rng.multinomial(n, np.full(b, 1.0 / b))
+        offsets = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        order.setflags(write=False)
+        sizes.setflags(write=False)
+        offsets.setflags(write=False)
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "bin_sizes", sizes)
+        object.__setattr__(self, "_offsets", offsets)
+
+    # ------------------------------------------------------------------ schedule
+    @property
+    def num_steps(self) -> int:
+        """``b * E``, the number of training steps (rounds)."""
+        return self.batches_per_epoch * self.epochs
+
+    def bin(self, i: int) -> np.ndarray:
+        """All examples of bin ``i`` (variable length, before padding/truncation; a read-only view)."""
+        i = int(i)
+        if not 0 <= i < self.batches_per_epoch:
+            raise ValueError(f"bin index must be in [0, {self.batches_per_epoch}), got {i}")
+        return self.order[self._offsets[i]:self._offsets[i + 1]]
+
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Fixed-shape ``(indices, mask)`` of step ``step`` in ``[0, num_steps)``: bin ``step mod b``."""
+        step = int(step)
+        if not 0 <= step < self.num_steps:
+            raise ValueError(f"step must be in [0, {self.num_steps}), got {step}")
+        members = self.bin(step % self.batches_per_epoch)[: self.batch_size]
+        indices = np.zeros(self.batch_size, dtype=np.int32)
+        mask = np.zeros(self.batch_size, dtype=bool)
+        indices[: members.size] = members
+        mask[: members.size] = True
+        return indices, mask
+
+    def epoch(self, e: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The ``b`` batches of epoch ``e`` (identical across epochs: balls-in-bins reuses the bins)."""
+        e = int(e)
+        if not 0 <= e < self.epochs:
+            raise ValueError(f"epoch must be in [0, {self.epochs}), got {e}")
+        for i in range(self.batches_per_epoch):
+            yield self.batch(e * self.batches_per_epoch + i)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for t in range(self.num_steps):
+            yield self.batch(t)
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+    # ------------------------------------------------------------------ accounting
+    def accountant(self, correlation):
+        """:class:`dpjax.montecarlo.BallsInBins` for ``correlation`` with this schedule's ``b`` and ``E``.
+
+        ``correlation`` is anything ``BallsInBins`` accepts (``(n, n)`` dense, ``Toeplitz``,
+        ``BLT``, a Toeplitz column); ``n = b E`` rounds.  Remember to add
+        :meth:`truncation_delta` to the delta it reports.
+        """
+        from dpjax.montecarlo import BallsInBins  # montecarlo pulls in the JAX estimators
+
+        return BallsInBins(correlation, self.batches_per_epoch, self.epochs)
+
+    def truncated_fraction(self) -> float:
+        """Realised fraction of examples dropped by truncation in this draw (same every epoch)."""
+        return float(np.maximum(self.bin_sizes - self.batch_size, 0).sum() / self.num_examples)
+
+    def padded_fraction(self) -> float:
+        """Realised fraction of padded (masked) slots over all batches."""
+        return float(np.maximum(self.batch_size - self.bin_sizes, 0).sum() / (self.batch_size * self.batches_per_epoch))
+
+    def truncation_rate(self) -> float:
+        """Expected fraction of examples dropped by truncation, ``E[(K - B)_+] / (N / b)``, ``K ~ Bin(N, 1/b)``."""
+        n, b = self.num_examples, self.batches_per_epoch
+        return _binomial_excess_mean(n, 1.0 / b, self.batch_size) / (n / b)
+
+    def overflow_probability(self, *, num_examples: int | None = None) -> float:
+        """Upper bound on ``P(some bin holds more than B examples)`` for ``N + 1`` examples (union bound).
+
+        ``N + 1`` covers both add/remove neighbours (the tail is increasing in ``N``).
+        """
+        n = (self.num_examples if num_examples is None else int(num_examples)) + 1
+        sf = float(scipy.stats.binom.sf(self.batch_size, n, 1.0 / self.batches_per_epoch))
+        return min(1.0, self.batches_per_epoch * sf)
+
+    def truncation_delta(self, epsilon) -> float:
+        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (module docstring)."""
+        eps = float(_validate.nonnegative("epsilon", epsilon))
+        return min(1.0, (1.0 + math.exp(min(eps, 700.0))) * self.overflow_probability())
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampler:
+    """Poisson-sampled batches for DP-SGD: each example independently with probability ``sampling_prob``.
+
+    Args:
+      num_examples: ``N``.
+      sampling_prob: ``q`` in ``(0, 1]``; expected batch ``q N``.
+      steps: number of steps ``T``.
+      batch_size: ``B``, fixed shape (pad / truncate, as :class:`BallsInBinsSampler`).
+      seed: non-negative integer; step ``t`` uses ``PCG64([seed, t])`` (random access, streaming).
+
+    Step ``t``: ``K ~ Binomial(N, q)``, then ``K`` distinct examples uniformly at random (the law
+    of independent inclusions).  Memory ``O(B)`` per step beyond NumPy's sampler (at most
+    ``O(N)`` transiently).  Account with :meth:`epsilon` (= ``dpjax.dpsgd_epsilon(sigma, q,
+    T, delta)``) plus :meth:`truncation_delta`.
+    """
+
+    num_examples: int
+    sampling_prob: float
+    steps: int
+    batch_size: int
+    seed: int = 0
+
+    def __post_init__(self):
+        n = _validate.positive_int("num_examples", self.num_examples)
+        if n >= 2**31:
+            raise ValueError(f"num_examples must be < 2**31 (int32 indices), got {n}")
+        q = float(_validate.probability_open_closed("sampling_prob", self.sampling_prob))
+        object.__setattr__(self, "num_examples", n)
+        object.__setattr__(self, "sampling_prob", q)
+        object.__setattr__(self, "steps", _validate.positive_int("steps", self.steps))
+        object.__setattr__(self, "batch_size", _validate.positive_int("batch_size", self.batch_size))
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps
+
+    def sample_size(self, step: int) -> int:
+        """The untruncated batch size of step ``step`` (``Binomial(N, q)``)."""
+        rng = np.random.Generator(np.random.PCG64([self.seed, int(step)]))
+        return int(rng.binomial(self.num_examples, self.sampling_prob))
+
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        step = int(step)
+        if not 0 <= step < self.steps:
+            raise ValueError(f"step must be in [0, {self.steps}), got {step}")
+        rng = np.random.Generator(np.random.PCG64([self.seed, step]))
+        k = int(rng.binomial(self.num_examples, self.sampling_prob))
+        members = rng.choice(self.num_examples, size=k, replace=False).astype(np.int32)[: self.batch_size]
+        indices = np.zeros(self.batch_size, dtype=np.int32)
+        mask = np.zeros(self.batch_size, dtype=bool)
+        indices[: members.size] = members
+        mask[: members.size] = True
+        return indices, mask
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for t in range(self.steps):
+            yield self.batch(t)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def epsilon(self, noise_multiplier, target_delta) -> float:
+        """Certified DP-SGD epsilon of this schedule, ``dpjax.dpsgd_epsilon(sigma, q, T, delta)``."""
+        from dpjax.pld import dpsgd_epsilon
+
+        return dpsgd_epsilon(noise_multiplier, self.sampling_prob, self.steps, target_delta)
+
+    def truncation_rate(self) -> float:
+        """Expected fraction of sampled examples dropped, ``E[(K - B)_+] / (q N)``."""
+        mean = self.num_examples * self.sampling_prob
+        return _binomial_excess_mean(self.num_examples, self.sampling_prob, self.batch_size) / mean
+
+    def overflow_probability(self) -> float:
+        """Upper bound on ``P(some step's batch exceeds B)`` with ``N + 1`` examples (union over steps)."""
+        sf = float(scipy.stats.binom.sf(self.batch_size, self.num_examples + 1, self.sampling_prob))
+        return min(1.0, self.steps * sf)
+
+    def truncation_delta(self, epsilon) -> float:
+        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta."""
+        eps = float(_validate.nonnegative("epsilon", epsilon))
+        return min(1.0, (1.0 + math.exp(min(eps, 700.0))) * self.overflow_probability())
