@@ -26,7 +26,11 @@ from dpjax.cli.main import build_parser, list_options, main
 
 # destinations that must accept comma lists wherever they appear (subcommand -> reason if exempt)
 LIST_DESTS = {"epsilon", "delta", "target_delta", "noise_multiplier"}
-LIST_EXEMPT: dict[tuple[str, str], str] = {}
+_SWEEP_VALUES = "sweep parses its own value lists and ranges (a,b,c or a:b:n[:log]) into one table"
+LIST_EXEMPT: dict[tuple[str, str], str] = {
+    ("sweep", "noise_multiplier"): _SWEEP_VALUES, ("sweep", "delta"): _SWEEP_VALUES,
+    ("sweep", "epsilon"): _SWEEP_VALUES,
+}
 
 # A cheap run of every subcommand (tiny step counts / sample counts); the expected adjacency.
 MC = ["--batches-per-epoch", "2", "--epochs", "1", "--toeplitz", "1,0.5"]
@@ -48,6 +52,10 @@ JSON_ARGV: dict[str, tuple[list[str], str]] = {
     "mc-certify": (MC + ["--noise-multiplier", "1", "--epsilon", "2", "--delta", "0.5", "--samples", "1024"],
                    "add_or_remove"),
     "mc-calibrate": (MC + ["--epsilon", "2", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),
+    "optimize": (["--family", "toeplitz", "--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "2",
+                  "--delta", "0.1", "--steps", "2", "--samples", "256", "--no-certify"], "add_or_remove"),
+    "sweep": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
+              "add_or_remove"),
 }
 
 
@@ -178,7 +186,17 @@ def test_json_names_adjacency_and_out_writes_the_same(case, capsys, tmp_path):
     assert result["adjacency"] == adjacency
     for row in result.get("rows", []):
         assert row["adjacency"] == adjacency
-    assert out_file.read_text() == out
+    if name == "optimize":  # --out is the loadable result (a superset of the --json object)
+        from dpjax.optimization import OptimizationResult
+
+        saved = OptimizationResult.load(out_file)
+        assert saved.noise_multiplier_estimate == result["noise_multiplier_estimate"]
+        assert list(saved.first_column) == result["first_column"]
+    elif name == "sweep":  # --out is the sweep's CSV table
+        lines = out_file.read_text().strip().splitlines()
+        assert "epsilon" in lines[0].split(",") and len(lines) == 1 + result["configurations"]
+    else:
+        assert out_file.read_text() == out
     assert "nan" not in out
 
 

@@ -19,7 +19,9 @@ string "inf"; accounting results name their ``adjacency``).  Optionally also
 ``parser.set_defaults(render=fn)`` with ``fn(result: dict) -> str`` for the human-readable form,
 and ``parser.set_defaults(vectorized=("epsilon",))`` for list options that ``fn`` handles itself
 (it then receives the list and may return a list of row dicts).  Then list the module in
-``SUBCOMMAND_MODULES`` below.  ``tests/test_cli_consistency.py`` checks every registered
+``SUBCOMMAND_MODULES`` below.  A subcommand whose ``--out`` is its own file format (``sweep``'s
+CSV, ``optimize``'s loadable result) sets ``owns_out=True`` and writes it itself.
+``tests/test_cli_consistency.py`` checks every registered
 subcommand against these rules.
 
 Every subcommand runs with JAX's persistent compilation cache on (``~/.cache/dpjax/xla``;
@@ -204,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "at these inputs (outside the range this command handles)\n")
         return 2
     text = json.dumps(_jsonable(result))
-    if args.out is not None:
+    if args.out is not None and not getattr(args, "owns_out", False):
         try:
             with open(args.out, "w") as fh:
                 fh.write(text + "\n")

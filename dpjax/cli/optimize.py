@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from dpjax.cli import _args
+
 
 def _run(args) -> dict:
     from dpjax._progress import set_progress
@@ -64,6 +66,11 @@ def _run(args) -> dict:
                              "status", "stop_reason", "parameterization", "batches_per_epoch",
                              "epochs", "target_epsilon", "target_delta", "num_steps",
                              "num_samples", "timings")}
+    if not res.certificate and args.no_certify:
+        # Not certified on request: say so with null rather than a NaN (a NaN is never an answer).
+        for key in ("noise_multiplier", "rmse", "gap_to_estimate"):
+            out[key] = None
+    out["adjacency"] = "add_or_remove"  # balls-in-bins Monte Carlo accounting (Choquette-Choo et al. 2024)
     out["params"] = d["params"]
     out["history_rows"] = len(d["history"])
     if args.out is not None:
@@ -73,11 +80,18 @@ def _run(args) -> dict:
 
 def _render(result: dict) -> str:
     cert = result.get("certificate") or {}
+    if result["noise_multiplier"] is None:
+        sigma_line = (f"noise_multiplier  not certified (--no-certify); estimate "
+                      f"{result['noise_multiplier_estimate']:.6g}")
+        rmse_line = f"rmse_estimate     {result['rmse_estimate']:.6g}  (at the estimated noise multiplier)"
+    else:
+        sigma_line = (f"noise_multiplier  {result['noise_multiplier']:.6g}  (certified; estimate "
+                      f"{result['noise_multiplier_estimate']:.6g}, gap {100 * result['gap_to_estimate']:+.2f}%)")
+        rmse_line = f"rmse              {result['rmse']:.6g}  (at the certified noise multiplier)"
     lines = [
         f"family            {result['parameterization']}",
-        f"noise_multiplier  {result['noise_multiplier']:.6g}  (certified; estimate "
-        f"{result['noise_multiplier_estimate']:.6g}, gap {100 * result['gap_to_estimate']:+.2f}%)",
-        f"rmse              {result['rmse']:.6g}  (at the certified noise multiplier)",
+        sigma_line,
+        rmse_line,
         f"certificate       {cert.get('reason', 'not requested')}",
         f"failure prob.     {cert.get('failure_probability', float('nan')):.3g} "
         f"({cert.get('num_samples', 0)} samples)",
@@ -89,26 +103,52 @@ def _render(result: dict) -> str:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("optimize", help="optimise a correlation matrix C under balls-in-bins "
-                                               "amplification and certify its noise multiplier")
-    p.add_argument("--family", choices=("blt", "toeplitz", "banded"), default="blt")
-    p.add_argument("--buffers", type=int, default=None, help="BLT buffers (default 4)")
-    p.add_argument("--bands", type=int, default=None, help="bands of a banded Toeplitz C")
-    p.add_argument("--batches-per-epoch", type=int, required=True, help="b")
-    p.add_argument("--epochs", type=int, required=True, help="E (n = b * E rounds)")
-    p.add_argument("--epsilon", type=float, required=True)
-    p.add_argument("--delta", type=float, required=True)
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
-    p.add_argument("--samples", type=int, default=1 << 13,
-                   help="Monte Carlo samples per step (default 2^13; an estimate)")
-    p.add_argument("--certify-samples", type=int, default=None,
-                   help="samples per certification sample set (default: enough to verify ~0.4 delta)")
-    p.add_argument("--no-certify", action="store_true", help="skip the certificate (estimate only)")
-    p.add_argument("--learning-rate", type=float, default=0.05, help="Adam learning rate (default 0.05)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="result JSON path (checkpoint: <out>.checkpoint.json)")
-    p.add_argument("--checkpoint-every", type=int, default=25)
+    p = subparsers.add_parser(
+        "optimize", help="optimise a correlation matrix C under balls-in-bins amplification and certify "
+                         "its noise multiplier",
+        description="Optimise a lower-triangular Toeplitz / banded / BLT correlation matrix C (c0 = 1) for "
+                    "prefix-sum RMSE sigma*(C) |A C^-1|_F / sqrt(n) under balls-in-bins batching "
+                    "(b batches per epoch, E epochs, n = b E rounds, add/remove adjacency), with sigma*(C) "
+                    "calibrated on a Monte Carlo estimate at every step (Choquette-Choo, Ganesh, Haque, "
+                    "Steinke and Thakurta, 'Near exact privacy amplification for matrix mechanisms'), then "
+                    "release the noise multiplier certified by Estimate-Verify-Release on independent draws. "
+                    "Comma lists in --epsilon / --delta run one optimisation per combination.")
+    p.add_argument("--family", type=_args.choice("blt", "toeplitz", "banded"), default="blt",
+                   help="parameterization of C: blt (buffered linear Toeplitz), toeplitz (full), "
+                        "banded (Toeplitz with --bands bands); default blt")
+    p.add_argument("--buffers", type=_args.integer(1, 64), default=None,
+                   help="BLT buffers d, an integer in [1, 64] (default 4; --family blt only)")
+    p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
+                   help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
+    p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), required=True,
+                   help="b, batches per epoch (an integer >= 1)")
+    p.add_argument("--epochs", type=_args.integer(1, 2**20), required=True,
+                   help="E, epochs (an integer >= 1); n = b * E rounds")
+    p.add_argument("--epsilon", type=_args.real_list(0, lo_open=True), required=True,
+                   help="target epsilon > 0 (comma list allowed)")
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
+                   help="target delta in (0, 1) (comma list allowed)")
+    p.add_argument("--steps", type=_args.integer(0, 10**7), default=300,
+                   help="optimizer steps, an integer >= 0 (default 300)")
+    p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 13,
+                   help="Monte Carlo samples per optimisation step, an integer >= 1 (default 2^13; the "
+                        "in-loop sigma is an estimate, only the final certificate is a guarantee)")
+    p.add_argument("--certify-samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
+                   help="samples per certification sample set (default: the smallest power of two that "
+                        "verifies about 0.4 delta)")
+    p.add_argument("--no-certify", action="store_true",
+                   help="skip the certificate: report the estimate only (noise_multiplier is null)")
+    p.add_argument("--learning-rate", type=_args.real(0, lo_open=True), default=0.05,
+                   help="Adam learning rate > 0 (default 0.05)")
+    p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="write the loadable result JSON (OptimizationResult.load) to FILE; the checkpoint "
+                        "is FILE.checkpoint.json")
+    p.add_argument("--checkpoint-every", type=_args.integer(1, 10**7), default=25,
+                   help="steps between checkpoints, an integer >= 1 (default 25; needs --out)")
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(run=_run, render=_render)
+    # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
+    # superset of the --json object; main() must not overwrite it.
+    p.set_defaults(run=_run, render=_render, owns_out=True)

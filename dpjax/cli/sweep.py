@@ -26,6 +26,8 @@ import argparse
 import json
 import math
 
+from dpjax.cli import _args
+
 
 def parse_values(name: str, text: str, *, integer: bool = False) -> list:
     """``a,b,c`` | ``start:stop:num`` | ``start:stop:num:log`` -> list of numbers."""
@@ -109,20 +111,22 @@ def _run(args) -> dict:
     table = sweep(configs, out=args.out, resume=args.resume, with_lower=not args.no_lower,
                   per_device=args.per_device)
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
-    out = dict(configurations=len(table), out=args.out, programs=table.programs, devices=table.devices,
+    # Poisson-sampled DP-SGD (and its groups): the add/remove neighbouring relation.
+    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs, devices=table.devices,
                seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
     if eps:
         finite = [e for e in eps if math.isfinite(e)]
         out.update(epsilon_min=min(finite) if finite else math.inf, epsilon_max=max(eps))
     if args.out is None or args.rows:
-        out["rows"] = [dict(r) for r in table.rows]
+        # "table", not "rows": "rows" is the CLI's key for one result per comma-list combination.
+        out["table"] = [dict(r) for r in table.rows]
     return out
 
 
 def _render(result: dict) -> str:
     lines = []
     for key, value in result.items():
-        if key == "rows":
+        if key == "table":
             from dpjax.pld.sweeping import ROW_FIELDS
 
             lines.append(",".join(ROW_FIELDS))
@@ -149,6 +153,8 @@ def register(subparsers) -> None:
                    help="write rows here as they are computed (plus FILE.jsonl; FILE.parquet with pyarrow)")
     p.add_argument("--resume", action="store_true", help="continue a killed sweep recorded in --out")
     p.add_argument("--no-lower", action="store_true", help="skip the certified lower end of each bracket (~2x faster)")
-    p.add_argument("--per-device", type=int, default=8, help="configurations per device per program call")
+    p.add_argument("--per-device", type=_args.integer(1, 2**20), default=8,
+                   help="configurations per device per program call, an integer >= 1 (default 8)")
     p.add_argument("--rows", action="store_true", help="also print every row (always when --out is not given)")
-    p.set_defaults(run=_run, render=_render)
+    # --out is the sweep's own table (CSV + JSON lines), not a copy of the --json object.
+    p.set_defaults(run=_run, render=_render, owns_out=True)
