@@ -346,6 +346,22 @@ def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, tar
     return [(d, plan, r) for d, r in zip(directions, res)], blocked
 
 
+def _dominating_gaussian_mu(components) -> float | None:
+    """``mu`` of a Gaussian mechanism dominating the composition, when every component is a
+    :class:`Gaussian` or a :class:`PoissonSubsampledGaussian` (whose hockey-stick divergences,
+    by joint convexity, are at most ``q`` times those of its ``q = 1`` pair): else None."""
+    mu2 = 0.0
+    for cls, static, data, P, C in _stack(components):
+        if cls is Gaussian:
+            r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
+        elif cls is PoissonSubsampledGaussian:
+            r = 1.0 / P[:, data.index("noise_multiplier")]
+        else:
+            return None
+        mu2 += float(np.sum(C.astype(np.float64) * r * r))
+    return math.sqrt(mu2)
+
+
 def _exact_gaussian_mu(components) -> float | None:
     """``mu`` when the whole composition is exactly one Gaussian mechanism, else None.
 
@@ -440,6 +456,13 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     options = _options(options)
     components = _as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
+    mu_dom = _dominating_gaussian_mu(components)
+    if mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
+        # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
+        # answer is exactly 0 (the grid would need dx ~ 1e-600 and failed with a NaN size).
+        zero = np.zeros_like(np.asarray(deltas, np.float64))
+        return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
+                             target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
     mu = _exact_gaussian_mu(components)
     if mu is not None:
         upper, lower = _exact_epsilon(np.asarray(deltas, np.float64), mu)
@@ -455,6 +478,13 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     reason = None
     if np.isinf(upper).any():
         reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
+        if mu_dom is not None:
+            # Still an upper bound, if a loose one: the dominating Gaussian (q taken as 1).
+            dom = np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom), np.float64)
+            if np.isfinite(dom[np.isinf(upper)]).all():
+                upper = np.where(np.isinf(upper), dom, upper)
+                reason = ("the grid could not certify target_delta; epsilon is the (looser) bound of the dominating "
+                          "Gaussian mechanism (sampling_prob taken as 1).  Grid: " + reason)
     return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
                          target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -472,6 +502,14 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     components = _as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
     mu = _exact_gaussian_mu(components)
+    mu_dom = _dominating_gaussian_mu(components)
+    if mu is None and mu_dom is not None and mu_dom < 1e-100:
+        # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
+        # bound, ~mu_dom) and 0 as the lower end.
+        d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)
+        upper, lower = np.minimum(d * (1 + 1e-9), 1.0), np.zeros_like(d)
+        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                           target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
     if mu is not None:
         # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side.
         d = np.asarray(gaussian_delta(eps, mu), np.float64)
