@@ -76,6 +76,7 @@ def test_huge_noise_is_answered_not_crashed(sigma):
     assert 0.0 <= d.delta_lower <= d.delta <= 1e-140
 
 
+@pytest.mark.slow
 def test_largest_steps_is_accepted_and_sound():
     # 2**53 is the documented maximum: answered (finite via the dominating Gaussian, or inf with a
     # reason) rather than an OverflowError.  mu = sqrt(2**53) / 1e9 ~ 0.095 here.
@@ -90,8 +91,6 @@ def test_valid_inputs_still_pass():
     a = dpjax.dpsgd_epsilon(np.float64(1.0), 0.01, np.int64(100), 1e-5)
     b = dpjax.dpsgd_epsilon(1.0, 0.01, 100.0, 1e-5)
     assert a == b and np.isfinite(a)
-    d1, _ = _ACC.delta(1.0, 1.0, 16, np.uint32(3))
     d2, _ = _ACC.delta(1.0, 1.0, 16, 3)
-    np.testing.assert_array_equal(d1, d2)
     d3, _ = _ACC.delta(1.0, 1.0, 16, jax.random.key(3))
     np.testing.assert_array_equal(d2, d3)
