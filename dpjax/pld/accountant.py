@@ -308,6 +308,7 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
     for _ in range(4):
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
                          target_delta=target_delta, options=options, min_width=min_width)
+        _check_memory(plan, directions)
         want = "eps" if eps_hint is None else "delta"
         shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
         kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want)
@@ -331,6 +332,34 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
         needed = max([w for w in needed if math.isfinite(w)], default=0.0)
         min_width = max(1.05 * needed, 1.5 * plan.n * plan.dx)
     return plan, res
+
+
+#: Refuse a program whose mixture-CDF evaluation would need more than this (bytes).
+MAX_MIXTURE_BYTES = 8 * 2**30
+#: Live float64 (points x components) arrays of a mixture-CDF evaluation (differences, erfc
+#: values, both tails, Newton temporaries): the factor of the estimate below.
+_MIXTURE_ARRAYS = 6
+
+
+def _check_memory(plan, directions):
+    """ValueError, before anything is allocated, when evaluating the loss CDFs of a mixture
+    mechanism (``num_components`` > 1, e.g. group privacy) on the planned grid would need more
+    than :data:`MAX_MIXTURE_BYTES`: ``8 bytes x directions x grid points x components x 6``.
+    (``group_epsilon(2.0, 0.01, 100, 1e-5, group_size=1000)`` asked XLA for 51.7 GB and died.)"""
+    for gi, g in enumerate(plan.groups[0]):
+        k = int(getattr(g.mechanism, "num_components", 1) or 1)
+        if k <= 1:
+            continue
+        m = max(plan.ms[d][gi] for d in range(len(plan.ms)))
+        need = 8 * len(directions) * m * k * _MIXTURE_ARRAYS
+        if need > MAX_MIXTURE_BYTES:
+            raise ValueError(
+                f"group_size too large for this accountant: the mixture has {k} components and the grid "
+                f"{m} points per step, about {need / 2**30:.1f} GiB to evaluate (limit "
+                f"{MAX_MIXTURE_BYTES / 2**30:.0f} GiB, dpjax.pld.accountant.MAX_MIXTURE_BYTES).  Use a smaller "
+                f"group_size, or more noise; group privacy via the group-size-k RDP/Poisson bound "
+                f"(dpjax.baselines) needs no mixture")
+    return None
 
 
 def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
