@@ -470,7 +470,8 @@ def _as_components(components) -> list:
 
 @host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
-def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True) -> EpsilonResult:
+def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True,
+            exact_gaussian: bool = True) -> EpsilonResult:
     """Certified epsilon of a composition at ``target_delta`` (scalar or 1-D array).
 
     Args:
@@ -479,6 +480,8 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
       target_delta: in (0, 1); an array gives one epsilon per entry (one FFT for all).
       options: :class:`GridOptions` (accuracy/size knobs).
       with_lower: also compute the optimistic ``epsilon_lower`` (doubles the FFT work).
+      exact_gaussian: answer compositions that are exactly one Gaussian mechanism (Gaussians,
+        q = 1 DP-SGD) from the closed form (default); False forces the FFT grid (tests of it).
     Returns:
       :class:`EpsilonResult`.
     """
@@ -486,13 +489,13 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     components = _as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
     mu_dom = _dominating_gaussian_mu(components)
-    if mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
+    if exact_gaussian and mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
         # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
         # answer is exactly 0 (the grid would need dx ~ 1e-600 and failed with a NaN size).
         zero = np.zeros_like(np.asarray(deltas, np.float64))
         return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
                              target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
-    mu = _exact_gaussian_mu(components)
+    mu = _exact_gaussian_mu(components) if exact_gaussian else None
     if mu is not None:
         upper, lower = _exact_epsilon(np.asarray(deltas, np.float64), mu)
         return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
@@ -521,7 +524,8 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
 
 @host_only("dpjax.pld.delta_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
-def delta(components, target_epsilon, *, options: GridOptions | None = None, with_lower: bool = True) -> DeltaResult:
+def delta(components, target_epsilon, *, options: GridOptions | None = None, with_lower: bool = True,
+          exact_gaussian: bool = True) -> DeltaResult:
     """Certified delta of a composition at ``target_epsilon`` (scalar or 1-D array, >= 0).
 
     The truncation/wrap-around budget is ``options.delta_tail_mass`` (absolute), so deltas far
@@ -530,8 +534,8 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     options = _options(options)
     components = _as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
-    mu = _exact_gaussian_mu(components)
-    mu_dom = _dominating_gaussian_mu(components)
+    mu = _exact_gaussian_mu(components) if exact_gaussian else None
+    mu_dom = _dominating_gaussian_mu(components) if exact_gaussian else None
     if mu is None and mu_dom is not None and mu_dom < 1e-100:
         # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
         # bound, ~mu_dom) and 0 as the lower end.
