@@ -530,6 +530,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
 
     The truncation/wrap-around budget is ``options.delta_tail_mass`` (absolute), so deltas far
     below it are reported as about that value (an upper bound, never below the truth).
+    ``exact_gaussian`` as in :func:`epsilon` (closed form for Gaussian-only compositions).
     """
     options = _options(options)
     components = _as_components(components)
