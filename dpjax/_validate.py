@@ -99,7 +99,8 @@ def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_
     Booleans, strings, NaN, infinities and non-integral values are refused with a ``ValueError``
     naming ``name`` and the range (never an ``OverflowError`` from a later int64 conversion).
     """
-    rng = f"an integer in [{minimum}, {'2**53' if maximum == MAX_INT else maximum}]"
+    # ">= minimum" first: the wording callers (and their tests) already match on.
+    rng = f"an integer >= {minimum} (and <= {'2**53' if maximum == MAX_INT else maximum})"
     if isinstance(value, (bool, np.bool_, str, bytes)) or _is_tracer(value):
         raise ValueError(f"{name} must be {rng}, got {value!r}")
     if isinstance(value, (int, np.integer)):
