@@ -15,13 +15,43 @@ import numpy as np
 
 
 def _as_float_array(name: str, value: Any) -> np.ndarray:
+    # Refused before any conversion: strings ('1' converts silently), booleans (True is not a
+    # number of anything), complex values (the imaginary part would be dropped), empty arrays
+    # (every later min/max reduction would fail with NumPy's message) and JAX tracers (say
+    # what to use instead).
+    if _is_tracer(value):
+        raise ValueError(f"{name} must be a concrete number, got a JAX tracer: this entry point validates and "
+                         f"plans on the host and cannot be traced by jax.jit/vmap; call it outside the "
+                         f"transformation (its documentation names the traceable function to use inside)")
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be a real number or array of real numbers, got the string {value!r}")
     try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
+        raw = np.asarray(value)
+    except Exception as exc:  # ragged nesting and the like
+        raise ValueError(f"{name} must be a real number or array of real numbers, got {value!r}") from exc
+    if raw.dtype == np.bool_:
+        raise ValueError(f"{name} must be a real number, not a boolean, got {value!r}")
+    if np.iscomplexobj(raw):
+        raise ValueError(f"{name} must be real, got a complex value {value!r}")
+    if raw.size == 0:
+        raise ValueError(f"{name} must not be empty, got {value!r}")
+    if raw.dtype.kind in "USV":
+        raise ValueError(f"{name} must be a real number or array of real numbers, got {value!r}")
+    try:
+        arr = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"{name} must be a real number or array of real numbers, got {value!r}") from exc
     if np.isnan(arr).any():
         raise ValueError(f"{name} must not be NaN, got {value!r}")
     return arr
+
+
+def _is_tracer(value: Any) -> bool:
+    try:
+        import jax
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(value, jax.core.Tracer)
 
 
 def positive(name: str, value: Any, *, allow_inf: bool = False) -> np.ndarray:
@@ -58,17 +88,45 @@ def probability_open(name: str, value: Any) -> np.ndarray:
     return arr
 
 
-def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    """An integer ``>= minimum``; floats equal to an integer are accepted (1000.0 -> 1000)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        f = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from exc
-    if math.isnan(f) or math.isinf(f) or f != math.floor(f) or f < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(f)
+#: Largest accepted integer count (steps, group sizes, sample counts): every integer up to
+#: 2^53 is exact in float64, and the int64 arithmetic of the accountants stays far from overflow.
+MAX_INT = 2**53
+
+
+def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_INT) -> int:
+    """An integer in ``[minimum, maximum]``; floats equal to an integer are accepted (1000.0 -> 1000).
+
+    Booleans, strings, NaN, infinities and non-integral values are refused with a ``ValueError``
+    naming ``name`` and the range (never an ``OverflowError`` from a later int64 conversion).
+    """
+    # ">= minimum" first: the wording callers (and their tests) already match on.
+    rng = f"an integer >= {minimum} (and <= {'2**53' if maximum == MAX_INT else maximum})"
+    if isinstance(value, (bool, np.bool_, str, bytes)) or _is_tracer(value):
+        raise ValueError(f"{name} must be {rng}, got {value!r}")
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+    else:
+        try:
+            f = float(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"{name} must be {rng}, got {value!r}") from exc
+        if math.isnan(f) or math.isinf(f) or f != math.floor(f):
+            raise ValueError(f"{name} must be {rng}, got {value!r}")
+        v = int(f)
+    if v < minimum or v > maximum:
+        raise ValueError(f"{name} must be {rng}, got {value!r}")
+    return v
+
+
+def prng_seed(name: str, value: Any) -> int:
+    """An integer PRNG seed usable by ``jax.random.key``: in ``[0, 2**64)`` (wrapped to the
+    int64 JAX takes)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a JAX PRNG key or an integer seed in [0, 2**64), got {value!r}")
+    v = int(value)
+    if not 0 <= v < 2**64:
+        raise ValueError(f"{name} must be a JAX PRNG key or an integer seed in [0, 2**64), got {value!r}")
+    return v - 2**64 if v >= 2**63 else v
 
 
 def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax import _validate
 from dpjax._x64 import float64
 
 
@@ -234,6 +235,12 @@ def prefix_sum_rmse(correlation, noise_multiplier, n: int | None = None):
     ``sigma``.  Example: ``prefix_sum_rmse(Toeplitz(jnp.ones(1)), 1.0, 4)`` is
     ``sqrt((1+2+3+4)/4)``, the identity's error.
     """
+    if _is_concrete(noise_multiplier):
+        # A traced sigma (grad/vmap) is the caller's; a concrete one must be a valid noise scale
+        # (a negative sigma gave a negative RMSE).
+        _validate.positive("noise_multiplier", noise_multiplier)
+    if _is_concrete(correlation) and np.iscomplexobj(np.asarray(correlation)):
+        raise ValueError("correlation must be real (a non-negative lower-triangular matrix), got a complex array")
     if isinstance(correlation, (Toeplitz, BLT)):
         if n is None:
             raise ValueError("n must be given for a structured (Toeplitz/BLT) correlation matrix")

@@ -45,6 +45,67 @@ class DeltaEstimate(ResultMixin):
     delta_add: np.ndarray
     se_add: np.ndarray
     num_samples: int
+    delta_low: np.ndarray | None = None
+    delta_high: np.ndarray | None = None
+    confidence: float = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonEstimate:
+    """Monte Carlo epsilon at ``target_delta`` with a confidence interval.
+
+    Attributes:
+      epsilon: the point estimate (smallest grid epsilon with ``delta_hat <= target_delta``).
+      epsilon_low, epsilon_high: the interval: where the lower / upper confidence bound on
+        delta (Chernoff-KL bound for means of ``[0, 1]`` variables, each side at level
+        ``(1 - confidence) / 2``) crosses ``target_delta``.  It covers the true epsilon with
+        probability >= ``confidence``: at the true epsilon ``e*`` (not random) both one-sided
+        bounds hold with that probability, and both bound curves are non-increasing in epsilon
+        (same draws), so the crossings bracket ``e*`` (to the grid resolution).
+      resolved: False when the sample cannot resolve ``target_delta`` (even a zero estimate
+        has an upper confidence bound above it: ``epsilon_high = inf``); the point estimate is
+        then not meaningful.
+      target_delta, confidence, num_samples; reason: one line.
+    """
+
+    epsilon: float
+    epsilon_low: float
+    epsilon_high: float
+    target_delta: float
+    confidence: float
+    num_samples: int
+    resolved: bool
+    reason: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    to_dict = as_dict
+
+
+def _kl_bounds(mean, m: int, level: float):
+    """Two-sided Chernoff-KL confidence bounds on the mean of ``m`` i.i.d. ``[0, 1]`` variables:
+    ``{p : m KL(mean || p) <= log(2 / (1 - level))}`` (Hoeffding 1963, Thm 1: the Bernoulli KL
+    tail bound holds for any ``[0, 1]``-valued variables), solved by bisection.  Vectorised."""
+    mean = np.clip(np.asarray(mean, np.float64), 0.0, 1.0)
+    rhs = math.log(2.0 / (1.0 - level)) / m
+
+    def kl(a, b):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t1 = np.where(a > 0, a * np.log(a / b), 0.0)
+            t2 = np.where(a < 1, (1 - a) * np.log((1 - a) / (1 - b)), 0.0)
+        return t1 + t2
+
+    lo_a, lo_b = np.zeros_like(mean), mean.copy()      # lower bound in [0, mean]
+    hi_a, hi_b = mean.copy(), np.ones_like(mean)       # upper bound in [mean, 1]
+    for _ in range(100):
+        mid = 0.5 * (lo_a + lo_b)
+        far = kl(mean, np.maximum(mid, 1e-300)) > rhs   # mid too small: bound is above it
+        lo_a, lo_b = np.where(far, mid, lo_a), np.where(far, lo_b, mid)
+        mid = 0.5 * (hi_a + hi_b)
+        far = kl(mean, np.minimum(mid, 1 - 1e-16)) > rhs
+        hi_a, hi_b = np.where(far, hi_a, mid), np.where(far, mid, hi_b)
+    return np.where(mean > 0, lo_a, 0.0), np.where(mean < 1, hi_b, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,13 +224,17 @@ class BallsInBins:
 
     @float64
     def estimate(self, noise_multiplier, epsilon, num_samples, key, *, chunk_size=None,
-                 devices=None, progress=None) -> DeltaEstimate:
+                 devices=None, confidence=0.95, progress=None) -> DeltaEstimate:
         """Both directions at every ``epsilon`` from one set of ``num_samples`` draws.
+
+        ``delta_low`` / ``delta_high``: a ``confidence`` interval on the max-direction delta
+        (Chernoff-KL bounds; the per-sample terms lie in ``[0, 1]``).
 
         ``progress``: a bar on stderr over the sample chunks (single device): ``None`` (default)
         when stderr is a terminal and the call runs over a second, ``False`` never, ``True``
         always (:mod:`dpjax._progress`).  It never changes the numbers.
         """
+        confidence = _confidence(confidence)
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = _validate.nonnegative("epsilon", epsilon)
         m = _validate_samples(num_samples)
@@ -184,11 +249,17 @@ class BallsInBins:
                 progress=bar.enabled)
         mean, se = core.estimate_from_sums(sums, m)
         mean, se = np.asarray(mean), np.asarray(se)
+        if m < 2:  # one draw says nothing about its spread: no standard error (was reported as 0)
+            se = np.full_like(se, np.inf)
         pick = np.argmax(mean, axis=0)
         cols = np.arange(flat.size)
+        # Per-direction KL bounds at level (1 - (1 - confidence) / 2) each, so that the
+        # max-direction interval holds with probability >= confidence (union bound).
+        lo, hi = _kl_bounds(mean, m, 1.0 - (1.0 - confidence) / 2.0)
         return DeltaEstimate(
             epsilon=flat, delta=mean[pick, cols], standard_error=se[pick, cols],
-            delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m)
+            delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m,
+            delta_low=np.max(lo, axis=0), delta_high=np.max(hi, axis=0), confidence=confidence)
 
     def delta(self, noise_multiplier, epsilon, num_samples, key, *, chunk_size=None, devices=None):
         """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape).
@@ -207,7 +278,9 @@ class BallsInBins:
         ``delta_hat(eps)`` (same draws for every eps) is non-increasing, so ``refinements``
         passes over ``grid_size`` epsilons bracket the crossing to a width of
         ``eps_hi / grid_size^refinements``; the upper end is returned.  ``inf`` if even the
-        upper search limit fails.  An estimate: use :meth:`certify` for a rigorous statement.
+        upper search limit fails.  An estimate with no uncertainty attached: use
+        :meth:`epsilon_estimate` for a confidence interval (and a flag when ``num_samples``
+        cannot resolve ``target_delta``), :meth:`certify` for a rigorous statement.
         """
         delta = float(_validate.probability_open("target_delta", target_delta))
         grid_size = _validate.positive_int("grid_size", grid_size, minimum=2)
@@ -233,6 +306,61 @@ class BallsInBins:
             first = int(ok[0])  # hi always passes
             lo, hi = (grid[first - 1] if first > 0 else lo), grid[first]
         return float(hi)
+
+    def epsilon_estimate(self, noise_multiplier, target_delta, num_samples, key, *, grid_size=32,
+                         refinements=3, confidence=0.95, chunk_size=None, devices=None) -> EpsilonEstimate:
+        """:meth:`epsilon` with a ``confidence`` interval (see :class:`EpsilonEstimate`).
+
+        Same draws for every epsilon; each of the point estimate and the two interval ends is
+        bracketed on the grid like :meth:`epsilon` (``refinements`` passes of ``grid_size``),
+        the upper grid end of each bracket being returned.
+        """
+        delta = float(_validate.probability_open("target_delta", target_delta))
+        grid_size = _validate.positive_int("grid_size", grid_size, minimum=2)
+        refinements = _validate.positive_int("refinements", refinements)
+        confidence = _confidence(confidence)
+        m = _validate_samples(num_samples)
+
+        def curves(grid):
+            est = self.estimate(noise_multiplier, grid, m, key, chunk_size=chunk_size, devices=devices,
+                                confidence=confidence)
+            return est.delta, est.delta_low, est.delta_high
+
+        # Point and upper end: the upper grid end of the bracket; lower end: its lower grid end.
+        eps_hat = self._crossing(lambda g: curves(g)[0], delta, grid_size, refinements)[1]
+        eps_low = self._crossing(lambda g: curves(g)[1], delta, grid_size, refinements)[0]
+        eps_high = self._crossing(lambda g: curves(g)[2], delta, grid_size, refinements)[1]
+        # The lower confidence curve is below the point curve, hence crosses first.
+        eps_low = min(eps_low, eps_hat)
+        resolved = math.isfinite(eps_high)
+        if resolved:
+            reason = (f"epsilon_hat = {eps_hat:.4g}, {100 * confidence:g}% interval [{eps_low:.4g}, {eps_high:.4g}] "
+                      f"from {m} samples (an estimate: use certify() for a guarantee)")
+        else:
+            need = math.ceil(math.log(2.0 / ((1.0 - confidence) / 2.0)) / delta)
+            reason = (f"num_samples = {m} cannot resolve target_delta = {delta:g}: even a zero estimate has an upper "
+                      f"confidence bound above it (need roughly {need} samples); the point estimate "
+                      f"{eps_hat:.4g} is not meaningful")
+        return EpsilonEstimate(epsilon=eps_hat, epsilon_low=eps_low, epsilon_high=eps_high, target_delta=delta,
+                               confidence=confidence, num_samples=m, resolved=resolved, reason=reason)
+
+    def _crossing(self, curve, delta, grid_size, refinements):
+        """``(lo, hi)``: the final grid bracket of the crossing of the non-increasing
+        ``curve(grid)`` with ``delta`` (``curve(hi) <= delta``; ``(0, 0)`` if already at 0,
+        ``(1e4, inf)`` when not crossed below 1e4)."""
+        lo, hi = 0.0, 1.0
+        if curve(np.array([0.0]))[0] <= delta:
+            return 0.0, 0.0
+        while curve(np.array([hi]))[0] > delta:
+            lo, hi = hi, 2.0 * hi
+            if hi > 1e4:
+                return lo, math.inf
+        for _ in range(refinements):
+            grid = np.linspace(lo, hi, grid_size)
+            d = curve(grid)
+            first = int(np.nonzero(d <= delta)[0][0])
+            lo, hi = (grid[first - 1] if first > 0 else lo), grid[first]
+        return float(lo), float(hi)
 
     def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
                 devices=None) -> Certificate:
@@ -281,6 +409,11 @@ class BallsInBins:
         from dpjax.calibration.montecarlo import calibrate_accountant
 
         return calibrate_accountant(self, target_epsilon, target_delta, num_samples, key)
+
+
+def _confidence(confidence) -> float:
+    c = float(_validate.probability_open("confidence", confidence))
+    return c
 
 
 def evr_minimum_samples(target_delta, base_delta=None) -> int:

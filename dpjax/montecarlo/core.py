@@ -435,11 +435,15 @@ def as_prng_key(key):
     Keys (typed, or raw ``uint32`` data) pass through unchanged; ``None`` (and ``bool``) raise a
     ``ValueError``.
     """
-    if key is None or isinstance(key, bool):
-        raise ValueError(f"key must be a JAX PRNG key or an integer seed, got {key!r}")
-    if isinstance(key, (int, np.integer)):
-        return jax.random.key(int(key))
-    return key
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        return jax.random.key(_validate.prng_seed("key", key))
+    if isinstance(key, jax.Array) and (jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                       or key.dtype == jnp.uint32):
+        return key
+    if isinstance(key, np.ndarray) and key.dtype == np.uint32:
+        return key
+    # Strings, floats, None, bools, ...: refused here, not deep inside the sampler.
+    return _validate.prng_seed("key", key)  # raises
 
 
 def rbg_key(key):

@@ -36,6 +36,7 @@ from dpjax._results import ResultMixin
 from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
+from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
 from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
 
 # ------------------------------------------------------------------------------------------
@@ -59,12 +60,14 @@ class DirectionReport(ResultMixin):
     tail_below: float
     roundoff: float
     truncation_budget: float
+    noise_floor: float = 0.0
 
     def as_dict(self, quantity: str) -> dict:
         """JSON-ready diagnostics; ``quantity`` names the bracket (``"epsilon"`` or ``"delta"``)."""
         return {f"{quantity}_upper": _py(self.upper), f"{quantity}_lower": _py(self.lower),
                 "n": self.n, "dx": self.dx, "p_inf": self.p_inf, "tail_above": self.tail_above,
-                "tail_below": self.tail_below, "roundoff": self.roundoff}
+                "tail_below": self.tail_below, "roundoff": self.roundoff,
+                "noise_floor": self.noise_floor}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +277,7 @@ def _prepare(components, max_distinct):
 # The jitted program (one per direction and static shape set)
 
 
-_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation")
+_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor")
 
 
 @functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
@@ -324,6 +327,7 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
     for _ in range(4):
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
                          target_delta=target_delta, options=options, min_width=min_width)
+        _check_memory(plan, directions)
         want = "eps" if eps_hint is None else "delta"
         shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
         kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want)
@@ -349,6 +353,34 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
     return plan, res
 
 
+#: Refuse a program whose mixture-CDF evaluation would need more than this (bytes).
+MAX_MIXTURE_BYTES = 8 * 2**30
+#: Live float64 (points x components) arrays of a mixture-CDF evaluation (differences, erfc
+#: values, both tails, Newton temporaries): the factor of the estimate below.
+_MIXTURE_ARRAYS = 6
+
+
+def _check_memory(plan, directions):
+    """ValueError, before anything is allocated, when evaluating the loss CDFs of a mixture
+    mechanism (``num_components`` > 1, e.g. group privacy) on the planned grid would need more
+    than :data:`MAX_MIXTURE_BYTES`: ``8 bytes x directions x grid points x components x 6``.
+    (``group_epsilon(2.0, 0.01, 100, 1e-5, group_size=1000)`` asked XLA for 51.7 GB and died.)"""
+    for gi, g in enumerate(plan.groups[0]):
+        k = int(getattr(g.mechanism, "num_components", 1) or 1)
+        if k <= 1:
+            continue
+        m = max(plan.ms[d][gi] for d in range(len(plan.ms)))
+        need = 8 * len(directions) * m * k * _MIXTURE_ARRAYS
+        if need > MAX_MIXTURE_BYTES:
+            raise ValueError(
+                f"group_size too large for this accountant: the mixture has {k} components and the grid "
+                f"{m} points per step, about {need / 2**30:.1f} GiB to evaluate (limit "
+                f"{MAX_MIXTURE_BYTES / 2**30:.0f} GiB, dpjax.pld.accountant.MAX_MIXTURE_BYTES).  Use a smaller "
+                f"group_size, or more noise; group privacy via the group-size-k RDP/Poisson bound "
+                f"(dpjax.baselines) needs no mixture")
+    return None
+
+
 def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
     up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct)
     directions = ("remove",) if symmetric else ("remove", "add")
@@ -360,6 +392,66 @@ def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, tar
         for r, rl in zip(res, res_lo):
             r["down"] = rl["down"]
     return [(d, plan, r) for d, r in zip(directions, res)], blocked
+
+
+def _dominating_gaussian_mu(components) -> float | None:
+    """``mu`` of a Gaussian mechanism dominating the composition, when every component is a
+    :class:`Gaussian` or a :class:`PoissonSubsampledGaussian` (whose hockey-stick divergences,
+    by joint convexity, are at most ``q`` times those of its ``q = 1`` pair): else None."""
+    mu2 = 0.0
+    for cls, static, data, P, C in _stack(components):
+        if cls is Gaussian:
+            r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
+        elif cls is PoissonSubsampledGaussian:
+            r = 1.0 / P[:, data.index("noise_multiplier")]
+        else:
+            return None
+        mu2 += float(np.sum(C.astype(np.float64) * r * r))
+    return math.sqrt(mu2)
+
+
+def _exact_gaussian_mu(components) -> float | None:
+    """``mu`` when the whole composition is exactly one Gaussian mechanism, else None.
+
+    True for any mix of :class:`Gaussian` and :class:`PoissonSubsampledGaussian` with
+    ``sampling_prob == 1`` (see :func:`_composes_as_one_gaussian`): ``mu^2 = sum_i c_i
+    (sensitivity_i / sigma_i)^2`` (Dong, Roth and Su 2022, Cor. 3.3).  Such compositions are
+    answered from the closed form (:mod:`dpjax.pld.exact`) instead of the FFT: exact, and free
+    of the FFT round-off floor (q = 1, sigma 30.07, T = 12005 at delta 1.11e-12 was inf on the
+    grid; the exact value is 31.67).
+    """
+    mu2 = 0.0
+    for cls, static, data, P, C in _stack(components):
+        if cls is Gaussian:
+            r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
+        elif cls is PoissonSubsampledGaussian and np.all(P[:, data.index("sampling_prob")] == 1.0):
+            r = 1.0 / P[:, data.index("noise_multiplier")]
+        else:
+            return None
+        mu2 += float(np.sum(C.astype(np.float64) * r * r))
+    mu = math.sqrt(mu2)
+    return mu if math.isfinite(mu) else None
+
+
+def _exact_report(upper, lower) -> DirectionReport:
+    # No grid: n = 0 and every truncation / round-off term is 0 (the closed form has none).
+    return DirectionReport(direction="remove", upper=upper, lower=lower, n=0, dx=0.0, p_inf=0.0, tail_above=0.0,
+                           tail_below=0.0, roundoff=0.0, truncation_budget=0.0)
+
+
+def _exact_epsilon(deltas, mu):
+    """(upper, lower) epsilon of the Gaussian mechanism ``mu`` at ``deltas``: the upper end is
+    :func:`gaussian_epsilon` (delta there <= target, with its log-margin), the lower end moves
+    down until delta there is > target (checked with the same closed form)."""
+    upper = np.asarray(gaussian_epsilon(deltas, mu), np.float64)
+    log_t = np.log(deltas)
+    lower = np.maximum(upper - np.maximum(1e-9 * upper, 1e-12), 0.0)
+    for _ in range(60):
+        bad = (lower > 0) & ~(np.asarray(gaussian_log_delta(lower, mu)) > log_t)
+        if not bad.any():
+            break
+        lower = np.where(bad, np.maximum(upper - 2.0 * (upper - lower), 0.0), lower)
+    return upper, lower
 
 
 def _options(options):
@@ -397,7 +489,8 @@ def _as_components(components) -> list:
 
 @host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
-def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True) -> EpsilonResult:
+def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True,
+            exact_gaussian: bool = True) -> EpsilonResult:
     """Certified epsilon of a composition at ``target_delta`` (scalar or 1-D array).
 
     Args:
@@ -406,12 +499,26 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
       target_delta: in (0, 1); an array gives one epsilon per entry (one FFT for all).
       options: :class:`GridOptions` (accuracy/size knobs).
       with_lower: also compute the optimistic ``epsilon_lower`` (doubles the FFT work).
+      exact_gaussian: answer compositions that are exactly one Gaussian mechanism (Gaussians,
+        q = 1 DP-SGD) from the closed form (default); False forces the FFT grid (tests of it).
     Returns:
       :class:`EpsilonResult`.
     """
     options = _options(options)
     components = _as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
+    mu_dom = _dominating_gaussian_mu(components)
+    if exact_gaussian and mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
+        # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
+        # answer is exactly 0 (the grid would need dx ~ 1e-600 and failed with a NaN size).
+        zero = np.zeros_like(np.asarray(deltas, np.float64))
+        return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
+                             target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
+    mu = _exact_gaussian_mu(components) if exact_gaussian else None
+    if mu is not None:
+        upper, lower = _exact_epsilon(np.asarray(deltas, np.float64), mu)
+        return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
+                             target_delta=_scalar(deltas), directions=(_exact_report(upper, lower),))
     tail_mass = options.tail_fraction * float(np.min(deltas))
     # NumPy inputs go straight into the jitted program (jnp.asarray outside a trace compiles a
     # staging program of its own: ~50 ms of every cold start).
@@ -421,12 +528,14 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     dir_reports, upper, lower = _combine(reports)
     reason = None
     if np.isinf(upper).any():
-        worst = max(dir_reports, key=lambda r: r.p_inf + r.tail_above + r.roundoff)
-        reason = (f"target_delta is below what the grid can certify in direction '{worst.direction}': "
-                  f"P(loss=+inf) {worst.p_inf:.3g} + wrap-around bound {worst.tail_above:.3g} + round-off "
-                  f"{worst.roundoff:.3g} on a grid of n={worst.n}, dx={worst.dx:.3g}.  Either the true epsilon "
-                  f"is very large (loss beyond the widest window) or the composition is too long for "
-                  f"GridOptions.n_max={options.n_max} (raise it)")
+        reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
+        if mu_dom is not None:
+            # Still an upper bound, if a loose one: the dominating Gaussian (q taken as 1).
+            dom = np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom), np.float64)
+            if np.isfinite(dom[np.isinf(upper)]).all():
+                upper = np.where(np.isinf(upper), dom, upper)
+                reason = ("the grid could not certify target_delta; epsilon is the (looser) bound of the dominating "
+                          "Gaussian mechanism (sampling_prob taken as 1).  Grid: " + reason)
     return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
                          target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -434,21 +543,56 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
 
 @host_only("dpjax.pld.delta_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
-def delta(components, target_epsilon, *, options: GridOptions | None = None, with_lower: bool = True) -> DeltaResult:
+def delta(components, target_epsilon, *, options: GridOptions | None = None, with_lower: bool = True,
+          exact_gaussian: bool = True) -> DeltaResult:
     """Certified delta of a composition at ``target_epsilon`` (scalar or 1-D array, >= 0).
 
     The truncation/wrap-around budget is ``options.delta_tail_mass`` (absolute), so deltas far
     below it are reported as about that value (an upper bound, never below the truth).
+    ``exact_gaussian`` as in :func:`epsilon` (closed form for Gaussian-only compositions).
     """
     options = _options(options)
     components = _as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
+    mu = _exact_gaussian_mu(components) if exact_gaussian else None
+    mu_dom = _dominating_gaussian_mu(components) if exact_gaussian else None
+    if mu is None and mu_dom is not None and mu_dom < 1e-100:
+        # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
+        # bound, ~mu_dom) and 0 as the lower end.
+        d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)
+        upper, lower = np.minimum(d * (1 + 1e-9), 1.0), np.zeros_like(d)
+        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                           target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
+    if mu is not None:
+        # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side.
+        d = np.asarray(gaussian_delta(eps, mu), np.float64)
+        upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
+        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                           target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
     reports, blocked = _account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass)
     dir_reports, upper, lower = _combine(reports)
     return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
                        target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+
+
+def _refusal_reason(dir_reports, target, options) -> str:
+    """Why the upper bound is inf: names the term that exceeds ``target_delta``."""
+    worst = max(dir_reports, key=lambda r: r.p_inf + r.tail_above + r.roundoff + r.noise_floor * r.n)
+    floor = worst.noise_floor * worst.n
+    terms = (f"P(loss=+inf) {worst.p_inf:.3g}, wrap-around bound {worst.tail_above:.3g}, frequency truncation "
+             f"{worst.roundoff:.3g}, FFT round-off floor {worst.noise_floor:.3g} per bin (<= {floor:.3g} over "
+             f"the n={worst.n} bins, dx={worst.dx:.3g})")
+    if floor >= max(worst.p_inf, worst.tail_above, worst.roundoff) and floor > 0.1 * target:
+        return (f"target_delta {target:.3g} is below what float64 FFT accounting can resolve in direction "
+                f"'{worst.direction}': the composed PMF carries a round-off floor of {worst.noise_floor:.3g} per "
+                f"bin (relative error ~ steps * 2^-52 of the characteristic function, spread over every bin), "
+                f"and its share above epsilon exceeds target_delta.  A finer grid, a wider window or a larger "
+                f"GridOptions.n_max does not lower it; ask for a larger target_delta ({terms})")
+    return (f"target_delta {target:.3g} is below what the grid can certify in direction '{worst.direction}' "
+            f"({terms}).  Either the true epsilon is very large (loss beyond the widest window) or the "
+            f"composition is too long for GridOptions.n_max={options.n_max} (raise it)")
 
 
 def _combine(reports):
@@ -477,7 +621,7 @@ def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
     tb = float(res["down"]["tail_below"]) if "down" in res else float("nan")
     return DirectionReport(direction=d, upper=up, lower=lo, n=plan.n, dx=plan.dx, p_inf=float(r["p_inf"]),
                            tail_above=float(r["tail_above"]), tail_below=tb, roundoff=float(r["roundoff"]),
-                           truncation_budget=plan.tau_inf)
+                           truncation_budget=plan.tau_inf, noise_floor=float(r["noise_floor"]))
 
 
 # ------------------------------------------------------------------------------------------

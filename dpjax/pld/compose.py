@@ -26,12 +26,15 @@ inflate delta: ``tail_below`` is subtracted from the lower bound).
 FFT round-off (not bounded rigorously by any FFT accountant; this is an allowance).  Errors of
 the transforms show up as a noise floor, visible where the true mass is ~0 (negative bins);
 errors of ``log F`` multiplied by ``c`` act like a relative perturbation ``~c u`` of the
-characteristic function, i.e. of the PMF's shape.  The upper bound therefore adds
-``roundoff = sum(neg) + n * max(neg)`` (every bin may carry the largest negative excursion
-seen) and inflates the hockey-stick sums by ``roundoff_rel = 8 u (log2 n + sum c_k)``
-(u = 2^-52).  The a-priori normwise bound ``~u c sqrt(n) ||pmf||_2`` was tried first: it is
-~1e-10 at T = 1e5, far above the observed noise (~1e-20 per bin), and would dominate
-deltas of 1e-9.
+characteristic function, i.e. of the PMF's shape.  The pessimistic PMF therefore gets
+``nu = max(neg)`` added to every bin (every bin may carry the largest negative excursion seen;
+applied per bin, so only the bins above epsilon enter delta -- the earlier ``n * max(neg)`` on
+delta was ~2.7e-12 and made deltas below it uncertifiable), and the hockey-stick sums are inflated by ``roundoff_rel = 8 u (log2 n + sum c_k)``
+(u = 2^-52).  The optimistic PMF gets ``max(nu, (2/n) roundoff_rel sum_k |F_k|)`` subtracted
+from every bin: errors of the low-frequency coefficients (``|F_k| ~ 1``) spread over all bins
+as an offset, and a *positive* offset shows no negative bin at all (it inflated delta_lower 300x
+at delta 1e-17 before).  The a-priori normwise bound ``~u c sqrt(n) ||pmf||_2`` was tried first
+for the upper bound: it is ~1e-10 at T = 1e5, far above the observed noise (~1e-20 per bin).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class ComposedPLD(NamedTuple):
         window narrower than this cannot meet the wrap-around budget).
       truncation: () the part of ``roundoff`` covering dropped frequencies (see ``compose``'s
         ``n_freq``; 0 when all are kept).
+      noise_floor: () per-bin round-off allowance already applied to ``pmf`` (added to every
+        bin of the pessimistic PMF, subtracted from every bin of the optimistic one).
     """
 
     pmf: jax.Array
@@ -94,6 +99,7 @@ class ComposedPLD(NamedTuple):
     log_mgf: jax.Array
     needed_width: jax.Array
     truncation: jax.Array = 0.0
+    noise_floor: jax.Array = 0.0
 
     @property
     def losses(self) -> jax.Array:
@@ -319,18 +325,25 @@ def compose_directions(
         else:
             carry, _ = jax.lax.scan(body, carry, xs)
 
-    def window(circ, K, lam, offset, truncation):
+    def window(circ, K, lam, offset, truncation, floor_prior, is_up):
         """Place one direction's window and bound what lies outside it."""
         l, h = _chernoff_quantiles(K, lam, log_tau)
         w_lo = _window_start(l, h, dx, n)
         idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
         r = circ[idx]
         neg_part = jnp.maximum(-r, 0.0)
-        r = jnp.maximum(r, 0.0)
         above, below = _tails(K, lam, w_lo, dx, n)
-        # Observed noise floor: every bin may carry the largest negative excursion seen.
-        roundoff = jnp.sum(neg_part) + n * jnp.max(neg_part) + truncation
-        return r, w_lo, above, below, roundoff, h - l
+        # Per-bin noise floor (see the module docstring): every bin may carry the largest
+        # negative excursion seen, and, for the lower bound, the a-priori positive bias
+        # ``floor_prior`` (errors of the low frequencies spread over every bin as an offset
+        # of either sign; a positive offset is invisible in the negative bins).  Applied per
+        # bin rather than as ``n`` times the floor on delta: only bins above epsilon then
+        # count (a tail-aware allowance, what makes deltas of 1e-12 certifiable).
+        nu = jnp.max(neg_part)
+        r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0))
+        # (Negative bins need no extra term: the clipped bin plus nu is >= the computed value.)
+        roundoff = truncation
+        return r, w_lo, above, below, roundoff, h - l, jnp.where(is_up, nu, jnp.maximum(nu, floor_prior))
 
     out = {}
     for kind in kinds:
@@ -344,12 +357,20 @@ def compose_directions(
         else:
             truncation = jnp.zeros(D)
         circ = jnp.fft.irfft(F, n, axis=-1)
-        r, w_lo, above, below, roundoff, width = jax.vmap(window)(circ, a["K"], lambdas, carry["offset"], truncation)
         roundoff_rel = jnp.full(D, 8.0 * _U) * (jnp.log2(n) + carry["total"])
+        # A-priori per-bin error of the composed PMF from relative errors ``roundoff_rel`` of
+        # every kept coefficient of ``F``: ``(2/n) sum_k roundoff_rel |F_k|`` (inverse real FFT).
+        # Only the lower bound needs it (see ``window``): on q = 1, T = 1022, sigma = 2.17 a
+        # positive offset of ~1e-18 per bin, with no negative bin at all, put delta_lower at
+        # 5.2e-15 where the truth is 1.8e-17.
+        floor_prior = roundoff_rel * (2.0 / n) * jnp.sum(mag, axis=-1)
+        is_up = jnp.full(D, kind == "up")
+        r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(
+            circ, a["K"], lambdas, carry["offset"], truncation, floor_prior, is_up)
         p_inf = -jnp.expm1(a["log_fin"]) if kind == "up" else jnp.zeros(D)
         out[kind] = ComposedPLD(
             pmf=r, w_lo=w_lo, dx=jnp.full(D, dx), p_inf=p_inf, tail_above=above, tail_below=below,
             roundoff=roundoff, roundoff_rel=roundoff_rel, log_mgf=a["K"], needed_width=width,
-            truncation=truncation,
+            truncation=truncation, noise_floor=floor,
         )
     return Composition(**out)

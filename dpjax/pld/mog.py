@@ -34,6 +34,7 @@ with probability 0, i.e. ``log_probs = -inf``).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -385,7 +386,7 @@ class GroupSubsampledGaussian:
                 k = int(np.max(np.asarray(self.group_size)))
             except Exception as exc:  # traced group_size: padding must be given explicitly
                 raise ValueError("num_components must be given when group_size is traced") from exc
-            object.__setattr__(self, "num_components", _padded_components(k))
+            object.__setattr__(self, "num_components", _padded_components(self._components_needed(k)))
         if self.sampling in SAMPLINGS:  # normalise to the enum; bad values fail in validate()
             object.__setattr__(self, "sampling", Sampling(self.sampling))
 
@@ -401,9 +402,45 @@ class GroupSubsampledGaussian:
             allow_arrays=True,
         )
         k_max = int(np.max(spec.group_size))
-        if self.num_components < k_max + 1:
-            raise ValueError(f"num_components must be >= group_size + 1 = {k_max + 1}, got {self.num_components}")
+        need = self._components_needed(k_max)
+        if self.num_components < need + 1:
+            raise ValueError(f"num_components must be >= {need + 1} (group_size + 1, less the components of "
+                             f"total weight below {_PRUNE_TAIL:g}), got {self.num_components}")
         return self
+
+    def _components_needed(self, k_max: int) -> int:
+        """Largest sensitivity index ``J <= k_max`` worth keeping: the weights of ``j > J`` sum
+        to at most ``_PRUNE_TAIL`` (1e-295).
+
+        Sound without any bookkeeping: the kept mixture is a sub-measure of the full one (so the
+        optimistic grid of it still gives lower bounds), and the dropped P-mass, below the
+        1e-290 flush threshold of :func:`dpjax.pld.discretize.grid_pmf`, is inside the
+        ``2 m 1e-290`` it already puts on the ``+inf`` atom of the pessimistic grid.  For
+        ``group_size=1000``, ``sampling_prob=0.01`` this keeps 512 padded components instead of
+        1024.  Concrete parameters only (traced ones keep every component).
+        """
+        try:
+            fixed = Sampling.parse(self.sampling) is Sampling.FIXED_BATCH
+            ks = np.atleast_1d(np.asarray(self.group_size, np.float64))
+            if fixed:
+                from scipy.stats import hypergeom
+                n_ds = np.atleast_1d(np.asarray(self.dataset_size, np.float64))
+                b = np.atleast_1d(np.asarray(self.batch_size, np.float64))
+                ks, n_ds, b = np.broadcast_arrays(ks, n_ds, b)
+                tails = [hypergeom.logsf(np.arange(int(k) + 1), int(nd), int(k), int(bb))
+                         for k, nd, bb in zip(ks, n_ds, b)]
+            else:
+                from scipy.stats import binom
+                q = np.atleast_1d(np.asarray(self.sampling_prob, np.float64))
+                ks, q = np.broadcast_arrays(ks, q)
+                tails = [binom.logsf(np.arange(int(k) + 1), int(k), float(qq)) for k, qq in zip(ks, q)]
+        except Exception:  # traced or invalid parameters: keep everything (validate() reports)
+            return int(k_max)
+        need = 0
+        for t in tails:
+            ok = np.flatnonzero(~(t > math.log(_PRUNE_TAIL)))   # logsf(j) = log P(X > j)
+            need = max(need, int(ok[0]) if ok.size else len(t) - 1)
+        return min(int(k_max), need)
 
     def mixture(self):
         """``(scaled_sensitivities, probabilities)``, each ``(num_components,)`` (pure)."""
@@ -416,6 +453,10 @@ class GroupSubsampledGaussian:
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         c, p = self.mixture()
         return mog_loss_cdfs(direction, y, c, p)
+
+
+#: Total mixture weight that may be pruned (see ``GroupSubsampledGaussian._components_needed``).
+_PRUNE_TAIL = 1e-295
 
 
 def _padded_components(group_size: int) -> int:
