@@ -14,6 +14,7 @@ B, E = 4, 2
 N = B * E
 
 
+@pytest.mark.slow  # 20-30 s of jax_privacy/PLD calibration on 2 cores
 def test_dpsgd_rows_and_normalization():
     r = bl.dpsgd_unamplified(2.0, 1e-5, B, E)
     assert r.noise_multiplier == pytest.approx(math.sqrt(E) * float(gaussian_noise_multiplier(2.0, 1e-5)), rel=1e-9)
@@ -38,6 +39,7 @@ def test_unamplified_optimum_rows_match_the_unamplified_loss():
     assert rows[1].rmse < rows[0].rmse
 
 
+@pytest.mark.slow  # 20-30 s of jax_privacy/PLD calibration on 2 cores
 def test_banded_rows_are_scale_invariant_and_one_band_is_dpsgd_poisson():
     pytest.importorskip("jax_privacy")
     coef2 = np.array([0.8, 0.6])  # unit norm, c_0 != 1 (jax_privacy's convention)

@@ -32,7 +32,7 @@ def test_optimize_json_has_the_issue_keys(tmp_path, capsys):
     (["--epochs", "0"], "--epochs"),
     (["--delta", "1e-9"], "certify_samples >= "),
     (["--family", "toeplitz"], "--buffers"),
-    (["--epsilon", "-1"], "target_epsilon"),
+    (["--epsilon", "-1"], "--epsilon"),
     (["--samples", "0"], "--samples"),
 ])
 def test_bad_input_exits_2_one_line(tmp_path, capsys, extra, match):

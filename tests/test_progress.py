@@ -53,7 +53,7 @@ def _run(argv, *, stderr_tty: bool):
 def test_bar_in_a_terminal_not_in_json_stdout():
     rc, out, err = _run(NOISE, stderr_tty=True)
     assert rc == 0, err
-    assert BAR in err and "searches" in err, err  # drawn on the terminal
+    assert BAR in err and "rounds" in err, err  # drawn on the terminal
     assert "\r" not in out and BAR not in out
     assert json.loads(out)["noise_multiplier"] > 0  # stdout is exactly the JSON object
 

@@ -42,6 +42,7 @@ def _check_rows_against_single_calls(configs, table):
         assert abs(r["epsilon"] - single) <= SLACK * single, (i, c, r["epsilon"], single)
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores; the default tier keeps the delta-query, group and 8-device rows
 def test_sweep_rows_equal_single_calls_and_exact_oracle():
     configs = _random_configs(6, seed=1)
     # q = 1: DP-SGD without sampling is the Gaussian mechanism, whose epsilon is exact.
@@ -134,6 +135,7 @@ def _journal_rows(path):
     return sum(1 for line in path.read_bytes().split(b"\n") if line.strip().endswith(b"}"))
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores; the default tier keeps the delta-query, group and 8-device rows
 def test_sweep_kill_minus_nine_and_resume(tmp_path):
     # Same-shape configurations (one program), one per chunk: rows land one by one.
     configs = [dict(noise_multiplier=float(s), sampling_prob=0.01, steps=300, delta=1e-5)
@@ -183,6 +185,7 @@ def test_parse_values():
             parse_values("x", bad)
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores; the default tier keeps the delta-query, group and 8-device rows
 def test_cli_sweep_grid_values(capsys, tmp_path):
     out = tmp_path / "s.csv"
     rc = main(["sweep", "--noise-multiplier", "1:2:2", "--sampling-prob", "0.01", "--steps", "300",

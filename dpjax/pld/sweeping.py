@@ -204,7 +204,8 @@ class SweepTable(ResultMixin):
     queried column (``epsilon`` for an epsilon query, ``delta`` for a delta query: an upper
     bound, ``inf`` / 1 when nothing can be certified); ``lower`` / ``upper`` the certified bracket
     of that value (``upper`` is the value); ``n``, ``dx`` the grid; ``path`` "batched" (bucket
-    program), "single" (recomputed by the single-configuration accountant) or "resumed" (read
+    program), "exact" (q = 1: the closed form, no grid, ``n = dx = 0``), "single" (recomputed by
+    the single-configuration accountant) or "resumed" (read
     back from ``out``).
     """
 
@@ -445,6 +446,22 @@ def _row(p: _Planned, reports, path: str) -> dict:
     return row
 
 
+def _exact_row(index: int, cfg: SweepConfig) -> dict:
+    """The row of a q = 1 configuration from the closed form (as :func:`dpjax.pld.dpsgd_epsilon`)."""
+    mech = _acc.PoissonSubsampledGaussian(cfg.noise_multiplier, 1.0)
+    if cfg.query == "epsilon":
+        res = _acc.epsilon([(mech, cfg.steps)], cfg.delta)
+        value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
+    else:
+        res = _acc.delta([(mech, cfg.steps)], cfg.epsilon)
+        value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
+    return dict(index=index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
+                steps=cfg.steps, group_size=cfg.group_size,
+                delta=cfg.delta if cfg.query == "epsilon" else value,
+                epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
+                query=cfg.query, lower=lower, upper=upper, n=0, dx=0.0, path="exact")
+
+
 #: Configurations per device in one program call (the chunk is this times the device count).
 DEFAULT_PER_DEVICE = 32
 
@@ -509,6 +526,18 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     programs = set()
     with jax.enable_x64(True), progress(total=len(configs), desc="sweep", enabled=progress_bar,
                                         initial=len(done), unit="cfg") as bar:
+        # A q = 1 row (group size 1) is one Gaussian mechanism: the single-configuration accountant
+        # answers it from the exact closed form (no grid, no round-off floor), so the sweep does
+        # too -- the row then equals dpjax.pld.dpsgd_epsilon exactly, and is exact.
+        exact = [i for i in todo if configs[i].sampling_prob == 1.0 and configs[i].group_size == 1]
+        if exact:
+            new = [_exact_row(i, configs[i]) for i in exact]
+            for row in new:
+                rows[row["index"]] = row
+            if store is not None:
+                store.append(new)
+            bar.update(len(new))
+            todo = [i for i in todo if i not in set(exact)]
         pending = [_plan(i, configs[i], options) for i in todo]
         while pending:  # rounds: a retried row (rare) goes to the next round's buckets
             buckets: dict[tuple, list[_Planned]] = {}
