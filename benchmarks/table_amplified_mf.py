@@ -147,7 +147,7 @@ def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
             t0 = time.perf_counter()
             res = optimize_correlation(par, batches_per_epoch=b, epochs=epochs, target_epsilon=eps,
                                        target_delta=delta, num_steps=args.steps,
-                                       num_samples=args.samples, key=2000 + i, progress=False,
+                                       num_samples=args.samples, key=2000 + i, progress=None,
                                        certify=True, certify_samples=args.certify_samples)
             secs = time.perf_counter() - t0
             d = res.to_dict()
