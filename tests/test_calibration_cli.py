@@ -14,6 +14,7 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
 def test_noise_json_matches_reference(capsys, reference_cases):
     out = _json(capsys, ["noise", "--epsilon", "2", "--delta", "1e-5", "--sampling-prob", "0.01",
                          "--steps", "1000", "--json"])

@@ -78,6 +78,7 @@ def test_gradient_dense_random_c_vs_finite_differences():
             assert grad[i, j] == pytest.approx(fd, rel=GRAD_REL), (i, j)
 
 
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
 def test_vmap_over_matrices_matches_single_calls():
     coeffs = jnp.array([[1.0, 0.2], [1.0, 0.5], [1.0, 0.9]])
     with jax.enable_x64(True):
