@@ -47,6 +47,8 @@ Usage::
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 import functools
 import math
@@ -174,8 +176,9 @@ def _as_params(params) -> dict:
 # --------------------------------------------------------------------------- base class
 
 
-class _Parameterization:
-    """Shared behaviour; subclasses are frozen dataclasses of static configuration."""
+class _Parameterization(abc.ABC):
+    """Shared behaviour; subclasses are frozen dataclasses of static configuration and must
+    implement ``_correlation`` and ``_closed_form_init`` (abstract: the base is never built)."""
 
     name: ClassVar[str]
 
@@ -183,8 +186,9 @@ class _Parameterization:
         _validate.positive_int("n", self.n)
 
     # -- to implement
-    def _correlation(self, params):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _correlation(self, params):
+        """``C`` for ``params`` (the family's structured matrix or a dense array)."""
 
     @float64
     def correlation(self, params):
@@ -192,8 +196,9 @@ class _Parameterization:
         (Toeplitz families) or an ``(n, n)`` array (dense).  Pure, differentiable; float64."""
         return self._correlation(params)
 
-    def _closed_form_init(self) -> dict:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _closed_form_init(self) -> dict:
+        """Deterministic starting parameters (a closed form; no optimisation)."""
 
     # -- common
     def param_shapes(self) -> dict:
