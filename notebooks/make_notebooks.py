@@ -255,15 +255,14 @@ def moments_accountant_notebook():
 def matrix_mechanisms_notebook():
     load = (
         "import json, pathlib\n"
-        "HERE = pathlib.Path('.').resolve()\n"
-        "ROOT = HERE.parent if HERE.name == 'notebooks' else HERE\n"
+        "ROOT = pathlib.Path(dpjax.__file__).resolve().parents[1]  # the repository (data files live there)\n"
         "def load(*names):\n"
         "    for name in names:\n"
         "        p = ROOT / name\n"
         "        if p.exists():\n"
         "            print('data:', p.relative_to(ROOT))\n"
         "            return json.loads(p.read_text())\n"
-        "    print('no data yet: run the data script named above'); return None\n"
+        "    raise FileNotFoundError(f'no data at {names}: run the data script named above')\n"
         "curves = load('notebooks/data/matrix_mechanisms.json', 'notebooks/data/matrix_mechanisms_reduced.json')\n"
         "def improvement(base, other):\n"
         "    return [None if o is None else 100.0 * (1.0 - o / u) for u, o in zip(base, other)]\n"
@@ -293,7 +292,7 @@ def matrix_mechanisms_notebook():
             "        ax.plot(eps, [v for v in improvement(d['unamplified'], d['poisson'])], 's--', label='Poisson (PLD)')\n"
             "        ax.set_xscale('log', base=2); ax.set_xlabel('epsilon'); ax.set_ylabel('% RMSE improvement')\n"
             "        ax.set_title(f\"{title} ({d['bands']} band{'s' if d['bands'] > 1 else ''})\"); ax.legend(fontsize=7)\n"
-            "    show(fig)"
+            "    show(fig, 'matrix_mechanisms_fig2')"
         ),
         new_code_cell(
             "if curves and curves.get('fig3a'):\n"
@@ -312,7 +311,7 @@ def matrix_mechanisms_notebook():
             "    ax.axhline(0, color='k', lw=0.5)\n"
             "    ax.set_xscale('log', base=2); ax.set_xlabel('epsilon'); ax.set_ylabel('% RMSE improvement')\n"
             "    ax.set_title(f'Fig. 3(a): vs unamplified {widest}-banded'); ax.legend(fontsize=7)\n"
-            "    show(fig)"
+            "    show(fig, 'matrix_mechanisms_fig3a')"
         ),
         new_code_cell(
             "table = load('benchmarks/results/table_amplified_mf.json')\n"
@@ -327,7 +326,7 @@ def matrix_mechanisms_notebook():
             "    ax.axhline(0, color='k', lw=0.5); ax.set_xscale('log', base=2)\n"
             "    ax.set_xlabel('epsilon'); ax.set_ylabel('% RMSE improvement'); ax.legend(fontsize=7)\n"
             "    ax.set_title('Fig. 3(b): optimized C vs best banded + cyclic Poisson')\n"
-            "    show(fig)"
+            "    show(fig, 'matrix_mechanisms_fig3b')"
         ),
         new_code_cell(
             "fig5 = load('benchmarks/results/fig5_samples_full_toeplitz.json', 'benchmarks/results/fig5_samples_toeplitz.json')\n"
@@ -339,7 +338,7 @@ def matrix_mechanisms_notebook():
             "        if pts: ax.plot(*zip(*pts), 'o-', label=f'eps = {e:g}')\n"
             "    ax.set_xscale('log', base=2); ax.set_xlabel('samples per step'); ax.set_ylabel('% RMSE increase vs 2^17')\n"
             "    ax.set_title(f\"Fig. 5 (b={fig5['batches_per_epoch']}, E={fig5['epochs']})\"); ax.legend(fontsize=7)\n"
-            "    show(fig)"
+            "    show(fig, 'matrix_mechanisms_fig5')"
         ),
     ]
     nb = new_notebook(cells=cells)
@@ -379,7 +378,7 @@ def sweeps_notebook():
             "ax.set_xscale('log'); ax.set_xlabel('sampling probability q'); ax.set_ylabel('noise multiplier sigma')\n"
             "ax.set_title(f'log10 certified epsilon, T={T}, delta={DELTA}')\n"
             "fig.colorbar(im, ax=ax)\n"
-            "show(fig)"
+            "show(fig, 'sweeps_heatmap')"
         ),
         new_code_cell(
             "EPOCH, EPOCHS = 100, 50\n"
@@ -401,7 +400,7 @@ def sweeps_notebook():
             "    ax.plot(np.asarray(steps) / EPOCH, c.epsilon, label=f'sigma={sigma}')\n"
             "ax.set_xlabel('epochs (100 steps each)'); ax.set_ylabel('certified epsilon'); ax.set_title('q=0.01, delta=1e-5')\n"
             "ax.legend(fontsize=7)\n"
-            "show(fig)"
+            "show(fig, 'sweeps_epsilon_curves')"
         ),
         new_code_cell(
             "from dpjax.baselines import DEFAULT_RDP_ORDERS\n"
@@ -436,6 +435,7 @@ def training_notebook():
             "(`dpjax.interop.RunningAccountant`); then DP-SGD vs DP-FTRL (BLT) at the same certified "
             "(epsilon, delta) with `examples/train_dpftrl.py` (docs/design.md §7, §11)."
         ),
+        new_code_cell(SETUP),
         new_code_cell(
             "import sys, pathlib, time\n"
             "import numpy as np\n"
@@ -455,6 +455,22 @@ def training_notebook():
             "print(f'expected truncation rate {s.truncation_rate():.2e}; truncation term for eps=2: {s.truncation_delta(2.0):.2e}')\n"
             "acc = s.accountant(BLT(jnp.array([0.95, 0.6]), jnp.array([0.3, 0.2])))\n"
             "print('accountant: b =', acc.batches_per_epoch, 'E =', acc.epochs)"
+        ),
+        new_code_cell(
+            "# Bin sizes against their law: each of N examples falls in one of b bins uniformly, so a bin's\n"
+            "# size is Binomial(N, 1/b); the dashed line is the fixed batch size B (examples beyond it are\n"
+            "# truncated, an event whose probability enters delta through the truncation term).\n"
+            "from scipy import stats\n"
+            "sizes = np.concatenate([BallsInBinsSampler(8000, 20, 1, 530, seed=k).bin_sizes for k in range(200)])\n"
+            "ks = np.arange(sizes.min(), max(sizes.max(), 530) + 1)\n"
+            "fig, ax = plt.subplots(figsize=(6, 3.4))\n"
+            "ax.hist(sizes, bins=np.arange(ks[0] - 0.5, ks[-1] + 1.5, 4), density=True, alpha=0.6,\n"
+            "        label=f'observed ({sizes.size} bins, 200 seeds)')\n"
+            "ax.plot(ks, 4 * stats.binom.pmf(ks, 8000, 1 / 20), 'k-', lw=1, label='Binomial(N, 1/b), width-4 bins')\n"
+            "ax.axvline(530, color='C3', ls='--', label='batch size B = 530')\n"
+            "ax.set_xlabel('examples in a bin'); ax.set_ylabel('density'); ax.set_title('balls-in-bins, N = 8000, b = 20')\n"
+            "ax.legend(loc='upper left')\n"
+            "show(fig, 'training_bin_sizes')"
         ),
         new_markdown_cell("## Streaming BLT noise equals the dense C^-1 z"),
         new_code_cell(
@@ -490,6 +506,20 @@ def training_notebook():
         new_code_cell(
             "import train_dpftrl\n"
             "out = train_dpftrl.main(['--quick'])"
+        ),
+        new_code_cell(
+            "names = list(out['runs']) + ['non-private']\n"
+            "accs = [out['runs'][k]['test_accuracy'] for k in out['runs']] + [out['non_private_accuracy']]\n"
+            "labels = [f\"{k}\\nsigma={r['noise_multiplier']:.2f}, eps={r['epsilon']:g}, delta={r['delta']:.1e}\"\n"
+            "          for k, r in out['runs'].items()] + ['non-private']\n"
+            "fig, ax = plt.subplots(figsize=(6.5, 3.4))\n"
+            "ax.bar(range(len(accs)), accs, color=['C0', 'C1', 'C7'])\n"
+            "for i, a in enumerate(accs):\n"
+            "    ax.text(i, a + 0.01, f'{a:.3f}', ha='center')\n"
+            "ax.set_xticks(range(len(accs)), labels, fontsize=8)\n"
+            "ax.set_ylim(0, 1.05); ax.set_ylabel('test accuracy')\n"
+            "ax.set_title('same balls-in-bins batches, certified (epsilon, delta) per run (--quick)')\n"
+            "show(fig, 'training_accuracy')"
         ),
     ]
     nb = new_notebook(cells=cells)

@@ -41,3 +41,23 @@ def test_bad_input_exits_2_one_line(tmp_path, capsys, extra, match):
     err = capsys.readouterr().err.strip()
     assert match in err and len(err.splitlines()) == 1
     assert not out.exists() and not (tmp_path / "r.json.checkpoint.json").exists()
+
+
+def test_example_fills_only_what_the_user_left_unset():
+    """``--example`` (the README's first command) is the built-in problem; explicit flags win."""
+    import argparse
+
+    from dpjax.cli.optimize import EXAMPLE, apply_example
+
+    keys = ("family", "buffers", "batches_per_epoch", "epochs", "epsilon", "delta", "steps", "samples")
+    args = argparse.Namespace(example=True, **{k: None for k in keys})
+    args.steps = 7
+    apply_example(args)
+    assert args.steps == 7 and all(getattr(args, k) == EXAMPLE[k] for k in keys if k != "steps")
+    assert EXAMPLE["batches_per_epoch"] * EXAMPLE["epochs"] <= 64  # "small problems" finish fast
+
+
+def test_missing_required_option_without_example_exits_2_one_line(capsys):
+    assert main(["optimize", "--batches-per-epoch", "4", "--epsilon", "2", "--delta", "1e-5", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--epochs is required" in err[0] and "--example" in err[0]

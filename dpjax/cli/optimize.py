@@ -20,10 +20,38 @@ import os
 from dpjax.cli import _args
 
 
+# ``--example``: the built-in problem of the README's first command.  Small enough to finish in
+# well under a minute on 2 CPU cores (n = 32 rounds), large enough that amplification matters:
+# a 2-buffer BLT under balls-in-bins batching with 8 batches per epoch for 4 epochs, certified at
+# (2, 1e-5).  Flags given explicitly override these values.
+EXAMPLE = dict(family="blt", buffers=2, batches_per_epoch=8, epochs=4, epsilon=2.0, delta=1e-5,
+               steps=100, samples=1 << 12)
+
+
+def apply_example(args) -> None:
+    """Fill the options the user left unset with :data:`EXAMPLE` (``--example``), and insist on the
+    required ones otherwise (argparse cannot: they are optional under ``--example``)."""
+    for name, value in EXAMPLE.items():
+        if getattr(args, name, None) is None and args.example:
+            setattr(args, name, value)
+    for name in ("batches_per_epoch", "epochs", "epsilon", "delta"):
+        if getattr(args, name) is None:
+            raise ValueError(f"--{name.replace('_', '-')} is required (or give --example for the built-in "
+                             "problem)")
+    if args.family is None:
+        args.family = "blt"
+    if args.steps is None:
+        args.steps = 300
+    if args.samples is None:
+        args.samples = 1 << 13
+
+
 def _run(args) -> dict:
     from dpjax._progress import set_progress
     from dpjax.optimization import make_parameterization, optimize_correlation
     from dpjax.optimization.loop import default_optimizer
+
+    apply_example(args)
 
     if args.family != "blt" and args.buffers is not None:
         raise ValueError(f"--buffers is only used by --family blt, got --family {args.family}")
@@ -113,24 +141,24 @@ def register(subparsers) -> None:
                     "Steinke and Thakurta, 'Near exact privacy amplification for matrix mechanisms'), then "
                     "release the noise multiplier certified by Estimate-Verify-Release on independent draws. "
                     "Comma lists in --epsilon / --delta run one optimisation per combination.")
-    p.add_argument("--family", type=_args.choice("blt", "toeplitz", "banded"), default="blt",
+    p.add_argument("--family", type=_args.choice("blt", "toeplitz", "banded"), default=None,
                    help="parameterization of C: blt (buffered linear Toeplitz), toeplitz (full), "
                         "banded (Toeplitz with --bands bands); default blt")
     p.add_argument("--buffers", type=_args.integer(1, 64), default=None,
                    help="BLT buffers d, an integer in [1, 64] (default 4; --family blt only)")
     p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
                    help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
-    p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), required=True,
-                   help="b, batches per epoch (an integer >= 1)")
-    p.add_argument("--epochs", type=_args.integer(1, 2**20), required=True,
-                   help="E, epochs (an integer >= 1); n = b * E rounds")
-    p.add_argument("--epsilon", type=_args.real_list(0, lo_open=True), required=True,
-                   help="target epsilon > 0 (comma list allowed)")
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target delta in (0, 1) (comma list allowed)")
-    p.add_argument("--steps", type=_args.integer(0, 10**7), default=300,
+    p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), default=None,
+                   help="b, batches per epoch (an integer >= 1; required unless --example)")
+    p.add_argument("--epochs", type=_args.integer(1, 2**20), default=None,
+                   help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
+    p.add_argument("--epsilon", type=_args.real_list(0, lo_open=True), default=None,
+                   help="target epsilon > 0 (comma list allowed; required unless --example)")
+    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), default=None,
+                   help="target delta in (0, 1) (comma list allowed; required unless --example)")
+    p.add_argument("--steps", type=_args.integer(0, 10**7), default=None,
                    help="optimizer steps, an integer >= 0 (default 300)")
-    p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 13,
+    p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
                    help="Monte Carlo samples per optimisation step, an integer >= 1 (default 2^13; the "
                         "in-loop sigma is an estimate, only the final certificate is a guarantee)")
     p.add_argument("--certify-samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
@@ -147,6 +175,9 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint-every", type=_args.integer(1, 10**7), default=25,
                    help="steps between checkpoints, an integer >= 1 (default 25; needs --out)")
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
+    p.add_argument("--example", action="store_true",
+                   help="the built-in example: a 2-buffer BLT, 8 batches per epoch, 4 epochs (n = 32), "
+                        "epsilon 2, delta 1e-5, 100 steps of 2^12 samples (flags given override it)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
