@@ -37,7 +37,7 @@ from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
-from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
+from dpjax.pld.plan import GridOptions, GridPlan, plan_grid, tilt_parameters
 
 # ------------------------------------------------------------------------------------------
 # Results
@@ -277,11 +277,13 @@ def _prepare(components, max_distinct):
 # The jitted program (one per direction and static shape set)
 
 
-_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor")
+_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
+                "valid_from")
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
-def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None):
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
+def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
+             tilted=False, tilt=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled).
 
@@ -293,7 +295,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     # any direction asked for (a longer support only moves mass from the +inf atom onto the grid).
     ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
     outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
-                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq)
+                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt)
     per_kind = []
     for kind in kinds:
         stacked = getattr(outs, kind)
@@ -381,12 +383,82 @@ def _check_memory(plan, directions):
     return None
 
 
+#: The tilted tail pass runs when the round-off floor summed over the window exceeds this
+#: fraction of the smallest target delta (eps queries) or of the smallest delta found (delta queries).
+_TAIL_PASS_FRACTION = 1e-3
+# Candidate Chernoff parameters of the tilted pass, as multiples of the tilt (all > 1).
+_TILT_THETA = np.array([1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0])
+
+
+def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
+    """Re-run the composition exponentially tilted towards the tail (compose_directions'
+    ``tilted`` mode) when the FFT round-off floor matters at the requested delta, and keep, per
+    target, the better of the two certified bounds (each is a valid bound on its own: the min of
+    the upper ends, the max of the lower ends; the tilted upper end only where it lies at or above
+    the tilted window's ``valid_from``).  Ordinary deltas never get here (the floor over the
+    whole window is far below them), so their results are unchanged.
+    """
+    if want == "eps":
+        level = float(np.min(deltas))
+    else:
+        level = min(float(np.min(r["up"]["value"])) for r in res)
+    floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
+    if not (level > 0) or floor <= _TAIL_PASS_FRACTION * level:
+        return res
+    # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target.
+    eps_t = []
+    for di, r in enumerate(res):
+        if want == "eps":
+            i = int(np.argmin(deltas))
+            up = float(np.asarray(r["up"]["value"]).reshape(-1)[i])
+            lo = float(np.asarray(r["down"]["value"]).reshape(-1)[i]) if "down" in r else up
+            if not math.isfinite(up):
+                up = 2.0 * lo if lo > 0 else float("nan")
+            eps_t.append(0.5 * (up + lo))
+        else:
+            eps_t.append(float(np.max(epsilons)))
+    tilt = tilt_parameters(plan.groups[0], directions, eps_t)
+    thetas = tilt[:, None] * _TILT_THETA[None, :]
+    shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
+    try:
+        out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
+                               ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt),
+                      directions, kinds, shape)
+    except (FloatingPointError, OverflowError):  # pragma: no cover - the ordinary bounds stand
+        return res
+    merged = []
+    for r, t in zip(res, out):
+        m = {}
+        for kind in r:
+            a, b = dict(r[kind]), t.get(kind)
+            if b is None:
+                m[kind] = a
+                continue
+            va, vb = np.asarray(a["value"], np.float64), np.asarray(b["value"], np.float64)
+            vf = float(b["valid_from"])
+            if kind == "up":
+                if want == "eps":
+                    ok = np.isfinite(vb) & (vb >= vf)
+                else:
+                    ok = np.asarray(epsilons, np.float64) >= vf
+                ok = ok & ~np.isnan(vb)
+                a["value"] = np.where(ok, np.minimum(va, vb), va)
+                a["tilted_floor"] = float(b["noise_floor"])
+            else:  # the tilted lower curve is a lower bound everywhere
+                a["value"] = np.where(np.isnan(vb), va, np.maximum(va, vb))
+            m[kind] = a
+        merged.append(m)
+    return merged
+
+
 def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
     up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct)
     directions = ("remove",) if symmetric else ("remove", "add")
     kinds = ("up", "down") if (with_lower and not blocked) else ("up",)
     kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
     plan, res = _run(up_groups, directions, kinds, deltas, epsilons, **kw)
+    res = _tail_pass(up_groups, directions, kinds, deltas, epsilons, plan, res,
+                     want="eps" if eps_hint is None else "delta")
     if with_lower and blocked:
         _, res_lo = _run(lo_groups, directions, ("down",), deltas, epsilons, **kw)
         for r, rl in zip(res, res_lo):
