@@ -283,7 +283,7 @@ _DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width",
 
 @functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
 def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-             tilted=False, tilt=None):
+             tilted=False, tilt=None, tilt_from=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled).
 
@@ -295,7 +295,8 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     # any direction asked for (a longer support only moves mass from the +inf atom onto the grid).
     ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
     outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
-                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt)
+                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt,
+                              tilt_from=tilt_from)
     per_kind = []
     for kind in kinds:
         stacked = getattr(outs, kind)
@@ -405,27 +406,32 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
     if not (level > 0) or floor <= _TAIL_PASS_FRACTION * level:
         return res
-    # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target.
-    eps_t = []
+    # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target; the
+    # tilted curves must serve epsilons from y_v on (the ordinary lower end, a lower bound of
+    # the answer, or 0.8 of the way from the mean loss to the upper end without one).
+    eps_t, y_v = [], []
+    means = plan.mean_composed
     for di, r in enumerate(res):
         if want == "eps":
             i = int(np.argmin(deltas))
             up = float(np.asarray(r["up"]["value"]).reshape(-1)[i])
-            lo = float(np.asarray(r["down"]["value"]).reshape(-1)[i]) if "down" in r else up
+            lo = float(np.asarray(r["down"]["value"]).reshape(-1)[i]) if "down" in r else float("nan")
             if not math.isfinite(up):
-                up = 2.0 * lo if lo > 0 else float("nan")
+                up = 2.0 * lo if lo > 0 else means[di] + 2.0 * plan.sigma_composed[di] * math.sqrt(
+                    2.0 * math.log(1.0 / level))
+            if not (lo > means[di]):
+                lo = means[di] + 0.8 * (up - means[di])
             eps_t.append(0.5 * (up + lo))
+            y_v.append(lo)
         else:
             eps_t.append(float(np.max(epsilons)))
-    tilt = tilt_parameters(plan.groups[0], directions, eps_t)
+            y_v.append(float(np.min(epsilons)))
+    tilt = tilt_parameters(plan.groups[0], directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau)
     thetas = tilt[:, None] * _TILT_THETA[None, :]
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-    try:
-        out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
-                               ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt),
-                      directions, kinds, shape)
-    except (FloatingPointError, OverflowError):  # pragma: no cover - the ordinary bounds stand
-        return res
+    out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
+                           ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt,
+                           tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
     merged = []
     for r, t in zip(res, out):
         m = {}
@@ -436,16 +442,15 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
                 continue
             va, vb = np.asarray(a["value"], np.float64), np.asarray(b["value"], np.float64)
             vf = float(b["valid_from"])
+            # An answer at or below valid_from is no answer (the curves miss the bins below it).
+            if want == "eps":
+                ok = ~np.isnan(vb) & (vb > vf)
+            else:
+                ok = ~np.isnan(vb) & (np.asarray(epsilons, np.float64) >= vf)
             if kind == "up":
-                if want == "eps":
-                    ok = np.isfinite(vb) & (vb >= vf)
-                else:
-                    ok = np.asarray(epsilons, np.float64) >= vf
-                ok = ok & ~np.isnan(vb)
-                a["value"] = np.where(ok, np.minimum(va, vb), va)
-                a["tilted_floor"] = float(b["noise_floor"])
-            else:  # the tilted lower curve is a lower bound everywhere
-                a["value"] = np.where(np.isnan(vb), va, np.maximum(va, vb))
+                a["value"] = np.where(ok & np.isfinite(vb), np.minimum(va, vb), va)
+            else:
+                a["value"] = np.where(ok, np.maximum(va, vb), va)
             m[kind] = a
         merged.append(m)
     return merged

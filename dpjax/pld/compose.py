@@ -252,6 +252,7 @@ def compose_directions(
     n_freq: int | None = None,
     tilted: bool = False,
     tilt=None,
+    tilt_from=None,
 ) -> Composition:
     """:func:`compose` for several directions at once, batched along a leading axis.
 
@@ -269,6 +270,7 @@ def compose_directions(
       dx, log_tau, n, kinds, n_freq: as in :func:`compose`.
       tilted: compose the exponentially tilted PMFs (static; see below).  ``n_freq`` is ignored.
       tilt: (D,) tilt parameters ``lam > 0`` per direction (traced; only with ``tilted``).
+      tilt_from: (D,) the smallest epsilon ``y_v`` the tilted composition must serve (traced).
 
     Exponential tilting (small deltas).  The FFT round-off floor is relative to the largest
     bins (``~ steps * 2^-52`` of the peak, spread over every bin), so deep in the tail, where
@@ -281,16 +283,19 @@ def compose_directions(
     placed over the tilted distribution's upper part (it need not hold the bulk of the loss:
     only bins above epsilon enter delta):
 
-    * wrap-around from above: true index ``J >= w + n`` lands at ``t = J - k n`` and is
-      untilted with ``e^{lam (y_J - y_t)} <= e^{lam (y_J - w dx)}``; for ``theta >= lam``,
-      ``1{S >= h} e^{lam (S - w dx)} <= e^{theta (S - h)} e^{lam n dx}`` (``h = (w + n) dx``), so
-      the untilted aliased mass is at most ``exp(K(theta) - theta h + lam n dx)``
-      (``tail_above``; ``lambdas`` here are the candidate ``theta``, all ``> lam``);
+    * only bins at losses ``>= y_v`` (``tilt_from``) are kept: the curves serve ``eps >= y_v``
+      (``valid_from``: ``y_v``, the window bottom, or where the untilt factor would pass
+      ``e^600``, whichever is highest); an epsilon at or below it is no answer;
+    * wrap-around from above: true index ``J >= w + n`` lands at ``t = J - k n``; if
+      ``y_t >= y_v`` it is untilted with ``e^{lam (y_J - y_t)} <= e^{lam (y_J - y_v)}``; for
+      ``theta >= lam``, ``1{S >= h} e^{lam (S - y_v)} <= e^{theta (S - h)} e^{lam (h - y_v)}``
+      (``h = (w + n) dx``), so the untilted aliased mass on kept bins is at most
+      ``exp(K(theta) - theta h + lam (h - y_v))`` (``tail_above``; ``lambdas`` here are the
+      candidate ``theta``, all ``> lam``; the window top ``h`` is placed where this meets the tail
+      budget).  Amplified by the untilt, it may exceed its true share, so the lower curve
+      subtracts it too (added to ``tail_below``);
     * wrap-around from below lands at least ``n`` bins higher, untilted by at most
       ``e^{-lam n dx}`` (``tail_below``);
-    * the delta curve misses the mass below the window, so the *upper* curve is valid only for
-      ``eps >= valid_from`` (the window bottom, raised where the untilt factor would overflow);
-      the lower curve only misses mass, so it stays a lower bound everywhere;
     * floating point: the tilt and untilt factors ``exp(x)`` carry relative errors
       ``~ u (|x| + 1)``; per composed step they compound, so ``roundoff_rel`` grows by
       ``2 u sum_k c_k (lam max|y_k| + |K_k| + 2) + 2 u (|K| + lam max|y| + 2)`` (a relative
@@ -311,6 +316,7 @@ def compose_directions(
     if tilted:
         nf = half
         tilt = jnp.asarray(tilt, jnp.float64).reshape(D)
+        tilt_from = jnp.asarray(tilt_from, jnp.float64).reshape(D)
 
     def zero_acc():
         # logabs/angle: log-modulus and phase of the kept frequencies; log_hi: log of the bound
@@ -398,33 +404,35 @@ def compose_directions(
         roundoff = truncation
         return r, w_lo, above, below, roundoff, h - l, jnp.where(is_up, nu, jnp.maximum(nu, floor_prior))
 
-    def window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt):
+    def window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v):
         """Place one direction's window over the tilted distribution's upper part, untilt, and
-        bound the wrap-around (see the docstring: ``theta`` are candidates ``> lam``)."""
-        width = n * dx
+        bound the wrap-around (see the docstring: ``theta`` are candidates ``> lam``; the result
+        serves ``eps >= y_v`` only)."""
         ok = (theta > lam) & jnp.isfinite(K)
-        # Top h: smallest with exp(K(theta) - theta h + lam n dx) <= tau for some candidate.
-        h = jnp.min(jnp.where(ok, (K - log_tau + lam * width) / jnp.where(ok, theta, 1.0), jnp.inf))
-        h = jnp.where(jnp.isfinite(h), h, (Kt + width) / lam)
+        # Top h: smallest with exp(K(theta) - theta h + lam (h - y_v)) <= tau for some candidate.
+        h = jnp.min(jnp.where(ok, (K - log_tau - lam * y_v) / jnp.where(ok, theta - lam, 1.0), jnp.inf))
+        h = jnp.where(jnp.isfinite(h), h, y_v + n * dx)
         w_lo = jnp.ceil(h / dx).astype(jnp.int64) - n
         idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
         r = circ[idx]
         y = (w_lo + jnp.arange(n)) * dx
         hi = (w_lo + n) * dx
-        above = jnp.min(jnp.where(ok, K - theta * hi + lam * width, jnp.inf))
+        above = jnp.min(jnp.where(ok, K - theta * hi + lam * (hi - jnp.minimum(y_v, hi)), jnp.inf))
         above = jnp.where(jnp.isnan(above), 1.0, jnp.minimum(jnp.exp(above), 1.0))
-        below = jnp.minimum(jnp.exp(-lam * width), 1.0)
-        # Untilt factor e^{Kt - lam y}: bins where it would exceed e^600 are dropped and the
-        # upper curve declared valid only above them (valid_from).
+        below = jnp.minimum(jnp.exp(-lam * n * dx), 1.0)
+        # Untilt factor e^{Kt - lam y}: bins where it would exceed e^600 are dropped; the curves
+        # serve eps >= valid_from only (the bins below it are set to 0).
         log_s = Kt - lam * y
-        keep = log_s <= 600.0
-        s = jnp.where(keep, jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
-        valid_from = jnp.maximum(w_lo * dx, (Kt - 600.0) / lam)
+        valid_from = jnp.maximum(jnp.maximum(w_lo * dx, (Kt - 600.0) / lam), y_v)
+        s = jnp.where((log_s <= 600.0) & (y >= valid_from), jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
         # Per-bin noise floor, as in ``window``, in the tilted domain (relative to the tilted
         # PMF's largest bins), then untilted with the bin: tiny in the tail.
         nu = jnp.max(jnp.maximum(-r, 0.0))
         r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
         rel_untilt = 2.0 * _U * (jnp.abs(Kt) + lam * jnp.max(jnp.abs(y)) + 2.0)
+        # Aliased mass from above is amplified by the untilt, so for the lower curve it is
+        # subtracted too (reported in tail_below).
+        below = jnp.where(is_up, below, jnp.minimum(below + above, 1.0))
         return (r, w_lo, above, below, jnp.zeros(()), hi - w_lo * dx,
                 jnp.where(is_up, nu, jnp.maximum(nu, floor_prior)), valid_from, rel_untilt)
 
@@ -451,7 +459,7 @@ def compose_directions(
         valid_from = jnp.full(D, -jnp.inf)
         if tilted:
             r, w_lo, above, below, roundoff, width, floor, valid_from, rel_untilt = jax.vmap(window_tilted)(
-                circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"])
+                circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from)
             roundoff_rel = roundoff_rel + 2.0 * _U * a["rel_t"] + rel_untilt
         else:
             r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(

@@ -123,6 +123,7 @@ class GridPlan:
     sigma_composed: tuple[float, ...]
     total_count: int
     n_freq: int | None = None
+    mean_composed: tuple[float, ...] = ()
 
 
 def _pow2(x: float) -> int:
@@ -342,7 +343,7 @@ def plan_grid(
         gamma = K3 / sigma_c**3
         spread = (2.0 * z + abs(gamma) * (z * z - 1.0) / 3.0) * sigma_c
         width = min(1.05 * max(support, 1.1 * spread), MAX_WINDOW_WIDTH)
-        per_dir.append((stats, sigma_c, dx_acc, width))
+        per_dir.append((stats, sigma_c, dx_acc, width, M))
     # Common grid: the finest spacing any direction asks for, the widest window.
     dx_acc = min(p[2] for p in per_dir)
     width = max(p[3] for p in per_dir)
@@ -355,7 +356,7 @@ def plan_grid(
     if min_width > width:  # retry: same dx, wider window
         n = min(_fft_size(min_width / dx + 2), max(options.n_max, n))
     all_groups, all_ms, all_lams = [], [], []
-    for di, (stats, sigma_c, _, _) in enumerate(per_dir):
+    for di, (stats, sigma_c, *_) in enumerate(per_dir):
         new_groups, ms = [], []
         for g, c, (y_lo, y_hi, *_) in zip(groups, counts, stats):
             off = np.floor(y_lo / dx).astype(np.int64)
@@ -371,48 +372,61 @@ def plan_grid(
         directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
         lambdas=np.stack(all_lams), log_tau=math.log(tau_wrap), tau_wrap=tau_wrap, tau_inf=tau_inf,
         sigma_composed=tuple(p[1] for p in per_dir), total_count=total,
+        mean_composed=tuple(p[4] for p in per_dir),
     )
 
 
-def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_targets) -> np.ndarray:
-    """(D,) exponential tilts ``lam > 0`` putting the composed loss's tilted mean near
-    ``eps_targets[d]`` (``K'(lam) = eps``), for :func:`dpjax.pld.compose.compose_directions`'s
-    tilted mode.
+def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_targets, y_from, width: float,
+                    log_tau: float) -> np.ndarray:
+    """(D,) exponential tilts ``lam > 0`` for :func:`dpjax.pld.compose.compose_directions`'s
+    tilted mode: the largest ``lam`` up to the one putting the composed loss's tilted mean at
+    ``eps_targets[d]`` (``K'(lam) = eps``) whose window still fits: the top ``h`` where the
+    untilted wrap-around bound ``exp(K(theta) - theta h + lam (h - y_v))`` meets ``tau`` must lie
+    within ``0.7 width`` above ``y_v = y_from[d]`` (heavy right tails, e.g. DP-SGD with a small
+    noise multiplier, make ``K`` grow fast beyond ``lam`` and ask for smaller tilts).
 
     ``K`` is the composed log-MGF of the probe masses (the planner's coarse loss histogram), so
-    this is approximate; only tightness depends on it (any ``lam > 0`` gives certified bounds).
-    Solved by bisection on ``log lam`` in ``[1e-3, 1e3]``.
+    this is approximate; only tightness depends on it (any ``lam > 0`` gives certified bounds,
+    the jitted program places and bounds the window itself).
     """
     counts = [np.asarray(g.counts, np.float64) for g in groups]
     y = PROBE_LOSSES
     mid = 0.5 * (y[1:] + y[:-1])
     probes = [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
+    grid = np.geomspace(1e-3, 1e3, 481)
     out = []
     for di in range(len(directions)):
-        terms = []
+        K = np.zeros_like(grid)
+        dK = np.zeros_like(grid)
         for gi, c in enumerate(counts):
             mass = _probe_masses(*probes[gi][di])
-            keep = (c > 0)
-            if keep.any():
-                terms.append((mass[keep], c[keep]))
-
-        def mean(lam):  # K'(lam) = sum_g c_g E~_g[Y]
-            tot = 0.0
-            for mass, c in terms:
+            keep = c > 0
+            if not keep.any():
+                continue
+            mass, c = mass[keep], c[keep]
+            for j0 in range(0, len(c), 64):   # bounded memory: (L, 64, B) at a time
+                mk, ck = mass[j0:j0 + 64], c[j0:j0 + 64]
                 with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-                    a = np.where(mass > 0, np.log(np.where(mass > 0, mass, 1.0)) + lam * mid[None, :], -np.inf)
-                    amax = np.max(a, axis=1, keepdims=True)
+                    a = np.where(mk[None] > 0, np.log(np.where(mk > 0, mk, 1.0))[None] + grid[:, None, None] * mid,
+                                 -np.inf)                                      # (L, G', B)
+                    amax = np.max(a, axis=2, keepdims=True)
                     w = np.exp(a - amax)
-                    tot += float(c @ ((w @ mid) / np.sum(w, axis=1)))
-            return tot
-
-        eps = float(eps_targets[di])
-        lo, hi = math.log(1e-3), math.log(1e3)
-        if not math.isfinite(eps) or mean(math.exp(lo)) >= eps:
-            out.append(math.exp(lo))
-            continue
-        for _ in range(50):
-            m = 0.5 * (lo + hi)
-            lo, hi = (m, hi) if mean(math.exp(m)) < eps else (lo, m)
-        out.append(math.exp(0.5 * (lo + hi)))
+                    sw = np.sum(w, axis=2)
+                    K += (np.log(sw) + amax[..., 0]) @ ck
+                    dK += ((w @ mid) / sw) @ ck
+        eps, yv = float(eps_targets[di]), float(y_from[di])
+        K = np.where(np.isfinite(K), K, np.inf)
+        lam_star = grid[min(int(np.searchsorted(dK, eps)), len(grid) - 1)] if math.isfinite(eps) else grid[0]
+        best = grid[0]
+        for i in range(len(grid) - 1, -1, -1):
+            lam = grid[i]
+            if lam > lam_star:
+                continue
+            th = grid[i + 1:]
+            with np.errstate(invalid="ignore", over="ignore"):
+                h = np.min((K[i + 1:] - log_tau - lam * yv) / (th - lam), initial=np.inf)
+            if np.isfinite(h) and h - yv <= 0.7 * width:
+                best = lam
+                break
+        out.append(best)
     return np.asarray(out, np.float64)
