@@ -232,12 +232,16 @@ def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float, mid) -
             continue
         with np.errstate(divide="ignore"):
             log_mass = np.log(mk[:, nz])                                 # (G', B')
-        a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None]  # (2L, G', B')
-        amax = np.max(a, axis=2, keepdims=True)
-        amax = np.where(np.isfinite(amax), amax, 0.0)
-        with np.errstate(divide="ignore", over="ignore"):
-            lse = np.log(np.sum(np.exp(a - amax), axis=2)) + amax[..., 0]  # (2L, G')
-        K = K + lse @ c[keep]
+        ck = c[keep]
+        # In chunks of 64 mechanisms: a (2L, G', B') array for a schedule of 10^4 distinct
+        # mechanisms would be ~5 GB.
+        for j0 in range(0, log_mass.shape[0], 64):
+            a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None, j0:j0 + 64]  # (2L, <=64, B')
+            amax = np.max(a, axis=2, keepdims=True)
+            amax = np.where(np.isfinite(amax), amax, 0.0)
+            with np.errstate(divide="ignore", over="ignore"):
+                lse = np.log(np.sum(np.exp(a - amax), axis=2)) + amax[..., 0]  # (2L, <=64)
+            K = K + lse @ ck[j0:j0 + 64]
     out = []
     for sl, sign in ((slice(0, L), 1.0), (slice(L, 2 * L), -1.0)):
         with np.errstate(invalid="ignore"):
