@@ -181,6 +181,11 @@ def _stack(components) -> list[tuple[type, dict, list[str], np.ndarray, np.ndarr
     return out
 
 
+# Schedules of Gaussian mechanisms with more distinct values than this are merged into their one
+# exact Gaussian (see _composes_as_one_gaussian) whatever ``max_distinct`` is: exact and cheap.
+_MERGE_GAUSSIANS_ABOVE = 256
+
+
 def _block(cls, data, P, C, max_distinct):
     """Bracket a long schedule by blocks: returns (upper params, lower params, counts) or None.
 
@@ -192,11 +197,13 @@ def _block(cls, data, P, C, max_distinct):
     instead (upper params == lower params, one block): no bracket.
     """
     name = getattr(cls, "privacy_parameter", None)
-    if name is None or len(P) <= max_distinct:
+    if name is None or len(P) <= min(max_distinct, _MERGE_GAUSSIANS_ABOVE):
         return None
     j = data.index(name)
     others = np.delete(P, j, axis=1)
     if len(others.T) and not np.all(others == others[0]):
+        return None
+    if len(P) <= max_distinct and not _composes_as_one_gaussian(cls, data, P):
         return None
     if _composes_as_one_gaussian(cls, data, P):
         # Exact, not a bracket: the whole schedule is one Gaussian (see _composes_as_one_gaussian).

@@ -74,10 +74,15 @@ class GridOptions:
       n_min, n_max: bounds on the FFT length (powers of two; the length itself is a power of two
         or three times one, the smallest that holds the accuracy).  Below ``n_min`` accuracy is free;
         when ``n_max`` cannot hold the requested accuracy ``dx`` is widened (looser but sound).
-      max_distinct: heterogeneous schedules with more distinct mechanisms than this are blocked
+      max_distinct: up to this many distinct mechanisms are composed member by member (each
+        transform multiplied into the running product inside one ``lax.scan``: memory ``O(n)``
+        whatever the count, time linear in it).  Longer heterogeneous schedules are blocked
         (upper bound: each block's least private member; lower bound: its most private one),
         except schedules of Gaussian mechanisms (``Gaussian``, or ``PoissonSubsampledGaussian``
         with ``sampling_prob = 1``), which compose exactly as one Gaussian and are merged into it.
+        The default was 256, where blocking put ``geomspace(0.7, 3.0, 1000)`` (q = 0.01, delta
+        1e-5) 0.67% above its member-by-member value (2.1931 vs 2.1786); with 4096 blocks the
+        spread inside a block is 16x smaller.
     """
 
     relative_accuracy: float = 1e-3
@@ -86,7 +91,7 @@ class GridOptions:
     delta_tail_mass: float = 1e-13
     n_min: int = 2**16
     n_max: int = 2**21
-    max_distinct: int = 256
+    max_distinct: int = 4096
 
     def __post_init__(self):
         for name in ("relative_accuracy", "per_step_accuracy", "tail_fraction", "delta_tail_mass"):
