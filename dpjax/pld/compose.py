@@ -323,7 +323,8 @@ def compose_directions(
         # prod_k max_{f >= nf} |F_k(f)|^{c_k} on every dropped frequency (see compose).
         # Kt: sum_k c_k K_k(tilt); rel_t: sum_k c_k (tilt max|y_k| + |K_k(tilt)| + 2) (tilted only).
         return dict(logabs=jnp.zeros((D, nf)), angle=jnp.zeros((D, nf)), K=jnp.zeros((D, L)),
-                    log_fin=jnp.zeros(D), log_hi=jnp.zeros(D), Kt=jnp.zeros(D), rel_t=jnp.zeros(D))
+                    log_fin=jnp.zeros(D), log_hi=jnp.zeros(D), Kt=jnp.zeros(D), rel_t=jnp.zeros(D),
+                    absK=jnp.zeros(D), bad=jnp.zeros(D, bool))
 
     carry = dict(acc={k: zero_acc() for k in kinds}, offset=jnp.zeros(D, jnp.int64), total=jnp.zeros(()))
     for gi, m in enumerate(ms):
@@ -349,12 +350,21 @@ def compose_directions(
                 if tilted:
                     # p~ = p e^{tilt y - K_k(tilt)} in log space (no overflow; empty bins stay 0).
                     Kk = jax.vmap(_log_mgf)(pmf, y, tilt[:, None])[:, 0]           # (D,)
+                    # An overflowed K_k (not expected for tilts <= 1e3) voids the tilted result.
+                    bad = a["bad"] | ((c > 0) & ~jnp.isfinite(Kk))
                     Kk = jnp.where(jnp.isfinite(Kk), Kk, 0.0)
                     logp = jnp.log(jnp.where(pmf > 0, pmf, 1.0))
-                    pmf = jnp.where(pmf > 0, jnp.exp(jnp.minimum(logp + tilt[:, None] * y - Kk[:, None], 700.0)), 0.0)
+                    x = logp + tilt[:, None] * y - Kk[:, None]                      # <= 0 up to rounding
+                    bad = bad | ((c > 0) & jnp.any(x > 700.0, axis=-1))
+                    pmf = jnp.where(pmf > 0, jnp.exp(jnp.minimum(x, 700.0)), 0.0)
                     Kt = Kt + jnp.where(c > 0, c * Kk, 0.0)
+                    # exp(x) with x carrying an absolute error ~u (|log p| + lam |y| + |K_k|):
+                    # a relative error of every tilted bin (|log p| <= 745 for float64).
                     rel_t = rel_t + jnp.where(
-                        c > 0, c * (tilt * jnp.max(jnp.abs(y), axis=-1) + jnp.abs(Kk) + 2.0), 0.0)
+                        c > 0, c * (tilt * jnp.max(jnp.abs(y), axis=-1) + jnp.abs(Kk) + 750.0), 0.0)
+                    absK = a["absK"] + jnp.where(c > 0, c * jnp.abs(Kk), 0.0)
+                else:
+                    bad, absK = a["bad"], a["absK"]
                 F = jnp.fft.rfft(pmf, n, axis=-1)
                 sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
                 log_fin = a["log_fin"]
@@ -371,7 +381,7 @@ def compose_directions(
                     K=K_acc,
                     log_fin=log_fin,
                     log_hi=a["log_hi"] + jnp.where(c > 0, c * log_hi, 0.0),
-                    Kt=Kt, rel_t=rel_t,
+                    Kt=Kt, rel_t=rel_t, absK=absK, bad=bad,
                 )
             # Only O mod n matters (circular index); reduce first so huge counts cannot overflow.
             off = jnp.mod(carry["offset"] + jnp.mod(c_int, n) * jnp.mod(o, n), n)
@@ -404,14 +414,17 @@ def compose_directions(
         roundoff = truncation
         return r, w_lo, above, below, roundoff, h - l, jnp.where(is_up, nu, jnp.maximum(nu, floor_prior))
 
-    def window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v):
+    num_terms = sum(int(jnp.shape(g.counts)[0]) if jnp.ndim(g.counts) else 1 for g in groups_by_direction[0])
+
+    def window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v, absK, bad):
         """Place one direction's window over the tilted distribution's upper part, untilt, and
         bound the wrap-around (see the docstring: ``theta`` are candidates ``> lam``; the result
         serves ``eps >= y_v`` only)."""
         ok = (theta > lam) & jnp.isfinite(K)
         # Top h: smallest with exp(K(theta) - theta h + lam (h - y_v)) <= tau for some candidate.
         h = jnp.min(jnp.where(ok, (K - log_tau - lam * y_v) / jnp.where(ok, theta - lam, 1.0), jnp.inf))
-        h = jnp.where(jnp.isfinite(h), h, y_v + n * dx)
+        # (Capped so the index stays in int64; a capped top only makes tail_above larger.)
+        h = jnp.clip(jnp.where(jnp.isfinite(h), h, y_v + n * dx), y_v, y_v + 1e4)
         w_lo = jnp.ceil(h / dx).astype(jnp.int64) - n
         idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
         r = circ[idx]
@@ -424,12 +437,14 @@ def compose_directions(
         # serve eps >= valid_from only (the bins below it are set to 0).
         log_s = Kt - lam * y
         valid_from = jnp.maximum(jnp.maximum(w_lo * dx, (Kt - 600.0) / lam), y_v)
+        valid_from = jnp.where(bad, jnp.inf, valid_from)
         s = jnp.where((log_s <= 600.0) & (y >= valid_from), jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
         # Per-bin noise floor, as in ``window``, in the tilted domain (relative to the tilted
         # PMF's largest bins), then untilted with the bin: tiny in the tail.
         nu = jnp.max(jnp.maximum(-r, 0.0))
         r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
-        rel_untilt = 2.0 * _U * (jnp.abs(Kt) + lam * jnp.max(jnp.abs(y)) + 2.0)
+        # exp(Kt - lam y): Kt = fl(sum_k c_k K_k) carries an absolute error <= num_terms u sum |c_k K_k|.
+        rel_untilt = 2.0 * _U * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
         # Aliased mass from above is amplified by the untilt, so for the lower curve it is
         # subtracted too (reported in tail_below).
         below = jnp.where(is_up, below, jnp.minimum(below + above, 1.0))
@@ -459,7 +474,7 @@ def compose_directions(
         valid_from = jnp.full(D, -jnp.inf)
         if tilted:
             r, w_lo, above, below, roundoff, width, floor, valid_from, rel_untilt = jax.vmap(window_tilted)(
-                circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from)
+                circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from, a["absK"], a["bad"])
             roundoff_rel = roundoff_rel + 2.0 * _U * a["rel_t"] + rel_untilt
         else:
             r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(
