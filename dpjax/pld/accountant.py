@@ -416,8 +416,21 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
     if not (level > 0) or floor <= _TAIL_PASS_FRACTION * level:
         return res
     # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target; the
-    # tilted curves must serve epsilons from y_v on (the ordinary lower end, a lower bound of
-    # the answer, or 0.8 of the way from the mean loss to the upper end without one).
+    # tilted curves must serve epsilons from y_v on: the ordinary lower end (a lower bound of the
+    # answer), or, without one, a guess halfway from the mean loss to the upper end (retried at
+    # a fifth of the way if the answer came out below it).
+    guessed = want == "eps" and not all("down" in r for r in res)
+    for frac in ((0.5, 0.2) if guessed else (None,)):
+        res, valid = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
+                                 level=level, frac=frac)
+        if valid:
+            break
+    return res
+
+
+def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac):
+    """One tilted run (see :func:`_tail_pass`); returns (merged results, whether every
+    direction's tilted upper end at the smallest target was an answer)."""
     eps_t, y_v = [], []
     means = plan.mean_composed
     for di, r in enumerate(res):
@@ -429,19 +442,19 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
                 up = 2.0 * lo if lo > 0 else means[di] + 2.0 * plan.sigma_composed[di] * math.sqrt(
                     2.0 * math.log(1.0 / level))
             if not (lo > means[di]):
-                lo = means[di] + 0.8 * (up - means[di])
+                lo = means[di] + (frac if frac is not None else 0.5) * (up - means[di])
             eps_t.append(0.5 * (up + lo))
             y_v.append(lo)
         else:
             eps_t.append(float(np.max(epsilons)))
             y_v.append(float(np.min(epsilons)))
-    tilt = tilt_parameters(plan.groups[0], directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau)
+    tilt = tilt_parameters(groups, directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau)
     thetas = tilt[:, None] * _TILT_THETA[None, :]
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
     out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
                            ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt,
                            tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
-    merged = []
+    merged, valid = [], True
     for r, t in zip(res, out):
         m = {}
         for kind in r:
@@ -458,11 +471,12 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
                 ok = ~np.isnan(vb) & (np.asarray(epsilons, np.float64) >= vf)
             if kind == "up":
                 a["value"] = np.where(ok & np.isfinite(vb), np.minimum(va, vb), va)
+                valid = valid and bool(np.asarray(ok).reshape(-1)[int(np.argmin(deltas))] if want == "eps" else True)
             else:
                 a["value"] = np.where(ok, np.maximum(va, vb), va)
             m[kind] = a
         merged.append(m)
-    return merged
+    return merged, valid
 
 
 def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
