@@ -51,7 +51,7 @@ class DeltaEstimate(ResultMixin):
 
 
 @dataclasses.dataclass(frozen=True)
-class EpsilonEstimate:
+class EpsilonEstimate(ResultMixin):
     """Monte Carlo epsilon at ``target_delta`` with a confidence interval.
 
     Attributes:
@@ -79,8 +79,6 @@ class EpsilonEstimate:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    to_dict = as_dict
 
 
 def _kl_bounds(mean, m: int, level: float):
