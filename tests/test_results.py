@@ -62,6 +62,13 @@ def _delta_estimate():
 
 
 @functools.lru_cache(maxsize=None)
+def _epsilon_estimate():
+    from dpjax.montecarlo import BallsInBins
+
+    return BallsInBins(np.array([1.0, 0.5]), 2, 2).epsilon_estimate(1.0, 0.1, 2048, 0)
+
+
+@functools.lru_cache(maxsize=None)
 def _certificate():
     from dpjax.montecarlo import BallsInBins
 
@@ -129,6 +136,7 @@ CASES = {
     "DeltaResult": _delta_result,
     "DirectionReport": lambda: _epsilon_result().directions[0],
     "DeltaEstimate": _delta_estimate,
+    "EpsilonEstimate": _epsilon_estimate,
     "Certificate": _certificate,
     "GroupLemmaResult": _group_lemma,
     "RootResult": _root_result,

@@ -107,16 +107,24 @@ def _run_certify(args) -> dict:
 
 def _run_epsilon(args) -> dict:
     acc = _accountant(args)
-    eps = acc.epsilon(args.noise_multiplier, args.delta, args.samples, args.seed, chunk_size=args.chunk_size)
+    # The point estimate with its confidence interval and sample count (never a bare number).
+    est = acc.epsilon_estimate(args.noise_multiplier, args.delta, args.samples, args.seed,
+                               confidence=args.confidence, chunk_size=args.chunk_size)
     return {
-        "epsilon": eps,
+        "epsilon": est.epsilon,
+        "epsilon_low": est.epsilon_low,
+        "epsilon_high": est.epsilon_high,
+        "confidence": est.confidence,
+        "resolved": est.resolved,
+        "reason": est.reason,
         "delta": args.delta,
-        "num_samples": int(args.samples),
+        "num_samples": int(est.num_samples),
         "unamplified_epsilon": acc.unamplified_epsilon(args.noise_multiplier, args.delta),
         "seed": args.seed,
         "noise_multiplier": args.noise_multiplier,
         "adjacency": ADJACENCY,
-        "note": "Monte Carlo estimate eps_hat(delta); use mc-certify for a rigorous statement",
+        "note": ("Monte Carlo estimate eps_hat(delta) with a confidence interval [epsilon_low, epsilon_high] "
+                 "from num_samples draws; use mc-certify for a rigorous statement"),
     }
 
 
@@ -145,4 +153,6 @@ def register(subparsers) -> None:
     _add_common(p)
     p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
                    help="target " + _args.DELTA_TARGET_HELP)
+    p.add_argument("--confidence", type=_args.real(0, 1, lo_open=True, hi_open=True), default=0.95,
+                   help="confidence level of the reported interval on epsilon, in (0, 1) (default 0.95)")
     p.set_defaults(run=_run_epsilon)

@@ -67,6 +67,7 @@ from dpjax.montecarlo._accountant import (
     BallsInBins,
     Certificate,
     DeltaEstimate,
+    EpsilonEstimate,
     certified_delta,
     evr_minimum_samples,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "BallsInBins",
     "Certificate",
     "DeltaEstimate",
+    "EpsilonEstimate",
     "certified_delta",
     "evr_minimum_samples",
     "BLOCK_SIZE",

@@ -51,7 +51,7 @@ class DeltaEstimate(ResultMixin):
 
 
 @dataclasses.dataclass(frozen=True)
-class EpsilonEstimate:
+class EpsilonEstimate(ResultMixin):
     """Monte Carlo epsilon at ``target_delta`` with a confidence interval.
 
     Attributes:
@@ -79,8 +79,6 @@ class EpsilonEstimate:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    to_dict = as_dict
 
 
 def _kl_bounds(mean, m: int, level: float):
@@ -272,16 +270,25 @@ class BallsInBins:
         return est.delta.reshape(shape), est.standard_error.reshape(shape)
 
     def epsilon(self, noise_multiplier, target_delta, num_samples, key, *, grid_size=32, refinements=3,
-                chunk_size=None, devices=None) -> float:
+                chunk_size=None, devices=None, with_interval=False, confidence=0.95):
         """Monte Carlo ``eps_hat(delta)``: the smallest grid epsilon with ``delta_hat <= target_delta``.
 
         ``delta_hat(eps)`` (same draws for every eps) is non-increasing, so ``refinements``
         passes over ``grid_size`` epsilons bracket the crossing to a width of
         ``eps_hi / grid_size^refinements``; the upper end is returned.  ``inf`` if even the
-        upper search limit fails.  An estimate with no uncertainty attached: use
-        :meth:`epsilon_estimate` for a confidence interval (and a flag when ``num_samples``
-        cannot resolve ``target_delta``), :meth:`certify` for a rigorous statement.
+        upper search limit fails.
+
+        The bare float is a *point estimate* from ``num_samples`` draws, not a bound: its
+        uncertainty can be large (delta far below ``1 / num_samples`` cannot be resolved at
+        all).  ``with_interval=True`` returns :class:`EpsilonEstimate` instead (the same as
+        :meth:`epsilon_estimate`): the estimate with its ``confidence`` interval, the sample count
+        and a ``resolved`` flag.  :meth:`certify` gives a rigorous statement.  (The float return
+        is kept for existing callers.)
         """
+        if with_interval:
+            return self.epsilon_estimate(noise_multiplier, target_delta, num_samples, key, grid_size=grid_size,
+                                         refinements=refinements, confidence=confidence, chunk_size=chunk_size,
+                                         devices=devices)
         delta = float(_validate.probability_open("target_delta", target_delta))
         grid_size = _validate.positive_int("grid_size", grid_size, minimum=2)
         refinements = _validate.positive_int("refinements", refinements)

@@ -37,7 +37,7 @@ from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
-from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
+from dpjax.pld.plan import GridOptions, GridPlan, plan_grid, tilt_parameters
 
 # ------------------------------------------------------------------------------------------
 # Results
@@ -181,6 +181,11 @@ def _stack(components) -> list[tuple[type, dict, list[str], np.ndarray, np.ndarr
     return out
 
 
+# Schedules of Gaussian mechanisms with more distinct values than this are merged into their one
+# exact Gaussian (see _composes_as_one_gaussian) whatever ``max_distinct`` is: exact and cheap.
+_MERGE_GAUSSIANS_ABOVE = 256
+
+
 def _block(cls, data, P, C, max_distinct):
     """Bracket a long schedule by blocks: returns (upper params, lower params, counts) or None.
 
@@ -192,11 +197,13 @@ def _block(cls, data, P, C, max_distinct):
     instead (upper params == lower params, one block): no bracket.
     """
     name = getattr(cls, "privacy_parameter", None)
-    if name is None or len(P) <= max_distinct:
+    if name is None or len(P) <= min(max_distinct, _MERGE_GAUSSIANS_ABOVE):
         return None
     j = data.index(name)
     others = np.delete(P, j, axis=1)
     if len(others.T) and not np.all(others == others[0]):
+        return None
+    if len(P) <= max_distinct and not _composes_as_one_gaussian(cls, data, P):
         return None
     if _composes_as_one_gaussian(cls, data, P):
         # Exact, not a bracket: the whole schedule is one Gaussian (see _composes_as_one_gaussian).
@@ -242,7 +249,9 @@ def _composes_as_one_gaussian(cls, data, P) -> bool:
 
 def _to_group(cls, static, data, P, C) -> Group:
     G = len(C)
-    Gp = 1 << max(0, math.ceil(math.log2(G)))
+    # Powers of two up to 256, then multiples of 256 (a schedule of 10^4 distinct values would
+    # otherwise scan 6384 padding steps, each a full transform).
+    Gp = 1 << max(0, math.ceil(math.log2(G))) if G <= 256 else 256 * -(-G // 256)
     if Gp > G:  # pad with copies of the first row and count 0 (no recompiles for every G)
         P = np.concatenate([P, np.repeat(P[:1], Gp - G, axis=0)])
         C = np.concatenate([C, np.zeros(Gp - G, np.int64)])
@@ -277,11 +286,13 @@ def _prepare(components, max_distinct):
 # The jitted program (one per direction and static shape set)
 
 
-_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor")
+_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
+                "valid_from")
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
-def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None):
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
+def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
+             tilted=False, tilt=None, tilt_from=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled).
 
@@ -293,7 +304,8 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     # any direction asked for (a longer support only moves mass from the +inf atom onto the grid).
     ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
     outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
-                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq)
+                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt,
+                              tilt_from=tilt_from)
     per_kind = []
     for kind in kinds:
         stacked = getattr(outs, kind)
@@ -381,12 +393,100 @@ def _check_memory(plan, directions):
     return None
 
 
+#: The tilted tail pass runs when the round-off floor summed over the window exceeds this
+#: fraction of the smallest target delta (eps queries) or of the smallest delta found (delta queries).
+_TAIL_PASS_FRACTION = 1e-3
+# Candidate Chernoff parameters of the tilted pass, as multiples of the tilt (all > 1).
+_TILT_THETA = np.array([1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0])
+
+
+def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
+    """Re-run the composition exponentially tilted towards the tail (compose_directions'
+    ``tilted`` mode) when the FFT round-off floor matters at the requested delta, and keep, per
+    target, the better of the two certified bounds (each is a valid bound on its own: the min of
+    the upper ends, the max of the lower ends; the tilted upper end only where it lies at or above
+    the tilted window's ``valid_from``).  Ordinary deltas never get here (the floor over the
+    whole window is far below them), so their results are unchanged.
+    """
+    if want == "eps":
+        level = float(np.min(deltas))
+    else:
+        level = min(float(np.min(r["up"]["value"])) for r in res)
+    floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
+    if not (level > 0) or floor <= _TAIL_PASS_FRACTION * level:
+        return res
+    # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target; the
+    # tilted curves must serve epsilons from y_v on: the ordinary lower end (a lower bound of the
+    # answer), or, without one, a guess halfway from the mean loss to the upper end (retried at
+    # a fifth of the way if the answer came out below it).
+    guessed = want == "eps" and not all("down" in r for r in res)
+    for frac in ((0.5, 0.2) if guessed else (None,)):
+        res, valid = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
+                                 level=level, frac=frac)
+        if valid:
+            break
+    return res
+
+
+def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac):
+    """One tilted run (see :func:`_tail_pass`); returns (merged results, whether every
+    direction's tilted upper end at the smallest target was an answer)."""
+    eps_t, y_v = [], []
+    means = plan.mean_composed
+    for di, r in enumerate(res):
+        if want == "eps":
+            i = int(np.argmin(deltas))
+            up = float(np.asarray(r["up"]["value"]).reshape(-1)[i])
+            lo = float(np.asarray(r["down"]["value"]).reshape(-1)[i]) if "down" in r else float("nan")
+            if not math.isfinite(up):
+                up = 2.0 * lo if lo > 0 else means[di] + 2.0 * plan.sigma_composed[di] * math.sqrt(
+                    2.0 * math.log(1.0 / level))
+            if not (lo > means[di]):
+                lo = means[di] + (frac if frac is not None else 0.5) * (up - means[di])
+            eps_t.append(0.5 * (up + lo))
+            y_v.append(lo)
+        else:
+            eps_t.append(float(np.max(epsilons)))
+            y_v.append(float(np.min(epsilons)))
+    tilt = tilt_parameters(groups, directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau)
+    thetas = tilt[:, None] * _TILT_THETA[None, :]
+    shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
+    out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
+                           ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt,
+                           tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
+    merged, valid = [], True
+    for r, t in zip(res, out):
+        m = {}
+        for kind in r:
+            a, b = dict(r[kind]), t.get(kind)
+            if b is None:
+                m[kind] = a
+                continue
+            va, vb = np.asarray(a["value"], np.float64), np.asarray(b["value"], np.float64)
+            vf = float(b["valid_from"])
+            # An answer at or below valid_from is no answer (the curves miss the bins below it).
+            if want == "eps":
+                ok = ~np.isnan(vb) & (vb > vf)
+            else:
+                ok = ~np.isnan(vb) & (np.asarray(epsilons, np.float64) >= vf)
+            if kind == "up":
+                a["value"] = np.where(ok & np.isfinite(vb), np.minimum(va, vb), va)
+                valid = valid and bool(np.asarray(ok).reshape(-1)[int(np.argmin(deltas))] if want == "eps" else True)
+            else:
+                a["value"] = np.where(ok, np.maximum(va, vb), va)
+            m[kind] = a
+        merged.append(m)
+    return merged, valid
+
+
 def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
     up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct)
     directions = ("remove",) if symmetric else ("remove", "add")
     kinds = ("up", "down") if (with_lower and not blocked) else ("up",)
     kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
     plan, res = _run(up_groups, directions, kinds, deltas, epsilons, **kw)
+    res = _tail_pass(up_groups, directions, kinds, deltas, epsilons, plan, res,
+                     want="eps" if eps_hint is None else "delta")
     if with_lower and blocked:
         _, res_lo = _run(lo_groups, directions, ("down",), deltas, epsilons, **kw)
         for r, rl in zip(res, res_lo):

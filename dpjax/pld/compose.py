@@ -85,7 +85,11 @@ class ComposedPLD(NamedTuple):
       truncation: () the part of ``roundoff`` covering dropped frequencies (see ``compose``'s
         ``n_freq``; 0 when all are kept).
       noise_floor: () per-bin round-off allowance already applied to ``pmf`` (added to every
-        bin of the pessimistic PMF, subtracted from every bin of the optimistic one).
+        bin of the pessimistic PMF, subtracted from every bin of the optimistic one; for a tilted
+        composition, in the tilted domain).
+      valid_from: () the upper delta curve is valid for ``eps >= valid_from`` only (``-inf``
+        for an ordinary composition; the window bottom, or higher, for a tilted one, whose
+        window does not hold the bulk of the loss; see :func:`compose_directions`).
     """
 
     pmf: jax.Array
@@ -100,6 +104,7 @@ class ComposedPLD(NamedTuple):
     needed_width: jax.Array
     truncation: jax.Array = 0.0
     noise_floor: jax.Array = 0.0
+    valid_from: jax.Array = -jnp.inf
 
     @property
     def losses(self) -> jax.Array:
@@ -233,7 +238,7 @@ def compose(
     return jax.tree_util.tree_map(lambda a: a[0], out)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "n_freq"))
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "n_freq", "tilted"))
 def compose_directions(
     groups_by_direction: Sequence[Sequence[Group]],
     dx,
@@ -245,6 +250,9 @@ def compose_directions(
     n: int,
     kinds: tuple[str, ...] = ("up",),
     n_freq: int | None = None,
+    tilted: bool = False,
+    tilt=None,
+    tilt_from=None,
 ) -> Composition:
     """:func:`compose` for several directions at once, batched along a leading axis.
 
@@ -260,6 +268,39 @@ def compose_directions(
       directions: the D directions (static).
       ms: per group, the number of grid points (static, common to all directions).
       dx, log_tau, n, kinds, n_freq: as in :func:`compose`.
+      tilted: compose the exponentially tilted PMFs (static; see below).  ``n_freq`` is ignored.
+      tilt: (D,) tilt parameters ``lam > 0`` per direction (traced; only with ``tilted``).
+      tilt_from: (D,) the smallest epsilon ``y_v`` the tilted composition must serve (traced).
+
+    Exponential tilting (small deltas).  The FFT round-off floor is relative to the largest
+    bins (``~ steps * 2^-52`` of the peak, spread over every bin), so deep in the tail, where
+    delta ~ 1e-12 is read, it swamps the mass.  With ``tilted``, each grid PMF is replaced by
+    ``p~(y) = p(y) e^{lam y - K_k(lam)}`` (a probability PMF with its bulk moved up the loss axis)
+    before the transform.  Tilting commutes with convolution: ``(p e^{lam y}) * (q e^{lam y}) =
+    (p * q) e^{lam y}``, so the composed tilted PMF, multiplied back by ``e^{K(lam) - lam y}``
+    (``K = sum_k c_k K_k``), is the composed PMF, and its round-off floor is multiplied by the
+    same factor: small where ``lam`` put the tilted bulk (the tail of interest).  The window is
+    placed over the tilted distribution's upper part (it need not hold the bulk of the loss:
+    only bins above epsilon enter delta):
+
+    * only bins at losses ``>= y_v`` (``tilt_from``) are kept: the curves serve ``eps >= y_v``
+      (``valid_from``: ``y_v``, the window bottom, or where the untilt factor would pass
+      ``e^600``, whichever is highest); an epsilon at or below it is no answer;
+    * wrap-around from above: true index ``J >= w + n`` lands at ``t = J - k n``; if
+      ``y_t >= y_v`` it is untilted with ``e^{lam (y_J - y_t)} <= e^{lam (y_J - y_v)}``; for
+      ``theta >= lam``, ``1{S >= h} e^{lam (S - y_v)} <= e^{theta (S - h)} e^{lam (h - y_v)}``
+      (``h = (w + n) dx``), so the untilted aliased mass on kept bins is at most
+      ``exp(K(theta) - theta h + lam (h - y_v))`` (``tail_above``; ``lambdas`` here are the
+      candidate ``theta``, all ``> lam``; the window top ``h`` is placed where this meets the tail
+      budget).  Amplified by the untilt, it may exceed its true share, so the lower curve
+      subtracts it too (added to ``tail_below``);
+    * wrap-around from below lands at least ``n`` bins higher, untilted by at most
+      ``e^{-lam n dx}`` (``tail_below``);
+    * floating point: the tilt and untilt factors ``exp(x)`` carry relative errors
+      ``~ u (|x| + 1)``; per composed step they compound, so ``roundoff_rel`` grows by
+      ``2 u sum_k c_k (lam max|y_k| + |K_k| + 2) + 2 u (|K| + lam max|y| + 2)`` (a relative
+      perturbation of every bin of every single PMF by ``eta`` moves every composed bin by at
+      most a factor ``(1 +- eta)^c``).
     Returns:
       :class:`Composition` whose :class:`ComposedPLD` fields have a leading axis of length D.
     """
@@ -272,11 +313,18 @@ def compose_directions(
     nf = half if n_freq is None else max(1, min(int(n_freq), half))
     L = lambdas.shape[-1]
 
+    if tilted:
+        nf = half
+        tilt = jnp.asarray(tilt, jnp.float64).reshape(D)
+        tilt_from = jnp.asarray(tilt_from, jnp.float64).reshape(D)
+
     def zero_acc():
         # logabs/angle: log-modulus and phase of the kept frequencies; log_hi: log of the bound
         # prod_k max_{f >= nf} |F_k(f)|^{c_k} on every dropped frequency (see compose).
+        # Kt: sum_k c_k K_k(tilt); rel_t: sum_k c_k (tilt max|y_k| + |K_k(tilt)| + 2) (tilted only).
         return dict(logabs=jnp.zeros((D, nf)), angle=jnp.zeros((D, nf)), K=jnp.zeros((D, L)),
-                    log_fin=jnp.zeros(D), log_hi=jnp.zeros(D))
+                    log_fin=jnp.zeros(D), log_hi=jnp.zeros(D), Kt=jnp.zeros(D), rel_t=jnp.zeros(D),
+                    absK=jnp.zeros(D), bad=jnp.zeros(D, bool))
 
     carry = dict(acc={k: zero_acc() for k in kinds}, offset=jnp.zeros(D, jnp.int64), total=jnp.zeros(()))
     for gi, m in enumerate(ms):
@@ -296,9 +344,29 @@ def compose_directions(
             acc = dict(carry["acc"])
             for kind in kinds:
                 pmf = g.pmf_up if kind == "up" else g.pmf_down    # (D, m)
+                a = acc[kind]
+                Kt, rel_t = a["Kt"], a["rel_t"]
+                K_acc = a["K"] + jnp.where(c > 0, c * jax.vmap(_log_mgf)(pmf, y, lambdas), 0.0)
+                if tilted:
+                    # p~ = p e^{tilt y - K_k(tilt)} in log space (no overflow; empty bins stay 0).
+                    Kk = jax.vmap(_log_mgf)(pmf, y, tilt[:, None])[:, 0]           # (D,)
+                    # An overflowed K_k (not expected for tilts <= 1e3) voids the tilted result.
+                    bad = a["bad"] | ((c > 0) & ~jnp.isfinite(Kk))
+                    Kk = jnp.where(jnp.isfinite(Kk), Kk, 0.0)
+                    logp = jnp.log(jnp.where(pmf > 0, pmf, 1.0))
+                    x = logp + tilt[:, None] * y - Kk[:, None]                      # <= 0 up to rounding
+                    bad = bad | ((c > 0) & jnp.any(x > 700.0, axis=-1))
+                    pmf = jnp.where(pmf > 0, jnp.exp(jnp.minimum(x, 700.0)), 0.0)
+                    Kt = Kt + jnp.where(c > 0, c * Kk, 0.0)
+                    # exp(x) with x carrying an absolute error ~u (|log p| + lam |y| + |K_k|):
+                    # a relative error of every tilted bin (|log p| <= 745 for float64).
+                    rel_t = rel_t + jnp.where(
+                        c > 0, c * (tilt * jnp.max(jnp.abs(y), axis=-1) + jnp.abs(Kk) + 750.0), 0.0)
+                    absK = a["absK"] + jnp.where(c > 0, c * jnp.abs(Kk), 0.0)
+                else:
+                    bad, absK = a["bad"], a["absK"]
                 F = jnp.fft.rfft(pmf, n, axis=-1)
                 sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
-                a = acc[kind]
                 log_fin = a["log_fin"]
                 if kind == "up":
                     log_fin = log_fin + jnp.where(c > 0, c * jnp.log1p(-g.p_inf_up), 0.0)
@@ -310,9 +378,10 @@ def compose_directions(
                 acc[kind] = dict(
                     logabs=a["logabs"] + c * 0.5 * jnp.log(jnp.maximum(sq[:, :nf], 1e-300)),
                     angle=a["angle"] + c * jnp.arctan2(jnp.imag(F), jnp.real(F)),
-                    K=a["K"] + jnp.where(c > 0, c * jax.vmap(_log_mgf)(pmf, y, lambdas), 0.0),
+                    K=K_acc,
                     log_fin=log_fin,
                     log_hi=a["log_hi"] + jnp.where(c > 0, c * log_hi, 0.0),
+                    Kt=Kt, rel_t=rel_t, absK=absK, bad=bad,
                 )
             # Only O mod n matters (circular index); reduce first so huge counts cannot overflow.
             off = jnp.mod(carry["offset"] + jnp.mod(c_int, n) * jnp.mod(o, n), n)
@@ -345,6 +414,43 @@ def compose_directions(
         roundoff = truncation
         return r, w_lo, above, below, roundoff, h - l, jnp.where(is_up, nu, jnp.maximum(nu, floor_prior))
 
+    num_terms = sum(int(jnp.shape(g.counts)[0]) if jnp.ndim(g.counts) else 1 for g in groups_by_direction[0])
+
+    def window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v, absK, bad):
+        """Place one direction's window over the tilted distribution's upper part, untilt, and
+        bound the wrap-around (see the docstring: ``theta`` are candidates ``> lam``; the result
+        serves ``eps >= y_v`` only)."""
+        ok = (theta > lam) & jnp.isfinite(K)
+        # Top h: smallest with exp(K(theta) - theta h + lam (h - y_v)) <= tau for some candidate.
+        h = jnp.min(jnp.where(ok, (K - log_tau - lam * y_v) / jnp.where(ok, theta - lam, 1.0), jnp.inf))
+        # (Capped so the index stays in int64; a capped top only makes tail_above larger.)
+        h = jnp.clip(jnp.where(jnp.isfinite(h), h, y_v + n * dx), y_v, y_v + 1e4)
+        w_lo = jnp.ceil(h / dx).astype(jnp.int64) - n
+        idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
+        r = circ[idx]
+        y = (w_lo + jnp.arange(n)) * dx
+        hi = (w_lo + n) * dx
+        above = jnp.min(jnp.where(ok, K - theta * hi + lam * (hi - jnp.minimum(y_v, hi)), jnp.inf))
+        above = jnp.where(jnp.isnan(above), 1.0, jnp.minimum(jnp.exp(above), 1.0))
+        below = jnp.minimum(jnp.exp(-lam * n * dx), 1.0)
+        # Untilt factor e^{Kt - lam y}: bins where it would exceed e^600 are dropped; the curves
+        # serve eps >= valid_from only (the bins below it are set to 0).
+        log_s = Kt - lam * y
+        valid_from = jnp.maximum(jnp.maximum(w_lo * dx, (Kt - 600.0) / lam), y_v)
+        valid_from = jnp.where(bad, jnp.inf, valid_from)
+        s = jnp.where((log_s <= 600.0) & (y >= valid_from), jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
+        # Per-bin noise floor, as in ``window``, in the tilted domain (relative to the tilted
+        # PMF's largest bins), then untilted with the bin: tiny in the tail.
+        nu = jnp.max(jnp.maximum(-r, 0.0))
+        r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
+        # exp(Kt - lam y): Kt = fl(sum_k c_k K_k) carries an absolute error <= num_terms u sum |c_k K_k|.
+        rel_untilt = 2.0 * _U * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
+        # Aliased mass from above is amplified by the untilt, so for the lower curve it is
+        # subtracted too (reported in tail_below).
+        below = jnp.where(is_up, below, jnp.minimum(below + above, 1.0))
+        return (r, w_lo, above, below, jnp.zeros(()), hi - w_lo * dx,
+                jnp.where(is_up, nu, jnp.maximum(nu, floor_prior)), valid_from, rel_untilt)
+
     out = {}
     for kind in kinds:
         a = carry["acc"][kind]
@@ -365,12 +471,18 @@ def compose_directions(
         # 5.2e-15 where the truth is 1.8e-17.
         floor_prior = roundoff_rel * (2.0 / n) * jnp.sum(mag, axis=-1)
         is_up = jnp.full(D, kind == "up")
-        r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(
-            circ, a["K"], lambdas, carry["offset"], truncation, floor_prior, is_up)
+        valid_from = jnp.full(D, -jnp.inf)
+        if tilted:
+            r, w_lo, above, below, roundoff, width, floor, valid_from, rel_untilt = jax.vmap(window_tilted)(
+                circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from, a["absK"], a["bad"])
+            roundoff_rel = roundoff_rel + 2.0 * _U * a["rel_t"] + rel_untilt
+        else:
+            r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(
+                circ, a["K"], lambdas, carry["offset"], truncation, floor_prior, is_up)
         p_inf = -jnp.expm1(a["log_fin"]) if kind == "up" else jnp.zeros(D)
         out[kind] = ComposedPLD(
             pmf=r, w_lo=w_lo, dx=jnp.full(D, dx), p_inf=p_inf, tail_above=above, tail_below=below,
             roundoff=roundoff, roundoff_rel=roundoff_rel, log_mgf=a["K"], needed_width=width,
-            truncation=truncation, noise_floor=floor,
+            truncation=truncation, noise_floor=floor, valid_from=valid_from,
         )
     return Composition(**out)

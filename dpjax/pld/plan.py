@@ -74,10 +74,15 @@ class GridOptions:
       n_min, n_max: bounds on the FFT length (powers of two; the length itself is a power of two
         or three times one, the smallest that holds the accuracy).  Below ``n_min`` accuracy is free;
         when ``n_max`` cannot hold the requested accuracy ``dx`` is widened (looser but sound).
-      max_distinct: heterogeneous schedules with more distinct mechanisms than this are blocked
+      max_distinct: up to this many distinct mechanisms are composed member by member (each
+        transform multiplied into the running product inside one ``lax.scan``: memory ``O(n)``
+        whatever the count, time linear in it).  Longer heterogeneous schedules are blocked
         (upper bound: each block's least private member; lower bound: its most private one),
         except schedules of Gaussian mechanisms (``Gaussian``, or ``PoissonSubsampledGaussian``
         with ``sampling_prob = 1``), which compose exactly as one Gaussian and are merged into it.
+        The default was 256, where blocking put ``geomspace(0.7, 3.0, 1000)`` (q = 0.01, delta
+        1e-5) 0.67% above its member-by-member value (2.1931 vs 2.1786); with 4096 blocks the
+        spread inside a block is 16x smaller.
     """
 
     relative_accuracy: float = 1e-3
@@ -86,7 +91,7 @@ class GridOptions:
     delta_tail_mass: float = 1e-13
     n_min: int = 2**16
     n_max: int = 2**21
-    max_distinct: int = 256
+    max_distinct: int = 4096
 
     def __post_init__(self):
         for name in ("relative_accuracy", "per_step_accuracy", "tail_fraction", "delta_tail_mass"):
@@ -123,6 +128,7 @@ class GridPlan:
     sigma_composed: tuple[float, ...]
     total_count: int
     n_freq: int | None = None
+    mean_composed: tuple[float, ...] = ()
 
 
 def _pow2(x: float) -> int:
@@ -231,12 +237,16 @@ def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float, mid) -
             continue
         with np.errstate(divide="ignore"):
             log_mass = np.log(mk[:, nz])                                 # (G', B')
-        a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None]  # (2L, G', B')
-        amax = np.max(a, axis=2, keepdims=True)
-        amax = np.where(np.isfinite(amax), amax, 0.0)
-        with np.errstate(divide="ignore", over="ignore"):
-            lse = np.log(np.sum(np.exp(a - amax), axis=2)) + amax[..., 0]  # (2L, G')
-        K = K + lse @ c[keep]
+        ck = c[keep]
+        # In chunks of 64 mechanisms: a (2L, G', B') array for a schedule of 10^4 distinct
+        # mechanisms would be ~5 GB.
+        for j0 in range(0, log_mass.shape[0], 64):
+            a = lam[:, None, None] * mid[nz][None, None, :] + log_mass[None, j0:j0 + 64]  # (2L, <=64, B')
+            amax = np.max(a, axis=2, keepdims=True)
+            amax = np.where(np.isfinite(amax), amax, 0.0)
+            with np.errstate(divide="ignore", over="ignore"):
+                lse = np.log(np.sum(np.exp(a - amax), axis=2)) + amax[..., 0]  # (2L, <=64)
+            K = K + lse @ ck[j0:j0 + 64]
     out = []
     for sl, sign in ((slice(0, L), 1.0), (slice(L, 2 * L), -1.0)):
         with np.errstate(invalid="ignore"):
@@ -342,7 +352,7 @@ def plan_grid(
         gamma = K3 / sigma_c**3
         spread = (2.0 * z + abs(gamma) * (z * z - 1.0) / 3.0) * sigma_c
         width = min(1.05 * max(support, 1.1 * spread), MAX_WINDOW_WIDTH)
-        per_dir.append((stats, sigma_c, dx_acc, width))
+        per_dir.append((stats, sigma_c, dx_acc, width, M))
     # Common grid: the finest spacing any direction asks for, the widest window.
     dx_acc = min(p[2] for p in per_dir)
     width = max(p[3] for p in per_dir)
@@ -355,7 +365,7 @@ def plan_grid(
     if min_width > width:  # retry: same dx, wider window
         n = min(_fft_size(min_width / dx + 2), max(options.n_max, n))
     all_groups, all_ms, all_lams = [], [], []
-    for di, (stats, sigma_c, _, _) in enumerate(per_dir):
+    for di, (stats, sigma_c, *_) in enumerate(per_dir):
         new_groups, ms = [], []
         for g, c, (y_lo, y_hi, *_) in zip(groups, counts, stats):
             off = np.floor(y_lo / dx).astype(np.int64)
@@ -371,4 +381,61 @@ def plan_grid(
         directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
         lambdas=np.stack(all_lams), log_tau=math.log(tau_wrap), tau_wrap=tau_wrap, tau_inf=tau_inf,
         sigma_composed=tuple(p[1] for p in per_dir), total_count=total,
+        mean_composed=tuple(p[4] for p in per_dir),
     )
+
+
+def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_targets, y_from, width: float,
+                    log_tau: float) -> np.ndarray:
+    """(D,) exponential tilts ``lam > 0`` for :func:`dpjax.pld.compose.compose_directions`'s
+    tilted mode: the largest ``lam`` up to the one putting the composed loss's tilted mean at
+    ``eps_targets[d]`` (``K'(lam) = eps``) whose window still fits: the top ``h`` where the
+    untilted wrap-around bound ``exp(K(theta) - theta h + lam (h - y_v))`` meets ``tau`` must lie
+    within ``0.7 width`` above ``y_v = y_from[d]`` (heavy right tails, e.g. DP-SGD with a small
+    noise multiplier, make ``K`` grow fast beyond ``lam`` and ask for smaller tilts).
+
+    ``K`` is the composed log-MGF of the probe masses (the planner's coarse loss histogram), so
+    this is approximate; only tightness depends on it (any ``lam > 0`` gives certified bounds,
+    the jitted program places and bounds the window itself).
+    """
+    counts = [np.asarray(g.counts, np.float64) for g in groups]
+    y = PROBE_LOSSES
+    mid = 0.5 * (y[1:] + y[:-1])
+    probes = [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
+    grid = np.geomspace(1e-3, 1e3, 481)
+    out = []
+    for di in range(len(directions)):
+        K = np.zeros_like(grid)
+        dK = np.zeros_like(grid)
+        for gi, c in enumerate(counts):
+            mass = _probe_masses(*probes[gi][di])
+            keep = c > 0
+            if not keep.any():
+                continue
+            mass, c = mass[keep], c[keep]
+            for j0 in range(0, len(c), 64):   # bounded memory: (L, 64, B) at a time
+                mk, ck = mass[j0:j0 + 64], c[j0:j0 + 64]
+                with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                    a = np.where(mk[None] > 0, np.log(np.where(mk > 0, mk, 1.0))[None] + grid[:, None, None] * mid,
+                                 -np.inf)                                      # (L, G', B)
+                    amax = np.max(a, axis=2, keepdims=True)
+                    w = np.exp(a - amax)
+                    sw = np.sum(w, axis=2)
+                    K += (np.log(sw) + amax[..., 0]) @ ck
+                    dK += ((w @ mid) / sw) @ ck
+        eps, yv = float(eps_targets[di]), float(y_from[di])
+        K = np.where(np.isfinite(K), K, np.inf)
+        lam_star = grid[min(int(np.searchsorted(dK, eps)), len(grid) - 1)] if math.isfinite(eps) else grid[0]
+        best = grid[0]
+        for i in range(len(grid) - 1, -1, -1):
+            lam = grid[i]
+            if lam > lam_star:
+                continue
+            th = grid[i + 1:]
+            with np.errstate(invalid="ignore", over="ignore"):
+                h = np.min((K[i + 1:] - log_tau - lam * yv) / (th - lam), initial=np.inf)
+            if np.isfinite(h) and h - yv <= 0.7 * width:
+                best = lam
+                break
+        out.append(best)
+    return np.asarray(out, np.float64)
