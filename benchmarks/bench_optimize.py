@@ -59,10 +59,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 EPS, DELTA, BUFFERS = 1.0, 1e-5, 4  # Fig. 4 of the paper: eps = 1, delta = 1e-5
+RESAMPLE = 10  # dpjax's default resample_every
 GRID = [(e, b, m) for m in (17, 20) for e in (16, 32, 64) for b in (32, 64, 128)]
 
 
-def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str) -> dict:
+def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str,
+            resample_every: int = 10) -> dict:
     import jax
     from dpjax.calibration import Bisection, NewtonIllinois
     from dpjax.optimization import make_parameterization, optimize_correlation
@@ -71,15 +73,24 @@ def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str) -> dict:
     res = optimize_correlation(
         param, batches_per_epoch=b, epochs=epochs, target_epsilon=EPS, target_delta=DELTA,
         num_steps=steps, num_samples=1 << log2m, key=0, progress=False, certify=False,
-        solver=NewtonIllinois(xtol=1e-9) if solver == "newton" else Bisection())
+        solver=NewtonIllinois(xtol=1e-9) if solver == "newton" else Bisection(),
+        resample_every=resample_every)
     t = res.timings
-    per_step = (t["steps"] - t["compile_and_first_step"]) / max(1, steps - 1)
+    # The first step and the first draw carry the compilations; the rest is steady state
+    # (later draws, every resample_every steps, are included in it, amortised).
+    first = t["compile_and_first_step"] + t.get("first_draw", 0.0)
+    per_step = (t["steps"] - first) / max(1, steps - 1)
     passes = [h["solver_passes"] for h in res.history]
+    screened = [h.get("screened", False) for h in res.history]
     return {
         "epochs": epochs, "b": b, "n": b * epochs, "num_samples": 1 << log2m, "solver": solver,
-        "steps_run": steps, "compile_and_first_step_s": t["compile_and_first_step"],
-        "per_step_s": per_step, "steps_total_s": t["steps"],
-        "extrapolated_300_steps_s": t["compile_and_first_step"] + 299 * per_step,
+        "resample_every": resample_every if solver == "newton" else 1,
+        "steps_run": steps, "compile_and_first_step_s": first,
+        "per_step_s": per_step, "steps_total_s": t["steps"], "draws_total_s": t.get("draws", 0.0),
+        "extrapolated_300_steps_s": first + 299 * per_step,
+        "measured_300_steps": steps == 300,
+        "fraction_screened": sum(screened) / max(1, len(screened)),
+        "loadavg_at_end": list(os.getloadavg()),
         "mean_solver_passes": sum(passes) / max(1, len(passes)),
         "final_rmse_estimate": res.history[-1]["rmse"] if res.history else None,
         "first_rmse_estimate": res.history[0]["rmse"] if res.history else None,
@@ -96,6 +107,8 @@ def profile(epochs: int, b: int, log2m: int) -> dict:
     from dpjax.montecarlo import draws, gram_matrix, gram_sqrt
     from dpjax.montecarlo.core import delta_from_projections
     from dpjax.optimization import make_parameterization, prefix_sum_error
+    from dpjax.calibration.screened import (_screen, calibrate_screened, default_num_candidates,
+                                            screened_draws)
 
     m = 1 << log2m
     param = make_parameterization("blt", b * epochs, num_buffers=BUFFERS)
@@ -135,8 +148,40 @@ def profile(epochs: int, b: int, log2m: int) -> dict:
                                    solver=NewtonIllinois(xtol=1e-9), initial_noise=sigma * 1.01)
             return jnp.log(r.root * prefix_sum_error(param.correlation(p), b * epochs))
 
-        pieces["full step (warm start 1%)"] = (jax.jit(jax.value_and_grad(full)), (params,))
+        pieces["unscreened step (fresh draws, warm start 1%)"] = (jax.jit(jax.value_and_grad(full)),
+                                                                  (params,))
+        # The screened step's pieces (dpjax.calibration.screened).
+        sd = screened_draws(key, b, m)
+        lsq = gram_sqrt(gram)
+        s0 = jnp.asarray(1.0 / (sigma * 1.01))
+        pieces["[screened] draws (shared by R steps)"] = (
+            jax.jit(lambda k: screened_draws(k, b, m)), (key,))
+        pieces["[screened] gram + cholesky (b x b)"] = (
+            jax.jit(lambda p: gram_sqrt(gram_of(p))), (params,))
+        pieces["[screened] W32 = U32 L^T (float32 matmul)"] = (
+            jax.jit(lambda u32, l: u32 @ l.astype(jnp.float32).T), (sd.u32, lsq))
+        w32 = sd.u32 @ lsq.astype(jnp.float32).T
+        pieces["[screened] screen losses at sigma_0 (float32)"] = (
+            jax.jit(lambda w, g, s: _screen(w, g, sd.mode_index, sd.u_norm, s)), (w32, gram, s0))
+        (ypq, yqp), _ = _screen(w32, gram, sd.mode_index, sd.u_norm, s0)
+        k = default_num_candidates(m)
+        pieces[f"[screened] top-{k} selection (2 directions)"] = (
+            jax.jit(lambda a, c: (jax.lax.top_k(a, k)[1], jax.lax.top_k(c, k)[1])), (ypq, yqp))
+
+        def screened_fwd(p):
+            return calibrate_screened(gram_of(p), EPS, DELTA, sd, solver=NewtonIllinois(xtol=1e-9),
+                                      initial_noise=sigma * 1.01).root
+
+        pieces["[screened] calibration forward (all of the above but draws)"] = (
+            jax.jit(screened_fwd), (params,))
+
+        def screened_loss(p):
+            return jnp.log(screened_fwd(p) * prefix_sum_error(param.correlation(p), b * epochs))
+
+        pieces["[screened] full step (value + gradient, warm start 1%)"] = (
+            jax.jit(jax.value_and_grad(screened_loss)), (params,))
         out = {}
+        out["loadavg_at_start"] = list(os.getloadavg())
         for name, (fn, args) in pieces.items():
             jax.block_until_ready(fn(*args))
             times = []
@@ -145,6 +190,7 @@ def profile(epochs: int, b: int, log2m: int) -> dict:
                 jax.block_until_ready(fn(*args))
                 times.append(time.perf_counter() - t0)
             out[name] = sorted(times)[1]
+        out["loadavg_at_end"] = list(os.getloadavg())
     return out
 
 
@@ -154,12 +200,13 @@ def _child(args) -> None:
         print(json.dumps(profile(e, b, lm)))
         return
     e, b, lm, steps, solver = args.one
-    print(json.dumps(run_one(int(e), int(b), int(lm), int(steps), solver)))
+    print(json.dumps(run_one(int(e), int(b), int(lm), int(steps), solver, args.resample_every)))
 
 
 def _spawn(argv) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--epsilon", str(EPS), *argv], env=env,
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--epsilon", str(EPS),
+                           "--resample-every", str(RESAMPLE), *argv], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
@@ -167,7 +214,7 @@ def _spawn(argv) -> dict:
 
 
 def main() -> None:
-    global EPS
+    global EPS, RESAMPLE
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="E=16, b=128, 2^17 only; anchor 5 steps")
     ap.add_argument("--configs", nargs="*", default=None, help="ExBxlog2m, e.g. 16x128x17")
@@ -176,12 +223,15 @@ def main() -> None:
                     help="steps of the Algorithm-2 anchor (default: --steps; extrapolated to 300)")
     ap.add_argument("--no-anchor", action="store_true")
     ap.add_argument("--epsilon", type=float, default=EPS, help="target epsilon (Fig. 4: 1)")
+    ap.add_argument("--resample-every", type=int, default=RESAMPLE,
+                    help="dpjax row: steps sharing one Monte Carlo sample (anchor: always 1)")
     ap.add_argument("--profile", action="store_true", help="per-piece timing at E=16, b=128, 2^17")
     ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", nargs=3, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_optimize.json"))
     args = ap.parse_args()
     EPS = args.epsilon
+    RESAMPLE = args.resample_every
     if args.one or args.profile_one:
         _child(args)
         return
@@ -189,7 +239,8 @@ def main() -> None:
     record = {"machine": platform.platform(), "cpus": os.cpu_count(), "loadavg_at_start": load,
               "note": "shared 2-core CPU under contention from other jobs: absolute times are "
                       "inflated; the anchor/dpjax ratio is from the same run",
-              "epsilon": EPS, "delta": DELTA, "family": f"blt, {BUFFERS} buffers", "rows": []}
+              "epsilon": EPS, "delta": DELTA, "family": f"blt, {BUFFERS} buffers",
+              "dpjax_resample_every": RESAMPLE, "rows": []}
     if args.profile:
         prof = _spawn(["--profile-one", "16", "128", "17"])
         record["profile_E16_b128_2^17"] = prof
