@@ -55,6 +55,14 @@ the lead re-measures:
   float32 (m x b) x (b x b) matmul, one float32 screening pass and the amortised draws: the
   floor of any method that looks at every sample once per step.
 
+* CPU seconds (bench_optimize_cpu.json, one process, load 13-18): 20 compiled steps (with 2
+  draws and the final evaluation) used 17.4 CPU-s, 0.87 CPU-s per step, at 1.7 s/step wall.
+  Inferred, not measured: an idle 2-core machine would need ~0.45-0.9 s per step (1-2
+  effective threads), i.e. ~150-270 s for 300 steps plus the compilation, so the <= 120 s target
+  is probably still missed by 1.3-2.5x.  The per-step floor of this design is the float32 W
+  matmul (4.3 GFLOP) plus one float32 screening pass over 2^24 entries (two logsumexps) plus
+  ~0.1 of a draw.
+
 Earlier measurements (before the screened path), load average 25-40:
 
 * E=16, b=128, 2^17, eps=2 (bench_optimize_quick.json): dpjax 41.8 s/step, 6.1 passes/step
