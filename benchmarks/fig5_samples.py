@@ -83,7 +83,8 @@ def main():
             if (eps, m) in done:
                 continue
             par = make_parameterization(args.family, b * epochs, **kw)
-            extra = {}
+            # Fig. 5 is about fresh samples per step (Algorithm 2's setting): no sharing.
+            extra = {"resample_every": 1}
             if args.learning_rate is not None:
                 from dpjax.optimization.loop import default_optimizer
 

@@ -60,6 +60,24 @@ def test_checkpoint_resume_gives_identical_result(tmp_path):
                              **{**KW, "target_epsilon": 3.0})
 
 
+def test_resume_mid_sampling_period_on_the_screened_path_is_identical(tmp_path):
+    """Samples shared by resample_every = 3 steps, checkpoints every 2 (periods and checkpoints
+    not aligned), m = 2048 > the 256 candidate slots (the screened path): resuming at step 4,
+    inside the period of steps 3-5, redraws that period's sample and gives the identical run."""
+    p = _param()
+    kw = {**KW, "num_samples": 2048, "resample_every": 3, "num_candidates": 256}
+    ref = optimize_correlation(p, num_steps=7, certify=False, **kw)
+    assert all(h["screened"] for h in ref.history[1:])
+    ck = tmp_path / "ck.json"
+    optimize_correlation(p, num_steps=4, certify=False, checkpoint_path=ck, checkpoint_every=2, **kw)
+    full = optimize_correlation(p, num_steps=7, certify=False, checkpoint_path=ck, resume=True, **kw)
+    assert full.params == ref.params and full.history == ref.history
+    # A different sharing period is a different configuration: the checkpoint is refused.
+    with pytest.raises(ValueError, match="resample_every"):
+        optimize_correlation(p, num_steps=7, certify=False, checkpoint_path=ck, resume=True,
+                             **{**kw, "resample_every": 2})
+
+
 _CHILD = textwrap.dedent("""
     import sys, time
     from dpjax.optimization import make_parameterization, optimize_correlation

@@ -127,7 +127,15 @@ def _calibration_result():
                              status=np.int32(0), num_passes=np.int32(5))
 
 
+def _screened_result():
+    from dpjax.calibration import ScreenedResult
+
+    return ScreenedResult(root=np.float64(1.25), status=np.int32(0), num_passes=np.int32(3),
+                          screened=np.bool_(True))
+
+
 CASES = {
+    "ScreenedResult": _screened_result,
     "SweepTable": _sweep_table,
     "EpsilonCurve": _epsilon_curve,
     "OptimizationResult": _optimization_result,

@@ -5,13 +5,17 @@ mechanisms", §4 (Algorithm 2) and §5.  One step minimises ``log RMSE(C) = log(
 err(C))`` (``err`` the noise-free objective, by default :func:`prefix_sum_error`) where
 ``sigma*(C)`` solves ``delta_hat(sigma; C) = target_delta`` on that step's Monte Carlo sample:
 
-* the sample ``(I, U)`` (``num_samples x b``) is drawn once per step from ``fold_in(key, step)``
-  (fresh common random numbers each step, reproducible from ``(key, step)``), and
-  ``W = U L^T`` once per step; every solver pass reuses it;
-* ``sigma*`` by :class:`~dpjax.calibration.NewtonIllinois` warm-started from the previous
-  step's sigma (2-4 passes instead of Algorithm 2's 50 bisection passes), or
-  :class:`~dpjax.calibration.Bisection` (the paper's algorithm, the benchmark's anchor);
-* the gradient through ``sigma*`` by the implicit function theorem (one reverse pass).
+* the sample ``(I, U)`` (``num_samples x b``) is drawn from ``fold_in(key, k // R)`` and shared
+  by the ``R = resample_every`` steps of a period (default 10; reproducible from the key and
+  the step, so a resumed run redraws it exactly);
+* ``sigma*`` by :func:`~dpjax.calibration.screened.calibrate_screened`: one float32 screen of
+  all ``m x b`` entries at the previous step's sigma selects the samples that can contribute,
+  then :class:`~dpjax.calibration.NewtonIllinois` and the implicit gradient (one reverse pass,
+  Choquette-Choo et al. 2024 §4.2) run in float64 on those only -- the exact estimate's root
+  and gradient, with a checked bound and a full float64 fallback;
+* or, for :class:`~dpjax.calibration.Bisection` (Algorithm 2 as written, the benchmark's anchor)
+  and for samples too large to hold (``m b > 2^24``): fresh draws from ``fold_in(key, step)``
+  every step, full passes (chunked when large).
 
 The jitted step is cached on its static configuration (parameterization, ``b``, ``E``,
 ``num_samples``, optimizer, objective, solver), so repeated calls and resumed runs reuse one
@@ -49,7 +53,9 @@ import optax
 
 from dpjax import _validate
 from dpjax._progress import progress as _progress
-from dpjax.calibration.montecarlo import Bisection, NewtonIllinois, calibrate_on_draws
+from dpjax.calibration.montecarlo import (_MAX_PRECOMPUTED, Bisection, NewtonIllinois,
+                                          calibrate_on_draws)
+from dpjax.calibration.screened import calibrate_screened, screened_draws
 from dpjax.montecarlo import as_prng_key, gram_matrix
 from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, certify_noise,
                                         default_certify_samples, ladder_base_delta,
@@ -204,34 +210,56 @@ def _atomic_write(path, text: str) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer,
-              objective: Callable, solver, precompute: bool | None):
-    """``(step, evaluate)``: jitted functions for this static configuration (cached)."""
+              objective: Callable, solver, precompute: bool | None, screened: bool = False,
+              num_candidates: int | None = None):
+    """``(step, evaluate, draw)``: jitted functions for this static configuration (cached).
+
+    ``screened``: the step takes a prepared sample (``draw(key, period)``, reused for
+    ``resample_every`` steps) and calibrates with :func:`calibrate_screened`; otherwise it draws
+    its own sample from ``fold_in(key, step)`` and calibrates with :func:`calibrate_on_draws`
+    (the path of :class:`Bisection`, Algorithm 2 as written, and of samples too large to hold).
+    """
     n = parameterization.n
 
-    def loss_fn(params, eps, delta, key, sigma0):
+    def start_of(sigma0, gram):
+        sens = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
+        return jnp.where(jnp.isfinite(sigma0) & (sigma0 > 0), sigma0, sens)
+
+    def loss_fn(params, eps, delta, sample, sigma0):
         corr = parameterization.correlation(params)
         gram = gram_matrix(corr, b, epochs)
-        sens = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
-        start = jnp.where(jnp.isfinite(sigma0) & (sigma0 > 0), sigma0, sens)
-        res = calibrate_on_draws(gram, eps, delta, key=key, num_samples=num_samples,
-                                 solver=solver, initial_noise=start, precompute=precompute)
+        start = start_of(sigma0, gram)
+        if screened:
+            res = calibrate_screened(gram, eps, delta, sample, solver=solver, initial_noise=start,
+                                     num_candidates=num_candidates)
+            flag = res.screened
+        else:
+            res = calibrate_on_draws(gram, eps, delta, key=sample, num_samples=num_samples,
+                                     solver=solver, initial_noise=start, precompute=precompute)
+            flag = jnp.zeros((), bool)
         err = objective(corr, n)
         rmse = res.root * err
-        return jnp.log(rmse), (res.root, rmse, res.num_passes, res.status)
+        return jnp.log(rmse), (res.root, rmse, res.num_passes, res.status, flag)
 
-    def step(params, opt_state, eps, delta, key, step_index, sigma0):
-        k = jax.random.fold_in(key, step_index)
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, eps, delta, k, sigma0)
+    def sample_of(sample, step_index):
+        # Unscreened: `sample` is the run's key; this step's draws come from fold_in(key, step).
+        return sample if screened else jax.random.fold_in(sample, step_index)
+
+    def step(params, opt_state, eps, delta, sample, step_index, sigma0):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, eps, delta, sample_of(sample, step_index), sigma0)
         updates, new_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         return new_params, new_state, loss, aux
 
-    def evaluate(params, eps, delta, key, step_index, sigma0):
-        k = jax.random.fold_in(key, step_index)
-        loss, aux = loss_fn(params, eps, delta, k, sigma0)
+    def evaluate(params, eps, delta, sample, step_index, sigma0):
+        loss, aux = loss_fn(params, eps, delta, sample_of(sample, step_index), sigma0)
         return loss, aux, objective(parameterization.correlation(params), n)
 
-    return jax.jit(step), jax.jit(evaluate)
+    def draw(key, index):
+        return screened_draws(jax.random.fold_in(key, index), b, num_samples)
+
+    return jax.jit(step), jax.jit(evaluate), jax.jit(draw)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -257,11 +285,13 @@ def _state_from_json(template, leaves_json):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _config(parameterization, b, epochs, eps, delta, num_samples, seed, solver, objective) -> dict:
+def _config(parameterization, b, epochs, eps, delta, num_samples, seed, solver, objective,
+            resample_every=1) -> dict:
     return {"parameterization": parameterization.to_dict(), "batches_per_epoch": b,
             "epochs": epochs, "target_epsilon": eps, "target_delta": delta,
             "num_samples": num_samples, "key": seed, "solver": repr(solver),
-            "objective": getattr(objective, "__name__", repr(objective))}
+            "objective": getattr(objective, "__name__", repr(objective)),
+            "resample_every": resample_every}
 
 
 def _write_checkpoint(path, config, step, params, opt_state, sigma, history) -> None:
@@ -325,7 +355,8 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                          resume: bool = False, progress: bool | None = None, certify: bool = True,
                          certify_samples: int | None = None, certify_key: Any = None,
                          max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float = DEFAULT_GROWTH,
-                         precompute: bool | None = None) -> OptimizationResult:
+                         precompute: bool | None = None, resample_every: int = 10,
+                         num_candidates: int | None = None) -> OptimizationResult:
     """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, then certify.
 
     Args:
@@ -350,7 +381,21 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
       certify_key: key of the certification draws (default: derived from ``key`` by a fold
         the optimisation never uses, so the draws are independent of the optimisation's).
       max_attempts, growth: the certification ladder.
-      precompute: materialise ``W`` per step (default when ``num_samples * b <= 2^24``).
+      precompute: materialise ``W`` per step (default when ``num_samples * b <= 2^24``);
+        ``False`` forces the chunked, unscreened path (bounded memory at any ``num_samples``).
+      resample_every: steps that share one Monte Carlo sample (common random numbers across
+        steps; ``1``: fresh draws every step as in Algorithm 2).  Used by the screened
+        NewtonIllinois path (the default whenever ``num_samples * b <= 2^24``): the sample of
+        steps ``p R .. p R + R - 1`` is drawn from ``fold_in(key, p)``.  Why reuse is sound
+        for the optimisation: each step's sigma and gradient are those of the exact estimate
+        on a valid sample, only the sample is shared by ``R`` consecutive steps; over 300
+        steps the optimiser still sees ``300 / R`` independent samples, far more Monte Carlo
+        data than the ~2^9 fresh samples per step that Choquette-Choo et al. 2024 (§5.1.4,
+        Fig. 5) find sufficient, and the result is certified on independent draws anyway.
+        Within a period the warm start is within a step's change of the root, which keeps the
+        screening valid and the solver at 1-3 passes.
+      num_candidates: samples per direction kept by the screen
+        (:func:`dpjax.calibration.screened.default_num_candidates`).
 
     Returns:
       :class:`OptimizationResult`.
@@ -366,6 +411,13 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                                          certify, certify_samples, max_attempts)
     if not isinstance(solver, (NewtonIllinois, Bisection)):
         raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
+    resample_every = _validate.positive_int("resample_every", resample_every)
+    if num_candidates is not None:
+        num_candidates = _validate.positive_int("num_candidates", num_candidates)
+    screened = (isinstance(solver, NewtonIllinois) and precompute is not False
+                and (precompute or num_samples * b <= _MAX_PRECOMPUTED))
+    if not screened:
+        resample_every = 1  # the unscreened step draws fresh samples every step
     seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
     jkey = as_prng_key(key)
     optimizer = default_optimizer() if optimizer is None else optimizer
@@ -374,15 +426,17 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     params = parameterization.init() if init_params is None else init_params
     params = params_from_list(params_to_list(parameterization.check_params(params)))
     key_data = np.asarray(jax.random.key_data(jkey)).tolist()
-    config = _config(parameterization, b, epochs, eps, delta, num_samples, key_data, solver, objective)
+    config = _config(parameterization, b, epochs, eps, delta, num_samples, key_data, solver, objective,
+                     resample_every)
     if resume and checkpoint_path is None:
         raise ValueError("resume=True needs a checkpoint_path")
 
     t_start = time.perf_counter()
     with jax.enable_x64(True):
         opt_state = optimizer.init(params)
-        step_fn, eval_fn = _compiled(parameterization, b, epochs, num_samples, optimizer,
-                                     objective, solver, precompute)
+        step_fn, eval_fn, draw_fn = _compiled(parameterization, b, epochs, num_samples, optimizer,
+                                              objective, solver, precompute, screened,
+                                              num_candidates)
         start, sigma, history = 0, math.nan, []
         if resume and os.path.exists(checkpoint_path):
             ck = _read_checkpoint(checkpoint_path, config)
@@ -392,16 +446,25 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
             if start > num_steps:
                 raise ValueError(f"num_steps = {num_steps} is below the checkpoint's step {start}")
         status, reason = "completed", ""
-        compile_s = 0.0
+        compile_s, draw_s, draw_first_s = 0.0, 0.0, 0.0
+        sample, period = jkey, None
         t_steps = time.perf_counter()
         with _progress(num_steps, "optimize", enabled=progress, initial=start) as bar:
             for k in range(start, num_steps):
                 t0 = time.perf_counter()
-                new_params, new_state, loss, aux = step_fn(params, opt_state, eps, delta, jkey, k,
+                if screened and period != k // resample_every:
+                    # The sample depends only on (key, k // R): a resumed run redraws it exactly.
+                    period = k // resample_every
+                    sample = jax.block_until_ready(draw_fn(jkey, period))
+                    if k == start:
+                        draw_first_s = time.perf_counter() - t0  # includes its compilation
+                    draw_s += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                new_params, new_state, loss, aux = step_fn(params, opt_state, eps, delta, sample, k,
                                                            sigma)
                 loss = float(loss)
-                s_k, rmse_k, passes, solver_status = (float(aux[0]), float(aux[1]), int(aux[2]),
-                                                      int(aux[3]))
+                s_k, rmse_k, passes, solver_status, was_screened = (
+                    float(aux[0]), float(aux[1]), int(aux[2]), int(aux[3]), bool(aux[4]))
                 if k == start:
                     compile_s = time.perf_counter() - t0
                 finite = math.isfinite(loss) and all(
@@ -412,7 +475,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                               f"solver status {solver_status}); kept the parameters of step {k}")
                     break
                 history.append({"step": k, "loss": loss, "rmse": rmse_k, "noise_multiplier": s_k,
-                                "solver_passes": passes})
+                                "solver_passes": passes, "screened": was_screened})
                 params, opt_state, sigma = new_params, new_state, s_k
                 bar.update(1, rmse=f"{rmse_k:.5g}", sigma=f"{s_k:.5g}")
                 if checkpoint_path is not None and ((k + 1) % checkpoint_every == 0):
@@ -422,7 +485,8 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         if checkpoint_path is not None:
             _write_checkpoint(checkpoint_path, config, done, params, opt_state, sigma, history)
         # The estimate at the final parameters (fresh draws of index `done`).
-        loss_f, aux_f, err_f = eval_fn(params, eps, delta, jkey, done, sigma)
+        eval_sample = draw_fn(jkey, done) if screened else jkey
+        loss_f, aux_f, err_f = eval_fn(params, eps, delta, eval_sample, done, sigma)
         sigma_est, err = float(aux_f[0]), float(err_f)
         corr = parameterization.correlation(params)
         first_column = np.asarray(parameterization.first_column(params)).tolist()
@@ -443,5 +507,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         error=err, rmse=sigma_cert * err, rmse_estimate=sigma_est * err, certificate=certificate,
         history=history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=status,
         stop_reason=reason,
-        timings={"compile_and_first_step": compile_s, "steps": steps_s, "certify": certify_s,
+        timings={"compile_and_first_step": compile_s, "steps": steps_s, "draws": draw_s,
+                 "first_draw": draw_first_s,
+                 "certify": certify_s,
                  "total": time.perf_counter() - t_start})
