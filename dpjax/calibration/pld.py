@@ -104,12 +104,15 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
     batches the mixture of Gaussians of :class:`dpjax.pld.mog.GroupSubsampledGaussian`
     (Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with Sampling via Mixture of
     Gaussians Mechanisms", Thm 3.1 / 3.3)."""
-    one = jnp.ones((1,), jnp.float64)
+    # NumPy leaves (host values): jnp.asarray / jnp.ones outside a trace compile a small
+    # staging program each (~50 ms apiece of a first calibration); the jitted programs take
+    # NumPy arrays as they are.
+    one = np.ones((1,), np.float64)
     if group_size == 1 and sampling == "poisson":
-        return PoissonSubsampledGaussian(one, jnp.asarray([q], jnp.float64))
+        return PoissonSubsampledGaussian(one, np.asarray([q], np.float64))
     from dpjax.pld.mog import GroupSubsampledGaussian
 
-    f = lambda v: jnp.asarray([0.0 if v is None else float(v)], jnp.float64)
+    f = lambda v: np.asarray([0.0 if v is None else float(v)], np.float64)
     return GroupSubsampledGaussian(
         noise_multiplier=one, group_size=f(group_size), sampling_prob=f(q), dataset_size=f(dataset_size),
         batch_size=f(batch_size), sampling=sampling, num_components=int(num_components))
@@ -117,9 +120,14 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
 
 def _with(mech, noise_multiplier, sampling_prob=None):
     """``mech`` with its noise multiplier (and sampling probability, when given) replaced."""
-    kw = dict(noise_multiplier=jnp.reshape(jnp.asarray(noise_multiplier, jnp.float64), (1,)))
+    def one(v):  # concrete values stay NumPy (no staging compile), traced ones go through jnp
+        if isinstance(v, jax.core.Tracer):
+            return jnp.reshape(jnp.asarray(v, jnp.float64), (1,))
+        return np.reshape(np.asarray(v, np.float64), (1,))
+
+    kw = dict(noise_multiplier=one(noise_multiplier))
     if sampling_prob is not None:
-        kw["sampling_prob"] = jnp.reshape(jnp.asarray(sampling_prob, jnp.float64), (1,))
+        kw["sampling_prob"] = one(sampling_prob)
     return dataclasses.replace(mech, **kw)
 
 
@@ -300,12 +308,13 @@ def _run_plans(plans, sigmas, deltas, templates):
             # call): two programs at most per grid length, whatever the number of targets.
             b = 2 if len(chunk) <= 2 else min(cap, _WIDE_BATCH)
             pad = chunk + [chunk[-1]] * (b - len(chunk))
-            mech = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
+            # NumPy arguments: the jitted program takes them as they are (no staging compiles).
+            mech = jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
                                           *[plans[i].groups[0][0].mechanism for i in pad])
-            counts = jnp.asarray(np.stack([plans[i].groups[0][0].counts for i in pad]))
-            offsets = jnp.asarray(np.stack([np.stack([np.asarray(g[0].offsets, np.int64) for g in plans[i].groups])
-                                            for i in pad]))
-            f64 = lambda v: jnp.asarray(np.asarray(v, np.float64))
+            counts = np.stack([np.asarray(plans[i].groups[0][0].counts, np.int64) for i in pad])
+            offsets = np.stack([np.stack([np.asarray(g[0].offsets, np.int64) for g in plans[i].groups])
+                                for i in pad])
+            f64 = lambda v: np.asarray(v, np.float64)
             eps, tail, need = _certified_epsilons(
                 mech, counts, offsets, f64([plans[i].dx for i in pad]), f64([plans[i].lambdas for i in pad]),
                 f64([plans[i].log_tau for i in pad]), f64([deltas[i] for i in pad]),
