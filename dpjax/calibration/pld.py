@@ -58,6 +58,7 @@ import numpy as np
 from dpjax import _progress, _validate
 from dpjax._x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
+from dpjax.pld.cache import exported_call
 from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
 from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
 from dpjax.pld.compose import Group, compose_directions
@@ -315,10 +316,12 @@ def _run_plans(plans, sigmas, deltas, templates):
             offsets = np.stack([np.stack([np.asarray(g[0].offsets, np.int64) for g in plans[i].groups])
                                 for i in pad])
             f64 = lambda v: np.asarray(v, np.float64)
-            eps, tail, need = _certified_epsilons(
-                mech, counts, offsets, f64([plans[i].dx for i in pad]), f64([plans[i].lambdas for i in pad]),
-                f64([plans[i].log_tau for i in pad]), f64([deltas[i] for i in pad]),
-                directions=plans[idx[0]].directions, n=key[0])
+            # (A serialized program when the persistent cache is on: dpjax.pld.cache.exported_call.)
+            eps, tail, need = exported_call(
+                "calibration_certified_epsilons", _certified_epsilons,
+                (mech, counts, offsets, f64([plans[i].dx for i in pad]), f64([plans[i].lambdas for i in pad]),
+                 f64([plans[i].log_tau for i in pad]), f64([deltas[i] for i in pad])),
+                dict(directions=plans[idx[0]].directions, n=key[0]))
             eps, tail, need = (np.asarray(a) for a in (eps, tail, need))
             for j, i in enumerate(chunk):
                 out[i] = (float(eps[j]), float(tail[j]), float(need[j]))
@@ -596,16 +599,23 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     # the target under dpjax.dpsgd_epsilon's own program, not only under the search's.
     bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="rounds",
                              delay=_progress.LONG_CALL_DELAY)
+    confirm = options == GridOptions()
+    prefetch = None
+    if confirm and eps.size == 1:
+        prefetch = _prefetch_accountant(float(guess[0]), float(delta[0]), float(q[0]), int(steps_i[0]), k,
+                                        sampling, n_data, b_size)
     try:
         out, reason, searches = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess,
                                            options=options, rtol=RELATIVE_TOLERANCE, bar=bar)
     finally:
         bar.close()
+        if prefetch is not None:
+            prefetch.join()
     bad = np.flatnonzero(np.isnan(out))
     if bad.size:
         i = int(bad[0])
         raise ValueError(_unreachable_message(reason[i], eps[i], delta[i], q[i], steps_i[i], k, sampling))
-    if options == GridOptions():
+    if confirm:
         for i in range(out.size):
             out[i] = _confirm_on_accountant(out[i], eps[i], delta[i], q[i], steps_i[i], searches[i]._slope(),
                                             k, sampling, n_data, b_size)
@@ -621,6 +631,41 @@ SIGMA_RANGE = (1e-3, 1e4)
 _CONFIRM_STEPS = 4
 
 
+def _accountant_kwargs(k, sampling, n_data, b_size):
+    kw = dict(group_size=int(k), sampling=sampling)
+    if sampling == "fixed_batch":
+        kw.update(dataset_size=n_data, batch_size=b_size)
+    return kw
+
+
+def _prefetch_accountant(sigma, delta, q, steps, k, sampling, n_data, b_size):
+    """Compile the public accountant's program for this configuration in a background thread,
+    at the search's starting point, while the search runs (a started ``threading.Thread``).
+
+    :func:`_confirm_on_accountant` evaluates the accountant at the returned sigma, and its
+    program (keyed by the grid's static shape: FFT length, support length, kept frequencies)
+    is the same for noise multipliers near the root (measured: one shape for sigma in [0.9, 1]
+    at q = 0.01, T = 1000), so the confirmation usually finds it compiled: the XLA compile
+    (which releases the GIL) overlaps the search's own compile and probes instead of following
+    them (~1.3 s of a first calibration on 2 cores).  Only the cache is shared: the value computed
+    here is discarded, and any error is left for the confirmation to raise."""
+    import threading
+
+    from dpjax.group import dpsgd_epsilon as accountant_epsilon
+
+    q_arg = None if sampling == "fixed_batch" else float(q)
+
+    def run():
+        try:
+            accountant_epsilon(float(sigma), q_arg, int(steps), float(delta), **_accountant_kwargs(k, sampling, n_data, b_size))
+        except Exception:  # the real call reports it
+            pass
+
+    thread = threading.Thread(target=run, name="dpjax-prefetch-accountant", daemon=True)
+    thread.start()
+    return thread
+
+
 def _confirm_on_accountant(sigma, eps, delta, q, steps, slope, k, sampling, n_data, b_size):
     """Check the returned sigma with the public accountant itself (:func:`dpjax.dpsgd_epsilon`
     / :func:`dpjax.group.dpsgd_epsilon`) and step it up along the search's local slope while
@@ -629,9 +674,7 @@ def _confirm_on_accountant(sigma, eps, delta, q, steps, slope, k, sampling, n_da
     on random targets they differed by up to ~3e-4 relative in epsilon, which this closes."""
     from dpjax.group import dpsgd_epsilon as accountant_epsilon
 
-    kw = dict(group_size=int(k), sampling=sampling)
-    if sampling == "fixed_batch":
-        kw.update(dataset_size=n_data, batch_size=b_size)
+    kw = _accountant_kwargs(k, sampling, n_data, b_size)
     q_arg = None if sampling == "fixed_batch" else float(q)
     s = float(sigma)
     for _ in range(_CONFIRM_STEPS):
