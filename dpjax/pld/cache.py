@@ -109,14 +109,41 @@ def exported_call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
     except Exception:
         return fn(*args, **static)
     call = _LOADED.get(key)
-    if call is None:
-        with _LOCK:
-            call = _LOADED.get(key) or _load_or_export(export_dir, name, key, fn, leaves, treedef, static)
-            if call is not None:
-                _LOADED[key] = call
-    if call is None:
-        return fn(*args, **static)
-    return call(*leaves)
+    if call is not None:
+        return call(*leaves)
+    with _LOCK:
+        call = _LOADED.get(key)
+        if call is not None:
+            return call(*leaves)
+        loaded = _load_or_export(export_dir, name, key, fn, leaves, treedef, static)
+        if loaded is None:
+            return fn(*args, **static)
+        call, exp = loaded
+        out = _first_call(call, exp, leaves)
+        _LOADED[key] = call
+        return out
+
+
+def _first_call(call, exp, leaves):
+    """The first call (it lowers the exported module into a program).  Lowering a module
+    exported for CPU initializes JAX's LAPACK kernels, which imports ``scipy.linalg`` (~0.3 s of
+    a CLI run on 2 cores); a module with no LAPACK custom call does not need them, so then the
+    initialization is skipped for this lowering (private JAX hook: if it moved, nothing is
+    skipped)."""
+    try:
+        from jax._src.export import _export as jax_export
+
+        hook = jax_export._ensure_backends_initialized
+        skip = b"lapack" not in bytes(exp.mlir_module_serialized)
+    except Exception:
+        return call(*leaves)
+    if not skip:
+        return call(*leaves)
+    jax_export._ensure_backends_initialized = lambda platforms: None
+    try:
+        return call(*leaves)
+    finally:
+        jax_export._ensure_backends_initialized = hook
 
 
 def _load_or_export(export_dir, name, key, fn, leaves, treedef, static):
@@ -144,4 +171,4 @@ def _load_or_export(export_dir, name, key, fn, leaves, treedef, static):
             os.replace(tmp, path)
         except Exception:  # read-only cache: run it anyway, this process only
             pass
-    return jax.jit(exp.call)
+    return jax.jit(exp.call), exp
