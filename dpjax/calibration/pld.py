@@ -373,6 +373,20 @@ class _Search:
     def _y(self, x):
         return dict(self.points)[x]
 
+    def root_estimate(self):
+        """sigma where the secant through the two finite points nearest the target crosses it
+        (read-only: no search state changes); None without two such points."""
+        fin = sorted((abs(y), x, y) for x, y in self.points if math.isfinite(y))
+        if len(fin) < 2:
+            return None
+        (_, x1, y1), (_, x2, y2) = fin[0], fin[1]
+        if y1 == y2 or x1 == x2:
+            return None
+        x = x1 - y1 * (x2 - x1) / (y2 - y1)
+        if not math.isfinite(x) or abs(x - x1) > math.log(4.0):
+            return None
+        return math.exp(x)
+
     def _slope(self):
         """d log g / d log sigma from the two finite points nearest the root (default -1)."""
         fin = sorted([(abs(y), x, y) for x, y in self.points if math.isfinite(y)])
@@ -420,9 +434,12 @@ class _Search:
         return [xs - d, xs + d]
 
 
-def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds=60, bar=None):
+def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds=60, bar=None,
+               after_first_round=None):
     """Lockstep bracketing searches (one per target) on the accountant's certified epsilon
-    curve; every round evaluates all active targets' probes in batched calls."""
+    curve; every round evaluates all active targets' probes in batched calls.
+    ``after_first_round(searches)`` (optional) is called once, after the first round's values
+    are recorded; it must not change the searches."""
     lo_x, hi_x = math.log(SIGMA_RANGE[0]), math.log(SIGMA_RANGE[1])
     searches = [_Search(float(e), math.log(min(max(float(g), SIGMA_RANGE[0] * 1.1), SIGMA_RANGE[1] / 1.1)), rtol)
                 for e, g in zip(eps, guess)]
@@ -443,6 +460,9 @@ def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds
                          options)
         for s, i, v in zip(probes, owner, vals):
             searches[i].add(s, float(v))
+        if after_first_round is not None:
+            after_first_round(searches)
+            after_first_round = None
         if bar is not None:
             bar.update(1, probes=len(probes))
         still = []
@@ -600,17 +620,25 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="rounds",
                              delay=_progress.LONG_CALL_DELAY)
     confirm = options == GridOptions()
-    prefetch = None
-    if confirm and eps.size == 1:
-        prefetch = _prefetch_accountant(float(guess[0]), float(delta[0]), float(q[0]), int(steps_i[0]), k,
-                                        sampling, n_data, b_size)
+    prefetch = []
+
+    def after_first_round(first_searches):
+        # The accountant's program for the final check, compiled in the background at the
+        # secant estimate of the root from the first round's two probes (the CLT guess itself is
+        # often 10-40% off, and the program's static shape changes within +-20% of sigma).
+        sigma_hat = first_searches[0].root_estimate()
+        if sigma_hat is not None:
+            prefetch.append(_prefetch_accountant(sigma_hat, float(delta[0]), float(q[0]), int(steps_i[0]), k,
+                                                 sampling, n_data, b_size))
+
     try:
         out, reason, searches = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess,
-                                           options=options, rtol=RELATIVE_TOLERANCE, bar=bar)
+                                           options=options, rtol=RELATIVE_TOLERANCE, bar=bar,
+                                           after_first_round=after_first_round if confirm and eps.size == 1 else None)
     finally:
         bar.close()
-        if prefetch is not None:
-            prefetch.join()
+        for thread in prefetch:
+            thread.join()
     bad = np.flatnonzero(np.isnan(out))
     if bad.size:
         i = int(bad[0])
@@ -640,14 +668,14 @@ def _accountant_kwargs(k, sampling, n_data, b_size):
 
 def _prefetch_accountant(sigma, delta, q, steps, k, sampling, n_data, b_size):
     """Compile the public accountant's program for this configuration in a background thread,
-    at the search's starting point, while the search runs (a started ``threading.Thread``).
+    at an estimate ``sigma`` of the root, while the search runs (a started ``threading.Thread``).
 
     :func:`_confirm_on_accountant` evaluates the accountant at the returned sigma, and its
     program (keyed by the grid's static shape: FFT length, support length, kept frequencies)
-    is the same for noise multipliers near the root (measured: one shape for sigma in [0.9, 1]
-    at q = 0.01, T = 1000), so the confirmation usually finds it compiled: the XLA compile
-    (which releases the GIL) overlaps the search's own compile and probes instead of following
-    them (~1.3 s of a first calibration on 2 cores).  Only the cache is shared: the value computed
+    is the same for noise multipliers within a few percent of the root (measured: one shape for
+    sigma in [0.9, 1] at q = 0.01, T = 1000; it changes within +-20%), so the confirmation
+    usually finds it compiled: the XLA compile (which releases the GIL) overlaps the search's
+    remaining rounds instead of following them.  Only the cache is shared: the value computed
     here is discarded, and any error is left for the confirmation to raise."""
     import threading
 
