@@ -58,6 +58,7 @@ import numpy as np
 from dpjax import _progress, _validate
 from dpjax._x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
+from dpjax.pld.cache import exported_call
 from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
 from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
 from dpjax.pld.compose import Group, compose_directions
@@ -104,12 +105,15 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
     batches the mixture of Gaussians of :class:`dpjax.pld.mog.GroupSubsampledGaussian`
     (Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with Sampling via Mixture of
     Gaussians Mechanisms", Thm 3.1 / 3.3)."""
-    one = jnp.ones((1,), jnp.float64)
+    # NumPy leaves (host values): jnp.asarray / jnp.ones outside a trace compile a small
+    # staging program each (~50 ms apiece of a first calibration); the jitted programs take
+    # NumPy arrays as they are.
+    one = np.ones((1,), np.float64)
     if group_size == 1 and sampling == "poisson":
-        return PoissonSubsampledGaussian(one, jnp.asarray([q], jnp.float64))
+        return PoissonSubsampledGaussian(one, np.asarray([q], np.float64))
     from dpjax.pld.mog import GroupSubsampledGaussian
 
-    f = lambda v: jnp.asarray([0.0 if v is None else float(v)], jnp.float64)
+    f = lambda v: np.asarray([0.0 if v is None else float(v)], np.float64)
     return GroupSubsampledGaussian(
         noise_multiplier=one, group_size=f(group_size), sampling_prob=f(q), dataset_size=f(dataset_size),
         batch_size=f(batch_size), sampling=sampling, num_components=int(num_components))
@@ -117,9 +121,14 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
 
 def _with(mech, noise_multiplier, sampling_prob=None):
     """``mech`` with its noise multiplier (and sampling probability, when given) replaced."""
-    kw = dict(noise_multiplier=jnp.reshape(jnp.asarray(noise_multiplier, jnp.float64), (1,)))
+    def one(v):  # concrete values stay NumPy (no staging compile), traced ones go through jnp
+        if isinstance(v, jax.core.Tracer):
+            return jnp.reshape(jnp.asarray(v, jnp.float64), (1,))
+        return np.reshape(np.asarray(v, np.float64), (1,))
+
+    kw = dict(noise_multiplier=one(noise_multiplier))
     if sampling_prob is not None:
-        kw["sampling_prob"] = jnp.reshape(jnp.asarray(sampling_prob, jnp.float64), (1,))
+        kw["sampling_prob"] = one(sampling_prob)
     return dataclasses.replace(mech, **kw)
 
 
@@ -300,16 +309,19 @@ def _run_plans(plans, sigmas, deltas, templates):
             # call): two programs at most per grid length, whatever the number of targets.
             b = 2 if len(chunk) <= 2 else min(cap, _WIDE_BATCH)
             pad = chunk + [chunk[-1]] * (b - len(chunk))
-            mech = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
+            # NumPy arguments: the jitted program takes them as they are (no staging compiles).
+            mech = jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
                                           *[plans[i].groups[0][0].mechanism for i in pad])
-            counts = jnp.asarray(np.stack([plans[i].groups[0][0].counts for i in pad]))
-            offsets = jnp.asarray(np.stack([np.stack([np.asarray(g[0].offsets, np.int64) for g in plans[i].groups])
-                                            for i in pad]))
-            f64 = lambda v: jnp.asarray(np.asarray(v, np.float64))
-            eps, tail, need = _certified_epsilons(
-                mech, counts, offsets, f64([plans[i].dx for i in pad]), f64([plans[i].lambdas for i in pad]),
-                f64([plans[i].log_tau for i in pad]), f64([deltas[i] for i in pad]),
-                directions=plans[idx[0]].directions, n=key[0])
+            counts = np.stack([np.asarray(plans[i].groups[0][0].counts, np.int64) for i in pad])
+            offsets = np.stack([np.stack([np.asarray(g[0].offsets, np.int64) for g in plans[i].groups])
+                                for i in pad])
+            f64 = lambda v: np.asarray(v, np.float64)
+            # (A serialized program when the persistent cache is on: dpjax.pld.cache.exported_call.)
+            eps, tail, need = exported_call(
+                "calibration_certified_epsilons", _certified_epsilons,
+                (mech, counts, offsets, f64([plans[i].dx for i in pad]), f64([plans[i].lambdas for i in pad]),
+                 f64([plans[i].log_tau for i in pad]), f64([deltas[i] for i in pad])),
+                dict(directions=plans[idx[0]].directions, n=key[0]))
             eps, tail, need = (np.asarray(a) for a in (eps, tail, need))
             for j, i in enumerate(chunk):
                 out[i] = (float(eps[j]), float(tail[j]), float(need[j]))
@@ -361,6 +373,20 @@ class _Search:
     def _y(self, x):
         return dict(self.points)[x]
 
+    def root_estimate(self):
+        """sigma where the secant through the two finite points nearest the target crosses it
+        (read-only: no search state changes); None without two such points."""
+        fin = sorted((abs(y), x, y) for x, y in self.points if math.isfinite(y))
+        if len(fin) < 2:
+            return None
+        (_, x1, y1), (_, x2, y2) = fin[0], fin[1]
+        if y1 == y2 or x1 == x2:
+            return None
+        x = x1 - y1 * (x2 - x1) / (y2 - y1)
+        if not math.isfinite(x) or abs(x - x1) > math.log(4.0):
+            return None
+        return math.exp(x)
+
     def _slope(self):
         """d log g / d log sigma from the two finite points nearest the root (default -1)."""
         fin = sorted([(abs(y), x, y) for x, y in self.points if math.isfinite(y)])
@@ -408,9 +434,12 @@ class _Search:
         return [xs - d, xs + d]
 
 
-def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds=60, bar=None):
+def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds=60, bar=None,
+               after_first_round=None):
     """Lockstep bracketing searches (one per target) on the accountant's certified epsilon
-    curve; every round evaluates all active targets' probes in batched calls."""
+    curve; every round evaluates all active targets' probes in batched calls.
+    ``after_first_round(searches)`` (optional) is called once, after the first round's values
+    are recorded; it must not change the searches."""
     lo_x, hi_x = math.log(SIGMA_RANGE[0]), math.log(SIGMA_RANGE[1])
     searches = [_Search(float(e), math.log(min(max(float(g), SIGMA_RANGE[0] * 1.1), SIGMA_RANGE[1] / 1.1)), rtol)
                 for e, g in zip(eps, guess)]
@@ -431,6 +460,9 @@ def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds
                          options)
         for s, i, v in zip(probes, owner, vals):
             searches[i].add(s, float(v))
+        if after_first_round is not None:
+            after_first_round(searches)
+            after_first_round = None
         if bar is not None:
             bar.update(1, probes=len(probes))
         still = []
@@ -587,16 +619,31 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     # the target under dpjax.dpsgd_epsilon's own program, not only under the search's.
     bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="rounds",
                              delay=_progress.LONG_CALL_DELAY)
+    confirm = options == GridOptions()
+    prefetch = []
+
+    def after_first_round(first_searches):
+        # The accountant's program for the final check, compiled in the background at the
+        # secant estimate of the root from the first round's two probes (the CLT guess itself is
+        # often 10-40% off, and the program's static shape changes within +-20% of sigma).
+        sigma_hat = first_searches[0].root_estimate()
+        if sigma_hat is not None:
+            prefetch.append(_prefetch_accountant(sigma_hat, float(delta[0]), float(q[0]), int(steps_i[0]), k,
+                                                 sampling, n_data, b_size))
+
     try:
         out, reason, searches = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess,
-                                           options=options, rtol=RELATIVE_TOLERANCE, bar=bar)
+                                           options=options, rtol=RELATIVE_TOLERANCE, bar=bar,
+                                           after_first_round=after_first_round if confirm and eps.size == 1 else None)
     finally:
         bar.close()
+        for thread in prefetch:
+            thread.join()
     bad = np.flatnonzero(np.isnan(out))
     if bad.size:
         i = int(bad[0])
         raise ValueError(_unreachable_message(reason[i], eps[i], delta[i], q[i], steps_i[i], k, sampling))
-    if options == GridOptions():
+    if confirm:
         for i in range(out.size):
             out[i] = _confirm_on_accountant(out[i], eps[i], delta[i], q[i], steps_i[i], searches[i]._slope(),
                                             k, sampling, n_data, b_size)
@@ -612,6 +659,41 @@ SIGMA_RANGE = (1e-3, 1e4)
 _CONFIRM_STEPS = 4
 
 
+def _accountant_kwargs(k, sampling, n_data, b_size):
+    kw = dict(group_size=int(k), sampling=sampling)
+    if sampling == "fixed_batch":
+        kw.update(dataset_size=n_data, batch_size=b_size)
+    return kw
+
+
+def _prefetch_accountant(sigma, delta, q, steps, k, sampling, n_data, b_size):
+    """Compile the public accountant's program for this configuration in a background thread,
+    at an estimate ``sigma`` of the root, while the search runs (a started ``threading.Thread``).
+
+    :func:`_confirm_on_accountant` evaluates the accountant at the returned sigma, and its
+    program (keyed by the grid's static shape: FFT length, support length, kept frequencies)
+    is the same for noise multipliers within a few percent of the root (measured: one shape for
+    sigma in [0.9, 1] at q = 0.01, T = 1000; it changes within +-20%), so the confirmation
+    usually finds it compiled: the XLA compile (which releases the GIL) overlaps the search's
+    remaining rounds instead of following them.  Only the cache is shared: the value computed
+    here is discarded, and any error is left for the confirmation to raise."""
+    import threading
+
+    from dpjax.group import dpsgd_epsilon as accountant_epsilon
+
+    q_arg = None if sampling == "fixed_batch" else float(q)
+
+    def run():
+        try:
+            accountant_epsilon(float(sigma), q_arg, int(steps), float(delta), **_accountant_kwargs(k, sampling, n_data, b_size))
+        except Exception:  # the real call reports it
+            pass
+
+    thread = threading.Thread(target=run, name="dpjax-prefetch-accountant", daemon=True)
+    thread.start()
+    return thread
+
+
 def _confirm_on_accountant(sigma, eps, delta, q, steps, slope, k, sampling, n_data, b_size):
     """Check the returned sigma with the public accountant itself (:func:`dpjax.dpsgd_epsilon`
     / :func:`dpjax.group.dpsgd_epsilon`) and step it up along the search's local slope while
@@ -620,9 +702,7 @@ def _confirm_on_accountant(sigma, eps, delta, q, steps, slope, k, sampling, n_da
     on random targets they differed by up to ~3e-4 relative in epsilon, which this closes."""
     from dpjax.group import dpsgd_epsilon as accountant_epsilon
 
-    kw = dict(group_size=int(k), sampling=sampling)
-    if sampling == "fixed_batch":
-        kw.update(dataset_size=n_data, batch_size=b_size)
+    kw = _accountant_kwargs(k, sampling, n_data, b_size)
     q_arg = None if sampling == "fixed_batch" else float(q)
     s = float(sigma)
     for _ in range(_CONFIRM_STEPS):

@@ -290,9 +290,30 @@ _DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width",
                 "valid_from")
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
 def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-             tilted=False, tilt=None, tilt_from=None):
+             exported=False, tilted=False, tilt=None, tilt_from=None):
+    """:func:`_program_jit` with the per-direction support lengths ``ms`` replaced by their
+    per-group maximum in every direction (the only thing the program uses of them).  Plans
+    differing only in a direction's support length (e.g. ``((49152,), (32768,))`` and
+    ``((49152,), (49152,))`` from two nearby noise multipliers) then share one compiled program
+    instead of compiling the same computation twice.  ``exported=True`` (host calls only) goes
+    through :func:`dpjax.pld.cache.exported_call` (a serialized program when the persistent
+    cache is on); the tilted tail pass (rare: small deltas) always runs the jitted program."""
+    common = tuple(max(m[gi] for m in ms) for gi in range(len(ms[0])))
+    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq)
+    args = (groups, dx, lambdas, log_tau, deltas, epsilons)
+    if tilted:
+        return _program_jit(*args, **static, tilted=True, tilt=tilt, tilt_from=tilt_from)
+    if exported:
+        from dpjax.pld.cache import exported_call
+
+        return exported_call("pld_program", _program_jit, args, static)
+    return _program_jit(*args, **static)
+
+
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
+def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
+                 tilted=False, tilt=None, tilt_from=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled).
 
@@ -342,7 +363,7 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
         _check_memory(plan, directions)
         want = "eps" if eps_hint is None else "delta"
         shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want)
+        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want, exported=True)
         res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
                                n_freq=plan.n_freq, **kw), directions, kinds, shape)
         # Frequency truncation is always sound, but only free when the dropped part is

@@ -1,0 +1,100 @@
+"""First-call machinery (issue 11 must-show 0, issue 14 must-show 3): the host twins of the
+Gaussian closed form, one compiled accountant program per grid shape, and the CLI's serialized
+programs.  Timings live in benchmarks/bench_first_call.py; these tests check that the shortcuts
+give the same numbers as the paths they replace."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpjax
+from dpjax.pld import exact
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _jitted_epsilon(delta, mu):
+    with jax.enable_x64(True):
+        return np.asarray(exact._gaussian_epsilon(jnp.asarray(delta, jnp.float64), jnp.asarray(mu, jnp.float64)))
+
+
+def test_host_gaussian_epsilon_matches_jitted():
+    # 300 random (delta, mu) with delta down to 1e-300 and mu in [0.01, 1000]: the host bisection
+    # (Python floats, a port of jax's log_ndtr) and the compiled one agree to 1e-12 relative
+    # (measured max 3e-13 on 3000 points), and agree exactly on which answers are 0 or inf.
+    rng = np.random.default_rng(11)
+    delta = 10.0 ** rng.uniform(-300, -0.05, 300)
+    mu = 10.0 ** rng.uniform(-2, 3, 300)
+    host = exact.host_gaussian_epsilon(delta, mu)
+    jitted = _jitted_epsilon(delta, mu)
+    assert np.array_equal(host == 0, jitted == 0) and np.array_equal(np.isinf(host), np.isinf(jitted))
+    fin = np.isfinite(jitted) & (jitted > 0)
+    assert fin.sum() > 200
+    np.testing.assert_allclose(host[fin], jitted[fin], rtol=1e-12, atol=0)
+
+
+def test_host_log_ndtr_matches_jax():
+    x = np.concatenate([-np.geomspace(1e-3, 1e3, 400)[::-1], [0.0], np.geomspace(1e-3, 40.0, 400)])
+    with jax.enable_x64(True):
+        ref = np.asarray(jax.scipy.special.log_ndtr(jnp.asarray(x, jnp.float64)))
+    host = np.array([exact.py_log_ndtr(float(v)) for v in x])
+    # Absolute agreement: log_ndtr is ~-5e5 at x = -1e3 (ulp 1e-10) and ~-1e-15 near x = 8.
+    np.testing.assert_allclose(host, ref, rtol=1e-13, atol=1e-14)
+
+
+def test_public_gaussian_functions_concrete_and_traced():
+    # Concrete scalars take the host path (float64 jax.Array, no compile); grad takes the jitted
+    # implicit-function path; both give the same value.
+    e = dpjax.pld.gaussian_epsilon(1e-5, 0.5)
+    assert isinstance(e, jax.Array) and e.dtype == jnp.float64
+    np.testing.assert_allclose(float(e), float(_jitted_epsilon(1e-5, 0.5)), rtol=1e-12)
+    d = float(dpjax.pld.gaussian_delta(float(e), 0.5))
+    assert d <= 1e-5
+    g = jax.grad(lambda m: dpjax.pld.gaussian_epsilon(1e-5, m))(0.5)
+    assert np.isfinite(float(g)) and float(g) > 0
+
+
+def test_nearby_sigmas_share_one_accountant_program():
+    # sigma 0.90 and 0.91 (q = 0.01, T = 1000, delta = 1e-5) plan the same FFT length and kept
+    # frequencies but different add-direction support lengths (32768 vs 49152); the program
+    # only uses the per-group maximum, so the second call compiles nothing.
+    from dpjax.pld import accountant
+
+    before = accountant._program_jit._cache_size()
+    e1 = dpjax.dpsgd_epsilon(0.90, 0.01, 1000, 1e-5)
+    mid = accountant._program_jit._cache_size()
+    e2 = dpjax.dpsgd_epsilon(0.91, 0.01, 1000, 1e-5)
+    assert accountant._program_jit._cache_size() == mid <= before + 1
+    assert e1 > e2 > 0
+
+
+def _cli(argv, cache):
+    env = {**os.environ, "DPJAX_COMPILATION_CACHE": str(cache), "DPJAX_PROGRESS": "0",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "dpjax", *argv], capture_output=True, text=True, env=env,
+                         cwd=str(ROOT), timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_cli_second_run_loads_serialized_program(tmp_path):
+    pytest.importorskip("flatbuffers")
+    argv = ["delta", "--noise-multiplier", "1.0", "--sampling-prob", "0.01", "--steps", "1000", "--epsilon", "2",
+            "--json"]
+    direct = _cli(argv, "0")                          # no cache: the jitted program itself
+    first = _cli(argv, tmp_path)                      # exports, writes, runs the artifact
+    artifacts = sorted((tmp_path / "exported").glob("pld_program-*.jaxexport"))
+    assert len(artifacts) == 1
+    second = _cli(argv, tmp_path)                     # loads the artifact (no tracing)
+    assert first == direct and second == direct       # bit-identical numbers
+    artifacts[0].write_bytes(b"not a program")        # unreadable: re-exported, same answer
+    assert _cli(argv, tmp_path) == direct
