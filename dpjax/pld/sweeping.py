@@ -62,6 +62,7 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -80,7 +81,7 @@ from dpjax import _validate
 from dpjax._progress import progress
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
-from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
 
 __all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS"]
 
@@ -299,7 +300,28 @@ def _plan(index: int, cfg: SweepConfig, options: GridOptions, min_width: float =
         else ("remove", "add")
     want, kw = _query(cfg, options)
     plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
+    if _ROUND_N_POW2:
+        plan = _pow2_plan(plan)
     return _Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
+
+
+#: Round every planned FFT length up to a power of two (``3 * 2^k`` -> ``2^(k+2)``): fewer
+#: distinct programs (one compile each) for a slightly longer FFT.
+_ROUND_N_POW2 = True
+
+
+def _pow2_plan(plan):
+    """The same plan with ``n`` rounded up to a power of two: same ``dx``, same offsets and
+    supports, a wider window (the wrap-around bounds only shrink; soundness never depends on
+    the plan, docs/design.md §2.4), and the kept-frequency count recomputed for the new ``n``
+    by the planner's own rule."""
+    n = 1 << max(0, (int(plan.n) - 1).bit_length())
+    if n == plan.n:
+        return plan
+    n_freq = plan.n_freq
+    if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
+        n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+    return dataclasses.replace(plan, n=n, n_freq=n_freq)
 
 
 # ------------------------------------------------------------------------------------------
@@ -375,9 +397,64 @@ def _bucket_static(members: list[_Planned]):
     return ms, n_freq
 
 
-def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
-    """Run one chunk of a bucket (``len(members) <= per_device * devices``) with the bucket's
-    static sizes ``static = (ms, n_freq)`` (one program for every chunk of the bucket).
+#: A bucket with fewer members than this joins the next larger FFT length of the same program
+#: structure (a compile costs about as much as running ~100-300 configurations).
+MIN_BUCKET = 24
+
+
+def _fits(static, old) -> bool:
+    """Does the compiled program with static sizes ``old`` hold a bucket that needs ``static``
+    (support lengths no longer, kept frequencies no fewer)?"""
+    (ms, nf), (ms0, nf0) = static, old
+    ok_m = all(a <= b for r, r0 in zip(ms, ms0) for a, b in zip(r, r0))
+    ok_f = nf0 is None if nf is None else (nf0 is None or nf <= nf0)
+    return ok_m and ok_f
+
+
+#: Background compile threads of a sweep (XLA compiles each program on one core).
+COMPILE_WORKERS = 2
+
+
+def _with_n(p: _Planned, n: int) -> _Planned:
+    """``p`` on a longer FFT (same ``dx``, offsets and supports: a wider window, sound and only
+    tighter in the wrap-around terms), kept frequencies recomputed for ``n``."""
+    if n == p.plan.n:
+        return p
+    plan = p.plan
+    n_freq = plan.n_freq
+    if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
+        n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+    return dataclasses.replace(p, plan=dataclasses.replace(plan, n=n, n_freq=n_freq))._signed()
+
+
+def _buckets(pending: list[_Planned], compiled: dict) -> list[tuple[tuple, list[_Planned]]]:
+    """Group configurations into buckets: same program structure (query, directions, all or
+    truncated frequencies, mechanism structure) and FFT length.  Small buckets move up to the
+    next larger FFT length of the same structure (this round's or an already compiled one,
+    ``compiled[structure]`` = set of lengths), so a sweep compiles few programs."""
+    by_struct: dict[tuple, dict[int, list[_Planned]]] = {}
+    for p in pending:
+        struct = (p.signature[:2] + p.signature[3:])
+        by_struct.setdefault(struct, {}).setdefault(p.plan.n, []).append(p)
+    out = []
+    for struct, by_n in by_struct.items():
+        have = set(compiled.get(struct, ()))
+        sizes = sorted(set(by_n) | have)
+        for i, n in enumerate(sizes):
+            members = by_n.get(n, [])
+            if not members:
+                continue
+            bigger = [k for k in sizes[i + 1:] if k in have or len(by_n.get(k, ())) > 0]
+            if len(members) < MIN_BUCKET and n not in have and bigger:
+                by_n.setdefault(bigger[0], []).extend(_with_n(p, bigger[0]) for p in members)
+                by_n[n] = []
+                continue
+            out.append((struct, members))
+    return out
+
+
+def _chunk_args(members: list[_Planned], per_device: int, mesh):
+    """The global input arrays of one chunk (``len(members) <= per_device * devices``).
 
     Layout: device ``d`` gets ``members[d::devices]`` first in its block, then padding (copies of
     the first member, never computed: each device loops over its real count only).
@@ -386,7 +463,6 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
 
     ndev = mesh.devices.size
     first = members[0]
-    ms, n_freq = static
     slots, counts = [], []
     for d in range(ndev):
         mine = members[d::ndev]
@@ -402,15 +478,49 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
     epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
     count = np.asarray(counts, np.int32)
     sharding = NamedSharding(mesh, PartitionSpec("configs"))
-    args = jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
+    return jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
                                   (count, groups, dx, lambdas, log_tau, deltas, epsilons))
-    fn = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq)
+
+
+#: Compiled bucket programs of this process, by static sizes and input shapes (a second sweep
+#: of the same shapes compiles nothing).
+_COMPILED: dict = {}
+
+
+def _program_key(mesh, first: _Planned, kinds, static, args):
+    ms, n_freq = static
+    shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
+    return (mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq,
+            str(jax.tree_util.tree_structure(args)), shapes)
+
+
+def _compile(key, mesh, first: _Planned, kinds, static, args):
+    """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
+    background compile pool while other buckets run)."""
+    fn = _COMPILED.get(key)
+    if fn is None:
+        ms, n_freq = static
+        with jax.enable_x64(True):
+            fn = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq).lower(*args).compile()
+        _COMPILED[key] = fn
+    return fn
+
+
+def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static, fn=None, args=None):
+    """Run one chunk of a bucket with the bucket's static sizes ``static = (ms, n_freq)`` (one
+    program for every chunk of the bucket); ``fn`` the compiled program (compiled here if None),
+    ``args`` the chunk's inputs (built here if None)."""
+    ndev = mesh.devices.size
+    if args is None:
+        args = _chunk_args(members, per_device, mesh)
+    if fn is None:
+        fn = _compile(_program_key(mesh, members[0], kinds, static, args), mesh, members[0], kinds, static, args)
     out = _gather(fn(*args))
     results = {}
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
             results[p.index] = _acc._unpack(out[d * per_device + j], p.directions, kinds, (1,))
-    return [results[p.index] for p in members], (ms, n_freq)
+    return [results[p.index] for p in members], static
 
 
 def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
@@ -462,6 +572,15 @@ def _exact_row(index: int, cfg: SweepConfig) -> dict:
                 query=cfg.query, lower=lower, upper=upper, n=0, dx=0.0, path="exact")
 
 
+#: The sweep's default grid policy (``options=None``): a relative accuracy target of 1e-4 on
+#: epsilon (``0.3 C dx^2 / sigma_c <= 1e-4 * epsilon``; no per-step target) and no minimum FFT
+#: length, instead of the single call's ``GridOptions()`` (the tighter of 1e-3 relative and 8e-9
+#: per step, at least 2^16 points).  Sound whatever the grid (docs/design.md §2.4); about 3x
+#: shorter FFTs and single-step supports on the issue's DP-SGD distribution.  Slack against
+#: :func:`dpjax.pld.dpsgd_epsilon`: see :data:`SWEEP_SLACK`.  Pass ``options=GridOptions()``
+#: for the single call's own grids (rows then equal it up to the bucket slack of 1e-6).
+SWEEP_OPTIONS = GridOptions(relative_accuracy=1e-4, per_step_accuracy=0.5, n_min=2**12)
+
 #: Configurations per device in one program call (the chunk is this times the device count).
 DEFAULT_PER_DEVICE = 32
 
@@ -492,7 +611,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
     t0 = time.perf_counter()
-    options = _acc._options(options)
+    options = SWEEP_OPTIONS if options is None else _acc._options(options)
     if configs is None:
         if noise_multiplier is None or sampling_prob is None or steps is None:
             raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
@@ -539,29 +658,43 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
             bar.update(len(new))
             todo = [i for i in todo if i not in set(exact)]
         pending = [_plan(i, configs[i], options) for i in todo]
-        while pending:  # rounds: a retried row (rare) goes to the next round's buckets
-            buckets: dict[tuple, list[_Planned]] = {}
-            for p in pending:
-                buckets.setdefault(p.signature, []).append(p)
-            pending = []
-            for sig, members in buckets.items():
-                static = _bucket_static(members)
-                for start in range(0, len(members), chunk):
-                    part = members[start:start + chunk]
-                    results, static = _run_chunk(part, per_device, kinds, mesh, static)
-                    programs.add((sig, static))
-                    new = []
-                    for p, res in zip(part, results):
-                        again = _retry(p, res, static[1], options)
-                        if again is not None:
-                            pending.append(again)
-                            continue
-                        row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
-                        rows[p.index] = row
-                        new.append(row)
-                    if store is not None:
-                        store.append(new)
-                    bar.update(len(new), programs=len(programs))
+        sizes: dict[tuple, dict[int, tuple]] = {}   # structure -> {n: static} compiled in this sweep
+        with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
+            while pending:  # rounds: a retried row (rare) goes to the next round's buckets
+                jobs = []
+                for struct, members in _buckets(pending, sizes):
+                    n = members[0].plan.n
+                    static = _bucket_static(members)
+                    old = sizes.get(struct, {}).get(n)
+                    if old is not None and _fits(static, old):
+                        static = old  # an already compiled program of this sweep holds them
+                    sizes.setdefault(struct, {})[n] = static
+                    parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
+                    args0 = _chunk_args(parts[0], per_device, mesh)
+                    key = _program_key(mesh, members[0], kinds, static, args0)
+                    programs.add(key)
+                    # Compile every bucket's program in the background, in run order: compiling
+                    # bucket k + 1 overlaps running bucket k (compilation is single-threaded).
+                    jobs.append((parts, static, args0,
+                                 pool.submit(_compile, key, mesh, members[0], kinds, static, args0)))
+                pending = []
+                for parts, static, args0, fut in jobs:
+                    fn = fut.result()
+                    for k, part in enumerate(parts):
+                        results, _ = _run_chunk(part, per_device, kinds, mesh, static, fn,
+                                                args=args0 if k == 0 else None)
+                        new = []
+                        for p, res in zip(part, results):
+                            again = _retry(p, res, static[1], options)
+                            if again is not None:
+                                pending.append(again)
+                                continue
+                            row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
+                            rows[p.index] = row
+                            new.append(row)
+                        if store is not None:
+                            store.append(new)
+                        bar.update(len(new), programs=len(programs))
     table = SweepTable(rows=tuple(rows[i] for i in range(len(configs))), programs=len(programs),
                        seconds=time.perf_counter() - t0, devices=len(devices))
     if store is not None:
