@@ -83,7 +83,7 @@ from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
 from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
 
-__all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS"]
+__all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS", "SWEEP_SLACK"]
 
 #: Columns of every row, in order (CSV header).
 ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon",
@@ -292,8 +292,18 @@ def _query(cfg: SweepConfig, options: GridOptions):
     return "delta", dict(tail_mass=options.delta_tail_mass, eps_hint=cfg.epsilon, target_delta=None)
 
 
-def _plan(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
+def _options_for(cfg: SweepConfig, options: GridOptions | None) -> GridOptions:
+    """The grid policy of a row: the caller's options, else :data:`SWEEP_OPTIONS` for an epsilon
+    query and the single call's ``GridOptions()`` for a delta query (a relative accuracy target on
+    epsilon does not bound the relative error of small deltas)."""
+    if options is not None:
+        return options
+    return SWEEP_OPTIONS if cfg.query == "epsilon" else GridOptions()
+
+
+def _plan(index: int, cfg: SweepConfig, options: GridOptions | None, min_width: float = 0.0, attempt: int = 0,
           groups=None) -> _Planned:
+    options = _options_for(cfg, options)
     if groups is None:
         groups, _lo, symmetric, _blocked = _acc._prepare(_components(cfg), options.max_distinct)
     directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
@@ -534,7 +544,7 @@ def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
     budget = 10.0 * p.plan.tau_wrap
     over = any((k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
                for rd in res for k, r in rd.items())
-    if not over or p.plan.n >= options.n_max or p.attempt >= 3:
+    if not over or p.plan.n >= _options_for(p.cfg, options).n_max or p.attempt >= 3:
         return None
     needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
     needed = max([w for w in needed if math.isfinite(w)], default=0.0)
@@ -581,6 +591,11 @@ def _exact_row(index: int, cfg: SweepConfig) -> dict:
 #: for the single call's own grids (rows then equal it up to the bucket slack of 1e-6).
 SWEEP_OPTIONS = GridOptions(relative_accuracy=1e-4, per_step_accuracy=0.5, n_min=2**12)
 
+#: Stated slack of an epsilon row (default options) against :func:`dpjax.pld.dpsgd_epsilon`:
+#: ``|sweep - single| <= SWEEP_SLACK * single`` (relative).  Both are certified upper bounds and
+#: their certified brackets overlap, so the difference is also at most the wider bracket.
+SWEEP_SLACK = 1e-3
+
 #: Configurations per device in one program call (the chunk is this times the device count).
 DEFAULT_PER_DEVICE = 32
 
@@ -611,7 +626,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
     t0 = time.perf_counter()
-    options = SWEEP_OPTIONS if options is None else _acc._options(options)
+    options = None if options is None else _acc._options(options)
     if configs is None:
         if noise_multiplier is None or sampling_prob is None or steps is None:
             raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
