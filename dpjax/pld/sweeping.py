@@ -310,13 +310,13 @@ def _plan(index: int, cfg: SweepConfig, options: GridOptions | None, min_width: 
         else ("remove", "add")
     want, kw = _query(cfg, options)
     plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
-    if _ROUND_N_POW2:
+    if _ROUND_N_POW2 and want == "eps":
         plan = _pow2_plan(plan)
     return _Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
 
 
-#: Round every planned FFT length up to a power of two (``3 * 2^k`` -> ``2^(k+2)``): fewer
-#: distinct programs (one compile each) for a slightly longer FFT.
+#: Round every planned FFT length of an epsilon query up to a power of two (``3 * 2^k`` ->
+#: ``2^(k+2)``): fewer distinct programs (one compile each) for a slightly longer FFT.
 _ROUND_N_POW2 = True
 
 
@@ -455,7 +455,9 @@ def _buckets(pending: list[_Planned], compiled: dict) -> list[tuple[tuple, list[
             if not members:
                 continue
             bigger = [k for k in sizes[i + 1:] if k in have or len(by_n.get(k, ())) > 0]
-            if len(members) < MIN_BUCKET and n not in have and bigger:
+            # Epsilon queries only: a longer FFT raises the round-off floor of deltas far below
+            # GridOptions.delta_tail_mass, so delta rows keep the single call's own n.
+            if struct[0] == "eps" and len(members) < MIN_BUCKET and n not in have and bigger:
                 by_n.setdefault(bigger[0], []).extend(_with_n(p, bigger[0]) for p in members)
                 by_n[n] = []
                 continue
