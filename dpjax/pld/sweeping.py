@@ -10,29 +10,54 @@ How it stays fast on the first call.  Compilation, not arithmetic, is the cost o
 call: every new FFT length ``n`` (and support length, frequency count, batch size) is a new
 XLA program.  The sweep therefore
 
-1. plans every configuration's grid on the host exactly as :func:`dpjax.pld.epsilon` does
-   (:func:`dpjax.pld.plan_grid`; no compile, ~5 ms each);
+1. plans every configuration's grid on the host with the planner of :func:`dpjax.pld.epsilon`
+   (:func:`dpjax.pld.plan_grid`; no compile, ~5 ms each), for epsilon queries under the sweep's
+   own grid policy :data:`SWEEP_OPTIONS` (below), and rounds an epsilon query's FFT length up
+   to a power of two;
 2. puts configurations with the same program signature in one *bucket*: same query kind,
-   directions, FFT length ``n`` and mechanism structure.  Inside a bucket the static sizes are
-   padded to the bucket's largest: the single-step support length ``m`` (a longer support only
-   moves single-step mass from the ``+inf`` atom onto grid points, each of which contributes at
-   most what the atom did: still an upper bound, never looser) and the number of kept frequencies
-   (more kept frequencies means a smaller truncation bound; all kept when any member keeps all);
+   directions, FFT length ``n`` and mechanism structure.  A bucket of an epsilon query with
+   fewer than :data:`MIN_BUCKET` members moves up to the next larger ``n`` of the same structure
+   (same ``dx``, offsets and supports, a wider window: only the wrap-around terms change, and
+   they only shrink); rows that are re-planned (step 4) join an already compiled program when
+   one holds them.  Inside a bucket the static sizes are padded to the bucket's largest: the
+   single-step support length ``m`` (a longer support only moves single-step mass from the
+   ``+inf`` atom onto grid points, each of which contributes at most what the atom did: still
+   an upper bound, never looser) and the number of kept frequencies (more kept frequencies
+   means a smaller truncation bound; all kept when any member keeps all);
 3. runs every bucket as ONE jitted program: the accountant's own program
    (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed), so a sweep compiles one program per bucket, typically
-   4-8 (FFT lengths are ``2^k`` or ``3 * 2^k``), whatever the number of configurations;
+   (padding slots are never computed), so a sweep compiles one program per bucket (4-6 on the
+   issue's 1,000-configuration DP-SGD distribution), whatever the number of configurations.
+   Programs are compiled ahead, in a background pool of :data:`COMPILE_WORKERS` threads in run
+   order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
    budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
    negligible: keep every frequency); retried rows (rare) form the buckets of the next round.
 
-So every row is the accountant's certified value on the grid the accountant itself plans: equal
-to :func:`dpjax.pld.dpsgd_epsilon` up to the padding of ``m`` and of the kept frequencies.
-Padding only moves the truncation and wrap-around terms (``+inf`` atom, Chernoff bounds, the
-window placed from the log-MGF), which together stay below ``tail_fraction * delta`` (1e-6
-delta by default) in both computations; the "bucket slack" is stated as 1e-6 relative in
-epsilon (measured in ``tests/test_sweep.py`` and ``benchmarks``), and every row is a sound
-upper bound whatever the padding.
+Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
+[0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
+the FFT length ``n`` and, about four times faster per point, with the single-step support
+length ``m`` (loss CDFs, discretization and log-MGF per point); the single call's grids
+(``GridOptions()``: the tighter of 1e-3 relative and 8e-9 per step, at least 2^16 points) put
+the median configuration at ``n = 2^16``, ``m = 12288`` (up to 393216 / 196608).  For epsilon
+queries the sweep plans with :data:`SWEEP_OPTIONS` instead: a relative target of 1e-4 on
+epsilon (the connect-the-dots law ``0.3 C dx^2 / sigma_c <= 1e-4 epsilon``) and no minimum
+length, which gives median ``n = 24576``, ``m = 3072`` (before rounding ``n`` to a power of two).
+It is as sound as any grid (soundness never depends on the plan, docs/design.md §2.4); the
+only change is tightness: each epsilon row is within :data:`SWEEP_SLACK` (1e-3) relative of
+:func:`dpjax.pld.dpsgd_epsilon` on that configuration (measured on the 1,000-row test: see
+``tests/test_sweep.py``; typically 1e-4), and the two certified brackets overlap (each value
+lies above the other's certified lower end), so neither is below the truth, the exact oracle
+(q = 1 rows are answered from the closed form) or dp_accounting's optimistic estimate.  The
+lower end of the bracket is computed on the same coarser grid: it is looser than the single
+call's (median bracket width 3e-4 relative, largest 3e-2 on 100 configurations, against
+<= 1.2e-3 for the single call).  ``options=GridOptions()`` restores the single call's grids
+(rows then equal it up to the bucket slack of 1e-6 relative: padding only moves the
+truncation and wrap-around terms, which stay below ``tail_fraction * delta``).  Delta queries
+always use the single call's policy (a relative target on epsilon does not bound the relative
+error of small deltas) and keep the planned ``n`` (a longer FFT raises the round-off floor of
+deltas below ``GridOptions.delta_tail_mass``); their rows equal :func:`dpjax.pld.dpsgd_delta` up
+to the bucket slack.
 
 Devices.  The configuration axis of every chunk is sharded over every device JAX sees
 (``jax.sharding.NamedSharding`` on a 1-D mesh named ``"configs"``; the chunk size is a multiple
@@ -619,7 +644,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
         ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).
       resume: with ``out``, skip configurations already recorded there (a killed sweep resumes).
-      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs), as for :func:`dpjax.pld.epsilon`.
+      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs) for every row, as for
+        :func:`dpjax.pld.epsilon`.  Default None: :data:`SWEEP_OPTIONS` for epsilon queries
+        (within :data:`SWEEP_SLACK` of :func:`dpjax.pld.dpsgd_epsilon`), ``GridOptions()`` for
+        delta queries; ``GridOptions()`` gives every row the single call's grid.
       with_lower: also compute the certified lower end of the bracket (about doubles the work).
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call.
