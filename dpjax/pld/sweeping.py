@@ -330,6 +330,21 @@ def _plan(index: int, cfg: SweepConfig, options: GridOptions | None, min_width: 
           groups=None) -> _Planned:
     options = _options_for(cfg, options)
     if groups is None:
+        # Host planning is a pure function of the configuration and the options (~5-10 ms):
+        # memoized, so re-running a sweep (or resuming one) plans nothing twice.
+        p = _plan_memo(cfg, options, min_width)
+        return dataclasses.replace(p, index=index, attempt=attempt)
+    return _plan_uncached(index, cfg, options, min_width, attempt, groups)
+
+
+@functools.lru_cache(maxsize=16384)
+def _plan_memo(cfg: SweepConfig, options: GridOptions, min_width: float) -> _Planned:
+    return _plan_uncached(-1, cfg, options, min_width, 0, None)
+
+
+def _plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
+                   groups=None) -> _Planned:
+    if groups is None:
         groups, _lo, symmetric, _blocked = _acc._prepare(_components(cfg), options.max_distinct)
     directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
         else ("remove", "add")
