@@ -26,8 +26,8 @@ XLA program.  The sweep therefore
    means a smaller truncation bound; all kept when any member keeps all);
 3. runs every bucket as ONE jitted program: the accountant's own program
    (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed), so a sweep compiles one program per bucket (4-6 on the
-   issue's 1,000-configuration DP-SGD distribution), whatever the number of configurations.
+   (padding slots are never computed), so a sweep compiles one program per bucket (8 on the
+   issue's 1,000-configuration DP-SGD distribution, retries included; 10 before), whatever the number of configurations.
    Programs are compiled ahead, in a background pool of :data:`COMPILE_WORKERS` threads in run
    order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
