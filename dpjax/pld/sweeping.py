@@ -10,29 +10,54 @@ How it stays fast on the first call.  Compilation, not arithmetic, is the cost o
 call: every new FFT length ``n`` (and support length, frequency count, batch size) is a new
 XLA program.  The sweep therefore
 
-1. plans every configuration's grid on the host exactly as :func:`dpjax.pld.epsilon` does
-   (:func:`dpjax.pld.plan_grid`; no compile, ~5 ms each);
+1. plans every configuration's grid on the host with the planner of :func:`dpjax.pld.epsilon`
+   (:func:`dpjax.pld.plan_grid`; no compile, ~5 ms each), for epsilon queries under the sweep's
+   own grid policy :data:`SWEEP_OPTIONS` (below), and rounds an epsilon query's FFT length up
+   to a power of two;
 2. puts configurations with the same program signature in one *bucket*: same query kind,
-   directions, FFT length ``n`` and mechanism structure.  Inside a bucket the static sizes are
-   padded to the bucket's largest: the single-step support length ``m`` (a longer support only
-   moves single-step mass from the ``+inf`` atom onto grid points, each of which contributes at
-   most what the atom did: still an upper bound, never looser) and the number of kept frequencies
-   (more kept frequencies means a smaller truncation bound; all kept when any member keeps all);
+   directions, FFT length ``n`` and mechanism structure.  A bucket of an epsilon query with
+   fewer than :data:`MIN_BUCKET` members moves up to the next larger ``n`` of the same structure
+   (same ``dx``, offsets and supports, a wider window: only the wrap-around terms change, and
+   they only shrink); rows that are re-planned (step 4) join an already compiled program when
+   one holds them.  Inside a bucket the static sizes are padded to the bucket's largest: the
+   single-step support length ``m`` (a longer support only moves single-step mass from the
+   ``+inf`` atom onto grid points, each of which contributes at most what the atom did: still
+   an upper bound, never looser) and the number of kept frequencies (more kept frequencies
+   means a smaller truncation bound; all kept when any member keeps all);
 3. runs every bucket as ONE jitted program: the accountant's own program
    (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed), so a sweep compiles one program per bucket, typically
-   4-8 (FFT lengths are ``2^k`` or ``3 * 2^k``), whatever the number of configurations;
+   (padding slots are never computed), so a sweep compiles one program per bucket (8 on the
+   issue's 1,000-configuration DP-SGD distribution, retries included; 10 before), whatever the number of configurations.
+   Programs are compiled ahead, in a background pool of :data:`COMPILE_WORKERS` threads in run
+   order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
    budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
    negligible: keep every frequency); retried rows (rare) form the buckets of the next round.
 
-So every row is the accountant's certified value on the grid the accountant itself plans: equal
-to :func:`dpjax.pld.dpsgd_epsilon` up to the padding of ``m`` and of the kept frequencies.
-Padding only moves the truncation and wrap-around terms (``+inf`` atom, Chernoff bounds, the
-window placed from the log-MGF), which together stay below ``tail_fraction * delta`` (1e-6
-delta by default) in both computations; the "bucket slack" is stated as 1e-6 relative in
-epsilon (measured in ``tests/test_sweep.py`` and ``benchmarks``), and every row is a sound
-upper bound whatever the padding.
+Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
+[0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
+the FFT length ``n`` and, about four times faster per point, with the single-step support
+length ``m`` (loss CDFs, discretization and log-MGF per point); the single call's grids
+(``GridOptions()``: the tighter of 1e-3 relative and 8e-9 per step, at least 2^16 points) put
+the median configuration at ``n = 2^16``, ``m = 12288`` (up to 393216 / 196608).  For epsilon
+queries the sweep plans with :data:`SWEEP_OPTIONS` instead: a relative target of 1e-4 on
+epsilon (the connect-the-dots law ``0.3 C dx^2 / sigma_c <= 1e-4 epsilon``) and no minimum
+length, which gives median ``n = 24576``, ``m = 3072`` (before rounding ``n`` to a power of two).
+It is as sound as any grid (soundness never depends on the plan, docs/design.md §2.4); the
+only change is tightness: each epsilon row is within :data:`SWEEP_SLACK` (1e-3) relative of
+:func:`dpjax.pld.dpsgd_epsilon` on that configuration (measured on the 1,000-row test: see
+``tests/test_sweep.py``; typically 1e-4), and the two certified brackets overlap (each value
+lies above the other's certified lower end), so neither is below the truth, the exact oracle
+(q = 1 rows are answered from the closed form) or dp_accounting's optimistic estimate.  The
+lower end of the bracket is computed on the same coarser grid: it is looser than the single
+call's (median bracket width 3e-4 relative, largest 3e-2 on 100 configurations, against
+<= 1.2e-3 for the single call).  ``options=GridOptions()`` restores the single call's grids
+(rows then equal it up to the bucket slack of 1e-6 relative: padding only moves the
+truncation and wrap-around terms, which stay below ``tail_fraction * delta``).  Delta queries
+always use the single call's policy (a relative target on epsilon does not bound the relative
+error of small deltas) and keep the planned ``n`` (a longer FFT raises the round-off floor of
+deltas below ``GridOptions.delta_tail_mass``); their rows equal :func:`dpjax.pld.dpsgd_delta` up
+to the bucket slack.
 
 Devices.  The configuration axis of every chunk is sharded over every device JAX sees
 (``jax.sharding.NamedSharding`` on a 1-D mesh named ``"configs"``; the chunk size is a multiple
@@ -62,6 +87,7 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -80,9 +106,9 @@ from dpjax import _validate
 from dpjax._progress import progress
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
-from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
 
-__all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS"]
+__all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS", "SWEEP_SLACK"]
 
 #: Columns of every row, in order (CSV header).
 ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon",
@@ -291,15 +317,61 @@ def _query(cfg: SweepConfig, options: GridOptions):
     return "delta", dict(tail_mass=options.delta_tail_mass, eps_hint=cfg.epsilon, target_delta=None)
 
 
-def _plan(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
+def _options_for(cfg: SweepConfig, options: GridOptions | None) -> GridOptions:
+    """The grid policy of a row: the caller's options, else :data:`SWEEP_OPTIONS` for an epsilon
+    query and the single call's ``GridOptions()`` for a delta query (a relative accuracy target on
+    epsilon does not bound the relative error of small deltas)."""
+    if options is not None:
+        return options
+    return SWEEP_OPTIONS if cfg.query == "epsilon" else GridOptions()
+
+
+def _plan(index: int, cfg: SweepConfig, options: GridOptions | None, min_width: float = 0.0, attempt: int = 0,
           groups=None) -> _Planned:
+    options = _options_for(cfg, options)
+    if groups is None:
+        # Host planning is a pure function of the configuration and the options (~5-10 ms):
+        # memoized, so re-running a sweep (or resuming one) plans nothing twice.
+        p = _plan_memo(cfg, options, min_width)
+        return dataclasses.replace(p, index=index, attempt=attempt)
+    return _plan_uncached(index, cfg, options, min_width, attempt, groups)
+
+
+@functools.lru_cache(maxsize=16384)
+def _plan_memo(cfg: SweepConfig, options: GridOptions, min_width: float) -> _Planned:
+    return _plan_uncached(-1, cfg, options, min_width, 0, None)
+
+
+def _plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
+                   groups=None) -> _Planned:
     if groups is None:
         groups, _lo, symmetric, _blocked = _acc._prepare(_components(cfg), options.max_distinct)
     directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
         else ("remove", "add")
     want, kw = _query(cfg, options)
     plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
+    if _ROUND_N_POW2 and want == "eps":
+        plan = _pow2_plan(plan)
     return _Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
+
+
+#: Round every planned FFT length of an epsilon query up to a power of two (``3 * 2^k`` ->
+#: ``2^(k+2)``): fewer distinct programs (one compile each) for a slightly longer FFT.
+_ROUND_N_POW2 = True
+
+
+def _pow2_plan(plan):
+    """The same plan with ``n`` rounded up to a power of two: same ``dx``, same offsets and
+    supports, a wider window (the wrap-around bounds only shrink; soundness never depends on
+    the plan, docs/design.md §2.4), and the kept-frequency count recomputed for the new ``n``
+    by the planner's own rule."""
+    n = 1 << max(0, (int(plan.n) - 1).bit_length())
+    if n == plan.n:
+        return plan
+    n_freq = plan.n_freq
+    if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
+        n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+    return dataclasses.replace(plan, n=n, n_freq=n_freq)
 
 
 # ------------------------------------------------------------------------------------------
@@ -375,9 +447,66 @@ def _bucket_static(members: list[_Planned]):
     return ms, n_freq
 
 
-def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
-    """Run one chunk of a bucket (``len(members) <= per_device * devices``) with the bucket's
-    static sizes ``static = (ms, n_freq)`` (one program for every chunk of the bucket).
+#: A bucket with fewer members than this joins the next larger FFT length of the same program
+#: structure (a compile costs about as much as running ~100-300 configurations).
+MIN_BUCKET = 24
+
+
+def _fits(static, old) -> bool:
+    """Does the compiled program with static sizes ``old`` hold a bucket that needs ``static``
+    (support lengths no longer, kept frequencies no fewer)?"""
+    (ms, nf), (ms0, nf0) = static, old
+    ok_m = all(a <= b for r, r0 in zip(ms, ms0) for a, b in zip(r, r0))
+    ok_f = nf0 is None if nf is None else (nf0 is None or nf <= nf0)
+    return ok_m and ok_f
+
+
+#: Background compile threads of a sweep (XLA compiles each program on one core).
+COMPILE_WORKERS = 2
+
+
+def _with_n(p: _Planned, n: int) -> _Planned:
+    """``p`` on a longer FFT (same ``dx``, offsets and supports: a wider window, sound and only
+    tighter in the wrap-around terms), kept frequencies recomputed for ``n``."""
+    if n == p.plan.n:
+        return p
+    plan = p.plan
+    n_freq = plan.n_freq
+    if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
+        n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+    return dataclasses.replace(p, plan=dataclasses.replace(plan, n=n, n_freq=n_freq))._signed()
+
+
+def _buckets(pending: list[_Planned], compiled: dict) -> list[tuple[tuple, list[_Planned]]]:
+    """Group configurations into buckets: same program structure (query, directions, all or
+    truncated frequencies, mechanism structure) and FFT length.  Small buckets move up to the
+    next larger FFT length of the same structure (this round's or an already compiled one,
+    ``compiled[structure]`` = set of lengths), so a sweep compiles few programs."""
+    by_struct: dict[tuple, dict[int, list[_Planned]]] = {}
+    for p in pending:
+        struct = (p.signature[:2] + p.signature[3:])
+        by_struct.setdefault(struct, {}).setdefault(p.plan.n, []).append(p)
+    out = []
+    for struct, by_n in by_struct.items():
+        have = set(compiled.get(struct, ()))
+        sizes = sorted(set(by_n) | have)
+        for i, n in enumerate(sizes):
+            members = by_n.get(n, [])
+            if not members:
+                continue
+            bigger = [k for k in sizes[i + 1:] if k in have or len(by_n.get(k, ())) > 0]
+            # Epsilon queries only: a longer FFT raises the round-off floor of deltas far below
+            # GridOptions.delta_tail_mass, so delta rows keep the single call's own n.
+            if struct[0] == "eps" and len(members) < MIN_BUCKET and n not in have and bigger:
+                by_n.setdefault(bigger[0], []).extend(_with_n(p, bigger[0]) for p in members)
+                by_n[n] = []
+                continue
+            out.append((struct, members))
+    return out
+
+
+def _chunk_args(members: list[_Planned], per_device: int, mesh):
+    """The global input arrays of one chunk (``len(members) <= per_device * devices``).
 
     Layout: device ``d`` gets ``members[d::devices]`` first in its block, then padding (copies of
     the first member, never computed: each device loops over its real count only).
@@ -386,7 +515,6 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
 
     ndev = mesh.devices.size
     first = members[0]
-    ms, n_freq = static
     slots, counts = [], []
     for d in range(ndev):
         mine = members[d::ndev]
@@ -402,15 +530,49 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static):
     epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
     count = np.asarray(counts, np.int32)
     sharding = NamedSharding(mesh, PartitionSpec("configs"))
-    args = jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
+    return jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
                                   (count, groups, dx, lambdas, log_tau, deltas, epsilons))
-    fn = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq)
+
+
+#: Compiled bucket programs of this process, by static sizes and input shapes (a second sweep
+#: of the same shapes compiles nothing).
+_COMPILED: dict = {}
+
+
+def _program_key(mesh, first: _Planned, kinds, static, args):
+    ms, n_freq = static
+    shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
+    return (mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq,
+            str(jax.tree_util.tree_structure(args)), shapes)
+
+
+def _compile(key, mesh, first: _Planned, kinds, static, args):
+    """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
+    background compile pool while other buckets run)."""
+    fn = _COMPILED.get(key)
+    if fn is None:
+        ms, n_freq = static
+        with jax.enable_x64(True):
+            fn = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq).lower(*args).compile()
+        _COMPILED[key] = fn
+    return fn
+
+
+def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static, fn=None, args=None):
+    """Run one chunk of a bucket with the bucket's static sizes ``static = (ms, n_freq)`` (one
+    program for every chunk of the bucket); ``fn`` the compiled program (compiled here if None),
+    ``args`` the chunk's inputs (built here if None)."""
+    ndev = mesh.devices.size
+    if args is None:
+        args = _chunk_args(members, per_device, mesh)
+    if fn is None:
+        fn = _compile(_program_key(mesh, members[0], kinds, static, args), mesh, members[0], kinds, static, args)
     out = _gather(fn(*args))
     results = {}
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
             results[p.index] = _acc._unpack(out[d * per_device + j], p.directions, kinds, (1,))
-    return [results[p.index] for p in members], (ms, n_freq)
+    return [results[p.index] for p in members], static
 
 
 def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
@@ -424,7 +586,7 @@ def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
     budget = 10.0 * p.plan.tau_wrap
     over = any((k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
                for rd in res for k, r in rd.items())
-    if not over or p.plan.n >= options.n_max or p.attempt >= 3:
+    if not over or p.plan.n >= _options_for(p.cfg, options).n_max or p.attempt >= 3:
         return None
     needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
     needed = max([w for w in needed if math.isfinite(w)], default=0.0)
@@ -462,6 +624,20 @@ def _exact_row(index: int, cfg: SweepConfig) -> dict:
                 query=cfg.query, lower=lower, upper=upper, n=0, dx=0.0, path="exact")
 
 
+#: The sweep's default grid policy (``options=None``): a relative accuracy target of 1e-4 on
+#: epsilon (``0.3 C dx^2 / sigma_c <= 1e-4 * epsilon``; no per-step target) and no minimum FFT
+#: length, instead of the single call's ``GridOptions()`` (the tighter of 1e-3 relative and 8e-9
+#: per step, at least 2^16 points).  Sound whatever the grid (docs/design.md §2.4); about 3x
+#: shorter FFTs and single-step supports on the issue's DP-SGD distribution.  Slack against
+#: :func:`dpjax.pld.dpsgd_epsilon`: see :data:`SWEEP_SLACK`.  Pass ``options=GridOptions()``
+#: for the single call's own grids (rows then equal it up to the bucket slack of 1e-6).
+SWEEP_OPTIONS = GridOptions(relative_accuracy=1e-4, per_step_accuracy=0.5, n_min=2**12)
+
+#: Stated slack of an epsilon row (default options) against :func:`dpjax.pld.dpsgd_epsilon`:
+#: ``|sweep - single| <= SWEEP_SLACK * single`` (relative).  Both are certified upper bounds and
+#: their certified brackets overlap, so the difference is also at most the wider bracket.
+SWEEP_SLACK = 1e-3
+
 #: Configurations per device in one program call (the chunk is this times the device count).
 DEFAULT_PER_DEVICE = 32
 
@@ -483,7 +659,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
         ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).
       resume: with ``out``, skip configurations already recorded there (a killed sweep resumes).
-      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs), as for :func:`dpjax.pld.epsilon`.
+      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs) for every row, as for
+        :func:`dpjax.pld.epsilon`.  Default None: :data:`SWEEP_OPTIONS` for epsilon queries
+        (within :data:`SWEEP_SLACK` of :func:`dpjax.pld.dpsgd_epsilon`), ``GridOptions()`` for
+        delta queries; ``GridOptions()`` gives every row the single call's grid.
       with_lower: also compute the certified lower end of the bracket (about doubles the work).
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call.
@@ -492,7 +671,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
     t0 = time.perf_counter()
-    options = _acc._options(options)
+    options = None if options is None else _acc._options(options)
     if configs is None:
         if noise_multiplier is None or sampling_prob is None or steps is None:
             raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
@@ -539,29 +718,43 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
             bar.update(len(new))
             todo = [i for i in todo if i not in set(exact)]
         pending = [_plan(i, configs[i], options) for i in todo]
-        while pending:  # rounds: a retried row (rare) goes to the next round's buckets
-            buckets: dict[tuple, list[_Planned]] = {}
-            for p in pending:
-                buckets.setdefault(p.signature, []).append(p)
-            pending = []
-            for sig, members in buckets.items():
-                static = _bucket_static(members)
-                for start in range(0, len(members), chunk):
-                    part = members[start:start + chunk]
-                    results, static = _run_chunk(part, per_device, kinds, mesh, static)
-                    programs.add((sig, static))
-                    new = []
-                    for p, res in zip(part, results):
-                        again = _retry(p, res, static[1], options)
-                        if again is not None:
-                            pending.append(again)
-                            continue
-                        row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
-                        rows[p.index] = row
-                        new.append(row)
-                    if store is not None:
-                        store.append(new)
-                    bar.update(len(new), programs=len(programs))
+        sizes: dict[tuple, dict[int, tuple]] = {}   # structure -> {n: static} compiled in this sweep
+        with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
+            while pending:  # rounds: a retried row (rare) goes to the next round's buckets
+                jobs = []
+                for struct, members in _buckets(pending, sizes):
+                    n = members[0].plan.n
+                    static = _bucket_static(members)
+                    old = sizes.get(struct, {}).get(n)
+                    if old is not None and _fits(static, old):
+                        static = old  # an already compiled program of this sweep holds them
+                    sizes.setdefault(struct, {})[n] = static
+                    parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
+                    args0 = _chunk_args(parts[0], per_device, mesh)
+                    key = _program_key(mesh, members[0], kinds, static, args0)
+                    programs.add(key)
+                    # Compile every bucket's program in the background, in run order: compiling
+                    # bucket k + 1 overlaps running bucket k (compilation is single-threaded).
+                    jobs.append((parts, static, args0,
+                                 pool.submit(_compile, key, mesh, members[0], kinds, static, args0)))
+                pending = []
+                for parts, static, args0, fut in jobs:
+                    fn = fut.result()
+                    for k, part in enumerate(parts):
+                        results, _ = _run_chunk(part, per_device, kinds, mesh, static, fn,
+                                                args=args0 if k == 0 else None)
+                        new = []
+                        for p, res in zip(part, results):
+                            again = _retry(p, res, static[1], options)
+                            if again is not None:
+                                pending.append(again)
+                                continue
+                            row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
+                            rows[p.index] = row
+                            new.append(row)
+                        if store is not None:
+                            store.append(new)
+                        bar.update(len(new), programs=len(programs))
     table = SweepTable(rows=tuple(rows[i] for i in range(len(configs))), programs=len(programs),
                        seconds=time.perf_counter() - t0, devices=len(devices))
     if store is not None:
