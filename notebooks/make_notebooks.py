@@ -521,9 +521,9 @@ def training_notebook():
         new_code_cell(
             "names = list(out['runs']) + ['non-private']\n"
             "accs = [out['runs'][k]['test_accuracy'] for k in out['runs']] + [out['non_private_accuracy']]\n"
-            "labels = [f\"{k}\\nsigma={r['noise_multiplier']:.2f}, eps={r['epsilon']:g}, delta={r['delta']:.1e}\"\n"
+            "labels = [f\"{k}\\nsigma = {r['noise_multiplier']:.2f}\\n(eps, delta) = ({r['epsilon']:g}, {r['delta']:.0e})\"\n"
             "          for k, r in out['runs'].items()] + ['non-private']\n"
-            "fig, ax = plt.subplots(figsize=(6.5, 3.4))\n"
+            "fig, ax = plt.subplots(figsize=(7.5, 3.8))\n"
             "ax.bar(range(len(accs)), accs, color=['C0', 'C1', 'C7'])\n"
             "for i, a in enumerate(accs):\n"
             "    ax.text(i, a + 0.01, f'{a:.3f}', ha='center')\n"
