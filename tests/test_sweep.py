@@ -86,12 +86,15 @@ def test_sweep_1000_rows_equal_single_calls():
 
 
 def test_sweep_delta_query_and_grid():
-    configs = pld.sweep_grid(noise_multiplier=[1.0, 2.0], sampling_prob=0.01, steps=500, epsilon=1.5)
+    # epsilon 0.5: deltas 8.5e-3 and 1.2e-6.  (At epsilon 1.5, sigma 2 the delta is 9.2e-17: the
+    # single call then runs the exponentially tilted tail pass, which the sweep does not, and the
+    # sweep's sound but untilted bound is 0.2% higher; see docs/design.md section 2.4.)
+    configs = pld.sweep_grid(noise_multiplier=[1.0, 2.0], sampling_prob=0.01, steps=500, epsilon=0.5)
     assert [c.noise_multiplier for c in configs] == [1.0, 2.0]
     table = dpjax.sweep(configs, with_lower=False)
     for c, r in zip(configs, table.rows):
-        assert r["query"] == "delta" and r["epsilon"] == 1.5
-        single = pld.dpsgd_delta(c.noise_multiplier, c.sampling_prob, c.steps, 1.5)
+        assert r["query"] == "delta" and r["epsilon"] == 0.5
+        single = pld.dpsgd_delta(c.noise_multiplier, c.sampling_prob, c.steps, 0.5)
         assert abs(r["delta"] - single) <= SLACK * single
 
 
