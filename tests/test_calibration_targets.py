@@ -185,8 +185,18 @@ def main(argv):
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--one-by-one", action="store_true")
     ap.add_argument("--start", type=int, default=0, help="skip the first targets (already checked)")
+    ap.add_argument("--reuse-dp-accounting", default=None, metavar="JSONL",
+                    help="take dp_accounting's root of each target from an earlier run's records (it "
+                         "does not depend on dpjax's code) instead of re-running dp_accounting; dpjax's "
+                         "calibration and its checks on dpjax.dpsgd_epsilon are re-run")
     a = ap.parse_args(argv)
     ts = targets(a.n, a.seed)
+    reuse = {}
+    if a.reuse_dp_accounting:
+        for line in open(a.reuse_dp_accounting):
+            r = json.loads(line)
+            if "index" in r and "dp_accounting_gaps" in r:
+                reuse[r["index"]] = r
     idx = [i for i in range(a.start, len(ts)) if i % a.shards == a.shard]
     with open(a.out, "a") as f:
         t0 = time.time()
@@ -207,6 +217,12 @@ def main(argv):
                     rec = dict(index=i, target=list(t), vacuous=True, refused=False)
                 except ValueError as err:
                     rec = dict(index=i, target=list(t), vacuous=True, refused=True, message=str(err)[:300])
+            elif i in reuse:
+                old = reuse[i]
+                rec = dict(index=i, vacuous=False, **check(t, sig[j], with_dp_accounting=False))
+                root = old["dp_accounting"]
+                rec.update(dp_accounting=root, dp_accounting_rel=(sig[j] / root - 1) if root else None,
+                           dp_accounting_gaps=old["dp_accounting_gaps"], dp_accounting_reused=True)
             else:
                 rec = dict(index=i, vacuous=False, **check_fast(t, sig[j]))
             rec["seconds"] = time.time() - t1

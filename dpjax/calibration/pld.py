@@ -435,11 +435,11 @@ class _Search:
 
 
 def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds=60, bar=None,
-               after_first_round=None):
+               evaluate=None):
     """Lockstep bracketing searches (one per target) on the accountant's certified epsilon
-    curve; every round evaluates all active targets' probes in batched calls.
-    ``after_first_round(searches)`` (optional) is called once, after the first round's values
-    are recorded; it must not change the searches."""
+    curve; every round evaluates all active targets' probes in batched calls
+    (``evaluate(sigmas, deltas, steps, templates, options)``, default :func:`_evaluate`)."""
+    evaluate = evaluate or _evaluate
     lo_x, hi_x = math.log(SIGMA_RANGE[0]), math.log(SIGMA_RANGE[1])
     searches = [_Search(float(e), math.log(min(max(float(g), SIGMA_RANGE[0] * 1.1), SIGMA_RANGE[1] / 1.1)), rtol)
                 for e, g in zip(eps, guess)]
@@ -456,13 +456,10 @@ def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds
                 probes.append(math.exp(x))
                 owner.append(i)
         owner = np.asarray(owner)
-        vals = _evaluate(np.asarray(probes), delta[owner], steps[owner], [templates[i] for i in owner],
-                         options)
+        vals = evaluate(np.asarray(probes), delta[owner], steps[owner], [templates[i] for i in owner],
+                        options)
         for s, i, v in zip(probes, owner, vals):
             searches[i].add(s, float(v))
-        if after_first_round is not None:
-            after_first_round(searches)
-            after_first_round = None
         if bar is not None:
             bar.update(1, probes=len(probes))
         still = []
@@ -485,9 +482,11 @@ def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds
 
 def _gdp_mu(eps, delta):
     """mu of the mu-GDP (Gaussian) trade-off curve meeting ``(eps, delta)`` exactly (host, no
-    compile): ``delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` increases in mu."""
-    from scipy.optimize import brentq
-    from scipy.special import ndtr
+    compile): ``delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` increases in mu.
+    Plain bisection in ``log mu`` with :func:`math.erfc` (scipy.optimize would add ~0.4 s of
+    import to a cold calibration, for a starting point)."""
+    def ndtr(x):
+        return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
     def f(log_mu):
         mu = math.exp(log_mu)
@@ -499,7 +498,13 @@ def _gdp_mu(eps, delta):
         return math.exp(lo)
     if f(hi) < 0:
         return math.exp(hi)
-    return math.exp(brentq(f, lo, hi, xtol=1e-6))
+    while hi - lo > 1e-6:  # ~24 halvings of [log 1e-4, log 1e3]
+        mid = 0.5 * (lo + hi)
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi))
 
 
 def _clt_guess(eps, delta, q, steps):
@@ -527,25 +532,31 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     **Guarantee.**  Let ``g(sigma)`` be the accountant's certified epsilon at ``target_delta``
     (:func:`dpjax.dpsgd_epsilon`, or :func:`dpjax.group.dpsgd_epsilon` for groups): a sound
     upper bound on the true epsilon, on the grid the accountant plans at that sigma.  The
-    returned ``sigma`` satisfies
+    returned ``sigma`` satisfies ``g(sigma) <= target_epsilon``, evaluated by the public
+    accountant at this very sigma (with the default ``options``), so
+    ``(target_epsilon, target_delta)``-DP is certified; and
 
-    * ``g(sigma) <= target_epsilon``, evaluated by the public accountant at this very sigma
-      (with the default ``options``), so ``(target_epsilon, target_delta)``-DP is certified;
-    * on the search's curve (the accountant's grid plan per probe, in one batched program: a
-      sound bound that can differ from ``g`` by up to ~3e-4 relative) sigma is within
-      :data:`RELATIVE_TOLERANCE` (1e-4) of the smallest sigma meeting the target; where ``g``
-      is above the target there, sigma is stepped up along the local slope until ``g`` meets
-      it, so against ``g`` itself the tolerance is 1e-4 plus that disagreement (checked at
-      1e-3: ``g(sigma (1 - 1e-3)) > target_epsilon`` on random targets).
+    * one target (scalar inputs, default ``options``): the search runs on ``g`` itself (one
+      accountant call per probe), so sigma is within :data:`RELATIVE_TOLERANCE` (1e-4) of the
+      smallest sigma meeting the target on ``g``: a sigma evaluated with ``g`` above the target
+      lies at most that far below it;
+    * several targets (arrays) or custom ``options``: the searches run in lockstep on one
+      batched program (the accountant's grid plan per probe, supports padded to the FFT length:
+      a sound bound that can differ from ``g`` by up to ~3e-4 relative); sigma is within 1e-4 of
+      the smallest on that curve, and, with the default ``options``, then stepped up along the
+      local slope until ``g`` meets the target (checked at 1e-3: ``g(sigma (1 - 1e-3)) >
+      target_epsilon`` on random targets).
 
     The accountant's curve itself is within its discretization error of the exact one (by
     default ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon, see :data:`CALIBRATION_OPTIONS`;
     measured -1.2e-4 to +3.4e-4 relative in sigma against dp_accounting at a 1e-4 interval on random
-    targets).  How: a bracketing secant search in ``(log sigma, log g)`` on the host, each probe
-    evaluated on its own accountant grid (window widened while a wrap-around bound is over
-    budget, as the accountant does), two probes per round straddling the predicted root.
-    Supports are padded to the FFT length, so a search compiles one program per FFT length
-    (usually one or two), reused across probes and across later calls.
+    targets).  How: a bracketing secant search in ``(log sigma, log g)`` on the host, starting
+    at the mu-GDP (CLT) estimate, two probes per round straddling the predicted root.  The
+    accountant rounds its grid's static shape up to a coarse set
+    (:func:`dpjax.pld.plan.coarse_shape`), so the probes near the root share one compiled
+    program: a first call usually compiles one program (measured 2.5-3.8 s for 12 of 16 random
+    targets on 2 cores, 4.8-5.4 s for 3 that visit two shapes, 12 s for one with
+    ``delta = 1.6e-10`` whose tilted tail pass adds a program per shape).
 
     Vectorized: arrays (broadcast together) run as lockstep searches whose probes are evaluated
     in batched programs (grouped by FFT length).
@@ -615,35 +626,33 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
             i = int(np.argmax(delta >= floor))
             raise ValueError(_unreachable_message("below", eps[i], delta[i], q[i], steps_i[i], k, sampling))
     guess = _clt_guess(eps, delta, np.minimum(1.0, k * q), steps_i.astype(np.float64))
-    # Search a hair below the target (see _AGREEMENT_MARGIN): the returned sigma then also meets
-    # the target under dpjax.dpsgd_epsilon's own program, not only under the search's.
     bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="rounds",
                              delay=_progress.LONG_CALL_DELAY)
-    confirm = options == GridOptions()
-    prefetch = []
-
-    def after_first_round(first_searches):
-        # The accountant's program for the final check, compiled in the background at the
-        # secant estimate of the root from the first round's two probes (the CLT guess itself is
-        # often 10-40% off, and the program's static shape changes within +-20% of sigma).
-        sigma_hat = first_searches[0].root_estimate()
-        if sigma_hat is not None:
-            prefetch.append(_prefetch_accountant(sigma_hat, float(delta[0]), float(q[0]), int(steps_i[0]), k,
-                                                 sampling, n_data, b_size))
-
+    on_accountant = options == GridOptions() and eps.size == 1
     try:
-        out, reason, searches = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess,
-                                           options=options, rtol=RELATIVE_TOLERANCE, bar=bar,
-                                           after_first_round=after_first_round if confirm and eps.size == 1 else None)
+        if on_accountant:
+            # One target with the default grid: the search's curve is the public accountant
+            # itself (dpjax.dpsgd_epsilon / dpjax.group.dpsgd_epsilon, one call per probe), so the
+            # returned sigma is within RELATIVE_TOLERANCE of the smallest sigma meeting the target
+            # on the very curve a user checks it with, and a first call compiles only the
+            # accountant's program(s) (one per static grid shape the probes visit; no second,
+            # batched program: that was ~2.5 s of a 6.8 s first call on 2 cores).
+            evaluate = functools.partial(_evaluate_on_accountant, k=k, sampling=sampling, n_data=n_data,
+                                         b_size=b_size)
+            out, reason, searches = _calibrate(eps, delta, steps_i, mechs, guess, options=options,
+                                               rtol=RELATIVE_TOLERANCE, bar=bar, evaluate=evaluate)
+        else:
+            # Search a hair below the target (see _AGREEMENT_MARGIN): the returned sigma then also
+            # meets the target under dpjax.dpsgd_epsilon's own program, not only under the search's.
+            out, reason, searches = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess,
+                                               options=options, rtol=RELATIVE_TOLERANCE, bar=bar)
     finally:
         bar.close()
-        for thread in prefetch:
-            thread.join()
     bad = np.flatnonzero(np.isnan(out))
     if bad.size:
         i = int(bad[0])
         raise ValueError(_unreachable_message(reason[i], eps[i], delta[i], q[i], steps_i[i], k, sampling))
-    if confirm:
+    if options == GridOptions() and not on_accountant:
         for i in range(out.size):
             out[i] = _confirm_on_accountant(out[i], eps[i], delta[i], q[i], steps_i[i], searches[i]._slope(),
                                             k, sampling, n_data, b_size)
@@ -666,32 +675,18 @@ def _accountant_kwargs(k, sampling, n_data, b_size):
     return kw
 
 
-def _prefetch_accountant(sigma, delta, q, steps, k, sampling, n_data, b_size):
-    """Compile the public accountant's program for this configuration in a background thread,
-    at an estimate ``sigma`` of the root, while the search runs (a started ``threading.Thread``).
-
-    :func:`_confirm_on_accountant` evaluates the accountant at the returned sigma, and its
-    program (keyed by the grid's static shape: FFT length, support length, kept frequencies)
-    is the same for noise multipliers within a few percent of the root (measured: one shape for
-    sigma in [0.9, 1] at q = 0.01, T = 1000; it changes within +-20%), so the confirmation
-    usually finds it compiled: the XLA compile (which releases the GIL) overlaps the search's
-    remaining rounds instead of following them.  Only the cache is shared: the value computed
-    here is discarded, and any error is left for the confirmation to raise."""
-    import threading
-
+def _evaluate_on_accountant(sigmas, deltas, steps, templates, options, *, k, sampling, n_data, b_size):
+    """The search's probes evaluated by the public accountant, one call each (the ``evaluate`` of
+    :func:`_calibrate` for a single target with the default grid).  ``templates`` and ``options``
+    are unused: the accountant plans its own grid (the default one) at each sigma."""
     from dpjax.group import dpsgd_epsilon as accountant_epsilon
 
-    q_arg = None if sampling == "fixed_batch" else float(q)
-
-    def run():
-        try:
-            accountant_epsilon(float(sigma), q_arg, int(steps), float(delta), **_accountant_kwargs(k, sampling, n_data, b_size))
-        except Exception:  # the real call reports it
-            pass
-
-    thread = threading.Thread(target=run, name="dpjax-prefetch-accountant", daemon=True)
-    thread.start()
-    return thread
+    kw = _accountant_kwargs(k, sampling, n_data, b_size)
+    out = np.empty(len(sigmas))
+    for j, (s, d, t, m) in enumerate(zip(sigmas, deltas, steps, templates)):
+        q_arg = None if sampling == "fixed_batch" else float(np.asarray(m.sampling_prob).ravel()[0])
+        out[j] = float(accountant_epsilon(float(s), q_arg, int(t), float(d), **kw))
+    return out
 
 
 def _confirm_on_accountant(sigma, eps, delta, q, steps, slope, k, sampling, n_data, b_size):

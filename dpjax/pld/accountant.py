@@ -37,7 +37,7 @@ from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
-from dpjax.pld.plan import GridOptions, GridPlan, plan_grid, tilt_parameters
+from dpjax.pld.plan import GridOptions, GridPlan, coarse_shape, plan_grid, tilt_parameters
 
 # ------------------------------------------------------------------------------------------
 # Results
@@ -358,8 +358,9 @@ def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, ta
     """Plan, run, and widen the window (keeping dx) while a wrap-around bound is over budget."""
     min_width = 0.0
     for _ in range(4):
-        plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
-                         target_delta=target_delta, options=options, min_width=min_width)
+        plan = coarse_shape(plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
+                                      target_delta=target_delta, options=options, min_width=min_width),
+                            options)
         _check_memory(plan, directions)
         want = "eps" if eps_hint is None else "delta"
         shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
