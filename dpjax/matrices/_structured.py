@@ -315,4 +315,6 @@ def correlation_array(correlation, n: int, *, name: str = "correlation"):
             raise ValueError(f"{name} must be non-negative (entries >= 0), min entry {host.min():.3g}")
         if host.ndim == 2 and np.triu(host, 1).any():
             raise ValueError(f"{name} must be lower triangular (zero above the diagonal)")
+        if host.ndim == 1:  # on the host: no compile of the jitted pad on a first call
+            return np.pad(host, (0, max(int(n) - host.shape[0], 0)))[: int(n)]
     return _pad_or_truncate(arr, int(n)) if arr.ndim == 1 else arr

@@ -190,8 +190,7 @@ class BallsInBins:
         self.batches_per_epoch = b
         self.epochs = e
         self.num_rounds = b * e
-        gram = core.gram_matrix(correlation, b, e)
-        self.gram = np.asarray(gram)
+        self.gram = core.host_gram_matrix(correlation, b, e)
         if not np.isfinite(self.gram).all():
             raise ValueError("correlation produces a non-finite Gram matrix (entries too large)")
 

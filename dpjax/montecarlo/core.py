@@ -136,6 +136,25 @@ def gram_matrix(correlation, batches_per_epoch: int, epochs: int):
     return gram_from_dense(arr, b)
 
 
+@functools.partial(jax.jit, static_argnames=("batches_per_epoch", "epochs"))
+def _gram_of_array(arr, batches_per_epoch: int, epochs: int):
+    if arr.ndim == 1:
+        return gram_from_columns(arr, batches_per_epoch, epochs)
+    return gram_from_dense(arr, batches_per_epoch)
+
+
+@float64
+def host_gram_matrix(correlation, batches_per_epoch: int, epochs: int) -> np.ndarray:
+    """:func:`gram_matrix` for concrete input, as a NumPy array: validation on the host, then one
+    small jitted program (op by op, the Gram construction compiled ~15 tiny programs, ~1 s of a
+    first :class:`~dpjax.montecarlo.BallsInBins` call on 2 cores).  Not differentiable: use
+    :func:`gram_matrix` under ``grad``."""
+    b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    epochs = _validate.positive_int("epochs", epochs)
+    arr = np.asarray(correlation_array(correlation, b * epochs), np.float64)
+    return np.asarray(_gram_of_array(arr, b, epochs))
+
+
 @float64
 def gram_sqrt(gram):
     """A square root ``L`` with ``L L^T = G`` (``(b, b)``), robust to singular ``G``.
@@ -496,10 +515,12 @@ def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chu
 
 
 @float64
+@functools.partial(jax.jit, static_argnames=("num_samples",))
 def estimate_from_sums(sums: MonteCarloSums, num_samples: int):
     """Per-direction mean and standard error, each ``(2, K)``.
 
-    ``SE = sqrt(var / m)`` with the unbiased sample variance ``var``.
+    ``SE = sqrt(var / m)`` with the unbiased sample variance ``var``.  (Jitted: one small
+    program instead of five op-by-op compiles on a first call.)
     """
     m = num_samples
     mean = sums.total / m
