@@ -584,11 +584,25 @@ def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: 
     """
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) == 1:
-        return monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples, chunk_size, progress=progress)
+        args = (gram, noise_multiplier, epsilon, key)
+        static = dict(num_samples=num_samples, chunk_size=chunk_size, progress=progress)
+        if progress or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args)):
+            return monte_carlo_sums(*args, **static)
+        # Host call: through a serialized program when the persistent cache is on (a CLI
+        # process then skips tracing and lowering, ~0.5 s on 2 cores; dpjax.pld.cache).
+        from dpjax.pld.cache import exported_call
+
+        return MonteCarloSums(*exported_call("monte_carlo_sums", _monte_carlo_sums_tuple, args, static))
     gram = jnp.asarray(gram, jnp.float64)
     return _sharded_fn(tuple(devices), num_samples, chunk_size, gram.shape[0])(
         gram, jnp.asarray(noise_multiplier, jnp.float64),
         jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64)), rbg_key(key))
+
+
+@functools.partial(jax.jit, static_argnames=("num_samples", "chunk_size", "progress"))
+def _monte_carlo_sums_tuple(gram, noise_multiplier, epsilon, key, *, num_samples, chunk_size, progress):
+    """:func:`monte_carlo_sums` returning a plain tuple (a serializable output tree)."""
+    return tuple(monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples, chunk_size, progress=progress))
 
 
 @functools.lru_cache(maxsize=64)
