@@ -298,11 +298,15 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     ``((49152,), (49152,))`` from two nearby noise multipliers) then share one compiled program
     instead of compiling the same computation twice.  ``exported=True`` (host calls only) goes
     through :func:`dpjax.pld.cache.exported_call` (a serialized program when the persistent
-    cache is on); the tilted tail pass (rare: small deltas) always runs the jitted program."""
+    cache is on), the tilted tail pass included."""
     common = tuple(max(m[gi] for m in ms) for gi in range(len(ms[0])))
     static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq)
     args = (groups, dx, lambdas, log_tau, deltas, epsilons)
     if tilted:
+        if exported:
+            from dpjax.pld.cache import exported_call
+
+            return exported_call("pld_program_tilted", _tilted_program_jit, args + (tilt, tilt_from), static)
         return _program_jit(*args, **static, tilted=True, tilt=tilt, tilt_from=tilt_from)
     if exported:
         from dpjax.pld.cache import exported_call
@@ -338,6 +342,15 @@ def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, 
         diag = [getattr(stacked, name) for name in _DIAGNOSTICS]
         per_kind.append(jnp.concatenate([jnp.reshape(value, (len(directions), -1)), jnp.stack(diag, axis=1)], axis=1))
     return jnp.stack(per_kind, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
+def _tilted_program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, tilt, tilt_from, *, directions, ms, n, kinds,
+                        want, n_freq=None):
+    """:func:`_program_jit` in its tilted mode with ``tilt``/``tilt_from`` positional (the form
+    :func:`dpjax.pld.cache.exported_call` serializes)."""
+    return _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, directions=directions, ms=ms, n=n,
+                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from)
 
 
 def _unpack(flat, directions, kinds, shape):
@@ -475,7 +488,7 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
     out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
                            ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt,
-                           tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
+                           tilt_from=np.asarray(y_v, np.float64), exported=True), directions, kinds, shape)
     merged, valid = [], True
     for r, t in zip(res, out):
         m = {}
