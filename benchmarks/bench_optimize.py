@@ -35,6 +35,13 @@ Run::
 
 Writes ``benchmarks/results/bench_optimize.json`` and prints a table.
 
+Measured 2026-11-23 ~20:12 UTC on the idle 2-core CPU (load 0.9-1.6; bench_optimize_idle.json,
+bench_optimize_profile_idle.json): E=16, b=128, 2^17, eps=1, 300 steps **148.5 s measured**
+(compile + first step + first draw 14.0 s, 0.450 s/step), 3.9 solver passes/step, peak RSS
+1.48 GB: the <= 120 s target needs 0.36 s/step.  Profile: screened value + gradient 0.283 s
+(W32 matmul 0.055, float32 screen 0.097, candidate selection 0.066), draws 0.52 s per sample
+(shared by 10 steps); the rest of the 0.450 s is the optimizer update and the loop.
+
 Measured 2026-11-23 16:45-17:11 UTC on the shared 2-core CPU with load average 19-22 (other
 jobs; the benchmark process got ~25% of one core), so absolute times are inflated several-fold;
 the lead re-measures:

@@ -253,7 +253,18 @@ def rdp_epsilon(
     t = _validate.positive_int("steps", steps)
     delta = float(_validate.probability_open("target_delta", target_delta))
     _validate.one_of("conversion", conversion, ("standard", "improved"))
-    arr = jnp.asarray(_validated_orders(orders))
-    rdp = rdp_poisson_subsampled_gaussian_core(sigma, q, arr) * t
-    eps, order = rdp_to_epsilon_core(arr, rdp, delta, conversion=conversion)
+    from dpjax.pld.cache import exported_call
+
+    # One program (not three, plus an op-by-op multiply), through a serialized artifact when
+    # the persistent cache is on (a CLI process then skips tracing and lowering it).
+    f64 = lambda v: np.asarray(v, np.float64)
+    eps, order = exported_call("rdp_epsilon", _rdp_epsilon_program,
+                               (f64(sigma), f64(q), f64(t), f64(delta), f64(_validated_orders(orders))),
+                               dict(conversion=conversion))
     return float(eps), float(order)
+
+
+@functools.partial(jax.jit, static_argnames=("conversion",))
+def _rdp_epsilon_program(sigma, q, steps, delta, orders, *, conversion):
+    rdp = rdp_poisson_subsampled_gaussian_core(sigma, q, orders) * steps
+    return rdp_to_epsilon_core(orders, rdp, delta, conversion=conversion)
