@@ -305,7 +305,7 @@ def matrix_mechanisms_notebook():
             "            c = [d[scheme][i] for d in sweep.values() if d[scheme][i] is not None]\n"
             "            vals.append(min(c) if c else None)\n"
             "        return vals\n"
-            "    fig, ax = plt.subplots(figsize=(5, 3.4))\n"
+            "    fig, ax = plt.subplots(figsize=(6.6, 3.8))\n"
             "    ax.plot(eps, improvement(base, best('balls_in_bins')), 'o-', label='balls-in-bins, best bands')\n"
             "    ax.plot(eps, improvement(base, best('poisson')), 's--', label='cyclic Poisson, best bands <= 64')\n"
             "    ax.axhline(0, color='k', lw=0.5)\n"
@@ -319,7 +319,7 @@ def matrix_mechanisms_notebook():
             "# row is printed when the table holds both.\n"
             "table = load('benchmarks/results/table_amplified_mf.json')\n"
             "rows = [r for g in table['groups'].values() for r in g['rows'] if r.get('rmse') is not None]\n"
-            "fig, ax = plt.subplots(figsize=(6, 3.6))\n"
+            "fig, ax = plt.subplots(figsize=(6.6, 3.8))\n"
             "for i, name in enumerate(sorted({r['name'] for r in rows})):\n"
             "    pts = sorted((r['epsilon'], r['rmse']) for r in rows if r['name'] == name)\n"
             "    ax.plot(*zip(*pts), 'os^vD<>'[i % 7] + '-', label=name)\n"
@@ -340,7 +340,7 @@ def matrix_mechanisms_notebook():
             "# Fig. 5: final RMSE (re-evaluated with 2^17 samples on a fixed key) against the samples per\n"
             "# optimization step.  The paper's claim: about 2^9 samples per step give the RMSE of 2^17+.\n"
             "fig5 = load('benchmarks/results/fig5_samples_full_toeplitz.json', 'benchmarks/results/fig5_samples_toeplitz.json')\n"
-            "fig, ax = plt.subplots(figsize=(5.5, 3.6))\n"
+            "fig, ax = plt.subplots(figsize=(6.6, 3.8))\n"
             "for e in sorted({r['epsilon'] for r in fig5['runs']}):\n"
             "    pts = sorted((r['num_samples'], r['rmse_eval']) for r in fig5['runs'] if r['epsilon'] == e)\n"
             "    ax.plot(*zip(*pts), 'o-', label=f'eps = {e:g}')\n"
@@ -384,7 +384,7 @@ def sweeps_notebook():
             "assert np.all(np.diff(eps, axis=0) < 0) and np.all(np.diff(eps, axis=1) > 0)  # more noise / less sampling: more private"
         ),
         new_code_cell(
-            "fig, ax = plt.subplots(figsize=(5.5, 3.8))\n"
+            "fig, ax = plt.subplots(figsize=(6.6, 4.2))\n"
             "im = ax.pcolormesh(QS, SIGMAS, np.log10(eps), shading='nearest')\n"
             "ax.set_xscale('log'); ax.set_xlabel('sampling probability q'); ax.set_ylabel('noise multiplier sigma')\n"
             "ax.set_title(f'log10 certified epsilon, T={T}, delta={DELTA}')\n"
@@ -406,7 +406,7 @@ def sweeps_notebook():
             "        assert abs(c.epsilon[i] - single.epsilon) <= 1e-3 * single.epsilon"
         ),
         new_code_cell(
-            "fig, ax = plt.subplots(figsize=(5.5, 3.6))\n"
+            "fig, ax = plt.subplots(figsize=(6.6, 3.8))\n"
             "for sigma, c in curves.items():\n"
             "    ax.plot(np.asarray(steps) / EPOCH, c.epsilon, label=f'sigma={sigma}')\n"
             "ax.set_xlabel('epochs (100 steps each)'); ax.set_ylabel('certified epsilon'); ax.set_title('q=0.01, delta=1e-5')\n"
