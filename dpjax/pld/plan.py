@@ -410,7 +410,8 @@ def coarse_shape(plan: GridPlan, options: GridOptions) -> GridPlan:
 
     Measured: the shape then stays the same over ~30-60% of the noise multiplier, and a first
     calibration compiles one program for 12 of 16 random targets (was two programs always); the
-    steady-state cost of an epsilon query rose from 25 to 26-36 ms (the larger FFT).
+    steady-state epsilon query was 24-28 ms before and 22-25 ms after on three DP-SGD
+    configurations (2 cores; noise-level differences, the larger FFT is not visible there).
     """
     n = plan.n
     n2 = 1 << (n - 1).bit_length()
