@@ -373,20 +373,6 @@ class _Search:
     def _y(self, x):
         return dict(self.points)[x]
 
-    def root_estimate(self):
-        """sigma where the secant through the two finite points nearest the target crosses it
-        (read-only: no search state changes); None without two such points."""
-        fin = sorted((abs(y), x, y) for x, y in self.points if math.isfinite(y))
-        if len(fin) < 2:
-            return None
-        (_, x1, y1), (_, x2, y2) = fin[0], fin[1]
-        if y1 == y2 or x1 == x2:
-            return None
-        x = x1 - y1 * (x2 - x1) / (y2 - y1)
-        if not math.isfinite(x) or abs(x - x1) > math.log(4.0):
-            return None
-        return math.exp(x)
-
     def _slope(self):
         """d log g / d log sigma from the two finite points nearest the root (default -1)."""
         fin = sorted([(abs(y), x, y) for x, y in self.points if math.isfinite(y)])

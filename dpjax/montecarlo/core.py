@@ -130,17 +130,17 @@ def gram_matrix(correlation, batches_per_epoch: int, epochs: int):
     """
     b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
     epochs = _validate.positive_int("epochs", epochs)
-    arr = correlation_array(correlation, b * epochs)
-    if arr.ndim == 1:
-        return gram_from_columns(arr, b, epochs)
-    return gram_from_dense(arr, b)
+    return _gram_of_array(correlation_array(correlation, b * epochs), b, epochs)
 
 
-@functools.partial(jax.jit, static_argnames=("batches_per_epoch", "epochs"))
 def _gram_of_array(arr, batches_per_epoch: int, epochs: int):
+    """Gram matrix of a validated :func:`correlation_array` result (1-D: Toeplitz column)."""
     if arr.ndim == 1:
         return gram_from_columns(arr, batches_per_epoch, epochs)
     return gram_from_dense(arr, batches_per_epoch)
+
+
+_gram_of_array_jit = jax.jit(_gram_of_array, static_argnames=("batches_per_epoch", "epochs"))
 
 
 @float64
@@ -152,7 +152,7 @@ def host_gram_matrix(correlation, batches_per_epoch: int, epochs: int) -> np.nda
     b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
     epochs = _validate.positive_int("epochs", epochs)
     arr = np.asarray(correlation_array(correlation, b * epochs), np.float64)
-    return np.asarray(_gram_of_array(arr, b, epochs))
+    return np.asarray(_gram_of_array_jit(arr, b, epochs))
 
 
 @float64
