@@ -61,3 +61,26 @@ def test_missing_required_option_without_example_exits_2_one_line(capsys):
     assert main(["optimize", "--batches-per-epoch", "4", "--epsilon", "2", "--delta", "1e-5", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--epochs is required" in err[0] and "--example" in err[0]
+
+
+def test_baselines_rows_in_the_results_units(capsys):
+    """``--baselines``: each alternative at the same (eps, delta) in the same normalization, and
+    ``gain = rmse(row) / rmse(result) - 1``; the unamplified DP-SGD row is the exact Gaussian."""
+    import math
+
+    from dpjax.calibration import gaussian_noise_multiplier
+
+    assert main(BASE + ["--baselines", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in d["baselines"]}
+    assert set(rows) == {"dpsgd_unamplified", "dpsgd_poisson", "dpsgd_balls_in_bins", "unamplified_blt"}
+    for r in rows.values():
+        assert r["gain"] == pytest.approx(r["rmse"] / d["rmse"] - 1.0, rel=1e-12)
+    n, epochs = 8, 2
+    s = float(gaussian_noise_multiplier(2.0, 1e-3, steps=epochs))
+    assert rows["dpsgd_unamplified"]["noise_multiplier"] == pytest.approx(s, rel=1e-9)
+    # C = I: |A|_F / sqrt(n) = sqrt((n + 1) / 2).
+    assert rows["dpsgd_unamplified"]["rmse"] == pytest.approx(s * math.sqrt((n + 1) / 2), rel=1e-12)
+    # Amplification never needs more noise than the unamplified mechanism with the same C.
+    assert rows["dpsgd_balls_in_bins"]["noise_multiplier"] < s
+    assert rows["dpsgd_poisson"]["noise_multiplier"] < s

@@ -15,6 +15,7 @@ continues from it.  The printed object holds ``noise_multiplier`` (certified),
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from dpjax.cli import _args
@@ -101,8 +102,45 @@ def _run(args) -> dict:
     out["adjacency"] = "add_or_remove"  # balls-in-bins Monte Carlo accounting (Choquette-Choo et al. 2024)
     out["params"] = d["params"]
     out["history_rows"] = len(d["history"])
+    if args.baselines is None:
+        args.baselines = bool(args.example)
+    if args.baselines:
+        out["baselines"] = baseline_rows(param, res, args)
     if args.out is not None:
         out["out"] = args.out
+    return out
+
+
+def baseline_rows(param, res, args) -> list[dict]:
+    """The alternatives in the result's own units (``--baselines``; on with ``--example``).
+
+    Every row is ``rmse = sigma |A C^-1|_F / sqrt(n)`` at ``(epsilon, delta)``
+    (:data:`dpjax.optimization.baselines.NORMALIZATION`): DP-SGD (``C = I``) without
+    amplification (exact Gaussian), under Poisson sampling ``q = 1/b`` (PLD) and under
+    balls-in-bins (Monte Carlo, EVR-certified with as many samples as the result's certificate),
+    and the unamplified optimum of the same family.  ``gain`` is ``rmse(row) / rmse(result) - 1``
+    (positive: the optimised ``C`` is better).  The jax_privacy banded rows need jax_privacy and
+    minutes of CPU: ``benchmarks/table_amplified_mf.py``.
+    """
+    import jax.numpy as jnp
+
+    from dpjax.matrices import Toeplitz
+    from dpjax.optimization import baselines as bl
+
+    b, epochs, eps, delta = res.batches_per_epoch, res.epochs, res.target_epsilon, res.target_delta
+    cert = res.certificate or {}
+    samples = int(cert.get("num_samples") or args.certify_samples or 0) or None
+    rows = [bl.dpsgd_unamplified(eps, delta, b, epochs), bl.dpsgd_poisson(eps, delta, b, epochs)]
+    kw = {} if samples is None else {"certify_samples": samples}
+    rows.append(bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), eps, delta, b, epochs,
+                                           name="dpsgd_balls_in_bins", key=args.seed + 1, **kw))
+    rows += bl.unamplified_optimum(param, [eps], delta, b, epochs)
+    mine = res.rmse if res.certificate else res.rmse_estimate
+    out = []
+    for r in rows:
+        out.append({"name": r.name, "noise_multiplier": r.noise_multiplier, "rmse": r.rmse,
+                    "accounting": r.accounting,
+                    "gain": (r.rmse / mine - 1.0) if mine and mine == mine else None})
     return out
 
 
@@ -127,6 +165,15 @@ def _render(result: dict) -> str:
     ]
     if "out" in result:
         lines.append(f"saved             {result['out']}")
+    if result.get("baselines"):
+        mine = result["rmse"] if result["noise_multiplier"] is not None else result["rmse_estimate"]
+        lines += ["", "rmse = sigma |A C^-1|_F / sqrt(n), every row at the same (epsilon, delta):",
+                  f"  {'row':26s} {'sigma':>9s} {'rmse':>9s}  {'optimized C is better by':s}",
+                  f"  {'optimized ' + result['parameterization']['family']:26s} "
+                  f"{result['noise_multiplier'] or result['noise_multiplier_estimate']:9.4g} {mine:9.4g}"]
+        for r in result["baselines"]:
+            gain = "" if r["gain"] is None else f"{100 * r['gain']:+.1f}%"
+            lines.append(f"  {r['name']:26s} {r['noise_multiplier']:9.4g} {r['rmse']:9.4g}  {gain}")
     return "\n".join(lines)
 
 
@@ -178,6 +225,10 @@ def register(subparsers) -> None:
     p.add_argument("--example", action="store_true",
                    help="the built-in example: a 2-buffer BLT, 8 batches per epoch, 4 epochs (n = 32), "
                         "epsilon 2, delta 1e-5, 100 steps of 2^12 samples (flags given override it)")
+    p.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=None,
+                   help="also compute the alternatives in the same units (DP-SGD unamplified, Poisson, "
+                        "balls-in-bins; the family's unamplified optimum) and the gain over each "
+                        "(default: on with --example, off otherwise)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
