@@ -119,3 +119,46 @@ def test_default_num_candidates_and_bad_input():
         g = gram_matrix(par.correlation(params), B, E)
         with pytest.raises(ValueError, match="num_candidates"):
             calibrate_screened(g, EPS, DELTA, d, num_candidates=0)
+
+
+def test_reused_screen_gives_the_full_estimates_root_and_gradient():
+    """calibrate_screened_reusing: a screen taken at (C_0, sigma_0) is reused at a nearby C when
+    the drift bound proves no excluded sample can reach eps, and the root and gradient are
+    still those of the full float64 estimate; a far C is screened afresh, with the same
+    guarantee.  A state of the wrong shape is refused."""
+    from dpjax.calibration.screened import calibrate_screened_reusing, empty_screen_state
+
+    with jax.enable_x64(True):
+        par, params, d = _setup()
+        state0 = empty_screen_state(M, B, 128)
+
+        @jax.jit
+        def reusing(p, s0, state):
+            def f(p):
+                g = gram_matrix(par.correlation(p), B, E)
+                out = calibrate_screened_reusing(g, EPS, DELTA, d, state, solver=SOLVER,
+                                                 initial_noise=s0, num_candidates=128)
+                return out.result.root, out
+            return jax.value_and_grad(f, has_aux=True)(p)
+
+        root0 = float(_full(par, d, 1.0)(params))
+        (_, first), _ = reusing(params, root0 * 1.01, state0)
+        assert not bool(first.reused) and bool(first.state.valid) and bool(first.result.screened)
+        for scale, expect_reused in ((1e-3, True), (0.3, False)):
+            rng = np.random.default_rng(7)
+            moved = {k: v + scale * jnp.asarray(rng.standard_normal(np.shape(v))) for k, v in params.items()}
+            root, grad = jax.jit(jax.value_and_grad(_full(par, d, 1.0)))(moved)
+            (s, out), g = reusing(moved, root0, first.state)
+            assert bool(out.reused) == expect_reused, scale
+            assert bool(out.result.screened) and int(out.result.status) == 0
+            assert float(s) == pytest.approx(float(root), rel=1e-11)
+            for name in grad:
+                ref = np.asarray(grad[name])
+                np.testing.assert_allclose(np.asarray(g[name]), ref, rtol=0,
+                                           atol=1e-9 * np.max(np.abs(ref)))
+            # A reused call hands its (unchanged) screen on; a fresh screen replaces it.
+            assert bool(jnp.all(out.state.y_pq == first.state.y_pq)) == expect_reused
+        g0 = gram_matrix(par.correlation(params), B, E)
+        with pytest.raises(ValueError, match="state"):
+            calibrate_screened_reusing(g0, EPS, DELTA, d, empty_screen_state(M, B, 64),
+                                       num_candidates=128)

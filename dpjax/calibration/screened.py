@@ -57,7 +57,8 @@ from dpjax.montecarlo import gram_sqrt
 from dpjax.montecarlo.core import _privacy_losses, delta_from_projections, hockey_stick_terms
 
 __all__ = ["ScreenedDraws", "ScreenedResult", "screened_draws", "calibrate_screened",
-           "default_num_candidates"]
+           "default_num_candidates", "ScreenState", "ScreenedStep", "empty_screen_state",
+           "calibrate_screened_reusing"]
 
 #: Float32 round-off allowance of the screening losses, relative to the size of the logits.
 #: The float32 matmul ``W = U L^T`` errs by at most ``~b 2^-24 |U_j| |L_i|`` (b = 128 terms:
@@ -95,6 +96,44 @@ def screened_draws(key, batches_per_epoch: int, num_samples: int) -> ScreenedDra
     """The first ``num_samples`` draws of ``key``'s stream, with the screen's float32 copy."""
     mode_index, u = _draws(key, batches_per_epoch, num_samples)
     return ScreenedDraws(mode_index, u, u.astype(jnp.float32), jnp.sqrt(jnp.sum(u * u, axis=1)))
+
+
+class ScreenState(NamedTuple):
+    """What a screen leaves behind, so that later calls on the same sample can skip it.
+
+    Everything is relative to the screen point ``(G_0, L_0, s_0 = 1/sigma_0)``: the float32
+    losses ``y_pq``, ``y_qp`` ``(m,)`` (NaN already mapped to ``+inf``), the per-sample bound
+    data ``w_max = max_i |W_ji|``, ``a_p = max_i |a_ji|`` and the round-off allowances
+    ``tol_p``, ``tol_q`` ``(m,)``, the candidates ``idx_p, v_p, idx_q, v_q`` ``(K,)``, and
+    ``valid`` (``False``: no screen yet on this sample; :func:`empty_screen_state`).  Only
+    valid for the sample it was computed on: reset it when the sample changes.
+    """
+
+    valid: jax.Array
+    s0: jax.Array
+    gram0: jax.Array
+    sqrt_gram0: jax.Array
+    y_pq: jax.Array
+    y_qp: jax.Array
+    w_max: jax.Array
+    a_p: jax.Array
+    tol_p: jax.Array
+    tol_q: jax.Array
+    idx_p: jax.Array
+    v_p: jax.Array
+    idx_q: jax.Array
+    v_q: jax.Array
+
+
+def empty_screen_state(num_samples: int, batches_per_epoch: int,
+                       num_candidates: int | None = None) -> ScreenState:
+    """A :class:`ScreenState` with ``valid = False`` (shapes for ``m`` samples, ``b`` modes, ``K``)."""
+    m, b = int(num_samples), int(batches_per_epoch)
+    k = default_num_candidates(m) if num_candidates is None else int(min(num_candidates, m))
+    f = functools.partial(jnp.zeros, dtype=jnp.float64)
+    return ScreenState(jnp.zeros((), bool), f(()), f((b, b)), f((b, b)), f((m,)), f((m,)), f((m,)),
+                       f((m,)), f((m,)), f((m,)), jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool),
+                       jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))
 
 
 @jax.tree_util.register_dataclass
@@ -209,54 +248,107 @@ def _value_and_slope(fn, theta, consts):
     return vs
 
 
-def _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_):
+def _drift(st: ScreenState, gram, sqrt_gram, mode_index, u_norm, s):
+    """Per-sample bounds on ``|Y_j(G, L, s) - y_j|`` for both directions, ``y_j`` the screen's.
+
+    The logits are ``s^2 a_ji + s W_ji`` with ``a_ji = G[I_j, i] - G_ii/2`` (P||Q) or
+    ``-G_ii/2`` (Q||P) and ``W_ji = U_j . L_i``; from the screen point ``(G_0, L_0, s_0)``
+    ``|s^2 a - s_0^2 a_0| <= |s^2 - s_0^2| |a_0| + s^2 |a - a_0|`` and
+    ``|s W - s_0 W_0| <= |s - s_0| |W_0| + s |U_j| |L_i - L_0i|_2`` (Cauchy-Schwarz), and
+    logsumexp is 1-Lipschitz in the max norm.  At ``G = G_0`` this is the bound of the
+    module docstring; the screen's float32 allowance ``tol`` is added.
+    """
+    s0 = st.s0
+    ds2, ds = jnp.abs(s * s - s0 * s0), jnp.abs(s - s0)
+    d_gram = gram - st.gram0
+    d_diag = jnp.diagonal(d_gram)
+    # max_i |dG[k, i] - dG_ii / 2| per mode k, gathered by each sample's mode (P||Q).
+    d_a_p = jnp.max(jnp.abs(d_gram - 0.5 * d_diag[None, :]), axis=1)[mode_index]
+    d_a_q = 0.5 * jnp.max(jnp.abs(d_diag))
+    d_l = jnp.max(jnp.sqrt(jnp.sum((sqrt_gram - st.sqrt_gram0) ** 2, axis=1)))
+    a_q = 0.5 * jnp.max(jnp.abs(jnp.diagonal(st.gram0)))
+    common = ds * st.w_max + s * u_norm * d_l
+    drift_p = ds2 * st.a_p + s * s * d_a_p + common + st.tol_p
+    drift_q = ds2 * a_q + s * s * d_a_q + common + st.tol_q
+    return drift_p, drift_q
+
+
+def _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state):
     solver, k = cfg
     mode_index, u, u32, u_norm = draws_
     m = u.shape[0]
     theta = (gram, sqrt_gram, eps)
-    w32 = u32 @ sqrt_gram.astype(jnp.float32).T
+    converged = int(SolverStatus.CONVERGED)
 
-    def attempt(t_start):
-        s0 = jnp.exp(-t_start)
-        (y_pq, y_qp), (w_max, a_p, a_q, tol_p, tol_q) = _screen(w32, gram, mode_index, u_norm, s0)
-        if k >= m:
-            idx_p = idx_q = jnp.arange(m, dtype=jnp.int32)
-            v_p = v_q = jnp.ones((m,), bool)
-        else:
-            (idx_p, v_p), (idx_q, v_q) = _select(y_pq, k), _select(y_qp, k)
-        consts = (u[idx_p], mode_index[idx_p], v_p, u[idx_q], mode_index[idx_q], v_q, m)
+    def solve_on(st: ScreenState, t_start):
+        consts = (u[st.idx_p], mode_index[st.idx_p], st.v_p, u[st.idx_q], mode_index[st.idx_q],
+                  st.v_q, m)
         t, _, _, status, passes = _newton_illinois(
             _value_and_slope(_delta_candidates, theta, consts), log_target, t_start, t_min, t_max,
             solver)
-        if k >= m:
-            ok = status == int(SolverStatus.CONVERGED)
-        else:
-            s = jnp.exp(-t)
-            ds2, ds = jnp.abs(s * s - s0 * s0), jnp.abs(s - s0)
-            ok = ((status == int(SolverStatus.CONVERGED)) & jnp.isfinite(t)
-                  & _excluded_ok(y_pq, idx_p, v_p, ds2 * a_p + ds * w_max + tol_p, eps)
-                  & _excluded_ok(y_qp, idx_q, v_q, ds2 * a_q + ds * w_max + tol_q, eps))
-        return t, status, passes, ok, (idx_p, v_p), (idx_q, v_q)
+        return t, status, passes
 
+    def check(st: ScreenState, t, status):
+        drift_p, drift_q = _drift(st, gram, sqrt_gram, mode_index, u_norm, jnp.exp(-t))
+        return ((status == converged) & jnp.isfinite(t)
+                & _excluded_ok(st.y_pq, st.idx_p, st.v_p, drift_p, eps)
+                & _excluded_ok(st.y_qp, st.idx_q, st.v_q, drift_q, eps))
+
+    reused = jnp.zeros((), bool)
     if k >= m:
-        t, status, passes, ok, idx_p, idx_q = attempt(t0)
+        everything = jnp.arange(m, dtype=jnp.int32)
+        st_all = state._replace(idx_p=everything, v_p=jnp.ones((m,), bool), idx_q=everything,
+                                v_q=jnp.ones((m,), bool))
+        t, status, passes = solve_on(st_all, t0)
+        ok = status == converged
+        new_state = state
+        idx_p, idx_q = (st_all.idx_p, st_all.v_p), (st_all.idx_q, st_all.v_q)
     else:
-        # Up to two screens (one traced body): a failed first screen (sigma moved further than
-        # the margin, e.g. right after the sample was refreshed) is repeated at the
-        # candidates' root, which is close to the full root.
-        def cond(c):
-            return (c[0] < 2) & ~c[4]
+        # 0. Reuse: the previous screen of this sample (a valid `state`), checked with the bound
+        #    of _drift at the current (G, L, sigma*).  No pass over the m x b sample at all.
+        def try_reuse():
+            t_r, st_r, p_r = solve_on(state, t0)
+            return t_r, st_r, p_r, check(state, t_r, st_r)
 
-        def body(c):
-            n_try, t_prev, _, passes_prev, _, _, _ = c
-            t_start = jnp.where(jnp.isfinite(t_prev), t_prev, t0)
-            t_a, st_a, p_a, ok_a, ip_a, iq_a = attempt(t_start)
-            return (n_try + 1, t_a, st_a, passes_prev + p_a, ok_a, ip_a, iq_a)
+        def no_reuse():
+            return (t0, jnp.asarray(converged, jnp.int32), jnp.zeros((), jnp.int32),
+                    jnp.zeros((), bool))
 
-        zeros_idx = (jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))
-        init = (jnp.zeros((), jnp.int32), t0, jnp.asarray(int(SolverStatus.CONVERGED), jnp.int32),
-                jnp.zeros((), jnp.int32), jnp.zeros((), bool), zeros_idx, zeros_idx)
-        _, t, status, passes, ok, idx_p, idx_q = jax.lax.while_loop(cond, body, init)
+        t_r, status_r, passes_r, reused = jax.lax.cond(state.valid, try_reuse, no_reuse)
+
+        def fresh():
+            # Up to two screens (one traced body): a failed first screen (sigma or C moved
+            # further than the margin, e.g. right after the sample was refreshed) is repeated
+            # at the candidates' root, which is close to the full root.
+            w32 = u32 @ sqrt_gram.astype(jnp.float32).T
+
+            def screen_at(t_start):
+                s0 = jnp.exp(-t_start)
+                (y_pq, y_qp), (w_max, a_p, _, tol_p, tol_q) = _screen(w32, gram, mode_index, u_norm, s0)
+                (ip, vp), (iq, vq) = _select(y_pq, k), _select(y_qp, k)
+                return ScreenState(jnp.ones((), bool), s0, gram, sqrt_gram, y_pq, y_qp, w_max, a_p,
+                                   tol_p, tol_q, ip, vp, iq, vq)
+
+            def cond(c):
+                return (c[0] < 2) & ~c[4]
+
+            def body(c):
+                n_try, t_prev, _, passes_prev, _, _ = c
+                t_start = jnp.where(jnp.isfinite(t_prev), t_prev, t0)
+                st = screen_at(t_start)
+                t_a, status_a, p_a = solve_on(st, t_start)
+                return (n_try + 1, t_a, status_a, passes_prev + p_a, check(st, t_a, status_a), st)
+
+            # Start from the failed reuse's root when there was one (closer than the warm start).
+            t_init = jnp.where(state.valid & jnp.isfinite(t_r), t_r, t0)
+            init = (jnp.zeros((), jnp.int32), t_init, jnp.asarray(converged, jnp.int32), passes_r,
+                    jnp.zeros((), bool), state)
+            _, t_f, status_f, passes_f, ok_f, st_f = jax.lax.while_loop(cond, body, init)
+            return t_f, status_f, passes_f, ok_f, st_f
+
+        t, status, passes, ok, new_state = jax.lax.cond(
+            reused, lambda: (t_r, status_r, passes_r, reused, state), fresh)
+        idx_p, idx_q = (new_state.idx_p, new_state.v_p), (new_state.idx_q, new_state.v_q)
 
     def full():
         w = u @ sqrt_gram.T
@@ -267,23 +359,24 @@ def _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_):
         return tf, sf, pf + passes
 
     t, status, passes = jax.lax.cond(ok, lambda: (t, status, passes), full)
-    return (t, status, passes, ok), (idx_p, idx_q)
+    return (t, status, passes, ok, reused, new_state), (idx_p, idx_q)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _screened_root(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_):
-    return _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_)[0]
+def _screened_root(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state):
+    return _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state)[0]
 
 
-def _screened_root_fwd(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_):
-    out, (idx_p, idx_q) = _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_)
+def _screened_root_fwd(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state):
+    out, (idx_p, idx_q) = _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_,
+                                   state)
     return out, (out[0], out[3], idx_p, idx_q, gram, sqrt_gram, eps, log_target, t0, t_min, t_max,
-                 draws_)
+                 draws_, state)
 
 
 def _screened_root_bwd(cfg, residuals, cotangents):
     (t_root, ok, idx_p, idx_q, gram, sqrt_gram, eps, log_target, t0, t_min, t_max,
-     draws_) = residuals
+     draws_, state) = residuals
     mode_index, u, _, _ = draws_
     m = u.shape[0]
     t_bar = cotangents[0]
@@ -308,8 +401,9 @@ def _screened_root_bwd(cfg, residuals, cotangents):
     w = t_bar / (sigma * f_sigma)
     g_bar, l_bar, e_bar = jax.tree_util.tree_map(lambda x: -w * x, f_theta)
     draws_bar = jax.tree_util.tree_map(_zero_cotangent, draws_)
+    state_bar = jax.tree_util.tree_map(_zero_cotangent, state)
     return (g_bar, l_bar, e_bar, jnp.asarray(w * d, jnp.result_type(log_target)),
-            jnp.zeros_like(t0), jnp.zeros_like(t_min), jnp.zeros_like(t_max), draws_bar)
+            jnp.zeros_like(t0), jnp.zeros_like(t_min), jnp.zeros_like(t_max), draws_bar, state_bar)
 
 
 _screened_root.defvjp(_screened_root_fwd, _screened_root_bwd)
@@ -339,11 +433,22 @@ def calibrate_screened(gram, target_epsilon, target_delta, draws_: ScreenedDraws
     Returns:
       :class:`ScreenedResult`.  An estimate for optimisation, not a certificate.
     """
-    gram = jnp.asarray(gram, jnp.float64)
     m = draws_.u.shape[0]
+    k = _num_candidates(m, num_candidates)
+    res, _, _ = _calibrate(gram, target_epsilon, target_delta, draws_, solver, initial_noise, k,
+                           empty_screen_state(m, draws_.u.shape[1], k))
+    return res
+
+
+def _num_candidates(m, num_candidates):
     k = default_num_candidates(m) if num_candidates is None else int(min(num_candidates, m))
     if k < 1:
         raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
+    return k
+
+
+def _calibrate(gram, target_epsilon, target_delta, draws_, solver, initial_noise, k, state):
+    gram = jnp.asarray(gram, jnp.float64)
     if not isinstance(solver, NewtonIllinois):
         raise ValueError(f"solver must be NewtonIllinois(...), got {solver!r}")
     eps = jnp.asarray(target_epsilon, jnp.float64)
@@ -354,7 +459,50 @@ def calibrate_screened(gram, target_epsilon, target_delta, draws_: ScreenedDraws
                  jax.lax.stop_gradient(jnp.asarray(initial_noise, jnp.float64)))
     t0 = jnp.clip(t0, jnp.log(lo_b), jnp.log(hi_b))
     sqrt_gram = gram_sqrt(gram)
-    t, status, passes, ok = _screened_root((solver, k), gram, sqrt_gram, eps, jnp.log(target), t0,
-                                           jnp.log(lo_b), jnp.log(hi_b), draws_)
-    status, passes, ok = jax.lax.stop_gradient((status, passes, ok))
-    return ScreenedResult(jnp.exp(t), status, passes, ok)
+    t, status, passes, ok, reused, new_state = _screened_root(
+        (solver, k), gram, sqrt_gram, eps, jnp.log(target), t0, jnp.log(lo_b), jnp.log(hi_b),
+        draws_, state)
+    status, passes, ok, reused, new_state = jax.lax.stop_gradient(
+        (status, passes, ok, reused, new_state))
+    return ScreenedResult(jnp.exp(t), status, passes, ok), new_state, reused
+
+
+class ScreenedStep(NamedTuple):
+    """:func:`calibrate_screened_reusing`'s output: the result, the state for the next call on
+    the same sample, and whether this call reused the previous screen (no pass over ``m x b``)."""
+
+    result: ScreenedResult
+    state: ScreenState
+    reused: jax.Array
+
+
+def calibrate_screened_reusing(gram, target_epsilon, target_delta, draws_: ScreenedDraws,
+                               state: ScreenState, *, solver: NewtonIllinois = NewtonIllinois(),
+                               initial_noise=None, num_candidates: int | None = None) -> ScreenedStep:
+    """:func:`calibrate_screened` that reuses the previous call's screen when it provably holds.
+
+    Consecutive optimisation steps on one sample move ``(C, sigma*)`` a little.  The screen of
+    an earlier call (``state``, relative to its point ``(G_0, L_0, sigma_0)``) still selects
+    every contributing sample if each excluded sample's loss stays below ``eps`` by the bound
+    of :func:`_drift` (the module docstring's bound plus the change of ``G`` and of its
+    Cholesky factor ``L``).  Then the float32 matmul, the screen and the selection are skipped
+    and only the candidates are solved; otherwise the call screens afresh (and falls back to
+    the full float64 solve as :func:`calibrate_screened` does).  Either way the root and the
+    implicit gradient are those of the full estimate on this sample (up to float64 summation
+    order): the reuse is a shortcut, never an approximation.
+
+    Args: as :func:`calibrate_screened`, plus ``state``: :func:`empty_screen_state` for the
+      first call on a sample, then the previous call's ``ScreenedStep.state`` (reset it when
+      the sample changes: a state is only valid for the sample it was computed on).
+
+    Returns:
+      :class:`ScreenedStep` ``(result, state, reused)``.
+    """
+    m = draws_.u.shape[0]
+    k = _num_candidates(m, num_candidates)
+    if state.idx_p.shape != (k,) or state.y_pq.shape != (m,):
+        raise ValueError(f"state: shapes for K = {state.idx_p.shape[0]} candidates and "
+                         f"{state.y_pq.shape[0]} samples, expected K = {k} and {m} "
+                         "(empty_screen_state(num_samples, batches_per_epoch, num_candidates))")
+    return ScreenedStep(*_calibrate(gram, target_epsilon, target_delta, draws_, solver,
+                                    initial_noise, k, state))

@@ -55,7 +55,8 @@ from dpjax import _validate
 from dpjax._progress import progress as _progress
 from dpjax.calibration.montecarlo import (_MAX_PRECOMPUTED, Bisection, NewtonIllinois,
                                           calibrate_on_draws)
-from dpjax.calibration.screened import calibrate_screened, screened_draws
+from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
+                                        screened_draws)
 from dpjax.montecarlo import as_prng_key, gram_matrix
 from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, certify_noise,
                                         default_certify_samples, ladder_base_delta,
@@ -225,41 +226,47 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
         sens = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
         return jnp.where(jnp.isfinite(sigma0) & (sigma0 > 0), sigma0, sens)
 
-    def loss_fn(params, eps, delta, sample, sigma0):
+    def loss_fn(params, eps, delta, sample, sigma0, screen_state):
         corr = parameterization.correlation(params)
         gram = gram_matrix(corr, b, epochs)
         start = start_of(sigma0, gram)
         if screened:
-            res = calibrate_screened(gram, eps, delta, sample, solver=solver, initial_noise=start,
-                                     num_candidates=num_candidates)
+            res, screen_state, reused = calibrate_screened_reusing(
+                gram, eps, delta, sample, screen_state, solver=solver, initial_noise=start,
+                num_candidates=num_candidates)
             flag = res.screened
         else:
             res = calibrate_on_draws(gram, eps, delta, key=sample, num_samples=num_samples,
                                      solver=solver, initial_noise=start, precompute=precompute)
-            flag = jnp.zeros((), bool)
+            flag = reused = jnp.zeros((), bool)
         err = objective(corr, n)
         rmse = res.root * err
-        return jnp.log(rmse), (res.root, rmse, res.num_passes, res.status, flag)
+        return jnp.log(rmse), (res.root, rmse, res.num_passes, res.status, flag, reused,
+                               screen_state)
 
     def sample_of(sample, step_index):
         # Unscreened: `sample` is the run's key; this step's draws come from fold_in(key, step).
         return sample if screened else jax.random.fold_in(sample, step_index)
 
-    def step(params, opt_state, eps, delta, sample, step_index, sigma0):
+    def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, eps, delta, sample_of(sample, step_index), sigma0)
+            params, eps, delta, sample_of(sample, step_index), sigma0, screen_state)
         updates, new_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         return new_params, new_state, loss, aux
 
-    def evaluate(params, eps, delta, sample, step_index, sigma0):
-        loss, aux = loss_fn(params, eps, delta, sample_of(sample, step_index), sigma0)
+    def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
+        loss, aux = loss_fn(params, eps, delta, sample_of(sample, step_index), sigma0, screen_state)
         return loss, aux, objective(parameterization.correlation(params), n)
 
     def draw(key, index):
         return screened_draws(jax.random.fold_in(key, index), b, num_samples)
 
-    return jax.jit(step), jax.jit(evaluate), jax.jit(draw)
+    def no_screen():
+        # The state of "no screen yet on this sample" (None on the unscreened path).
+        return (empty_screen_state(num_samples, b, num_candidates) if screened else None)
+
+    return jax.jit(step), jax.jit(evaluate), jax.jit(draw), jax.jit(no_screen)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -299,6 +306,62 @@ def _write_checkpoint(path, config, step, params, opt_state, sigma, history) -> 
             "params": params_to_list(params), "opt_state": _state_to_json(opt_state),
             "sigma": sigma, "history": history}
     _atomic_write(path, json.dumps(_jsonable(data)))
+
+
+def _screen_path(path, step: int) -> str:
+    return f"{os.fspath(path)}.screen-{int(step)}.npz"
+
+
+def _write_screen_state(path, step: int, state) -> None:
+    """The screen state to use at ``step`` (binary sidecar of the checkpoint, written first).
+
+    Written before the JSON checkpoint of the same step and named by the step, so whatever a
+    kill leaves, the checkpoint's own step has its sidecar; older sidecars are removed after the
+    checkpoint is in place (:func:`_drop_old_screen_states`).
+    """
+    if state is None:
+        return
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **{name: np.asarray(x) for name, x in zip(state._fields, state)})
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, _screen_path(path, step))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _drop_old_screen_states(path, keep_step: int) -> None:
+    import glob
+
+    keep = _screen_path(path, keep_step)
+    for old in glob.glob(glob.escape(os.fspath(path)) + ".screen-*.npz"):
+        if old != keep:
+            try:
+                os.unlink(old)
+            except OSError:
+                pass
+
+
+def _read_screen_state(path, step: int, template):
+    """The sidecar of ``step`` as a state like ``template``, or ``None`` (missing / mismatched:
+    the resumed run then screens afresh, equal to an uninterrupted run up to float64 summation
+    order instead of bit for bit)."""
+    if template is None:
+        return None
+    try:
+        with np.load(_screen_path(path, step)) as z:
+            leaves = [np.asarray(z[name]) for name in template._fields]
+    except (OSError, ValueError, KeyError):
+        return None
+    if any(a.shape != np.shape(t) or a.dtype != np.asarray(t).dtype for a, t in zip(leaves, template)):
+        return None
+    return type(template)(*[jnp.asarray(a) for a in leaves])
 
 
 def _read_checkpoint(path, config):
@@ -434,15 +497,20 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     t_start = time.perf_counter()
     with jax.enable_x64(True):
         opt_state = optimizer.init(params)
-        step_fn, eval_fn, draw_fn = _compiled(parameterization, b, epochs, num_samples, optimizer,
+        step_fn, eval_fn, draw_fn, no_screen_fn = _compiled(parameterization, b, epochs, num_samples, optimizer,
                                               objective, solver, precompute, screened,
                                               num_candidates)
         start, sigma, history = 0, math.nan, []
+        no_screen = no_screen_fn()
+        screen_state, restored = no_screen, False
         if resume and os.path.exists(checkpoint_path):
             ck = _read_checkpoint(checkpoint_path, config)
             params = params_from_list(ck["params"])
             opt_state = _state_from_json(opt_state, ck["opt_state"])
             start, sigma, history = int(ck["step"]), float(ck["sigma"]), list(ck["history"])
+            restored_state = _read_screen_state(checkpoint_path, start, no_screen)
+            if restored_state is not None:
+                screen_state, restored = restored_state, True
             if start > num_steps:
                 raise ValueError(f"num_steps = {num_steps} is below the checkpoint's step {start}")
         status, reason = "completed", ""
@@ -460,11 +528,17 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                         draw_first_s = time.perf_counter() - t0  # includes its compilation
                     draw_s += time.perf_counter() - t0
                     t0 = time.perf_counter()
+                if k % resample_every == 0 or (k == start and not restored):
+                    # A screen is reused only on the sample it was computed on.  A resumed run
+                    # restores the state from the checkpoint's sidecar, so it computes exactly
+                    # the steps of an uninterrupted run (same screens, same summation order).
+                    screen_state = no_screen
                 new_params, new_state, loss, aux = step_fn(params, opt_state, eps, delta, sample, k,
-                                                           sigma)
+                                                           sigma, screen_state)
                 loss = float(loss)
-                s_k, rmse_k, passes, solver_status, was_screened = (
-                    float(aux[0]), float(aux[1]), int(aux[2]), int(aux[3]), bool(aux[4]))
+                s_k, rmse_k, passes, solver_status, was_screened, was_reused = (
+                    float(aux[0]), float(aux[1]), int(aux[2]), int(aux[3]), bool(aux[4]),
+                    bool(aux[5]))
                 if k == start:
                     compile_s = time.perf_counter() - t0
                 finite = math.isfinite(loss) and all(
@@ -475,18 +549,23 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                               f"solver status {solver_status}); kept the parameters of step {k}")
                     break
                 history.append({"step": k, "loss": loss, "rmse": rmse_k, "noise_multiplier": s_k,
-                                "solver_passes": passes, "screened": was_screened})
-                params, opt_state, sigma = new_params, new_state, s_k
+                                "solver_passes": passes, "screened": was_screened,
+                                "screen_reused": was_reused})
+                params, opt_state, sigma, screen_state = new_params, new_state, s_k, aux[6]
                 bar.update(1, rmse=f"{rmse_k:.5g}", sigma=f"{s_k:.5g}")
                 if checkpoint_path is not None and ((k + 1) % checkpoint_every == 0):
+                    _write_screen_state(checkpoint_path, k + 1, screen_state)
                     _write_checkpoint(checkpoint_path, config, k + 1, params, opt_state, sigma, history)
+                    _drop_old_screen_states(checkpoint_path, k + 1)
         steps_s = time.perf_counter() - t_steps
         done = history[-1]["step"] + 1 if history else start
         if checkpoint_path is not None:
+            _write_screen_state(checkpoint_path, done, screen_state)
             _write_checkpoint(checkpoint_path, config, done, params, opt_state, sigma, history)
+            _drop_old_screen_states(checkpoint_path, done)
         # The estimate at the final parameters (fresh draws of index `done`).
         eval_sample = draw_fn(jkey, done) if screened else jkey
-        loss_f, aux_f, err_f = eval_fn(params, eps, delta, eval_sample, done, sigma)
+        loss_f, aux_f, err_f = eval_fn(params, eps, delta, eval_sample, done, sigma, no_screen)
         sigma_est, err = float(aux_f[0]), float(err_f)
         corr = parameterization.correlation(params)
         first_column = np.asarray(parameterization.first_column(params)).tolist()
