@@ -18,7 +18,8 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
   :class:`Bisection` and :func:`calibrate_on_draws`.
 * :mod:`dpjax.calibration.screened` -- the optimisation loop's calibration
   :func:`calibrate_screened`: the full estimate's root and implicit gradient from one float32
-  screen of the sample plus float64 work on the few samples that can contribute.
+  screen of the sample plus float64 work on the few samples that can contribute;
+  :func:`calibrate_screened_reusing` carries the screen from one optimisation step to the next.
 """
 
 # Lazy exports (PEP 562), as in :mod:`dpjax`: ``dpsgd_noise_multiplier`` needs only the PLD
@@ -34,7 +35,9 @@ _ATTRS = {
                     "dpjax.calibration.montecarlo"),
     **dict.fromkeys(("DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
                      "dpsgd_noise_multiplier_core", "epsilon_fn"), "dpjax.calibration.pld"),
-    **dict.fromkeys(("ScreenedDraws", "ScreenedResult", "calibrate_screened", "screened_draws"),
+    **dict.fromkeys(("ScreenedDraws", "ScreenedResult", "calibrate_screened", "screened_draws",
+                     "ScreenState", "ScreenedStep", "calibrate_screened_reusing",
+                     "empty_screen_state"),
                     "dpjax.calibration.screened"),
     **dict.fromkeys(("ImplicitAdjoint", "RootResult", "SolverStatus", "StopGradientAdjoint", "bisect_monotone",
                      "solve_monotone_root"), "dpjax.calibration.root"),
@@ -49,6 +52,7 @@ __all__ = [
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",
     "Bisection", "NewtonIllinois", "CalibrationResult", "calibrate_on_draws",
     "calibrate_screened", "screened_draws", "ScreenedDraws", "ScreenedResult",
+    "calibrate_screened_reusing", "empty_screen_state", "ScreenState", "ScreenedStep",
 ]
 
 

@@ -24,6 +24,10 @@ the samples with ``Y_j(sigma) > eps`` contribute -- at ``delta ~ 1e-5`` a few hu
    ``sigma``, and if that fails too the full float64 solve runs (``lax.cond``: the result is
    never an approximation).
 4. **Gradient** by the implicit function theorem (one reverse pass) on the ``K`` candidates only.
+5. **Reuse** (:func:`calibrate_screened_reusing`): the next optimisation step on the same sample
+   first tries the previous screen's candidates, with the check of 3 extended to the change of
+   ``G`` and of its Cholesky factor since that screen (:func:`_drift`); only if it fails does it
+   screen again.  A reused step makes no pass over the ``m x b`` sample at all.
 
 The float32 pass never determines a number that is returned: the returned ``sigma*``, its
 slope and its gradient are float64 on the candidates (or on the full sample in the fallback).

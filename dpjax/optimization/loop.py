@@ -12,7 +12,9 @@ err(C))`` (``err`` the noise-free objective, by default :func:`prefix_sum_error`
   all ``m x b`` entries at the previous step's sigma selects the samples that can contribute,
   then :class:`~dpjax.calibration.NewtonIllinois` and the implicit gradient (one reverse pass,
   Choquette-Choo et al. 2024 §4.2) run in float64 on those only -- the exact estimate's root
-  and gradient, with a checked bound and a full float64 fallback;
+  and gradient, with a checked bound and a full float64 fallback; the next step of the same
+  sample reuses that screen when a drift bound proves it still selects every contributing
+  sample (no pass over the sample);
 * or, for :class:`~dpjax.calibration.Bisection` (Algorithm 2 as written, the benchmark's anchor)
   and for samples too large to hold (``m b > 2^24``): fresh draws from ``fold_in(key, step)``
   every step, full passes (chunked when large).
@@ -20,8 +22,9 @@ err(C))`` (``err`` the noise-free objective, by default :func:`prefix_sum_error`
 The jitted step is cached on its static configuration (parameterization, ``b``, ``E``,
 ``num_samples``, optimizer, objective, solver), so repeated calls and resumed runs reuse one
 compiled program.  Checkpoints (JSON, written atomically: temp file + ``os.replace``) hold the
-parameters, the optimizer state, the step, the warm-start sigma and the history, so a killed
-run resumes to the identical result.  A non-finite loss or parameter stops the run, keeps the
+parameters, the optimizer state, the step, the warm-start sigma and the history, with the
+screen state in a binary sidecar ``<checkpoint>.screen-<step>.npz``, so a killed run resumes to
+the identical result.  A non-finite loss or parameter stops the run, keeps the
 last good parameters (and checkpoint) and says why.  The result is then certified
 (:func:`dpjax.optimization.certify.certify_noise`) with independent draws.
 
