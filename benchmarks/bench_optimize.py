@@ -98,11 +98,12 @@ sys.path.insert(0, ROOT)
 
 EPS, DELTA, BUFFERS = 1.0, 1e-5, 4  # Fig. 4 of the paper: eps = 1, delta = 1e-5
 RESAMPLE = 10  # dpjax's default resample_every
+SCREENED_ABOVE = False  # --screened-above-2-24
 GRID = [(e, b, m) for m in (17, 20) for e in (16, 32, 64) for b in (32, 64, 128)]
 
 
 def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str,
-            resample_every: int = 10) -> dict:
+            resample_every: int = 10, precompute: bool | None = None) -> dict:
     import jax
     from dpjax.calibration import Bisection, NewtonIllinois
     from dpjax.optimization import make_parameterization, optimize_correlation
@@ -112,7 +113,7 @@ def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str,
         param, batches_per_epoch=b, epochs=epochs, target_epsilon=EPS, target_delta=DELTA,
         num_steps=steps, num_samples=1 << log2m, key=0, progress=False, certify=False,
         solver=NewtonIllinois(xtol=1e-9) if solver == "newton" else Bisection(),
-        resample_every=resample_every)
+        resample_every=resample_every, precompute=precompute if solver == "newton" else None)
     t = res.timings
     # The first step and the first draw carry the compilations; the rest is steady state
     # (later draws, every resample_every steps, are included in it, amortised).
@@ -128,6 +129,10 @@ def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str,
         "extrapolated_300_steps_s": first + 299 * per_step,
         "measured_300_steps": steps == 300,
         "fraction_screened": sum(screened) / max(1, len(screened)),
+        "fraction_screen_reused": (sum(h.get("screen_reused", False) for h in res.history)
+                                   / max(1, len(res.history))),
+        # optimize_correlation's whole wall time: compile, draws, steps, final estimate.
+        "optimize_total_s": t["total"],
         "loadavg_at_end": list(os.getloadavg()),
         "mean_solver_passes": sum(passes) / max(1, len(passes)),
         "final_rmse_estimate": res.history[-1]["rmse"] if res.history else None,
@@ -238,13 +243,15 @@ def _child(args) -> None:
         print(json.dumps(profile(e, b, lm)))
         return
     e, b, lm, steps, solver = args.one
-    print(json.dumps(run_one(int(e), int(b), int(lm), int(steps), solver, args.resample_every)))
+    print(json.dumps(run_one(int(e), int(b), int(lm), int(steps), solver, args.resample_every,
+                             True if args.screened_above_2_24 else None)))
 
 
 def _spawn(argv) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
+    extra = ["--screened-above-2-24"] if SCREENED_ABOVE else []
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--epsilon", str(EPS),
-                           "--resample-every", str(RESAMPLE), *argv], env=env,
+                           "--resample-every", str(RESAMPLE), *extra, *argv], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
@@ -252,7 +259,7 @@ def _spawn(argv) -> dict:
 
 
 def main() -> None:
-    global EPS, RESAMPLE
+    global EPS, RESAMPLE, SCREENED_ABOVE
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="E=16, b=128, 2^17 only; anchor 5 steps")
     ap.add_argument("--configs", nargs="*", default=None, help="ExBxlog2m, e.g. 16x128x17")
@@ -264,12 +271,16 @@ def main() -> None:
     ap.add_argument("--resample-every", type=int, default=RESAMPLE,
                     help="dpjax row: steps sharing one Monte Carlo sample (anchor: always 1)")
     ap.add_argument("--profile", action="store_true", help="per-piece timing at E=16, b=128, 2^17")
+    ap.add_argument("--screened-above-2-24", action="store_true",
+                    help="dpjax row: the screened path also when m b > 2^24 (precompute=True: the whole "
+                         "sample in memory, ~6 GB at m = 2^20, b = 128) instead of the streamed one")
     ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", nargs=3, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_optimize.json"))
     args = ap.parse_args()
     EPS = args.epsilon
     RESAMPLE = args.resample_every
+    SCREENED_ABOVE = args.screened_above_2_24
     if args.one or args.profile_one:
         _child(args)
         return
@@ -298,7 +309,7 @@ def main() -> None:
         configs = GRID
         anchor_steps = args.anchor_steps or args.steps
     print(f"{'E':>3} {'b':>4} {'m':>8} {'solver':>7} {'steps':>5} {'compile s':>9} {'step s':>8} "
-          f"{'300 steps s':>11} {'passes':>6} {'RSS MB':>7} {'ratio':>6}")
+          f"{'300 steps s':>11} {'total s':>8} {'passes':>6} {'reused':>6} {'RSS MB':>7} {'ratio':>6}")
     for e, b, lm in configs:
         row = {"config": f"{e}x{b}x2^{lm}"}
         new = _spawn(["--one", str(e), str(b), str(lm), str(args.steps), "newton"])
@@ -319,7 +330,8 @@ def main() -> None:
             ratio = f"{row.get('speedup_per_step', float('nan')):6.1f}" if label == "anchor" else ""
             print(f"{e:>3} {b:>4} {1 << lm:>8} {label:>7} {r['steps_run']:>5} "
                   f"{r['compile_and_first_step_s']:9.2f} {r['per_step_s']:8.3f} "
-                  f"{r['extrapolated_300_steps_s']:11.1f} {r['mean_solver_passes']:6.1f} "
+                  f"{r['extrapolated_300_steps_s']:11.1f} {r['optimize_total_s']:8.1f} "
+                  f"{r['mean_solver_passes']:6.1f} {r['fraction_screen_reused']:6.2f} "
                   f"{r['peak_rss_mb']:7.0f} {ratio}")
     record["loadavg_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
