@@ -35,6 +35,16 @@ Run::
 
 Writes ``benchmarks/results/bench_optimize.json`` and prints a table.
 
+Measured 2026-11-24 ~21:33 UTC on the idle 2-core CPU (load < 2.4 at the start, nothing else
+running; bench_optimize_quick.json): E=16, b=128, 2^17, eps=1, 300 steps **75.0 s measured**
+(optimize_correlation's whole wall time: compile + first step + first draw 9.3 s, 0.203 s/step,
+4.9 solver passes/step, 50% of the steps reusing the previous screen, peak RSS 1.6 GB); the
+Algorithm-2 anchor in the same run 5.07 s/step (3 steps; 1526 s extrapolated): **25x per step**.
+The previous release (16ef111, no screen reuse), same machine, minutes later
+(bench_optimize_quick_base.json): 106.3 s, 0.309 s/step.  The VM was faster than on 2026-11-23
+(148.5 s for that release then), so the 1.52x per step is the reuse's share.  Grid rows:
+bench_optimize_grid17.json (all nine E x b at 2^17, 300 steps each).
+
 Measured 2026-11-23 ~20:12 UTC on the idle 2-core CPU (load 0.9-1.6; bench_optimize_idle.json,
 bench_optimize_profile_idle.json): E=16, b=128, 2^17, eps=1, 300 steps **148.5 s measured**
 (compile + first step + first draw 14.0 s, 0.450 s/step), 3.9 solver passes/step, peak RSS
