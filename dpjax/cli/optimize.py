@@ -7,8 +7,9 @@ Example::
 
 Progress on stderr (off with ``--quiet`` or ``--json``).  ``--out`` receives the
 :class:`dpjax.optimization.OptimizationResult` JSON (written atomically); a checkpoint
-``<out>.checkpoint.json`` is written every ``--checkpoint-every`` steps, and ``--resume``
-continues from it.  The printed object holds ``noise_multiplier`` (certified),
+``<out>.checkpoint.json`` is written every ``--checkpoint-every`` steps (with the screen state
+of the in-loop calibration beside it, ``<out>.checkpoint.json.screen-<step>.npz``), and
+``--resume`` continues from it.  The printed object holds ``noise_multiplier`` (certified),
 ``noise_multiplier_estimate``, ``first_column``, ``rmse`` (at the certified sigma) and
 ``certificate``.
 """
@@ -218,7 +219,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
     p.add_argument("--out", default=None, metavar="FILE",
                    help="write the loadable result JSON (OptimizationResult.load) to FILE; the checkpoint "
-                        "is FILE.checkpoint.json")
+                        "is FILE.checkpoint.json (with its binary screen-state sidecar "
+                        "FILE.checkpoint.json.screen-<step>.npz, which makes --resume bit-identical)")
     p.add_argument("--checkpoint-every", type=_args.integer(1, 10**7), default=25,
                    help="steps between checkpoints, an integer >= 1 (default 25; needs --out)")
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
