@@ -81,21 +81,17 @@ def _load():
         if os.path.exists(path):
             with open(path) as f:
                 data["groups"][group] = json.load(f)
-    # Optimized rows are saved one file per (family, epsilon) as each run finishes.
+    # Optimized (and re-certified) rows are saved one file per (family, epsilon) as each run
+    # finishes.
     import glob
 
-    opt_rows = []
-    for path in sorted(glob.glob(RESULTS.replace(".json", ".optimized_*.json"))):
-        with open(path) as f:
-            opt_rows.append(json.load(f))
-    if opt_rows:
-        data["groups"]["optimized"] = {"rows": opt_rows}
-    re_rows = []
-    for path in sorted(glob.glob(RESULTS.replace(".json", ".recertified_*.json"))):
-        with open(path) as f:
-            re_rows.append(json.load(f))
-    if re_rows:
-        data["groups"]["recertified"] = {"rows": re_rows}
+    for group in ("optimized", "recertified"):
+        rows = []
+        for path in sorted(glob.glob(RESULTS.replace(".json", f".{group}_*.json"))):
+            with open(path) as f:
+                rows.append(json.load(f))
+        if rows:
+            data["groups"][group] = {"rows": rows}
     return data
 
 
