@@ -193,12 +193,13 @@ class OptimizationResult:
         return p.correlation(params_from_list(self.params))
 
 
-def _atomic_write(path, text: str) -> None:
+def _atomic_write(path, text: str | bytes) -> None:
+    """Write ``text`` (str or bytes) to a temp file beside ``path``, fsync, ``os.replace``."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -324,19 +325,11 @@ def _write_screen_state(path, step: int, state) -> None:
     """
     if state is None:
         return
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{name: np.asarray(x) for name, x in zip(state._fields, state)})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, _screen_path(path, step))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: np.asarray(x) for name, x in zip(state._fields, state)})
+    _atomic_write(_screen_path(path, step), buffer.getvalue())
 
 
 def _drop_old_screen_states(path, keep_step: int) -> None:
@@ -353,8 +346,8 @@ def _drop_old_screen_states(path, keep_step: int) -> None:
 
 def _read_screen_state(path, step: int, template):
     """The sidecar of ``step`` as a state like ``template``, or ``None`` (missing / mismatched:
-    the resumed run then screens afresh, equal to an uninterrupted run up to float64 summation
-    order instead of bit for bit)."""
+    the resumed run then screens afresh and agrees with an uninterrupted run to the solver's
+    tolerance instead of bit for bit)."""
     if template is None:
         return None
     try:
