@@ -43,7 +43,11 @@ Algorithm-2 anchor in the same run 5.07 s/step (3 steps; 1526 s extrapolated): *
 The previous release (16ef111, no screen reuse), same machine, minutes later
 (bench_optimize_quick_base.json): 106.3 s, 0.309 s/step.  The VM was faster than on 2026-11-23
 (148.5 s for that release then), so the 1.52x per step is the reuse's share.  Grid rows:
-bench_optimize_grid17.json (all nine E x b at 2^17, 300 steps each).
+bench_optimize_grid17.json (all nine E x b at 2^17, 300 steps each, anchors 2 steps each);
+bench_optimize_grid20.json (eight E x b at 2^20, 300 steps, --screened-above-2-24, idle: 100.6-
+356.9 s), bench_optimize_grid20_anchors.json (anchors at E = 16, b = 64 and 128: 42.1 and
+74.8 s/step; b = 32: 21.8 s/step in bench_optimize_grid20_partial.log) and
+bench_optimize_64x128x20.json (300 steps, 826.7 s under load, peak RSS 5.95 GB).
 
 Measured 2026-11-23 ~20:12 UTC on the idle 2-core CPU (load 0.9-1.6; bench_optimize_idle.json,
 bench_optimize_profile_idle.json): E=16, b=128, 2^17, eps=1, 300 steps **148.5 s measured**
