@@ -162,3 +162,7 @@ def test_reused_screen_gives_the_full_estimates_root_and_gradient():
         with pytest.raises(ValueError, match="state"):
             calibrate_screened_reusing(g0, EPS, DELTA, d, empty_screen_state(M, B, 64),
                                        num_candidates=128)
+        for args, name in (((0, B), "num_samples"), ((M, 0), "batches_per_epoch"),
+                           ((M, B, 0), "num_candidates")):
+            with pytest.raises(ValueError, match=name):
+                empty_screen_state(*args)

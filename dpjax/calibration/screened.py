@@ -50,8 +50,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from dpjax import _validate
 from dpjax._results import ResultMixin
 from dpjax.calibration.montecarlo import (_BRACKET_RELATIVE, NewtonIllinois, _newton_illinois,
                                           _zero_cotangent)
@@ -131,9 +131,14 @@ class ScreenState(NamedTuple):
 
 def empty_screen_state(num_samples: int, batches_per_epoch: int,
                        num_candidates: int | None = None) -> ScreenState:
-    """A :class:`ScreenState` with ``valid = False`` (shapes for ``m`` samples, ``b`` modes, ``K``)."""
-    m, b = int(num_samples), int(batches_per_epoch)
-    k = default_num_candidates(m) if num_candidates is None else int(min(num_candidates, m))
+    """A :class:`ScreenState` with ``valid = False`` (shapes for ``m`` samples, ``b`` modes, ``K``).
+
+    Raises:
+      ValueError: ``num_samples``, ``batches_per_epoch`` or ``num_candidates`` below 1.
+    """
+    m = _validate.positive_int("num_samples", num_samples)
+    b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _num_candidates(m, num_candidates)
     f = functools.partial(jnp.zeros, dtype=jnp.float64)
     return ScreenState(jnp.zeros((), bool), f(()), f((b, b)), f((b, b)), f((m,)), f((m,)), f((m,)),
                        f((m,)), f((m,)), f((m,)), jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool),
