@@ -177,7 +177,6 @@ def recertified_rows(eps_values, delta, args):
     """Each saved optimized row's C certified again with more samples (fresh, independent key)."""
     import glob
 
-    from dpjax.optimization import prefix_sum_error
     from dpjax.optimization.certify import certify_noise
 
     rows = []

@@ -17,6 +17,7 @@ of the in-loop calibration beside it, ``<out>.checkpoint.json.screen-<step>.npz`
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from dpjax.cli import _args
@@ -129,10 +130,10 @@ def baseline_rows(param, res, args) -> list[dict]:
     from dpjax.optimization import baselines as bl
 
     b, epochs, eps, delta = res.batches_per_epoch, res.epochs, res.target_epsilon, res.target_delta
-    cert = res.certificate or {}
-    samples = int(cert.get("num_samples") or args.certify_samples or 0) or None
+    # The result's own certificate size (else --certify-samples, else the baseline's default).
+    samples = (res.certificate or {}).get("num_samples") or args.certify_samples
     rows = [bl.dpsgd_unamplified(eps, delta, b, epochs), bl.dpsgd_poisson(eps, delta, b, epochs)]
-    kw = {} if samples is None else {"certify_samples": samples}
+    kw = {} if samples is None else {"certify_samples": int(samples)}
     rows.append(bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), eps, delta, b, epochs,
                                            name="dpsgd_balls_in_bins", key=args.seed + 1, **kw))
     rows += bl.unamplified_optimum(param, [eps], delta, b, epochs)
@@ -141,7 +142,7 @@ def baseline_rows(param, res, args) -> list[dict]:
     for r in rows:
         out.append({"name": r.name, "noise_multiplier": r.noise_multiplier, "rmse": r.rmse,
                     "accounting": r.accounting,
-                    "gain": (r.rmse / mine - 1.0) if mine and mine == mine else None})
+                    "gain": r.rmse / mine - 1.0 if math.isfinite(mine) and mine > 0 else None})
     return out
 
 

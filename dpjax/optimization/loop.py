@@ -531,10 +531,12 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                     screen_state = no_screen
                 new_params, new_state, loss, aux = step_fn(params, opt_state, eps, delta, sample, k,
                                                            sigma, screen_state)
+                # One device-to-host transfer for the step's scalars (the state stays on device).
+                loss, scalars = jax.device_get((loss, aux[:6]))
                 loss = float(loss)
                 s_k, rmse_k, passes, solver_status, was_screened, was_reused = (
-                    float(aux[0]), float(aux[1]), int(aux[2]), int(aux[3]), bool(aux[4]),
-                    bool(aux[5]))
+                    float(scalars[0]), float(scalars[1]), int(scalars[2]), int(scalars[3]),
+                    bool(scalars[4]), bool(scalars[5]))
                 if k == start:
                     compile_s = time.perf_counter() - t0
                 finite = math.isfinite(loss) and all(
