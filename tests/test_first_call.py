@@ -98,3 +98,21 @@ def test_cli_second_run_loads_serialized_program(tmp_path):
     assert first == direct and second == direct       # bit-identical numbers
     artifacts[0].write_bytes(b"not a program")        # unreadable: re-exported, same answer
     assert _cli(argv, tmp_path) == direct
+
+
+def test_cli_sweep_second_run_loads_serialized_programs(tmp_path):
+    # The sweep's bucket programs (shard_map over the configuration axis) go through the same
+    # serialized-program path: the second process skips tracing and lowering, same table.
+    pytest.importorskip("flatbuffers")
+    argv = ["sweep", "--noise-multiplier", "0.8,2", "--sampling-prob", "1e-3,1e-2", "--steps", "1000",
+            "--delta", "1e-5", "--json"]
+    table = lambda out: [(r["epsilon"], r["lower"], r["n"], r["dx"]) for r in out["table"]]
+    direct = table(_cli(argv, "0"))
+    assert table(_cli(argv, tmp_path)) == direct
+    artifacts = sorted((tmp_path / "exported").glob("sweep_program-*.jaxexport"))
+    assert len(artifacts) >= 1
+    stamps = [a.stat().st_mtime_ns for a in artifacts]
+    assert table(_cli(argv, tmp_path)) == direct                 # loaded, not re-exported
+    assert [a.stat().st_mtime_ns for a in artifacts] == stamps
+    artifacts[0].write_bytes(b"not a program")                   # unreadable: re-exported, same table
+    assert table(_cli(argv, tmp_path)) == direct

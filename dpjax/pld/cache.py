@@ -124,26 +124,72 @@ def exported_call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
         return out
 
 
+def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str) -> Callable | None:
+    """``jitted`` (no static arguments left; ``static_key`` names what was baked into it) compiled
+    for ``args``, through a serialized :mod:`jax.export` artifact when the persistent cache is on:
+    a later process deserializes the lowered module (no tracing, no lowering) and its compile is
+    a persistent-cache hit.  Returns a callable taking ``*args`` (same tree), or None when the
+    cache is off or anything fails (the caller then compiles directly).  Single-process,
+    single-device programs only (the artifact records the device count; the sweep's CLI runs)."""
+    export_dir = _EXPORT_DIR
+    if export_dir is None or jax.process_count() != 1:
+        return None
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if any(len(getattr(leaf, "sharding", None).device_set) != 1 for leaf in leaves
+               if hasattr(leaf, "sharding")):
+            return None
+        key_parts = [name, static_key, str(treedef), repr([str(jax.typeof(leaf)) for leaf in leaves]),
+                     jax.__version__, jax.default_backend(), str(bool(jax.config.jax_enable_x64)),
+                     _source_fingerprint()]
+        key = hashlib.sha256("\x00".join(key_parts).encode()).hexdigest()[:40]
+        with _LOCK:
+            loaded = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {})
+        if loaded is None:
+            return None
+        call, exp = loaded
+        lowered = _with_backend_hook(exp, lambda: call.lower(*leaves))
+        compiled = lowered.compile()  # outside the lock: the sweep compiles programs in parallel
+    except Exception:
+        return None
+
+    def run(*a):
+        return compiled(*jax.tree_util.tree_leaves(a))
+
+    return run
+
+
+def _with_backend_hook(exp, fn):
+    """``fn()`` (which lowers ``exp``), skipping the LAPACK-kernel initialization when ``exp`` has
+    no LAPACK custom call (see :func:`_first_call`)."""
+    try:
+        from jax._src.export import _export as jax_export
+
+        jax_export._ensure_backends_initialized  # noqa: B018 (present in this JAX version?)
+        skip = b"lapack" not in bytes(exp.mlir_module_serialized)
+    except Exception:
+        return fn()
+    if not skip:
+        return fn()
+    with _HOOK_LOCK:  # the patch is process-global: one lowering at a time while it is in place
+        hook = jax_export._ensure_backends_initialized
+        jax_export._ensure_backends_initialized = lambda platforms: None
+        try:
+            return fn()
+        finally:
+            jax_export._ensure_backends_initialized = hook
+
+
+_HOOK_LOCK = threading.Lock()
+
+
 def _first_call(call, exp, leaves):
     """The first call (it lowers the exported module into a program).  Lowering a module
     exported for CPU initializes JAX's LAPACK kernels, which imports ``scipy.linalg`` (~0.3 s of
     a CLI run on 2 cores); a module with no LAPACK custom call does not need them, so then the
     initialization is skipped for this lowering (private JAX hook: if it moved, nothing is
     skipped)."""
-    try:
-        from jax._src.export import _export as jax_export
-
-        hook = jax_export._ensure_backends_initialized
-        skip = b"lapack" not in bytes(exp.mlir_module_serialized)
-    except Exception:
-        return call(*leaves)
-    if not skip:
-        return call(*leaves)
-    jax_export._ensure_backends_initialized = lambda platforms: None
-    try:
-        return call(*leaves)
-    finally:
-        jax_export._ensure_backends_initialized = hook
+    return _with_backend_hook(exp, lambda: call(*leaves))
 
 
 def _load_or_export(export_dir, name, key, fn, leaves, treedef, static):

@@ -26,13 +26,20 @@ XLA program.  The sweep therefore
    means a smaller truncation bound; all kept when any member keeps all);
 3. runs every bucket as ONE jitted program: the accountant's own program
    (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed), so a sweep compiles one program per bucket (8 on the
-   issue's 1,000-configuration DP-SGD distribution, retries included; 10 before), whatever the number of configurations.
+   (padding slots are never computed), so a sweep compiles one program per bucket (6 on the
+   issue's 1,000-configuration DP-SGD distribution, retries included; 8 before the planner sized
+   windows by the probe's Chernoff quantiles, step 4), whatever the number of configurations.
    Programs are compiled ahead, in a background pool of :data:`COMPILE_WORKERS` threads in run
    order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
    budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
-   negligible: keep every frequency); retried rows (rare) form the buckets of the next round.
+   negligible: keep every frequency); retried rows form the buckets of the next round.  To keep
+   them rare the sweep plans with ``plan_grid(..., chernoff_window=True)``: the window also
+   holds the Chernoff quantiles of the probe's composed log-MGF at the retry threshold, which a
+   composition far from Gaussian (small ``q * T``) needs (default policy only: with explicit
+   ``options`` rows are planned as the single call plans them); on the issue's distribution 22 of
+   1,000 rows re-run (164 with the Cornish-Fisher width alone, each a second run and most a
+   second program).
 
 Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
 [0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
@@ -106,6 +113,7 @@ from dpjax import _validate
 from dpjax._progress import progress
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
+from dpjax.pld import cache as _cache
 from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
 
 __all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS", "SWEEP_SLACK"]
@@ -349,7 +357,10 @@ def _plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width
     directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
         else ("remove", "add")
     want, kw = _query(cfg, options)
-    plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
+    # The sweep's own policy also sizes windows by the probe's Chernoff quantiles (fewer retried
+    # rows, fewer programs); any other options plan exactly as the single call does.
+    plan = plan_grid(groups, directions, options=options, min_width=min_width,
+                     chernoff_window=options is SWEEP_OPTIONS, **kw)
     if _ROUND_N_POW2 and want == "eps":
         plan = _pow2_plan(plan)
     return _Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
@@ -553,7 +564,14 @@ def _compile(key, mesh, first: _Planned, kinds, static, args):
     if fn is None:
         ms, n_freq = static
         with jax.enable_x64(True):
-            fn = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq).lower(*args).compile()
+            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq)
+            # With the persistent cache on (every CLI run), a serialized program from an earlier
+            # process skips tracing and lowering (~0.4 s a program on 2 cores); else compile here.
+            fn = _cache.exported_compiled(
+                "sweep_program", program, args,
+                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size)))
+            if fn is None:
+                fn = program.lower(*args).compile()
         _COMPILED[key] = fn
     return fn
 
