@@ -26,9 +26,10 @@ XLA program.  The sweep therefore
    means a smaller truncation bound; all kept when any member keeps all);
 3. runs every bucket as ONE jitted program: the accountant's own program
    (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed), so a sweep compiles one program per bucket (6 on the
+   (padding slots are never computed), so a sweep compiles one program per bucket (5 on the
    issue's 1,000-configuration DP-SGD distribution, retries included; 8 before the planner sized
-   windows by the probe's Chernoff quantiles, step 4), whatever the number of configurations.
+   windows by the probe's Chernoff quantiles, step 4, and small buckets joined larger ones
+   from 128 members down instead of 24), whatever the number of configurations.
    Programs are compiled ahead, in a background pool of :data:`COMPILE_WORKERS` threads in run
    order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
@@ -459,8 +460,11 @@ def _bucket_static(members: list[_Planned]):
 
 
 #: A bucket with fewer members than this joins the next larger FFT length of the same program
-#: structure (a compile costs about as much as running ~100-300 configurations).
-MIN_BUCKET = 24
+#: structure (a compile costs about as much as running ~100-300 configurations).  Measured on the
+#: issue's 1,000 configurations (idle 2 cores, two runs each): 128 folds the 78-row n = 8192
+#: bucket into n = 16384, 5 programs, first pass 16.4-19.3 s; 24 gave 6 programs, 18.3-22.1 s;
+#: second passes alike (5.8-7.5 s).
+MIN_BUCKET = 128
 
 
 def _fits(static, old) -> bool:
