@@ -187,7 +187,7 @@ def main(argv=None):
                    definition="fresh process, empty compilation cache; time from before the import to the result; "
                               "CLI: wall time of `python -m dpjax ...`, second run with the persistent cache the first "
                               "filled",
-                   note="2-core CPU shared with other jobs: absolute times inflated by contention",
+                   note="2-core CPU, sometimes shared with other jobs: the load average is recorded; compare rows with the anchor measured in the same run",
                    loadavg_start=load0, loadavg_end=os.getloadavg(), rows=rows,
                    machine=dict(platform=platform.platform(), python=platform.python_version(),
                                 cpu_count=os.cpu_count(), jax=jax.__version__))

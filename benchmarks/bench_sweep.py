@@ -135,7 +135,7 @@ def main(argv=None):
     out = dict(
         benchmark="bench_sweep", configs=args.configs, anchor_subset=m, with_lower=not args.no_lower,
         distribution="sigma~U[0.6,3], q log-U[1e-3,3e-2], T log-U[1e2,3e4], delta=1e-5, seed 0",
-        note="2-core CPU shared with other jobs: absolute times inflated by contention; ratios measured in one run",
+        note="2-core CPU, sometimes shared with other jobs: the load average is recorded; compare rows with the anchor measured in the same run; ratios measured in one run",
         rows=rows, dpjax_programs=dj["programs"],
         dp_accounting_inside_dpjax_bracket=inside, median_rel_diff_dp_accounting_vs_dpjax=sorted(rel)[len(rel) // 2],
         machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
