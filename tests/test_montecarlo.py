@@ -488,3 +488,15 @@ def test_large_sample_count_bounded_memory(reference_cases):
     d, se = BallsInBins(TOEPLITZ4, 32, 8).delta(1.0, 2.0, 1 << 28, key=123)
     assert _close(float(d), float(se), row["value"], row["extra"]["standard_error"])
     assert se < 4e-5
+
+
+def test_cli_certify_default_seed_is_not_the_calibration_seed():
+    # mc-calibrate then mc-certify with default seeds must verify on fresh draws (the draws of a
+    # seed are a prefix of one stream, so equal seeds would reuse the calibration's samples).
+    from dpjax.cli.main import build_parser
+
+    parser = build_parser()
+    common = ["--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "1"]
+    cal = parser.parse_args(["mc-calibrate", *common, "--delta", "0.1"])
+    cert = parser.parse_args(["mc-certify", *common, "--noise-multiplier", "1", "--delta", "0.1"])
+    assert cal.seed == 0 and cert.seed == 1

@@ -14,7 +14,8 @@ target; its distance to the exact minimal noise is the accountant's discretizati
 (at most ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon with the default grid).
 ``mc-calibrate`` solves the Monte Carlo *estimate* ``delta_hat(sigma) = --delta`` with
 ``--samples`` common random numbers; it is not a certificate (run ``dpjax mc-certify`` on the
-result with more samples).  Adjacency: add/remove for Poisson sampling and for the
+result with more samples and another ``--seed``: its default, 1, differs from this command's 0,
+because Estimate-Verify-Release needs verification draws independent of the calibration's).  Adjacency: add/remove for Poisson sampling and for the
 balls-in-bins Monte Carlo accountant, replace for fixed batches (``adjacency`` in the output).
 Comma lists (``--epsilon 1,2,4``) calibrate once per value and print one row each.  Group
 calibration is slow (tens of seconds): a progress bar is drawn on stderr when it is a terminal
@@ -55,7 +56,8 @@ def _run_mc_calibrate(args) -> dict:
     return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
                 delta_estimate=float(delta_hat), standard_error=float(se), num_samples=int(samples),
                 seed=args.seed, adjacency=MC_ADJACENCY, accountant="montecarlo (balls-in-bins, common random numbers)",
-                guarantee="estimate only: certify with dpjax mc-certify and more samples")
+                guarantee="estimate only: certify with dpjax mc-certify, more samples and a --seed other than "
+                          "this one (the verification draws must be independent of the calibration's)")
 
 
 def register(subparsers) -> None:
