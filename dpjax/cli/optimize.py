@@ -17,6 +17,7 @@ of the in-loop calibration beside it, ``<out>.checkpoint.json.screen-<step>.npz`
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import os
 
@@ -75,6 +76,20 @@ def _run(args) -> dict:
         directory = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(directory):
             raise ValueError(f"--out: directory {directory!r} does not exist")
+    if args.baselines is None:
+        args.baselines = bool(args.example)
+    if args.baselines and args.no_certify:
+        # The balls-in-bins DP-SGD row is EVR-certified with --certify-samples (or its default):
+        # refuse now, before minutes of optimization and a written result, if that cannot work.
+        # (With certification on, the loop validates the certificate size the row then reuses.)
+        from dpjax.montecarlo import _evr
+        from dpjax.optimization.baselines import balls_in_bins_certified
+
+        count = args.certify_samples or inspect.signature(balls_in_bins_certified).parameters["certify_samples"].default
+        if _evr.base_delta_for_target(int(count), float(args.delta)) is None:
+            raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {args.delta:g} "
+                             f"with {count} samples; pass --certify-samples >= {_evr.minimum_samples(float(args.delta))} "
+                             f"(more, e.g. 10x, to leave room for the estimate) or --no-baselines")
     n = args.batches_per_epoch * args.epochs
     param = make_parameterization(args.family, n, bands=args.bands,
                                   num_buffers=args.buffers if args.family == "blt" else None)
@@ -104,8 +119,6 @@ def _run(args) -> dict:
     out["adjacency"] = "add_or_remove"  # balls-in-bins Monte Carlo accounting (Choquette-Choo et al. 2024)
     out["params"] = d["params"]
     out["history_rows"] = len(d["history"])
-    if args.baselines is None:
-        args.baselines = bool(args.example)
     if args.baselines:
         out["baselines"] = baseline_rows(param, res, args)
     if args.out is not None:
