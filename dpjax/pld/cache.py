@@ -16,7 +16,9 @@ deserializes the lowered module instead of tracing the Python code, and its comp
 persistent-cache hit.  The artifact's key covers the program's name, its static arguments, the
 argument tree (mechanism classes and static fields included) and types, the JAX version, the
 backend and a fingerprint of dpjax's source files, so an edited dpjax never runs a stale
-program.
+program.  The sweep's bucket programs (``shard_map`` over the configuration axis, one device)
+take the same path through :func:`exported_compiled`, which returns the compiled program itself
+(the sweep compiles ahead, in background threads).
 """
 
 from __future__ import annotations
