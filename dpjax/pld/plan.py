@@ -322,20 +322,25 @@ def plan_grid(
     target_delta: float | None,
     options: GridOptions,
     min_width: float = 0.0,
-    chernoff_window: bool = False,
+    chernoff_window: bool = True,
 ) -> GridPlan:
     """Choose one grid for composing ``groups`` in every direction (see module docstring).
 
     ``groups`` carry counts; their ``offsets`` are ignored and replaced.  ``min_width`` (loss units)
     forces a wider window at the same ``dx`` (a retry after a wrap-around bound came out over
-    budget passes the width the Chernoff bounds asked for).  ``chernoff_window=True`` also sizes
-    the window by the Chernoff quantiles of the probe masses' composed log-MGF (x1.1), not only
-    by the Cornish-Fisher spread: the jitted program's wrap-around check asks for that width, so
-    a composition far from Gaussian (small ``q * T``: mostly a point mass at 0 plus a Poisson
-    count of sampled steps) no longer needs a second run on a wider window.  Used by
-    :func:`dpjax.sweep`, where a second run is a second program (measured on the issue's 1,000
-    DP-SGD configurations: 164 rows re-ran, and asked for 1.02-2.6x the planned width).
-    Tightness and speed only: soundness never depends on the plan.
+    budget passes the width the Chernoff bounds asked for).  ``chernoff_window`` (default on)
+    also sizes the window by the Chernoff quantiles of the probe masses' composed log-MGF at the
+    accountant's retry threshold (10 tau outside each side), not only by the Cornish-Fisher
+    spread: the jitted program's wrap-around check asks for that width, so a composition far
+    from Gaussian (small ``q * T``: mostly a point mass at 0 plus a Poisson count of sampled
+    steps) no longer needs a second run on a wider window, which is a second XLA program.
+    Measured: on 1,000 random DP-SGD configurations (sigma in [0.6, 3], q in [1e-3, 3e-2], T in
+    [1e2, 3e4]) 164 sweep rows re-ran without it (asking for 1.02-2.6x the planned width), 22
+    with it; a single ``dpsgd_accounting(1.5709, 0.0019644, 167, 1e-5)`` compiled 2 programs in
+    4.6 s, now 1 in 2.8 s.  Of 300 such configurations under the single call's grid policy, 220
+    plan exactly as before, 70 get a wider window at the same ``n`` (a larger ``dx``, still
+    within the accuracy target) and 10 a doubled ``n``.  Tightness and speed only: soundness
+    never depends on the plan.
     """
     counts = [np.asarray(g.counts, np.int64) for g in groups]
     total = int(sum(int(c.sum()) for c in counts))

@@ -34,12 +34,11 @@ XLA program.  The sweep therefore
    order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
    budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
-   negligible: keep every frequency); retried rows form the buckets of the next round.  To keep
-   them rare the sweep plans with ``plan_grid(..., chernoff_window=True)``: the window also
-   holds the Chernoff quantiles of the probe's composed log-MGF at the retry threshold, which a
-   composition far from Gaussian (small ``q * T``) needs (default policy only: with explicit
-   ``options`` rows are planned as the single call plans them); on the issue's distribution 22 of
-   1,000 rows re-run (164 with the Cornish-Fisher width alone, each a second run and most a
+   negligible: keep every frequency); retried rows form the buckets of the next round.  They
+   are rare because the planner (:func:`dpjax.pld.plan_grid`, ``chernoff_window``) sizes every
+   window by the Chernoff quantiles of the probe's composed log-MGF at the retry threshold too,
+   which a composition far from Gaussian (small ``q * T``) needs: on the issue's distribution 22
+   of 1,000 rows re-run (164 with the Cornish-Fisher width alone, each a second run and most a
    second program).  A retried row that no compiled program holds has its program compiled as
    soon as the row is known, behind the round's own compiles, with generous static sizes
    (supports ``n`` long, 4x the kept frequencies) so that rows retried later fit it too: it
@@ -362,10 +361,7 @@ def _plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width
     directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
         else ("remove", "add")
     want, kw = _query(cfg, options)
-    # The sweep's own policy also sizes windows by the probe's Chernoff quantiles (fewer retried
-    # rows, fewer programs); any other options plan exactly as the single call does.
-    plan = plan_grid(groups, directions, options=options, min_width=min_width,
-                     chernoff_window=options is SWEEP_OPTIONS, **kw)
+    plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
     if _ROUND_N_POW2 and want == "eps":
         plan = _pow2_plan(plan)
     return _Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
