@@ -44,6 +44,15 @@ ENTRY_POINTS = {
         "a.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, "
         "dp_accounting.GaussianDpEvent(1.0)), 1000))\nr = a.get_delta(2.0)",
         "accounting"),
+    # Small q * T (0.33 expected sampled steps): far from Gaussian; before the planner's Chernoff
+    # window (2026-11-25) this ran a second, wider program (two compiles).
+    "dpsgd_epsilon_small_qT": (
+        "import dpjax\nr = dpjax.dpsgd_epsilon(1.5709, 0.0019644, 167, 1e-5)",
+        "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\n"
+        "a = p.PLDAccountant(value_discretization_interval=1e-4)\n"
+        "a.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.0019644, "
+        "dp_accounting.GaussianDpEvent(1.5709)), 167))\nr = a.get_epsilon(1e-5)",
+        "accounting"),
     # Anchor: the same group-of-8 guarantee in dp_accounting, the mixture of Gaussians of
     # Ganesh (2024) Thm 3.1 (sensitivities 0..8, Binomial(8, q) weights) composed 2000 times; it
     # builds the mixture's PLD point by point (20 s on 2 cores; bounded by ANCHOR_LIMIT_S).
