@@ -800,10 +800,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                             rows[p.index] = row
                             new.append(row)
                         if len(pending) > retried:
-                            # Retried rows that no compiled program holds: compile their program now,
-                            # behind this round's, so it overlaps the rest of the round instead of
-                            # running alone at its end (the next round reuses it when its bucket is
-                            # unchanged by later retries; else it compiles the larger one).
+                            # Retried rows that no compiled program holds: compile their program now
+                            # (generous sizes, see bucket_jobs), behind this round's, so it overlaps the
+                            # rest of the round instead of running alone at its end; the next round
+                            # reuses it unless a later retry needs more than it holds.
                             for r_parts, r_static, r_args0, r_key in bucket_jobs(pending, retry_round=True):
                                 submit(r_key, r_parts[0][0], r_static, r_args0)
                         if store is not None:
