@@ -134,7 +134,12 @@ NOISE_MULTIPLIER_HELP = "noise multiplier sigma = noise std / clip norm, > 0 (co
 EPSILON_TARGET_HELP = "epsilon >= 0 (comma list for several)"
 DELTA_TARGET_HELP = "delta in (0, 1) (comma list for several)"
 STEPS_HELP = f"number of steps T, an integer in [1, {MAX_STEPS}]"
-SEED_HELP = f"PRNG seed of the Monte Carlo draws, an integer in [0, {MAX_SEED}] (default 0)"
+def seed_help(default: int = 0, why: str = "") -> str:
+    """Help of a ``--seed`` option with its default (and, optionally, why that default)."""
+    return f"PRNG seed of the Monte Carlo draws, an integer in [0, {MAX_SEED}] (default {default}{why})"
+
+
+SEED_HELP = seed_help()
 SAMPLES_HELP = f"Monte Carlo sample count m, an integer in [1, 2^40] (1e6 accepted)"
 
 

@@ -148,9 +148,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("mc-certify", help="Estimate-Verify-Release certificate for (epsilon, target delta)",
                               description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p, seed_default=CERTIFY_DEFAULT_SEED,
-                seed_help=_args.SEED_HELP.replace("(default 0)", f"(default {CERTIFY_DEFAULT_SEED}, not "
-                                                  "mc-calibrate's 0: certify a calibrated noise multiplier on draws "
-                                                  "independent of the calibration's)"))
+                seed_help=_args.seed_help(CERTIFY_DEFAULT_SEED, ", not mc-calibrate's 0: certify a calibrated noise "
+                                                                "multiplier on draws independent of the calibration's"))
     p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
                    help="epsilon to certify, " + _args.EPSILON_TARGET_HELP)
     # --delta as everywhere else; --target-delta kept as an alias (its original name)

@@ -17,7 +17,6 @@ of the in-loop calibration beside it, ``<out>.checkpoint.json.screen-<step>.npz`
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 
@@ -83,9 +82,9 @@ def _run(args) -> dict:
         # refuse now, before minutes of optimization and a written result, if that cannot work.
         # (With certification on, the loop validates the certificate size the row then reuses.)
         from dpjax.montecarlo import _evr
-        from dpjax.optimization.baselines import balls_in_bins_certified
+        from dpjax.optimization.baselines import DEFAULT_CERTIFY_SAMPLES
 
-        count = args.certify_samples or inspect.signature(balls_in_bins_certified).parameters["certify_samples"].default
+        count = args.certify_samples or DEFAULT_CERTIFY_SAMPLES
         if _evr.base_delta_for_target(int(count), float(args.delta)) is None:
             raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {args.delta:g} "
                              f"with {count} samples; pass --certify-samples >= {_evr.minimum_samples(float(args.delta))} "

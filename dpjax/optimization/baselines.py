@@ -148,9 +148,13 @@ def dpsgd_poisson(epsilon, delta, batches_per_epoch, epochs) -> BaselineRow:
                 f"dpjax PLD, Poisson q = 1/{b}, {n} steps", column=[1.0])
 
 
+#: Default certificate size of :func:`balls_in_bins_certified` (samples).
+DEFAULT_CERTIFY_SAMPLES = 1 << 23
+
+
 def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epochs, *,
                             name="balls_in_bins", calibration_samples=None,
-                            certify_samples=1 << 23, key=0, max_raises=20,
+                            certify_samples=DEFAULT_CERTIFY_SAMPLES, key=0, max_raises=20,
                             raise_factor=1.005) -> BaselineRow:
     """``C`` under balls-in-bins batching, with a noise multiplier certified by EVR.
 

@@ -104,10 +104,7 @@ def exported_call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
         return fn(*args, **static)
     try:
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        key_parts = [name, repr(sorted(static.items())), str(treedef),
-                     repr([str(jax.typeof(leaf)) for leaf in leaves]), jax.__version__,
-                     jax.default_backend(), str(bool(jax.config.jax_enable_x64)), _source_fingerprint()]
-        key = hashlib.sha256("\x00".join(key_parts).encode()).hexdigest()[:40]
+        key = _artifact_key(name, repr(sorted(static.items())), treedef, leaves)
     except Exception:
         return fn(*args, **static)
     call = _LOADED.get(key)
@@ -126,6 +123,14 @@ def exported_call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
         return out
 
 
+def _artifact_key(name: str, static_key: str, treedef, leaves) -> str:
+    """The artifact's key: program name, static arguments, argument tree and types, JAX version,
+    backend, x64 mode and the dpjax source fingerprint (see the module docstring)."""
+    parts = [name, static_key, str(treedef), repr([str(jax.typeof(leaf)) for leaf in leaves]), jax.__version__,
+             jax.default_backend(), str(bool(jax.config.jax_enable_x64)), _source_fingerprint()]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
+
+
 def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str) -> Callable | None:
     """``jitted`` (no static arguments left; ``static_key`` names what was baked into it) compiled
     for ``args``, through a serialized :mod:`jax.export` artifact when the persistent cache is on:
@@ -141,10 +146,7 @@ def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str)
         if any(len(getattr(leaf, "sharding", None).device_set) != 1 for leaf in leaves
                if hasattr(leaf, "sharding")):
             return None
-        key_parts = [name, static_key, str(treedef), repr([str(jax.typeof(leaf)) for leaf in leaves]),
-                     jax.__version__, jax.default_backend(), str(bool(jax.config.jax_enable_x64)),
-                     _source_fingerprint()]
-        key = hashlib.sha256("\x00".join(key_parts).encode()).hexdigest()[:40]
+        key = _artifact_key(name, static_key, treedef, leaves)
         with _LOCK:
             loaded = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {})
         if loaded is None:
@@ -167,8 +169,8 @@ def _with_backend_hook(exp, fn):
     try:
         from jax._src.export import _export as jax_export
 
-        jax_export._ensure_backends_initialized  # noqa: B018 (present in this JAX version?)
-        skip = b"lapack" not in bytes(exp.mlir_module_serialized)
+        skip = (hasattr(jax_export, "_ensure_backends_initialized")
+                and b"lapack" not in bytes(exp.mlir_module_serialized))
     except Exception:
         return fn()
     if not skip:

@@ -207,11 +207,6 @@ _LAMBDA_SPREAD = np.geomspace(0.5, 2.0, 5)
 _LAMBDA_FALLBACK = np.geomspace(0.3, 3.0, 5)
 
 
-def _chernoff_lambdas(masses_d, counts, lam_gauss: float, log_tau: float, mid) -> np.ndarray:
-    """See :func:`_chernoff_search` (the Chernoff parameters only)."""
-    return _chernoff_search(masses_d, counts, lam_gauss, log_tau, mid)[0]
-
-
 def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid):
     """Chernoff parameters ``(+lam_1..+lam_5, -lam_1..-lam_5)`` for one direction.
 

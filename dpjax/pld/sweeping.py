@@ -744,12 +744,13 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         sizes: dict[tuple, dict[int, list]] = {}
         inflight: dict = {}                          # program key -> compile future (this sweep)
 
-        def bucket_jobs(pending, retry_round):
+        def bucket_jobs(pending, retry_round, only_new=False):
             """The buckets of ``pending`` with their static sizes, first-chunk inputs and program
             keys.  A bucket runs on a program of this sweep that holds it (the one with the
             shortest support) or gets its own; in a retry round (rows still arriving while the
             first round runs) a new program is made generous, every support ``n`` long and 4x
-            the kept frequencies, so that later retried rows fit it too (few rows run on it)."""
+            the kept frequencies, so that later retried rows fit it too (few rows run on it).
+            ``only_new``: just the buckets that need a new program (no inputs built for the rest)."""
             jobs = []
             for struct, members in _buckets(pending, sizes):
                 n = members[0].plan.n
@@ -757,6 +758,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                 have = sizes.setdefault(struct, {}).setdefault(n, [])
                 fit = [old for old in have if _fits(static, old)]
                 if fit:  # an already compiled program of this sweep holds them
+                    if only_new:
+                        continue
                     static = min(fit, key=lambda st: max(max(r) for r in st[0]))
                 else:
                     if retry_round:
@@ -804,7 +807,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                             # (generous sizes, see bucket_jobs), behind this round's, so it overlaps the
                             # rest of the round instead of running alone at its end; the next round
                             # reuses it unless a later retry needs more than it holds.
-                            for r_parts, r_static, r_args0, r_key in bucket_jobs(pending, retry_round=True):
+                            for r_parts, r_static, r_args0, r_key in bucket_jobs(pending, retry_round=True,
+                                                                                 only_new=True):
                                 submit(r_key, r_parts[0][0], r_static, r_args0)
                         if store is not None:
                             store.append(new)
