@@ -29,6 +29,7 @@ from dpjax._x64 import float64, host_only
 from dpjax.pld.exact import gaussian_log_delta
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
+from dpjax import _xla
 
 __all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
 
@@ -80,7 +81,7 @@ def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                num_iterations=num_iterations, log_scale=True, adjoint=adjoint)
 
 
-@jax.jit
+@_xla.jit
 def _batched(eps, delta, steps):
     core = lambda e, d, t: gaussian_noise_multiplier_core(e, d, t, adjoint=StopGradientAdjoint())
     return jax.vmap(core)(eps, delta, steps)

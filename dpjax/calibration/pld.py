@@ -65,6 +65,7 @@ from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax import _xla
 
 __all__ = [
     "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
@@ -217,7 +218,7 @@ def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, ste
                                adjoint=adjoint)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "n"))
+@functools.partial(_xla.jit, static_argnames=("directions", "n"))
 def _certified_epsilons(mechanism, counts, offsets, dx, lambdas, log_tau, target_delta, *, directions, n):
     """Certified epsilon of a batch of ``B`` DP-SGD configurations, each on its own grid.
 

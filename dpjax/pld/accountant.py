@@ -38,6 +38,7 @@ from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
 from dpjax.pld.plan import GridOptions, GridPlan, coarse_shape, plan_grid, tilt_parameters
+from dpjax import _xla
 
 # ------------------------------------------------------------------------------------------
 # Results
@@ -315,7 +316,7 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     return _program_jit(*args, **static)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
 def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
                  tilted=False, tilt=None, tilt_from=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
@@ -344,7 +345,7 @@ def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, 
     return jnp.stack(per_kind, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
 def _tilted_program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, tilt, tilt_from, *, directions, ms, n, kinds,
                         want, n_freq=None):
     """:func:`_program_jit` in its tilted mode with ``tilt``/``tilt_from`` positional (the form

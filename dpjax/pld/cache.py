@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 import jax
 
+from dpjax import _xla
+
 DEFAULT_DIR = pathlib.Path(os.path.expanduser("~")) / ".cache" / "dpjax" / "xla"
 
 
@@ -114,10 +116,10 @@ def exported_call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
         call = _LOADED.get(key)
         if call is not None:
             return call(*leaves)
-        loaded = _load_or_export(export_dir, name, key, fn, leaves, treedef, static)
-        if loaded is None:
+        exp = _load_or_export(export_dir, name, key, fn, leaves, treedef, static)
+        if exp is None:
             return fn(*args, **static)
-        call, exp = loaded
+        call = _xla.jit(exp.call)  # a one-shot accountant program: dpjax._xla's compile options
         out = _first_call(call, exp, leaves)
         _LOADED[key] = call
         return out
@@ -148,10 +150,10 @@ def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str)
             return None
         key = _artifact_key(name, static_key, treedef, leaves)
         with _LOCK:
-            loaded = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {})
-        if loaded is None:
+            exp = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {})
+        if exp is None:
             return None
-        call, exp = loaded
+        call = jax.jit(exp.call)  # the sweep's programs: JAX's default compile options (dpjax._xla)
         lowered = _with_backend_hook(exp, lambda: call.lower(*leaves))
         compiled = lowered.compile()  # outside the lock: the sweep compiles programs in parallel
     except Exception:
@@ -221,4 +223,4 @@ def _load_or_export(export_dir, name, key, fn, leaves, treedef, static):
             os.replace(tmp, path)
         except Exception:  # read-only cache: run it anyway, this process only
             pass
-    return jax.jit(exp.call), exp
+    return exp

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
 from dpjax.pld.mechanisms import Direction
+from dpjax import _xla
 
 _U = 2.0**-52
 
@@ -196,7 +197,7 @@ def _tails(log_mgf, lambdas, w_lo, dx, n):
     return above, below
 
 
-@functools.partial(jax.jit, static_argnames=("direction", "ms", "n", "kinds", "n_freq"))
+@functools.partial(_xla.jit, static_argnames=("direction", "ms", "n", "kinds", "n_freq"))
 def compose(
     groups: Sequence[Group],
     dx,
@@ -238,7 +239,7 @@ def compose(
     return jax.tree_util.tree_map(lambda a: a[0], out)
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "n_freq", "tilted"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "n_freq", "tilted"))
 def compose_directions(
     groups_by_direction: Sequence[Sequence[Group]],
     dx,

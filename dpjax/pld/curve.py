@@ -50,6 +50,7 @@ from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax import _xla
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
 
@@ -79,7 +80,7 @@ class EpsilonCurve(ResultMixin):
     recomputed: np.ndarray
 
 
-@functools.partial(jax.jit, static_argnames=("directions", "ms", "n", "kinds", "batch"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "batch"))
 def _curve_program(groups, counts, dx, lambdas, log_tau, deltas, *, directions, ms, n, kinds, batch):
     """``(K, directions, kinds, 1 + 6)``: the accountant's program with the count traced and
     vmapped in chunks of ``batch`` (the discretization and forward FFT do not depend on it)."""

@@ -40,6 +40,7 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from dpjax._x64 import float64
+from dpjax import _xla
 
 __all__ = ["gaussian_delta", "gaussian_log_delta", "gaussian_epsilon"]
 
@@ -88,7 +89,7 @@ def gaussian_log_delta(epsilon, mu):
     return _gaussian_log_delta(jnp.asarray(epsilon, jnp.float64), jnp.asarray(mu, jnp.float64))
 
 
-@jax.jit
+@_xla.jit
 def _gaussian_log_delta(eps, mu):
     return jnp.where(mu > 0, _log_delta(eps, _safe_mu(mu)), -jnp.inf)
 
@@ -130,7 +131,7 @@ def gaussian_epsilon(target_delta, mu):
     return _gaussian_epsilon(jnp.asarray(target_delta, jnp.float64), jnp.asarray(mu, jnp.float64))
 
 
-@jax.jit
+@_xla.jit
 def _gaussian_epsilon(target_delta, mu):
     # Jitted once per shape: an eager call would otherwise re-trace the loops every time.
     log_target, mu = jnp.broadcast_arrays(jnp.log(target_delta), mu)

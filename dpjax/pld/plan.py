@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax.pld.compose import Group
+from dpjax import _xla
 
 # Widest window (in loss units) for which exp(+-width/2) stays finite in float64.
 MAX_WINDOW_WIDTH = 1300.0
@@ -143,7 +144,7 @@ def _fft_size(x: float) -> int:
     return three if three >= x and three >= 64 else p
 
 
-@functools.partial(jax.jit, static_argnames=("directions",))
+@functools.partial(_xla.jit, static_argnames=("directions",))
 def _probe(mechanism, directions, y):
     y = jnp.asarray(y)
     out = []

@@ -1,0 +1,106 @@
+"""``jit`` with XLA:CPU compile options tuned for a fast first call (dpjax's one-shot programs).
+
+Most of a first ``dpjax.dpsgd_epsilon`` is XLA compilation (docs/design.md §2.5).  XLA:CPU has two
+code generators for fused elementwise loops: its MLIR "fusion emitters" (the default) and the
+older loop emitters (``xla_cpu_use_fusion_emitters=False``).  On dpjax's accountant programs the
+older ones compile faster and the programs run as fast; measured on the 2-core CPU (fresh
+processes, empty cache, 3 alternating repeats, ``benchmarks/results/bench_first_call_ab_emitters.json``):
+first ``dpsgd_epsilon`` 1.89-2.08 -> 1.50-1.65 s, ``dpsgd_delta`` 1.77-2.03 -> 1.39-1.50 s,
+``dpsgd_noise_multiplier`` 2.04-2.27 -> 1.70-1.83 s, identical values.
+
+Not used for the sweep's batched programs (``dpjax.pld.sweeping._batched``): their
+``while_loop`` over configurations ran slower with the older emitters (second pass of the
+1,000-configuration sweep 8.5 s against 6.2 s, and 8.0 s against 7.5 s in a second pair of runs),
+and there the run time dominates.
+
+The options apply only where they can: a top-level call (JAX refuses ``compiler_options`` on a
+``jit`` nested in another trace, so a call under a user's ``jit``/``vmap``/``grad`` uses the plain
+program: the same numbers), on the CPU backend (other backends get JAX's defaults), and while
+XLA knows the option (an XLA without it makes :func:`jit` fall back to the plain program once,
+for the rest of the process).  ``DPJAX_XLA_FAST_COMPILE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+#: XLA debug options for dpjax's one-shot programs on CPU (see the module docstring).
+CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+_enabled = os.environ.get("DPJAX_XLA_FAST_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _top_level() -> bool:
+    try:
+        from jax._src import core
+
+        return bool(core.trace_state_clean())
+    except Exception:  # private JAX API moved: never pass the options (always valid)
+        return False
+
+
+def _use_options() -> bool:
+    return _enabled and _top_level() and jax.default_backend() == "cpu"
+
+
+def _disable() -> None:
+    global _enabled
+    _enabled = False
+
+
+def _unknown_option(err: Exception) -> bool:
+    return "No such compile option" in str(err)
+
+
+class _Jit:
+    """A ``jax.jit`` pair: with :data:`CPU_COMPILE_OPTIONS` (top-level CPU calls) and without."""
+
+    def __init__(self, fun, **jit_kwargs):
+        self._plain = jax.jit(fun, **jit_kwargs)
+        self._fast = jax.jit(fun, compiler_options=CPU_COMPILE_OPTIONS, **jit_kwargs)
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args, **kwargs):
+        if not _use_options():
+            return self._plain(*args, **kwargs)
+        try:
+            return self._fast(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - only the unknown-option error is handled
+            if not _unknown_option(err):
+                raise
+            _disable()
+            return self._plain(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return (self._fast if _use_options() else self._plain).lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        return (self._fast if _use_options() else self._plain).trace(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        return self._plain._cache_size() + self._fast._cache_size()
+
+    def clear_cache(self):
+        self._plain.clear_cache()
+        self._fast.clear_cache()
+
+    def __get__(self, obj, objtype=None):  # behave like a function when stored on a class
+        return self if obj is None else functools.partial(self, obj)
+
+
+def jit(fun=None, **jit_kwargs):
+    """``jax.jit(fun, **jit_kwargs)`` compiled with :data:`CPU_COMPILE_OPTIONS` when called at
+    top level on CPU (see the module docstring).  Usable as ``@jit``, ``jit(f, ...)`` and
+    ``functools.partial(jit, static_argnames=...)``."""
+    if fun is None:
+        return functools.partial(jit, **jit_kwargs)
+    return _Jit(fun, **jit_kwargs)
+
+
+def compile_options() -> dict:
+    """The options a top-level compile of a dpjax one-shot program gets now (``{}`` if none),
+    for code that lowers and compiles explicitly (``lowered.compile(compile_options())``)."""
+    return dict(CPU_COMPILE_OPTIONS) if _use_options() else {}

@@ -1,0 +1,59 @@
+"""dpjax._xla.jit: XLA:CPU compile options for one-shot programs, without changing any number."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dpjax import _xla
+
+
+@pytest.fixture
+def restore_xla(monkeypatch):
+    monkeypatch.setattr(_xla, "_enabled", True)
+    yield
+    # monkeypatch restores _enabled (and anything else the test patched)
+
+
+def test_top_level_call_uses_the_options_and_nested_calls_do_not(restore_xla):
+    f = _xla.jit(lambda x: jnp.sin(x) * 2.0 + 1.0)
+    if jax.default_backend() == "cpu":
+        assert _xla.compile_options() == _xla.CPU_COMPILE_OPTIONS
+    y = f(0.5)
+    assert f._fast._cache_size() == (1 if jax.default_backend() == "cpu" else 0)
+    # Under a user's jit, vmap and grad the plain program is staged (JAX refuses
+    # compiler_options on a nested jit): same numbers, no error.
+    np.testing.assert_allclose(float(jax.jit(lambda x: f(x) - 1.0)(0.5)), float(y) - 1.0, rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(jax.vmap(f)(jnp.array([0.5, 0.5]))), [float(y)] * 2, rtol=1e-7)
+    np.testing.assert_allclose(float(jax.grad(f)(0.5)), 2.0 * np.cos(0.5), rtol=1e-6)
+
+
+def test_unknown_option_falls_back_to_the_plain_program(monkeypatch, restore_xla):
+    if jax.default_backend() != "cpu":
+        pytest.skip("the options are only passed on CPU")
+    monkeypatch.setattr(_xla, "CPU_COMPILE_OPTIONS", {"xla_cpu_option_that_does_not_exist": True})
+    f = _xla.jit(lambda x: x * 3.0)
+    assert float(f(2.0)) == 6.0
+    assert _xla._enabled is False          # disabled for the rest of the process...
+    assert _xla.compile_options() == {}
+    assert float(f(4.0)) == 12.0           # ...and the plain program keeps answering
+
+
+def test_other_errors_are_not_swallowed(restore_xla):
+    f = _xla.jit(lambda x: x.reshape((3,)))
+    with pytest.raises(TypeError):
+        f(jnp.ones(4))
+    assert _xla._enabled is True
+
+
+def test_switch_off_gives_identical_accountant_results(monkeypatch, restore_xla):
+    # The options change code generation, not arithmetic semantics: same epsilon, same bracket.
+    import dpjax
+    from dpjax.pld import accountant
+
+    on = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
+    accountant._program_jit.clear_cache()
+    monkeypatch.setattr(_xla, "_enabled", False)
+    off = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
+    for name in ("epsilon", "epsilon_upper", "epsilon_lower"):
+        np.testing.assert_allclose(float(getattr(on, name)), float(getattr(off, name)), rtol=1e-12, atol=0)
