@@ -87,9 +87,6 @@ class _Jit:
         self._plain.clear_cache()
         self._fast.clear_cache()
 
-    def __get__(self, obj, objtype=None):  # behave like a function when stored on a class
-        return self if obj is None else functools.partial(self, obj)
-
 
 def jit(fun=None, **jit_kwargs):
     """``jax.jit(fun, **jit_kwargs)`` compiled with :data:`CPU_COMPILE_OPTIONS` when called at

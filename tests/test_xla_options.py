@@ -21,6 +21,8 @@ def test_top_level_call_uses_the_options_and_nested_calls_do_not(restore_xla):
         assert _xla.compile_options() == _xla.CPU_COMPILE_OPTIONS
     y = f(0.5)
     assert f._fast._cache_size() == (1 if jax.default_backend() == "cpu" else 0)
+    # Explicit lower/compile (as the profiling and export code does) gives the same program.
+    assert float(f.lower(0.5).compile()(0.5)) == float(y)
     # Under a user's jit, vmap and grad the plain program is staged (JAX refuses
     # compiler_options on a nested jit): same numbers, no error.
     np.testing.assert_allclose(float(jax.jit(lambda x: f(x) - 1.0)(0.5)), float(y) - 1.0, rtol=1e-7)
