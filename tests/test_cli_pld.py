@@ -97,3 +97,18 @@ def test_help_states_the_actual_grid_default(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert GridOptions().relative_accuracy == 1e-3 and GridOptions().per_step_accuracy == 8e-9
     assert "default 1e-3" in out and "8e-9 x steps" in out
+
+
+def test_text_output_of_the_default_renderer(capsys):
+    # `dpjax noise` has no renderer of its own: one "key  value" line per field, keys aligned,
+    # floats to 6 significant digits, the same numbers as its --json form.
+    argv = ["noise", "--epsilon", "2", "--delta", "1e-5", "--sampling-prob", "0.01", "--steps", "1000"]
+    rc, text, _ = _run(capsys, argv)
+    assert rc == 0
+    rc, out, _ = _run(capsys, [*argv, "--json"])
+    res = json.loads(out)
+    lines = dict(line.split(None, 1) for line in text.strip().splitlines())
+    assert float(lines["noise_multiplier"]) == pytest.approx(res["noise_multiplier"], rel=1e-5)
+    keys = [line.split(None, 1)[0] for line in text.strip().splitlines()]
+    starts = {line.index(line.split(None, 1)[1]) for line in text.strip().splitlines()}
+    assert keys == list(res) and len(starts) == 1                     # one value column

@@ -173,3 +173,29 @@ def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-G
                    help="dataset size N, an integer >= 1 (fixed_batch only)")
     g.add_argument("--batch-size", type=integer(1, MAX_COUNT), default=None,
                    help="batch size B, an integer in [1, N] (fixed_batch only)")
+
+
+def render_fields(result: dict, sections: dict | None = None, *, skip_none: bool = False,
+                  width: int | None = 16) -> str:
+    """The human-readable form of a result: one ``key  value`` line per field (floats to 6
+    significant digits), keys padded to ``width`` (None: the longest key).  ``sections`` maps a
+    key to a function of its value returning the lines to print instead (e.g. a table);
+    ``skip_none`` leaves out fields whose value is None."""
+    sections = sections or {}
+    if width is None:
+        width = max((len(k) for k in result), default=0)
+        fmt = lambda k, v: f"{k:<{width}}  {v}"
+    else:
+        fmt = lambda k, v: f"{k:<{width}} {v}"
+    lines = []
+    for key, value in result.items():
+        if key in sections:
+            lines.extend(sections[key](value))
+            continue
+        if value is None and skip_none:
+            continue
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        lines.append(fmt(key, value))
+    return "\n".join(lines)
+

@@ -39,6 +39,8 @@ import sys
 import warnings
 from typing import Any, Sequence
 
+from dpjax.cli import _args
+
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.demo",
     "dpjax.cli.montecarlo",
@@ -81,13 +83,7 @@ def _nan_fields(obj: Any, prefix: str = "") -> list[str]:
 def _default_render(result: dict) -> str:
     if "rows" in result and isinstance(result["rows"], list):
         return "\n\n".join(_default_render(r) for r in result["rows"])
-    width = max((len(k) for k in result), default=0)
-    lines = []
-    for key, value in result.items():
-        if isinstance(value, float):
-            value = f"{value:.6g}"
-        lines.append(f"{key:<{width}}  {value}")
-    return "\n".join(lines)
+    return _args.render_fields(result, width=None)
 
 
 class _ArgumentParser(argparse.ArgumentParser):

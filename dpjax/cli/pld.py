@@ -114,19 +114,13 @@ def _run_delta(args) -> dict:
             "epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
 
 
+def _grid_lines(grid: dict) -> list[str]:
+    return [f"grid[{d}]  n={info['n']} dx={info['dx']:.3g} tail_above={info['tail_above']:.2g}"
+            for d, info in grid.items()]
+
+
 def _render(result: dict) -> str:
-    lines = []
-    for key, value in result.items():
-        if key == "grid":
-            for d, info in value.items():
-                lines.append(f"grid[{d}]  n={info['n']} dx={info['dx']:.3g} tail_above={info['tail_above']:.2g}")
-            continue
-        if value is None:
-            continue
-        if isinstance(value, float):
-            value = f"{value:.6g}"
-        lines.append(f"{key:<16} {value}")
-    return "\n".join(lines)
+    return _args.render_fields(result, {"grid": _grid_lines}, skip_none=True)
 
 
 def register(subparsers) -> None:

@@ -123,20 +123,15 @@ def _run(args) -> dict:
     return out
 
 
-def _render(result: dict) -> str:
-    lines = []
-    for key, value in result.items():
-        if key == "table":
-            from dpjax.pld.sweeping import ROW_FIELDS
+def _table_lines(rows) -> list[str]:
+    from dpjax.pld.sweeping import ROW_FIELDS
 
-            lines.append(",".join(ROW_FIELDS))
-            for r in value:
-                lines.append(",".join("" if r.get(f) is None else str(r.get(f)) for f in ROW_FIELDS))
-            continue
-        if isinstance(value, float):
-            value = f"{value:.6g}"
-        lines.append(f"{key:<16} {value}")
-    return "\n".join(lines)
+    return [",".join(ROW_FIELDS)] + [",".join("" if r.get(f) is None else str(r.get(f)) for f in ROW_FIELDS)
+                                     for r in rows]
+
+
+def _render(result: dict) -> str:
+    return _args.render_fields(result, {"table": _table_lines})
 
 
 def register(subparsers) -> None:
