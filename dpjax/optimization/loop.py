@@ -257,7 +257,9 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
             params, eps, delta, sample_of(sample, step_index), sigma0, screen_state)
         updates, new_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        return new_params, new_state, loss, aux
+        # Checked on device: the loop then fetches one flag, not every parameter, each step.
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+        return new_params, new_state, loss, aux, finite
 
     def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
         loss, aux = loss_fn(params, eps, delta, sample_of(sample, step_index), sigma0, screen_state)
@@ -529,18 +531,17 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                     # restores the state from the checkpoint's sidecar, so it computes exactly
                     # the steps of an uninterrupted run (same screens, same summation order).
                     screen_state = no_screen
-                new_params, new_state, loss, aux = step_fn(params, opt_state, eps, delta, sample, k,
-                                                           sigma, screen_state)
+                new_params, new_state, loss, aux, params_finite = step_fn(params, opt_state, eps, delta, sample, k,
+                                                                          sigma, screen_state)
                 # One device-to-host transfer for the step's scalars (the state stays on device).
-                loss, scalars = jax.device_get((loss, aux[:6]))
+                loss, scalars, params_finite = jax.device_get((loss, aux[:6], params_finite))
                 loss = float(loss)
                 s_k, rmse_k, passes, solver_status, was_screened, was_reused = (
                     float(scalars[0]), float(scalars[1]), int(scalars[2]), int(scalars[3]),
                     bool(scalars[4]), bool(scalars[5]))
                 if k == start:
                     compile_s = time.perf_counter() - t0
-                finite = math.isfinite(loss) and all(
-                    bool(np.isfinite(np.asarray(v)).all()) for v in jax.tree_util.tree_leaves(new_params))
+                finite = math.isfinite(loss) and bool(params_finite)
                 if not finite or solver_status != 0:
                     status = "stopped"
                     reason = (f"step {k}: non-finite loss or parameters (loss={loss}, sigma={s_k}, "
