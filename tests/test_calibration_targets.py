@@ -14,7 +14,9 @@ integer T in [1, 3e4].  For each calibrated sigma:
 * *agrees with dp_accounting*: ``calibrate_dp_mechanism`` (PLD accountant at value
   discretization interval 1e-4, ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))`` composed
   T times) run with the explicit bracket ``sigma * (1 -+ 2e-3)``: brentq raises unless the
-  bracket holds its root, and the root it returns is compared with sigma at 2e-3.
+  bracket holds its root, and the root it returns is compared with sigma at 2e-3.  Where the
+  bracket fails at 1e-4, dp_accounting is re-run at interval 2e-5 (its own 1e-4 discretization
+  can be more than 0.2% loose: target #141 of seed 14, see ``DP_ACCOUNTING_INTERVALS``).
 
 Targets with ``delta >= 1 - (1 - q)^T`` are vacuous (met by every sigma, the record is sampled
 with probability at most delta): the calibrator must refuse them saying so.
@@ -65,10 +67,18 @@ def accountant_epsilon(sigma, q, steps, delta) -> float:
     return float(dpjax.dpsgd_epsilon(sigma, q, steps, delta))
 
 
-def dp_accounting_sigma(eps, delta, q, steps, bracket):
+#: dp_accounting's value discretization interval: its documented 1e-4, then, for a target where
+#: its root is not within 0.2% of dpjax's sigma, 2e-5.  dp_accounting's own discretization error
+#: can exceed 0.2%: on target #141 of seed 14 (eps 0.344, delta 8.2e-8, q 0.0011, T 20065) its
+#: epsilon at dpjax's sigma is 0.344550 at 1e-4 (0.28% above dpjax's certified bracket
+#: [0.343447, 0.343590], so above the truth) and 0.343584 at 2e-5 (inside the bracket).
+DP_ACCOUNTING_INTERVALS = (1e-4, 2e-5)
+
+
+def dp_accounting_sigma(eps, delta, q, steps, bracket, interval=1e-4):
     from dp_accounting import dp_event, mechanism_calibration, pld
 
-    make_acc = lambda: pld.PLDAccountant(value_discretization_interval=1e-4)
+    make_acc = lambda: pld.PLDAccountant(value_discretization_interval=interval)
     make_event = lambda s: dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(s)), steps)
     return mechanism_calibration.calibrate_dp_mechanism(
@@ -113,12 +123,17 @@ def check(target, sigma, *, with_dp_accounting=True) -> dict:
     e_below = accountant_epsilon(sigma * (1 - SMALLEST_REL), q, steps, delta)
     rec.update(eps_at_sigma=e, eps_below=e_below, meets=e <= eps, smallest=e_below > eps)
     if with_dp_accounting:
-        try:
-            ref = dp_accounting_sigma(eps, delta, q, steps,
-                                      (sigma * (1 - DP_ACCOUNTING_REL), sigma * (1 + DP_ACCOUNTING_REL)))
-            rec.update(dp_accounting=ref, dp_accounting_rel=sigma / ref - 1)
-        except ValueError as err:  # the bracket did not hold dp_accounting's root
-            rec.update(dp_accounting=None, dp_accounting_rel=None, dp_accounting_error=str(err)[:200])
+        for interval in DP_ACCOUNTING_INTERVALS:
+            try:
+                ref = dp_accounting_sigma(eps, delta, q, steps,
+                                          (sigma * (1 - DP_ACCOUNTING_REL), sigma * (1 + DP_ACCOUNTING_REL)),
+                                          interval)
+            except ValueError as err:  # the bracket did not hold dp_accounting's root
+                rec.update(dp_accounting=None, dp_accounting_rel=None, dp_accounting_error=str(err)[:200])
+                continue
+            rec.update(dp_accounting=ref, dp_accounting_rel=sigma / ref - 1, dp_accounting_interval=interval)
+            rec.pop("dp_accounting_error", None)
+            break
     return rec
 
 
