@@ -134,6 +134,8 @@ NOISE_MULTIPLIER_HELP = "noise multiplier sigma = noise std / clip norm, > 0 (co
 EPSILON_TARGET_HELP = "epsilon >= 0 (comma list for several)"
 DELTA_TARGET_HELP = "delta in (0, 1) (comma list for several)"
 STEPS_HELP = f"number of steps T, an integer in [1, {MAX_STEPS}]"
+
+
 def seed_help(default: int = 0, why: str = "") -> str:
     """Help of a ``--seed`` option with its default (and, optionally, why that default)."""
     return f"PRNG seed of the Monte Carlo draws, an integer in [0, {MAX_SEED}] (default {default}{why})"
@@ -198,4 +200,3 @@ def render_fields(result: dict, sections: dict | None = None, *, skip_none: bool
             value = f"{value:.6g}"
         lines.append(fmt(key, value))
     return "\n".join(lines)
-

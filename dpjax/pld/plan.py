@@ -318,14 +318,12 @@ def plan_grid(
     target_delta: float | None,
     options: GridOptions,
     min_width: float = 0.0,
-    chernoff_window: bool = True,
 ) -> GridPlan:
     """Choose one grid for composing ``groups`` in every direction (see module docstring).
 
     ``groups`` carry counts; their ``offsets`` are ignored and replaced.  ``min_width`` (loss units)
     forces a wider window at the same ``dx`` (a retry after a wrap-around bound came out over
-    budget passes the width the Chernoff bounds asked for).  ``chernoff_window`` (default on)
-    also sizes the window by the Chernoff quantiles of the probe masses' composed log-MGF at the
+    budget passes the width the Chernoff bounds asked for).  The window is also sized by the Chernoff quantiles of the probe masses' composed log-MGF at the
     accountant's retry threshold (10 tau outside each side), not only by the Cornish-Fisher
     spread: the jitted program's wrap-around check asks for that width, so a composition far
     from Gaussian (small ``q * T``: mostly a point mass at 0 plus a Poisson count of sampled
@@ -377,7 +375,7 @@ def plan_grid(
         spread = (2.0 * z + abs(gamma) * (z * z - 1.0) / 3.0) * sigma_c
         width = min(1.05 * max(support, 1.1 * spread), MAX_WINDOW_WIDTH)
         lams, chernoff = _chernoff_search(masses[di], counts, z / sigma_c, math.log(tau_wrap), probe_mid)
-        if chernoff_window and math.isfinite(chernoff):
+        if math.isfinite(chernoff):
             width = max(width, min(chernoff, MAX_WINDOW_WIDTH))
         per_dir.append((stats, sigma_c, dx_acc, width, M, lams))
     # Common grid: the finest spacing any direction asks for, the widest window.

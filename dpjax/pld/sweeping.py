@@ -35,7 +35,7 @@ XLA program.  The sweep therefore
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
    budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
    negligible: keep every frequency); retried rows form the buckets of the next round.  They
-   are rare because the planner (:func:`dpjax.pld.plan_grid`, ``chernoff_window``) sizes every
+   are rare because the planner (:func:`dpjax.pld.plan_grid`) sizes every
    window by the Chernoff quantiles of the probe's composed log-MGF at the retry threshold too,
    which a composition far from Gaussian (small ``q * T``) needs: on the issue's distribution 22
    of 1,000 rows re-run (164 with the Cornish-Fisher width alone, each a second run and most a
