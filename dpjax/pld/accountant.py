@@ -623,6 +623,24 @@ def _as_components(components) -> list:
     return items
 
 
+def _without_lossless(components) -> list:
+    """``components`` without the mechanisms whose privacy loss is 0 in both directions
+    (``max_loss <= 0``: e.g. randomized response with ``noise_parameter = 1``, a uniformly random
+    answer).  Composing them changes nothing, and their loss distribution, a point mass at 0,
+    has no spread for the grid planner to size a window from."""
+    out = []
+    for item in components:
+        mech = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        fn = getattr(mech, "max_loss", None)
+        if fn is not None:
+            if hasattr(mech, "validate"):
+                mech.validate()
+            if all(np.all(np.asarray(fn(d), np.float64) <= 0.0) for d in ("remove", "add")):
+                continue
+        out.append(item)
+    return out
+
+
 @host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
 def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True,
@@ -643,6 +661,11 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     options = _options(options)
     components = _as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
+    components = _without_lossless(components)
+    if not components:
+        zero = np.zeros_like(np.asarray(deltas, np.float64))
+        return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
+                             target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
     mu_dom = _dominating_gaussian_mu(components)
     if exact_gaussian and mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
         # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
@@ -665,13 +688,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     reason = None
     if np.isinf(upper).any():
         reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
-        if mu_dom is not None:
-            # Still an upper bound, if a loose one: the dominating Gaussian (q taken as 1).
-            dom = np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom), np.float64)
-            if np.isfinite(dom[np.isinf(upper)]).all():
-                upper = np.where(np.isinf(upper), dom, upper)
-                reason = ("the grid could not certify target_delta; epsilon is the (looser) bound of the dominating "
-                          "Gaussian mechanism (sampling_prob taken as 1).  Grid: " + reason)
+        dir_reports, upper, reason = _fallback(components, dir_reports, deltas, mu_dom, reason)
     return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
                          target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -690,6 +707,11 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     options = _options(options)
     components = _as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
+    components = _without_lossless(components)
+    if not components:
+        zero = np.zeros_like(np.asarray(eps, np.float64))
+        return DeltaResult(delta=_scalar(zero), delta_lower=_scalar(zero), delta_upper=_scalar(zero),
+                           target_epsilon=_scalar(eps), directions=(_exact_report(zero, zero),))
     mu = _exact_gaussian_mu(components) if exact_gaussian else None
     mu_dom = _dominating_gaussian_mu(components) if exact_gaussian else None
     if mu is None and mu_dom is not None and mu_dom < 1e-100:
@@ -709,8 +731,58 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass)
     dir_reports, upper, lower = _combine(reports)
+    if (np.asarray(upper) >= 1.0).any():
+        dir_reports, upper = _fallback_delta(components, dir_reports, eps, _dominating_gaussian_mu(components))
     return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
                        target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+
+
+def _fallback(components, dir_reports, deltas, mu_dom, reason):
+    """Replace each direction's ``inf`` by the smallest certified bound of
+    :mod:`dpjax.pld.fallback` (support, binomial mixture of Gaussians, RDP, dominating Gaussian):
+    a direction the grid could not certify no longer turns the whole answer into ``inf`` or the
+    un-sampled mechanism's epsilon.  Directions the grid certified keep their values."""
+    from dpjax.pld.fallback import direction_epsilon
+
+    stacked = _stacked(components)
+    shape = np.shape(deltas)
+    used, out = [], []
+    for r in dir_reports:
+        up = np.asarray(r.upper, np.float64)
+        if np.isinf(up).any():
+            fb, name = direction_epsilon(stacked, str(r.direction), np.ravel(deltas), dominating_mu=mu_dom)
+            fb = fb.reshape(shape)
+            if np.isfinite(fb[np.isinf(up)]).any():
+                up = np.where(np.isinf(up), fb, up)
+                used.append(f"'{r.direction}': {name}")
+            r = dataclasses.replace(r, upper=up)
+        out.append(r)
+    upper = np.max([r.upper for r in out], axis=0)
+    if used:
+        reason = ("the grid could not certify target_delta in every direction; there epsilon is the smallest "
+                  "certified fallback bound (" + "; ".join(used) + ").  Grid: " + reason)
+    return out, upper, reason
+
+
+def _fallback_delta(components, dir_reports, eps, mu_dom):
+    """:func:`_fallback` for delta queries: a direction whose grid delta is 1 (nothing
+    certified) gets the smallest bound of :func:`dpjax.pld.fallback.direction_delta`."""
+    from dpjax.pld.fallback import direction_delta
+
+    stacked = _stacked(components)
+    out = []
+    for r in dir_reports:
+        up = np.asarray(r.upper, np.float64)
+        if (up >= 1.0).any():
+            fb, _ = direction_delta(stacked, str(r.direction), np.ravel(eps), dominating_mu=mu_dom)
+            r = dataclasses.replace(r, upper=np.minimum(up, fb.reshape(np.shape(eps))))
+        out.append(r)
+    return out, np.max([r.upper for r in out], axis=0)
+
+
+def _stacked(components):
+    """Components as ``(stacked mechanism, counts)`` pairs (one per class and static fields)."""
+    return [(cls(**{f: P[:, i] for i, f in enumerate(data)}, **static), C) for cls, static, data, P, C in _stack(components)]
 
 
 def _refusal_reason(dir_reports, target, options) -> str:
