@@ -181,7 +181,14 @@ class SweepConfig:
             raise ValueError(f"configuration {m!r} is missing {missing}")
         d = m.get("delta", m.get("target_delta"))
         e = m.get("epsilon", m.get("target_epsilon"))
-        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, m.get("group_size", 1) or 1).validate()
+        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, _group_size_field(m)).validate()
+
+
+def _group_size_field(m: dict):
+    """``group_size`` of a mapping: absent or None means 1; anything else is validated as given
+    (0 or False is an error, not a silent 1)."""
+    k = m.get("group_size")
+    return 1 if k is None else k
 
 
 def _as_list(name, v) -> list:
@@ -630,6 +637,42 @@ def _row(p: _Planned, reports, path: str) -> dict:
     return row
 
 
+def _needs_single(p: _Planned, res, row: dict) -> bool:
+    """True where the single call would not stop at this grid's answer: a direction the grid
+    could not certify (the single call then falls back on the bounds of
+    :mod:`dpjax.pld.fallback`), or an FFT round-off floor that matters at the requested delta
+    (the single call then re-runs the composition tilted towards the tail).  Such rows (tiny
+    ``q T``, deltas near 1e-12 and below) are recomputed by :func:`dpjax.pld.epsilon` /
+    :func:`dpjax.pld.delta`, so every row uses the single call's error accounting."""
+    if p.cfg.query == "epsilon":
+        if not math.isfinite(row["upper"]):
+            return True
+        level = p.cfg.delta
+    else:
+        if row["upper"] >= 1.0:
+            return True
+        level = min(float(np.min(r["up"]["value"])) for r in res)
+    floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
+    return level > 0 and floor > _acc._TAIL_PASS_FRACTION * level
+
+
+def _single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: bool) -> dict:
+    """The row from the single-configuration accountant (path "single")."""
+    comps = _components(cfg)
+    if cfg.query == "epsilon":
+        res = _acc.epsilon(comps, cfg.delta, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
+    else:
+        res = _acc.delta(comps, cfg.epsilon, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
+    rep = res.directions[0]
+    return dict(index=index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
+                steps=cfg.steps, group_size=cfg.group_size,
+                delta=cfg.delta if cfg.query == "epsilon" else value,
+                epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
+                query=cfg.query, lower=lower, upper=upper, n=int(rep.n), dx=float(rep.dx), path="single")
+
+
 def _exact_row(index: int, cfg: SweepConfig) -> dict:
     """The row of a q = 1 configuration from the closed form (as :func:`dpjax.pld.dpsgd_epsilon`)."""
     mech = _acc.PoissonSubsampledGaussian(cfg.noise_multiplier, 1.0)
@@ -800,6 +843,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                                 pending.append(again)
                                 continue
                             row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
+                            if _needs_single(p, res, row):
+                                row = _single_row(p.index, p.cfg, _options_for(p.cfg, options), with_lower)
                             rows[p.index] = row
                             new.append(row)
                         if len(pending) > retried:
