@@ -608,7 +608,9 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     if k == 1 and sampling == "poisson":
         # delta >= 1 - (1-q)^T, the probability that the record is sampled at all: met by every
         # noise multiplier (sigma -> 0 has exactly this delta at every epsilon), no smallest one.
-        floor = -np.expm1(steps_i * np.log1p(-np.minimum(q, 1.0)))
+        # q = 1: log1p(-1) = -inf and the floor is exactly 1 (the record is always sampled).
+        with np.errstate(divide="ignore"):
+            floor = -np.expm1(steps_i * np.log1p(-np.minimum(q, 1.0)))
         if np.any(delta >= floor):
             i = int(np.argmax(delta >= floor))
             raise ValueError(_unreachable_message("below", eps[i], delta[i], q[i], steps_i[i], k, sampling))
