@@ -188,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # NumPy overflow warnings from extreme inputs are handled by the accountants (the
             # answer is inf or a ValueError); printing them would break the one-line contract.
             warnings.simplefilter("ignore", RuntimeWarning)
+            # Other warnings (e.g. a resumed run's missing screen-state sidecar): one line each.
+            warnings.showwarning = lambda message, *_a, **_k: sys.stderr.write(
+                f"dpjax {args.command}: warning: {' '.join(str(message).split())}\n")
             result = _combine([args.run(ns) for ns in _expand(args, list_options(sub))])
     except (ValueError, OverflowError) as exc:
         msg = " ".join(str(exc).split())  # one line

@@ -49,6 +49,33 @@ def apply_example(args) -> None:
         args.samples = 1 << 13
 
 
+#: BLT buffers when ``--buffers`` is not given (at most ``n``, the number of rounds).
+DEFAULT_BUFFERS = 4
+
+
+def check_output_paths(out: str, *, resume: bool) -> None:
+    """Before any work: ``--out`` and its checkpoint must be writable files, and ``--resume``
+    needs a checkpoint to resume from (a failure after the whole optimization would lose it)."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise ValueError(f"--out: directory {directory!r} does not exist")
+    checkpoint = out + ".checkpoint.json"
+    for flag, path in (("--out", out), ("--out (its checkpoint)", checkpoint)):
+        if os.path.isdir(path):
+            raise ValueError(f"{flag}: {path!r} is a directory, not a file")
+    try:  # the one reliable test that the directory takes new files (permissions, /proc, read-only mounts)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dpjax-write-test-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out: cannot write in {directory!r}: {exc.strerror or exc}") from None
+    if os.path.exists(out) and not os.access(out, os.W_OK):
+        raise ValueError(f"--out: {out!r} is not writable")
+    if resume and not os.path.exists(checkpoint):
+        raise ValueError(f"--resume: no checkpoint {checkpoint!r} to resume from (drop --resume to start afresh)")
+
+
 def _run(args) -> dict:
     from dpjax._progress import set_progress
     from dpjax.optimization import make_parameterization, optimize_correlation
@@ -60,8 +87,12 @@ def _run(args) -> dict:
         raise ValueError(f"--buffers is only used by --family blt, got --family {args.family}")
     if args.family != "banded" and args.bands is not None:
         raise ValueError(f"--bands is only used by --family banded, got --family {args.family}")
+    n = args.batches_per_epoch * args.epochs if args.batches_per_epoch and args.epochs else None
     if args.family == "blt" and args.buffers is None:
-        args.buffers = 4
+        args.buffers = DEFAULT_BUFFERS if n is None else min(DEFAULT_BUFFERS, n)
+    elif args.family == "blt" and n is not None and args.buffers > n:
+        raise ValueError(f"--buffers must be in [1, n] = [1, {n}] (n = --batches-per-epoch * --epochs rounds), "
+                         f"got {args.buffers}")
     if args.family == "banded" and args.bands is None:
         raise ValueError("--bands must be given for --family banded (an integer >= 1)")
     for name in ("batches_per_epoch", "epochs", "steps", "samples", "checkpoint_every"):
@@ -72,9 +103,9 @@ def _run(args) -> dict:
     if not args.learning_rate > 0:
         raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
     if args.out is not None:
-        directory = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(directory):
-            raise ValueError(f"--out: directory {directory!r} does not exist")
+        check_output_paths(args.out, resume=args.resume)
+    elif args.resume:
+        raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
     if args.baselines is None:
         args.baselines = bool(args.example)
     if args.baselines and args.no_certify:
@@ -95,8 +126,6 @@ def _run(args) -> dict:
     if args.quiet or args.json:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
-    if args.resume and checkpoint is None:
-        raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
     res = optimize_correlation(
         param, batches_per_epoch=args.batches_per_epoch, epochs=args.epochs,
         target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.steps,
@@ -206,7 +235,8 @@ def register(subparsers) -> None:
                    help="parameterization of C: blt (buffered linear Toeplitz), toeplitz (full), "
                         "banded (Toeplitz with --bands bands); default blt")
     p.add_argument("--buffers", type=_args.integer(1, 64), default=None,
-                   help="BLT buffers d, an integer in [1, 64] (default 4; --family blt only)")
+                   help="BLT buffers d, an integer in [1, 64] and at most n = b E (default 4, or n when "
+                        "smaller; --family blt only)")
     p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
                    help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
     p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), default=None,
