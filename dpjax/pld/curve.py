@@ -16,9 +16,16 @@ evaluated for many ``T`` from ONE forward transform.  :func:`epsilon_curve` does
    (``+inf`` atom, Chernoff wrap-around bounds of the discretized log-MGF at that ``T``, FFT
    round-off allowance), so each entry is a certified upper bound on the true epsilon after
    ``T`` steps, with its certified lower end; soundness never depends on the grid, which was
-   planned for ``T_max`` (docs/design.md §2.4).  A ``T`` whose wrap-around bound came out over
-   budget (not seen in practice: the window is sized for ``T_max``) is recomputed by the
-   single-configuration accountant.
+   planned for ``T_max`` (docs/design.md §2.4).  A ``T`` where the single call would not stop at
+   such a grid's answer is recomputed by the single-configuration accountant, so every entry has
+   the single call's error accounting: a wrap-around bound over budget (not seen in practice:
+   the window is sized for ``T_max``), an FFT round-off floor that matters at ``target_delta``
+   (deltas near 1e-12 and below, where the single call re-runs the composition tilted towards
+   the tail), or a direction the grid cannot certify (``q T`` far below delta, where the single
+   call falls back on :mod:`dpjax.pld.fallback`);
+4. composition never gains privacy (the steps after ``T`` are a post-processing away), so a
+   bound certified after ``T'`` steps holds after every ``T <= T'``: each entry is the smallest
+   bound certified at its ``T`` or at a larger ``T`` of the list, and the curve is monotone.
 
 Error bound against separate calls.  A separate call ``dpsgd_epsilon(sigma, q, T, delta)`` uses
 a grid planned for ``T``; both values are certified upper bounds and both lie above the true
@@ -62,12 +69,14 @@ class EpsilonCurve(ResultMixin):
 
     Attributes:
       steps: (K,) int64, the numbers of steps, in the order given.
-      epsilon: (K,) certified upper bounds (= ``epsilon_upper``).
+      epsilon: (K,) certified upper bounds (= ``epsilon_upper``; each the smallest certified at
+        its ``T`` or at a larger ``T`` of the list).
       epsilon_lower: (K,) certified lower ends of the brackets (0 where not computed).
       epsilon_upper: (K,) = ``epsilon``.
       target_delta: the delta.
       n, dx: the one grid (FFT length, spacing) shared by every ``T``.
-      recomputed: (K,) bool, True where that ``T`` went through the single-configuration path.
+      recomputed: (K,) bool, True where that ``T`` went through the single-configuration path
+        (module docstring, step 3).
     """
 
     steps: np.ndarray
@@ -116,16 +125,6 @@ def _needs_tail_pass(plan, res, delta: float) -> bool:
     summed over the window is not negligible at ``delta``."""
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
     return floor > _acc._TAIL_PASS_FRACTION * delta
-
-
-def _plan_at(plan, t: int, t_max: int):
-    """The curve's plan with the count ``t`` and that count's composed moments (the tilted pass
-    places its window from them)."""
-    groups = tuple(tuple(g._replace(counts=np.asarray([t], np.int64)) for g in gd) for gd in plan.groups)
-    r = t / t_max
-    return dataclasses.replace(plan, groups=groups, total_count=t,
-                               mean_composed=tuple(m * r for m in plan.mean_composed),
-                               sigma_composed=tuple(s * r**0.5 for s in plan.sigma_composed))
 
 
 @host_only("dpjax.pld.epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
@@ -184,20 +183,21 @@ def epsilon_curve(noise_multiplier, sampling_prob, steps, target_delta, *, optio
                                                with_lower=with_lower)
                 upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
                 continue
-            if _needs_tail_pass(plan, res, delta):
-                # The single call's error accounting: where the round-off floor matters (small
-                # delta), the composition is re-run tilted towards the tail at this T.
-                plan_t = _plan_at(plan, int(uniq[i]), t_max)
-                groups_t = [g._replace(counts=np.asarray([int(uniq[i])], np.int64)) for g in groups]
-                res = _acc._tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()), plan_t,
-                                      res, want="eps")
             _, up, lo = _acc._combine([(d, plan, r) for d, r in zip(directions, res)])
             upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
-            if not np.isfinite(upper[i]):  # the single call's fallback where a direction failed
+            if _needs_tail_pass(plan, res, delta) or not np.isfinite(upper[i]):
+                # The single call's error accounting: where the FFT round-off floor matters (small
+                # delta) it re-runs the composition tilted towards the tail on a grid planned for
+                # this T, and where a direction fails it falls back on dpjax.pld.fallback.
                 redo[i] = True
                 single = _acc.dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
                                                with_lower=with_lower)
                 upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
+    # Composition never gains privacy: the steps after T are a post-processing away, so a bound
+    # certified after T' steps also holds after every T <= T'.  Each entry is the smallest bound
+    # certified at its T or at any larger T of the list (a curve that is monotone in T).
+    upper = np.minimum.accumulate(upper[::-1])[::-1]
+    lower = np.minimum(lower, upper)
     pos = np.searchsorted(uniq, t_list)
     return EpsilonCurve(steps=t_list, epsilon=upper[pos], epsilon_lower=lower[pos], epsilon_upper=upper[pos],
                         target_delta=delta, n=int(plan.n), dx=float(plan.dx), recomputed=redo[pos])
