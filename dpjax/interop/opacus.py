@@ -72,7 +72,9 @@ def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     with ``int()``, which can certify one step fewer than the training takes."""
     x = float(epochs) / float(sample_rate)
     r = round(x)
-    if abs(x - r) <= 1e-9 * max(1.0, abs(x)):
+    # The division and the decimal-to-binary rounding of epochs and sample_rate each add at
+    # most an ulp-sized relative error: a quotient within 4 ulps of an integer is that integer.
+    if abs(x - r) <= 4.0 * math.ulp(max(abs(x), 1.0)):
         return int(r)
     return int(math.ceil(x))
 

@@ -16,13 +16,13 @@ evaluated for many ``T`` from ONE forward transform.  :func:`epsilon_curve` does
    (``+inf`` atom, Chernoff wrap-around bounds of the discretized log-MGF at that ``T``, FFT
    round-off allowance), so each entry is a certified upper bound on the true epsilon after
    ``T`` steps, with its certified lower end; soundness never depends on the grid, which was
-   planned for ``T_max`` (docs/design.md §2.4).  A ``T`` where the single call would not stop at
-   such a grid's answer is recomputed by the single-configuration accountant, so every entry has
-   the single call's error accounting: a wrap-around bound over budget (not seen in practice:
-   the window is sized for ``T_max``), an FFT round-off floor that matters at ``target_delta``
-   (deltas near 1e-12 and below, where the single call re-runs the composition tilted towards
-   the tail), or a direction the grid cannot certify (``q T`` far below delta, where the single
-   call falls back on :mod:`dpjax.pld.fallback`);
+   planned for ``T_max`` (docs/design.md §2.4).  Every entry has the single call's error
+   accounting: where the FFT round-off floor matters at ``target_delta`` (deltas near 1e-12 and
+   below) the composition at that ``T`` is re-run tilted towards the tail on the same grid, as
+   the single call does on its own; a ``T`` whose wrap-around bound came out over budget (not
+   seen in practice: the window is sized for ``T_max``) or with a direction the grid cannot
+   certify (``q T`` far below delta) is recomputed by the single-configuration accountant
+   (window widening, and the fallback bounds of :mod:`dpjax.pld.fallback`);
 4. composition never gains privacy (the steps after ``T`` are a post-processing away), so a
    bound certified after ``T'`` steps holds after every ``T <= T'``: each entry is the smallest
    bound certified at its ``T`` or at a larger ``T`` of the list, and the curve is monotone.
@@ -127,6 +127,16 @@ def _needs_tail_pass(plan, res, delta: float) -> bool:
     return floor > _acc._TAIL_PASS_FRACTION * delta
 
 
+def _plan_at(plan, t: int, t_max: int):
+    """The curve's plan with the count ``t`` and that count's composed moments (the tilted pass
+    places its window from them: mean ~ T, std ~ sqrt(T))."""
+    groups = tuple(tuple(g._replace(counts=np.asarray([t], np.int64)) for g in gd) for gd in plan.groups)
+    r = t / t_max
+    return dataclasses.replace(plan, groups=groups, total_count=t,
+                               mean_composed=tuple(m * r for m in plan.mean_composed),
+                               sigma_composed=tuple(s * r**0.5 for s in plan.sigma_composed))
+
+
 @host_only("dpjax.pld.epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
 def epsilon_curve(noise_multiplier, sampling_prob, steps, target_delta, *, options: GridOptions | None = None,
                   with_lower: bool = True, batch: int = DEFAULT_BATCH) -> EpsilonCurve:
@@ -183,12 +193,18 @@ def epsilon_curve(noise_multiplier, sampling_prob, steps, target_delta, *, optio
                                                with_lower=with_lower)
                 upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
                 continue
+            if _needs_tail_pass(plan, res, delta):
+                # The single call's error accounting where the FFT round-off floor matters (small
+                # delta): the composition re-run tilted towards the tail, on this grid at this T
+                # (one compiled program for every T).
+                t = int(uniq[i])
+                groups_t = [g._replace(counts=np.asarray([t], np.int64)) for g in groups]
+                res = _acc._tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
+                                      _plan_at(plan, t, t_max), res, want="eps")
             _, up, lo = _acc._combine([(d, plan, r) for d, r in zip(directions, res)])
             upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
-            if _needs_tail_pass(plan, res, delta) or not np.isfinite(upper[i]):
-                # The single call's error accounting: where the FFT round-off floor matters (small
-                # delta) it re-runs the composition tilted towards the tail on a grid planned for
-                # this T, and where a direction fails it falls back on dpjax.pld.fallback.
+            if not np.isfinite(upper[i]):
+                # A direction the grid cannot certify: the single call's fallback bounds.
                 redo[i] = True
                 single = _acc.dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
                                                with_lower=with_lower)
