@@ -43,7 +43,12 @@ XLA program.  The sweep therefore
    soon as the row is known, behind the round's own compiles, with generous static sizes
    (supports ``n`` long, 4x the kept frequencies) so that rows retried later fit it too: it
    overlaps the rest of the round instead of running alone at the end (measured: first pass
-   17.2-17.7 s against 18.0-19.0 s, three runs each, idle 2 cores).
+   17.2-17.7 s against 18.0-19.0 s, three runs each, idle 2 cores);
+5. gives every row the single call's error accounting: a row where the single call would not
+   stop at the grid's answer (a direction the grid cannot certify, or an FFT round-off floor
+   that matters at the requested delta, near 1e-12 and below) is recomputed by
+   :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` (path "single": the tilted tail pass and
+   the fallback bounds of :mod:`dpjax.pld.fallback`).
 
 Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
 [0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
