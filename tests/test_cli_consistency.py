@@ -221,12 +221,18 @@ def test_grid_limit_message_names_the_cli_flag():
 
 def test_grid_too_small_says_which_cli_flag_to_raise(capsys):
     # q < 1 (a q = 1 composition is answered in closed form and needs no grid).  The grid cannot
-    # certify the target; the answer falls back to the dominating Gaussian (q taken as 1), still a
-    # certified upper bound, and the reason names the CLI flag that would give a tighter one.
+    # certify the target; the answer falls back to the smallest certified bound of
+    # dpjax.pld.fallback (here the binomial mixture of Gaussians, half the dominating Gaussian's
+    # 560050), and the reason names the CLI flag that would give a tighter one.
+    import math
+
+    from dpjax.pld.exact import gaussian_epsilon
+
     assert main(["epsilon", "--noise-multiplier", "0.3", "--sampling-prob", "0.5", "--steps", "100000",
                  "--delta", "1e-5", "--max-grid-points", "1024", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["grid"]["remove"]["n"] == 1024 and "dominating Gaussian" in res["reason"]
+    assert res["grid"]["remove"]["n"] == 1024 and "fallback" in res["reason"]
+    assert res["epsilon"] <= float(gaussian_epsilon(1e-5, math.sqrt(100000) / 0.3))
     assert "--max-grid-points" in res["reason"] and "GridOptions" not in res["reason"]
 
 
