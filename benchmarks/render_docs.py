@@ -124,7 +124,7 @@ def _machine_text(m: Any) -> str | None:
         parts.append("devices " + " ".join(map(str, m["devices"])))
     load = m.get("loadavg") or m.get("loadavg_at_end")
     if load:
-        parts.append("load average " + "/".join(num(v, 2) for v in load))
+        parts.append("load average " + "/".join(f"{float(v):.1f}" for v in load))
     return ", ".join(parts) if parts else None
 
 
