@@ -151,7 +151,7 @@ def test_python_argument_delay_and_environment(monkeypatch):
 
 
 def test_log_mode_writes_lines_at_the_interval_and_a_last_line(monkeypatch):
-    monkeypatch.setattr(prog.time, "perf_counter", iter([0.0] + [0.5 * i for i in range(1, 100)]).__next__)
+    monkeypatch.setattr(prog, "_clock", iter([0.0] + [0.5 * i for i in range(1, 200)]).__next__)
     monkeypatch.setenv("DPJAX_PROGRESS_INTERVAL", "2")
     stream = io.StringIO()
     with Progress(20, "long", stream=stream) as bar:  # the clock advances 0.5 s per reading
