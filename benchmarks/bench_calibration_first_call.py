@@ -70,6 +70,8 @@ def run_case(name, a, b, root=ROOT):
 
 
 def main():
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
@@ -93,7 +95,8 @@ def main():
                   f"sigma {rec['sigma']:.6g}  load {load:.1f}", flush=True)
     res = dict(benchmark="bench_calibration_first_call", cpu_count=os.cpu_count(), platform=platform.platform(),
                python=sys.version.split()[0], note="fresh process per case, persistent compilation cache off; "
-               "timings inflated by machine load (load_average_1min per row)", rows=rows)
+               "timings inflated by machine load (load_average_1min per row)", rows=rows,
+               meta=run_metadata(__file__))
     path = args.out
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:

@@ -181,6 +181,8 @@ def _cli(argv, cache_dir) -> dict:
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated names (entry points, or cli:NAME)")
     ap.add_argument("--skip-cli", action="store_true")
@@ -199,7 +201,8 @@ def main(argv=None):
                    note="2-core CPU, sometimes shared with other jobs: the load average is recorded; compare rows with the anchor measured in the same run",
                    loadavg_start=load0, loadavg_end=os.getloadavg(), rows=rows,
                    machine=dict(platform=platform.platform(), python=platform.python_version(),
-                                cpu_count=os.cpu_count(), jax=jax.__version__))
+                                cpu_count=os.cpu_count(), jax=jax.__version__),
+                   meta=run_metadata(__file__, argv))
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

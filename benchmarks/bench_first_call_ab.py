@@ -44,6 +44,8 @@ ap.add_argument("--cases", default=",".join(list(PY) + list(CLI)))
 ap.add_argument("--repeat", type=int, default=1)
 ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_first_call_ab.json"))
 args = ap.parse_args()
+from _meta import run_metadata  # noqa: E402  (machine, date, command)
+
 ROOTS = {"base": args.base, "after": ROOT}
 names = args.cases.split(",")
 reps = args.repeat
@@ -66,4 +68,4 @@ for rep in range(reps):
                 json.dump(dict(benchmark="bench_first_call_ab", base=args.base, cpu_count=os.cpu_count(),
                                note="2-core CPU shared with other jobs: wall times inflated by contention "
                                     "(load1 per row); compare base and after rows of the same case",
-                               rows=rows), f, indent=1)
+                               rows=rows, meta=run_metadata(__file__)), f, indent=1)

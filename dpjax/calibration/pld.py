@@ -566,9 +566,10 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
-      progress: a progress bar on stderr, one tick per round of the search (group calibration
-        can take tens of seconds): ``None`` (default) draws it when stderr is a terminal and the
-        call runs over a second (see :mod:`dpjax._progress`), ``False`` never, ``True`` always.
+      progress: progress on stderr, one tick per round of the search (group calibration can take
+        tens of seconds): ``None`` (default) shows it once the call runs over a second (a bar in
+        a terminal or notebook, lines in a log; see :mod:`dpjax._progress`), ``False`` never,
+        ``True`` always.
 
     Returns:
       float (scalar inputs) or float64 ndarray of the broadcast shape.

@@ -18,8 +18,8 @@ result with more samples and another ``--seed``: its default, 1, differs from th
 because Estimate-Verify-Release needs verification draws independent of the calibration's).  Adjacency: add/remove for Poisson sampling and for the
 balls-in-bins Monte Carlo accountant, replace for fixed batches (``adjacency`` in the output).
 Comma lists (``--epsilon 1,2,4``) calibrate once per value and print one row each.  Group
-calibration is slow (tens of seconds): a progress bar is drawn on stderr when it is a terminal
-(``--quiet`` turns it off).
+calibration is slow (tens of seconds): progress is shown on stderr, a bar in a terminal and
+lines in a log (``--quiet`` turns it off).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``dpjax`` command line: one subcommand per accounting task.
 
 Every subcommand accepts ``--json`` (print exactly one JSON object on stdout), ``--out FILE``
-(write the same JSON object to FILE) and ``--quiet`` (no progress bar; progress bars are drawn
-on stderr only, and only when stderr is a terminal, so ``--json`` output stays parseable).
+(write the same JSON object to FILE) and ``--quiet`` (no progress; progress goes to stderr only,
+a bar in a terminal and lines in a log, so ``--json`` output stays parseable).
 Bad input exits with status 2 and a one-line message on stderr (no usage block, no traceback).
 ``dpjax --version`` prints the installed version.
 
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also write the JSON object (the same as --json prints) to FILE")
         if "quiet" not in dests:
             g.add_argument("--quiet", action="store_true",
-                           help="no progress bar (bars go to stderr, only when it is a terminal)")
+                           help="no progress (it goes to stderr: a bar in a terminal, lines in a log)")
     return parser
 
 
@@ -178,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dpjax.pld.cache import enable_from_environment
 
     enable_from_environment(default_on=True)
-    from dpjax._progress import set_progress
+    from dpjax._progress import get_progress, set_progress
 
+    progress_state = get_progress()[0]  # restored below: a subcommand's switch ends with it
     if args.quiet:
         set_progress(False)
     sub = parser._subparsers._group_actions[0].choices[args.command]
@@ -197,8 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"dpjax {args.command}: error: {msg}\n")
         return 2
     finally:
-        if args.quiet:
-            set_progress(None)
+        set_progress(progress_state)
     nans = _nan_fields(result)
     if nans:  # a NaN is a defect, never an answer: refuse to print it as one
         sys.stderr.write(f"dpjax {args.command}: error: the computation gave NaN for {', '.join(nans)} "

@@ -228,8 +228,8 @@ class BallsInBins:
         (Chernoff-KL bounds; the per-sample terms lie in ``[0, 1]``).
 
         ``progress``: a bar on stderr over the sample chunks (single device): ``None`` (default)
-        when stderr is a terminal and the call runs over a second, ``False`` never, ``True``
-        always (:mod:`dpjax._progress`).  It never changes the numbers.
+        in a terminal or notebook once the call runs over a second, ``False`` never, ``True``
+        always, also as lines in a log (:mod:`dpjax._progress`).  It never changes the numbers.
         """
         confidence = _confidence(confidence)
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))

@@ -474,9 +474,9 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
       :class:`OptimizationResult`.
 
     Raises:
-      ValueError naming the argument: bad input (``n != b * E``, targets out of range, a
-      ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
-      checkpoint).  Nothing is written before the inputs are validated.
+      ValueError: bad input, naming the argument (``n != b * E``, targets out of range, a
+        ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
+        checkpoint).  Nothing is written before the inputs are validated.
     """
     (b, epochs, eps, delta, num_steps, num_samples, checkpoint_every,
      certify_samples) = _validate_inputs(parameterization, batches_per_epoch, epochs, target_epsilon,

@@ -90,7 +90,8 @@ Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON
 it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
 ``resume=True`` skips every configuration already recorded there: a killed sweep (even
 ``kill -9``) resumes without recomputing or losing a row, and the final files hold every
-configuration exactly once, in input order.  A progress bar (:mod:`dpjax._progress`) shows on a TTY.
+configuration exactly once, in input order.  Progress (:mod:`dpjax._progress`) shows on stderr: a
+bar in a terminal or notebook, lines in a log.
 
 Example::
 
@@ -736,7 +737,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       with_lower: also compute the certified lower end of the bracket (about doubles the work).
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call.
-      progress_bar: show a progress bar (None: auto, on a TTY).
+      progress_bar: show progress on stderr (None: auto, see :mod:`dpjax._progress`; False: never).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
