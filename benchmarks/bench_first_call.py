@@ -82,7 +82,7 @@ ENTRY_POINTS = {
         "for _ in range(100):\n    a.compose(ev, 100)\n    r = a.get_epsilon(1e-5)",
         "accounting"),
     "dpsgd_noise_multiplier": (
-        "import dpjax\nr = dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)",
+        "import dpjax\nr = dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)",
         "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\n"
         "mk = lambda: p.PLDAccountant(value_discretization_interval=1e-4)\n"
         "ev = lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, "

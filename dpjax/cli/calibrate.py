@@ -37,7 +37,7 @@ def _run_noise(args) -> dict:
 
     if args.sampling == "poisson" and args.sampling_prob is None:
         raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
-    sigma = dpsgd_noise_multiplier(args.epsilon, args.delta, args.sampling_prob, args.steps,
+    sigma = dpsgd_noise_multiplier(args.sampling_prob, args.steps, args.epsilon, args.delta,
                                    group_size=args.group_size, sampling=args.sampling,
                                    dataset_size=args.dataset_size, batch_size=args.batch_size,
                                    progress=None if not args.quiet else False)
