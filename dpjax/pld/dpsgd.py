@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import jax
 import numpy as np
 
 from dpjax import _names, _traced, _validate
@@ -159,8 +160,8 @@ def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Call
     if not any(nd):
         return scalar(sigma, q, steps, target)  # one configuration (targets may be an array)
     flat, shape = _validate_batch(query, sigma, q, steps, target)
-    out = _values(query, components, scalar, options, *flat).reshape(shape)
-    return out
+    with jax.enable_x64(True):  # the float64 contract (dpjax._x64): eager batches compute in float64
+        return _values(query, components, scalar, options, *flat).reshape(shape)
 
 
 def _components(sigma, q, steps):
