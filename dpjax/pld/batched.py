@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from typing import Sequence
 
 import jax
@@ -52,7 +53,8 @@ from dpjax import _xla
 from dpjax.pld import accountant as _acc
 from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import _curve_terms
-from dpjax.pld.exact import gaussian_epsilon
+from dpjax.pld.exact import host_gaussian_epsilon
+from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, coarse_shape, plan_grid
 
 __all__ = ["epsilon_many", "delta_many", "grid_partials"]
@@ -107,18 +109,24 @@ def _stack(*xs):
     return np.stack([np.asarray(x) for x in xs])
 
 
+#: Chunks per static shape dispatched before any result is read: XLA:CPU runs the chunks'
+#: programs concurrently on the cores it has (one program runs on about one core).
+_CONCURRENT = max(1, min(4, os.cpu_count() or 1))
+
+
 def _run_batch(plans, targets, *, want):
     """Run the loop program over ``plans`` grouped by static shape; per element the unpacked
     result (as :func:`dpjax.pld.accountant._unpack`)."""
     kinds = ("up",)
     out = [None] * len(plans)
     keys = [_key(p) for p in plans]
+    pending = []
     for key in dict.fromkeys(keys):
         idx = [i for i, k in enumerate(keys) if k == key]
         directions, common, n, n_freq = key[:4]
-        cap_max = _CAPACITIES[-1]
-        for start in range(0, len(idx), cap_max):
-            chunk = idx[start:start + cap_max]
+        size = min(_CAPACITIES[-1], max(_CAPACITIES[0], -(-len(idx) // _CONCURRENT)))
+        for start in range(0, len(idx), size):
+            chunk = idx[start:start + size]
             cap = next(c for c in _CAPACITIES if c >= len(chunk))
             pad = chunk + [chunk[-1]] * (cap - len(chunk))
             ps = [plans[i] for i in pad]
@@ -128,13 +136,16 @@ def _run_batch(plans, targets, *, want):
                 deltas, epsilons = tg, np.zeros(cap)
             else:
                 deltas, epsilons = np.full((cap, 1), 0.5), tg
+            # Dispatched asynchronously; read below, after every chunk has been launched.
             flat = _loop_program(np.int32(len(chunk)), groups, _stack(*[p.dx for p in ps]),
                                  _stack(*[p.lambdas for p in ps]), _stack(*[p.log_tau for p in ps]), deltas,
                                  epsilons, directions=directions, ms=tuple(common for _ in directions), n=n,
                                  kinds=kinds, want=want, n_freq=n_freq)
-            flat = np.asarray(flat)
-            for j, i in enumerate(chunk):
-                out[i] = _acc._unpack(flat[j], directions, kinds, () if want == "eps" else ())
+            pending.append((chunk, directions, flat))
+    for chunk, directions, flat in pending:
+        flat = np.asarray(flat)
+        for j, i in enumerate(chunk):
+            out[i] = _acc._unpack(flat[j], directions, kinds, ())
     return out
 
 
@@ -165,15 +176,37 @@ def _options(options):
     return _acc._options(options)
 
 
+def _one_dpsgd_step(components):
+    """``(sigma, q, T)`` when the composition is one scalar :class:`PoissonSubsampledGaussian`
+    composed ``T`` times (DP-SGD), else None (the checks below then take the general route)."""
+    if len(components) != 1 or not isinstance(components[0], tuple):
+        return None
+    mech, count = components[0]
+    if type(mech) is not PoissonSubsampledGaussian or np.ndim(mech.noise_multiplier) or np.ndim(mech.sampling_prob):
+        return None
+    return float(mech.noise_multiplier), float(mech.sampling_prob), int(count)
+
+
 def _special_epsilon(components, target):
-    """True when :func:`dpjax.pld.epsilon` answers without the FFT grid (closed forms)."""
-    mu_dom = _acc._dominating_gaussian_mu(components)
-    if mu_dom is not None and not float(np.asarray(gaussian_epsilon(np.float64(target), mu_dom))) > 0:
-        return True
-    return _acc._exact_gaussian_mu(components) is not None
+    """True when :func:`dpjax.pld.epsilon` answers without the FFT grid (its closed forms: an
+    exact Gaussian composition, or noise so large that the dominating Gaussian's epsilon is 0)."""
+    one = _one_dpsgd_step(components)
+    if one is not None:
+        sigma, q, count = one
+        mu_dom, exact = math.sqrt(count) / sigma, q == 1.0
+    else:
+        mu_dom = _acc._dominating_gaussian_mu(components)
+        if mu_dom is None:
+            return False
+        exact = _acc._exact_gaussian_mu(components) is not None
+    return exact or not float(host_gaussian_epsilon(np.float64(target), mu_dom)) > 0
 
 
 def _special_delta(components):
+    one = _one_dpsgd_step(components)
+    if one is not None:
+        sigma, q, count = one
+        return q == 1.0 or math.sqrt(count) / sigma < 1e-100
     mu = _acc._exact_gaussian_mu(components)
     mu_dom = _acc._dominating_gaussian_mu(components)
     return mu is not None or (mu_dom is not None and mu_dom < 1e-100)
