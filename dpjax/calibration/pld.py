@@ -170,7 +170,8 @@ def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPS
 
 
 @float64
-def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None):
+def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None,
+               with_report: bool = False, warn: bool = True):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
 
     ``eps = min{eps >= 0 : delta_up(eps) <= target_delta}`` on the fixed ``grid``
@@ -196,7 +197,8 @@ def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DP
                 "planned on concrete values")
         grid = dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=target_delta)
     mech = _with(grid.mechanisms[0], noise_multiplier, sampling_prob)
-    return pld_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),))
+    return pld_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),), with_report=with_report,
+                          warn=warn)
 
 
 @float64
