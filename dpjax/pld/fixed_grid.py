@@ -354,14 +354,15 @@ class EpsilonReport(NamedTuple):
 
 
 def _direction_report(comp, delta, total, lumped):
-    eps = eps_at(table(comp, Bound.UPPER), delta)
-    bare = comp._replace(p_inf=jnp.zeros_like(comp.p_inf), tail_above=jnp.zeros_like(comp.tail_above),
-                         roundoff=jnp.zeros_like(comp.roundoff))
+    tab = table(comp, Bound.UPPER)
+    eps = eps_at(tab, delta)
     # A grid planned here has (up to its discretization) a delta curve at least this curve
     # minus the added terms, the lumped mass and the mass that wrapped from below the window
     # onto higher losses (each can raise delta by at most its size): its epsilon is at least
-    # this one.
-    eps0 = eps_at(table(bare, Bound.UPPER), delta + lumped + comp.tail_below)
+    # this one.  (The table's A carries the added terms as a constant.)
+    added = comp.p_inf + comp.tail_above + comp.roundoff
+    bare = tab._replace(A=jax.lax.stop_gradient(tab.A - added))
+    eps0 = eps_at(bare, delta + lumped + comp.tail_below)
     p = jnp.maximum(comp.pmf, 0.0)
     y = comp.losses
     mass = jnp.maximum(jnp.sum(p), 1e-300)
