@@ -53,7 +53,7 @@ JSON_ARGV: dict[str, tuple[list[str], str]] = {
                    "add_or_remove"),
     "mc-calibrate": (MC + ["--epsilon", "2", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),
     "optimize": (["--family", "toeplitz", "--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "2",
-                  "--delta", "0.1", "--steps", "2", "--samples", "256", "--no-certify"], "add_or_remove"),
+                  "--delta", "0.1", "--optimizer-steps", "2", "--samples", "256", "--no-certify"], "add_or_remove"),
     "sweep": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
               "add_or_remove"),
 }

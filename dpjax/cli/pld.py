@@ -1,22 +1,5 @@
-"""``dpjax epsilon`` / ``dpjax delta``: DP-SGD accounting with the FFT PLD accountant.
-
-Examples::
-
-    dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5 --json
-    dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6
-    dpjax delta   --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 0.5,1,2 --json
-    dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
-                  --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
-
-The printed ``epsilon`` (``delta``) is a certified upper bound; ``epsilon_lower`` /
-``epsilon_upper`` bracket the exact value.  Adjacency: Poisson sampling is accounted under
-add/remove adjacency ("add_or_remove": neighbouring datasets differ by adding or removing one
-example, k for a group of k), ``--sampling fixed_batch`` under replace adjacency ("replace":
-one example, k for a group, replaced by another); every result names it in ``adjacency``.
-Group privacy (``--group-size k``) uses the tight mixture-of-Gaussians accountant of Ganesh
-(2024), "Tight group-level DP guarantees for DP-SGD with sampling via mixture of Gaussians
-mechanisms".  Compiled programs are cached on disk (``~/.cache/dpjax/xla``;
-``DPJAX_COMPILATION_CACHE=0`` disables, ``=<dir>`` relocates).
+"""``dpjax epsilon`` / ``dpjax delta``: DP-SGD accounting with the FFT PLD accountant (see
+:data:`EPSILON_DESCRIPTION` / :data:`DELTA_DESCRIPTION`, the ``--help`` texts).
 """
 
 from __future__ import annotations
@@ -123,16 +106,49 @@ def _render(result: dict) -> str:
     return _args.render_fields(result, {"grid": _grid_lines}, skip_none=True)
 
 
+_ABOUT = """\
+The printed epsilon (delta) is a certified upper bound; epsilon_lower / epsilon_upper bracket the
+exact value.  Adjacency: Poisson sampling is accounted under add/remove adjacency
+("add_or_remove": neighbouring datasets differ by adding or removing one example, k for a group
+of k), --sampling fixed_batch under replace adjacency ("replace": one example, k for a group,
+replaced by another); every result names it in "adjacency".  Group privacy (--group-size k)
+uses the tight mixture-of-Gaussians accountant of Ganesh (2024), "Tight group-level DP
+guarantees for DP-SGD with sampling via mixture of Gaussians mechanisms".  Comma lists run once
+per value and print a table.  Compiled programs are cached on disk (~/.cache/dpjax/xla;
+DPJAX_COMPILATION_CACHE=0 disables, =<dir> relocates)."""
+
+EPSILON_DESCRIPTION = """\
+Certified epsilon of DP-SGD (noise multiplier, sampling probability, steps) at a target delta.
+
+Examples:
+  dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5
+  dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6 --out eps.csv
+  dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
+                --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
+
+""" + _ABOUT
+
+DELTA_DESCRIPTION = """\
+Certified delta of DP-SGD (noise multiplier, sampling probability, steps) at a target epsilon.
+
+Examples:
+  dpjax delta --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 0.5,1,2
+  dpjax delta --noise-multiplier 1 --steps 2000 --epsilon 4 --group-size 8 \\
+              --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
+
+""" + _ABOUT
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD at delta (PLD accountant; groups too)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD at a target delta (groups too)",
+                              description=EPSILON_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
                    help="target " + _args.DELTA_TARGET_HELP)
     p.set_defaults(run=_run_epsilon, render=_render)
 
-    p = subparsers.add_parser("delta", help="certified delta of DP-SGD at epsilon (PLD accountant; groups too)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("delta", help="certified delta of DP-SGD at a target epsilon (groups too)",
+                              description=DELTA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
                    help="target " + _args.EPSILON_TARGET_HELP)

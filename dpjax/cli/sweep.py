@@ -1,23 +1,5 @@
-"""``dpjax sweep``: certified epsilon (or delta) for a grid or a list of DP-SGD configurations.
-
-Examples::
-
-    dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
-        --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
-    dpjax sweep --grid configs.json --out sweep.csv
-
-Value lists: ``a,b,c`` (listed values), ``start:stop:num`` (``num`` evenly spaced values, both
-ends included), ``start:stop:num:log`` (log-spaced).  The grid is the Cartesian product, with
-``--noise-multiplier`` varying slowest.  ``configs.json`` is a JSON list of objects with
-``noise_multiplier``, ``sampling_prob``, ``steps`` and ``delta`` (or ``epsilon`` for a delta
-query), optionally ``group_size``.
-
-The CSV has one row per configuration in input order: the configuration, then ``epsilon`` (a
-certified upper bound) or ``delta``, the certified bracket ``lower`` / ``upper`` of that value,
-and the grid (``n``, ``dx``).  Rows are written as they are computed (``.jsonl`` journal next
-to the CSV); ``--resume`` continues a killed sweep without recomputing or losing a row.  The
-configurations are bucketed into a few padded grid shapes and run vmapped over every device
-JAX sees (:func:`dpjax.sweep`).
+"""``dpjax sweep``: certified epsilon (or delta) for a grid or a list of DP-SGD configurations
+(:data:`DESCRIPTION` is the ``--help`` text).
 """
 
 from __future__ import annotations
@@ -134,9 +116,35 @@ def _render(result: dict) -> str:
     return _args.render_fields(result, {"table": _table_lines})
 
 
+DESCRIPTION = """\
+Certified epsilon (or delta) for a grid or a list of DP-SGD configurations.
+
+Value lists: a,b,c (listed values), start:stop:num (num evenly spaced values, both ends
+included), start:stop:num:log (log-spaced).  The grid is the Cartesian product, with
+--noise-multiplier varying slowest.  --grid FILE reads a JSON list of objects with
+noise_multiplier, sampling_prob, steps and target_delta (or target_epsilon for a delta query;
+"delta" / "epsilon" are read too), optionally group_size.
+
+Output: one row per configuration, in input order: the configuration, target_delta or
+target_epsilon, the certified epsilon (epsilon queries) or delta (delta queries), the certified
+bracket lower / upper of that value, and the grid it was computed on (grid: "sweep", the
+sweep's coarser grid, within 1e-3 relative of the single call; "accountant", the single call's
+grid, as dpjax epsilon / delta; "closed_form", q = 1, no grid; n, dx).  Both are certified upper
+bounds on different grids: a sweep row can differ from dpjax epsilon in the fourth digit.
+--out FILE.csv writes the CSV as rows are computed (with the journal FILE.jsonl); --out
+FILE.json writes the result JSON (every row) at the end, with its journal FILE.journal.jsonl;
+--resume continues a killed sweep without recomputing or losing a row.  The configurations
+are bucketed into a few padded grid shapes and run vmapped over every device JAX sees.
+
+Examples:
+  dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
+      --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
+  dpjax sweep --grid configs.json --out sweep.json"""
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="certified epsilon/delta for a grid or list of DP-SGD configurations",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", default=None, metavar="FILE", help="JSON list of configuration objects")
     p.add_argument("--noise-multiplier", default=None, metavar="VALUES", help="sigma values (list or range)")
     p.add_argument("--sampling-prob", default=None, metavar="VALUES", help="q values in (0, 1]")

@@ -194,6 +194,10 @@ class BallsInBins:
         if not np.isfinite(self.gram).all():
             raise ValueError("correlation produces a non-finite Gram matrix (entries too large)")
 
+    def __repr__(self) -> str:
+        return (f"BallsInBins(batches_per_epoch={self.batches_per_epoch}, epochs={self.epochs}, "
+                f"num_rounds={self.num_rounds}, sensitivity={self.sensitivity!r})")
+
     # ------------------------------------------------------------------ baselines
 
     @property
