@@ -204,12 +204,12 @@ def test_comma_lists_give_one_row_per_value(capsys):
     argv, _ = JSON_ARGV["epsilon"]
     assert main(["epsilon", *argv, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["delta"] for r in rows] == [1e-5, 1e-6]
+    assert [r["target_delta"] for r in rows] == [1e-5, 1e-6]
     assert rows[0]["epsilon"] < rows[1]["epsilon"]  # smaller delta, larger epsilon
     argv, _ = JSON_ARGV["mc-delta"]
     assert main(["mc-delta", *argv, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["epsilon"] for r in rows] == [0.5, 1.0] and rows[0]["delta"] >= rows[1]["delta"]
+    assert [r["target_epsilon"] for r in rows] == [0.5, 1.0] and rows[0]["delta"] >= rows[1]["delta"]
 
 
 def test_grid_limit_message_names_the_cli_flag():

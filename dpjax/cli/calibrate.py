@@ -70,10 +70,8 @@ def _run_mc_calibrate(args) -> dict:
 def register(subparsers) -> None:
     p = subparsers.add_parser("noise", help="smallest DP-SGD noise multiplier for a target (epsilon, delta) (groups too)",
                               description=NOISE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epsilon", type=_args.real_list(0, None, lo_open=True), required=True,
-                   help="target epsilon > 0 (comma list for several)")
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_target_epsilon(p, required=True)
+    _args.add_target_delta(p, required=True)
     _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
     _args.add_steps(p)
     _args.add_group_args(p)
@@ -84,10 +82,8 @@ def register(subparsers) -> None:
                               description=MC_CALIBRATE_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_correlation_args(p)
-    p.add_argument("--epsilon", type=_args.real_list(0, None, lo_open=True), required=True,
-                   help="target epsilon > 0 (comma list for several)")
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_target_epsilon(p, required=True)
+    _args.add_target_delta(p, required=True)
     p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 16,
                    help=_args.SAMPLES_HELP + "; default 2^16, should be >= 1/delta")
     p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)

@@ -116,7 +116,7 @@ def _run_delta(args) -> list[dict]:
     est = acc.estimate(args.noise_multiplier, eps, args.samples, args.seed, chunk_size=args.chunk_size)
     unamplified = np.atleast_1d(acc.unamplified_delta(args.noise_multiplier, eps))
     return [{
-        "epsilon": float(est.epsilon[i]),
+        "target_epsilon": float(est.epsilon[i]),
         "delta": float(est.delta[i]),
         "standard_error": float(est.standard_error[i]),
         "delta_remove": float(est.delta_remove[i]),
@@ -134,7 +134,7 @@ def _run_delta(args) -> list[dict]:
 
 def _run_certify(args) -> dict:
     acc = _accountant(args)
-    cert = acc.certify(args.noise_multiplier, args.epsilon, args.target_delta, args.samples, args.seed,
+    cert = acc.certify(args.noise_multiplier, args.epsilon, args.delta, args.samples, args.seed,
                        chunk_size=args.chunk_size)
     return {**cert.to_dict(), "seed": args.seed, "adjacency": ADJACENCY}
 
@@ -146,18 +146,18 @@ def _run_epsilon(args) -> dict:
                                confidence=args.confidence, chunk_size=args.chunk_size)
     return {
         "epsilon": est.epsilon,
-        "epsilon_low": est.epsilon_low,
-        "epsilon_high": est.epsilon_high,
+        "epsilon_lower": est.epsilon_lower,
+        "epsilon_upper": est.epsilon_upper,
         "confidence": est.confidence,
         "resolved": est.resolved,
         "reason": est.reason,
-        "delta": args.delta,
+        "target_delta": args.delta,
         "num_samples": int(est.num_samples),
         "unamplified_epsilon": acc.unamplified_epsilon(args.noise_multiplier, args.delta),
         "seed": args.seed,
         "noise_multiplier": args.noise_multiplier,
         "adjacency": ADJACENCY,
-        "note": ("Monte Carlo estimate eps_hat(delta) with a confidence interval [epsilon_low, epsilon_high] "
+        "note": ("Monte Carlo estimate eps_hat(delta) with a confidence interval [epsilon_lower, epsilon_upper] "
                  "from num_samples draws; use mc-certify for a rigorous statement"),
     }
 
@@ -166,8 +166,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("mc-delta", help="balls-in-bins Monte Carlo delta(epsilon) with standard error",
                               description=MC_DELTA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
-                   help=_args.EPSILON_TARGET_HELP + "; one set of draws serves all")
+    _args.add_target_epsilon(p, required=True, positive=False, help_prefix="", extra="; one set of draws serves all")
     p.set_defaults(run=_run_delta, vectorized=("epsilon",))
 
     p = subparsers.add_parser("mc-certify", help="Estimate-Verify-Release certificate for (epsilon, target delta)",
@@ -175,19 +174,14 @@ def register(subparsers) -> None:
     _add_common(p, seed_default=CERTIFY_DEFAULT_SEED,
                 seed_help=_args.seed_help(CERTIFY_DEFAULT_SEED, ", not mc-calibrate's 0: certify a calibrated noise "
                                                                 "multiplier on draws independent of the calibration's"))
-    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
-                   help="epsilon to certify, " + _args.EPSILON_TARGET_HELP)
-    # --delta as everywhere else; --target-delta kept as an alias (its original name)
-    p.add_argument("--delta", "--target-delta", dest="target_delta",
-                   type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="delta to certify, " + _args.DELTA_TARGET_HELP)
+    _args.add_target_epsilon(p, required=True, positive=False, help_prefix="epsilon to certify, ")
+    _args.add_target_delta(p, required=True, help_prefix="delta to certify, ")
     p.set_defaults(run=_run_certify)
 
     p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate",
                               description=MC_EPSILON_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_target_delta(p, required=True)
     p.add_argument("--confidence", type=_args.real(0, 1, lo_open=True, hi_open=True), default=0.95,
                    help="confidence level of the reported interval on epsilon, in (0, 1) (default 0.95)")
     p.set_defaults(run=_run_epsilon)

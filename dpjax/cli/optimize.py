@@ -218,10 +218,8 @@ def register(subparsers) -> None:
                    help="b, batches per epoch (an integer >= 1; required unless --example)")
     p.add_argument("--epochs", type=_args.integer(1, 2**20), default=None,
                    help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
-    p.add_argument("--epsilon", type=_args.real_list(0, lo_open=True), default=None,
-                   help="target epsilon > 0 (comma list allowed; required unless --example)")
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), default=None,
-                   help="target delta in (0, 1) (comma list allowed; required unless --example)")
+    _args.add_target_epsilon(p, required=False, extra="; required unless --example")
+    _args.add_target_delta(p, required=False, extra="; required unless --example")
     # Not --steps: elsewhere that is the number of DP-SGD training steps.
     p.add_argument("--optimizer-steps", type=_args.integer(0, 10**7), default=None,
                    help="optimizer (Adam) steps on the correlation matrix, an integer >= 0 (default 300)")

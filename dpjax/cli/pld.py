@@ -85,7 +85,7 @@ def _setting(args) -> dict:
 def _run_epsilon(args) -> dict:
     res = _account(args, target_delta=args.delta)
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
-           "delta": res.target_delta, **_setting(args), "grid": _grid_info(res)}
+           "target_delta": res.target_delta, **_setting(args), "grid": _grid_info(res)}
     if res.reason:
         out["reason"] = _cli_reason(res.reason)
     return out
@@ -94,7 +94,7 @@ def _run_epsilon(args) -> dict:
 def _run_delta(args) -> dict:
     res = _account(args, target_epsilon=args.epsilon)
     return {"delta": res.delta, "delta_lower": res.delta_lower, "delta_upper": res.delta_upper,
-            "epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
+            "target_epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
 
 
 def _grid_lines(grid: dict) -> list[str]:
@@ -143,13 +143,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD at a target delta (groups too)",
                               description=EPSILON_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_target_delta(p, required=True)
     p.set_defaults(run=_run_epsilon, render=_render)
 
     p = subparsers.add_parser("delta", help="certified delta of DP-SGD at a target epsilon (groups too)",
                               description=DELTA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
-                   help="target " + _args.EPSILON_TARGET_HELP)
+    _args.add_target_epsilon(p, required=True, positive=False)
     p.set_defaults(run=_run_delta, render=_render)
