@@ -192,9 +192,10 @@ def test_json_names_adjacency_and_out_writes_the_same(case, capsys, tmp_path):
         saved = OptimizationResult.load(out_file)
         assert saved.noise_multiplier_estimate == result["noise_multiplier_estimate"]
         assert list(saved.first_column) == result["first_column"]
-    elif name == "sweep":  # --out is the sweep's CSV table
-        lines = out_file.read_text().strip().splitlines()
-        assert "epsilon" in lines[0].split(",") and len(lines) == 1 + result["configurations"]
+    elif name == "sweep":  # --out FILE.json: the result with every row (FILE.csv: the CSV table)
+        saved = json.loads(out_file.read_text())
+        assert saved["configurations"] == result["configurations"] == len(saved["table"])
+        assert all(r["grid"] == "sweep" and r["epsilon"] >= r["lower"] for r in saved["table"])
     else:
         assert out_file.read_text() == out
     assert "nan" not in out

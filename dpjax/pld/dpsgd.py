@@ -40,7 +40,7 @@ def _ndim(x) -> int:
     return int(np.ndim(x)) if not _traced.is_traced(x) else len(x.shape)
 
 
-def _validate_batch(query, sigma, q, steps, target, *, q_required=True):
+def _validate_batch(query, sigma, q, steps, target):
     """Concrete arrays validated elementwise and broadcast: (sigma, q, steps, target) flat, shape."""
     s = _validate.positive("noise_multiplier", sigma)
     qq = (_validate.probability_open_closed("sampling_prob", q) if q is not None
