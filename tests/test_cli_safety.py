@@ -94,7 +94,9 @@ EPS = ["epsilon", "--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps
 
 def test_comma_list_prints_a_table(capsys):
     assert main(EPS + ["--quiet"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    shared, table = capsys.readouterr().out.strip().split("\n\n")
+    assert "noise_multiplier" in shared and "adjacency" in shared  # what every row shares, once
+    lines = table.splitlines()
     assert len(lines) == 3  # header + one line per value
     header = lines[0].split()
     assert header[:2] == ["epsilon", "epsilon_lower"] and "target_delta" in header

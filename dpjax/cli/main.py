@@ -105,17 +105,22 @@ def _cell(v) -> str:
 
 
 def render_table(rows: list) -> str:
-    """Rows of one comma-list run as a text table: one line per row, one column per scalar field
-    (nested fields are in the ``--json`` output)."""
+    """Rows of one comma-list run as text: the fields every row shares once (``key  value``),
+    then a table with one line per row and one column per field that varies (nested fields are
+    in the ``--json`` output)."""
     cols: list[str] = []
     for r in rows:
         for k, v in r.items():
             if _scalar(v) and k not in cols:
                 cols.append(k)
+    same = [c for c in cols if len(rows) > 1 and len({_cell(r.get(c)) for r in rows}) == 1]
+    cols = [c for c in cols if c not in same]
+    head = _args.render_fields({c: rows[0].get(c) for c in same}, width=None, skip_none=True) if same else ""
     cells = [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     line = lambda items: "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(items, widths)))
-    return "\n".join([line(cols)] + [line(row) for row in cells])
+    table = "\n".join([line(cols)] + [line(row) for row in cells])
+    return f"{head}\n\n{table}" if head else table
 
 
 def _default_render(result: dict) -> str:
