@@ -66,7 +66,7 @@ ENTRY_POINTS = {
         "accounting"),
     "heterogeneous_schedule": (
         "import numpy as np, dpjax\n"
-        "r = dpjax.pld.dpsgd_accounting(np.linspace(3.0, 2.5, 1000), 0.01, 1000, target_delta=1e-5).epsilon",
+        "r = dpjax.pld.dpsgd_accounting(None, 0.01, 1000, target_delta=1e-5, noise_schedule=np.linspace(3.0, 2.5, 1000)).epsilon",
         "import numpy as np, dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\n"
         "a = p.PLDAccountant(value_discretization_interval=1e-4)\n"
         "a.compose(dp_accounting.ComposedDpEvent([dp_accounting.PoissonSampledDpEvent(0.01, "
