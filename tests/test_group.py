@@ -173,7 +173,7 @@ def test_accounting_returns_bracket_and_delta():
         (dict(dataset_size=1000, batch_size=10), "only for sampling='fixed_batch'"),
         (dict(sampling_prob=1.5), "sampling_prob"),
         (dict(noise_multiplier=-1.0), "noise_multiplier"),
-        (dict(noise_multiplier=[1.0, 2.0]), "noise_multiplier"),
+        (dict(noise_multiplier=[1.0, -2.0]), "noise_multiplier"),   # a batch with a bad element
         (dict(steps=0), "steps"),
         (dict(target_delta=0.0), "target_delta"),
     ],
