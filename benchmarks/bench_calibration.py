@@ -49,12 +49,12 @@ def bench_dpjax(q, eps, repeats: int):
     import dpjax
 
     t0 = time.perf_counter()
-    sigma = dpjax.dpsgd_noise_multiplier(eps, DELTA, q, STEPS)
+    sigma = dpjax.dpsgd_noise_multiplier(q, STEPS, eps, DELTA)
     cold = time.perf_counter() - t0
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        again = dpjax.dpsgd_noise_multiplier(eps, DELTA, q, STEPS)
+        again = dpjax.dpsgd_noise_multiplier(q, STEPS, eps, DELTA)
         runs.append(time.perf_counter() - t0)
     assert np.array_equal(sigma, again)
     return np.asarray(sigma), cold, statistics.median(runs), runs

@@ -21,7 +21,7 @@ print(json.dumps(dict(seconds=time.perf_counter() - t0, value=float(r))))
 PY = {
  "dpsgd_epsilon": "import dpjax\nr = dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)",
  "dpsgd_delta": "import dpjax\nr = dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)",
- "dpsgd_noise_multiplier": "import dpjax\nr = dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)",
+ "dpsgd_noise_multiplier": "import dpjax\nr = dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)",
  "import_jax_first_array": "import jax, jax.numpy as jnp\nr = float(jnp.ones(()) + 1)",
  "dp_accounting_epsilon": "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\na = p.PLDAccountant(value_discretization_interval=1e-4)\na.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 1000))\nr = a.get_epsilon(1e-5)",
 }

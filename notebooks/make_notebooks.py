@@ -445,7 +445,7 @@ def sweeps_notebook():
             "rows = []\n"
             "for T in (500, 1000, 2000, 4000):\n"
             "    sched = np.repeat(np.linspace(2.0, 1.0, 10), T // 10)  # noise lowered every tenth of training\n"
-            "    res = dpjax.pld.dpsgd_accounting(sched, Q, T, target_delta=DELTA)\n"
+            "    res = dpjax.pld.dpsgd_accounting(None, Q, T, target_delta=DELTA, noise_schedule=sched)\n"
             "    # RDP adds over steps: sum the per-step RDP of each distinct sigma.\n"
             "    vals, counts = np.unique(np.round(sched, 12), return_counts=True)\n"
             "    rdp = sum(c * rdp_poisson_subsampled_gaussian(v, Q) for v, c in zip(vals, counts))\n"

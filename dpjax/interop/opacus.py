@@ -106,7 +106,7 @@ def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=Non
     t = _steps_from(q, steps, epochs)
     from dpjax.calibration import dpsgd_noise_multiplier
 
-    return float(dpsgd_noise_multiplier(target_epsilon, target_delta, q, t))
+    return float(dpsgd_noise_multiplier(q, t, target_epsilon, target_delta))
 
 
 def _largest_feasible(lo: int, hi: int, feasible) -> int | None:

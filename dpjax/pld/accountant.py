@@ -836,57 +836,65 @@ def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
 # DP-SGD
 
 
-def _dpsgd_components(noise_multiplier, sampling_prob, steps):
+def _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule=None):
     steps = _validate.positive_int("steps", steps)
     q = _validate.probability_open_closed("sampling_prob", sampling_prob)
     if q.ndim != 0:
         raise ValueError(f"sampling_prob must be a scalar in (0, 1], got {sampling_prob!r}")
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    if sigma.ndim == 0:
+    if noise_schedule is None:
+        sigma = _validate.positive("noise_multiplier", noise_multiplier)
+        if sigma.ndim != 0:
+            raise ValueError(
+                f"noise_multiplier must be a scalar here, got shape {sigma.shape}: give a per-step schedule as "
+                f"noise_schedule=..., or many noise multipliers to dpjax.dpsgd_epsilon / dpsgd_delta (a batch)")
         return [(PoissonSubsampledGaussian(float(sigma), float(q)), steps)]
+    sigma = _validate.positive("noise_schedule", noise_schedule)
     if sigma.ndim != 1 or sigma.shape[0] != steps:
         raise ValueError(
-            f"noise_multiplier must be a scalar or a 1-D array of length steps={steps}, got shape {sigma.shape}")
+            f"noise_schedule must be a 1-D array of length steps={steps}, got shape {sigma.shape}")
     return [(PoissonSubsampledGaussian(sigma, np.full_like(sigma, float(q))), 1)]
 
 
 @host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, target_epsilon=None, *,
-                     options: GridOptions | None = None, with_lower: bool = True):
+                     options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None):
     """DP-SGD (Poisson sampling, add/remove adjacency): :class:`EpsilonResult` or :class:`DeltaResult`.
 
     Args:
-      noise_multiplier: sigma > 0, or a 1-D array of length ``steps`` (per-step schedule).
+      noise_multiplier: sigma > 0 (None with ``noise_schedule``).
       sampling_prob: q in (0, 1].
       steps: number of steps T >= 1.
-      target_delta / target_epsilon: exactly one of them.
+      target_delta / target_epsilon: exactly one of them (scalar or 1-D array: one transform
+        serves every target).
+      noise_schedule: a per-step schedule instead of ``noise_multiplier`` (1-D, length ``steps``).
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
-    comps = _dpsgd_components(noise_multiplier, sampling_prob, steps)
+    if noise_multiplier is not None and noise_schedule is not None:
+        raise ValueError("give noise_multiplier or noise_schedule, not both")
+    comps = _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
     if target_delta is not None:
         return epsilon(comps, target_delta, options=options, with_lower=with_lower)
     return delta(comps, target_epsilon, options=options, with_lower=with_lower)
 
 
-@host_only("dpjax.calibration.epsilon_fn on a grid from dpjax.calibration.dpsgd_grid")
-def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta) -> float:
-    """Certified epsilon of DP-SGD (Poisson-subsampled Gaussian, add/remove adjacency).
-
-    Example::
-
-        >>> import dpjax
-        >>> dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)     # doctest: +SKIP
-        1.8282...
-    """
+# The one-configuration calls behind the public dpjax.pld.dpsgd_epsilon / dpsgd_delta
+# (dpjax.pld.dpsgd adds batches of configurations, traced calls and the argument aliases).
+@host_only("dpjax.dpsgd_epsilon (traceable)")
+def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta, *, noise_schedule=None) -> float:
+    """Certified epsilon of one DP-SGD configuration (Poisson-subsampled Gaussian, add/remove
+    adjacency); see :func:`dpjax.pld.dpsgd.dpsgd_epsilon` for the public function."""
     target_delta = _validate.probability_open("target_delta", target_delta)
-    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False)
+    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False,
+                           noise_schedule=noise_schedule)
     return res.epsilon
 
 
-@host_only("dpjax.calibration.dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
-def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon) -> float:
-    """Certified delta of DP-SGD at ``target_epsilon`` (>= 0)."""
+@host_only("dpjax.dpsgd_delta (traceable)")
+def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon, *, noise_schedule=None) -> float:
+    """Certified delta of one DP-SGD configuration at ``target_epsilon`` (>= 0); see
+    :func:`dpjax.pld.dpsgd.dpsgd_delta` for the public function."""
     target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
-    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False)
+    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False,
+                           noise_schedule=noise_schedule)
     return res.delta
