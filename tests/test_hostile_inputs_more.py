@@ -124,7 +124,7 @@ def test_toeplitz_noise_rejects_what_toeplitz_rejects(coeffs, match):
 def test_noise_multiplier_at_q_one_leaks_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sigma = dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 1.0, 1)
+        sigma = dpjax.dpsgd_noise_multiplier(1.0, 1, 2.0, 1e-5)
     # q = 1, T = 1: the Gaussian mechanism; its exact epsilon at sigma meets the target.
     from dpjax.pld.exact import gaussian_epsilon
 

@@ -29,22 +29,22 @@ def _one_line_error(capsys, argv, *words):
 
 def test_out_is_an_existing_directory(tmp_path, capsys):
     (tmp_path / "d").mkdir()
-    _one_line_error(capsys, SMALL + ["--steps", "1", "--out", str(tmp_path / "d")], "--out", "is a directory")
+    _one_line_error(capsys, SMALL + ["--optimizer-steps", "1", "--out", str(tmp_path / "d")], "--out", "is a directory")
 
 
 def test_out_in_an_unwritable_place(capsys):
-    _one_line_error(capsys, SMALL + ["--steps", "1", "--out", "/proc/x.json"], "--out", "cannot write")
+    _one_line_error(capsys, SMALL + ["--optimizer-steps", "1", "--out", "/proc/x.json"], "--out", "cannot write")
 
 
 def test_checkpoint_path_is_a_directory(tmp_path, capsys):
     (tmp_path / "r.json.checkpoint.json").mkdir()
-    _one_line_error(capsys, SMALL + ["--steps", "1", "--out", str(tmp_path / "r.json")], "checkpoint",
+    _one_line_error(capsys, SMALL + ["--optimizer-steps", "1", "--out", str(tmp_path / "r.json")], "checkpoint",
                     "is a directory")
 
 
 def test_default_buffers_never_exceed_n(tmp_path, capsys):
     argv = ["optimize", "--batches-per-epoch", "2", "--epochs", "1", "--epsilon", "1", "--delta", "1e-3",
-            "--steps", "1", "--samples", "256", "--no-certify", "--quiet", "--json"]
+            "--optimizer-steps", "1", "--samples", "256", "--no-certify", "--quiet", "--json"]
     assert main(argv) == 0   # was: "num_buffers must be in [1, n] = [1, 2], got 4" for a flag never given
     out = json.loads(capsys.readouterr().out)
     assert out["parameterization"]["num_buffers"] == 2
@@ -52,14 +52,14 @@ def test_default_buffers_never_exceed_n(tmp_path, capsys):
 
 
 def test_resume_without_a_checkpoint(tmp_path, capsys):
-    _one_line_error(capsys, SMALL + ["--steps", "1", "--out", str(tmp_path / "none.json"), "--resume"],
+    _one_line_error(capsys, SMALL + ["--optimizer-steps", "1", "--out", str(tmp_path / "none.json"), "--resume"],
                     "--resume", "no checkpoint")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_resume_with_a_damaged_or_missing_sidecar(tmp_path, capsys, damage):
     out = str(tmp_path / "r.json")
-    assert main(SMALL + ["--steps", "2", "--out", out]) == 0
+    assert main(SMALL + ["--optimizer-steps", "2", "--out", out]) == 0
     capsys.readouterr()
     sidecars = glob.glob(out + ".checkpoint.json.screen-*.npz")
     assert len(sidecars) == 1
@@ -68,7 +68,7 @@ def test_resume_with_a_damaged_or_missing_sidecar(tmp_path, capsys, damage):
             f.truncate(100)
     else:                      # was a silent resume
         os.remove(sidecars[0])
-    rc = main(SMALL + ["--steps", "3", "--out", out, "--resume", "--json"])
+    rc = main(SMALL + ["--optimizer-steps", "3", "--out", out, "--resume", "--json"])
     stdout, err = capsys.readouterr()
     assert rc == 0
     assert json.loads(stdout)["status"] == "completed"
