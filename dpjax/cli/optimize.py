@@ -81,13 +81,15 @@ def _run(args) -> dict:
         # The balls-in-bins DP-SGD row is EVR-certified with --certify-samples (or its default):
         # refuse now, before minutes of optimization and a written result, if that cannot work.
         # (With certification on, the loop validates the certificate size the row then reuses.)
-        from dpjax.montecarlo import _evr
+        from dpjax.montecarlo import evr
         from dpjax.optimization.baselines import DEFAULT_CERTIFY_SAMPLES
 
         count = args.certify_samples or DEFAULT_CERTIFY_SAMPLES
-        if _evr.base_delta_for_target(int(count), float(args.delta)) is None:
+        rungs = evr.DEFAULT_LADDER_RUNGS
+        if evr.base_delta_for_target(int(count), float(args.delta), rungs) is None:
             raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {args.delta:g} "
-                             f"with {count} samples; pass --certify-samples >= {_evr.minimum_samples(float(args.delta))} "
+                             f"with {count} samples; pass --certify-samples >= "
+                             f"{evr.minimum_samples(float(args.delta), num_tests=rungs)} "
                              f"(more, e.g. 10x, to leave room for the estimate) or --no-baselines")
     n = args.batches_per_epoch * args.epochs
     param = make_parameterization(args.family, n, bands=args.bands,

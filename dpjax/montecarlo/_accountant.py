@@ -13,7 +13,8 @@ from dpjax._results import ResultMixin
 
 from dpjax import _validate
 from dpjax._x64 import float64
-from dpjax.montecarlo import _evr, core
+from dpjax.montecarlo import core, evr
+from dpjax.montecarlo.evr import Certificate
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon
 
 MAX_SAMPLES = 1 << 40
@@ -104,50 +105,6 @@ def _kl_bounds(mean, m: int, level: float):
         far = kl(mean, np.minimum(mid, 1 - 1e-16)) > rhs
         hi_a, hi_b = np.where(far, hi_a, mid), np.where(far, mid, hi_b)
     return np.where(mean > 0, lo_a, 0.0), np.where(mean < 1, hi_b, 1.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Certificate(ResultMixin):
-    """Outcome of Estimate-Verify-Release (see :mod:`dpjax.montecarlo._evr`).
-
-    Attributes:
-      verified: ``delta_estimate <= base_delta`` (both directions).
-      epsilon: the certified epsilon.
-      delta: the rigorous delta ``tau * base_delta + failure_probability`` (``<= target_delta``)
-        if verified, else ``inf`` (nothing certified; fall back to another accountant).
-      target_delta: requested.
-      base_delta: the threshold the estimate had to meet.
-      tau: slack factor of the true delta that the failure probability covers.
-      failure_probability: ``exp(-m KL(base_delta || tau base_delta))``, the chance that a
-        mechanism with true delta above ``tau * base_delta`` passed verification.
-      delta_estimate, standard_error: the Monte Carlo estimate (max direction) and its SE.
-      delta_remove, delta_add: per-direction estimates.
-      num_samples: samples used.
-      noise_multiplier: sigma.
-      reason: one line explaining the outcome.
-
-    ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`
-    (``as_dict`` is the same as ``to_dict``).
-    """
-
-    verified: bool
-    epsilon: float
-    delta: float
-    target_delta: float
-    base_delta: float
-    tau: float
-    failure_probability: float
-    delta_estimate: float
-    standard_error: float
-    delta_remove: float
-    delta_add: float
-    num_samples: int
-    noise_multiplier: float
-    reason: str
-
-    def as_dict(self) -> dict:
-        """Alias of :meth:`to_dict`."""
-        return self.to_dict()
 
 
 # --------------------------------------------------------------------------- validation
@@ -370,38 +327,21 @@ class BallsInBins:
 
     def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
                 devices=None) -> Certificate:
-        """Estimate-Verify-Release: is ``(epsilon, target_delta)`` certified with ``num_samples``?
+        """Estimate-Verify-Release for one noise multiplier: is ``(epsilon, target_delta)`` certified?
 
-        Picks the largest ``base_delta`` whose EVR bound (see :mod:`dpjax.montecarlo._evr`)
-        stays within ``target_delta``, estimates delta (both directions) and verifies
-        ``delta_hat <= base_delta``.  ``ValueError`` if ``num_samples`` is below
-        :func:`evr_minimum_samples` (no base delta can work).
+        Picks the largest ``base_delta`` whose EVR bound (:mod:`dpjax.montecarlo.evr`, one test)
+        stays within ``target_delta``, estimates delta (both directions) with ``num_samples``
+        draws from ``key`` and verifies ``delta_hat <= base_delta``.  The draws must be
+        independent of whatever chose ``noise_multiplier`` (use another key than the
+        calibration's).  ``ValueError`` if ``num_samples`` is below :func:`evr_minimum_samples`
+        (no base delta can work).  For a noise multiplier that is calibrated and certified in
+        one call, see :meth:`calibrate` with ``certify=True``.
         """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = float(_validate.nonnegative("epsilon", epsilon))
         target = float(_validate.probability_open("target_delta", target_delta))
         m = _validate_samples(num_samples)
-        base = _evr.base_delta_for_target(m, target)
-        if base is None:
-            raise ValueError(
-                f"num_samples = {m} is too small to certify target_delta = {target:g}; need at least "
-                f"{_evr.minimum_samples(target)} (more, e.g. 10x, to leave room for the estimate)")
-        overall, tau, beta = _evr.overall_delta(m, base)
-        est = self.estimate(sigma, np.array([eps]), m, key, chunk_size=chunk_size, devices=devices)
-        d_hat = float(est.delta[0])
-        verified = d_hat <= base
-        if verified:
-            reason = (f"verified: delta_hat = {d_hat:.4g} <= base_delta = {base:.4g} with {m} samples; "
-                      f"(eps, tau*base_delta + beta) = ({eps:g}, {overall:.4g})")
-        else:
-            reason = (f"not verified: delta_hat = {d_hat:.4g} > base_delta = {base:.4g}; nothing certified "
-                      "(raise noise_multiplier, epsilon or num_samples)")
-        return Certificate(
-            verified=bool(verified), epsilon=eps, delta=float(overall) if verified else math.inf,
-            target_delta=target, base_delta=float(base), tau=float(tau), failure_probability=float(beta),
-            delta_estimate=d_hat, standard_error=float(est.standard_error[0]),
-            delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]),
-            num_samples=m, noise_multiplier=sigma, reason=reason)
+        return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, devices=devices)
 
     def calibrate(self, target_epsilon, target_delta, num_samples, key) -> float:
         """Noise multiplier with ``delta_hat = target_delta`` (an estimate, not a certificate).
@@ -436,12 +376,12 @@ def evr_minimum_samples(target_delta, base_delta=None) -> int:
         base = float(_validate.probability_open("base_delta", base_delta))
         if base >= target:
             raise ValueError(f"base_delta must be < target_delta = {target:g}, got {base:g}")
-        return _evr.minimum_samples(target, base)
-    return _evr.minimum_samples(target)
+        return evr.minimum_samples(target, base)
+    return evr.minimum_samples(target)
 
 
 def certified_delta(num_samples, base_delta) -> tuple[float, float, float]:
     """``(delta, tau, failure_probability)`` that EVR reports after verifying ``base_delta``."""
     m = _validate_samples(num_samples)
     base = float(_validate.probability_open("base_delta", base_delta))
-    return _evr.overall_delta(m, base)
+    return evr.overall_delta(m, base)

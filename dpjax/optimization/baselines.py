@@ -25,9 +25,8 @@ Rows (each a :class:`BaselineRow`):
 * :func:`dpsgd_poisson` -- ``C = I``, Poisson sampling ``q = 1/b`` for ``n`` steps, dpjax PLD
   accountant (certified upper bound).
 * :func:`balls_in_bins_certified` -- any ``C`` (``C = I`` for DP-SGD) under balls-in-bins
-  batching, Monte Carlo: ``sigma`` calibrated on an estimate at the EVR base delta, then
-  certified by Estimate-Verify-Release with an independent key (raised by 0.5% steps until it
-  verifies); the certificate is in the row.
+  batching, Monte Carlo: ``sigma`` calibrated and certified by the Estimate-Verify-Release
+  ladder of :func:`dpjax.montecarlo.evr.certify_noise`; the certificate is in the row.
 * :func:`unamplified_optimum` -- the optimum of a family (:mod:`.parameterizations`) without
   amplification: ``sigma = sensitivity(C) * gaussian_noise_multiplier(eps, delta)``, the
   sensitivity for ``E`` participations ``b`` apart.
@@ -148,61 +147,50 @@ def dpsgd_poisson(epsilon, delta, batches_per_epoch, epochs) -> BaselineRow:
                 f"dpjax PLD, Poisson q = 1/{b}, {n} steps", column=[1.0])
 
 
-#: Default certificate size of :func:`balls_in_bins_certified` (samples).
+#: Default certificate size of :func:`balls_in_bins_certified` (samples per sample set).
 DEFAULT_CERTIFY_SAMPLES = 1 << 23
 
 
 def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epochs, *,
                             name="balls_in_bins", calibration_samples=None,
-                            certify_samples=DEFAULT_CERTIFY_SAMPLES, key=0, max_raises=20,
-                            raise_factor=1.005) -> BaselineRow:
+                            certify_samples=DEFAULT_CERTIFY_SAMPLES, key=0,
+                            max_attempts=None, growth=None) -> BaselineRow:
     """``C`` under balls-in-bins batching, with a noise multiplier certified by EVR.
 
-    1. ``base`` = the largest EVR base delta that certifies ``delta`` with ``certify_samples``
-       (:mod:`dpjax.montecarlo._evr`); 2. ``sigma_hat`` calibrated to ``delta_hat = base`` with
-       ``calibration_samples`` (default: the power of two >= 2 / base) draws from ``fold_in(key, 0)``; 3. certify ``(sigma, eps, delta)``
-       with ``certify_samples`` independent draws (``fold_in(key, 1 + attempt)``), raising
-       ``sigma`` by ``raise_factor`` until it verifies (each attempt uses fresh draws, so the
-       certificate is never computed on draws that chose ``sigma``).
+    The ladder of :func:`dpjax.montecarlo.evr.certify_noise` (the one every dpjax certificate
+    uses): ``sigma_0`` calibrated on ``calibration_samples`` draws (default
+    ``certify_samples // 4``), then ``max_attempts`` pre-committed rungs ``sigma_0 growth^j``
+    verified on ``certify_samples`` independent draws, the first passing rung released; the
+    stated failure probability is the union bound over the rungs.  The certificate is in the
+    row (``extra["certificate"]``).
 
-    Raises ValueError if nothing verifies within ``max_raises`` raises.
+    Raises ValueError if ``certify_samples`` cannot certify ``delta`` or no rung verifies.
     """
-    from dpjax.montecarlo import BallsInBins, _evr
+    from dpjax.montecarlo import BallsInBins, evr
 
     eps, delta, b, epochs = _check(epsilon, delta, batches_per_epoch, epochs)
     n = b * epochs
     acc = BallsInBins(correlation, b, epochs)
-    base = _evr.base_delta_for_target(int(certify_samples), delta)
-    if base is None:
-        raise ValueError(f"certify_samples={certify_samples} cannot certify delta={delta:g}; need at least "
-                         f"{_evr.minimum_samples(delta)}")
-    if calibration_samples is None:
-        calibration_samples = 1 << int(math.ceil(math.log2(2.0 / base)))
-    root = jax.random.key(int(key))
+    rungs = evr.DEFAULT_LADDER_RUNGS if max_attempts is None else max_attempts
     t0 = time.perf_counter()
-    sigma = float(acc.calibrate(eps, base, int(calibration_samples), jax.random.fold_in(root, 0)))
-    t_cal = time.perf_counter() - t0
-    sigma_estimate = sigma
-    cert = None
-    for attempt in range(max_raises + 1):
-        cert = acc.certify(sigma, eps, delta, int(certify_samples), jax.random.fold_in(root, 1 + attempt))
-        if cert.verified:
-            break
-        sigma *= raise_factor
-    else:
-        raise ValueError(f"no noise multiplier up to {sigma:g} verified (epsilon={eps:g}, delta={delta:g})")
+    cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=delta, num_samples=int(certify_samples),
+                             key=key, rungs=rungs, growth=evr.DEFAULT_LADDER_GROWTH if growth is None else growth,
+                             calibration_samples=calibration_samples)
     t_total = time.perf_counter() - t0
+    if not cert.verified:
+        raise ValueError(f"no noise multiplier verified (epsilon={eps:g}, delta={delta:g}): {cert.reason}")
     from dpjax.matrices import correlation_array
 
     column = correlation_array(correlation, n)
     error = float(prefix_sum_error(correlation, n))
     col = np.asarray(column) if np.ndim(column) == 1 else None
-    return _row(name, eps, delta, b, epochs, sigma, error,
-                f"dpjax Monte Carlo balls-in-bins, EVR certified with {certify_samples} samples",
+    return _row(name, eps, delta, b, epochs, cert.noise_multiplier, error,
+                f"dpjax Monte Carlo balls-in-bins, EVR-certified ({cert.method}, {cert.num_tests} tests, "
+                f"{cert.num_samples} samples)",
                 column=None if col is None else np.trim_zeros(col, "b"),
-                noise_multiplier_estimate=sigma_estimate, base_delta=float(base),
-                calibration_samples=int(calibration_samples), certificate=cert.as_dict(),
-                raises=attempt, seconds=t_total, calibration_seconds=t_cal)
+                noise_multiplier_estimate=cert.noise_multiplier_estimate, base_delta=cert.base_delta,
+                calibration_samples=cert.calibration_samples, certificate=cert.to_dict(),
+                seconds=t_total)
 
 
 def unamplified_optimum(parameterization, epsilon_values, delta, batches_per_epoch, epochs, *,
