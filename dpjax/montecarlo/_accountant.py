@@ -326,29 +326,63 @@ class BallsInBins:
         return float(lo), float(hi)
 
     def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
-                devices=None) -> Certificate:
+                devices=None, method="bernoulli_kl", failure_probability=None) -> Certificate:
         """Estimate-Verify-Release for one noise multiplier: is ``(epsilon, target_delta)`` certified?
 
-        Picks the largest ``base_delta`` whose EVR bound (:mod:`dpjax.montecarlo.evr`, one test)
-        stays within ``target_delta``, estimates delta (both directions) with ``num_samples``
-        draws from ``key`` and verifies ``delta_hat <= base_delta``.  The draws must be
-        independent of whatever chose ``noise_multiplier`` (use another key than the
+        ``method="bernoulli_kl"`` (default): the largest ``base_delta`` whose EVR bound
+        (:mod:`dpjax.montecarlo.evr`, one test) stays within ``target_delta``, then
+        ``delta_hat <= base_delta`` (both directions) on ``num_samples`` plain draws from ``key``.
+        ``method="importance_betting"``: the variance-reduced summands and a betting test of each
+        direction against ``target_delta (1 - 0.005)`` (failure probability ``0.005
+        target_delta``; docs/design.md §4.2), the bet chosen on ``num_samples // 4`` draws from
+        ``fold_in(key, 0)``, the test on ``num_samples`` draws from ``fold_in(key, 1)``
+        (``failure_probability`` sets that test's ``beta`` instead).  The draws
+        must be independent of whatever chose ``noise_multiplier`` (use another key than the
         calibration's).  ``ValueError`` if ``num_samples`` is below :func:`evr_minimum_samples`
-        (no base delta can work).  For a noise multiplier that is calibrated and certified in
-        one call, see :meth:`calibrate` with ``certify=True``.
+        (``"bernoulli_kl"``).  For a noise multiplier that is calibrated and certified in one call,
+        see :meth:`certify_noise`.
         """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = float(_validate.nonnegative("epsilon", epsilon))
         target = float(_validate.probability_open("target_delta", target_delta))
         m = _validate_samples(num_samples)
-        return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, devices=devices)
+        return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, devices=devices,
+                                 method=method, failure_probability=failure_probability)
 
-    def calibrate(self, target_epsilon, target_delta, num_samples, key) -> float:
+    def certify_noise(self, target_epsilon, target_delta, key, *, num_samples=None, method=evr.DEFAULT_METHOD,
+                      initial_noise=None, devices=None) -> Certificate:
+        """A certified noise multiplier at ``(target_epsilon, target_delta)`` in one call.
+
+        :func:`dpjax.montecarlo.evr.certify_noise`: calibrate on one sample, verify a pre-committed
+        ladder on an independent one (keys derived from ``key``), union bound over the rungs.
+        ``cert.noise_multiplier`` is certified when ``cert.verified`` (``inf`` otherwise);
+        ``cert.noise_multiplier_estimate`` is the calibration sample's estimate.  ``num_samples``:
+        verification samples (default: the method's; ``"importance_betting"`` sizes it from the
+        calibration sample, between 2^16 and 2^22).
+
+        Example::
+
+            acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), batches_per_epoch=16, epochs=4)
+            cert = acc.certify_noise(2.0, 1e-5, key=0)
+            cert.noise_multiplier, cert.method, cert.failure_probability
+        """
+        if num_samples is not None:
+            num_samples = _validate_samples(num_samples)
+        return evr.certify_noise(self, target_epsilon=target_epsilon, target_delta=target_delta,
+                                 num_samples=num_samples, key=core.as_prng_key(key), initial_noise=initial_noise,
+                                 method=method, devices=devices)
+
+    def calibrate(self, target_epsilon, target_delta, num_samples, key, *, certify=False, method=evr.DEFAULT_METHOD):
         """Noise multiplier with ``delta_hat = target_delta`` (an estimate, not a certificate).
 
         A convenience for :func:`dpjax.calibration.calibrate_accountant`, which implements it
-        (see there for the arguments and errors).
+        (see there for the arguments and errors).  ``certify=True``: instead return the
+        :class:`Certificate` of :meth:`certify_noise` (``num_samples`` its verification samples,
+        ``None`` for the method's default): a certified noise multiplier, its estimate and how it
+        was certified.
         """
+        if certify:
+            return self.certify_noise(target_epsilon, target_delta, key, num_samples=num_samples, method=method)
         # The one import from the calibration layer, function-local on purpose: calibration
         # builds on this package (pld, matrices -> montecarlo -> calibration), so a module-level
         # import here would be a cycle.

@@ -164,8 +164,11 @@ class Certificate(ResultMixin):
 
     Attributes:
       verified: a noise multiplier passed its test (both adjacency directions).
-      method: how the verification bounds the true delta (``"bernoulli_kl"``: the Hoeffding /
-        Bernoulli-KL bound of the mean of ``[0, 1]`` terms).
+      method: how the verification bounds the true delta: ``"importance_betting"`` (the
+        variance-reduced summands of :mod:`dpjax.montecarlo.importance`, each direction a betting
+        test of its mean against ``base_delta`` with a bet fixed before the draws) or
+        ``"bernoulli_kl"`` (the plain hockey-stick terms in ``[0, 1]``, the Hoeffding /
+        Bernoulli-KL bound).
       procedure: ``"fixed"`` (one given noise multiplier) or ``"ladder"`` (a calibrated noise
         multiplier, then a pre-committed ladder of noise multipliers on one verification sample).
       epsilon: the certified epsilon.
@@ -189,6 +192,8 @@ class Certificate(ResultMixin):
       delta_remove, delta_add: per-direction estimates there.
       tests_run: tests run before the release (or all of them).
       growth: ratio between consecutive ladder rungs (1 for ``"fixed"``).
+      range_remove, range_add: the proven upper bound of one summand per direction at the
+        released (or last tested) noise multiplier (1 for ``"bernoulli_kl"``).
       reason: one line explaining the outcome.
 
     ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`.
@@ -214,6 +219,8 @@ class Certificate(ResultMixin):
     delta_add: float
     tests_run: int
     growth: float
+    range_remove: float
+    range_add: float
     reason: str
 
     def as_dict(self) -> dict:
@@ -236,13 +243,8 @@ def _plan(num_samples: int, target: float, num_tests: int):
     return base, overall, tau, beta_total
 
 
-def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
-                  num_samples: int, key, *, chunk_size=None, devices=None) -> Certificate:
-    """One test: is ``(epsilon, target_delta)`` certified for the given noise multiplier?
-
-    The implementation of :meth:`dpjax.montecarlo.BallsInBins.certify` (arguments validated
-    there).  ``num_tests = 1``: the noise multiplier is fixed before the draws.
-    """
+def _certify_fixed_kl(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
+                      num_samples: int, key, *, chunk_size=None, devices=None) -> Certificate:
     sigma, eps, target, m = float(noise_multiplier), float(epsilon), float(target_delta), int(num_samples)
     base, overall, tau, beta = _plan(m, target, 1)
     est = accountant.estimate(sigma, np.array([eps]), m, key, chunk_size=chunk_size, devices=devices)
@@ -260,7 +262,8 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
         tau=float(tau), failure_probability=float(beta), num_tests=1, num_samples=m,
         calibration_samples=0, noise_multiplier=sigma, noise_multiplier_estimate=sigma, delta_estimate=d_hat,
         standard_error=float(est.standard_error[0]), delta_remove=float(est.delta_remove[0]),
-        delta_add=float(est.delta_add[0]), tests_run=1, growth=1.0, reason=reason)
+        delta_add=float(est.delta_add[0]), tests_run=1, growth=1.0, range_remove=1.0, range_add=1.0,
+        reason=reason)
 
 
 @functools.lru_cache(maxsize=32)
@@ -278,46 +281,18 @@ def _calibration_fn(num_samples: int):
     return jax.jit(run)
 
 
-def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num_samples: int, key,
-                  initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
-                  growth: float = DEFAULT_LADDER_GROWTH,
-                  calibration_samples: int | None = None) -> Certificate:
-    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`)
-    at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
-
-    Procedure (Choquette-Choo et al. 2024, §5.2, certify ``delta`` through a verified smaller
-    ``base_delta``); the two samples come from ``fold_in(key, 0)`` and ``fold_in(key, 1)``:
-
-    1. ``sigma_0`` solves ``delta_hat_cal(sigma) = base_delta`` on the calibration sample
-       (``calibration_samples`` draws, default ``num_samples // 4``; it only places the ladder).
-    2. The ladder ``sigma_j = sigma_0 growth^j``, ``j < rungs``, is fixed before the
-       verification sample (``num_samples`` draws, independent of step 1) is drawn; the first
-       rung with ``delta_hat_ver(sigma_j) <= base_delta`` (both directions) is released.
-    3. ``rungs`` tests: ``base_delta`` is the largest value with
-       ``tau base_delta + rungs * beta <= target_delta`` (:func:`overall_delta`).
-
-    The true delta is non-increasing in ``sigma`` (more noise is post-processing), so the
-    released rung is never worse than any bad rung it passed over.  If no rung verifies, the
-    certificate says so (``verified = False``, ``noise_multiplier = inf``).
-
-    Raises:
-      ValueError: ``num_samples`` below what can certify ``target_delta`` with ``rungs`` tests
-        (says the minimum); a target no noise multiplier in the search range reaches.
-    """
+def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float, num_samples: int, key,
+                       initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
+                       growth: float = DEFAULT_LADDER_GROWTH,
+                       calibration_samples: int | None = None) -> Certificate:
+    """The ``"bernoulli_kl"`` ladder of :func:`certify_noise` (plain draws, arguments validated)."""
     import jax
     import jax.numpy as jnp
 
     from dpjax.montecarlo.core import as_prng_key
 
-    eps = float(_validate.positive("target_epsilon", target_epsilon))
-    target = float(_validate.probability_open("target_delta", target_delta))
-    m = _validate.positive_int("num_samples", num_samples)
-    rungs = _validate.positive_int("rungs", rungs)
-    m_cal = max(1, m // 4) if calibration_samples is None else _validate.positive_int(
-        "calibration_samples", calibration_samples)
-    growth = float(_validate.positive("growth", growth))
-    if not growth > 1.0:
-        raise ValueError(f"growth must be > 1, got {growth}")
+    eps, target, m = float(target_epsilon), float(target_delta), int(num_samples)
+    m_cal = max(1, m // 4) if calibration_samples is None else int(calibration_samples)
     base, overall, tau, beta_total = _plan(m, target, rungs)
     key = as_prng_key(key)
     key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
@@ -352,4 +327,383 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
         calibration_samples=m_cal, noise_multiplier=released, noise_multiplier_estimate=sigma0,
         delta_estimate=d_hat, standard_error=float(est.standard_error[0]),
         delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]), tests_run=tries,
-        growth=growth, reason=reason)
+        growth=growth, range_remove=1.0, range_add=1.0, reason=reason)
+
+
+# --------------------------------------------------------------------------- betting (variance-reduced)
+#
+# The summands X of :mod:`dpjax.montecarlo.importance` are i.i.d., unbiased for one direction's
+# delta, and lie in [0, R] with R proven by :func:`~dpjax.montecarlo.importance.summand_range`.
+# Test of "delta <= level" with a bet lam in [0, 1/(R - level)) fixed before the draws (Waudby-Smith
+# & Ramdas 2023, "Estimating means of bounded random variables by betting", the wealth process):
+# pass iff  sum_s log(1 + lam (level - X_s)) >= log(1/beta).  Each factor is >= 0 (X <= R), and if
+# delta > level its expectation is 1 + lam (level - delta) <= 1, so the product of the
+# independent factors has expectation <= 1 and Markov's inequality bounds the chance of passing
+# by beta.  A direction whose R is at most the level needs no test: delta = E[X] <= R <= level.
+
+#: Share of the target delta given to the failure probability of the whole procedure.
+DEFAULT_FAILURE_FRACTION = 0.005
+#: Ratio between rungs of the variance-reduced ladder (8 rungs cover +2.8%).
+DEFAULT_BETTING_GROWTH = 1.004
+#: Bets per direction evaluated on the calibration sample to choose the bet (a grid of
+#: fractions of the largest admissible bet).
+_BET_GRID = np.geomspace(1e-4, 0.999, 48)
+#: Sample counts the variance-reduced certificate chooses from when none is given.
+DEFAULT_BETTING_SAMPLES = (1 << 16, 1 << 22)
+#: Allowance for the sampler (Box-Muller radii truncated at mass 2^-53 per pair, 52-bit uniforms;
+#: :mod:`dpjax.montecarlo._normal`): ``(b + 2) 2^-52`` per sample times the largest summand any
+#: proposal with the defensive weight 0.05 can produce (20).  Subtracted from the tested level.
+def _sampler_allowance(b: int) -> float:
+    return (b + 2) * 2.0 ** -52 * 20.0
+
+
+def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float) -> float:
+    """Predicted largest true mean (at the pilot's relative variance) that the betting test at
+    ``level`` passes with ``n`` samples, a 15% wealth margin and the best admissible bet
+    (second-order expansion of ``log(1 + x)``); 0 if none.  Planning only: never a bound."""
+    if rng <= level:
+        return level
+    rel = var / mean ** 2 if mean > 0 and var > 0 else math.inf
+    cap = 0.5 / (rng - level)
+
+    def wealth(mu):
+        v = rel * mu * mu if math.isfinite(rel) else rng * mu
+        gap = level - mu
+        lam = min(gap / (v + gap * gap), cap)
+        return n * (lam * gap - 0.5 * lam * lam * (v + gap * gap))
+
+    lo, hi = 0.0, level
+    if wealth(0.0) < 1.15 * log_inv_beta:
+        return 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if wealth(mid) >= 1.15 * log_inv_beta else (lo, mid)
+    return lo
+
+
+@functools.lru_cache(maxsize=32)
+def _importance_calibration_fn(num_samples: int):
+    import jax
+
+    from dpjax.calibration.montecarlo import NewtonIllinois, calibrate_on_draws
+    from dpjax.calibration.root import StopGradientAdjoint
+
+    def run(gram, eps, key, sigma0, proposal, scale):
+        return calibrate_on_draws(gram, eps, 1.0, key=key, num_samples=num_samples,
+                                  solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
+                                  initial_noise=sigma0, proposal=proposal, direction_scale=scale)
+
+    return jax.jit(run)
+
+
+def _sums(accountant, sigma, eps, key, n, proposal, bets=None, level=None, devices=None):
+    """Sums over ``n`` variance-reduced draws; bets always padded to ``(2, 1, len(_BET_GRID))``
+    so that one compiled program serves every call with the same ``n``."""
+    import jax.numpy as jnp
+
+    from dpjax.montecarlo.importance import sharded_importance_sums
+
+    padded = np.zeros((2, 1, _BET_GRID.size))
+    if bets is not None:
+        padded[:, :, : np.shape(bets)[-1]] = bets
+    with _x64():
+        out = sharded_importance_sums(jnp.asarray(accountant.gram), sigma, jnp.array([eps]), key, n, proposal,
+                                      jnp.asarray(padded), jnp.array([0.0 if level is None else level]),
+                                      devices=devices)
+        return {k: np.asarray(v) for k, v in out._asdict().items()}
+
+
+def _betting_test(accountant, sigma, eps, key, n, proposal, bets, level, log_inv_beta, ranges, devices=None):
+    """One test (both directions) at ``sigma``: pass iff each direction's log-wealth with its bet
+    reaches ``log_inv_beta`` (or its range is at most ``level``).  Returns ``(passed, sums)``."""
+    lam = np.array([[[bets[d] if ranges[d] > level else 0.0]] for d in range(2)])
+    out = _sums(accountant, sigma, eps, key, n, proposal, bets=lam, level=level, devices=devices)
+    wealth = out["log_wealth"][:, 0, 0]
+    passed = all(ranges[d] <= level or (np.isfinite(wealth[d]) and wealth[d] >= log_inv_beta) for d in range(2))
+    return passed, out
+
+
+def _x64():
+    import jax
+
+    return jax.enable_x64(True)
+
+
+def _moments(sums, n):
+    mean = sums["total"][:, 0] / n
+    var = np.maximum(sums["total_sq"][:, 0] / n - mean * mean, 0.0) * (n / max(n - 1, 1))
+    return mean, var
+
+
+def _calibrate_is(accountant, eps, key, m, sigma0, proposal, scale):
+    import jax.numpy as jnp
+
+    with _x64():
+        res = _importance_calibration_fn(m)(jnp.asarray(accountant.gram), eps, key, sigma0, proposal,
+                                            jnp.asarray(scale, jnp.float64))
+    return float(res.root)
+
+
+@functools.lru_cache(maxsize=1)
+def _proposal_fn():
+    import jax
+
+    from dpjax.montecarlo.importance import default_proposal
+
+    return jax.jit(lambda g, s, e, w: default_proposal(g, s, e, range_weight=w))
+
+
+def _proposal(accountant, sigma, eps, range_weight):
+    with _x64():
+        p = _proposal_fn()(accountant.gram, float(sigma), float(eps), float(range_weight))
+        return type(p)(*(np.asarray(x) for x in p))
+
+
+def _bets_for(ranges, level, fractions):
+    """Admissible bets ``fraction / (R - level)`` per direction (inf-range directions: 0)."""
+    out = np.zeros((2, 1, len(fractions)))
+    for d in range(2):
+        if math.isfinite(ranges[d]) and ranges[d] > level:
+            out[d, 0, :] = np.asarray(fractions) / (ranges[d] - level)
+    return out
+
+
+def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initial_noise, rungs, growth,
+                            calibration_samples, failure_fraction, devices=None) -> Certificate:
+    import jax
+
+    from dpjax.montecarlo.core import as_prng_key
+    from dpjax.montecarlo.importance import summand_range
+
+    b = accountant.gram.shape[0]
+    beta_total = failure_fraction * target
+    log_inv_beta = math.log(rungs / beta_total)
+    key = as_prng_key(key)
+    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    n = num_samples
+    m_cal = calibration_samples or (max(1 << 14, n // 4) if n else 1 << 17)
+    level0 = target - beta_total
+    # 1. Calibration sample: place the proposal near the answer (two rounds: the proposal's shifts
+    #    are chosen at a noise multiplier, then the estimate is solved with it).
+    sigma = accountant.sensitivity if initial_noise is None else float(initial_noise)
+    for _ in range(2 if initial_noise is not None else 3):
+        prop = _proposal(accountant, sigma, eps, 0.3)
+        sigma = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, (1 / level0, 1 / level0))
+        if not math.isfinite(sigma):
+            raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
+                             "multiplier in the search range")
+    # 2. Mixture weight of the range component and the sample count, from the calibration
+    #    sample's relative variance (planning only).
+    mean_cal, var_cal = _moments(_sums(accountant, sigma, eps, key_cal, m_cal, prop, devices=devices), m_cal)
+    sizes = [n] if n else [1 << k for k in range(16, 23)]
+    plans = []   # (needed reduction of the binding direction's delta, size, weight, mus, level)
+    for w in (0.1, 0.2, 0.3, 0.45, 0.6):
+        rng = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w))
+        level = level0 - _sampler_allowance(b)
+        inflate = (0.95 - 0.3) / (0.95 - w)   # the low-variance component's share changes with w
+        for size in sizes:
+            mus = [_betting_margin(mean_cal[d], var_cal[d] * inflate, rng[d], level, size, log_inv_beta)
+                   for d in range(2)]
+            need = max(mean_cal[d] / max(mus[d], 1e-300) for d in range(2))
+            plans.append((need, size, w, mus, level))
+    good = [p for p in plans if p[0] <= 1.1]
+    if good:   # the smallest size predicted to release within 10% in delta, its best weight
+        size = min(p[1] for p in good)
+        best = min((p for p in good if p[1] == size), key=lambda p: p[0])
+    else:
+        size = max(sizes)
+        best = min((p for p in plans if p[1] == size), key=lambda p: p[0])
+    need, n, w, mus, level = best
+    prop = _proposal(accountant, sigma, eps, w)
+    if not math.isfinite(need) or min(mus) <= 0.0:
+        rng = summand_range(accountant.gram, sigma, eps, prop)
+        worst = max(rng)
+        required = int(math.ceil(2.3 * log_inv_beta * max(worst - level, 0.0) / level))
+        raise ValueError(
+            f"num_samples = {n} cannot certify target_delta = {target:g} at epsilon = {eps:g}: the "
+            f"variance-reduced summands are only proven to be <= {worst:.3g} here, and a betting test "
+            f"needs about num_samples >= {required} to pass even at a zero estimate; pass more samples or "
+            "method='bernoulli_kl'")
+    # 3. Aim sigma_0 at the predicted passing means (each direction scaled to its own).
+    scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
+    sigma0 = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, scale)
+    if not math.isfinite(sigma0):
+        raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
+                         "multiplier in the search range")
+    # 4. The bet of each direction: the best of a grid on the calibration sample at sigma_0.
+    rng0 = summand_range(accountant.gram, sigma0, eps, prop)
+    grid = _bets_for(rng0, level, _BET_GRID)
+    pilot = _sums(accountant, sigma0, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
+    bet = np.array([grid[d, 0, pick[d]] for d in range(2)])
+    # 5. Verify the pre-committed ladder on the independent verification sample.
+    released, tries, last = math.inf, 0, None
+    for j in range(rungs):
+        sig = sigma0 * growth ** j
+        tries = j + 1
+        rng = summand_range(accountant.gram, sig, eps, prop)
+        lam = [min(bet[d] if bet[d] > 0 else 0.5 / (rng[d] - level), 0.999 / (rng[d] - level))
+               if rng[d] > level else 0.0 for d in range(2)]
+        passed, out = _betting_test(accountant, sig, eps, key_ver, n, prop, lam, level, log_inv_beta, rng,
+                                    devices=devices)
+        last = (sig, rng, out)
+        if passed:
+            released = sig
+            break
+    sig, rng, out = last
+    mean, var = _moments(out, n)
+    se = np.sqrt(var / n)
+    top = int(np.argmax(mean))
+    delta = level + beta_total + _sampler_allowance(b)
+    verified = math.isfinite(released)
+    if verified:
+        reason = (f"verified: betting tests of both directions against {level:.4g} passed at sigma = {released:.6g} "
+                  f"(rung {tries} of {rungs}) with {n} independent variance-reduced samples "
+                  f"(estimate {mean[top]:.4g} +- {se[top]:.2g}, summands <= {max(rng):.3g}); "
+                  f"(eps, level + failure probability) = ({eps:g}, {delta:.4g})")
+    else:
+        reason = (f"not verified: a betting test failed at every rung up to sigma = {sig:.6g} "
+                  f"(estimate {mean[top]:.4g} +- {se[top]:.2g} against {level:.4g}); nothing certified")
+    return Certificate(
+        verified=bool(verified), method="importance_betting", procedure="ladder", epsilon=eps,
+        delta=float(delta) if verified else math.inf, target_delta=target, base_delta=float(level), tau=1.0,
+        failure_probability=float(beta_total), num_tests=rungs, num_samples=int(n), calibration_samples=int(m_cal),
+        noise_multiplier=released, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
+        standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=tries,
+        growth=growth, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason)
+
+
+# --------------------------------------------------------------------------- public procedures
+
+#: Certificate methods: ``"importance_betting"`` (default) and ``"bernoulli_kl"``.
+METHODS = ("importance_betting", "bernoulli_kl")
+DEFAULT_METHOD = "importance_betting"
+
+
+def _method(method) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
+                  num_samples: int, key, *, chunk_size=None, devices=None,
+                  method: str = "bernoulli_kl", failure_probability: float | None = None) -> Certificate:
+    """One test: is ``(epsilon, target_delta)`` certified for the given noise multiplier?
+
+    The implementation of :meth:`dpjax.montecarlo.BallsInBins.certify` (arguments validated
+    there).  ``num_tests = 1``: the noise multiplier is fixed before the draws.  ``method``:
+    ``"bernoulli_kl"`` (``num_samples`` plain draws from ``key``) or ``"importance_betting"``
+    (the bet chosen on ``num_samples // 4`` draws from ``fold_in(key, 0)``, the test on
+    ``num_samples`` draws from ``fold_in(key, 1)``; ``failure_probability``, default
+    ``0.005 target_delta``, is the test's ``beta``: the level is ``target_delta - beta``).
+    """
+    if _method(method) == "bernoulli_kl":
+        return _certify_fixed_kl(accountant, noise_multiplier, epsilon, target_delta, num_samples, key,
+                                 chunk_size=chunk_size, devices=devices)
+    import jax
+
+    from dpjax.montecarlo.core import as_prng_key
+    from dpjax.montecarlo.importance import summand_range
+
+    sigma, eps, target, n = float(noise_multiplier), float(epsilon), float(target_delta), int(num_samples)
+    b = accountant.gram.shape[0]
+    beta = DEFAULT_FAILURE_FRACTION * target if failure_probability is None else float(failure_probability)
+    if not 0.0 < beta < target:
+        raise ValueError(f"failure_probability must be in (0, target_delta) = (0, {target:g}), got {beta!r}")
+    key = as_prng_key(key)
+    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    prop = _proposal(accountant, sigma, eps, 0.3)
+    rng = summand_range(accountant.gram, sigma, eps, prop)
+    level = target - beta - _sampler_allowance(b)
+    grid = _bets_for(rng, level, _BET_GRID)
+    m_cal = max(1 << 12, n // 4)
+    pilot = _sums(accountant, sigma, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
+    lam = [grid[d, 0, pick[d]] for d in range(2)]
+    verified, out = _betting_test(accountant, sigma, eps, key_ver, n, prop, lam, level, math.log(1 / beta), rng,
+                                  devices=devices)
+    mean, var = _moments(out, n)
+    se = np.sqrt(var / n)
+    top = int(np.argmax(mean))
+    delta = level + beta + _sampler_allowance(b)
+    reason = ((f"verified: betting tests of both directions against {level:.4g} passed with {n} variance-reduced "
+               f"samples; (eps, level + beta) = ({eps:g}, {delta:.4g})") if verified else
+              (f"not verified: estimate {mean[top]:.4g} +- {se[top]:.2g} does not pass the betting test against "
+               f"{level:.4g}; nothing certified (raise noise_multiplier, epsilon or num_samples)"))
+    return Certificate(
+        verified=bool(verified), method="importance_betting", procedure="fixed", epsilon=eps,
+        delta=float(delta) if verified else math.inf, target_delta=target, base_delta=float(level), tau=1.0,
+        failure_probability=float(beta), num_tests=1, num_samples=n, calibration_samples=m_cal,
+        noise_multiplier=sigma, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
+        standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=1,
+        growth=1.0, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason)
+
+
+def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num_samples: int | None = None,
+                  key, initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
+                  growth: float | None = None, calibration_samples: int | None = None,
+                  method: str = DEFAULT_METHOD, failure_fraction: float = DEFAULT_FAILURE_FRACTION,
+                  devices=None) -> Certificate:
+    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`)
+    at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
+
+    Procedure (Choquette-Choo et al. 2024, §5.2: certify ``delta`` through a verified smaller
+    level); the calibration sample comes from ``fold_in(key, 0)``, the verification sample from
+    ``fold_in(key, 1)``:
+
+    1. ``sigma_0``: the estimate on the calibration sample (``calibration_samples`` draws, default
+       ``num_samples // 4``) solved at the level the verification is predicted to pass.  Everything
+       the verification uses -- ``sigma_0``, the ladder, the proposal, the bets, the sample count
+       -- is fixed here, before the verification sample is drawn.
+    2. The ladder ``sigma_j = sigma_0 growth^j``, ``j < rungs``: the first rung whose tests pass
+       (both adjacency directions) on the verification sample (``num_samples`` draws) is released.
+    3. ``rungs`` tests, union bound: ``"bernoulli_kl"`` releases
+       ``(eps, tau base_delta + rungs beta)``, ``base_delta`` the largest value within the target
+       (:func:`overall_delta`); ``"importance_betting"`` gives the whole procedure the failure
+       probability ``failure_fraction * target_delta`` (``beta`` per rung) and tests each
+       direction's variance-reduced mean against ``level = target_delta (1 - failure_fraction)``
+       (less the sampler's ``2^-52``-scale allowance), releasing ``(eps, level + failure probability)``.
+
+    The true delta is non-increasing in ``sigma`` (more noise is post-processing), so the
+    released rung is never worse than any bad rung it passed over.  If no rung verifies, the
+    certificate says so (``verified = False``, ``noise_multiplier = inf``).
+
+    Args:
+      num_samples: verification samples (``None``: ``"bernoulli_kl"`` the smallest power of two
+        whose base delta is 0.4 target (:func:`default_samples`); ``"importance_betting"`` the
+        smallest power of two in ``[2^16, 2^22]`` predicted (from the calibration sample) to
+        release within 3% of the calibration estimate).
+      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``, 1.004 otherwise).
+      method: ``"importance_betting"`` (default) or ``"bernoulli_kl"``.
+
+    Raises:
+      ValueError: ``num_samples`` below what can certify ``target_delta`` (``"bernoulli_kl"``,
+        says the minimum); a target no noise multiplier in the search range reaches.
+    """
+    eps = float(_validate.positive("target_epsilon", target_epsilon))
+    target = float(_validate.probability_open("target_delta", target_delta))
+    rungs = _validate.positive_int("rungs", rungs)
+    method = _method(method)
+    if num_samples is not None:
+        num_samples = _validate.positive_int("num_samples", num_samples)
+    if calibration_samples is not None:
+        calibration_samples = _validate.positive_int("calibration_samples", calibration_samples)
+    if growth is None:
+        growth = DEFAULT_LADDER_GROWTH if method == "bernoulli_kl" else DEFAULT_BETTING_GROWTH
+    growth = float(_validate.positive("growth", growth))
+    if not growth > 1.0:
+        raise ValueError(f"growth must be > 1, got {growth}")
+    if method == "bernoulli_kl":
+        if num_samples is None:
+            num_samples = default_samples(target, rungs)
+        return _certify_ladder_kl(accountant, target_epsilon=eps, target_delta=target, num_samples=num_samples,
+                                  key=key, initial_noise=initial_noise, rungs=rungs, growth=growth,
+                                  calibration_samples=calibration_samples)
+    failure_fraction = float(_validate.probability_open("failure_fraction", failure_fraction))
+    if failure_fraction >= 0.5:
+        raise ValueError(f"failure_fraction must be < 0.5, got {failure_fraction}")
+    return _certify_ladder_betting(accountant, eps=eps, target=target, num_samples=num_samples, key=key,
+                                   initial_noise=initial_noise, rungs=rungs, growth=growth,
+                                   calibration_samples=calibration_samples, failure_fraction=failure_fraction,
+                                   devices=devices)
