@@ -30,7 +30,8 @@ def test_optimize_json_has_the_issue_keys(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,match", [
     (["--epochs", "0"], "--epochs"),
-    (["--delta", "1e-9"], "certify_samples >= "),
+    # The Bernoulli-KL certificate's minimum sample count is checked before anything runs.
+    (["--delta", "1e-9", "--certify-method", "bernoulli_kl"], "certify_samples >= "),
     (["--family", "toeplitz"], "--buffers"),
     (["--epsilon", "-1"], "--epsilon"),
     (["--samples", "0"], "--samples"),

@@ -13,9 +13,10 @@ adjacency; for groups ``--group-size``).  The certified epsilon of the answer is
 target; its distance to the exact minimal noise is the accountant's discretization error
 (at most ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon with the default grid).
 ``mc-calibrate`` solves the Monte Carlo *estimate* ``delta_hat(sigma) = --delta`` with
-``--samples`` common random numbers; it is not a certificate (run ``dpjax mc-certify`` on the
-result with more samples and another ``--seed``: its default, 1, differs from this command's 0,
-because Estimate-Verify-Release needs verification draws independent of the calibration's).  Adjacency: add/remove for Poisson sampling and for the
+``--samples`` common random numbers; it is not a certificate.  ``--certify`` returns a certified
+noise multiplier instead, in one command: calibrated on one sample and verified on an independent
+one (Estimate-Verify-Release; ``certificate`` in the output says the method, sample count and
+failure probability).  Adjacency: add/remove for Poisson sampling and for the
 balls-in-bins Monte Carlo accountant, replace for fixed batches (``adjacency`` in the output).
 Comma lists (``--epsilon 1,2,4``) calibrate once per value and print one row each.  Group
 calibration is slow (tens of seconds): a progress bar is drawn on stderr when it is a terminal
@@ -50,6 +51,20 @@ def _run_noise(args) -> dict:
 
 def _run_mc_calibrate(args) -> dict:
     acc = _accountant(args)
+    if args.certify:
+        # The certified path in one command: calibrate and verify (evr.certify_noise), the
+        # calibration and verification draws derived from --seed (independent streams).
+        cert = acc.certify_noise(args.epsilon, args.delta, args.seed, num_samples=args.certify_samples,
+                                 method=args.certify_method)
+        if not cert.verified:
+            raise ValueError(f"no noise multiplier was certified: {cert.reason}")
+        return dict(noise_multiplier=cert.noise_multiplier, noise_multiplier_estimate=cert.noise_multiplier_estimate,
+                    target_epsilon=args.epsilon, target_delta=args.delta,
+                    certificate={k: v for k, v in cert.to_dict().items()},
+                    seed=args.seed, adjacency=MC_ADJACENCY,
+                    accountant="montecarlo (balls-in-bins), Estimate-Verify-Release",
+                    guarantee=f"(epsilon, delta) = ({cert.epsilon:g}, {cert.delta:.6g}) certified at noise_multiplier "
+                              f"with failure probability {cert.failure_probability:.3g} ({cert.method})")
     samples = args.samples
     sigma = acc.calibrate(args.epsilon, args.delta, samples, args.seed)
     delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
@@ -81,6 +96,18 @@ def register(subparsers) -> None:
     p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
                    help="target " + _args.DELTA_TARGET_HELP)
     p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 16,
-                   help=_args.SAMPLES_HELP + "; default 2^16, should be >= 1/delta")
+                   help=_args.SAMPLES_HELP + "; default 2^16, should be >= 1/delta (the estimate; not used "
+                        "with --certify)")
     p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
+    p.add_argument("--certify", action="store_true",
+                   help="return a certified noise multiplier: calibrate and verify with Estimate-Verify-Release "
+                        "on independent draws (noise_multiplier is certified, noise_multiplier_estimate is the "
+                        "calibration's estimate, certificate says how)")
+    p.add_argument("--certify-samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
+                   help="verification samples of --certify (default: the method's; importance_betting sizes "
+                        "it between 2^16 and 2^22, bernoulli_kl uses ~0.4 delta as its base)")
+    p.add_argument("--certify-method", type=_args.choice("importance_betting", "bernoulli_kl"),
+                   default="importance_betting",
+                   help="certificate of --certify: importance_betting (variance-reduced draws and a betting test, "
+                        "default) or bernoulli_kl (plain draws, Hoeffding's bound)")
     p.set_defaults(run=_run_mc_calibrate)

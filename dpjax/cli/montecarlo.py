@@ -109,7 +109,7 @@ def _run_delta(args) -> list[dict]:
 def _run_certify(args) -> dict:
     acc = _accountant(args)
     cert = acc.certify(args.noise_multiplier, args.epsilon, args.target_delta, args.samples, args.seed,
-                       chunk_size=args.chunk_size)
+                       chunk_size=args.chunk_size, method=args.method)
     return {**cert.to_dict(), "seed": args.seed, "adjacency": ADJACENCY}
 
 
@@ -156,6 +156,10 @@ def register(subparsers) -> None:
     p.add_argument("--delta", "--target-delta", dest="target_delta",
                    type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
                    help="delta to certify, " + _args.DELTA_TARGET_HELP)
+    p.add_argument("--method", type=_args.choice("bernoulli_kl", "importance_betting"), default="bernoulli_kl",
+                   help="bernoulli_kl (plain draws, Hoeffding's bound; default) or importance_betting "
+                        "(variance-reduced draws and a betting test: far fewer samples where the summands' "
+                        "proven range is small)")
     p.set_defaults(run=_run_certify)
 
     p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate",

@@ -18,7 +18,7 @@ __all__ = ["certify_noise", "ladder_base_delta", "ladder_minimum_samples",
 
 #: Rungs of the verification ladder (union bound: failure probability x this).
 DEFAULT_MAX_ATTEMPTS = evr.DEFAULT_LADDER_RUNGS
-#: Ratio between rungs.
+#: Ratio between rungs of the Bernoulli-KL ladder.
 DEFAULT_GROWTH = evr.DEFAULT_LADDER_GROWTH
 
 
@@ -40,15 +40,16 @@ def default_certify_samples(target_delta: float, attempts: int = DEFAULT_MAX_ATT
 
 
 def certify_noise(correlation, batches_per_epoch: int, epochs: int, *, target_epsilon: float,
-                  target_delta: float, num_samples: int, key, initial_noise: float | None = None,
-                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float = DEFAULT_GROWTH,
-                  calibration_samples: int | None = None) -> dict:
+                  target_delta: float, num_samples: int | None, key, initial_noise: float | None = None,
+                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float | None = None,
+                  calibration_samples: int | None = None, method: str = evr.DEFAULT_METHOD) -> dict:
     """Certified noise multiplier for ``C`` at ``(target_epsilon, target_delta)``.
 
     :func:`dpjax.montecarlo.evr.certify_noise` on ``BallsInBins(correlation, b, E)`` with
-    ``max_attempts`` rungs; returns its :class:`~dpjax.montecarlo.Certificate` as a dict
+    ``max_attempts`` rungs and ``method`` (``"importance_betting"`` by default,
+    ``"bernoulli_kl"``); returns its :class:`~dpjax.montecarlo.Certificate` as a dict
     (``verified``, ``noise_multiplier`` -- ``inf`` if not verified --, ``noise_multiplier_estimate``,
-    ``epsilon``, ``delta``, ``base_delta``, ``tau``, ``failure_probability``, ``num_tests``,
+    ``epsilon``, ``delta``, ``base_delta``, ``failure_probability``, ``num_tests``,
     ``num_samples``, ``method``, ``reason``, ...).
 
     Raises:
@@ -58,5 +59,5 @@ def certify_noise(correlation, batches_per_epoch: int, epochs: int, *, target_ep
     attempts = _validate.positive_int("max_attempts", max_attempts)
     return evr.certify_noise(acc, target_epsilon=target_epsilon, target_delta=target_delta,
                              num_samples=num_samples, key=key, initial_noise=initial_noise,
-                             rungs=attempts, growth=growth,
-                             calibration_samples=calibration_samples).to_dict()
+                             rungs=attempts, growth=growth, calibration_samples=calibration_samples,
+                             method=method).to_dict()
