@@ -77,6 +77,14 @@ def _load():
 
 
 def _save(update_key, part, value):
+    import fcntl
+
+    with open(RESULTS + ".lock", "w") as lock:  # parts run as parallel processes
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _save_locked(update_key, part, value)
+
+
+def _save_locked(update_key, part, value):
     data = _load()  # other parts may have written meanwhile
     data.setdefault("rows", {}).setdefault(update_key, {})[part] = value
     data.update({"batches_per_epoch": B, "epochs": E, "delta": DELTA,
@@ -171,14 +179,26 @@ def main():
         acc = BallsInBins(Toeplitz(col), B, E)
         guess = float(row["noise_multiplier"])
         if "importance" in parts:
-            t0 = time.perf_counter()
-            cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=args.samples,
-                                     key=7000 + int(eps * 16) + (0 if family == "blt" else 1), initial_noise=guess,
-                                     method="importance_betting")
-            secs = time.perf_counter() - t0
-            _save(name, "importance", _cert_row(cert, secs))
-            print(f"{name} importance: sigma {cert.noise_multiplier:.5f} (estimate {cert.noise_multiplier_estimate:.5f}) "
-                  f"{cert.num_samples} samples {secs:.0f}s", flush=True)
+            # At most --samples verification draws; where that cannot certify (the proven range of the
+            # summands is too large for it), say so, and run the certificate with its own sizing
+            # (up to 2^22) to show what it needs.
+            for part, n in (("importance", args.samples), ("importance_sized", None)):
+                if part == "importance_sized" and "error" not in _load()["rows"].get(name, {}).get("importance", {}):
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=n,
+                                             key=7000 + int(eps * 16) + (0 if family == "blt" else 1),
+                                             initial_noise=guess, method="importance_betting")
+                except ValueError as exc:
+                    _save(name, part, {"error": str(exc), "seconds": time.perf_counter() - t0,
+                                       "num_samples_allowed": n})
+                    print(f"{name} {part}: {exc}", flush=True)
+                    continue
+                secs = time.perf_counter() - t0
+                _save(name, part, _cert_row(cert, secs))
+                print(f"{name} {part}: sigma {cert.noise_multiplier:.5f} (estimate {cert.noise_multiplier_estimate:.5f}) "
+                      f"{cert.num_samples} samples {secs:.0f}s", flush=True)
         if "kl" in parts:
             t0 = time.perf_counter()
             cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=1 << 23,

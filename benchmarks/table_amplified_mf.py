@@ -27,8 +27,9 @@ Rows (groups, run with --groups; each group's rows are saved as soon as it finis
                 in-loop estimate and the variance-reduced certificate).
 
 Printed after the rows: per epsilon, dpjax's best certified row (the smallest rmse among
-optimized_blt, optimized_toeplitz and cyclic: what dpjax optimize --amplification auto returns),
-and the optimized balls-in-bins rows' gain over banded + cyclic Poisson (PLD).
+optimized_blt, optimized_toeplitz and cyclic: what dpjax optimize --amplification auto returns;
+"at or below" every baseline row up to 1e-6 relative, the agreement of two PLD calibrations of the
+same coefficients), and the optimized balls-in-bins rows' gain over banded + cyclic Poisson (PLD).
 
 Run:  nohup python benchmarks/table_amplified_mf.py [--groups dpsgd,banded,...] [--quick] &
 Each group writes benchmarks/results/table_amplified_mf.<group>.json when it finishes (groups can
@@ -191,8 +192,10 @@ def summary(rows, eps_values):
             continue
         best = min(mine, key=lambda r: r["rmse"])
         worst_margin = min((r["rmse"] / best["rmse"] - 1.0 for r in others), default=None)
+        # Ties: dpjax's banded + cyclic Poisson row and jax_privacy's coefficients under dpjax's PLD
+        # are the same optimum (their rmse agree to ~1e-8), so a margin above -1e-6 is a tie.
         entry = {"epsilon": e, "best": best["name"], "best_rmse": best["rmse"],
-                 "at_or_below_every_baseline": worst_margin is None or worst_margin >= 0.0,
+                 "at_or_below_every_baseline": worst_margin is None or worst_margin >= -1e-6,
                  "closest_baseline_margin": worst_margin}
         for opt in ("optimized_blt", "optimized_toeplitz"):
             for ref in ("banded_cyclic_poisson_pld", "banded_cyclic_poisson"):

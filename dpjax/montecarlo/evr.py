@@ -516,8 +516,10 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
     need, n, w, mus, level = best
     prop = _proposal(accountant, sigma, eps, w)
     if not math.isfinite(need) or min(mus) <= 0.0:
-        rng = summand_range(accountant.gram, sigma, eps, prop)
-        worst = max(rng)
+        # Not even an all-zero sample would pass: n log(1 + level / (R - level)) < log(K / beta)
+        # (with the planning margin) for the smallest range any weight gives.
+        worst = min(max(summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w)))
+                    for w in (0.1, 0.2, 0.3, 0.45, 0.6))
         required = int(math.ceil(2.3 * log_inv_beta * max(worst - level, 0.0) / level))
         raise ValueError(
             f"num_samples = {n} cannot certify target_delta = {target:g} at epsilon = {eps:g}: the "
