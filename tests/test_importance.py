@@ -57,7 +57,7 @@ def _dense(n):
     return c
 
 
-# Must-show: agreement within 3 combined standard errors at delta ~ 1e-3 on Toeplitz, BLT, dense and
+# Agreement within 3 combined standard errors at delta ~ 1e-3 on Toeplitz, BLT, dense and
 # C = I, b from 2 to 128, both directions.  sigma chosen so that the larger direction is ~1e-3.
 NO_BIAS_CONFIGS = [
     ("identity_b2", Toeplitz(np.ones(1)), 2, 8, 1.0, 2.0),

@@ -348,6 +348,10 @@ DEFAULT_BETTING_GROWTH = 1.004
 #: Bets per direction evaluated on the calibration sample to choose the bet (a grid of
 #: fractions of the largest admissible bet).
 _BET_GRID = np.geomspace(1e-4, 0.999, 48)
+#: Mixture weights of the range component the certificate chooses from (on the calibration
+#: sample).  The proven range falls about as 1 / weight, the low-variance component keeps
+#: 0.95 - weight: where the range binds (the betting cap 1 / (R - level)) a large weight pays.
+_RANGE_WEIGHTS = (0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9)
 #: Sample counts the variance-reduced certificate chooses from when none is given.
 DEFAULT_BETTING_SAMPLES = (1 << 16, 1 << 22)
 #: Allowance for the sampler (Box-Muller radii truncated at mass 2^-53 per pair, 52-bit uniforms;
@@ -497,7 +501,7 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
     mean_cal, var_cal = _moments(_sums(accountant, sigma, eps, key_cal, m_cal, prop, devices=devices), m_cal)
     sizes = [n] if n else [1 << k for k in range(16, 23)]
     plans = []   # (needed reduction of the binding direction's delta, size, weight, mus, level)
-    for w in (0.1, 0.2, 0.3, 0.45, 0.6):
+    for w in _RANGE_WEIGHTS:
         rng = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w))
         level = level0 - _sampler_allowance(b)
         inflate = (0.95 - 0.3) / (0.95 - w)   # the low-variance component's share changes with w
@@ -519,7 +523,7 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         # Not even an all-zero sample would pass: n log(1 + level / (R - level)) < log(K / beta)
         # (with the planning margin) for the smallest range any weight gives.
         worst = min(max(summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w)))
-                    for w in (0.1, 0.2, 0.3, 0.45, 0.6))
+                    for w in _RANGE_WEIGHTS)
         required = int(math.ceil(2.3 * log_inv_beta * max(worst - level, 0.0) / level))
         raise ValueError(
             f"num_samples = {n} cannot certify target_delta = {target:g} at epsilon = {eps:g}: the "
