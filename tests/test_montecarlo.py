@@ -26,7 +26,7 @@ from dpjax.montecarlo import (BLOCK_SIZE, BallsInBins, certified_delta, delta_es
                               estimate_from_sums, evr_minimum_samples, gram_from_columns,
                               gram_from_dense, gram_sqrt, modes_from_column, modes_from_dense,
                               monte_carlo_sums, normal_from_bits, privacy_losses)
-from dpjax.montecarlo import _evr, core
+from dpjax.montecarlo import evr, core
 from dpjax.pld import gaussian_delta, gaussian_epsilon
 
 TOEPLITZ4 = np.array([1.0, 0.5, 0.25, 0.125])
@@ -390,19 +390,19 @@ def test_exact_gaussian_tiny_deltas_against_mpmath():
     assert float(gaussian_delta(3.0, 0.0)) == 0.0
 
 
-def test_evr_bounds_and_jax_privacy_oracle():
+def testevr_bounds_and_jax_privacy_oracle():
     from jax_privacy.experimental.monte_carlo import delta_calculation
 
     for m, base in [(1 << 20, 1e-5), (1 << 16, 1e-3), (10**7, 1e-6)]:
         overall, tau, beta = certified_delta(m, base)
         assert overall >= tau * base >= base and beta == pytest.approx(
-            math.exp(-m * _evr.bernoulli_kl(base, tau * base)), rel=1e-12)
+            math.exp(-m * evr.bernoulli_kl(base, tau * base)), rel=1e-12)
         # jax_privacy reports tau*base + beta*(1 - tau*base) (multi-verification setting); our
         # tau*base + beta is never smaller and at most 1% larger at the optimum.
         jp = delta_calculation.get_overall_delta(m, base)
         assert jp <= overall * (1 + 1e-6) and overall <= 1.01 * jp
     n_min = evr_minimum_samples(1e-4)
-    assert _evr.base_delta_for_target(n_min, 1e-4) is not None and _evr.base_delta_for_target(n_min - 1, 1e-4) is None
+    assert evr.base_delta_for_target(n_min, 1e-4) is not None and evr.base_delta_for_target(n_min - 1, 1e-4) is None
     assert 1e4 < n_min < 2e5
     assert evr_minimum_samples(1e-4, 5e-5) > n_min
 

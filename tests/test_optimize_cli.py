@@ -30,7 +30,8 @@ def test_optimize_json_has_the_issue_keys(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,match", [
     (["--epochs", "0"], "--epochs"),
-    (["--delta", "1e-9"], "certify_samples >= "),
+    # The Bernoulli-KL certificate's minimum sample count is checked before anything runs.
+    (["--delta", "1e-9", "--certify-method", "bernoulli_kl"], "certify_samples >= "),
     (["--family", "toeplitz"], "--buffers"),
     (["--epsilon", "-1"], "--epsilon"),
     (["--samples", "0"], "--samples"),
@@ -87,3 +88,45 @@ def test_baselines_rows_in_the_results_units(capsys):
     # Amplification never needs more noise than the unamplified mechanism with the same C.
     assert rows["dpsgd_balls_in_bins"]["noise_multiplier"] < s
     assert rows["dpsgd_poisson"]["noise_multiplier"] < s
+
+
+def test_amplification_auto_prints_every_candidate_and_returns_the_best(capsys):
+    argv = [a for a in BASE if a not in ("--certify-samples", "65536")]
+    assert main(argv + ["--amplification", "auto", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    cands = {c["amplification"]: c for c in d["candidates"]}
+    assert set(cands) == {"balls_in_bins", "cyclic_poisson"}
+    certified = [c for c in cands.values() if c["certified"]]
+    assert d["rmse"] == min(c["rmse"] for c in certified)
+    assert d["amplification"] == min(certified, key=lambda c: c["rmse"])["amplification"]
+    # Same units: rmse = sigma * error in every row.
+    for c in cands.values():
+        assert c["rmse"] == pytest.approx(c["noise_multiplier"] * c["error"], rel=1e-12)
+    assert cands["cyclic_poisson"]["method"] == "pld"
+
+
+def test_amplification_cyclic_poisson_is_the_pld_calibration(capsys):
+    from dpjax.calibration import dpsgd_noise_multiplier
+
+    argv = [a for a in BASE if a not in ("--certify-samples", "65536")]
+    assert main(argv + ["--amplification", "cyclic_poisson", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    bands = d["bands"]
+    assert 4 % bands == 0 and d["certificate"]["method"] == "pld"
+    col = d["first_column"]
+    assert len(col) == bands and col[0] == 1.0
+    z = float(dpsgd_noise_multiplier(2.0, 1e-3, bands / 4, -(-8 // bands)))
+    assert d["noise_multiplier"] == pytest.approx(z * sum(c * c for c in col) ** 0.5, rel=1e-9)
+    assert d["rmse"] == min(r["rmse"] for r in d["per_bands"])
+
+
+def test_mc_calibrate_certify_json(capsys):
+    argv = ["mc-calibrate", "--toeplitz", "1,0.5", "--batches-per-epoch", "8", "--epochs", "2",
+            "--epsilon", "2", "--delta", "1e-3", "--certify", "--certify-samples", "65536", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    cert = d["certificate"]
+    assert set(("method", "epsilon", "delta", "num_samples", "failure_probability")) <= set(cert)
+    assert cert["method"] == "importance_betting" and cert["num_samples"] == 65536 and cert["verified"]
+    assert d["noise_multiplier"] == cert["noise_multiplier"] and cert["delta"] <= 1e-3
+    assert d["noise_multiplier_estimate"] <= d["noise_multiplier"] <= 1.05 * d["noise_multiplier_estimate"]

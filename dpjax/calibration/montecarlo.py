@@ -468,9 +468,34 @@ def _delta_chunked(num_samples, sigma, theta, consts):
     return delta_estimate(gram, sigma, eps, key, num_samples)[0]
 
 
+def _scaled_max(mean_f, mean_r, scale):
+    return jnp.maximum(scale[0] * mean_f, scale[1] * mean_r)
+
+
+def _importance_on_projections(sigma, theta, consts):
+    from dpjax.montecarlo.importance import importance_summands
+
+    gram, projections, eps = theta
+    mode_index, comp_uniform, proposal, scale = consts
+    x_f, x_r = importance_summands(gram, projections, mode_index, comp_uniform, sigma,
+                                   jnp.reshape(eps, (1,)), proposal)
+    return _scaled_max(jnp.mean(x_f), jnp.mean(x_r), scale)
+
+
+def _importance_chunked(num_samples, sigma, theta, consts):
+    from dpjax.montecarlo.importance import importance_sums
+
+    gram, eps = theta
+    key_data, proposal, scale = consts
+    key = jax.random.wrap_key_data(key_data, impl="rbg")
+    sums = importance_sums(gram, sigma, jnp.reshape(eps, (1,)), key, num_samples, proposal)
+    return _scaled_max(sums.total[0, 0] / num_samples, sums.total[1, 0] / num_samples, scale)
+
+
 def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samples: int | None = None,
                        draws_=None, solver=NewtonIllinois(), adjoint=ImplicitAdjoint(),
-                       initial_noise=None, precompute: bool | None = None) -> CalibrationResult:
+                       initial_noise=None, precompute: bool | None = None, proposal=None,
+                       direction_scale=None) -> CalibrationResult:
     """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
 
     Args:
@@ -487,6 +512,14 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
         the search range is *not* used; the unamplified Gaussian-ish guess ``sensitivity``).
       precompute: materialise ``W = U L^T`` (default when ``m * b <= 2^24``); else every pass
         re-draws chunk by chunk (bounded memory, same numbers).
+      proposal: ``None`` (the plain estimator) or a
+        :class:`dpjax.montecarlo.importance.Proposal`: solve the variance-reduced estimate
+        (:mod:`dpjax.montecarlo.importance`; ``draws_`` then holds ``(mode_index, U,
+        component_uniform)`` of :func:`~dpjax.montecarlo.importance.importance_draws`).  The
+        proposal is a constant of the solve (no gradient flows to it).
+      direction_scale: ``(2,)`` factors of the two directions' estimates before their max
+        (default ``(1, 1)``; a certificate aims the directions at different levels with it;
+        importance estimator only).
 
     Returns:
       :class:`CalibrationResult`.  An *estimate*: certify with many samples
@@ -502,7 +535,21 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
         num_samples = draws_[1].shape[0]
     if precompute is None:
         precompute = draws_ is not None or num_samples * b <= _MAX_PRECOMPUTED
-    if precompute:
+    if proposal is not None:
+        from dpjax.montecarlo.importance import _as_proposal, importance_draws
+
+        proposal = jax.lax.stop_gradient(_as_proposal(proposal))
+        scale = jnp.ones(2) if direction_scale is None else jnp.asarray(direction_scale, jnp.float64)
+        if precompute:
+            mode_index, u, cu = draws_ if draws_ is not None else importance_draws(key, b, num_samples)
+            projections = u @ gram_sqrt(gram).T
+            fn, theta = _importance_on_projections, (gram, projections, eps)
+            consts = (mode_index, cu, proposal, scale)
+        else:
+            from dpjax.montecarlo import rbg_key
+            fn = functools.partial(_importance_chunked, num_samples)
+            theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)), proposal, scale)
+    elif precompute:
         mode_index, u = draws_ if draws_ is not None else draws(key, b, num_samples)
         projections = u @ gram_sqrt(gram).T
         fn, theta, consts = _delta_on_projections, (gram, projections, eps), (mode_index,)

@@ -32,11 +32,15 @@ The noise multiplier solving the balls-in-bins Monte Carlo estimate delta_hat(si
 Thakurta, "Near exact privacy amplification for matrix mechanisms").  It is an estimate, not a
 certificate: certify the result with dpjax mc-certify, more samples and another --seed (its
 default, 1, differs from this command's 0, because Estimate-Verify-Release needs verification
-draws independent of the calibration's).  Adjacency: add/remove (the max over both directions).
+draws independent of the calibration's).  --certify returns a certified noise multiplier instead,
+in one command: calibrated on one sample and verified on an independent one (Estimate-Verify-
+Release; "certificate" in the output says the method, sample count and failure probability).
+Adjacency: add/remove (the max over both directions).
 
-Example:
+Examples:
   dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 --epsilon 2 --delta 1e-3 \\
-      --samples 65536 --seed 0"""
+      --samples 65536 --seed 0
+  dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 --epsilon 2 --delta 1e-3 --certify"""
 
 
 def _run_noise(args) -> dict:
@@ -57,6 +61,20 @@ def _run_noise(args) -> dict:
 
 def _run_mc_calibrate(args) -> dict:
     acc = _accountant(args)
+    if args.certify:
+        # The certified path in one command: calibrate and verify (evr.certify_noise), the
+        # calibration and verification draws derived from --seed (independent streams).
+        cert = acc.certify_noise(args.epsilon, args.delta, args.seed, num_samples=args.certify_samples,
+                                 method=args.certify_method)
+        if not cert.verified:
+            raise ValueError(f"no noise multiplier was certified: {cert.reason}")
+        return dict(noise_multiplier=cert.noise_multiplier, noise_multiplier_estimate=cert.noise_multiplier_estimate,
+                    target_epsilon=args.epsilon, target_delta=args.delta,
+                    certificate={k: v for k, v in cert.to_dict().items()},
+                    seed=args.seed, adjacency=MC_ADJACENCY,
+                    accountant="montecarlo (balls-in-bins), Estimate-Verify-Release",
+                    guarantee=f"(epsilon, delta) = ({cert.epsilon:g}, {cert.delta:.6g}) certified at noise_multiplier "
+                              f"with failure probability {cert.failure_probability:.3g} ({cert.method})")
     samples = args.samples
     sigma = acc.calibrate(args.epsilon, args.delta, samples, args.seed)
     delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
@@ -78,13 +96,25 @@ def register(subparsers) -> None:
     p.set_defaults(run=_run_noise)
 
     p = subparsers.add_parser("mc-calibrate",
-                              help="noise multiplier on the balls-in-bins Monte Carlo estimate (not a certificate)",
+                              help="noise multiplier on the balls-in-bins Monte Carlo estimate (--certify: a certified one)",
                               description=MC_CALIBRATE_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_correlation_args(p)
     _args.add_target_epsilon(p, required=True)
     _args.add_target_delta(p, required=True)
     p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 16,
-                   help=_args.SAMPLES_HELP + "; default 2^16, should be >= 1/delta")
+                   help=_args.SAMPLES_HELP + "; default 2^16, should be >= 1/delta (the estimate; not used "
+                        "with --certify)")
     p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
+    p.add_argument("--certify", action="store_true",
+                   help="return a certified noise multiplier: calibrate and verify with Estimate-Verify-Release "
+                        "on independent draws (noise_multiplier is certified, noise_multiplier_estimate is the "
+                        "calibration's estimate, certificate says how)")
+    p.add_argument("--certify-samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
+                   help="verification samples of --certify (default: the method's; importance_betting sizes "
+                        "it between 2^16 and 2^22, bernoulli_kl uses ~0.4 delta as its base)")
+    p.add_argument("--certify-method", type=_args.choice("importance_betting", "bernoulli_kl"),
+                   default="importance_betting",
+                   help="certificate of --certify: importance_betting (variance-reduced draws and a betting test, "
+                        "default) or bernoulli_kl (plain draws, Hoeffding's bound)")
     p.set_defaults(run=_run_mc_calibrate)

@@ -135,7 +135,7 @@ def _run_delta(args) -> list[dict]:
 def _run_certify(args) -> dict:
     acc = _accountant(args)
     cert = acc.certify(args.noise_multiplier, args.epsilon, args.delta, args.samples, args.seed,
-                       chunk_size=args.chunk_size)
+                       chunk_size=args.chunk_size, method=args.certify_method)
     return {**cert.to_dict(), "seed": args.seed, "adjacency": ADJACENCY}
 
 
@@ -176,6 +176,10 @@ def register(subparsers) -> None:
                                                                 "multiplier on draws independent of the calibration's"))
     _args.add_target_epsilon(p, required=True, positive=False, help_prefix="epsilon to certify, ")
     _args.add_target_delta(p, required=True, help_prefix="delta to certify, ")
+    p.add_argument("--certify-method", type=_args.choice("bernoulli_kl", "importance_betting"), default="bernoulli_kl",
+                   help="the test: bernoulli_kl (plain draws, Hoeffding's bound; default) or importance_betting "
+                        "(variance-reduced draws and a betting test: far fewer samples where the summands' "
+                        "proven range is small)")
     p.set_defaults(run=_run_certify)
 
     p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate",

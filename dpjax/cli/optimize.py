@@ -28,7 +28,7 @@ from dpjax.cli import _args
 # a 2-buffer BLT under balls-in-bins batching with 8 batches per epoch for 4 epochs, certified at
 # (2, 1e-5).  Flags given explicitly override these values.
 EXAMPLE = dict(family="blt", buffers=2, batches_per_epoch=8, epochs=4, epsilon=2.0, delta=1e-5,
-               optimizer_steps=100, samples=1 << 12)
+               optimizer_steps=100, samples=1 << 11)
 
 
 def apply_example(args) -> None:
@@ -45,8 +45,7 @@ def apply_example(args) -> None:
         args.family = "blt"
     if args.optimizer_steps is None:
         args.optimizer_steps = 300
-    if args.samples is None:
-        args.samples = 1 << 13
+    # args.samples None: the estimator's default (optimize_correlation).
 
 
 #: BLT buffers when ``--buffers`` is not given (at most ``n``, the number of rounds).
@@ -97,6 +96,8 @@ def _run(args) -> dict:
         raise ValueError("--bands must be given for --family banded (an integer >= 1)")
     for name in ("batches_per_epoch", "epochs", "optimizer_steps", "samples", "checkpoint_every"):
         value = getattr(args, name)
+        if name == "samples" and value is None:  # the estimator's default (optimize_correlation)
+            continue
         if value is None or value < (0 if name == "optimizer_steps" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be an integer >= "
                              f"{0 if name == 'optimizer_steps' else 1}, got {value}")
@@ -108,17 +109,19 @@ def _run(args) -> dict:
         raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
     if args.baselines is None:
         args.baselines = bool(args.example)
-    if args.baselines and args.no_certify:
+    if args.baselines and args.no_certify and args.certify_method == "bernoulli_kl":
         # The balls-in-bins DP-SGD row is EVR-certified with --certify-samples (or its default):
         # refuse now, before minutes of optimization and a written result, if that cannot work.
         # (With certification on, the loop validates the certificate size the row then reuses.)
-        from dpjax.montecarlo import _evr
+        from dpjax.montecarlo import evr
         from dpjax.optimization.baselines import DEFAULT_CERTIFY_SAMPLES
 
         count = args.certify_samples or DEFAULT_CERTIFY_SAMPLES
-        if _evr.base_delta_for_target(int(count), float(args.delta)) is None:
+        rungs = evr.DEFAULT_LADDER_RUNGS
+        if evr.base_delta_for_target(int(count), float(args.delta), rungs) is None:
             raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {args.delta:g} "
-                             f"with {count} samples; pass --certify-samples >= {_evr.minimum_samples(float(args.delta))} "
+                             f"with {count} samples; pass --certify-samples >= "
+                             f"{evr.minimum_samples(float(args.delta), num_tests=rungs)} "
                              f"(more, e.g. 10x, to leave room for the estimate) or --no-baselines")
     n = args.batches_per_epoch * args.epochs
     param = make_parameterization(args.family, n, bands=args.bands,
@@ -126,12 +129,18 @@ def _run(args) -> dict:
     if args.quiet or args.json:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
+    if args.amplification == "cyclic_poisson":
+        return cyclic_poisson_result(args)
+    # The baselines first: they do not depend on the optimised C, and a baseline that cannot be
+    # certified is refused before minutes of optimisation and before anything is written.
+    rows = baseline_rows(param, args) if args.baselines else None
     res = optimize_correlation(
         param, batches_per_epoch=args.batches_per_epoch, epochs=args.epochs,
         target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.optimizer_steps,
         num_samples=args.samples, optimizer=default_optimizer(args.learning_rate), key=args.seed,
         checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
-        certify=not args.no_certify, certify_samples=args.certify_samples)
+        certify=not args.no_certify, certify_samples=args.certify_samples, estimator=args.estimator,
+        certify_method=args.certify_method)
     if args.out is not None:
         res.to_json(args.out)
     d = res.to_dict()
@@ -139,7 +148,8 @@ def _run(args) -> dict:
                              "rmse", "rmse_estimate", "error", "first_column", "certificate",
                              "status", "stop_reason", "parameterization", "batches_per_epoch",
                              "epochs", "target_epsilon", "target_delta", "num_steps",
-                             "num_samples", "timings")}
+                             "num_samples", "estimator", "timings")}
+    out["amplification"] = "balls_in_bins"
     if not res.certificate and args.no_certify:
         # Not certified on request: say so with null rather than a NaN (a NaN is never an answer).
         for key in ("noise_multiplier", "rmse", "gap_to_estimate"):
@@ -147,48 +157,95 @@ def _run(args) -> dict:
     out["adjacency"] = "add_or_remove"  # balls-in-bins Monte Carlo accounting (Choquette-Choo et al. 2024)
     out["params"] = d["params"]
     out["history_rows"] = len(d["history"])
-    if args.baselines:
-        out["baselines"] = baseline_rows(param, res, args)
+    if rows is not None:
+        mine = res.rmse if res.certificate else res.rmse_estimate
+        out["baselines"] = [dict(r, gain=r["rmse"] / mine - 1.0 if math.isfinite(mine) and mine > 0 else None)
+                            for r in rows]
     if args.out is not None:
         out["out"] = args.out
+    if args.amplification == "auto":
+        out = best_of(out, cyclic_poisson_result(args))
     return out
 
 
-def baseline_rows(param, res, args) -> list[dict]:
+def cyclic_poisson_result(args) -> dict:
+    """``--amplification cyclic_poisson``: dpjax's banded ``C`` under cyclic Poisson sampling, the
+    band count chosen under the PLD accountant, the noise multiplier certified by it
+    (:func:`dpjax.optimization.baselines.banded_cyclic_poisson_pld`)."""
+    from dpjax.optimization import baselines as bl
+
+    bands = [args.bands] if args.family == "banded" and args.bands is not None else None
+    if bands is not None and bands[0] > args.batches_per_epoch:
+        raise ValueError(f"--bands must be <= --batches-per-epoch = {args.batches_per_epoch} for "
+                         f"--amplification cyclic_poisson, got {bands[0]}")
+    row = bl.banded_cyclic_poisson_pld([args.epsilon], args.delta, args.batches_per_epoch, args.epochs,
+                                       bands_list=bands)[0]
+    e = row.extra
+    return {"amplification": "cyclic_poisson", "noise_multiplier": row.noise_multiplier,
+            "noise_multiplier_estimate": row.noise_multiplier, "gap_to_estimate": 0.0, "rmse": row.rmse,
+            "rmse_estimate": row.rmse, "error": row.error, "first_column": row.first_column,
+            "certificate": {"method": "pld", "epsilon": row.epsilon, "delta": row.delta, "num_samples": None,
+                            "failure_probability": 0.0, "verified": True,
+                            "reason": f"{row.accounting}: PLD accountant's certified epsilon <= target at this "
+                                      "noise multiplier"},
+            "bands": e["bands"], "per_bands": e["per_bands"], "status": "completed", "stop_reason": "",
+            "parameterization": {"family": "banded", "n": args.batches_per_epoch * args.epochs, "bands": e["bands"]},
+            "batches_per_epoch": args.batches_per_epoch, "epochs": args.epochs, "target_epsilon": args.epsilon,
+            "target_delta": args.delta, "adjacency": "add_or_remove"}
+
+
+def best_of(balls_in_bins: dict, cyclic_poisson: dict) -> dict:
+    """``--amplification auto``: the candidate with the smaller certified rmse, every candidate's row
+    (same units: rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)) under ``candidates``."""
+    rows = []
+    for cand in (balls_in_bins, cyclic_poisson):
+        cert = cand.get("certificate") or {}
+        rows.append({"amplification": cand["amplification"], "noise_multiplier": cand["noise_multiplier"],
+                     "rmse": cand["rmse"], "error": cand["error"], "certified": bool(cert.get("verified")),
+                     "method": cert.get("method"), "family": cand["parameterization"]})
+    usable = [c for c, r in zip((balls_in_bins, cyclic_poisson), rows)
+              if r["certified"] and r["rmse"] is not None and math.isfinite(r["rmse"])]
+    best = dict(min(usable, key=lambda c: c["rmse"]) if usable else cyclic_poisson)
+    best["candidates"] = rows
+    return best
+
+
+def baseline_rows(param, args) -> list[dict]:
     """The alternatives in the result's own units (``--baselines``; on with ``--example``).
 
     Every row is ``rmse = sigma |A C^-1|_F / sqrt(n)`` at ``(epsilon, delta)``
     (:data:`dpjax.optimization.baselines.NORMALIZATION`): DP-SGD (``C = I``) without
     amplification (exact Gaussian), under Poisson sampling ``q = 1/b`` (PLD) and under
-    balls-in-bins (Monte Carlo, EVR-certified with as many samples as the result's certificate),
-    and the unamplified optimum of the same family.  ``gain`` is ``rmse(row) / rmse(result) - 1``
-    (positive: the optimised ``C`` is better).  The jax_privacy banded rows need jax_privacy and
-    minutes of CPU: ``benchmarks/table_amplified_mf.py``.
+    balls-in-bins (Monte Carlo, EVR-certified by the result's certificate method),
+    and the unamplified optimum of the same family.  The caller adds ``gain``,
+    ``rmse(row) / rmse(result) - 1`` (positive: the optimised ``C`` is better).  The jax_privacy
+    banded rows need jax_privacy and minutes of CPU: ``benchmarks/table_amplified_mf.py``.
     """
     import jax.numpy as jnp
 
     from dpjax.matrices import Toeplitz
     from dpjax.optimization import baselines as bl
 
-    b, epochs, eps, delta = res.batches_per_epoch, res.epochs, res.target_epsilon, res.target_delta
-    # The result's own certificate size (else --certify-samples, else the baseline's default).
-    samples = (res.certificate or {}).get("num_samples") or args.certify_samples
+    b, epochs, eps, delta = args.batches_per_epoch, args.epochs, args.epsilon, args.delta
+    # The result's own certificate method (and --certify-samples if given, else the method's default).
     rows = [bl.dpsgd_unamplified(eps, delta, b, epochs), bl.dpsgd_poisson(eps, delta, b, epochs)]
-    kw = {} if samples is None else {"certify_samples": int(samples)}
-    rows.append(bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), eps, delta, b, epochs,
-                                           name="dpsgd_balls_in_bins", key=args.seed + 1, **kw))
+    kw = {} if args.certify_samples is None else {"certify_samples": int(args.certify_samples)}
+    try:
+        rows.append(bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), eps, delta, b, epochs,
+                                               name="dpsgd_balls_in_bins", key=args.seed + 1,
+                                               method=args.certify_method, **kw))
+    except ValueError as exc:
+        raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {delta:g}: "
+                         f"{exc} (or pass --no-baselines)") from exc
     rows += bl.unamplified_optimum(param, [eps], delta, b, epochs)
-    mine = res.rmse if res.certificate else res.rmse_estimate
-    out = []
-    for r in rows:
-        out.append({"name": r.name, "noise_multiplier": r.noise_multiplier, "rmse": r.rmse,
-                    "accounting": r.accounting,
-                    "gain": r.rmse / mine - 1.0 if math.isfinite(mine) and mine > 0 else None})
-    return out
+    return [{"name": r.name, "noise_multiplier": r.noise_multiplier, "rmse": r.rmse, "accounting": r.accounting}
+            for r in rows]
 
 
 def _render(result: dict) -> str:
     cert = result.get("certificate") or {}
+    if result.get("amplification") == "cyclic_poisson":
+        return _render_cyclic(result)
     if result["noise_multiplier"] is None:
         sigma_line = (f"noise_multiplier  not certified (--no-certify); estimate "
                       f"{result['noise_multiplier_estimate']:.6g}")
@@ -201,13 +258,14 @@ def _render(result: dict) -> str:
         f"family            {result['parameterization']}",
         sigma_line,
         rmse_line,
-        f"certificate       {cert.get('reason', 'not requested')}",
+        f"certificate       {cert.get('method', 'none')}: {cert.get('reason', 'not requested')}",
         f"failure prob.     {cert.get('failure_probability', float('nan')):.3g} "
         f"({cert.get('num_samples', 0)} samples)",
         f"status            {result['status']} {result['stop_reason']}".rstrip(),
     ]
     if "out" in result:
         lines.append(f"saved             {result['out']}")
+    lines += _render_candidates(result)
     if result.get("baselines"):
         mine = result["rmse"] if result["noise_multiplier"] is not None else result["rmse_estimate"]
         lines += ["", "rmse = sigma |A C^-1|_F / sqrt(n), every row at the same (epsilon, delta):",
@@ -218,6 +276,26 @@ def _render(result: dict) -> str:
             gain = "" if r["gain"] is None else f"{100 * r['gain']:+.1f}%"
             lines.append(f"  {r['name']:26s} {r['noise_multiplier']:9.4g} {r['rmse']:9.4g}  {gain}")
     return "\n".join(lines)
+
+
+def _render_candidates(result: dict) -> list[str]:
+    if not result.get("candidates"):
+        return []
+    lines = ["", f"amplification     {result['amplification']} (the smaller certified rmse; every candidate, "
+                 "rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)):"]
+    for r in result["candidates"]:
+        lines.append(f"  {r['amplification']:16s} sigma {r['noise_multiplier']:9.5g}  rmse {r['rmse']:9.5g}  "
+                     f"{'certified' if r['certified'] else 'NOT certified'} ({r['method']}; {r['family']})")
+    return lines
+
+
+def _render_cyclic(result: dict) -> str:
+    cert = result["certificate"]
+    lines = [f"amplification     cyclic_poisson, banded C with {result['bands']} bands",
+             f"noise_multiplier  {result['noise_multiplier']:.6g}  (certified by the PLD accountant)",
+             f"rmse              {result['rmse']:.6g}",
+             f"certificate       {cert['method']}: {cert['reason']}"]
+    return "\n".join(lines + _render_candidates(result))
 
 
 def register(subparsers) -> None:
@@ -254,11 +332,24 @@ def register(subparsers) -> None:
     p.add_argument("--optimizer-steps", type=_args.integer(0, 10**7), default=None,
                    help="optimizer (Adam) steps on the correlation matrix, an integer >= 0 (default 300)")
     p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
-                   help="Monte Carlo samples per optimisation step, an integer >= 1 (default 2^13; the "
-                        "in-loop sigma is an estimate, only the final certificate is a guarantee)")
+                   help="Monte Carlo samples per optimisation step, an integer >= 1 (default 2^11 with "
+                        "--estimator importance, 2^13 with plain; the in-loop sigma is an estimate, only the "
+                        "final certificate is a guarantee)")
     p.add_argument("--certify-samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
-                   help="samples per certification sample set (default: the smallest power of two that "
+                   help="verification samples of the certificate (default: importance_betting sizes it from "
+                        "its calibration sample, 2^16 to 2^22; bernoulli_kl the smallest power of two that "
                         "verifies about 0.4 delta)")
+    p.add_argument("--estimator", type=_args.choice("importance", "plain"), default="importance",
+                   help="in-loop Monte Carlo estimate: importance (variance-reduced, default) or plain")
+    p.add_argument("--certify-method", type=_args.choice("importance_betting", "bernoulli_kl"),
+                   default="importance_betting",
+                   help="certificate of the result: importance_betting (variance-reduced draws and a betting "
+                        "test, default) or bernoulli_kl (plain draws, Hoeffding's bound)")
+    p.add_argument("--amplification", type=_args.choice("balls_in_bins", "cyclic_poisson", "auto"),
+                   default="balls_in_bins",
+                   help="balls_in_bins (default: optimise C, Monte Carlo certificate), cyclic_poisson (banded C "
+                        "under cyclic Poisson sampling, bands chosen and sigma certified by the PLD accountant) or "
+                        "auto (both; the smaller certified rmse, every candidate printed)")
     p.add_argument("--no-certify", action="store_true",
                    help="skip the certificate: report the estimate only (noise_multiplier is null)")
     p.add_argument("--learning-rate", type=_args.real(0, lo_open=True), default=0.05,
@@ -273,7 +364,7 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
     p.add_argument("--example", action="store_true",
                    help="the built-in example: a 2-buffer BLT, 8 batches per epoch, 4 epochs (n = 32), "
-                        "epsilon 2, delta 1e-5, 100 optimizer steps of 2^12 samples (flags given override it)")
+                        "epsilon 2, delta 1e-5, 100 optimizer steps of 2^11 samples (flags given override it)")
     p.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=None,
                    help="also compute the alternatives in the same units (DP-SGD unamplified, Poisson, "
                         "balls-in-bins; the family's unamplified optimum) and the gain over each "

@@ -13,7 +13,9 @@ Public API:
   ``.calibrate`` (a convenience call into :func:`dpjax.calibration.calibrate_accountant`),
   ``.sensitivity``, ``.unamplified_delta`` / ``.unamplified_epsilon`` (no-amplification
   Gaussian baseline, :func:`dpjax.pld.gaussian_delta`).  :func:`evr_minimum_samples`,
-  :func:`certified_delta` for Estimate-Verify-Release planning.
+  :func:`certified_delta` for Estimate-Verify-Release planning; :mod:`dpjax.montecarlo.evr`, the
+  one Estimate-Verify-Release module (the :class:`Certificate` record, the ladder
+  :func:`~dpjax.montecarlo.evr.certify_noise`).
 
 Example::
 
@@ -63,6 +65,7 @@ from dpjax.montecarlo.core import (
     sharded_monte_carlo_sums,
 )
 from dpjax.montecarlo._normal import normal_from_bits, normal_pairs_from_bits, uniform_open
+from dpjax.montecarlo import evr
 from dpjax.montecarlo._accountant import (
     BallsInBins,
     Certificate,
@@ -79,6 +82,7 @@ __all__ = [
     "EpsilonEstimate",
     "certified_delta",
     "evr_minimum_samples",
+    "evr",
     "BLOCK_SIZE",
     "DEFAULT_CHUNK_NORMALS",
     "MonteCarloSums",

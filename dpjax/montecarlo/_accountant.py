@@ -13,7 +13,8 @@ from dpjax._results import ResultMixin
 
 from dpjax import _validate
 from dpjax._x64 import float64
-from dpjax.montecarlo import _evr, core
+from dpjax.montecarlo import core, evr
+from dpjax.montecarlo.evr import Certificate
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon
 
 MAX_SAMPLES = 1 << 40
@@ -114,50 +115,6 @@ def _kl_bounds(mean, m: int, level: float):
         far = kl(mean, np.minimum(mid, 1 - 1e-16)) > rhs
         hi_a, hi_b = np.where(far, hi_a, mid), np.where(far, mid, hi_b)
     return np.where(mean > 0, lo_a, 0.0), np.where(mean < 1, hi_b, 1.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Certificate(ResultMixin):
-    """Outcome of Estimate-Verify-Release (see :mod:`dpjax.montecarlo._evr`).
-
-    Attributes:
-      verified: ``delta_estimate <= base_delta`` (both directions).
-      epsilon: the certified epsilon.
-      delta: the rigorous delta ``tau * base_delta + failure_probability`` (``<= target_delta``)
-        if verified, else ``inf`` (nothing certified; fall back to another accountant).
-      target_delta: requested.
-      base_delta: the threshold the estimate had to meet.
-      tau: slack factor of the true delta that the failure probability covers.
-      failure_probability: ``exp(-m KL(base_delta || tau base_delta))``, the chance that a
-        mechanism with true delta above ``tau * base_delta`` passed verification.
-      delta_estimate, standard_error: the Monte Carlo estimate (max direction) and its SE.
-      delta_remove, delta_add: per-direction estimates.
-      num_samples: samples used.
-      noise_multiplier: sigma.
-      reason: one line explaining the outcome.
-
-    ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`
-    (``as_dict`` is the same as ``to_dict``).
-    """
-
-    verified: bool
-    epsilon: float
-    delta: float
-    target_delta: float
-    base_delta: float
-    tau: float
-    failure_probability: float
-    delta_estimate: float
-    standard_error: float
-    delta_remove: float
-    delta_add: float
-    num_samples: int
-    noise_multiplier: float
-    reason: str
-
-    def as_dict(self) -> dict:
-        """Alias of :meth:`to_dict`."""
-        return self.to_dict()
 
 
 # --------------------------------------------------------------------------- validation
@@ -383,46 +340,63 @@ class BallsInBins:
         return float(lo), float(hi)
 
     def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
-                devices=None) -> Certificate:
-        """Estimate-Verify-Release: is ``(epsilon, target_delta)`` certified with ``num_samples``?
+                devices=None, method="bernoulli_kl", failure_probability=None) -> Certificate:
+        """Estimate-Verify-Release for one noise multiplier: is ``(epsilon, target_delta)`` certified?
 
-        Picks the largest ``base_delta`` whose EVR bound (see :mod:`dpjax.montecarlo._evr`)
-        stays within ``target_delta``, estimates delta (both directions) and verifies
-        ``delta_hat <= base_delta``.  ``ValueError`` if ``num_samples`` is below
-        :func:`evr_minimum_samples` (no base delta can work).
+        ``method="bernoulli_kl"`` (default): the largest ``base_delta`` whose EVR bound
+        (:mod:`dpjax.montecarlo.evr`, one test) stays within ``target_delta``, then
+        ``delta_hat <= base_delta`` (both directions) on ``num_samples`` plain draws from ``key``.
+        ``method="importance_betting"``: the variance-reduced summands and a betting test of each
+        direction against ``target_delta (1 - 0.005)`` (failure probability ``0.005
+        target_delta``; docs/design.md §4.2), the bet chosen on ``num_samples // 4`` draws from
+        ``fold_in(key, 0)``, the test on ``num_samples`` draws from ``fold_in(key, 1)``
+        (``failure_probability`` sets that test's ``beta`` instead).  The draws
+        must be independent of whatever chose ``noise_multiplier`` (use another key than the
+        calibration's).  ``ValueError`` if ``num_samples`` is below :func:`evr_minimum_samples`
+        (``"bernoulli_kl"``).  For a noise multiplier that is calibrated and certified in one call,
+        see :meth:`certify_noise`.
         """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = float(_validate.nonnegative("epsilon", epsilon))
         target = float(_validate.probability_open("target_delta", target_delta))
         m = _validate_samples(num_samples)
-        base = _evr.base_delta_for_target(m, target)
-        if base is None:
-            raise ValueError(
-                f"num_samples = {m} is too small to certify target_delta = {target:g}; need at least "
-                f"{_evr.minimum_samples(target)} (more, e.g. 10x, to leave room for the estimate)")
-        overall, tau, beta = _evr.overall_delta(m, base)
-        est = self.estimate(sigma, np.array([eps]), m, key, chunk_size=chunk_size, devices=devices)
-        d_hat = float(est.delta[0])
-        verified = d_hat <= base
-        if verified:
-            reason = (f"verified: delta_hat = {d_hat:.4g} <= base_delta = {base:.4g} with {m} samples; "
-                      f"(eps, tau*base_delta + beta) = ({eps:g}, {overall:.4g})")
-        else:
-            reason = (f"not verified: delta_hat = {d_hat:.4g} > base_delta = {base:.4g}; nothing certified "
-                      "(raise noise_multiplier, epsilon or num_samples)")
-        return Certificate(
-            verified=bool(verified), epsilon=eps, delta=float(overall) if verified else math.inf,
-            target_delta=target, base_delta=float(base), tau=float(tau), failure_probability=float(beta),
-            delta_estimate=d_hat, standard_error=float(est.standard_error[0]),
-            delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]),
-            num_samples=m, noise_multiplier=sigma, reason=reason)
+        return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, devices=devices,
+                                 method=method, failure_probability=failure_probability)
 
-    def calibrate(self, target_epsilon, target_delta, num_samples, key) -> float:
+    def certify_noise(self, target_epsilon, target_delta, key, *, num_samples=None, method=evr.DEFAULT_METHOD,
+                      initial_noise=None, devices=None) -> Certificate:
+        """A certified noise multiplier at ``(target_epsilon, target_delta)`` in one call.
+
+        :func:`dpjax.montecarlo.evr.certify_noise`: calibrate on one sample, verify a pre-committed
+        ladder on an independent one (keys derived from ``key``), union bound over the rungs.
+        ``cert.noise_multiplier`` is certified when ``cert.verified`` (``inf`` otherwise);
+        ``cert.noise_multiplier_estimate`` is the calibration sample's estimate.  ``num_samples``:
+        verification samples (default: the method's; ``"importance_betting"`` sizes it from the
+        calibration sample, between 2^16 and 2^22).
+
+        Example::
+
+            acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), batches_per_epoch=16, epochs=4)
+            cert = acc.certify_noise(2.0, 1e-5, key=0)
+            cert.noise_multiplier, cert.method, cert.failure_probability
+        """
+        if num_samples is not None:
+            num_samples = _validate_samples(num_samples)
+        return evr.certify_noise(self, target_epsilon=target_epsilon, target_delta=target_delta,
+                                 num_samples=num_samples, key=core.as_prng_key(key), initial_noise=initial_noise,
+                                 method=method, devices=devices)
+
+    def calibrate(self, target_epsilon, target_delta, num_samples, key, *, certify=False, method=evr.DEFAULT_METHOD):
         """Noise multiplier with ``delta_hat = target_delta`` (an estimate, not a certificate).
 
         A convenience for :func:`dpjax.calibration.calibrate_accountant`, which implements it
-        (see there for the arguments and errors).
+        (see there for the arguments and errors).  ``certify=True``: instead return the
+        :class:`Certificate` of :meth:`certify_noise` (``num_samples`` its verification samples,
+        ``None`` for the method's default): a certified noise multiplier, its estimate and how it
+        was certified.
         """
+        if certify:
+            return self.certify_noise(target_epsilon, target_delta, key, num_samples=num_samples, method=method)
         # The one import from the calibration layer, function-local on purpose: calibration
         # builds on this package (pld, matrices -> montecarlo -> calibration), so a module-level
         # import here would be a cycle.
@@ -450,12 +424,12 @@ def evr_minimum_samples(target_delta, base_delta=None) -> int:
         base = float(_validate.probability_open("base_delta", base_delta))
         if base >= target:
             raise ValueError(f"base_delta must be < target_delta = {target:g}, got {base:g}")
-        return _evr.minimum_samples(target, base)
-    return _evr.minimum_samples(target)
+        return evr.minimum_samples(target, base)
+    return evr.minimum_samples(target)
 
 
 def certified_delta(num_samples, base_delta) -> tuple[float, float, float]:
     """``(delta, tau, failure_probability)`` that EVR reports after verifying ``base_delta``."""
     m = _validate_samples(num_samples)
     base = float(_validate.probability_open("base_delta", base_delta))
-    return _evr.overall_delta(m, base)
+    return evr.overall_delta(m, base)

@@ -25,12 +25,14 @@ Rows (each a :class:`BaselineRow`):
 * :func:`dpsgd_poisson` -- ``C = I``, Poisson sampling ``q = 1/b`` for ``n`` steps, dpjax PLD
   accountant (certified upper bound).
 * :func:`balls_in_bins_certified` -- any ``C`` (``C = I`` for DP-SGD) under balls-in-bins
-  batching, Monte Carlo: ``sigma`` calibrated on an estimate at the EVR base delta, then
-  certified by Estimate-Verify-Release with an independent key (raised by 0.5% steps until it
-  verifies); the certificate is in the row.
+  batching, Monte Carlo: ``sigma`` calibrated and certified by the Estimate-Verify-Release
+  ladder of :func:`dpjax.montecarlo.evr.certify_noise`; the certificate is in the row.
 * :func:`unamplified_optimum` -- the optimum of a family (:mod:`.parameterizations`) without
   amplification: ``sigma = sensitivity(C) * gaussian_noise_multiplier(eps, delta)``, the
   sensitivity for ``E`` participations ``b`` apart.
+* :func:`banded_cyclic_poisson_pld` -- dpjax's own banded matrices (the family's optimum for
+  each band count) under cyclic Poisson sampling, PLD-accounted, the best band count per epsilon
+  (``dpjax optimize --amplification cyclic_poisson``).
 * :func:`banded_cyclic_poisson` -- jax_privacy's banded matrices under (block-)cyclic Poisson
   sampling (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Thm 4, as
   implemented by ``matrix_factorization.toeplitz.optimize_coefs_for_amplifications``), with its
@@ -60,6 +62,7 @@ __all__ = [
     "balls_in_bins_certified",
     "unamplified_optimum",
     "banded_cyclic_poisson",
+    "banded_cyclic_poisson_pld",
     "jax_privacy_banded_coefficients",
 ]
 
@@ -148,61 +151,54 @@ def dpsgd_poisson(epsilon, delta, batches_per_epoch, epochs) -> BaselineRow:
                 f"dpjax PLD, Poisson q = 1/{b}, {n} steps", column=[1.0])
 
 
-#: Default certificate size of :func:`balls_in_bins_certified` (samples).
+#: Certificate size of the Bernoulli-KL method of :func:`balls_in_bins_certified` when none is
+#: given (verification samples; 0.41 delta verified at delta = 1e-5).
 DEFAULT_CERTIFY_SAMPLES = 1 << 23
 
 
 def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epochs, *,
                             name="balls_in_bins", calibration_samples=None,
-                            certify_samples=DEFAULT_CERTIFY_SAMPLES, key=0, max_raises=20,
-                            raise_factor=1.005) -> BaselineRow:
+                            certify_samples=None, key=0, max_attempts=None, growth=None,
+                            method=None) -> BaselineRow:
     """``C`` under balls-in-bins batching, with a noise multiplier certified by EVR.
 
-    1. ``base`` = the largest EVR base delta that certifies ``delta`` with ``certify_samples``
-       (:mod:`dpjax.montecarlo._evr`); 2. ``sigma_hat`` calibrated to ``delta_hat = base`` with
-       ``calibration_samples`` (default: the power of two >= 2 / base) draws from ``fold_in(key, 0)``; 3. certify ``(sigma, eps, delta)``
-       with ``certify_samples`` independent draws (``fold_in(key, 1 + attempt)``), raising
-       ``sigma`` by ``raise_factor`` until it verifies (each attempt uses fresh draws, so the
-       certificate is never computed on draws that chose ``sigma``).
+    The ladder of :func:`dpjax.montecarlo.evr.certify_noise` (the one every dpjax certificate
+    uses): ``sigma_0`` calibrated on ``calibration_samples`` draws (default
+    ``certify_samples // 4``), then ``max_attempts`` pre-committed rungs ``sigma_0 growth^j``
+    verified on ``certify_samples`` independent draws (default: the method's), the first passing
+    rung released; the stated failure probability is the union bound over the rungs.  ``method``:
+    ``"importance_betting"`` (default) or ``"bernoulli_kl"`` (:mod:`dpjax.montecarlo.evr`).  The
+    certificate is in the row (``extra["certificate"]``).
 
-    Raises ValueError if nothing verifies within ``max_raises`` raises.
+    Raises ValueError if ``certify_samples`` cannot certify ``delta`` or no rung verifies.
     """
-    from dpjax.montecarlo import BallsInBins, _evr
+    from dpjax.montecarlo import BallsInBins, evr
 
     eps, delta, b, epochs = _check(epsilon, delta, batches_per_epoch, epochs)
     n = b * epochs
     acc = BallsInBins(correlation, b, epochs)
-    base = _evr.base_delta_for_target(int(certify_samples), delta)
-    if base is None:
-        raise ValueError(f"certify_samples={certify_samples} cannot certify delta={delta:g}; need at least "
-                         f"{_evr.minimum_samples(delta)}")
-    if calibration_samples is None:
-        calibration_samples = 1 << int(math.ceil(math.log2(2.0 / base)))
-    root = jax.random.key(int(key))
+    rungs = evr.DEFAULT_LADDER_RUNGS if max_attempts is None else max_attempts
     t0 = time.perf_counter()
-    sigma = float(acc.calibrate(eps, base, int(calibration_samples), jax.random.fold_in(root, 0)))
-    t_cal = time.perf_counter() - t0
-    sigma_estimate = sigma
-    cert = None
-    for attempt in range(max_raises + 1):
-        cert = acc.certify(sigma, eps, delta, int(certify_samples), jax.random.fold_in(root, 1 + attempt))
-        if cert.verified:
-            break
-        sigma *= raise_factor
-    else:
-        raise ValueError(f"no noise multiplier up to {sigma:g} verified (epsilon={eps:g}, delta={delta:g})")
+    cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=delta,
+                             num_samples=None if certify_samples is None else int(certify_samples),
+                             key=key, rungs=rungs, growth=growth, calibration_samples=calibration_samples,
+                             method=evr.DEFAULT_METHOD if method is None else method)
     t_total = time.perf_counter() - t0
+    if not cert.verified:
+        raise ValueError(f"no noise multiplier verified (epsilon={eps:g}, delta={delta:g}): {cert.reason}")
     from dpjax.matrices import correlation_array
 
     column = correlation_array(correlation, n)
     error = float(prefix_sum_error(correlation, n))
     col = np.asarray(column) if np.ndim(column) == 1 else None
-    return _row(name, eps, delta, b, epochs, sigma, error,
-                f"dpjax Monte Carlo balls-in-bins, EVR certified with {certify_samples} samples",
+    return _row(name, eps, delta, b, epochs, cert.noise_multiplier, error,
+                f"dpjax Monte Carlo balls-in-bins, EVR-certified ({cert.method}, {cert.num_tests} tests, "
+                f"{cert.num_samples} samples)",
+                method=cert.method,
                 column=None if col is None else np.trim_zeros(col, "b"),
-                noise_multiplier_estimate=sigma_estimate, base_delta=float(base),
-                calibration_samples=int(calibration_samples), certificate=cert.as_dict(),
-                raises=attempt, seconds=t_total, calibration_seconds=t_cal)
+                noise_multiplier_estimate=cert.noise_multiplier_estimate, base_delta=cert.base_delta,
+                calibration_samples=cert.calibration_samples, certificate=cert.to_dict(),
+                seconds=t_total)
 
 
 def unamplified_optimum(parameterization, epsilon_values, delta, batches_per_epoch, epochs, *,
@@ -335,4 +331,55 @@ def banded_cyclic_poisson(epsilon_values, delta, batches_per_epoch, epochs, *, d
                              batch_size=batch_size, per_bands=per,
                              best_bands_pld=min(per, key=lambda r: r["rmse_pld"])["bands"],
                              optimize_seconds=times))
+    return rows
+
+
+def banded_cyclic_poisson_pld(epsilon_values, delta, batches_per_epoch, epochs, *, bands_list=None,
+                              max_iterations=1000, name="banded_cyclic_poisson") -> list[BaselineRow]:
+    """dpjax's own banded ``C`` under cyclic Poisson sampling, accounted with dpjax's PLD.
+
+    Choquette-Choo, Dvijotham, Pillutla, Ganesh, Steinke & Thakurta 2023, "(Amplified) banded matrix
+    factorization", Thm 4: in the normalization of this module, a participation touches ``bands``
+    consecutive rows of a banded ``C`` and participations are ``b >= bands`` rounds apart, so the
+    mechanism is DP-SGD
+    with sampling probability ``q = bands / b`` for ``ceil(n / bands)`` steps at noise multiplier
+    ``sigma / |c|_2`` (``c_0 = 1``).  For each band count (default: the divisors of ``b``) the
+    coefficients are the family's optimum of ``|c|_2^2 |A C^-1|_F^2`` (eps-free: the unamplified
+    objective of :func:`~dpjax.optimization.unamplified_loss`, whose sensitivity for participations
+    ``b >= bands`` apart is ``sqrt(E) |c|_2``), the noise multiplier is the PLD accountant's
+    (:func:`dpjax.calibration.dpsgd_noise_multiplier`: its epsilon at ``delta`` is at most the
+    target, a certified bound, exact up to the accountant's discretization), and the band count with
+    the smallest rmse is kept, per epsilon.  ``extra["per_bands"]`` has every band count.
+    """
+    from dpjax.calibration import dpsgd_noise_multiplier
+    from dpjax.optimization.parameterizations import make_parameterization
+
+    _, delta, b, epochs = _check(1.0, delta, batches_per_epoch, epochs)
+    n = b * epochs
+    eps_values = [float(_validate.positive("epsilon", e)) for e in epsilon_values]
+    if bands_list is None:
+        bands_list = [d for d in range(1, b + 1) if b % d == 0]
+    per = []
+    for bands in bands_list:
+        bands = _validate.positive_int("bands", bands, maximum=b)
+        t0 = time.perf_counter()
+        par = make_parameterization("banded", n, bands=bands)
+        params = par.init(batches_per_epoch=b, epochs=epochs, max_iterations=max_iterations)
+        col = np.asarray(par.first_column(params), np.float64)[:bands]
+        error = float(prefix_sum_error(par.correlation(params), n))
+        z = np.atleast_1d(np.asarray(dpsgd_noise_multiplier(np.asarray(eps_values), delta, bands / b,
+                                                            math.ceil(n / bands)), np.float64))
+        sens = float(np.linalg.norm(col))
+        per.append({"bands": bands, "sampling_prob": bands / b, "steps": math.ceil(n / bands),
+                    "sensitivity": sens, "error": error, "first_column": col.tolist(),
+                    "noise_multiplier": (z * sens).tolist(), "rmse": (z * sens * error).tolist(),
+                    "seconds": time.perf_counter() - t0})
+    rows = []
+    for i, eps in enumerate(eps_values):
+        best = min(per, key=lambda r: r["rmse"][i])
+        rows.append(_row(name, eps, delta, b, epochs, best["noise_multiplier"][i], best["error"],
+                         f"dpjax PLD, cyclic Poisson: {best['bands']} bands, q = {best['sampling_prob']:g}, "
+                         f"{best['steps']} steps", column=best["first_column"], bands=best["bands"],
+                         per_bands=[{k: (v[i] if isinstance(v, list) and k in ("noise_multiplier", "rmse") else v)
+                                     for k, v in r.items() if k != "first_column"} for r in per]))
     return rows

@@ -62,7 +62,8 @@ from dpjax.calibration.montecarlo import (_MAX_PRECOMPUTED, Bisection, NewtonIll
                                           calibrate_on_draws)
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
-from dpjax.montecarlo import as_prng_key, gram_matrix
+from dpjax.montecarlo import as_prng_key, evr, gram_matrix
+from dpjax.montecarlo.importance import default_proposal
 from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, certify_noise,
                                         default_certify_samples, ladder_base_delta,
                                         ladder_minimum_samples)
@@ -76,6 +77,9 @@ __all__ = ["optimize_correlation", "OptimizationResult", "default_optimizer",
 CHECKPOINT_FORMAT = "dpjax-optimize-checkpoint-1"
 RESULT_FORMAT = "dpjax-optimize-result-1"
 DEFAULT_LEARNING_RATE = 0.05
+#: In-loop estimators and their default samples per step.
+ESTIMATORS = ("importance", "plain")
+DEFAULT_NUM_SAMPLES = {"importance": 1 << 11, "plain": 1 << 13}
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +132,8 @@ class OptimizationResult:
       certificate: :func:`~dpjax.optimization.certify.certify_noise`'s dict or ``None``.
       history: one row per completed step: ``step``, ``loss`` (log RMSE before the update),
         ``rmse``, ``noise_multiplier``, ``solver_passes``.
-      num_steps, num_samples, seed: the run's configuration.
+      num_steps, num_samples, seed, estimator: the run's configuration (``estimator``: the
+        in-loop Monte Carlo estimate, ``"importance"`` or ``"plain"``).
       status: ``"completed"`` or ``"stopped"``; ``stop_reason`` says why.
       timings: seconds (``compile``, ``steps``, ``certify``).
     """
@@ -153,6 +158,7 @@ class OptimizationResult:
     status: str = "completed"
     stop_reason: str = ""
     timings: dict = dataclasses.field(default_factory=dict)
+    estimator: str = "plain"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -218,13 +224,16 @@ def _atomic_write(path, text: str | bytes) -> None:
 @functools.lru_cache(maxsize=32)
 def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer,
               objective: Callable, solver, precompute: bool | None, screened: bool = False,
-              num_candidates: int | None = None):
+              num_candidates: int | None = None, importance: bool = False):
     """``(step, evaluate, draw)``: jitted functions for this static configuration (cached).
 
     ``screened``: the step takes a prepared sample (``draw(key, period)``, reused for
     ``resample_every`` steps) and calibrates with :func:`calibrate_screened`; otherwise it draws
     its own sample from ``fold_in(key, step)`` and calibrates with :func:`calibrate_on_draws`
-    (the path of :class:`Bisection`, Algorithm 2 as written, and of samples too large to hold).
+    (the path of :class:`Bisection`, Algorithm 2 as written, of samples too large to hold, and
+    of the variance-reduced estimator).  ``importance``: the estimate is the variance-reduced
+    one (:mod:`dpjax.montecarlo.importance`), its proposal chosen from the step's ``C`` and the
+    warm-start ``sigma`` (a constant of the step: no gradient flows through it).
     """
     n = parameterization.n
 
@@ -242,8 +251,12 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
                 num_candidates=num_candidates)
             flag = res.screened
         else:
+            proposal = None
+            if importance:
+                proposal = default_proposal(jax.lax.stop_gradient(gram), jax.lax.stop_gradient(start), eps)
             res = calibrate_on_draws(gram, eps, delta, key=sample, num_samples=num_samples,
-                                     solver=solver, initial_noise=start, precompute=precompute)
+                                     solver=solver, initial_noise=start, precompute=precompute,
+                                     proposal=proposal)
             flag = reused = jnp.zeros((), bool)
         err = objective(corr, n)
         rmse = res.root * err
@@ -301,12 +314,12 @@ def _state_from_json(template, leaves_json):
 
 
 def _config(parameterization, b, epochs, eps, delta, num_samples, seed, solver, objective,
-            resample_every=1) -> dict:
+            resample_every=1, estimator="plain") -> dict:
     return {"parameterization": parameterization.to_dict(), "batches_per_epoch": b,
             "epochs": epochs, "target_epsilon": eps, "target_delta": delta,
             "num_samples": num_samples, "key": seed, "solver": repr(solver),
             "objective": getattr(objective, "__name__", repr(objective)),
-            "resample_every": resample_every}
+            "resample_every": resample_every, "estimator": estimator}
 
 
 def _write_checkpoint(path, config, step, params, opt_state, sigma, history) -> None:
@@ -394,7 +407,7 @@ def _read_checkpoint(path, config):
 
 
 def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_samples,
-                     checkpoint_every, certify, certify_samples, max_attempts):
+                     checkpoint_every, certify, certify_samples, max_attempts, certify_method="bernoulli_kl"):
     if not isinstance(parameterization, _Parameterization):
         raise ValueError("parameterization must be a dpjax.optimization parameterization "
                          f"(make_parameterization(...)), got {type(parameterization).__name__}")
@@ -408,7 +421,12 @@ def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_sam
     num_steps = _validate.positive_int("num_steps", num_steps, minimum=0)
     num_samples = _validate.positive_int("num_samples", num_samples)
     checkpoint_every = _validate.positive_int("checkpoint_every", checkpoint_every)
-    if certify:
+    if certify and certify_method not in evr.METHODS:
+        raise ValueError(f"certify_method must be one of {evr.METHODS}, got {certify_method!r}")
+    if certify and certify_method == "importance_betting":
+        if certify_samples is not None:
+            certify_samples = _validate.positive_int("certify_samples", certify_samples)
+    elif certify:
         if certify_samples is None:
             certify_samples = default_certify_samples(delta, max_attempts)
         certify_samples = _validate.positive_int("certify_samples", certify_samples)
@@ -421,15 +439,16 @@ def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_sam
 
 def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: int,
                          target_epsilon: float, target_delta: float, num_steps: int = 300,
-                         num_samples: int = 1 << 13, optimizer: optax.GradientTransformation | None = None,
+                         num_samples: int | None = None, optimizer: optax.GradientTransformation | None = None,
                          objective: Callable = prefix_sum_error, key: Any = 0,
                          init_params: dict | None = None, solver=NewtonIllinois(xtol=1e-9),
                          checkpoint_path: str | os.PathLike | None = None, checkpoint_every: int = 25,
                          resume: bool = False, progress: bool | None = None, certify: bool = True,
                          certify_samples: int | None = None, certify_key: Any = None,
-                         max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float = DEFAULT_GROWTH,
+                         max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float | None = None,
                          precompute: bool | None = None, resample_every: int = 10,
-                         num_candidates: int | None = None) -> OptimizationResult:
+                         num_candidates: int | None = None, estimator: str = "importance",
+                         certify_method: str = evr.DEFAULT_METHOD) -> OptimizationResult:
     """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, then certify.
 
     Args:
@@ -437,8 +456,8 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
       batches_per_epoch, epochs: ``b``, ``E``.
       target_epsilon, target_delta: the privacy target (``> 0``; ``(0, 1)``).
       num_steps: optimizer steps (``>= 0``).
-      num_samples: Monte Carlo samples per step (any ``>= 1``: an estimate; Choquette-Choo et
-        al. 2024 §5.1.4 find ~2^9 enough at ``eps <= 2``).
+      num_samples: Monte Carlo samples per step (any ``>= 1``: an estimate; default
+        :data:`DEFAULT_NUM_SAMPLES` of the ``estimator``).
       optimizer: any optax transformation (default Adam, learning rate 0.05, on the log RMSE).
       objective: ``(correlation, n) -> err`` noise-free error (default :func:`prefix_sum_error`).
       key: int seed or JAX key of the optimisation's draws (step ``k`` uses ``fold_in(key, k)``).
@@ -448,12 +467,16 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
       checkpoint_path, checkpoint_every: JSON checkpoint every ``k`` steps (and at the end).
       resume: continue from ``checkpoint_path`` if it exists (same configuration required).
       progress: progress bar on stderr (``None``: auto, see :mod:`dpjax._progress`).
-      certify: certify the result (:func:`~dpjax.optimization.certify.certify_noise`).
-      certify_samples: samples per certification sample set (default
-        :func:`~dpjax.optimization.certify.default_certify_samples`).
+      certify: certify the result (:func:`dpjax.montecarlo.evr.certify_noise`).
+      certify_samples: verification samples (default: ``"importance_betting"`` sizes it from its
+        calibration sample, between 2^16 and 2^22; ``"bernoulli_kl"``
+        :func:`~dpjax.optimization.certify.default_certify_samples`, 2^23 at ``delta = 1e-5``).
       certify_key: key of the certification draws (default: derived from ``key`` by a fold
         the optimisation never uses, so the draws are independent of the optimisation's).
-      max_attempts, growth: the certification ladder.
+      max_attempts, growth: the certification ladder (rungs; ratio between rungs, default
+        the method's).
+      certify_method: ``"importance_betting"`` (default: the variance-reduced certificate,
+        docs/design.md §4.2) or ``"bernoulli_kl"`` (plain draws, Hoeffding's bound).
       precompute: materialise ``W`` per step (default when ``num_samples * b <= 2^24``);
         ``False`` forces the chunked, unscreened path (bounded memory at any ``num_samples``).
       resample_every: steps that share one Monte Carlo sample (common random numbers across
@@ -469,6 +492,9 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         screening valid and the solver at 1-3 passes.
       num_candidates: samples per direction kept by the screen
         (:func:`dpjax.calibration.screened.default_num_candidates`).
+      estimator: ``"importance"`` (default: the variance-reduced estimate of
+        :mod:`dpjax.montecarlo.importance`, fresh draws every step, full passes) or ``"plain"``
+        (the plain estimate, screened and resampled every ``resample_every`` steps).
 
     Returns:
       :class:`OptimizationResult`.
@@ -478,16 +504,21 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
         checkpoint).  Nothing is written before the inputs are validated.
     """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if num_samples is None:
+        num_samples = DEFAULT_NUM_SAMPLES[estimator]
     (b, epochs, eps, delta, num_steps, num_samples, checkpoint_every,
      certify_samples) = _validate_inputs(parameterization, batches_per_epoch, epochs, target_epsilon,
                                          target_delta, num_steps, num_samples, checkpoint_every,
-                                         certify, certify_samples, max_attempts)
+                                         certify, certify_samples, max_attempts, certify_method)
     if not isinstance(solver, (NewtonIllinois, Bisection)):
         raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
     resample_every = _validate.positive_int("resample_every", resample_every)
     if num_candidates is not None:
         num_candidates = _validate.positive_int("num_candidates", num_candidates)
-    screened = (isinstance(solver, NewtonIllinois) and precompute is not False
+    importance = estimator == "importance"
+    screened = (not importance and isinstance(solver, NewtonIllinois) and precompute is not False
                 and (precompute or num_samples * b <= _MAX_PRECOMPUTED))
     if not screened:
         resample_every = 1  # the unscreened step draws fresh samples every step
@@ -500,7 +531,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     params = params_from_list(params_to_list(parameterization.check_params(params)))
     key_data = np.asarray(jax.random.key_data(jkey)).tolist()
     config = _config(parameterization, b, epochs, eps, delta, num_samples, key_data, solver, objective,
-                     resample_every)
+                     resample_every, estimator)
     if resume and checkpoint_path is None:
         raise ValueError("resume=True needs a checkpoint_path")
 
@@ -509,7 +540,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         opt_state = optimizer.init(params)
         step_fn, eval_fn, draw_fn, no_screen_fn = _compiled(parameterization, b, epochs, num_samples, optimizer,
                                               objective, solver, precompute, screened,
-                                              num_candidates)
+                                              num_candidates, importance)
         start, sigma, history = 0, math.nan, []
         no_screen = no_screen_fn()
         screen_state, restored = no_screen, False
@@ -584,10 +615,21 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     if certify:
         t_c = time.perf_counter()
         ckey = jax.random.fold_in(jkey, 2**31 - 1) if certify_key is None else as_prng_key(certify_key)
-        certificate = certify_noise(corr, b, epochs, target_epsilon=eps, target_delta=delta,
-                                    num_samples=certify_samples, key=ckey,
-                                    initial_noise=sigma_est if math.isfinite(sigma_est) else None,
-                                    max_attempts=max_attempts, growth=growth)
+        try:
+            certificate = certify_noise(corr, b, epochs, target_epsilon=eps, target_delta=delta,
+                                        num_samples=certify_samples, key=ckey,
+                                        initial_noise=sigma_est if math.isfinite(sigma_est) else None,
+                                        max_attempts=max_attempts, growth=growth, method=certify_method)
+        except ValueError as exc:
+            if certify_method != "importance_betting":
+                raise
+            # The variance-reduced certificate learns only from its calibration sample whether its
+            # sample count can certify this C (the summands' range depends on C): the optimised C
+            # is kept (and checkpointed) and the result says why nothing was certified.
+            certificate = {"verified": False, "method": certify_method, "noise_multiplier": math.inf,
+                           "epsilon": eps, "delta": math.inf, "target_delta": delta,
+                           "num_samples": certify_samples, "failure_probability": math.nan,
+                           "reason": f"not certified: {exc}"}
         sigma_cert = certificate["noise_multiplier"]
         certify_s = time.perf_counter() - t_c
     return OptimizationResult(
@@ -596,7 +638,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         first_column=first_column, noise_multiplier=sigma_cert, noise_multiplier_estimate=sigma_est,
         error=err, rmse=sigma_cert * err, rmse_estimate=sigma_est * err, certificate=certificate,
         history=history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=status,
-        stop_reason=reason,
+        stop_reason=reason, estimator=estimator,
         timings={"compile_and_first_step": compile_s, "steps": steps_s, "draws": draw_s,
                  "first_draw": draw_first_s,
                  "certify": certify_s,

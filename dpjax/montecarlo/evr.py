@@ -1,0 +1,715 @@
+"""Estimate-Verify-Release (EVR): the one module that turns Monte Carlo estimates into guarantees.
+
+Wang, Mahloujifar, Wu, Jia & Mittal, "A randomized approach to tight privacy accounting" (2023,
+Thm 9), as used by Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy
+amplification for matrix mechanisms" (§2, Thm 2.1).  Every certificate dpjax releases --
+:meth:`dpjax.montecarlo.BallsInBins.certify` (one noise multiplier), :func:`certify_noise` (a
+calibrated noise multiplier: the optimisation loop, the baselines, ``dpjax mc-calibrate
+--certify``) -- is built here and returned as one record, :class:`Certificate`.
+
+**One test.**  With ``m`` i.i.d. hockey-stick terms in ``[0, 1]`` and their mean ``delta_hat``,
+"pass iff ``delta_hat <= base_delta``".  If the true delta exceeds ``tau * base_delta``, Hoeffding's
+Chernoff bound for ``[0, 1]`` variables (Hoeffding 1963, Thm 1: the Bernoulli KL) gives::
+
+    P(pass) <= exp(-m KL(base_delta || tau base_delta)) =: beta          (Bernoulli KL)
+
+**A procedure with several tests.**  A procedure that may run ``K`` tests (several noise
+multipliers on one sample, or retries on fresh samples) and releases the noise multiplier of a
+passing test: if any noise multiplier it might release has true delta above ``tau base_delta``,
+that test passes with probability at most ``beta``, and the event "a bad noise multiplier is
+released" lies in the union of those ``K`` events.  So the release is
+``(eps, tau base_delta + K beta)``-DP (union bound; the tests need not be independent).  The
+verification never looks at the private data, so a mechanism released with probability at most
+``K beta`` adds at most that to delta.  ``num_tests`` below is that ``K``; every function that
+sizes a certificate takes it, and :class:`Certificate` records it.
+
+**Independence.**  The verification samples must be independent of everything that chose the
+noise multipliers under test (the calibration sample, the optimisation's samples): a noise
+multiplier calibrated on the verification sample satisfies ``delta_hat = base_delta`` by
+construction, and the bound above (``sigma`` fixed before the draws) says nothing about it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from dpjax import _validate
+from dpjax._results import ResultMixin
+
+# scipy is imported inside the functions that use it: importing scipy.optimize costs ~0.4 s of a
+# cold start, and most users of the Monte Carlo layer never reach Estimate-Verify-Release.
+
+__all__ = ["Certificate", "bernoulli_kl", "failure_probability", "overall_delta",
+           "base_delta_for_target", "minimum_samples", "default_samples", "certify_noise",
+           "certify_fixed", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
+
+#: Rungs of the verification ladder of :func:`certify_noise` (each is one test).
+DEFAULT_LADDER_RUNGS = 8
+#: Ratio between rungs (2%: about one standard error of a quarter-size calibration sample's
+#: root at the default sample counts; 8 rungs cover +15%).
+DEFAULT_LADDER_GROWTH = 1.02
+
+
+# --------------------------------------------------------------------------- Bernoulli-KL bound
+
+
+def bernoulli_kl(p: float, q: float) -> float:
+    """``KL(Bernoulli(p) || Bernoulli(q))`` in nats."""
+    from scipy import special
+
+    return float(special.rel_entr(p, q) + special.rel_entr(1.0 - p, 1.0 - q))
+
+
+def failure_probability(num_samples: int, base_delta: float, tau: float) -> float:
+    """One test: ``beta = exp(-m KL(base_delta || tau base_delta))``, the chance that a noise
+    multiplier whose true delta exceeds ``tau * base_delta`` passes ``delta_hat <= base_delta``."""
+    if tau * base_delta >= 1.0:
+        return 0.0
+    return math.exp(-num_samples * bernoulli_kl(base_delta, tau * base_delta))
+
+
+def overall_delta(num_samples: int, base_delta: float, num_tests: int = 1) -> tuple[float, float, float]:
+    """Smallest ``tau * base_delta + num_tests * beta(tau)`` over ``tau in [1, 1/base_delta]``.
+
+    Returns ``(delta, tau, num_tests * beta)``: the delta a procedure that can run ``num_tests``
+    tests against ``base_delta`` (each with ``num_samples`` samples) may release, the slack
+    factor, and the procedure's failure probability (union bound over its tests).
+    """
+    k = int(num_tests)
+
+    def objective(log_tau):
+        tau = math.exp(log_tau)
+        return tau * base_delta + k * failure_probability(num_samples, base_delta, tau)
+
+    from scipy import optimize
+
+    hi = -math.log(base_delta)
+    res = optimize.minimize_scalar(objective, bounds=(0.0, hi), method="bounded", options={"xatol": 1e-10})
+    value, log_tau = min([(objective(res.x), res.x), (objective(0.0), 0.0), (objective(hi), hi)])
+    tau = math.exp(log_tau)
+    return min(value, 1.0), tau, k * failure_probability(num_samples, base_delta, tau)
+
+
+def base_delta_for_target(num_samples: int, target_delta: float, num_tests: int = 1) -> float | None:
+    """Largest ``base_delta`` whose :func:`overall_delta` is ``<= target_delta`` (or ``None``).
+
+    ``overall_delta`` increases with ``base_delta``; bisection in log space, returning the lower
+    (safe) end of the final bracket.
+    """
+    lo, hi = target_delta * 1e-12, target_delta
+    if overall_delta(num_samples, lo, num_tests)[0] > target_delta:
+        return None
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if overall_delta(num_samples, mid, num_tests)[0] <= target_delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-9:
+            break
+    return lo
+
+
+def minimum_samples(target_delta: float, base_delta: float | None = None, num_tests: int = 1) -> int:
+    """Smallest ``m`` for which a procedure of ``num_tests`` tests can certify ``target_delta``.
+
+    With ``base_delta=None``: the smallest ``m`` for which some ``base_delta`` works (about
+    ``log(m num_tests) / target_delta``; Choquette-Choo et al. 2024: "about 1/delta samples are
+    the minimum"); else the minimum for verifying against that ``base_delta``.
+    """
+
+    def ok(m: int) -> bool:
+        if base_delta is None:
+            return base_delta_for_target(m, target_delta, num_tests) is not None
+        return overall_delta(m, base_delta, num_tests)[0] <= target_delta
+
+    hi = max(1, int(1.0 / target_delta))
+    while not ok(hi):
+        hi *= 2
+        if hi > 1 << 62:
+            raise ValueError("no sample count certifies this target_delta with this base_delta")
+    lo = hi // 2 if hi > 1 else 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def default_samples(target_delta: float, num_tests: int = DEFAULT_LADDER_RUNGS,
+                    base_fraction: float = 0.4) -> int:
+    """Smallest power of two (>= 2^16) whose ``base_delta >= base_fraction * target_delta`` for a
+    procedure of ``num_tests`` tests.  With the 8-rung ladder: 2^23 at ``delta = 1e-5``, 2^20 at
+    ``1e-3``."""
+    m = 1 << 16
+    while True:
+        base = base_delta_for_target(m, target_delta, num_tests)
+        if base is not None and base >= base_fraction * target_delta:
+            return m
+        m *= 2
+
+
+# --------------------------------------------------------------------------- the record
+
+
+@dataclasses.dataclass(frozen=True)
+class Certificate(ResultMixin):
+    """Outcome of an Estimate-Verify-Release procedure (one record for every procedure).
+
+    Attributes:
+      verified: a noise multiplier passed its test (both adjacency directions).
+      method: how the verification bounds the true delta: ``"importance_betting"`` (the
+        variance-reduced summands of :mod:`dpjax.montecarlo.importance`, each direction a betting
+        test of its mean against ``base_delta`` with a bet fixed before the draws) or
+        ``"bernoulli_kl"`` (the plain hockey-stick terms in ``[0, 1]``, the Hoeffding /
+        Bernoulli-KL bound).
+      procedure: ``"fixed"`` (one given noise multiplier) or ``"ladder"`` (a calibrated noise
+        multiplier, then a pre-committed ladder of noise multipliers on one verification sample).
+      epsilon: the certified epsilon.
+      delta: the certified delta ``tau * base_delta + failure_probability`` (``<= target_delta``)
+        if verified, else ``inf`` (nothing certified).
+      target_delta: requested.
+      base_delta: the threshold the estimate had to meet.
+      tau: the slack factor of the true delta that the failure probability covers.
+      failure_probability: the chance that the procedure releases a noise multiplier whose true
+        delta exceeds ``tau * base_delta``: ``num_tests`` times the one-test bound.
+      num_tests: tests the procedure can run (the union bound's count).
+      num_samples: samples of the verification (per test; the ladder's tests share one sample).
+      calibration_samples: samples of the independent calibration sample (0 for ``"fixed"``).
+      noise_multiplier: the noise multiplier the certificate is about: the released rung of a
+        ladder (``inf`` if none verified), the given one of a ``"fixed"`` test (certified only
+        if ``verified``).
+      noise_multiplier_estimate: the calibrated noise multiplier the procedure started from (the
+        given one for ``"fixed"``).
+      delta_estimate, standard_error: the verification estimate at the last tested noise
+        multiplier (max over directions) and its standard error.
+      delta_remove, delta_add: per-direction estimates there.
+      tests_run: tests run before the release (or all of them).
+      growth: ratio between consecutive ladder rungs (1 for ``"fixed"``).
+      range_remove, range_add: the proven upper bound of one summand per direction at the
+        released (or last tested) noise multiplier (1 for ``"bernoulli_kl"``).
+      reason: one line explaining the outcome.
+
+    ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`.
+    """
+
+    verified: bool
+    method: str
+    procedure: str
+    epsilon: float
+    delta: float
+    target_delta: float
+    base_delta: float
+    tau: float
+    failure_probability: float
+    num_tests: int
+    num_samples: int
+    calibration_samples: int
+    noise_multiplier: float
+    noise_multiplier_estimate: float
+    delta_estimate: float
+    standard_error: float
+    delta_remove: float
+    delta_add: float
+    tests_run: int
+    growth: float
+    range_remove: float
+    range_add: float
+    reason: str
+
+    def as_dict(self) -> dict:
+        """Alias of :meth:`to_dict`."""
+        return self.to_dict()
+
+
+# --------------------------------------------------------------------------- procedures
+
+
+def _plan(num_samples: int, target: float, num_tests: int):
+    base = base_delta_for_target(num_samples, target, num_tests)
+    if base is None:
+        need = minimum_samples(target, num_tests=num_tests)
+        raise ValueError(
+            f"num_samples = {num_samples} is too small to certify target_delta = {target:g} with "
+            f"{num_tests} test(s); need num_samples >= {need} (use ~{default_samples(target, num_tests)} "
+            f"to verify ~0.4 * target_delta)")
+    overall, tau, beta_total = overall_delta(num_samples, base, num_tests)
+    return base, overall, tau, beta_total
+
+
+def _certify_fixed_kl(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
+                      num_samples: int, key, *, chunk_size=None, devices=None) -> Certificate:
+    sigma, eps, target, m = float(noise_multiplier), float(epsilon), float(target_delta), int(num_samples)
+    base, overall, tau, beta = _plan(m, target, 1)
+    est = accountant.estimate(sigma, np.array([eps]), m, key, chunk_size=chunk_size, devices=devices)
+    d_hat = float(est.delta[0])
+    verified = d_hat <= base
+    if verified:
+        reason = (f"verified: delta_hat = {d_hat:.4g} <= base_delta = {base:.4g} with {m} samples; "
+                  f"(eps, tau*base_delta + beta) = ({eps:g}, {overall:.4g})")
+    else:
+        reason = (f"not verified: delta_hat = {d_hat:.4g} > base_delta = {base:.4g}; nothing certified "
+                  "(raise noise_multiplier, epsilon or num_samples)")
+    return Certificate(
+        verified=bool(verified), method="bernoulli_kl", procedure="fixed", epsilon=eps,
+        delta=float(overall) if verified else math.inf, target_delta=target, base_delta=float(base),
+        tau=float(tau), failure_probability=float(beta), num_tests=1, num_samples=m,
+        calibration_samples=0, noise_multiplier=sigma, noise_multiplier_estimate=sigma, delta_estimate=d_hat,
+        standard_error=float(est.standard_error[0]), delta_remove=float(est.delta_remove[0]),
+        delta_add=float(est.delta_add[0]), tests_run=1, growth=1.0, range_remove=1.0, range_add=1.0,
+        reason=reason)
+
+
+@functools.lru_cache(maxsize=32)
+def _calibration_fn(num_samples: int):
+    import jax
+
+    from dpjax.calibration.montecarlo import NewtonIllinois, calibrate_on_draws
+    from dpjax.calibration.root import StopGradientAdjoint
+
+    def run(gram, eps, base, key, sigma0):
+        return calibrate_on_draws(gram, eps, base, key=key, num_samples=num_samples,
+                                  solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
+                                  initial_noise=sigma0, precompute=False)
+
+    return jax.jit(run)
+
+
+def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float, num_samples: int, key,
+                       initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
+                       growth: float = DEFAULT_LADDER_GROWTH,
+                       calibration_samples: int | None = None) -> Certificate:
+    """The ``"bernoulli_kl"`` ladder of :func:`certify_noise` (plain draws, arguments validated)."""
+    import jax
+    import jax.numpy as jnp
+
+    from dpjax.montecarlo.core import as_prng_key
+
+    eps, target, m = float(target_epsilon), float(target_delta), int(num_samples)
+    m_cal = max(1, m // 4) if calibration_samples is None else int(calibration_samples)
+    base, overall, tau, beta_total = _plan(m, target, rungs)
+    key = as_prng_key(key)
+    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    sigma0_guess = accountant.sensitivity if initial_noise is None else float(initial_noise)
+    with jax.enable_x64(True):
+        res = _calibration_fn(m_cal)(jnp.asarray(accountant.gram), eps, base, key_cal, sigma0_guess)
+    sigma0 = float(res.root)
+    if not math.isfinite(sigma0):
+        raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
+                         "multiplier in the search range")
+    released, est, tries = math.inf, None, 0
+    for j in range(rungs):
+        sigma = sigma0 * growth ** j
+        tries = j + 1
+        est = accountant.estimate(sigma, np.array([eps]), m, key_ver)
+        if float(est.delta[0]) <= base:
+            released = sigma
+            break
+    verified = math.isfinite(released)
+    d_hat = float(est.delta[0])
+    if verified:
+        reason = (f"verified: delta_hat = {d_hat:.4g} <= base_delta = {base:.4g} at sigma = {released:.6g} "
+                  f"(rung {tries} of {rungs}) with {m} independent samples; "
+                  f"(eps, tau*base_delta + {rungs}*beta) = ({eps:g}, {overall:.4g})")
+    else:
+        reason = (f"not verified: delta_hat = {d_hat:.4g} > base_delta = {base:.4g} at every rung up to "
+                  f"sigma = {sigma0 * growth ** (rungs - 1):.6g}; nothing certified")
+    return Certificate(
+        verified=bool(verified), method="bernoulli_kl", procedure="ladder", epsilon=eps,
+        delta=float(overall) if verified else math.inf, target_delta=target, base_delta=float(base),
+        tau=float(tau), failure_probability=float(beta_total), num_tests=rungs, num_samples=m,
+        calibration_samples=m_cal, noise_multiplier=released, noise_multiplier_estimate=sigma0,
+        delta_estimate=d_hat, standard_error=float(est.standard_error[0]),
+        delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]), tests_run=tries,
+        growth=growth, range_remove=1.0, range_add=1.0, reason=reason)
+
+
+# --------------------------------------------------------------------------- betting (variance-reduced)
+#
+# The summands X of :mod:`dpjax.montecarlo.importance` are i.i.d., unbiased for one direction's
+# delta, and lie in [0, R] with R proven by :func:`~dpjax.montecarlo.importance.summand_range`.
+# Test of "delta <= level" with a bet lam in [0, 1/(R - level)) fixed before the draws (Waudby-Smith
+# & Ramdas 2023, "Estimating means of bounded random variables by betting", the wealth process):
+# pass iff  sum_s log(1 + lam (level - X_s)) >= log(1/beta).  Each factor is >= 0 (X <= R), and if
+# delta > level its expectation is 1 + lam (level - delta) <= 1, so the product of the
+# independent factors has expectation <= 1 and Markov's inequality bounds the chance of passing
+# by beta.  A direction whose R is at most the level needs no test: delta = E[X] <= R <= level.
+
+#: Share of the target delta given to the failure probability of the whole procedure.
+DEFAULT_FAILURE_FRACTION = 0.005
+#: Ratio between rungs of the variance-reduced ladder (8 rungs cover +2.8%).
+DEFAULT_BETTING_GROWTH = 1.004
+#: Bets per direction evaluated on the calibration sample to choose the bet (a grid of
+#: fractions of the largest admissible bet).
+_BET_GRID = np.geomspace(1e-4, 0.999, 48)
+#: Mixture weights of the range component the certificate chooses from (on the calibration
+#: sample).  The proven range falls about as 1 / weight, the low-variance component keeps
+#: 0.95 - weight: where the range binds (the betting cap 1 / (R - level)) a large weight pays.
+_RANGE_WEIGHTS = (0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9)
+#: Sample counts the variance-reduced certificate chooses from when none is given.
+DEFAULT_BETTING_SAMPLES = (1 << 16, 1 << 22)
+#: Allowance for the sampler (Box-Muller radii truncated at mass 2^-53 per pair, 52-bit uniforms;
+#: :mod:`dpjax.montecarlo._normal`): ``(b + 2) 2^-52`` per sample times the largest summand any
+#: proposal with the defensive weight 0.05 can produce (20).  Subtracted from the tested level.
+def _sampler_allowance(b: int) -> float:
+    return (b + 2) * 2.0 ** -52 * 20.0
+
+
+def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float) -> float:
+    """Predicted largest true mean (at the pilot's relative variance) that the betting test at
+    ``level`` passes with ``n`` samples, a 15% wealth margin and the best admissible bet
+    (second-order expansion of ``log(1 + x)``); 0 if none.  Planning only: never a bound."""
+    if rng <= level:
+        return level
+    rel = var / mean ** 2 if mean > 0 and var > 0 else math.inf
+    cap = 0.5 / (rng - level)
+
+    def wealth(mu):
+        v = rel * mu * mu if math.isfinite(rel) else rng * mu
+        gap = level - mu
+        lam = min(gap / (v + gap * gap), cap)
+        return n * (lam * gap - 0.5 * lam * lam * (v + gap * gap))
+
+    lo, hi = 0.0, level
+    if wealth(0.0) < 1.15 * log_inv_beta:
+        return 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if wealth(mid) >= 1.15 * log_inv_beta else (lo, mid)
+    return lo
+
+
+@functools.lru_cache(maxsize=32)
+def _importance_calibration_fn(num_samples: int):
+    import jax
+
+    from dpjax.calibration.montecarlo import NewtonIllinois, calibrate_on_draws
+    from dpjax.calibration.root import StopGradientAdjoint
+
+    def run(gram, eps, key, sigma0, proposal, scale):
+        return calibrate_on_draws(gram, eps, 1.0, key=key, num_samples=num_samples,
+                                  solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
+                                  initial_noise=sigma0, proposal=proposal, direction_scale=scale)
+
+    return jax.jit(run)
+
+
+def _sums(accountant, sigma, eps, key, n, proposal, bets=None, level=None, devices=None):
+    """Sums over ``n`` variance-reduced draws; bets always padded to ``(2, 1, len(_BET_GRID))``
+    so that one compiled program serves every call with the same ``n``."""
+    import jax.numpy as jnp
+
+    from dpjax.montecarlo.importance import sharded_importance_sums
+
+    padded = np.zeros((2, 1, _BET_GRID.size))
+    if bets is not None:
+        padded[:, :, : np.shape(bets)[-1]] = bets
+    with _x64():
+        out = sharded_importance_sums(jnp.asarray(accountant.gram), sigma, jnp.array([eps]), key, n, proposal,
+                                      jnp.asarray(padded), jnp.array([0.0 if level is None else level]),
+                                      devices=devices)
+        return {k: np.asarray(v) for k, v in out._asdict().items()}
+
+
+def _betting_test(accountant, sigma, eps, key, n, proposal, bets, level, log_inv_beta, ranges, devices=None):
+    """One test (both directions) at ``sigma``: pass iff each direction's log-wealth with its bet
+    reaches ``log_inv_beta`` (or its range is at most ``level``).  Returns ``(passed, sums)``."""
+    lam = np.array([[[bets[d] if ranges[d] > level else 0.0]] for d in range(2)])
+    out = _sums(accountant, sigma, eps, key, n, proposal, bets=lam, level=level, devices=devices)
+    wealth = out["log_wealth"][:, 0, 0]
+    passed = all(ranges[d] <= level or (np.isfinite(wealth[d]) and wealth[d] >= log_inv_beta) for d in range(2))
+    return passed, out
+
+
+def _x64():
+    import jax
+
+    return jax.enable_x64(True)
+
+
+def _moments(sums, n):
+    mean = sums["total"][:, 0] / n
+    var = np.maximum(sums["total_sq"][:, 0] / n - mean * mean, 0.0) * (n / max(n - 1, 1))
+    return mean, var
+
+
+def _calibrate_is(accountant, eps, key, m, sigma0, proposal, scale):
+    import jax.numpy as jnp
+
+    with _x64():
+        res = _importance_calibration_fn(m)(jnp.asarray(accountant.gram), eps, key, sigma0, proposal,
+                                            jnp.asarray(scale, jnp.float64))
+    return float(res.root)
+
+
+@functools.lru_cache(maxsize=1)
+def _proposal_fn():
+    import jax
+
+    from dpjax.montecarlo.importance import default_proposal
+
+    return jax.jit(lambda g, s, e, w: default_proposal(g, s, e, range_weight=w))
+
+
+def _proposal(accountant, sigma, eps, range_weight):
+    with _x64():
+        p = _proposal_fn()(accountant.gram, float(sigma), float(eps), float(range_weight))
+        return type(p)(*(np.asarray(x) for x in p))
+
+
+def _bets_for(ranges, level, fractions):
+    """Admissible bets ``fraction / (R - level)`` per direction (inf-range directions: 0)."""
+    out = np.zeros((2, 1, len(fractions)))
+    for d in range(2):
+        if math.isfinite(ranges[d]) and ranges[d] > level:
+            out[d, 0, :] = np.asarray(fractions) / (ranges[d] - level)
+    return out
+
+
+def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initial_noise, rungs, growth,
+                            calibration_samples, failure_fraction, devices=None) -> Certificate:
+    import jax
+
+    from dpjax.montecarlo.core import as_prng_key
+    from dpjax.montecarlo.importance import summand_range
+
+    b = accountant.gram.shape[0]
+    beta_total = failure_fraction * target
+    log_inv_beta = math.log(rungs / beta_total)
+    key = as_prng_key(key)
+    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    n = num_samples
+    m_cal = calibration_samples or (max(1 << 14, n // 4) if n else 1 << 17)
+    level0 = target - beta_total
+    # 1. Calibration sample: place the proposal near the answer (two rounds: the proposal's shifts
+    #    are chosen at a noise multiplier, then the estimate is solved with it).
+    sigma = accountant.sensitivity if initial_noise is None else float(initial_noise)
+    for _ in range(2 if initial_noise is not None else 3):
+        prop = _proposal(accountant, sigma, eps, 0.3)
+        sigma = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, (1 / level0, 1 / level0))
+        if not math.isfinite(sigma):
+            raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
+                             "multiplier in the search range")
+    # 2. Mixture weight of the range component and the sample count, from the calibration
+    #    sample's relative variance (planning only).
+    mean_cal, var_cal = _moments(_sums(accountant, sigma, eps, key_cal, m_cal, prop, devices=devices), m_cal)
+    sizes = [n] if n else [1 << k for k in range(16, 23)]
+    plans = []   # (needed reduction of the binding direction's delta, size, weight, mus, level)
+    for w in _RANGE_WEIGHTS:
+        rng = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w))
+        level = level0 - _sampler_allowance(b)
+        inflate = (0.95 - 0.3) / (0.95 - w)   # the low-variance component's share changes with w
+        for size in sizes:
+            mus = [_betting_margin(mean_cal[d], var_cal[d] * inflate, rng[d], level, size, log_inv_beta)
+                   for d in range(2)]
+            need = max(mean_cal[d] / max(mus[d], 1e-300) for d in range(2))
+            plans.append((need, size, w, mus, level))
+    good = [p for p in plans if p[0] <= 1.1]
+    if good:   # the smallest size predicted to release within 10% in delta, its best weight
+        size = min(p[1] for p in good)
+        best = min((p for p in good if p[1] == size), key=lambda p: p[0])
+    else:
+        size = max(sizes)
+        best = min((p for p in plans if p[1] == size), key=lambda p: p[0])
+    need, n, w, mus, level = best
+    prop = _proposal(accountant, sigma, eps, w)
+    if not math.isfinite(need) or min(mus) <= 0.0:
+        # Not even an all-zero sample would pass: n log(1 + level / (R - level)) < log(K / beta)
+        # (with the planning margin) for the smallest range any weight gives.
+        worst = min(max(summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w)))
+                    for w in _RANGE_WEIGHTS)
+        required = int(math.ceil(2.3 * log_inv_beta * max(worst - level, 0.0) / level))
+        raise ValueError(
+            f"num_samples = {n} cannot certify target_delta = {target:g} at epsilon = {eps:g}: the "
+            f"variance-reduced summands are only proven to be <= {worst:.3g} here, and a betting test "
+            f"needs about num_samples >= {required} to pass even at a zero estimate; pass more samples or "
+            "method='bernoulli_kl'")
+    # 3. Aim sigma_0 at the predicted passing means (each direction scaled to its own).
+    scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
+    sigma0 = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, scale)
+    if not math.isfinite(sigma0):
+        raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
+                         "multiplier in the search range")
+    # 4. The bet of each direction: the best of a grid on the calibration sample at sigma_0.
+    rng0 = summand_range(accountant.gram, sigma0, eps, prop)
+    grid = _bets_for(rng0, level, _BET_GRID)
+    pilot = _sums(accountant, sigma0, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
+    bet = np.array([grid[d, 0, pick[d]] for d in range(2)])
+    # 5. Verify the pre-committed ladder on the independent verification sample.
+    released, tries, last = math.inf, 0, None
+    for j in range(rungs):
+        sig = sigma0 * growth ** j
+        tries = j + 1
+        rng = summand_range(accountant.gram, sig, eps, prop)
+        lam = [min(bet[d] if bet[d] > 0 else 0.5 / (rng[d] - level), 0.999 / (rng[d] - level))
+               if rng[d] > level else 0.0 for d in range(2)]
+        passed, out = _betting_test(accountant, sig, eps, key_ver, n, prop, lam, level, log_inv_beta, rng,
+                                    devices=devices)
+        last = (sig, rng, out)
+        if passed:
+            released = sig
+            break
+    sig, rng, out = last
+    mean, var = _moments(out, n)
+    se = np.sqrt(var / n)
+    top = int(np.argmax(mean))
+    delta = level + beta_total + _sampler_allowance(b)
+    verified = math.isfinite(released)
+    if verified:
+        reason = (f"verified: betting tests of both directions against {level:.4g} passed at sigma = {released:.6g} "
+                  f"(rung {tries} of {rungs}) with {n} independent variance-reduced samples "
+                  f"(estimate {mean[top]:.4g} +- {se[top]:.2g}, summands <= {max(rng):.3g}); "
+                  f"(eps, level + failure probability) = ({eps:g}, {delta:.4g})")
+    else:
+        reason = (f"not verified: a betting test failed at every rung up to sigma = {sig:.6g} "
+                  f"(estimate {mean[top]:.4g} +- {se[top]:.2g} against {level:.4g}); nothing certified")
+    return Certificate(
+        verified=bool(verified), method="importance_betting", procedure="ladder", epsilon=eps,
+        delta=float(delta) if verified else math.inf, target_delta=target, base_delta=float(level), tau=1.0,
+        failure_probability=float(beta_total), num_tests=rungs, num_samples=int(n), calibration_samples=int(m_cal),
+        noise_multiplier=released, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
+        standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=tries,
+        growth=growth, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason)
+
+
+# --------------------------------------------------------------------------- public procedures
+
+#: Certificate methods: ``"importance_betting"`` (default) and ``"bernoulli_kl"``.
+METHODS = ("importance_betting", "bernoulli_kl")
+DEFAULT_METHOD = "importance_betting"
+
+
+def _method(method) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
+                  num_samples: int, key, *, chunk_size=None, devices=None,
+                  method: str = "bernoulli_kl", failure_probability: float | None = None) -> Certificate:
+    """One test: is ``(epsilon, target_delta)`` certified for the given noise multiplier?
+
+    The implementation of :meth:`dpjax.montecarlo.BallsInBins.certify` (arguments validated
+    there).  ``num_tests = 1``: the noise multiplier is fixed before the draws.  ``method``:
+    ``"bernoulli_kl"`` (``num_samples`` plain draws from ``key``) or ``"importance_betting"``
+    (the bet chosen on ``num_samples // 4`` draws from ``fold_in(key, 0)``, the test on
+    ``num_samples`` draws from ``fold_in(key, 1)``; ``failure_probability``, default
+    ``0.005 target_delta``, is the test's ``beta``: the level is ``target_delta - beta``).
+    """
+    if _method(method) == "bernoulli_kl":
+        return _certify_fixed_kl(accountant, noise_multiplier, epsilon, target_delta, num_samples, key,
+                                 chunk_size=chunk_size, devices=devices)
+    import jax
+
+    from dpjax.montecarlo.core import as_prng_key
+    from dpjax.montecarlo.importance import summand_range
+
+    sigma, eps, target, n = float(noise_multiplier), float(epsilon), float(target_delta), int(num_samples)
+    b = accountant.gram.shape[0]
+    beta = DEFAULT_FAILURE_FRACTION * target if failure_probability is None else float(failure_probability)
+    if not 0.0 < beta < target:
+        raise ValueError(f"failure_probability must be in (0, target_delta) = (0, {target:g}), got {beta!r}")
+    key = as_prng_key(key)
+    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    prop = _proposal(accountant, sigma, eps, 0.3)
+    rng = summand_range(accountant.gram, sigma, eps, prop)
+    level = target - beta - _sampler_allowance(b)
+    grid = _bets_for(rng, level, _BET_GRID)
+    m_cal = max(1 << 12, n // 4)
+    pilot = _sums(accountant, sigma, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
+    lam = [grid[d, 0, pick[d]] for d in range(2)]
+    verified, out = _betting_test(accountant, sigma, eps, key_ver, n, prop, lam, level, math.log(1 / beta), rng,
+                                  devices=devices)
+    mean, var = _moments(out, n)
+    se = np.sqrt(var / n)
+    top = int(np.argmax(mean))
+    delta = level + beta + _sampler_allowance(b)
+    reason = ((f"verified: betting tests of both directions against {level:.4g} passed with {n} variance-reduced "
+               f"samples; (eps, level + beta) = ({eps:g}, {delta:.4g})") if verified else
+              (f"not verified: estimate {mean[top]:.4g} +- {se[top]:.2g} does not pass the betting test against "
+               f"{level:.4g}; nothing certified (raise noise_multiplier, epsilon or num_samples)"))
+    return Certificate(
+        verified=bool(verified), method="importance_betting", procedure="fixed", epsilon=eps,
+        delta=float(delta) if verified else math.inf, target_delta=target, base_delta=float(level), tau=1.0,
+        failure_probability=float(beta), num_tests=1, num_samples=n, calibration_samples=m_cal,
+        noise_multiplier=sigma, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
+        standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=1,
+        growth=1.0, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason)
+
+
+def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num_samples: int | None = None,
+                  key, initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
+                  growth: float | None = None, calibration_samples: int | None = None,
+                  method: str = DEFAULT_METHOD, failure_fraction: float = DEFAULT_FAILURE_FRACTION,
+                  devices=None) -> Certificate:
+    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`)
+    at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
+
+    Procedure (Choquette-Choo et al. 2024, §5.2: certify ``delta`` through a verified smaller
+    level); the calibration sample comes from ``fold_in(key, 0)``, the verification sample from
+    ``fold_in(key, 1)``:
+
+    1. ``sigma_0``: the estimate on the calibration sample (``calibration_samples`` draws, default
+       ``num_samples // 4``) solved at the level the verification is predicted to pass.  Everything
+       the verification uses -- ``sigma_0``, the ladder, the proposal, the bets, the sample count
+       -- is fixed here, before the verification sample is drawn.
+    2. The ladder ``sigma_j = sigma_0 growth^j``, ``j < rungs``: the first rung whose tests pass
+       (both adjacency directions) on the verification sample (``num_samples`` draws) is released.
+    3. ``rungs`` tests, union bound: ``"bernoulli_kl"`` releases
+       ``(eps, tau base_delta + rungs beta)``, ``base_delta`` the largest value within the target
+       (:func:`overall_delta`); ``"importance_betting"`` gives the whole procedure the failure
+       probability ``failure_fraction * target_delta`` (``beta`` per rung) and tests each
+       direction's variance-reduced mean against ``level = target_delta (1 - failure_fraction)``
+       (less the sampler's ``2^-52``-scale allowance), releasing ``(eps, level + failure probability)``.
+
+    The true delta is non-increasing in ``sigma`` (more noise is post-processing), so the
+    released rung is never worse than any bad rung it passed over.  If no rung verifies, the
+    certificate says so (``verified = False``, ``noise_multiplier = inf``).
+
+    Args:
+      num_samples: verification samples (``None``: ``"bernoulli_kl"`` the smallest power of two
+        whose base delta is 0.4 target (:func:`default_samples`); ``"importance_betting"`` the
+        smallest power of two in ``[2^16, 2^22]`` predicted (from the calibration sample) to
+        release within 3% of the calibration estimate).
+      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``, 1.004 otherwise).
+      method: ``"importance_betting"`` (default) or ``"bernoulli_kl"``.
+
+    Raises:
+      ValueError: ``num_samples`` below what can certify ``target_delta`` (``"bernoulli_kl"``,
+        says the minimum); a target no noise multiplier in the search range reaches.
+    """
+    eps = float(_validate.positive("target_epsilon", target_epsilon))
+    target = float(_validate.probability_open("target_delta", target_delta))
+    rungs = _validate.positive_int("rungs", rungs)
+    method = _method(method)
+    if num_samples is not None:
+        num_samples = _validate.positive_int("num_samples", num_samples)
+    if calibration_samples is not None:
+        calibration_samples = _validate.positive_int("calibration_samples", calibration_samples)
+    if growth is None:
+        growth = DEFAULT_LADDER_GROWTH if method == "bernoulli_kl" else DEFAULT_BETTING_GROWTH
+    growth = float(_validate.positive("growth", growth))
+    if not growth > 1.0:
+        raise ValueError(f"growth must be > 1, got {growth}")
+    if method == "bernoulli_kl":
+        if num_samples is None:
+            num_samples = default_samples(target, rungs)
+        return _certify_ladder_kl(accountant, target_epsilon=eps, target_delta=target, num_samples=num_samples,
+                                  key=key, initial_noise=initial_noise, rungs=rungs, growth=growth,
+                                  calibration_samples=calibration_samples)
+    failure_fraction = float(_validate.probability_open("failure_fraction", failure_fraction))
+    if failure_fraction >= 0.5:
+        raise ValueError(f"failure_fraction must be < 0.5, got {failure_fraction}")
+    return _certify_ladder_betting(accountant, eps=eps, target=target, num_samples=num_samples, key=key,
+                                   initial_noise=initial_noise, rungs=rungs, growth=growth,
+                                   calibration_samples=calibration_samples, failure_fraction=failure_fraction,
+                                   devices=devices)
