@@ -191,6 +191,10 @@ class Gaussian:
         return LossCDFs(*_np_normal_cdf_sf((y - mu) / r), *_np_normal_cdf_sf((y + mu) / r))
 
 
+# The means of the two Gaussians of a Poisson-subsampled Gaussian (sensitivity 1).
+_MEANS = np.array([0.0, 1.0])
+
+
 # --------------------------------------------------------------------------------------------
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -246,8 +250,10 @@ class PoissonSubsampledGaussian:
         remove = np.array([d == "remove" for d in directions]).reshape(shape)
         # remove: {Y <= y} = {X <= x(y)};  add: Y = -l(X), {Y <= y} = {l(X) >= -y} = {X >= x(-y)}.
         x, s, q = self._x_of_loss(jnp.where(remove, y, -y))
-        # a: N(0, s^2), b: N(1, s^2); both normal CDFs in one erfc call.
-        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf(jnp.stack([x / s, (x - 1.0) / s]))
+        # a: N(0, s^2), b: N(1, s^2); both normal CDFs in one erfc call.  ``x`` broadcast against
+        # the two means rather than stacked: XLA fuses a stack's operands into the concatenation,
+        # which evaluated the inverse loss (a log and an expm1 per point) once for each mean.
+        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf((x[None] - _MEANS.reshape((2,) + (1,) * x.ndim)) / s)
         mix_le = (1.0 - q) * a_le + q * b_le
         mix_gt = (1.0 - q) * a_gt + q * b_gt
         # remove: P is the mixture, Q = N(0, s^2).  add: the pair swapped, and the event is
