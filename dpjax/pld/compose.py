@@ -162,7 +162,9 @@ def _log_mgf(pmf, y, lambdas):
     inner_exp = lambdas[:, None] * (jnp.arange(b) * dx)[None, :]             # (L, b)
     inner_ok = jnp.all(inner_exp < 700.0, axis=1)                           # else K = inf
     E = jnp.exp(jnp.minimum(inner_exp, 700.0))
-    S = jnp.sum(pmf.reshape(1, -1, b) * E[:, None, :], axis=2)               # (L, m/b)
+    # A (L, b) x (b, m/b) matrix product (XLA:CPU runs it ~5x faster than the same sums written
+    # as a broadcast multiply and a reduction).
+    S = jnp.dot(E, pmf.reshape(-1, b).T, precision=jax.lax.Precision.HIGHEST)  # (L, m/b)
     outer = jnp.exp(lambdas[:, None] * (y[::b] - ref)[None, :])              # (L, m/b)
     # An empty block times an overflowed exponential is 0 * inf: it contributes nothing.
     terms = jnp.where(S > 0, S * outer, 0.0)
@@ -183,6 +185,13 @@ def _window_start(l, h, dx, n):
     centre = 0.5 * (h + l)
     centre = jnp.where(jnp.isfinite(centre), centre, 0.0)
     return jnp.floor(centre / dx).astype(jnp.int64) - n // 2
+
+
+def _largest_negative_excursion(r):
+    """``max_t max(-r_t, 0)``, written as ``max(-min_t r_t, 0)`` (the same value, NaN included):
+    one plain reduction over ``r`` (XLA:CPU ran the elementwise form against a materialized
+    array of zeros)."""
+    return jnp.maximum(-jnp.min(r), 0.0)
 
 
 def _tails(log_mgf, lambdas, w_lo, dx, n):
@@ -401,7 +410,6 @@ def compose_directions(
         w_lo = _window_start(l, h, dx, n)
         idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
         r = circ[idx]
-        neg_part = jnp.maximum(-r, 0.0)
         above, below = _tails(K, lam, w_lo, dx, n)
         # Per-bin noise floor (see the module docstring): every bin may carry the largest
         # negative excursion seen, and, for the lower bound, the a-priori positive bias
@@ -409,7 +417,7 @@ def compose_directions(
         # of either sign; a positive offset is invisible in the negative bins).  Applied per
         # bin rather than as ``n`` times the floor on delta: only bins above epsilon then
         # count (a tail-aware allowance, what makes deltas of 1e-12 certifiable).
-        nu = jnp.max(neg_part)
+        nu = _largest_negative_excursion(r)
         r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0))
         # (Negative bins need no extra term: the clipped bin plus nu is >= the computed value.)
         roundoff = truncation
@@ -442,7 +450,7 @@ def compose_directions(
         s = jnp.where((log_s <= 600.0) & (y >= valid_from), jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
         # Per-bin noise floor, as in ``window``, in the tilted domain (relative to the tilted
         # PMF's largest bins), then untilted with the bin: tiny in the tail.
-        nu = jnp.max(jnp.maximum(-r, 0.0))
+        nu = _largest_negative_excursion(r)
         r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
         # exp(Kt - lam y): Kt = fl(sum_k c_k K_k) carries an absolute error <= num_terms u sum |c_k K_k|.
         rel_untilt = 2.0 * _U * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
