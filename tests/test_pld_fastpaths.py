@@ -3,7 +3,7 @@
 * ``convert.epsilon`` (block search, only one block's suffix sums) equals ``eps_at(table(...))``
   (all suffix sums) on random PMFs: same segment, same closed form, so agreement to round-off;
   a broken PMF gives ``inf`` (upper) / ``0`` (lower), never a finite number.
-* ``compose._log_mgf`` (blocked: 16 exponentials shared per block) equals the direct sum: the
+* ``compose._log_mgf`` (blocked: 64 exponentials shared per block) equals the direct sum: the
   wrap-around bounds are built on it, so it must not drop below the exact value beyond rounding.
 * ``compose_directions`` (both directions batched) equals ``compose`` run per direction.
 * The planner's vectorized erfc (probe only, never a reported bound) is within 1.2e-7 relative

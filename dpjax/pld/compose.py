@@ -140,27 +140,29 @@ def _check_kinds(kinds) -> tuple[str, ...]:
     return kinds
 
 
-# Block length of the log-MGF evaluation (see ``_log_mgf``): m is 2^k or 3 * 2^k >= 64.
-_MGF_BLOCK = 16
+# Block length of the log-MGF evaluation (see ``_log_mgf``; the largest of these dividing m).
+_MGF_BLOCKS = (64, 32, 16)
 
 
 def _log_mgf(pmf, y, lambdas):
     """``K(lam) = log sum_i pmf_i e^{lam y_i}`` for every ``lam`` in one pass (``y`` a grid).
 
-    The sum is split by blocks of ``_MGF_BLOCK`` consecutive grid points, ``y_i = y_b + j dx``:
+    The sum is split by blocks of ``b = 64`` (or 32, 16) consecutive grid points, ``y_i = y_b + j dx``:
     ``sum_b e^{lam (y_b - ref)} S_b(lam)`` with ``S_b(lam) = sum_j pmf_{b,j} e^{lam j dx}`` (a
-    multiply-add with 16 shared exponentials), so only ``m / 16`` exponentials per ``lam`` are taken instead of
-    ``m`` (the elementwise exponentials were the costliest part of it).  ``ref`` is the PMF's
-    mean (keeps exponents in range).  Overflow gives ``K = inf`` (a trivial, sound bound);
-    terms that underflow are covered by adding 1e-300 to the sum, so ``K`` never drops below
-    the exact value beyond float64 rounding.
+    matrix product with ``b`` shared exponentials), so only ``m / b`` exponentials per ``lam`` are
+    taken instead of ``m`` (the elementwise exponentials were the costliest part of it).  ``ref``
+    is the PMF's mean (keeps exponents in range).  Overflow gives ``K = inf`` (a trivial, sound
+    bound), and so does a ``lam`` whose shared exponentials ``e^{lam j dx}`` would leave
+    ``[e^-700, e^700]`` (``|lam| dx > 11`` for ``b = 64``, far outside the planner's range); terms that
+    underflow are covered by adding 1e-300 to the sum, so ``K`` never drops below the exact
+    value beyond float64 rounding.
     """
     m = pmf.shape[-1]
-    b = _MGF_BLOCK if m % _MGF_BLOCK == 0 else 1
+    b = next((c for c in _MGF_BLOCKS if m % c == 0), 1)
     dx = y[1] - y[0] if m > 1 else jnp.zeros(())
     ref = jnp.sum(pmf * y) / jnp.maximum(jnp.sum(pmf), 1e-300)
     inner_exp = lambdas[:, None] * (jnp.arange(b) * dx)[None, :]             # (L, b)
-    inner_ok = jnp.all(inner_exp < 700.0, axis=1)                           # else K = inf
+    inner_ok = jnp.all(jnp.abs(inner_exp) < 700.0, axis=1)                  # else K = inf
     E = jnp.exp(jnp.minimum(inner_exp, 700.0))
     # A (L, b) x (b, m/b) matrix product (XLA:CPU runs it ~5x faster than the same sums written
     # as a broadcast multiply and a reduction).
