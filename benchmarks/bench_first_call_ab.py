@@ -126,8 +126,9 @@ def measure(mode, name, root, calls):
 
 
 def summarize(rows, sides, names):
-    """Per case and revision: medians over repeats, spread, and the ratio against the revision
-    before it in ``sides`` (its steady state / this one's: > 1 means this one is faster)."""
+    """Per case and revision: medians over repeats, spread, and per repeat the ratio against the
+    revision before it in ``sides`` and against the first (its time / this one's: > 1 means this
+    one is faster), with the largest change of the value."""
     out = []
     for name in names:
         for i, side in enumerate(sides):
@@ -139,14 +140,18 @@ def summarize(rows, sides, names):
                 vals = [r[key] for r in mine]
                 s[key] = dict(median=statistics.median(vals), min=min(vals), max=max(vals))
             s["value"] = mine[0]["value"]
-            if i > 0:
-                prev = {r["rep"]: r for r in rows if r["name"] == name and r["side"] == sides[i - 1]}
-                pairs = [(prev[r["rep"]], r) for r in mine if r["rep"] in prev]
+            for tag, j in (("previous", i - 1), ("first", 0)):
+                if i == 0 or (tag == "first" and i == 1):
+                    continue
+                other = {r["rep"]: r for r in rows if r["name"] == name and r["side"] == sides[j]}
+                pairs = [(other[r["rep"]], r) for r in mine if r["rep"] in other]
+                if not pairs:
+                    continue
                 for key in ("steady_s", "steady_cpu_s", "first_s"):
                     ratios = [p[key] / r[key] for p, r in pairs]
-                    s[f"{key}_ratio_vs_previous"] = dict(median=statistics.median(ratios), min=min(ratios),
-                                                         max=max(ratios), per_repeat=ratios)
-                s["max_abs_value_change_vs_previous"] = max(abs(p["value"] - r["value"]) for p, r in pairs)
+                    s[f"{key}_ratio_vs_{tag}"] = dict(median=statistics.median(ratios), min=min(ratios),
+                                                      max=max(ratios), per_repeat=ratios)
+                s[f"max_abs_value_change_vs_{tag}"] = max(abs(p["value"] - r["value"]) for p, r in pairs)
             out.append(s)
     return out
 
