@@ -31,7 +31,7 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
-from dpjax.pld.compose import Group, compose_directions
+from dpjax.pld.compose import Group, compose_directions, lattice_groups
 from dpjax._results import ResultMixin
 from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
@@ -302,7 +302,8 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     through :func:`dpjax.pld.cache.exported_call` (a serialized program when the persistent
     cache is on), the tilted tail pass included."""
     common = tuple(max(m[gi] for m in ms) for gi in range(len(ms[0])))
-    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq)
+    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq,
+                  lattice=lattice_groups(groups, directions, dx, common))
     args = (groups, dx, lambdas, log_tau, deltas, epsilons)
     if tilted:
         if exported:
@@ -317,9 +318,9 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     return _program_jit(*args, **static)
 
 
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted", "lattice"))
 def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-                 tilted=False, tilt=None, tilt_from=None):
+                 tilted=False, tilt=None, tilt_from=None, lattice=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled).
 
@@ -332,7 +333,7 @@ def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, 
     ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
     outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
                               ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt,
-                              tilt_from=tilt_from)
+                              tilt_from=tilt_from, lattice=lattice)
     per_kind = []
     for kind in kinds:
         stacked = getattr(outs, kind)
@@ -346,13 +347,14 @@ def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, 
     return jnp.stack(per_kind, axis=1)
 
 
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "lattice"))
 def _tilted_program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, tilt, tilt_from, *, directions, ms, n, kinds,
-                        want, n_freq=None):
+                        want, n_freq=None, lattice=None):
     """:func:`_program_jit` in its tilted mode with ``tilt``/``tilt_from`` positional (the form
     :func:`dpjax.pld.cache.exported_call` serializes)."""
     return _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, directions=directions, ms=ms, n=n,
-                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from)
+                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from,
+                        lattice=lattice)
 
 
 def _unpack(flat, directions, kinds, shape):
