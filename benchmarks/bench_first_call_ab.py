@@ -156,6 +156,28 @@ def summarize(rows, sides, names):
     return out
 
 
+def attribution(summary, sides, names):
+    """The chain as a table: per revision (after the first), the change of each case against the
+    revision before it (steady-state and CPU-time ratios, median over repeats; < 1: slower)."""
+    table = []
+    for side in sides[1:]:
+        rows = {s["name"]: s for s in summary if s["side"] == side}
+        if not rows:
+            continue
+        entry = dict(revision=next(iter(rows.values()))["revision"])
+        for name in names:
+            s = rows.get(name)
+            if s is None or "steady_s_ratio_vs_previous" not in s:
+                continue
+            entry[name] = dict(steady_ms=round(1e3 * s["steady_s"]["median"], 2),
+                               steady_cpu_ms=round(1e3 * s["steady_cpu_s"]["median"], 2),
+                               steady_ratio=round(s["steady_s_ratio_vs_previous"]["median"], 3),
+                               steady_cpu_ratio=round(s["steady_cpu_s_ratio_vs_previous"]["median"], 3),
+                               value_change=s["max_abs_value_change_vs_previous"])
+        table.append(entry)
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", help="the other revision (a directory or a git revision)")
@@ -197,6 +219,8 @@ def main():
                               rows=rows)
                 if args.mode == "steady":
                     result["summary"] = summarize(rows, sides, names)
+                    if len(sides) > 2:
+                        result["attribution"] = attribution(result["summary"], sides, names)
                 with open(out_path, "w") as f:
                     json.dump(result, f, indent=1)
     if args.mode == "steady":
