@@ -16,9 +16,9 @@ Modes:
   off, import included.  CLI cases: ``python -m dpjax ...`` twice with a fresh cache directory;
   ``wall_s``/``cpu_s`` are the second (warm-cache) run, ``first_*`` the first.
 * ``--mode steady``: per case, a fresh process (x64 off, persistent cache off) imports dpjax and
-  makes the first call (``first_s``: import included, as in ``--mode first``), then ``--calls``
-  warm calls: ``steady_s`` is their median wall time, ``steady_cpu_s`` the median CPU time of the
-  process (all threads) per call.  Cases: B1 and B6 (``dpjax.dpsgd_epsilon``), a group case and
+  makes the first call (``first_s`` wall, ``first_cpu_s`` CPU time: import included, as in
+  ``--mode first``), then ``--calls`` warm calls: ``steady_s`` is their median wall time,
+  ``steady_cpu_s`` the median CPU time of the process (all threads) per call.  Cases: B1 and B6 (``dpjax.dpsgd_epsilon``), a group case and
   a heterogeneous (three-phase) noise schedule.  The summary gives per case and revision the
   median over ``--repeat`` processes, the spread, and per repeat the ratio of the other revision's
   steady state to this one's (``> 1``: faster), plus the largest difference of the values.
@@ -62,18 +62,18 @@ STEADY = {
 }
 STEADY_WRAP = """
 import time, json, statistics
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import numpy as np, dpjax
 t_import = time.perf_counter() - t0
 r = {expr}
-first = time.perf_counter() - t0
+first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
 wall, cpu = [], []
 for _ in range({calls}):
     t, c = time.perf_counter(), time.process_time()
     v = {expr}
     wall.append(time.perf_counter() - t); cpu.append(time.process_time() - c)
     assert v == r, (v, r)
-print(json.dumps(dict(import_s=t_import, first_s=first, steady_s=statistics.median(wall),
+print(json.dumps(dict(import_s=t_import, first_s=first, first_cpu_s=first_cpu, steady_s=statistics.median(wall),
                       steady_cpu_s=statistics.median(cpu), steady_runs_s=wall, value=float(r),
                       dpjax_file=dpjax.__file__)))
 """
@@ -136,8 +136,10 @@ def summarize(rows, sides, names):
             if not mine:
                 continue
             s = dict(name=name, side=side, revision=mine[0]["revision"], repeats=len(mine))
-            for key in ("first_s", "steady_s", "steady_cpu_s"):
-                vals = [r[key] for r in mine]
+            for key in ("first_s", "first_cpu_s", "steady_s", "steady_cpu_s"):
+                vals = [r[key] for r in mine if key in r]
+                if not vals:
+                    continue
                 s[key] = dict(median=statistics.median(vals), min=min(vals), max=max(vals))
             s["value"] = mine[0]["value"]
             for tag, j in (("previous", i - 1), ("first", 0)):
@@ -147,8 +149,10 @@ def summarize(rows, sides, names):
                 pairs = [(other[r["rep"]], r) for r in mine if r["rep"] in other]
                 if not pairs:
                     continue
-                for key in ("steady_s", "steady_cpu_s", "first_s"):
-                    ratios = [p[key] / r[key] for p, r in pairs]
+                for key in ("steady_s", "steady_cpu_s", "first_s", "first_cpu_s"):
+                    ratios = [p[key] / r[key] for p, r in pairs if key in p and key in r]
+                    if not ratios:
+                        continue
                     s[f"{key}_ratio_vs_{tag}"] = dict(median=statistics.median(ratios), min=min(ratios),
                                                       max=max(ratios), per_repeat=ratios)
                 s[f"max_abs_value_change_vs_{tag}"] = max(abs(p["value"] - r["value"]) for p, r in pairs)
