@@ -182,3 +182,73 @@ def test_accountant_program_with_and_without_the_shared_lattice(sigma, q, steps,
                                            kinds=("up", "down"), want="eps", n_freq=plan.n_freq, lattice=flag))
                for flag in (lattice, None)]
     np.testing.assert_array_equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("k", [8, 32, 64, 96, 512, 1024])
+def test_suffix_sums_small_equals_reversed_cumsum(k):
+    # One level (k <= 32 or not a multiple of 32) and two levels (chunks of 32): the same suffix
+    # sums as a reversed cumulative sum, batched along leading axes; non-negative terms, so the
+    # relative error is a few dozen ulps at most (bound (32 + k / 32) u).
+    rng = np.random.default_rng(k)
+    x = rng.random((2, 3, k)) * np.exp(rng.uniform(-30, 0, (2, 3, k)))
+    ref = np.flip(np.cumsum(np.flip(x, -1), -1), -1)
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(convert._suffix_sums_small)(jnp.asarray(x)))
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, ref, rtol=(32 + k / 32) * 2.0 ** -52, atol=0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_epsilon_equals_table_epsilon_at_large_n(seed):
+    # n = 2^17 (512 blocks of 256: the two-level block suffix sums and the factored weights
+    # e^{y_ref - y_t} both run) against the table's all-suffix-sums form.
+    rng = np.random.default_rng(seed)
+    n, dx = 2 ** 17, float(rng.uniform(2e-5, 1e-4))
+    w_lo = -int(rng.integers(n // 4, n // 2))
+    y = (w_lo + np.arange(n)) * dx
+    mu, sd = rng.uniform(0.2, 1.0), rng.uniform(0.05, 0.3)
+    r = np.exp(-0.5 * ((y - mu) / sd) ** 2)
+    if seed == 2:
+        r[rng.random(n) < 0.3] = 0.0
+    r = r / r.sum() * (1 - 1e-9)
+    with jax.enable_x64(True):
+        f = jnp.float64
+        p = ComposedPLD(pmf=jnp.asarray(r), w_lo=jnp.int64(w_lo), dx=f(dx), p_inf=f(1e-9), tail_above=f(1e-12),
+                        tail_below=f(1e-12), roundoff=f(1e-13), roundoff_rel=f(0.0), log_mgf=jnp.zeros(2),
+                        needed_width=f(1.0))
+        d = jnp.asarray(np.geomspace(1e-8, 0.1, 12))
+        for bound in ("upper", "lower"):
+            ref = np.asarray(convert.eps_at(convert.table(p, bound), d))
+            fast = np.asarray(jax.jit(convert.epsilon, static_argnames="bound")(p, d, bound=bound))
+            assert np.all(np.isfinite(ref)) and np.all(ref > 0)
+            np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_blocked_log_mgf_gives_inf_outside_the_shared_exponentials_range():
+    # One block of 64 points: |lam| dx > ~11.1 would take e^{lam j dx} (j < 64) outside
+    # [e^-700, e^700]; such a lam gets K = inf (a trivial, sound bound) for either sign, while
+    # |lam| dx = 10 still gives the direct sum to rounding.
+    m, dx = 64, 0.02
+    y = (-10 + np.arange(m)) * dx
+    p = np.exp(-0.5 * ((y - 0.3) / 0.3) ** 2)
+    p /= p.sum()
+    lam = np.array([1.0, -1.0, 500.0, -500.0, 575.0, -575.0])
+    with jax.enable_x64(True):
+        K = np.asarray(_log_mgf(jnp.asarray(p), jnp.asarray(y), jnp.asarray(lam)))
+    a = lam[:4, None] * y[None, :]
+    amax = a.max(axis=1, keepdims=True)
+    direct = np.log(np.sum(p[None, :] * np.exp(a - amax), axis=1)) + amax[:, 0]
+    np.testing.assert_allclose(K[:4], direct, rtol=1e-12)
+    assert np.all(K[4:] == np.inf)
+
+
+def test_host_gaussian_epsilon_is_zero_matches_the_bisection():
+    from dpjax.pld.exact import host_gaussian_epsilon, host_gaussian_epsilon_is_zero
+
+    deltas = np.array([1e-12, 1e-5, 0.1, 0.5, 0.9])
+    mus = np.array([0.0, 1e-300, 1e-12, 1e-6, 1e-3, 0.1, 1.0, 10.0])
+    d, m = np.meshgrid(deltas, mus)
+    zero = host_gaussian_epsilon_is_zero(d, m)
+    assert zero.dtype == bool and zero.shape == d.shape
+    np.testing.assert_array_equal(zero, host_gaussian_epsilon(d, m) == 0.0)
+    assert zero.any() and not zero.all()
