@@ -44,7 +44,7 @@ print(json.dumps(dict(seconds=time.perf_counter() - t0, value=float(r))))
 PY = {
  "dpsgd_epsilon": "import dpjax\nr = dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)",
  "dpsgd_delta": "import dpjax\nr = dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)",
- "dpsgd_noise_multiplier": "import dpjax\nr = dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)",
+ "dpsgd_noise_multiplier": "import dpjax\nr = dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)",
  "import_jax_first_array": "import jax, jax.numpy as jnp\nr = float(jnp.ones(()) + 1)",
  "dp_accounting_epsilon": "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\na = p.PLDAccountant(value_discretization_interval=1e-4)\na.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 1000))\nr = a.get_epsilon(1e-5)",
 }
@@ -58,13 +58,19 @@ STEADY = {
  "B1": "dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)",
  "B6": "dpjax.dpsgd_epsilon(1.1, 0.001, 100000, 1e-5)",
  "group": "dpjax.group_epsilon(2.0, 0.01, 2000, 1e-5, group_size=8)",
- "schedule": "dpjax.dpsgd_epsilon(np.repeat([1.2, 1.0, 0.8], [300, 400, 300]), 0.01, 1000, 1e-5)",
+ "schedule": "schedule(np.repeat([1.2, 1.0, 0.8], [300, 400, 300]), 0.01, 1000, 1e-5)",
 }
 STEADY_WRAP = """
 import time, json, statistics
 t0, c0 = time.perf_counter(), time.process_time()
-import numpy as np, dpjax
+import inspect, numpy as np, dpjax
 t_import = time.perf_counter() - t0
+# A per-step noise schedule: noise_schedule= where the revision has it (there an array
+# noise_multiplier is a batch), else the array as noise_multiplier (older revisions).
+if "noise_schedule" in inspect.signature(dpjax.dpsgd_epsilon).parameters:
+    schedule = lambda s, q, t, d: dpjax.dpsgd_epsilon(noise_schedule=s, sampling_prob=q, steps=t, target_delta=d)
+else:
+    schedule = lambda s, q, t, d: dpjax.dpsgd_epsilon(s, q, t, d)
 r = {expr}
 first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
 wall, cpu = [], []
@@ -194,6 +200,8 @@ def main():
     ap.add_argument("--out", help="results JSON (default benchmarks/results/bench_first_call_ab[_steady].json)")
     ap.add_argument("--note", default="", help="free text stored with the results")
     args = ap.parse_args()
+    from _meta import run_metadata  # (machine, date, command)
+
     if (args.chain is None) == (args.base is None):
         ap.error("give --base (with an optional --after) or --chain")
     revs = args.chain.split(",") if args.chain else [args.base, args.after]
@@ -220,7 +228,7 @@ def main():
                 result = dict(benchmark="bench_first_call_ab", mode=args.mode, revisions=labels,
                               cpu_count=os.cpu_count(), calls=args.calls if args.mode == "steady" else None,
                               note=args.note or "compare rows of the same case and repeat; load1 per row",
-                              rows=rows)
+                              rows=rows, meta=run_metadata(__file__))
                 if args.mode == "steady":
                     result["summary"] = summarize(rows, sides, names)
                     if len(sides) > 2:

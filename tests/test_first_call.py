@@ -90,7 +90,8 @@ def test_warm_eager_calls_from_float32_code_trace_nothing():
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     calls = [lambda: dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5),
-             lambda: dpjax.dpsgd_epsilon(np.repeat([1.2, 1.0, 0.8], [300, 400, 300]), 0.01, 1000, 1e-5),
+             lambda: dpjax.dpsgd_epsilon(noise_schedule=np.repeat([1.2, 1.0, 0.8], [300, 400, 300]),
+                                         sampling_prob=0.01, target_delta=1e-5),
              lambda: dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)]
     try:
         for call in calls:
