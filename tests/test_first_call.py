@@ -77,6 +77,36 @@ def test_nearby_sigmas_share_one_accountant_program():
     assert e1 > e2 > 0
 
 
+def test_warm_eager_calls_from_float32_code_trace_nothing():
+    # Eager calls with x64 off (as users call): after the first, no tracing, no lowering and no
+    # compile (the float64 scope and the jit caches serve them); the listener does see the
+    # compile events of a new function, so it would see these.
+    assert not jax.config.jax_enable_x64
+    events, active = [], [False]
+
+    def listener(name, secs, **kwargs):
+        if active[0] and name.startswith("/jax/core/compile/"):
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    calls = [lambda: dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5),
+             lambda: dpjax.dpsgd_epsilon(noise_schedule=np.repeat([1.2, 1.0, 0.8], [300, 400, 300]),
+                                         sampling_prob=0.01, target_delta=1e-5),
+             lambda: dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)]
+    try:
+        for call in calls:
+            first = call()
+            active[0] = True
+            assert call() == first and call() == first
+            active[0] = False
+        assert events == []
+        active[0] = True
+        jax.jit(lambda x: x * 3.0 + 1.0)(2.0)
+        assert any("compile" in e for e in events)
+    finally:
+        active[0] = False
+
+
 def _cli(argv, cache):
     env = {**os.environ, "DPJAX_COMPILATION_CACHE": str(cache), "DPJAX_PROGRESS": "0",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -3,7 +3,7 @@
 * ``convert.epsilon`` (block search, only one block's suffix sums) equals ``eps_at(table(...))``
   (all suffix sums) on random PMFs: same segment, same closed form, so agreement to round-off;
   a broken PMF gives ``inf`` (upper) / ``0`` (lower), never a finite number.
-* ``compose._log_mgf`` (blocked: 16 exponentials shared per block) equals the direct sum: the
+* ``compose._log_mgf`` (blocked: 64 exponentials shared per block) equals the direct sum: the
   wrap-around bounds are built on it, so it must not drop below the exact value beyond rounding.
 * ``compose_directions`` (both directions batched) equals ``compose`` run per direction.
 * The planner's vectorized erfc (probe only, never a reported bound) is within 1.2e-7 relative
@@ -125,3 +125,130 @@ def test_subsampled_gaussian_cdfs_for_all_directions_at_once():
             one = mech.loss_cdfs(d, jnp.asarray(y[di]))
             for a, b in zip(both, one):
                 np.testing.assert_array_equal(np.asarray(a)[di], np.asarray(b))
+
+
+def test_shared_lattice_cdfs_equal_per_direction_cdfs():
+    # Both directions of a Poisson-subsampled Gaussian from one lattice evaluation: the same
+    # arithmetic on the same arguments, so the same CDF values, bit for bit, on random grids
+    # where the lattice fits (40 random (sigma, q, dx, m, offsets); where it does not fit, the
+    # uncovered points are NaN, never a silently wrong value).
+    from dpjax.pld.compose import lattice_length
+
+    rng = np.random.default_rng(3)
+    fitted = 0
+    with jax.enable_x64(True):
+        for _ in range(40):
+            s, q = float(rng.uniform(0.5, 4.0)), float(10 ** rng.uniform(-4, -0.3))
+            dx, m = float(10 ** rng.uniform(-5, -3)), int(rng.choice([64, 96, 1024, 3072]))
+            o_r = int(np.floor(np.log1p(-q) / dx)) - int(rng.integers(-3, 5))
+            o_a = -(o_r + int(rng.integers(m // 4, m + m // 4)))
+            mech = pld.PoissonSubsampledGaussian(jnp.asarray(s), jnp.asarray(q))
+            length = lattice_length(m)
+            o = jnp.asarray([o_r, o_a])
+            y = (o[:, None] + jnp.arange(m)[None, :]) * dx
+            ref = jax.jit(lambda y: mech.loss_cdfs_directions(("remove", "add"), y))(y)
+            lat = jax.jit(lambda o: mech.loss_cdfs_lattice(o, dx, m, length))(o)
+            fits = mech.lattice_fits(np.array([o_r]), np.array([o_a]), dx, m, length)
+            fitted += fits
+            for a, b in zip(ref, lat):
+                a, b = np.asarray(a), np.asarray(b)
+                if fits:
+                    np.testing.assert_array_equal(a, b)
+                else:
+                    assert np.all(np.isnan(b) | (a == b))
+    assert fitted >= 20
+
+
+@pytest.mark.parametrize("sigma, q, steps, delta", [(1.0, 0.01, 1000, 1e-5), (1.1, 0.001, 100000, 1e-5),
+                                                    (0.6, 0.05, 40, 1e-8)])
+def test_accountant_program_with_and_without_the_shared_lattice(sigma, q, steps, delta):
+    # The accountant's program on its plan: the shared lattice (its default where it fits) and
+    # one CDF evaluation per direction give the same epsilon and diagnostics, bit for bit.
+    from dpjax.pld import accountant as acc
+    from dpjax.pld.compose import lattice_groups
+    from dpjax.pld.plan import GridOptions, coarse_shape
+
+    opts = GridOptions()
+    groups, _, _, _ = acc._prepare(acc._dpsgd_components(sigma, q, steps), opts.max_distinct)
+    dirs = ("remove", "add")
+    plan = coarse_shape(pld.plan_grid(groups, dirs, tail_mass=opts.tail_fraction * delta, eps_hint=None,
+                                      target_delta=delta, options=opts), opts)
+    ms = tuple(max(plan.ms[d][g] for d in range(2)) for g in range(len(plan.ms[0])))
+    lattice = lattice_groups(plan.groups, dirs, plan.dx, ms)
+    assert lattice == (True,)
+    with jax.enable_x64(True):
+        out = [np.asarray(acc._program_jit(plan.groups, plan.dx, plan.lambdas, plan.log_tau, np.asarray([delta]),
+                                           np.zeros(()), directions=dirs, ms=(ms, ms), n=plan.n,
+                                           kinds=("up", "down"), want="eps", n_freq=plan.n_freq, lattice=flag))
+               for flag in (lattice, None)]
+    np.testing.assert_array_equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("k", [8, 32, 64, 96, 512, 1024])
+def test_suffix_sums_small_equals_reversed_cumsum(k):
+    # One level (k <= 32 or not a multiple of 32) and two levels (chunks of 32): the same suffix
+    # sums as a reversed cumulative sum, batched along leading axes; non-negative terms, so the
+    # relative error is a few dozen ulps at most (bound (32 + k / 32) u).
+    rng = np.random.default_rng(k)
+    x = rng.random((2, 3, k)) * np.exp(rng.uniform(-30, 0, (2, 3, k)))
+    ref = np.flip(np.cumsum(np.flip(x, -1), -1), -1)
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(convert._suffix_sums_small)(jnp.asarray(x)))
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, ref, rtol=(32 + k / 32) * 2.0 ** -52, atol=0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_epsilon_equals_table_epsilon_at_large_n(seed):
+    # n = 2^17 (512 blocks of 256: the two-level block suffix sums and the factored weights
+    # e^{y_ref - y_t} both run) against the table's all-suffix-sums form.
+    rng = np.random.default_rng(seed)
+    n, dx = 2 ** 17, float(rng.uniform(2e-5, 1e-4))
+    w_lo = -int(rng.integers(n // 4, n // 2))
+    y = (w_lo + np.arange(n)) * dx
+    mu, sd = rng.uniform(0.2, 1.0), rng.uniform(0.05, 0.3)
+    r = np.exp(-0.5 * ((y - mu) / sd) ** 2)
+    if seed == 2:
+        r[rng.random(n) < 0.3] = 0.0
+    r = r / r.sum() * (1 - 1e-9)
+    with jax.enable_x64(True):
+        f = jnp.float64
+        p = ComposedPLD(pmf=jnp.asarray(r), w_lo=jnp.int64(w_lo), dx=f(dx), p_inf=f(1e-9), tail_above=f(1e-12),
+                        tail_below=f(1e-12), roundoff=f(1e-13), roundoff_rel=f(0.0), log_mgf=jnp.zeros(2),
+                        needed_width=f(1.0))
+        d = jnp.asarray(np.geomspace(1e-8, 0.1, 12))
+        for bound in ("upper", "lower"):
+            ref = np.asarray(convert.eps_at(convert.table(p, bound), d))
+            fast = np.asarray(jax.jit(convert.epsilon, static_argnames="bound")(p, d, bound=bound))
+            assert np.all(np.isfinite(ref)) and np.all(ref > 0)
+            np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_blocked_log_mgf_gives_inf_outside_the_shared_exponentials_range():
+    # One block of 64 points: |lam| dx > ~11.1 would take e^{lam j dx} (j < 64) outside
+    # [e^-700, e^700]; such a lam gets K = inf (a trivial, sound bound) for either sign, while
+    # |lam| dx = 10 still gives the direct sum to rounding.
+    m, dx = 64, 0.02
+    y = (-10 + np.arange(m)) * dx
+    p = np.exp(-0.5 * ((y - 0.3) / 0.3) ** 2)
+    p /= p.sum()
+    lam = np.array([1.0, -1.0, 500.0, -500.0, 575.0, -575.0])
+    with jax.enable_x64(True):
+        K = np.asarray(_log_mgf(jnp.asarray(p), jnp.asarray(y), jnp.asarray(lam)))
+    a = lam[:4, None] * y[None, :]
+    amax = a.max(axis=1, keepdims=True)
+    direct = np.log(np.sum(p[None, :] * np.exp(a - amax), axis=1)) + amax[:, 0]
+    np.testing.assert_allclose(K[:4], direct, rtol=1e-12)
+    assert np.all(K[4:] == np.inf)
+
+
+def test_host_gaussian_epsilon_is_zero_matches_the_bisection():
+    from dpjax.pld.exact import host_gaussian_epsilon, host_gaussian_epsilon_is_zero
+
+    deltas = np.array([1e-12, 1e-5, 0.1, 0.5, 0.9])
+    mus = np.array([0.0, 1e-300, 1e-12, 1e-6, 1e-3, 0.1, 1.0, 10.0])
+    d, m = np.meshgrid(deltas, mus)
+    zero = host_gaussian_epsilon_is_zero(d, m)
+    assert zero.dtype == bool and zero.shape == d.shape
+    np.testing.assert_array_equal(zero, host_gaussian_epsilon(d, m) == 0.0)
+    assert zero.any() and not zero.all()

@@ -31,12 +31,12 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
-from dpjax.pld.compose import Group, compose_directions
+from dpjax.pld.compose import Group, compose_directions, lattice_groups
 from dpjax._results import ResultMixin
 from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
-from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
+from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta, host_gaussian_epsilon_is_zero
 from dpjax.pld.plan import GridOptions, GridPlan, coarse_shape, plan_grid, tilt_parameters
 from dpjax import _xla
 
@@ -262,9 +262,10 @@ def _to_group(cls, static, data, P, C) -> Group:
     return Group(mechanism=cls(**kwargs), counts=C, offsets=np.zeros(len(C), np.int64))
 
 
-def _prepare(components, max_distinct):
-    """Returns (upper_groups, lower_groups, symmetric, blocked)."""
-    stacked = _stack(components)
+def _prepare(components, max_distinct, stacked=None):
+    """Returns (upper_groups, lower_groups, symmetric, blocked).  ``stacked``: ``_stack(components)``
+    when the caller already has it."""
+    stacked = _stack(components) if stacked is None else stacked
     up, lo, blocked = [], [], False
     for cls, static, data, P, C in stacked:
         b = _block(cls, data, P, C, max_distinct)
@@ -301,7 +302,8 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     through :func:`dpjax.pld.cache.exported_call` (a serialized program when the persistent
     cache is on), the tilted tail pass included."""
     common = tuple(max(m[gi] for m in ms) for gi in range(len(ms[0])))
-    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq)
+    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq,
+                  lattice=lattice_groups(groups, directions, dx, common))
     args = (groups, dx, lambdas, log_tau, deltas, epsilons)
     if tilted:
         if exported:
@@ -316,9 +318,9 @@ def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, 
     return _program_jit(*args, **static)
 
 
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted", "lattice"))
 def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-                 tilted=False, tilt=None, tilt_from=None):
+                 tilted=False, tilt=None, tilt_from=None, lattice=None):
     """All directions in one XLA program (one compile): compose, then convert (``want`` is
     "eps" or "delta": only that conversion is compiled).
 
@@ -331,7 +333,7 @@ def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, 
     ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
     outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
                               ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt,
-                              tilt_from=tilt_from)
+                              tilt_from=tilt_from, lattice=lattice)
     per_kind = []
     for kind in kinds:
         stacked = getattr(outs, kind)
@@ -345,13 +347,14 @@ def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, 
     return jnp.stack(per_kind, axis=1)
 
 
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq"))
+@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "lattice"))
 def _tilted_program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, tilt, tilt_from, *, directions, ms, n, kinds,
-                        want, n_freq=None):
+                        want, n_freq=None, lattice=None):
     """:func:`_program_jit` in its tilted mode with ``tilt``/``tilt_from`` positional (the form
     :func:`dpjax.pld.cache.exported_call` serializes)."""
     return _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, directions=directions, ms=ms, n=n,
-                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from)
+                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from,
+                        lattice=lattice)
 
 
 def _unpack(flat, directions, kinds, shape):
@@ -515,8 +518,8 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     return merged, valid
 
 
-def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass):
-    up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct)
+def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass, stacked=None):
+    up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct, stacked)
     directions = ("remove",) if symmetric else ("remove", "add")
     kinds = ("up", "down") if (with_lower and not blocked) else ("up",)
     kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
@@ -530,12 +533,12 @@ def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, tar
     return [(d, plan, r) for d, r in zip(directions, res)], blocked
 
 
-def _dominating_gaussian_mu(components) -> float | None:
+def _dominating_gaussian_mu(components, stacked=None) -> float | None:
     """``mu`` of a Gaussian mechanism dominating the composition, when every component is a
     :class:`Gaussian` or a :class:`PoissonSubsampledGaussian` (whose hockey-stick divergences,
     by joint convexity, are at most ``q`` times those of its ``q = 1`` pair): else None."""
     mu2 = 0.0
-    for cls, static, data, P, C in _stack(components):
+    for cls, static, data, P, C in (_stack(components) if stacked is None else stacked):
         if cls is Gaussian:
             r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
         elif cls is PoissonSubsampledGaussian:
@@ -546,7 +549,7 @@ def _dominating_gaussian_mu(components) -> float | None:
     return math.sqrt(mu2)
 
 
-def _exact_gaussian_mu(components) -> float | None:
+def _exact_gaussian_mu(components, stacked=None) -> float | None:
     """``mu`` when the whole composition is exactly one Gaussian mechanism, else None.
 
     True for any mix of :class:`Gaussian` and :class:`PoissonSubsampledGaussian` with
@@ -557,7 +560,7 @@ def _exact_gaussian_mu(components) -> float | None:
     grid; the exact value is 31.67).
     """
     mu2 = 0.0
-    for cls, static, data, P, C in _stack(components):
+    for cls, static, data, P, C in (_stack(components) if stacked is None else stacked):
         if cls is Gaussian:
             r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
         elif cls is PoissonSubsampledGaussian and np.all(P[:, data.index("sampling_prob")] == 1.0):
@@ -666,14 +669,15 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
         zero = np.zeros_like(np.asarray(deltas, np.float64))
         return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
                              target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
-    mu_dom = _dominating_gaussian_mu(components)
-    if exact_gaussian and mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
+    stacked = _stack(components)  # validates every mechanism; shared by the checks and the plan below
+    mu_dom = _dominating_gaussian_mu(components, stacked)
+    if exact_gaussian and mu_dom is not None and np.all(host_gaussian_epsilon_is_zero(deltas, mu_dom)):
         # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
         # answer is exactly 0 (the grid would need dx ~ 1e-600 and failed with a NaN size).
         zero = np.zeros_like(np.asarray(deltas, np.float64))
         return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
                              target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
-    mu = _exact_gaussian_mu(components) if exact_gaussian else None
+    mu = _exact_gaussian_mu(components, stacked) if exact_gaussian else None
     if mu is not None:
         upper, lower = _exact_epsilon(np.asarray(deltas, np.float64), mu)
         return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
@@ -683,7 +687,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     # staging program of its own: ~50 ms of every cold start).
     reports, blocked = _account(components, np.asarray(deltas, np.float64), np.zeros(()), with_lower=with_lower,
                                 options=options, eps_hint=None, target_delta=float(np.min(deltas)),
-                                tail_mass=tail_mass)
+                                tail_mass=tail_mass, stacked=stacked)
     dir_reports, upper, lower = _combine(reports)
     reason = None
     if np.isinf(upper).any():
@@ -712,8 +716,9 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
         zero = np.zeros_like(np.asarray(eps, np.float64))
         return DeltaResult(delta=_scalar(zero), delta_lower=_scalar(zero), delta_upper=_scalar(zero),
                            target_epsilon=_scalar(eps), directions=(_exact_report(zero, zero),))
-    mu = _exact_gaussian_mu(components) if exact_gaussian else None
-    mu_dom = _dominating_gaussian_mu(components) if exact_gaussian else None
+    stacked = _stack(components)  # validates every mechanism; shared by the checks and the plan below
+    mu = _exact_gaussian_mu(components, stacked) if exact_gaussian else None
+    mu_dom = _dominating_gaussian_mu(components, stacked) if exact_gaussian else None
     if mu is None and mu_dom is not None and mu_dom < 1e-100:
         # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
         # bound, ~mu_dom) and 0 as the lower end.
@@ -729,10 +734,10 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
                            target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
     reports, blocked = _account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
-                                tail_mass=options.delta_tail_mass)
+                                tail_mass=options.delta_tail_mass, stacked=stacked)
     dir_reports, upper, lower = _combine(reports)
     if (np.asarray(upper) >= 1.0).any():
-        dir_reports, upper = _fallback_delta(components, dir_reports, eps, _dominating_gaussian_mu(components))
+        dir_reports, upper = _fallback_delta(components, dir_reports, eps, _dominating_gaussian_mu(components, stacked))
     return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
                        target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
 

@@ -290,3 +290,11 @@ def host_gaussian_log_delta(epsilon, mu) -> np.ndarray:
 def host_gaussian_epsilon(target_delta, mu) -> np.ndarray:
     """:func:`gaussian_epsilon` on the host (concrete inputs; float64 ndarray, no compile)."""
     return _elementwise(_py_gaussian_epsilon, target_delta, mu)
+
+
+def host_gaussian_epsilon_is_zero(target_delta, mu) -> np.ndarray:
+    """Where :func:`gaussian_epsilon` is 0, on the host: ``delta(0) <= target_delta`` with the
+    bisection's margin, the test it makes before returning 0 (one ``log_ndtr`` per element
+    instead of the whole bisection)."""
+    return _elementwise(lambda d, m: float(_py_gaussian_log_delta(0.0, m) <= _log(d) - _LOG_DELTA_MARGIN),
+                        target_delta, mu).astype(bool)

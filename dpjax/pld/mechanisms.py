@@ -195,6 +195,10 @@ class Gaussian:
         return LossCDFs(*_np_normal_cdf_sf((y - mu) / r), *_np_normal_cdf_sf((y + mu) / r))
 
 
+# The means of the two Gaussians of a Poisson-subsampled Gaussian (sensitivity 1).
+_MEANS = np.array([0.0, 1.0])
+
+
 # --------------------------------------------------------------------------------------------
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -250,8 +254,10 @@ class PoissonSubsampledGaussian:
         remove = np.array([d == "remove" for d in directions]).reshape(shape)
         # remove: {Y <= y} = {X <= x(y)};  add: Y = -l(X), {Y <= y} = {l(X) >= -y} = {X >= x(-y)}.
         x, s, q = self._x_of_loss(jnp.where(remove, y, -y))
-        # a: N(0, s^2), b: N(1, s^2); both normal CDFs in one erfc call.
-        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf(jnp.stack([x / s, (x - 1.0) / s]))
+        # a: N(0, s^2), b: N(1, s^2); both normal CDFs in one erfc call.  ``x`` broadcast against
+        # the two means rather than stacked: XLA fuses a stack's operands into the concatenation,
+        # which evaluated the inverse loss (a log and an expm1 per point) once for each mean.
+        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf((x[None] - _MEANS.reshape((2,) + (1,) * x.ndim)) / s)
         mix_le = (1.0 - q) * a_le + q * b_le
         mix_gt = (1.0 - q) * a_gt + q * b_gt
         # remove: P is the mixture, Q = N(0, s^2).  add: the pair swapped, and the event is
@@ -262,6 +268,63 @@ class PoissonSubsampledGaussian:
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)
         return LossCDFs(*(v[0] for v in self.loss_cdfs_directions((direction,), _f64(y)[None])))
+
+    # ----------------------------------------------------------------------------------------
+    # Both directions on one lattice.  The add pair is the remove pair swapped, so both
+    # directions' CDFs at grid losses are the two normal CDFs of ``x(u)`` on the same lattice
+    # ``u = k dx`` (remove at ``k = o_r + j``, add at ``k = -(o_a + j)``).  Below the loss bound
+    # ``log(1 - q)`` they are constants (``x = -inf``), and the add direction's non-constant
+    # points mirror into the remove direction's range: one evaluation on a lattice slightly
+    # longer than ``m`` serves both (about half the erfc and log work of two evaluations), with
+    # the same arithmetic on the same arguments, hence the same values.
+
+    def _lattice_start(self, offset_remove, dx):
+        """First lattice index: the remove grid's first point or, if lower, two points below
+        the last lattice point at or under the loss bound (every index below is constant)."""
+        k_bound = jnp.floor(jnp.log1p(-_f64(self.sampling_prob)) / dx).astype(jnp.int64)
+        return jnp.minimum(offset_remove, k_bound - 1)
+
+    def lattice_fits(self, offsets_remove, offsets_add, dx: float, m: int, length: int) -> bool:
+        """Host check (concrete plan) that a lattice of ``length`` points from
+        :meth:`_lattice_start` holds both directions' non-constant points for every stacked
+        mechanism, with two points to spare (host and compiled floor may differ by one)."""
+        q = np.asarray(self.sampling_prob, np.float64)
+        if not np.all((q > 0) & (q < 1)) or not dx > 0:
+            return False
+        o_r, o_a = np.asarray(offsets_remove, np.int64), np.asarray(offsets_add, np.int64)
+        with np.errstate(divide="ignore"):
+            k_bound = np.floor(np.log1p(-q) / dx)
+        start = np.minimum(o_r, k_bound - 1)
+        return bool(np.all(o_r - start + m <= length - 2) and np.all(-o_a - start <= length - 3))
+
+    def loss_cdfs_lattice(self, offsets, dx, m: int, length: int) -> LossCDFs:
+        """:meth:`loss_cdfs_directions` for directions ``("remove", "add")`` at the grid losses
+        ``(offsets[d] + j) dx``, ``j < m``, from one evaluation on ``length`` lattice points
+        (see above; :meth:`lattice_fits` says when ``length`` suffices: an uncovered point would
+        be NaN, which the accountant reports as no bound)."""
+        start = self._lattice_start(offsets[0], dx)
+        u = (start + jnp.arange(length)) * dx
+        x, s, q = self._x_of_loss(u)
+        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf((x[None] - _MEANS.reshape(2, 1)) / s)
+        mix_le = (1.0 - q) * a_le + q * b_le
+        mix_gt = (1.0 - q) * a_gt + q * b_gt
+        # The constants below the loss bound: the same formulas at x = -1e30 (the sentinel).
+        (c_ale, c_ble), (c_agt, c_bgt) = _normal_cdf_sf((jnp.full((1,), -1e30) - _MEANS.reshape(2, 1)) / s)
+        c_mle = (1.0 - q) * c_ale + q * c_ble
+        c_mgt = (1.0 - q) * c_agt + q * c_bgt
+        j = jnp.arange(m)
+        i_r = offsets[0] - start + j
+        i_a = -(offsets[1] + j) - start
+        below = i_a < 0
+        nan = jnp.where(i_a >= length, jnp.nan, 0.0)
+        i_a = jnp.clip(i_a, 0, length - 1)
+
+        def add(v, const):
+            return jnp.where(below, const[0], v[i_a]) + nan
+
+        # remove: P the mixture, Q = N(0, s^2); add: the pair swapped, event {X >= x}.
+        return LossCDFs(jnp.stack([mix_le[i_r], add(a_gt, c_agt)]), jnp.stack([mix_gt[i_r], add(a_le, c_ale)]),
+                        jnp.stack([a_le[i_r], add(mix_gt, c_mgt)]), jnp.stack([a_gt[i_r], add(mix_le, c_mle)]))
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss: ``-log(1 - q)`` under "add" (``inf`` at ``q = 1``), ``inf`` under "remove"."""
