@@ -106,13 +106,14 @@ def _run(args) -> dict:
     configs = _configs(args)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
-    if args.per_device < 1:
+    if args.per_device is not None and args.per_device < 1:
         raise ValueError(f"per_device must be an integer >= 1, got {args.per_device}")
     table = sweep(configs, out=args.out, resume=args.resume, with_lower=not args.no_lower,
                   per_device=args.per_device)
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
     # Poisson-sampled DP-SGD (and its groups): the add/remove neighbouring relation.
-    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs, devices=table.devices,
+    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs,
+               programs_compiled=table.compiled, programs_loaded=table.loaded, devices=table.devices,
                seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
     if eps:
         finite = [e for e in eps if math.isfinite(e)]
@@ -148,8 +149,9 @@ def register(subparsers) -> None:
                    help="write rows here as they are computed (plus FILE.jsonl; FILE.parquet with pyarrow)")
     p.add_argument("--resume", action="store_true", help="continue a killed sweep recorded in --out")
     p.add_argument("--no-lower", action="store_true", help="skip the certified lower end of each bracket (~2x faster)")
-    p.add_argument("--per-device", type=_args.integer(1, 2**20), default=8,
-                   help="configurations per device per program call, an integer >= 1 (default 8)")
+    p.add_argument("--per-device", type=_args.integer(1, 2**20), default=None,
+                   help="configurations per device per program call, an integer >= 1 (default 32 on CPU, 256 on "
+                        "an accelerator)")
     p.add_argument("--rows", action="store_true", help="also print every row (always when --out is not given)")
     # --out is the sweep's own table (CSV + JSON lines), not a copy of the --json object.
     p.set_defaults(run=_run, render=_render, owns_out=True)
