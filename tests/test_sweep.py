@@ -242,7 +242,8 @@ def _broad_configs(n, seed):
 def test_sweep_program_equals_accountant_program():
     """The sweep's per-configuration program (both discretizations batched, windows by dynamic
     slices, the conversion's weights as products) gives the accountant's values and
-    diagnostics on the same plans."""
+    diagnostics on the same plans; with a larger support capacity and the row's own support it
+    gives the same numbers as on its own shape."""
     import jax
 
     from dpjax.pld import accountant, sweeping
@@ -258,11 +259,20 @@ def test_sweep_program_equals_accountant_program():
                                                              np.zeros(1), want="eps", **kw))
             new = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **kw))(pl.groups, pl.dx, pl.lambdas, pl.log_tau,
                                                                           deltas))
-        assert ref.shape == new.shape
+            # The same row in a program of 4x its support capacity, discretizing its own support
+            # block by block (cost of its own support): the same numbers (the log-MGF sums more
+            # zero blocks, in another order: tail bounds move by ~1e-13 relative).
+            m = max(max(r) for r in pl.ms)
+            big = tuple(tuple(4 * m for _ in r) for r in pl.ms)
+            padded = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **dict(kw, ms=big)))(
+                pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas, np.array([m])))
+        assert ref.shape == new.shape == padded.shape
         # Values: equal to rounding (the weights e^{y_ref - y_t} carry one more rounding).
         np.testing.assert_allclose(new[..., :2], ref[..., :2], rtol=1e-12, atol=0)
         # Diagnostics: tail bounds are exponentials of log-MGFs (relative rounding ~1e-10).
         np.testing.assert_allclose(new[..., 2:], ref[..., 2:], rtol=1e-8, atol=1e-300)
+        np.testing.assert_allclose(padded[..., :2], new[..., :2], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(padded[..., 2:], new[..., 2:], rtol=1e-9, atol=1e-300)
 
 
 def _plans(configs):
@@ -281,10 +291,12 @@ def test_bucket_policy_caps_padding_and_fits_every_row():
         assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
         for struct, (n, m, nf), members, new in buckets:
             assert new
-            own_cost = min(policy.cost(*sweeping._shape_of(plans[p.index]), 4) for p in members)
-            assert policy.cost(n, m, nf, 4) <= policy.max_padding * own_cost * (1 + 1e-12)
             for p in members:
                 own_n, own_m, own_nf = sweeping._shape_of(plans[p.index])
+                # An epsilon row's program discretizes its own support: padding costs FFT length
+                # and capacity only.
+                padded = policy.cost(n, m, nf, 4, support=own_m)
+                assert padded <= policy.max_padding * policy.cost(own_n, own_m, own_nf, 4) * (1 + 1e-12)
                 assert p.plan.n == n >= own_n and m >= own_m     # a wider window, a longer support
                 assert p.plan.dx == plans[p.index].plan.dx      # same spacing
                 if nf is not None:

@@ -33,28 +33,89 @@ import numpy as np
 
 from dpjax.pld.compose import _U, _chernoff_quantiles, _log_mgf, _tails, _window_start
 from dpjax.pld.convert import _suffix_sums_small
-from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
+from dpjax.pld.discretize import _FLUSH, _materialize, grid_pmf
 
 #: Diagnostics after the values, as in :data:`dpjax.pld.accountant._DIAGNOSTICS`.
 DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
                "valid_from")
 
 
+def _cdfs(mech, directions, y, dx):
+    """The loss CDFs at ``y`` (D, L) of every direction, materialized (see ``_materialize``)."""
+    if hasattr(mech, "loss_cdfs_directions"):
+        return _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
+    cdfs = [_materialize(lambda d=d, yd=yd: mech.loss_cdfs(d, yd), dx > 0) for d, yd in zip(directions, y)]
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
+
+
 def _discretize(mech, directions, o, dx, m, kinds):
     """(R, m) grid PMFs (rows kind-major: every direction's "up", then every direction's "down"),
     (R, m) grid losses and (D,) ``+inf`` masses of the pessimistic PMFs."""
     y = (o[:, None] + jnp.arange(m)[None, :]) * dx                      # (D, m)
-    if hasattr(mech, "loss_cdfs_directions"):
-        cdfs = _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
-    else:
-        cdfs = [grid_cdfs(mech, d, o[di], dx, m) for di, d in enumerate(directions)]
-        cdfs = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
-    g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(cdfs, y, dx)
+    g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(_cdfs(mech, directions, y, dx), y, dx)
     pmf = jnp.concatenate([g.pmf_up if k == "up" else g.pmf_down for k in kinds], axis=0)
     return pmf, jnp.concatenate([y] * len(kinds), axis=0), g.p_inf_up
 
 
-def _compose(groups_by_direction, dx, lambdas, *, directions, ms, n, kinds, n_freq):
+#: Block and halo of :func:`_discretize_prefix` (grid points).  ``grid_pmf`` is local: a
+#: point's masses depend on the CDFs within 8 points of it (a bin's two ends, then three matching
+#: rounds that each reach two atoms further); 16 leaves a margin.
+SUPPORT_BLOCK = 1024
+SUPPORT_HALO = 16
+
+
+def _discretize_prefix(mech, directions, o, dx, m, support, kinds):
+    """:func:`_discretize` with the configuration's own support ``support`` (traced, <= ``m``):
+    the (R, m) PMFs equal those of ``_discretize(..., support)`` on ``[0, support)`` and are 0
+    beyond, computed in ``ceil(support / SUPPORT_BLOCK)`` blocks, so the cost follows the
+    configuration's support rather than the bucket's.
+
+    Each block evaluates the CDFs on its points and ``SUPPORT_HALO`` more on each side and runs
+    ``grid_pmf`` there, keeping the block's own points: their masses only depend on points within
+    the halo, so they equal the whole-support computation.  Beyond the support the CDFs are held
+    at their value at its last point (``support - 1``): those bins carry no mass, so the PMFs
+    there are 0 and the matching of the last real bins is unchanged (an empty neighbour offers
+    and takes nothing, as the end of the array does).  ``grid_pmf``'s end terms belong to the
+    support's ends: the P-mass below ``y_0`` (added at the first point by the first block, whose
+    window starts at 0) and, for the optimistic PMF, the P-mass above the last point, added here
+    at ``support - 1`` (a block's own last point is never its window's last).  The ``+inf`` mass
+    is ``P(Y > y_{support-1})`` plus the flush allowance of ``support`` points, as for
+    ``_discretize``."""
+    D, K = len(directions), len(kinds)
+    support = jnp.clip(support, 1, m)
+    # Blocks tile [0, m) (m is 2^k or 3 * 2^k): the largest power of two <= SUPPORT_BLOCK dividing m.
+    B = 1
+    while 2 * B <= SUPPORT_BLOCK and m % (2 * B) == 0:
+        B *= 2
+    H = SUPPORT_HALO
+    L = B + 2 * H   # a window's last point always lies in its halo, beyond every point it keeps
+    last = support - 1
+
+    def rows_at(j):
+        """CDFs (held beyond the support) and grid losses at global indices ``j``."""
+        y = (o[:, None] + j[None, :]) * dx
+        yc = (o[:, None] + jnp.minimum(j, last)[None, :]) * dx
+        return _cdfs(mech, directions, yc, dx), y
+
+    def body(k, buf):
+        s = jnp.maximum(k * B - H, 0)
+        c, y = rows_at(s + jnp.arange(L))
+        g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(c, y, dx)
+        rows = jnp.concatenate([g.pmf_up if kind == "up" else g.pmf_down for kind in kinds], axis=0)
+        keep = jax.lax.dynamic_slice_in_dim(rows, k * B - s, B, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(buf, keep, k * B, axis=1)
+
+    pmf = jax.lax.fori_loop(0, (support + B - 1) // B, body, jnp.zeros((D * K, m)))
+    c_last, _ = rows_at(jnp.reshape(last, (1,)))
+    gt_last = jnp.where(c_last.p_gt[:, 0] < _FLUSH, 0.0, c_last.p_gt[:, 0])        # (D,) flushed as grid_pmf
+    is_down = jnp.asarray(np.repeat([kind == "down" for kind in kinds], D))
+    pmf = pmf.at[:, last].add(jnp.where(is_down, jnp.concatenate([gt_last] * K), 0.0))
+    p_inf_up = gt_last + 2 * support * _FLUSH
+    y = (o[:, None] + jnp.arange(m)[None, :]) * dx
+    return pmf, jnp.concatenate([y] * K, axis=0), p_inf_up
+
+
+def _compose(groups_by_direction, dx, lambdas, *, directions, ms, n, kinds, n_freq, support=None):
     """:func:`dpjax.pld.compose.compose_directions` (untilted) on the ``R`` rows at once: the
     accumulated log-modulus and phase of the kept frequencies, log-MGFs, the log of the finite
     mass of the pessimistic PMFs, the bound on the dropped frequencies and the total offset."""
@@ -69,7 +130,10 @@ def _compose(groups_by_direction, dx, lambdas, *, directions, ms, n, kinds, n_fr
         def body(carry, xs, m=m):
             mech, c_int, o = xs
             c = c_int.astype(jnp.float64)
-            pmf, y, p_inf_up = _discretize(mech, directions, o, dx, m, kinds)
+            if support is None:
+                pmf, y, p_inf_up = _discretize(mech, directions, o, dx, m, kinds)
+            else:
+                pmf, y, p_inf_up = _discretize_prefix(mech, directions, o, dx, m, support[gi], kinds)
             K_acc = carry["K"] + jnp.where(c > 0, c * jax.vmap(_log_mgf)(pmf, y, lam_rows), 0.0)
             F = jnp.fft.rfft(pmf, n, axis=-1)
             sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
@@ -173,19 +237,23 @@ def _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weight
     return jnp.maximum(eps, 0.0).reshape(delta.shape)
 
 
-def epsilon_program(groups, dx, lambdas, log_tau, deltas, *, directions, ms, n, kinds, n_freq=None):
+def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, directions, ms, n, kinds, n_freq=None):
     """Certified epsilon of one configuration at ``deltas`` (traceable; the sweep loops it).
 
     Same arguments and output as :func:`dpjax.pld.accountant._program_jit` with ``want="eps"``
     (``groups`` per direction, ``lambdas`` (D, L)): a float64 array ``(directions, kinds,
-    targets + len(DIAGNOSTICS))`` of the converted values and the diagnostics.
+    targets + len(DIAGNOSTICS))`` of the converted values and the diagnostics.  ``support``
+    (optional, traced, one integer per group, at most ``ms``' entries): the configuration's own
+    single-step support lengths; the discretization then costs that much
+    (:func:`_discretize_prefix`) while the arrays keep the static length, and the result is the
+    one of a program with ``ms`` equal to ``support``.
     """
     D, K = len(directions), len(kinds)
     ms_common = tuple(max(ms[di][gi] for di in range(D)) for gi in range(len(ms[0])))
     dx = jnp.asarray(dx, jnp.float64)
     lambdas = jnp.asarray(lambdas, jnp.float64)
     carry, nf, lam_rows = _compose(tuple(tuple(g) for g in groups), dx, lambdas, directions=directions,
-                                   ms=ms_common, n=n, kinds=kinds, n_freq=n_freq)
+                                   ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, support=support)
     half = n // 2 + 1
     mag = jnp.exp(carry["logabs"])
     F = mag * (jnp.cos(carry["angle"]) + 1j * jnp.sin(carry["angle"]))

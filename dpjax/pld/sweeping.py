@@ -513,16 +513,17 @@ def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
     """
     from jax.sharding import PartitionSpec as P
 
-    def one(g, dx, lam, lt, d, e):
+    def one(g, dx, lam, lt, d, e, support):
         if want == "eps":
-            return epsilon_program(g, dx, lam, lt, d, directions=directions, ms=ms, n=n, kinds=kinds, n_freq=n_freq)
+            return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
+                                   n_freq=n_freq)
         return _acc._program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
                              n_freq=n_freq)
 
-    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons):
+    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
         size = dx.shape[0]
         out0 = jnp.zeros((size, len(directions), len(kinds), 1 + len(_acc._DIAGNOSTICS)), jnp.float64)
-        xs = (groups, dx, lambdas, log_tau, deltas, epsilons)
+        xs = (groups, dx, lambdas, log_tau, deltas, epsilons, support)
 
         def body(state):
             i, out = state
@@ -612,13 +613,15 @@ class BucketPolicy:
     """How :func:`sweep` groups configurations into programs (one XLA compile each).
 
     A configuration's run cost in a program of static sizes ``(n, m, n_freq)`` (FFT length,
-    single-step support, kept frequencies) is modelled as
+    single-step support capacity, kept frequencies) is modelled as
 
-        rows / 4 * (base + per_fft_point * n / 1024 * log2(n) / 15 + per_support_point * m / 1024
-                    + per_frequency * n_freq / 1024) + per_row,
+        rows / 4 * (base + per_fft_point * n / 1024 * log2(n) / 15 + per_support_point * s / 1024
+                    + per_capacity * m / 1024 + per_frequency * n_freq / 1024) + per_row,
 
-    (``rows`` = directions x discretizations, 4 for DP-SGD with brackets), fitted to the CPU
-    time of the sweep's program on a 2-core CPU (milliseconds).  A configuration runs in a
+    (``rows`` = directions x discretizations, 4 for DP-SGD with brackets; ``s`` the
+    configuration's own support, which an epsilon query's program discretizes, the capacity
+    ``m`` for a delta query), fitted to the CPU time of the sweep's program on a 2-core CPU
+    (milliseconds; ``benchmarks/bench_sweep_cost.py``).  A configuration runs in a
     program at least as large as its own sizes (a longer FFT: a wider window at the same
     spacing; a longer support: single-step mass moved from the ``+inf`` atom onto grid points;
     more kept frequencies: a smaller truncation bound -- each sound, see the module docstring),
@@ -642,10 +645,11 @@ class BucketPolicy:
     max_padding: float = 3.0
     compile_cost: float | None = None
     load_cost: float = 150.0
-    base: float = 0.3
-    per_fft_point: float = 0.085
-    per_support_point: float = 0.25
-    per_frequency: float = 0.02
+    base: float = 0.2
+    per_fft_point: float = 0.07
+    per_support_point: float = 0.23
+    per_capacity: float = 0.07
+    per_frequency: float = 0.1
     per_row: float = 0.3
 
     def __post_init__(self):
@@ -654,9 +658,13 @@ class BucketPolicy:
         if self.compile_cost is not None and not (self.compile_cost >= 0):
             raise ValueError(f"compile_cost must be >= 0 or None, got {self.compile_cost!r}")
 
-    def cost(self, n: int, m: int, n_freq: int | None, rows: int) -> float:
+    def cost(self, n: int, m: int, n_freq: int | None, rows: int, support: int | None = None) -> float:
+        """Run cost of a configuration with single-step support ``support`` (default ``m``) in
+        a program of static sizes ``(n, m, n_freq)``."""
         nf = n // 2 + 1 if n_freq is None else n_freq
-        run = (self.base + self.per_fft_point * n / 1024 * math.log2(n) / 15 + self.per_support_point * m / 1024
+        support = m if support is None else support
+        run = (self.base + self.per_fft_point * n / 1024 * math.log2(n) / 15
+               + self.per_support_point * support / 1024 + self.per_capacity * m / 1024
                + self.per_frequency * nf / 1024)
         return rows / 4 * run + self.per_row
 
@@ -687,8 +695,9 @@ def _combine_nf(a, b):
 
 
 class _Group:
-    """A candidate bucket: members, static sizes, the cheapest own cost among its members, and
-    what compiling its program costs (0 for a program this process already has)."""
+    """A candidate bucket: members, static sizes, the most its members allow the bucket's share of
+    their cost to be (``floor``; see :func:`_bucket_plan`), and what compiling its program costs
+    (0 for a program this process already has)."""
 
     def __init__(self, struct, members, n, m, nf_at, floor, pay, fixed=False):
         self.struct, self.members, self.n, self.m = struct, members, n, m
@@ -708,30 +717,37 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
     bucket, whether it needs a program not in ``programs``."""
     C = policy.compile()
     F = policy.max_padding
-    cost = functools.lru_cache(maxsize=None)(lambda n, m, nf: policy.cost(n, m, nf, rows))
     by_struct: dict[tuple, list[_Planned]] = {}
     for p in pending:
         by_struct.setdefault(_struct_of(p), []).append(p)
     out = []
     for struct, plist in by_struct.items():
         eps = struct[0] == "eps"
+        # The part of a row's cost its bucket's sizes decide: an epsilon query's program
+        # discretizes the row's own support whatever the bucket's capacity, a delta query's the
+        # capacity.  A row's own support term cancels from every comparison of buckets.
+        cost = functools.lru_cache(maxsize=None)(
+            lambda n, m, nf, eps=eps: policy.cost(n, m, nf, rows, support=0 if eps else m))
         existing = programs.get(struct, [])
         cand_n = sorted({p.plan.n for p in plist} | {e[0] for e in existing})
         groups: list[_Group] = []
         own: dict[tuple, _Group] = {}
         for p in plist:
             n, m, nf = _shape_of(p)
-            c = cost(n, m, nf)
+            # The bucket's share of the row's cost may reach `limit`: the row then costs at most
+            # max_padding times its cost on its own shape.
+            limit = F * policy.cost(n, m, nf, rows) - (policy.cost(n, m, nf, rows) - cost(n, m, nf))
             # Kept frequencies rounded up to a power of two (>= 512): a few initial groups instead
             # of one per row; keeping more frequencies costs little and only tightens the bound.
             nf_at = {k: _round_nf(_n_freq_at(p, k), k) for k in cand_n if k >= n and (eps or k == n)}
             key = (n, m, nf_at[n])
             g = own.get(key)
             if g is None:
-                g = own[key] = _Group(struct, [], n, m, nf_at, c, C)
+                g = own[key] = _Group(struct, [], n, m, nf_at, limit, C)
                 groups.append(g)
             else:
                 g.nf_at = {k: _combine_nf(g.nf_at[k], v) for k, v in nf_at.items()}
+                g.floor = min(g.floor, limit)
             g.members.append(p)
         for n, m, nf, pay in existing:
             groups.append(_Group(struct, [], n, m, {n: nf}, math.inf, pay, fixed=True))
@@ -762,7 +778,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
             if shape is None:
                 return None
             c = cost(*shape)
-            if c > F * min(a.floor, b.floor):
+            if c > min(a.floor, b.floor):
                 return None
             waste = sum(len(g.members) * (c - cost(g.n, g.m, g.nf())) for g in (a, b) if g.members)
             if a.fixed or b.fixed:
@@ -772,12 +788,12 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                 saved = a.pay + b.pay - C
             return saved - waste, shape
 
-        # Greedy agglomeration: a heap of pair gains (largest first); an entry is stale once
-        # either group has changed since it was computed (version counters).  First only joins
-        # of existing programs (free: no compile), then merges into new programs.
-        version = {id(g): 0 for g in groups}
-        tick = itertools.count()
-        for phase in ("existing", "new"):
+        def agglomerate(groups, phase):
+            """Greedy agglomeration: a heap of pair gains (largest first); an entry is stale once
+            either group has changed since it was computed (version counters).  Phase "existing":
+            only joins of existing programs (free: no compile); "new": any merge."""
+            version = {id(g): 0 for g in groups}
+            tick = itertools.count()
             heap = []
 
             def push(a, b):
@@ -810,6 +826,60 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                 for g in groups:
                     if g is not a:
                         push(a, g)
+            return groups
+
+        def segments(free):
+            """The cheapest split of ``free`` (sorted by FFT length, then support) into contiguous
+            runs, one new program each (dynamic programming; optimal among such splits)."""
+            free = sorted(free, key=lambda g: (g.n, g.m))
+            best = [0.0] + [math.inf] * len(free)
+            cut = [0] * (len(free) + 1)
+            for j in range(len(free)):
+                n = free[j].n
+                m, nf, limit, rows_in, base = 0, -1, math.inf, 0, 0.0
+                for i in range(j, -1, -1):
+                    g = free[i]
+                    if n not in g.nf_at:
+                        break
+                    m = max(m, g.m)
+                    nf = g.nf_at[n] if nf == -1 else _combine_nf(nf, g.nf_at[n])
+                    limit = min(limit, g.floor)
+                    rows_in += len(g.members)
+                    base += len(g.members) * cost(g.n, g.m, g.nf())
+                    c = cost(n, m, nf)
+                    if c > limit:
+                        break
+                    total = best[i] + C + rows_in * c
+                    if total < best[j + 1]:
+                        best[j + 1], cut[j + 1] = total, i
+            out, j = [], len(free)
+            while j > 0:
+                i = cut[j]
+                seg = free[i:j]
+                n = seg[-1].n
+                nf = seg[0].nf_at[n]
+                for g in seg[1:]:
+                    nf = _combine_nf(nf, g.nf_at[n])
+                g0 = _Group(struct, [p for g in seg for p in g.members], n, max(g.m for g in seg), {n: nf},
+                            min(g.floor for g in seg), C)
+                out.append(g0)
+                j = i
+            return out
+
+        def objective(gs):
+            return sum(g.pay for g in gs if g.members and not g.fixed) + sum(
+                len(g.members) * cost(g.n, g.m, g.nf()) for g in gs if g.members)
+
+        groups = agglomerate(groups, "existing")
+        fixed = [g for g in groups if g.fixed]
+        free = [g for g in groups if not g.fixed and g.members]
+        # Two searches for the new programs, the cheaper kept: greedy pairwise merges (any shapes)
+        # and the best split into runs along (n, m).
+        snapshot = [(g.members[:], g.n, g.m, dict(g.nf_at), g.floor) for g in free]
+        greedy = agglomerate([_Group(struct, mem[:], n, m, dict(nf_at), fl, C) for mem, n, m, nf_at, fl in snapshot],
+                             "new")
+        runs = segments([_Group(struct, mem[:], n, m, dict(nf_at), fl, C) for mem, n, m, nf_at, fl in snapshot])
+        groups = fixed + min((greedy, runs), key=objective)
         for g in groups:
             if not g.members:
                 continue
@@ -858,10 +928,14 @@ def _chunk_args(members: list[_Planned], per_device: int, mesh):
     log_tau = np.asarray([p.plan.log_tau for p in slots], np.float64)
     deltas = np.asarray([[p.cfg.delta if p.cfg.delta is not None else 0.5] for p in slots], np.float64)
     epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
+    # Each row's own single-step support per group (the longest over directions, as the
+    # accountant's program uses): the bucket program discretizes that much (sweep_program).
+    support = np.asarray([[max(r[gi] for r in p.plan.ms) for gi in range(len(p.plan.ms[0]))] for p in slots],
+                         np.int64)
     count = np.asarray(counts, np.int32)
     sharding = NamedSharding(mesh, PartitionSpec("configs"))
     return jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
-                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons))
+                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons, support))
 
 
 #: Compiled bucket programs of this process, by static sizes and input shapes (a second sweep
