@@ -18,7 +18,10 @@ argument tree (mechanism classes and static fields included) and types, the JAX 
 backend and a fingerprint of dpjax's source files, so an edited dpjax never runs a stale
 program.  The sweep's bucket programs (``shard_map`` over the configuration axis, one device)
 take the same path through :func:`exported_compiled`, which returns the compiled program itself
-(the sweep compiles ahead, in background threads).
+(the sweep compiles ahead, in background threads), and are listed in an index of their static
+sizes (:func:`exported_index`) so that a later sweep can bucket its configurations onto them.
+Host-side results that are pure functions of their key and of dpjax's sources (the sweep's grid
+plans) are kept as pickles (:func:`store_object` / :func:`load_object`).
 """
 
 from __future__ import annotations
@@ -214,6 +217,11 @@ def _object_path(name: str, key: str) -> pathlib.Path | None:
         return None
     ident = "\x00".join([name, key, _source_fingerprint()])
     return export_dir / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.pickle"
+
+
+def caching() -> bool:
+    """Whether serialized programs and stored objects are in use (the persistent cache is on)."""
+    return _EXPORT_DIR is not None
 
 
 def load_object(name: str, key: str) -> Any:

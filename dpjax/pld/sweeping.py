@@ -117,6 +117,7 @@ import json
 import math
 import os
 import pickle
+import threading
 import time
 from typing import Any, Iterable, Sequence
 
@@ -387,9 +388,25 @@ def _plan_all(todo: list[int], configs: list[SweepConfig], options: GridOptions 
         pending = _plan_parallel(todo, configs, options, workers)
     else:
         pending = [_plan(i, configs[i], options) for i in todo]
-    _cache.store_object("sweep_plans", key, pending)
+    if _cache.caching():
+        # Stored in the background (pickling ~10^4 plans takes a while); joined before sweep returns.
+        thread = threading.Thread(target=_cache.store_object, args=("sweep_plans", key, list(pending)), daemon=True)
+        thread.start()
+        _STORES.append(thread)
     return pending
 
+
+#: Background writes of stored plans, joined at the end of every sweep.
+_STORES: list = []
+
+
+def _join_stores() -> None:
+    while _STORES:
+        _STORES.pop().join()
+
+
+#: Bumped when :class:`_Planned` changes shape (stored plans of another layout are not used).
+_PLAN_CACHE_VERSION = 1
 
 #: Sweeps of at least this many configurations are planned in worker processes when the host
 #: has more than two cores (planning is ~1-5 ms of NumPy per configuration, one core each).
@@ -403,38 +420,53 @@ def _planning_workers(count: int) -> int:
     return min(cores - 1, 32, count // 250)
 
 
-def _plan_worker_init():
-    # Planning is host NumPy; a worker must not take an accelerator (or its memory).
-    jax.config.update("jax_platforms", "cpu")
-
-
 def _plan_batch(items, options):
     return [_plan(i, cfg, options) for i, cfg in items]
 
 
+def _plan_worker_main() -> None:  # pragma: no cover - runs in a planning worker process
+    """A planning worker: (items, options) pickled on stdin, their plans pickled on stdout."""
+    import sys
+
+    items, options = pickle.load(sys.stdin.buffer)
+    pickle.dump(_plan_batch(items, options), sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _plan_parallel(todo, configs, options, workers: int) -> list[_Planned]:
-    """:func:`_plan` over ``todo`` in ``workers`` fresh processes (``spawn``: safe whatever
-    threads this process runs); falls back to planning here if the pool cannot be used."""
-    import multiprocessing
+    """:func:`_plan` over ``todo`` in ``workers`` fresh Python processes (``python -c``: nothing of
+    this process is re-imported or re-run there, and ``JAX_PLATFORMS=cpu``: a worker never takes an
+    accelerator); falls back to planning here if a worker fails."""
+    import subprocess
+    import sys
 
     items = [(i, configs[i]) for i in todo]
-    size = -(-len(items) // (4 * workers))
+    size = -(-len(items) // workers)
     parts = [items[k:k + size] for k in range(0, len(items), size)]
-    try:
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                                    initializer=_plan_worker_init) as pool:
-            planned = [p for part in pool.map(_plan_batch, parts, itertools.repeat(options)) for p in part]
-    except (OSError, RuntimeError, concurrent.futures.process.BrokenProcessPool, pickle.PicklingError):
+    # This dpjax, whatever put it on this process's path.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([root] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
+    code = "from dpjax.pld import sweeping; sweeping._plan_worker_main()"
+    results: list = [None] * len(parts)
+
+    def run(k):
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((parts[k], options)),
+                                  capture_output=True, env=env, timeout=3600)
+            if proc.returncode == 0:
+                results[k] = pickle.loads(proc.stdout)
+        except Exception:
+            results[k] = None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        list(pool.map(run, range(len(parts))))
+    if any(r is None for r in results):
         return [_plan(i, configs[i], options) for i in todo]
+    planned = [p for part in results for p in part]
     for p in planned:   # the in-process memo serves a second sweep of the same configurations
         if p.attempt == 0:
             _plan_memo_put(p, options)
     return planned
-
-
-#: Bumped when :class:`_Planned` changes shape (stored plans of another layout are not used).
-_PLAN_CACHE_VERSION = 1
 
 
 _PLAN_MEMO: dict = {}
@@ -1294,6 +1326,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                         if store is not None:
                             store.append(new)
                         bar.update(len(new), programs=len(programs))
+    _join_stores()
     origins = [_ORIGIN.get(k) for k in programs if k in made]
     table = SweepTable(rows=tuple(rows[i] for i in range(len(configs))), programs=len(programs),
                        seconds=time.perf_counter() - t0, devices=len(devices),
