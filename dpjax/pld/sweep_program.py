@@ -10,13 +10,16 @@ configurations (:mod:`dpjax.pld.sweeping`):
   ``R = directions x kinds`` rows from the discretization on: one log-MGF, one forward and one
   inverse FFT call, one window placement and one conversion for all rows, instead of a copy of
   that code per discretization (a smaller program: it compiles faster);
+* a configuration discretizes its own single-step support, not the bucket's (``support``;
+  :func:`_discretize_prefix`: block by block, the same PMFs as a program of its own support);
 * the window is read from the circular result with a dynamic slice of the doubled array instead
   of a gather of ``n`` indices (the same values);
 * the conversion's weights ``e^{y_ref - y_t}`` are a product of ``n / b + b`` exponentials (block
   start times offset within the block) instead of ``n`` of them; they only depend on ``dx``,
   since ``y_ref - y_t = (n/2 - t) dx``.  Each weight then carries two roundings instead of one,
   far below the certified relative round-off allowance ``roundoff_rel >= 8 u (log2 n + steps)``
-  that the conversion applies to the sums of these terms (docs/design.md §2.4).
+  that the conversion applies to the sums of these terms (docs/design.md §2.4).  Its block
+  length ``b`` is about ``sqrt(n)`` (:func:`_conversion_block`).
 
 Which end of the bracket a row belongs to is data (a flag per row), so the upper and lower
 curves share their code: ``const = p_inf + tail_above + roundoff``, ``fa = 1 + roundoff_rel``,
@@ -97,17 +100,21 @@ def _discretize_prefix(mech, directions, o, dx, m, support, kinds):
         yc = (o[:, None] + jnp.minimum(j, last)[None, :]) * dx
         return _cdfs(mech, directions, yc, dx), y
 
-    def body(k, buf):
+    def body(k, state):
+        buf, gt_last = state
         s = jnp.maximum(k * B - H, 0)
         c, y = rows_at(s + jnp.arange(L))
         g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(c, y, dx)
         rows = jnp.concatenate([g.pmf_up if kind == "up" else g.pmf_down for kind in kinds], axis=0)
         keep = jax.lax.dynamic_slice_in_dim(rows, k * B - s, B, axis=1)
-        return jax.lax.dynamic_update_slice_in_dim(buf, keep, k * B, axis=1)
+        # P(Y > y_last) from the block whose window holds the last point (the CDFs are held at
+        # their last value beyond it, so any window point at or after it has that value).
+        here = jax.lax.dynamic_index_in_dim(c.p_gt, jnp.clip(last - s, 0, L - 1), axis=1, keepdims=False)
+        gt_last = jnp.where((s <= last) & (last < s + L), here, gt_last)
+        return jax.lax.dynamic_update_slice_in_dim(buf, keep, k * B, axis=1), gt_last
 
-    pmf = jax.lax.fori_loop(0, (support + B - 1) // B, body, jnp.zeros((D * K, m)))
-    c_last, _ = rows_at(jnp.reshape(last, (1,)))
-    gt_last = jnp.where(c_last.p_gt[:, 0] < _FLUSH, 0.0, c_last.p_gt[:, 0])        # (D,) flushed as grid_pmf
+    pmf, gt_last = jax.lax.fori_loop(0, (support + B - 1) // B, body, (jnp.zeros((D * K, m)), jnp.zeros(D)))
+    gt_last = jnp.where(gt_last < _FLUSH, 0.0, gt_last)                  # (D,) flushed as grid_pmf
     is_down = jnp.asarray(np.repeat([kind == "down" for kind in kinds], D))
     pmf = pmf.at[:, last].add(jnp.where(is_down, jnp.concatenate([gt_last] * K), 0.0))
     p_inf_up = gt_last + 2 * support * _FLUSH

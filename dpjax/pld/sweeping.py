@@ -670,7 +670,7 @@ class BucketPolicy:
     Attributes:
       max_padding: the largest padding factor of any configuration (>= 1).
       compile_cost: cost of compiling a new program (same unit as the run cost; None: the
-        backend's default, :data:`COMPILE_COST`).
+        backend's default, :data:`COMPILE_COST`, an eighth of it while the persistent cache is on).
       load_cost: cost of a program serialized by an earlier process (persistent cache on).
     """
 
@@ -701,9 +701,14 @@ class BucketPolicy:
         return rows / 4 * run + self.per_row
 
     def compile(self) -> float:
+        """The compile cost the bucketing weighs: ``compile_cost``, else the backend's default
+        (:data:`COMPILE_COST`), of which only :data:`CACHED_COMPILE_SHARE` while the persistent
+        cache is on (the program is then serialized and reused by later processes, which load it
+        for ``load_cost``: the steady state matters more than this process's compiles)."""
         if self.compile_cost is not None:
             return self.compile_cost
-        return COMPILE_COST.get(jax.default_backend(), COMPILE_COST["cpu"])
+        cost = COMPILE_COST.get(jax.default_backend(), COMPILE_COST["cpu"])
+        return cost * CACHED_COMPILE_SHARE if _cache.caching() else cost
 
 
 #: Default compile cost of a new bucket program, by backend, in the cost model's unit (CPU
@@ -711,6 +716,8 @@ class BucketPolicy:
 #: took 2.0-2.6 s of CPU time on the 2-core CPU.  On a GPU a configuration runs ~10x faster
 #: than on that CPU while a compile takes about as long, so a compile weighs ~10x more there.
 COMPILE_COST = {"cpu": 2200.0, "gpu": 25000.0, "cuda": 25000.0, "rocm": 25000.0, "tpu": 25000.0}
+#: The share of :data:`COMPILE_COST` counted while the persistent cache is on (every CLI run).
+CACHED_COMPILE_SHARE = 0.125
 
 
 def _round_nf(nf: int | None, n: int) -> int | None:
@@ -728,13 +735,13 @@ def _combine_nf(a, b):
 
 class _Group:
     """A candidate bucket: members, static sizes, the most its members allow the bucket's share of
-    their cost to be (``floor``; see :func:`_bucket_plan`), and what compiling its program costs
+    their cost to be (``limit``; see :func:`_bucket_plan`), and what compiling its program costs
     (0 for a program this process already has)."""
 
-    def __init__(self, struct, members, n, m, nf_at, floor, pay, fixed=False):
+    def __init__(self, struct, members, n, m, nf_at, limit, pay, fixed=False):
         self.struct, self.members, self.n, self.m = struct, members, n, m
         self.nf_at = nf_at            # {n: kept frequencies of the members at FFT length n}
-        self.floor, self.pay, self.fixed = floor, pay, fixed
+        self.limit, self.pay, self.fixed = limit, pay, fixed
 
     def nf(self):
         return self.nf_at[self.n]
@@ -779,7 +786,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                 groups.append(g)
             else:
                 g.nf_at = {k: _combine_nf(g.nf_at[k], v) for k, v in nf_at.items()}
-                g.floor = min(g.floor, limit)
+                g.limit = min(g.limit, limit)
             g.members.append(p)
         for n, m, nf, pay in existing:
             groups.append(_Group(struct, [], n, m, {n: nf}, math.inf, pay, fixed=True))
@@ -810,7 +817,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
             if shape is None:
                 return None
             c = cost(*shape)
-            if c > min(a.floor, b.floor):
+            if c > min(a.limit, b.limit):
                 return None
             waste = sum(len(g.members) * (c - cost(g.n, g.m, g.nf())) for g in (a, b) if g.members)
             if a.fixed or b.fixed:
@@ -846,7 +853,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                     a, b = b, a
                 a.members.extend(b.members)
                 b.members = []
-                a.floor = min(a.floor, b.floor)
+                a.limit = min(a.limit, b.limit)
                 if not a.fixed:
                     a.n, a.m = n, m
                     a.nf_at = {k: _combine_nf(a.nf_at[k], b.nf_at[k]) for k in a.nf_at if k in b.nf_at}
@@ -875,7 +882,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                         break
                     m = max(m, g.m)
                     nf = g.nf_at[n] if nf == -1 else _combine_nf(nf, g.nf_at[n])
-                    limit = min(limit, g.floor)
+                    limit = min(limit, g.limit)
                     rows_in += len(g.members)
                     base += len(g.members) * cost(g.n, g.m, g.nf())
                     c = cost(n, m, nf)
@@ -893,7 +900,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                 for g in seg[1:]:
                     nf = _combine_nf(nf, g.nf_at[n])
                 g0 = _Group(struct, [p for g in seg for p in g.members], n, max(g.m for g in seg), {n: nf},
-                            min(g.floor for g in seg), C)
+                            min(g.limit for g in seg), C)
                 out.append(g0)
                 j = i
             return out
@@ -907,7 +914,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
         free = [g for g in groups if not g.fixed and g.members]
         # Two searches for the new programs, the cheaper kept: greedy pairwise merges (any shapes)
         # and the best split into runs along (n, m).
-        snapshot = [(g.members[:], g.n, g.m, dict(g.nf_at), g.floor) for g in free]
+        snapshot = [(g.members[:], g.n, g.m, dict(g.nf_at), g.limit) for g in free]
         greedy = agglomerate([_Group(struct, mem[:], n, m, dict(nf_at), fl, C) for mem, n, m, nf_at, fl in snapshot],
                              "new")
         runs = segments([_Group(struct, mem[:], n, m, dict(nf_at), fl, C) for mem, n, m, nf_at, fl in snapshot])
