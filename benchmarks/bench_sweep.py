@@ -35,8 +35,9 @@ alternating, for a before/after comparison.
 
 Device mode (``--device-configs N``; no dp_accounting needed): on JAX's default device (GPU if
 there is one), the broad distribution (``--dist`` picks another): ``dpjax.sweep`` first pass
-and second pass in one process with a fresh persistent cache, then a second process on the same
-configurations with that cache warm (first pass there).  Prints and writes JSON.
+and second pass in one process with the persistent cache off (the Python API's default), a
+first pass in a process with an empty persistent cache, and one in a second process with that
+cache warm.  Prints and writes JSON (``benchmarks/results/bench_sweep_device.json``).
 
     python benchmarks/bench_sweep.py --dist broad --broad-configs 120 [--repeat 2]
     python benchmarks/bench_sweep.py --dist narrow --narrow-configs 1000 --anchor-subset 100
@@ -181,13 +182,11 @@ def _cli_pair(dist: str, n: int, root: pathlib.Path, with_lower: bool):
 def _fine(dist, n, i, interval, root):
     """dp_accounting at ``interval`` on configuration ``i``, in its own process (memory capped at
     8 GiB, 15 minutes); None if it does not finish."""
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
-
-    code = DPA_SNIPPET.format(dist=dist, n=n, m=0, interval=interval, only=[i])
+    code = ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))\n"
+            + DPA_SNIPPET.format(dist=dist, n=n, m=0, interval=interval, only=[i]))
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(root, "0"),
-                             cwd=str(root), preexec_fn=cap, timeout=900)
+                             cwd=str(root), timeout=900)
     except subprocess.TimeoutExpired:
         return None
     if out.returncode != 0:
@@ -310,6 +309,8 @@ for k in range(PASSES):
     table = dpjax.sweep(cfg, progress_bar=False)
     out[f"pass{{k + 1}}_s"] = time.perf_counter() - t0
     out[f"pass{{k + 1}}_programs"] = table.programs
+    out[f"pass{{k + 1}}_compiled"] = table.compiled
+    out[f"pass{{k + 1}}_loaded"] = table.loaded
     print(json.dumps({{f"pass{{k + 1}}_s": out[f"pass{{k + 1}}_s"]}}), flush=True)
 eps = [r["epsilon"] for r in table.rows]
 out.update(epsilon_median=sorted(eps)[len(eps) // 2], rows_inf=sum(e == float("inf") for e in eps),
@@ -319,20 +320,29 @@ print(json.dumps(out))
 
 
 def device_mode(args):
+    """Three fresh processes on JAX's default device: the persistent cache off (first and second
+    pass: the Python API's default), then on with an empty directory (first pass: a first CLI
+    run) and again warm (first pass of a second process)."""
     n, dist = args.device_configs, (args.dist if args.dist != "both" else "broad")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cache")
-        first, wall1, cpu1, load1 = _py(DEVICE_SNIPPET.format(dist=dist, n=n, passes=2), ROOT, cache)
-        rows.append(dict(row="first pass (fresh process, empty persistent cache)", seconds=first["pass1_s"],
-                         programs=first["pass1_programs"], import_s=first["import_s"], **load1))
+        first, wall1, _, load1 = _py(DEVICE_SNIPPET.format(dist=dist, n=n, passes=2), ROOT, "0")
+        rows.append(dict(row="first pass (fresh process, persistent cache off)", seconds=first["pass1_s"],
+                         programs=first["pass1_programs"], compiled=first["pass1_compiled"], import_s=first["import_s"],
+                         process_wall_s=wall1, **load1))
         rows.append(dict(row="second pass (same process)", seconds=first["pass2_s"], programs=first["pass2_programs"]))
-        warm, wall2, cpu2, load2 = _py(DEVICE_SNIPPET.format(dist=dist, n=n, passes=1), ROOT, cache)
+        cold, wall2, _, load2 = _py(DEVICE_SNIPPET.format(dist=dist, n=n, passes=1), ROOT, cache)
+        rows.append(dict(row="first pass, persistent cache on and empty (fresh process)", seconds=cold["pass1_s"],
+                         programs=cold["pass1_programs"], compiled=cold["pass1_compiled"], import_s=cold["import_s"],
+                         process_wall_s=wall2, **load2))
+        warm, wall3, _, load3 = _py(DEVICE_SNIPPET.format(dist=dist, n=n, passes=1), ROOT, cache)
         rows.append(dict(row="second process, warm persistent cache (its first pass)", seconds=warm["pass1_s"],
-                         programs=warm["pass1_programs"], import_s=warm["import_s"], process_wall_s=wall2, **load2))
+                         programs=warm["pass1_programs"], compiled=warm["pass1_compiled"],
+                         loaded=warm["pass1_loaded"], import_s=warm["import_s"], process_wall_s=wall3, **load3))
     print(f"\ndevice mode: {n} configurations ({dist}) on {first['device']} ({first['backend']}, jax {first['jax']})")
     for r in rows:
-        print(f"{r['row']:58} {r['seconds']:8.2f} s  programs {r['programs']}")
+        print(f"{r['row']:62} {r['seconds']:8.2f} s  programs {r['programs']}, compiled {r.get('compiled', 0)}")
     print(f"epsilon median {first['epsilon_median']:.4g}, rows inf {first['rows_inf']}, paths {first['paths']}")
     return dict(mode="device", dist=dist, configs=n, rows=rows, device=first["device"], backend=first["backend"],
                 jax=first["jax"], epsilon_median=first["epsilon_median"], rows_inf=first["rows_inf"],
