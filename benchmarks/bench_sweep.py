@@ -19,6 +19,10 @@ Rows per distribution, each measured in a fresh Python process (import included 
 * ``CLI cold`` / ``CLI warm``: ``python -m dpjax sweep --grid FILE --json`` twice with one fresh
   persistent-cache directory: the whole process, the first time with an empty cache, the second
   time warm.
+* ``alternating`` (``--alternate R``): one process that runs the sweep and the single-call loop
+  once (compiles), then ``R`` rounds of dp_accounting's loop, the sweep and the single-call loop,
+  one after the other: the steady-state ratios from neighbouring measurements, robust to the
+  load drifting between processes.
 
 Every row records wall time and CPU time (user + sys, all threads).  The machine this runs on is
 a 2-core CPU usually shared with other jobs: absolute times move with the load (recorded before
@@ -127,6 +131,42 @@ for i in idx:
         c["steps"]))
     eps.append(acc.get_epsilon(c["delta"]))
 print(json.dumps(dict(seconds=time.perf_counter() - t0, cpu_s=time.process_time() - c0, epsilon=eps, index=idx)))
+"""
+
+ALTERNATE_SNIPPET = CONFIGS + r"""
+import time, json
+DIST, N, ROUNDS = {dist!r}, {n}, {rounds}
+cfg = configs(DIST, N)
+import numpy as np
+import dpjax
+import dp_accounting
+from dp_accounting.pld import pld_privacy_accountant
+
+def dpa_loop():
+    for c in cfg:
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            c["sampling_prob"], dp_accounting.GaussianDpEvent(c["noise_multiplier"])), c["steps"]))
+        acc.get_epsilon(c["delta"])
+
+def sweep():
+    dpjax.sweep(cfg, progress_bar=False)
+
+def loop():
+    for c in cfg:
+        dpjax.dpsgd_epsilon(c["noise_multiplier"], c["sampling_prob"], c["steps"], c["delta"])
+
+def timed(f):
+    t, c = time.perf_counter(), time.process_time()
+    f()
+    return time.perf_counter() - t, time.process_time() - c
+
+sweep(); loop()   # first passes (compiles): the rows below are steady state
+out = dict(dpa=[], sweep=[], loop=[])
+for _ in range(ROUNDS):
+    for name, f in (("dpa", dpa_loop), ("sweep", sweep), ("loop", loop)):
+        out[name].append(timed(f))
+print(json.dumps(out))
 """
 
 WRITE_GRID = CONFIGS + r"""
@@ -267,10 +307,30 @@ def bench_distribution(dist, n, args, roots):
                                  cpu_s=loop["pass1_cpu_s"] * scale, measured_configs=ln, **load))
                 rows.append(dict(row=f"single-call loop second pass{tag}", seconds=loop["pass2_s"] * scale,
                                  cpu_s=loop["pass2_cpu_s"] * scale, measured_configs=ln, **load))
+        if args.alternate and not args.no_anchor:
+            alt, wall, cpu, load = _py(ALTERNATE_SNIPPET.format(dist=dist, n=n, rounds=args.alternate), roots["after"])
+            ratios = dict(
+                sweep_vs_dp_accounting=[d[0] / s_[0] for d, s_ in zip(alt["dpa"], alt["sweep"])],
+                sweep_vs_loop=[l[0] / s_[0] for l, s_ in zip(alt["loop"], alt["sweep"])],
+                sweep_vs_dp_accounting_cpu=[d[1] / s_[1] for d, s_ in zip(alt["dpa"], alt["sweep"])],
+                sweep_vs_loop_cpu=[l[1] / s_[1] for l, s_ in zip(alt["loop"], alt["sweep"])])
+            extra["alternating"] = dict(times=alt, ratios=ratios, **load)
         anchor = rows[0]["seconds"] if dpa is not None else None
         _table(f"{dist}: {n} configurations, round {rep + 1}/{args.repeat}"
                + (f" (dp_accounting timed on {m}, extrapolated)" if dpa is not None and m < n else ""), rows, anchor)
         rnd = dict(rows=rows, programs=extra["after"]["pass1_programs"])
+        if "alternating" in extra:
+            rnd["alternating"] = extra["alternating"]
+            r = extra["alternating"]["ratios"]
+            t = extra["alternating"]["times"]
+            print("steady state in one process, alternating dp_accounting / sweep / single-call loop "
+                  f"({args.alternate} rounds): " + "; ".join(
+                      f"dp_accounting {d[0]:.1f} s, sweep {s_[0]:.2f} s, loop {l[0]:.2f} s"
+                      for d, s_, l in zip(t["dpa"], t["sweep"], t["loop"])))
+            print("  sweep second pass vs dp_accounting: " + ", ".join(f"{x:.1f}x" for x in r["sweep_vs_dp_accounting"])
+                  + "; vs the single-call loop: " + ", ".join(f"{x:.2f}x" for x in r["sweep_vs_loop"])
+                  + " (CPU: " + ", ".join(f"{x:.1f}x" for x in r["sweep_vs_dp_accounting_cpu"]) + "; "
+                  + ", ".join(f"{x:.2f}x" for x in r["sweep_vs_loop_cpu"]) + ")")
         sweep2 = next(r for r in rows if r["row"] == "sweep second pass (same process)")
         loop2 = next((r for r in rows if r["row"] == "single-call loop second pass"), None)
         if loop2 is not None:
@@ -360,6 +420,9 @@ def main(argv=None):
                     help="time the single-call loop on the first N configurations and extrapolate (default: all)")
     ap.add_argument("--fine-interval", type=float, default=1e-6)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every row, alternating")
+    ap.add_argument("--alternate", type=int, default=3,
+                    help="rounds of dp_accounting / sweep / single-call loop steady states alternating in one "
+                         "process (0: skip)")
     ap.add_argument("--base", default=None, help="another checkout whose dpjax rows run alongside (before/after)")
     ap.add_argument("--no-anchor", action="store_true", help="skip dp_accounting (and the accuracy check)")
     ap.add_argument("--no-loop", action="store_true", help="skip the single-call loop")
