@@ -41,7 +41,8 @@ Device mode (``--device-configs N``; no dp_accounting needed): on JAX's default 
 there is one), the broad distribution (``--dist`` picks another): ``dpjax.sweep`` first pass
 and second pass in one process with the persistent cache off (the Python API's default), a
 first pass in a process with an empty persistent cache, and one in a second process with that
-cache warm.  Prints and writes JSON (``benchmarks/results/bench_sweep_device.json``).
+cache warm.  Prints and writes JSON (``benchmarks/results/bench_sweep_device.json``; the CPU
+distributions write ``bench_sweep_narrow.json`` and ``bench_sweep_broad.json``).
 
     python benchmarks/bench_sweep.py --dist broad --broad-configs 120 [--repeat 2]
     python benchmarks/bench_sweep.py --dist narrow --narrow-configs 1000 --anchor-subset 100
@@ -432,28 +433,36 @@ def main(argv=None):
                     help="device mode: this many configurations on JAX's default device (no dp_accounting)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    import jax
+    from importlib import metadata
 
+    # JAX is not imported here: on an accelerator this process would take the device's memory
+    # from the child processes that measure (the children record the backend and devices).
     machine = dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
-                   jax=jax.__version__, backend=jax.default_backend(), loadavg_start=os.getloadavg())
+                   jax=metadata.version("jax"), loadavg_start=os.getloadavg())
+    results = ROOT / "benchmarks" / "results"
     if args.device_configs is not None:
         out = device_mode(args)
-        default = ROOT / "benchmarks" / "results" / "bench_sweep_device.json"
-    else:
-        roots = {"after": ROOT}
-        if args.base:
-            roots = {"base": pathlib.Path(args.base).resolve(), "after": ROOT}
-        dists = ("narrow", "broad") if args.dist == "both" else (args.dist,)
+        _write(out, pathlib.Path(args.out) if args.out else results / "bench_sweep_device.json", machine, argv)
+        return
+    roots = {"after": ROOT}
+    if args.base:
+        roots = {"base": pathlib.Path(args.base).resolve(), "after": ROOT}
+    dists = ("narrow", "broad") if args.dist == "both" else (args.dist,)
+    if args.out and len(dists) > 1:
+        ap.error("--out names one file: give --dist narrow or --dist broad with it")
+    for d in dists:   # one file per distribution, written as soon as it is measured
         out = dict(benchmark="bench_sweep", repeat=args.repeat, with_lower=not args.no_lower, base=args.base,
-                   note="2-core CPU shared with other jobs: load averages recorded per row; speedups against the "
-                        "dp_accounting loop measured in the same round",
+                   note="2-core CPU shared with other jobs: load averages recorded per row; speedups against "
+                        "the dp_accounting loop measured in the same round",
                    results=[bench_distribution(d, args.narrow_configs if d == "narrow" else args.broad_configs,
-                                               args, roots) for d in dists])
-        default = ROOT / "benchmarks" / "results" / ("bench_sweep.json" if args.dist == "both"
-                                                     else f"bench_sweep_{args.dist}.json")
-    machine["loadavg_end"] = os.getloadavg()
-    out["machine"] = machine
-    path = pathlib.Path(args.out) if args.out else default
+                                               args, roots)])
+        _write(out, pathlib.Path(args.out) if args.out else results / f"bench_sweep_{d}.json", machine, argv)
+
+def _write(out: dict, path: pathlib.Path, machine: dict, argv) -> None:
+    from _meta import run_metadata
+
+    out["machine"] = dict(machine, loadavg_end=os.getloadavg())
+    out["meta"] = run_metadata(__file__, argv)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

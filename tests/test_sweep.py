@@ -93,7 +93,8 @@ def test_sweep_delta_query_and_grid():
     assert [c.noise_multiplier for c in configs] == [1.0, 2.0]
     table = dpjax.sweep(configs, with_lower=False)
     for c, r in zip(configs, table.rows):
-        assert r["query"] == "delta" and r["epsilon"] == 0.5
+        assert r["query"] == "delta" and r["target_epsilon"] == 0.5 and r["epsilon"] is None
+        assert r["grid"] == "accountant"  # delta queries use the single call's grid
         single = pld.dpsgd_delta(c.noise_multiplier, c.sampling_prob, c.steps, 0.5)
         assert abs(r["delta"] - single) <= SLACK * single
 
@@ -131,8 +132,13 @@ def _subprocess_sweep(configs, devices, per_device):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_sweep_eight_devices_same_table():
+def test_sweep_eight_devices_same_table(monkeypatch):
+    from dpjax.pld import sweeping
+
     configs = _random_configs(6, seed=3, t_max=2000)
+    # Bucket as the fresh 8-device process does: without the programs earlier tests left in this
+    # process (a row may otherwise join a larger one: a longer FFT, another certified value).
+    monkeypatch.setattr(sweeping, "_SHAPES", {})
     one = dpjax.sweep(configs, devices=dpjax_devices()[:1])
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
@@ -181,7 +187,8 @@ def test_sweep_kill_minus_nine_and_resume(tmp_path):
     assert rc == 0
     lines = out.read_text().strip().splitlines()
     header, body = lines[0].split(","), lines[1:]
-    assert header[:7] == ["index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon"]
+    assert header[:10] == ["index", "noise_multiplier", "sampling_prob", "steps", "group_size", "target_delta",
+                           "target_epsilon", "query", "epsilon", "delta"]
     assert [int(line.split(",")[0]) for line in body] == list(range(len(configs)))
     jl = [json.loads(line) for line in journal.read_text().splitlines()]
     assert [r["index"] for r in jl] == list(range(len(configs)))

@@ -42,7 +42,12 @@ FFT four times its own length costs about four times as much).  The sweep theref
    programs already compiled where they fit.  They are rare because the planner sizes every
    window by the Chernoff quantiles of the probe's composed log-MGF at the retry threshold too.
    A retried row that no program holds has its program compiled as soon as the row is known,
-   behind the round's own compiles, so it overlaps the rest of the round.
+   behind the round's own compiles, so it overlaps the rest of the round;
+5. gives every row the single call's error accounting: a row where the single call would not
+   stop at the grid's answer (a direction the grid cannot certify, or an FFT round-off floor
+   that matters at the requested delta, near 1e-12 and below) is recomputed by
+   :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` (path "single": the tilted tail pass and
+   the fallback bounds of :mod:`dpjax.pld.fallback`).
 
 Across processes.  With the persistent cache on (every CLI run; :mod:`dpjax.pld.cache`) each
 bucket program is also serialized with :mod:`jax.export` and indexed by its static sizes, and
@@ -95,7 +100,8 @@ Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON
 it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
 ``resume=True`` skips every configuration already recorded there: a killed sweep (even
 ``kill -9``) resumes without recomputing or losing a row, and the final files hold every
-configuration exactly once, in input order.  A progress bar (:mod:`dpjax._progress`) shows on a TTY.
+configuration exactly once, in input order.  Progress (:mod:`dpjax._progress`) shows on stderr: a
+bar in a terminal or notebook, lines in a log.
 
 Example::
 
@@ -128,7 +134,7 @@ import numpy as np
 from dpjax._results import ResultMixin
 
 from dpjax import _validate, _xla
-from dpjax._progress import progress
+from dpjax._progress import progress as _progress_bar
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
 from dpjax.pld import cache as _cache
@@ -139,8 +145,16 @@ __all__ = ["BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "
            "SWEEP_SLACK"]
 
 #: Columns of every row, in order (CSV header).
-ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon",
-              "query", "lower", "upper", "n", "dx", "path")
+ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "target_delta", "target_epsilon",
+              "query", "epsilon", "delta", "lower", "upper", "grid", "n", "dx", "path")
+
+
+def grid_name(options: GridOptions | None) -> str:
+    """The ``grid`` of a row: ``"sweep"`` (:data:`SWEEP_OPTIONS`), ``"accountant"`` (the single
+    call's ``GridOptions()``, as :func:`dpjax.pld.dpsgd_epsilon`) or ``"custom"``."""
+    if options == SWEEP_OPTIONS:
+        return "sweep"
+    return "accountant" if options == GridOptions() else "custom"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +211,14 @@ class SweepConfig:
             raise ValueError(f"configuration {m!r} is missing {missing}")
         d = m.get("delta", m.get("target_delta"))
         e = m.get("epsilon", m.get("target_epsilon"))
-        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, m.get("group_size", 1) or 1).validate()
+        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, _group_size_field(m)).validate()
+
+
+def _group_size_field(m: dict):
+    """``group_size`` of a mapping: absent or None means 1; anything else is validated as given
+    (0 or False is an error, not a silent 1)."""
+    k = m.get("group_size")
+    return 1 if k is None else k
 
 
 def _as_list(name, v) -> list:
@@ -254,10 +275,15 @@ def _as_configs(configs) -> list[SweepConfig]:
 class SweepTable(ResultMixin):
     """The result of :func:`sweep`: ``rows`` (dicts with :data:`ROW_FIELDS`) in input order.
 
-    Row fields: the configuration; ``query`` ("epsilon" or "delta"); the certified value in the
-    queried column (``epsilon`` for an epsilon query, ``delta`` for a delta query: an upper
-    bound, ``inf`` / 1 when nothing can be certified); ``lower`` / ``upper`` the certified bracket
-    of that value (``upper`` is the value); ``n``, ``dx`` the grid; ``path`` "batched" (bucket
+    Row fields (:data:`ROW_FIELDS`): the configuration, its target (``target_delta`` for an
+    epsilon query, ``target_epsilon`` for a delta query); ``query`` ("epsilon" or "delta"); the
+    certified value in the queried column (``epsilon`` for an epsilon query, ``delta`` for a
+    delta query: an upper bound, ``inf`` / 1 when nothing can be certified; the other column is
+    None); ``lower`` / ``upper`` the certified bracket of that value (``upper`` is the value);
+    ``grid`` the grid policy it was computed on ("sweep": :data:`SWEEP_OPTIONS`, within
+    :data:`SWEEP_SLACK` of the single call; "accountant": the single call's own grid, as
+    :func:`dpjax.pld.dpsgd_epsilon`; "custom": the ``options`` given; "closed_form": q = 1, no
+    grid) and ``n``, ``dx`` its size and spacing; ``path`` "batched" (bucket
     program), "exact" (q = 1: the closed form, no grid, ``n = dx = 0``), "single" (recomputed by
     the single-configuration accountant) or "resumed" (read
     back from ``out``).
@@ -1124,18 +1150,52 @@ def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
     return _plan(p.index, p.cfg, options, min_width=min_width, attempt=p.attempt + 1, groups=p.groups)
 
 
-def _row(p: _Planned, reports, path: str) -> dict:
+def _config_fields(cfg: SweepConfig, value: float) -> dict:
+    """A row's configuration and value: the target as ``target_delta`` / ``target_epsilon``, the
+    certified value as ``epsilon`` / ``delta`` (the one the query computes; the other is None)."""
+    return dict(noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob, steps=cfg.steps,
+                group_size=cfg.group_size, target_delta=cfg.delta, target_epsilon=cfg.epsilon, query=cfg.query,
+                epsilon=value if cfg.query == "epsilon" else None, delta=value if cfg.query == "delta" else None)
+
+
+def _row(p: _Planned, reports, path: str, grid: str) -> dict:
     dir_reports, upper, lower = _acc._combine(reports)
     upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
-    cfg = p.cfg
-    value = upper
-    row = dict(index=p.index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
-               steps=cfg.steps, group_size=cfg.group_size,
-               delta=cfg.delta if cfg.query == "epsilon" else value,
-               epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
-               query=cfg.query, lower=lower, upper=upper, n=int(dir_reports[0].n), dx=float(dir_reports[0].dx),
-               path=path)
-    return row
+    return dict(index=p.index, **_config_fields(p.cfg, upper), lower=lower, upper=upper, grid=grid,
+                n=int(dir_reports[0].n), dx=float(dir_reports[0].dx), path=path)
+
+
+def _needs_single(p: _Planned, res, row: dict) -> bool:
+    """True where the single call would not stop at this grid's answer: a direction the grid
+    could not certify (the single call then falls back on the bounds of
+    :mod:`dpjax.pld.fallback`), or an FFT round-off floor that matters at the requested delta
+    (the single call then re-runs the composition tilted towards the tail).  Such rows (tiny
+    ``q T``, deltas near 1e-12 and below) are recomputed by :func:`dpjax.pld.epsilon` /
+    :func:`dpjax.pld.delta`, so every row uses the single call's error accounting."""
+    if p.cfg.query == "epsilon":
+        if not math.isfinite(row["upper"]):
+            return True
+        level = p.cfg.delta
+    else:
+        if row["upper"] >= 1.0:
+            return True
+        level = min(float(np.min(r["up"]["value"])) for r in res)
+    floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
+    return level > 0 and floor > _acc._TAIL_PASS_FRACTION * level
+
+
+def _single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: bool) -> dict:
+    """The row from the single-configuration accountant (path "single")."""
+    comps = _components(cfg)
+    if cfg.query == "epsilon":
+        res = _acc.epsilon(comps, cfg.delta, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
+    else:
+        res = _acc.delta(comps, cfg.epsilon, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
+    rep = res.directions[0]
+    return dict(index=index, **_config_fields(cfg, value), lower=lower, upper=upper, grid=grid_name(options),
+                n=int(rep.n), dx=float(rep.dx), path="single")
 
 
 def _exact_row(index: int, cfg: SweepConfig) -> dict:
@@ -1147,11 +1207,8 @@ def _exact_row(index: int, cfg: SweepConfig) -> dict:
     else:
         res = _acc.delta([(mech, cfg.steps)], cfg.epsilon)
         value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
-    return dict(index=index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
-                steps=cfg.steps, group_size=cfg.group_size,
-                delta=cfg.delta if cfg.query == "epsilon" else value,
-                epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
-                query=cfg.query, lower=lower, upper=upper, n=0, dx=0.0, path="exact")
+    return dict(index=index, **_config_fields(cfg, value), lower=lower, upper=upper, grid="closed_form", n=0,
+                dx=0.0, path="exact")
 
 
 #: The sweep's default grid policy (``options=None``): a relative accuracy target of 1e-4 on
@@ -1179,7 +1236,8 @@ DEFAULT_PER_DEVICE_ACCELERATOR = 256
 def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
           with_lower: bool = True, devices: Sequence | None = None, per_device: int | None = None,
-          progress_bar: bool | None = None, bucketing: BucketPolicy | None = None) -> SweepTable:
+          progress: bool | None = None, progress_bar: bool | None = None,
+          bucketing: BucketPolicy | None = None) -> SweepTable:
     """Certified epsilon (or delta) for every configuration; one row each, in input order.
 
     Args:
@@ -1200,7 +1258,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call (None: 32 on CPU, 256 on an
         accelerator).
-      progress_bar: show a progress bar (None: auto, on a TTY).
+      progress: show progress on stderr (None: auto, see :mod:`dpjax._progress`; False: never;
+        the keyword of every dpjax function with a bar; ``progress_bar`` is its former name).
       bucketing: :class:`BucketPolicy` (how configurations share compiled programs; default
         ``BucketPolicy()``).
     Returns:
@@ -1242,7 +1301,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     rows: dict[int, dict] = dict(done)
     todo = [i for i in range(len(configs)) if i not in done]
     programs = set()
-    with jax.enable_x64(True), progress(total=len(configs), desc="sweep", enabled=progress_bar,
+    if progress is not None and progress_bar is not None:
+        raise ValueError("give progress or its former name progress_bar, not both")
+    show = progress if progress_bar is None else progress_bar
+    with jax.enable_x64(True), _progress_bar(total=len(configs), desc="sweep", enabled=show,
                                         initial=len(done), unit="cfg") as bar:
         # A q = 1 row (group size 1) is one Gaussian mechanism: the single-configuration accountant
         # answers it from the exact closed form (no grid, no round-off floor), so the sweep does
@@ -1321,7 +1383,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                             if again is not None:
                                 pending.append(again)
                                 continue
-                            row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
+                            row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched",
+                                       grid_name(_options_for(p.cfg, options)))
+                            if _needs_single(p, res, row):
+                                row = _single_row(p.index, p.cfg, _options_for(p.cfg, options), with_lower)
                             rows[p.index] = row
                             new.append(row)
                         if len(pending) > retried:
@@ -1349,7 +1414,9 @@ def _matches(row: dict, cfg: SweepConfig) -> bool:
             return (a is None or (isinstance(a, float) and math.isnan(a))) and b is None
         return float(a) == float(b)
     given = "delta" if cfg.query == "epsilon" else "epsilon"
+    # target_delta / target_epsilon; rows of earlier releases held the target in delta / epsilon.
+    recorded = row.get("target_" + given, row.get(given))
     return (row.get("query") == cfg.query and same(row.get("noise_multiplier"), cfg.noise_multiplier)
             and same(row.get("sampling_prob"), cfg.sampling_prob) and int(row.get("steps")) == cfg.steps
             and int(row.get("group_size", 1)) == cfg.group_size
-            and same(row.get(given), getattr(cfg, given)))
+            and same(recorded, getattr(cfg, given)))
