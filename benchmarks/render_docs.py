@@ -316,6 +316,92 @@ def render_optimize(d: dict) -> Rendered:
 
 
 def render_sweep(d: dict) -> Rendered:
+    """``bench_sweep.py``: a distribution per file (``results``: rounds of rows, the steady state
+    alternating in one process, the accuracy check), its device mode (``mode: "device"``), or
+    the first version's single table (``rows`` with ``library`` / ``pass_``)."""
+    if d.get("mode") == "device":
+        return _render_sweep_device(d)
+    if "results" not in d:
+        return _render_sweep_v1(d)
+    parts, heads = [], []
+    dists = [res["dist"] for res in d["results"]]
+    for res in d["results"]:
+        dist, n = res["dist"], res["configs"]
+        what = SWEEP_DISTRIBUTIONS.get(dist, dist)
+        parts.append(f"**{dist}**: {n} configurations, {what}. dp_accounting: `PLDAccountant` at "
+                     f"interval 1e-4 per configuration"
+                     + (f", timed on {res['anchor_subset']} and extrapolated" if res["anchor_subset"] < n else "")
+                     + ". Each row is a fresh process (import included where stated); speed-ups against the "
+                     "dp_accounting loop of the same round.")
+        for k, rnd in enumerate(res["rounds"]):
+            rows = [[r["row"], seconds(r["seconds"]), seconds(r.get("cpu_s")), num(r.get("programs")),
+                     ratio(r.get("speedup_vs_dp_accounting")), num(r.get("load_before"), 2)] for r in rnd["rows"]]
+            title = f"Round {k + 1} of {len(res['rounds'])}:" if len(res["rounds"]) > 1 else ""
+            parts.append("\n\n".join(x for x in [title, table(
+                ["row", "wall", "CPU", "programs", "speed-up vs dp_accounting", "load"], rows)] if x))
+            notes = []
+            if rnd.get("sweep_second_vs_loop_second") is not None:
+                notes.append(f"sweep second pass against the single-call loop's second pass: "
+                             f"{ratio(rnd['sweep_second_vs_loop_second'])} wall, "
+                             f"{ratio(rnd['sweep_second_vs_loop_second_cpu'])} CPU")
+            alt = rnd.get("alternating")
+            if alt:
+                r = alt["ratios"]
+                notes.append(f"steady state alternating in one process ({len(r['sweep_vs_dp_accounting'])} rounds of "
+                             "dp_accounting's loop, the sweep and the single-call loop): sweep against dp_accounting "
+                             + ", ".join(ratio(x) for x in r["sweep_vs_dp_accounting"])
+                             + "; against the single-call loop " + ", ".join(ratio(x) for x in r["sweep_vs_loop"]))
+            acc = rnd.get("accuracy")
+            if acc:
+                notes.append(f"accuracy: {acc['compared']} rows against dp_accounting at 1e-4, "
+                             f"{acc['outside_at_1e4']} outside [{num(acc['tolerance'][0])}, {num(acc['tolerance'][1])}] "
+                             f"relative re-checked at interval {num(acc['rechecked_at'])}; after the re-check the "
+                             f"relative difference lies in [{num(acc['min_rel'], 2)}, {num(acc['max_rel'], 2)}] "
+                             f"(rows outside: {len(acc['outside_after_recheck'])}); dp_accounting below the sweep's "
+                             f"certified lower end: {len(acc['dp_accounting_below_sweep_lower'])} rows")
+            vb = rnd.get("vs_base")
+            if vb:
+                notes.append(f"against the base checkout: {vb['identical_rows']} of {n} rows identical, largest "
+                             f"relative difference {num(vb['max_rel_diff'], 2)}")
+            if notes:
+                parts.append("\n".join(f"- {x}" for x in notes))
+        last = res["rounds"][-1]
+        by = {r["row"]: r for r in last["rows"]}
+        for label, row in (("first pass, compile included", "sweep first pass (in process, empty cache)"),
+                           ("second pass", "sweep second pass (same process)"),
+                           ("CLI, second process, warm cache", "CLI warm (second process, same cache)")):
+            r = by.get(row)
+            if r and r.get("speedup_vs_dp_accounting"):
+                heads.append([f"Sweep of {n} configurations ({dist}), {label}", "dp_accounting loop",
+                              ratio(r["speedup_vs_dp_accounting"])])
+        if last.get("sweep_second_vs_loop_second") is not None:
+            heads.append([f"Sweep of {n} configurations ({dist}), second pass", "dpjax single-call loop",
+                          ratio(last["sweep_second_vs_loop_second"])])
+    return Rendered(f"Sweeps against a dp_accounting loop ({', '.join(dists)})", "\n\n".join(parts),
+                    "bench_sweep.py", heads)
+
+
+#: The distributions of ``bench_sweep.py``, as its docstring states them.
+SWEEP_DISTRIBUTIONS = {
+    "narrow": "sigma ~ U[0.6, 3], q log-uniform in [1e-3, 3e-2], T log-uniform in [1e2, 3e4], delta 1e-5, seed 0",
+    "broad": "sigma ~ U[0.5, 4], q log-uniform in [10^-3.5, 0.1], T log-uniform in [1e2, 1e5], delta log-uniform "
+             "in [1e-8, 1e-4], seed 1",
+}
+
+
+def _render_sweep_device(d: dict) -> Rendered:
+    rows = [[r["row"], seconds(r["seconds"]), num(r.get("programs")), num(r.get("compiled")), num(r.get("loaded")),
+             seconds(r.get("process_wall_s"))] for r in d["rows"]]
+    body = "\n\n".join([
+        f"{d['configs']} configurations ({d['dist']}: {SWEEP_DISTRIBUTIONS.get(d['dist'], d['dist'])}) on "
+        f"{d['device']} (backend {d['backend']}, jax {d['jax']}); no anchor. Median epsilon "
+        f"{num(d['epsilon_median'])}, rows without a finite epsilon: {d['rows_inf']}, rows by path: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(d["paths"].items())) + ".",
+        table(["pass", "sweep", "programs", "compiled", "loaded", "whole process"], rows)])
+    return Rendered(f"Sweeps on one device ({d['backend']})", body, "bench_sweep.py")
+
+
+def _render_sweep_v1(d: dict) -> Rendered:
     rows = [[r["library"], r["pass_"], seconds(r["seconds"]), num(r.get("per_config_ms")),
              ratio(r.get("speedup_vs_dp_accounting"))] for r in d["rows"]]
     body = "\n\n".join([
@@ -440,7 +526,8 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_optimize_grid20.json": render_optimize,
     "bench_optimize_grid20_anchors.json": render_optimize,
     "bench_optimize_64x128x20.json": render_optimize,
-    "bench_sweep.json": render_sweep,
+    "bench_sweep_broad.json": render_sweep,
+    "bench_sweep_narrow.json": render_sweep,
     "bench_curve.json": render_curve,
     "bench_plancherel.json": render_plancherel,
     "bench_interop.json": render_interop,
@@ -455,6 +542,8 @@ NOT_TABULATED = {
     "bench_calibration_first_call.json": "a side-by-side comparison of two versions of the calibration's first call",
     "bench_optimize_quick_base.json": "the optimization benchmark on a previous version (side by side)",
     "bench_optimize_cpu.json": "a CPU-time profile of the optimization loop",
+    "bench_sweep_cost.json": "the fit of the sweep's run-cost model (dpjax.pld.BucketPolicy) to measured program times",
+    "profile_sweep*.json": "an XLA-op profile of the sweep's programs (time per part)",
     "bench_optimize_memory.json": "a peak-memory measurement of the optimization loop",
     "bench_optimize_profile.json": "a per-phase profile of one optimization step",
     "optimize_resample.json": "a study of sample reuse across optimization steps",

@@ -8,10 +8,9 @@ processes, empty cache, 3 alternating repeats, ``benchmarks/results/bench_first_
 first ``dpsgd_epsilon`` 1.89-2.08 -> 1.50-1.65 s, ``dpsgd_delta`` 1.77-2.03 -> 1.39-1.50 s,
 ``dpsgd_noise_multiplier`` 2.04-2.27 -> 1.70-1.83 s, identical values.
 
-Not used for the sweep's batched programs (``dpjax.pld.sweeping._batched``): their
-``while_loop`` over configurations ran slower with the older emitters (second pass of the
-1,000-configuration sweep 8.5 s against 6.2 s, and 8.0 s against 7.5 s in a second pair of runs),
-and there the run time dominates.
+The sweep's bucket programs (``dpjax.pld.sweeping``) pass :func:`compile_options` to their
+explicit compiles: on the sweep's own per-configuration program the older emitters take about a
+third less compile time for a run time within ~10% (docs/design.md §2.5).
 
 The options apply only where they can: a top-level call (JAX refuses ``compiler_options`` on a
 ``jit`` nested in another trace, so a call under a user's ``jit``/``vmap``/``grad`` uses the plain

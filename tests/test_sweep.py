@@ -132,8 +132,13 @@ def _subprocess_sweep(configs, devices, per_device):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_sweep_eight_devices_same_table():
+def test_sweep_eight_devices_same_table(monkeypatch):
+    from dpjax.pld import sweeping
+
     configs = _random_configs(6, seed=3, t_max=2000)
+    # Bucket as the fresh 8-device process does: without the programs earlier tests left in this
+    # process (a row may otherwise join a larger one: a longer FFT, another certified value).
+    monkeypatch.setattr(sweeping, "_SHAPES", {})
     one = dpjax.sweep(configs, devices=dpjax_devices()[:1])
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
@@ -229,3 +234,162 @@ def test_sweep_group_size_equals_group_epsilon():
     single = dpjax.group_epsilon(2.0, 0.01, 200, 1e-5, group_size=4)
     assert table.rows[0]["group_size"] == 4
     assert abs(table.rows[0]["epsilon"] - single) <= SWEEP_SLACK * single
+
+
+# ------------------------------------------------------------------------------------------
+# The sweep's own program, its bucketing policy, and programs shared across processes
+
+
+def _broad_configs(n, seed):
+    rng = np.random.default_rng(seed)
+    return [dict(noise_multiplier=float(rng.uniform(0.5, 4.0)), sampling_prob=float(10 ** rng.uniform(-3.5, -1)),
+                 steps=int(10 ** rng.uniform(2, 5)), delta=float(10 ** rng.uniform(-8, -4))) for _ in range(n)]
+
+
+def test_sweep_program_equals_accountant_program():
+    """The sweep's per-configuration program (both discretizations batched, windows by dynamic
+    slices, the conversion's weights as products) gives the accountant's values and
+    diagnostics on the same plans; with a larger support capacity and the row's own support it
+    gives the same numbers as on its own shape."""
+    import jax
+
+    from dpjax.pld import accountant, sweeping
+    from dpjax.pld.sweep_program import epsilon_program
+
+    for c in _broad_configs(3, seed=11):
+        p = sweeping._plan(0, sweeping.SweepConfig.from_mapping(c), None)
+        pl = p.plan
+        kw = dict(directions=p.directions, ms=pl.ms, n=pl.n, kinds=("up", "down"), n_freq=pl.n_freq)
+        deltas = np.array([c["delta"], 10 * c["delta"]])
+        with jax.enable_x64(True):
+            ref = np.asarray(accountant._program_jit._plain(pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas,
+                                                             np.zeros(1), want="eps", **kw))
+            new = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **kw))(pl.groups, pl.dx, pl.lambdas, pl.log_tau,
+                                                                          deltas))
+            # The same row in a program of 4x its support capacity, discretizing its own support
+            # block by block (cost of its own support): the same numbers (the log-MGF sums more
+            # zero blocks, in another order: tail bounds move by ~1e-13 relative).
+            m = max(max(r) for r in pl.ms)
+            big = tuple(tuple(4 * m for _ in r) for r in pl.ms)
+            padded = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **dict(kw, ms=big)))(
+                pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas, np.array([m])))
+        assert ref.shape == new.shape == padded.shape
+        # Values: equal to rounding (the weights e^{y_ref - y_t} carry one more rounding).
+        np.testing.assert_allclose(new[..., :2], ref[..., :2], rtol=1e-12, atol=0)
+        # Diagnostics: tail bounds are exponentials of log-MGFs (relative rounding ~1e-10).
+        np.testing.assert_allclose(new[..., 2:], ref[..., 2:], rtol=1e-8, atol=1e-300)
+        np.testing.assert_allclose(padded[..., :2], new[..., :2], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(padded[..., 2:], new[..., 2:], rtol=1e-9, atol=1e-300)
+
+
+def _plans(configs):
+    from dpjax.pld import sweeping
+
+    return [sweeping._plan(i, sweeping.SweepConfig.from_mapping(c), None) for i, c in enumerate(configs)]
+
+
+def test_bucket_policy_caps_padding_and_fits_every_row():
+    from dpjax.pld import sweeping
+
+    plans = _plans(_broad_configs(40, seed=12))
+    for policy in (sweeping.BucketPolicy(), sweeping.BucketPolicy(max_padding=1.5),
+                   sweeping.BucketPolicy(max_padding=10.0, compile_cost=1e9)):
+        buckets = sweeping._bucket_plan(plans, {}, policy, rows=4)
+        assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
+        for struct, (n, m, nf), members, new in buckets:
+            assert new
+            for p in members:
+                own_n, own_m, own_nf = sweeping._shape_of(plans[p.index])
+                # An epsilon row's program discretizes its own support: padding costs FFT length
+                # and capacity only.
+                padded = policy.cost(n, m, nf, 4, support=own_m)
+                assert padded <= policy.max_padding * policy.cost(own_n, own_m, own_nf, 4) * (1 + 1e-12)
+                assert p.plan.n == n >= own_n and m >= own_m     # a wider window, a longer support
+                assert p.plan.dx == plans[p.index].plan.dx      # same spacing
+                if nf is not None:
+                    assert own_nf is not None and p.plan.n_freq is not None and p.plan.n_freq <= nf
+    # Free compiles: every distinct own shape is its own program (no padding beyond nf rounding).
+    free = sweeping._bucket_plan(plans, {}, sweeping.BucketPolicy(compile_cost=0.0), rows=4)
+    assert all(p.plan.n == plans[p.index].plan.n and m == max(sweeping._shape_of(plans[q.index])[1] for q in members)
+               for _, (n, m, nf), members, _ in free for p in members)
+    # Expensive compiles and no cap: one program.
+    assert len(sweeping._bucket_plan(plans, {}, sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12),
+                                     rows=4)) == 1
+
+
+def test_bucketing_prefers_existing_programs():
+    from dpjax.pld import sweeping
+
+    plans = _plans(_broad_configs(30, seed=13))
+    policy = sweeping.BucketPolicy()
+    first = sweeping._bucket_plan(plans, {}, policy, rows=4)
+    known = {}
+    for struct, (n, m, nf), members, new in first:
+        known.setdefault(struct, []).append((n, m, nf, 0.0))
+    again = sweeping._bucket_plan(_plans(_broad_configs(30, seed=13)), known, policy, rows=4)
+    assert not any(new for *_, new in again)
+    # A delta query keeps its own FFT length (a longer FFT raises the round-off floor of small deltas).
+    delta_plans = _plans([dict(c, delta=None, epsilon=1.0) for c in _broad_configs(12, seed=14)])
+    for _, (n, m, nf), members, _ in sweeping._bucket_plan(delta_plans, {}, policy, rows=4):
+        assert all(p.plan.n == delta_plans[p.index].plan.n == n for p in members)
+
+
+def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
+    """The accelerator layout (``block`` configurations vmapped per loop step) gives the loop's
+    table on CPU."""
+    from dpjax.pld import sweeping
+
+    configs = _broad_configs(5, seed=15)
+    policy = sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12)       # one program
+    loop = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False)
+    monkeypatch.setattr(sweeping, "_block_size", lambda mesh, n, rows, per_device: 2)
+    sweeping._COMPILED.clear()
+    blocks = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False)
+    sweeping._COMPILED.clear()
+    # Batched transforms round differently, which moves the measured FFT round-off floor (the
+    # per-bin allowance, docs/design.md section 2.4) and hence the small-delta end of a row by
+    # ~1e-7 relative; both are certified under the same error model.
+    for a, b in zip(loop.rows, blocks.rows):
+        assert a["n"] == b["n"]
+        assert b["epsilon"] == pytest.approx(a["epsilon"], rel=1e-6, abs=0)
+        assert b["lower"] == pytest.approx(a["lower"], rel=1e-6, abs=0)
+
+
+CLI_WARM = r"""
+import json, subprocess, sys
+out = [json.loads(subprocess.run([sys.executable, "-m", "dpjax", "sweep", "--grid", sys.argv[1], "--json", "--quiet"],
+                                 capture_output=True, text=True, check=True).stdout) for _ in range(2)]
+print(json.dumps(out))
+"""
+
+
+def test_cli_second_process_loads_programs_and_plans(tmp_path):
+    """With the persistent cache on, a second ``dpjax sweep`` process on the same configurations
+    loads every bucket program serialized by the first (no tracing, no lowering) and its
+    plans, and gives the same table."""
+    configs = [dict(noise_multiplier=s, sampling_prob=0.01, steps=300, delta=1e-5) for s in (1.0, 1.1, 1.2)]
+    grid = tmp_path / "configs.json"
+    grid.write_text(json.dumps(configs))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               DPJAX_COMPILATION_CACHE=str(tmp_path / "cache"), DPJAX_PROGRESS="0")
+    out = subprocess.run([sys.executable, "-c", CLI_WARM, str(grid)], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cold, warm = json.loads(out.stdout)
+    assert cold["programs_compiled"] == cold["programs"] >= 1 and cold["programs_loaded"] == 0
+    assert warm["programs_loaded"] == warm["programs"] == cold["programs"] and warm["programs_compiled"] == 0
+    assert [r["epsilon"] for r in warm["table"]] == [r["epsilon"] for r in cold["table"]]
+    assert list((tmp_path / "cache" / "exported").glob("sweep_plans-*.pickle"))
+
+
+@pytest.mark.slow  # spawns planning processes (an import of dpjax each)
+def test_parallel_planning_equals_serial(monkeypatch):
+    from dpjax.pld import sweeping
+
+    configs = [sweeping.SweepConfig.from_mapping(c) for c in _broad_configs(6, seed=16)]
+    serial = [sweeping._plan_uncached(i, c, sweeping._options_for(c, None)) for i, c in enumerate(configs)]
+    parallel = sweeping._plan_parallel(list(range(len(configs))), configs, None, workers=2)
+    for a, b in zip(serial, parallel):
+        assert (a.index, a.plan.n, a.plan.dx, a.plan.ms, a.plan.n_freq) == (b.index, b.plan.n, b.plan.dx, b.plan.ms,
+                                                                             b.plan.n_freq)
+        np.testing.assert_array_equal(a.plan.lambdas, b.plan.lambdas)

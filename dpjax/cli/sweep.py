@@ -89,7 +89,7 @@ def _run(args) -> dict:
     configs = _configs(args)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
-    if args.per_device < 1:
+    if args.per_device is not None and args.per_device < 1:
         raise ValueError(f"per_device must be an integer >= 1, got {args.per_device}")
     # --out FILE.json: the result JSON at the end (rows recorded in the journal FILE.journal.jsonl
     # / .csv as they are computed, for --resume); any other FILE: the CSV table (+ FILE.jsonl).
@@ -99,7 +99,8 @@ def _run(args) -> dict:
                   per_device=args.per_device)
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
     # Poisson-sampled DP-SGD (and its groups): the add/remove neighbouring relation.
-    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs, devices=table.devices,
+    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs,
+               programs_compiled=table.compiled, programs_loaded=table.loaded, devices=table.devices,
                seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
     if eps:
         finite = [e for e in eps if math.isfinite(e)]
@@ -145,8 +146,10 @@ bounds on different grids: a sweep row can differ from dpjax epsilon in the four
 --out FILE.csv writes the CSV as rows are computed (with the journal FILE.jsonl); --out
 FILE.json writes the result JSON (every row) at the end (the rows are journaled in
 FILE.journal.jsonl and FILE.journal.csv meanwhile);
---resume continues a killed sweep without recomputing or losing a row.  The configurations
-are bucketed into a few padded grid shapes and run vmapped over every device JAX sees.
+--resume continues a killed sweep without recomputing or losing a row.  Configurations share
+compiled programs as a cost model decides (no configuration runs at more than 3x the cost of
+its own grid shape), sharded over every device JAX sees; with the persistent cache on (the
+default here) a later process loads the programs and plans of an earlier one.
 
 Examples:
   dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
@@ -173,8 +176,9 @@ def register(subparsers) -> None:
                         "in FILE.journal.jsonl / .csv meanwhile)")
     p.add_argument("--resume", action="store_true", help="continue a killed sweep recorded in --out")
     p.add_argument("--no-lower", action="store_true", help="skip the certified lower end of each bracket (~2x faster)")
-    p.add_argument("--per-device", type=_args.integer(1, 2**20), default=8,
-                   help="configurations per device per program call, an integer >= 1 (default 8)")
+    p.add_argument("--per-device", type=_args.integer(1, 2**20), default=None,
+                   help="configurations per device per program call, an integer >= 1 (default 32 on CPU, 256 on "
+                        "an accelerator)")
     p.add_argument("--rows", action="store_true", help="also print every row (always when --out is not given)")
     # --out is the sweep's own table (CSV + JSON lines), not a copy of the --json object.
     p.set_defaults(run=_run, render=_render, owns_out=True)

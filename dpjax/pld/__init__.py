@@ -16,7 +16,9 @@ Layers (one module each; docs/design.md §1-2, Koskela & Honkela 2021):
   ``delta_fn`` / ``epsilon_fn`` in the mechanism parameters.
 * :mod:`~dpjax.pld.accountant` -- the public entry points.
 * :mod:`~dpjax.pld.sweeping` -- many configurations in a handful of compiled programs
-  (:func:`sweep`, sharded over every device; :mod:`~dpjax.pld.sweep_store` writes and resumes).
+  (:func:`sweep`, buckets chosen by cost (:class:`BucketPolicy`), sharded over every device;
+  :mod:`~dpjax.pld.sweep_store` writes and resumes; :mod:`~dpjax.pld.sweep_program` is its
+  per-configuration program).
 * :mod:`~dpjax.pld.curve` -- epsilon after every ``T`` of a list from one transform
   (:func:`epsilon_curve`).
 
@@ -81,7 +83,7 @@ from dpjax.pld.mechanisms import (
     DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
 )
 from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
-from dpjax.pld.sweeping import SweepConfig, SweepTable, sweep, sweep_grid
+from dpjax.pld.sweeping import BucketPolicy, SweepConfig, SweepTable, sweep, sweep_grid
 from dpjax.pld.curve import EpsilonCurve, epsilon_curve
 
 __all__ = [
@@ -92,5 +94,5 @@ __all__ = [
     "dpsgd_epsilon", "epsilon", "epsilon_fn", "eps_at", "plan_fixed_grid", "plan_grid", "stack_grids",
     "table",
     "gaussian_delta", "gaussian_epsilon", "gaussian_log_delta",
-    "SweepConfig", "SweepTable", "sweep", "sweep_grid", "EpsilonCurve", "epsilon_curve",
+    "BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "EpsilonCurve", "epsilon_curve",
 ]

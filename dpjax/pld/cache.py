@@ -18,14 +18,19 @@ argument tree (mechanism classes and static fields included) and types, the JAX 
 backend and a fingerprint of dpjax's source files, so an edited dpjax never runs a stale
 program.  The sweep's bucket programs (``shard_map`` over the configuration axis, one device)
 take the same path through :func:`exported_compiled`, which returns the compiled program itself
-(the sweep compiles ahead, in background threads).
+(the sweep compiles ahead, in background threads), and are listed in an index of their static
+sizes (:func:`exported_index`) so that a later sweep can bucket its configurations onto them.
+Host-side results that are pure functions of their key and of dpjax's sources (the sweep's grid
+plans) are kept as pickles (:func:`store_object` / :func:`load_object`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
+import pickle
 import threading
 from typing import Any, Callable
 
@@ -133,13 +138,18 @@ def _artifact_key(name: str, static_key: str, treedef, leaves) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
 
 
-def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str) -> Callable | None:
+def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str, meta: dict | None = None,
+                      compile_options: dict | None = None) -> Callable | None:
     """``jitted`` (no static arguments left; ``static_key`` names what was baked into it) compiled
     for ``args``, through a serialized :mod:`jax.export` artifact when the persistent cache is on:
     a later process deserializes the lowered module (no tracing, no lowering) and its compile is
     a persistent-cache hit.  Returns a callable taking ``*args`` (same tree), or None when the
     cache is off or anything fails (the caller then compiles directly).  Single-process,
-    single-device programs only (the artifact records the device count; the sweep's CLI runs)."""
+    single-device programs only (the artifact records the device count; the sweep's CLI runs).
+
+    ``meta`` (JSON-able): recorded in ``name``'s index when the artifact is first written, so
+    that later processes can list what exists (:func:`exported_index`).  ``compile_options``:
+    XLA options of the compile (as ``lowered.compile(compile_options)``)."""
     export_dir = _EXPORT_DIR
     if export_dir is None or jax.process_count() != 1:
         return None
@@ -150,18 +160,21 @@ def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str)
             return None
         key = _artifact_key(name, static_key, treedef, leaves)
         with _LOCK:
-            exp = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {})
+            loaded = (export_dir / f"{name}-{key}.jaxexport").exists()
+            exp = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {}, meta=meta)
         if exp is None:
             return None
-        call = jax.jit(exp.call)  # the sweep's programs: JAX's default compile options (dpjax._xla)
+        call = jax.jit(exp.call)
         lowered = _with_backend_hook(exp, lambda: call.lower(*leaves))
-        compiled = lowered.compile()  # outside the lock: the sweep compiles programs in parallel
+        # Outside the lock: the sweep compiles programs in parallel.
+        compiled = lowered.compile(compile_options) if compile_options else lowered.compile()
     except Exception:
         return None
 
     def run(*a):
         return compiled(*jax.tree_util.tree_leaves(a))
 
+    run.loaded = loaded   # deserialized from an earlier process's artifact (not traced here)
     return run
 
 
@@ -187,7 +200,80 @@ def _first_call(call, exp, leaves):
     return _with_backend_hook(exp, lambda: call(*leaves))
 
 
-def _load_or_export(export_dir, name, key, fn, leaves, treedef, static):
+def _object_path(name: str, key: str) -> pathlib.Path | None:
+    export_dir = _EXPORT_DIR
+    if export_dir is None:
+        return None
+    ident = "\x00".join([name, key, _source_fingerprint()])
+    return export_dir / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.pickle"
+
+
+def caching() -> bool:
+    """Whether serialized programs and stored objects are in use (the persistent cache is on)."""
+    return _EXPORT_DIR is not None
+
+
+def load_object(name: str, key: str) -> Any:
+    """The object :func:`store_object` stored under ``(name, key)`` with these dpjax sources, or
+    None (persistent cache off, nothing stored, or unreadable).  For host-side results that are
+    pure functions of their key (the sweep's grid plans), so that a later process skips
+    recomputing them.  The cache directory is trusted like JAX's own compilation cache."""
+    path = _object_path(name, key)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:
+        return None
+
+
+def store_object(name: str, key: str, obj: Any) -> None:
+    """Store ``obj`` (picklable) under ``(name, key)`` for later processes (persistent cache on;
+    written atomically; a failure is ignored: the next process recomputes)."""
+    path = _object_path(name, key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except Exception:
+        pass
+
+
+def _index_path(export_dir: pathlib.Path, name: str) -> pathlib.Path:
+    """``name``'s index of artifacts for this JAX version, backend, x64 mode and dpjax source."""
+    ident = "\x00".join([jax.__version__, jax.default_backend(), str(bool(jax.config.jax_enable_x64)),
+                         _source_fingerprint()])
+    return export_dir / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.index.jsonl"
+
+
+def exported_index(name: str) -> list[dict]:
+    """The ``meta`` records of ``name``'s serialized programs that this process could load (same
+    JAX version, backend, x64 mode and dpjax sources; the artifact file present).  Empty when
+    the persistent cache is off or nothing was recorded.  Unreadable lines are skipped."""
+    export_dir = _EXPORT_DIR
+    if export_dir is None:
+        return []
+    try:
+        lines = _index_path(export_dir, name).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            if (export_dir / f"{name}-{rec['key']}.jaxexport").exists():
+                out.append(rec["meta"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _load_or_export(export_dir, name, key, fn, leaves, treedef, static, meta=None):
     from jax import export
 
     path = export_dir / f"{name}-{key}.jaxexport"
@@ -210,6 +296,11 @@ def _load_or_export(export_dir, name, key, fn, leaves, treedef, static):
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(exp.serialize())
             os.replace(tmp, path)
+            if meta is not None:
+                # One line per artifact, appended (a concurrent writer's line stays whole: a single
+                # small write to a file opened for appending).
+                with open(_index_path(export_dir, name), "a") as f:
+                    f.write(json.dumps(dict(key=key, meta=meta)) + "\n")
         except Exception:  # read-only cache: run it anyway, this process only
             pass
     return exp

@@ -6,49 +6,56 @@ probability ``q``, steps ``T``, and either a target ``delta`` (an epsilon query)
 row per configuration, in input order, with the certified value, its certified bracket
 ``[lower, upper]`` and the grid used (``n``, ``dx``).
 
-How it stays fast on the first call.  Compilation, not arithmetic, is the cost of a first
-call: every new FFT length ``n`` (and support length, frequency count, batch size) is a new
-XLA program.  The sweep therefore
+How it stays fast.  Compilation, not arithmetic, is the cost of a first call: every new FFT
+length ``n`` (and support length, frequency count, batch size) is a new XLA program, ~2 s of
+CPU to trace and compile, as much as running a few hundred configurations.  Padding every
+configuration to one large shape avoids compiles but wastes run time (a configuration on an
+FFT four times its own length costs about four times as much).  The sweep therefore
 
 1. plans every configuration's grid on the host with the planner of :func:`dpjax.pld.epsilon`
-   (:func:`dpjax.pld.plan_grid`; no compile, ~5 ms each), for epsilon queries under the sweep's
-   own grid policy :data:`SWEEP_OPTIONS` (below), and rounds an epsilon query's FFT length up
-   to a power of two;
-2. puts configurations with the same program signature in one *bucket*: same query kind,
-   directions, FFT length ``n`` and mechanism structure.  A bucket of an epsilon query with
-   fewer than :data:`MIN_BUCKET` members moves up to the next larger ``n`` of the same structure
-   (same ``dx``, offsets and supports, a wider window: only the wrap-around terms change, and
-   they only shrink); rows that are re-planned (step 4) join an already compiled program when
-   one holds them.  Inside a bucket the static sizes are padded to the bucket's largest: the
-   single-step support length ``m`` (a longer support only moves single-step mass from the
-   ``+inf`` atom onto grid points, each of which contributes at most what the atom did: still
-   an upper bound, never looser) and the number of kept frequencies (more kept frequencies
-   means a smaller truncation bound; all kept when any member keeps all);
-3. runs every bucket as ONE jitted program: the accountant's own program
-   (:func:`dpjax.pld.accountant._program`) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed), so a sweep compiles one program per bucket (5 on the
-   issue's 1,000-configuration DP-SGD distribution, retries included; 8 before the planner sized
-   windows by the probe's Chernoff quantiles, step 4, and small buckets joined larger ones
-   from 128 members down instead of 24), whatever the number of configurations.
-   Programs are compiled ahead, in a background pool of :data:`COMPILE_WORKERS` threads in run
-   order, so compiling bucket ``k + 1`` overlaps running bucket ``k``;
+   (:func:`dpjax.pld.plan_grid`; no compile, 1-5 ms each; in worker processes for sweeps of
+   thousands of configurations on a many-core host), for epsilon queries under the sweep's own
+   grid policy :data:`SWEEP_OPTIONS` (below), and rounds an epsilon query's FFT length up to a
+   power of two;
+2. chooses *buckets* by cost (:class:`BucketPolicy`): a configuration runs in a program whose
+   static sizes are at least its own (a longer FFT, for epsilon queries: the same ``dx``, offsets
+   and supports, a wider window, so only the wrap-around terms change, and they only shrink; a
+   longer single-step support: single-step mass moves from the ``+inf`` atom onto grid points,
+   each of which contributes at most what the atom did; more kept frequencies: a smaller
+   truncation bound), and a model of the run cost per configuration (FFT length x log, support
+   length, kept frequencies; fitted by ``benchmarks/bench_sweep_cost.py``) decides which
+   configurations share a program: merges that save a compile at a smaller cost in padding are
+   made greedily, never one that makes any configuration cost more than
+   ``BucketPolicy.max_padding`` times its own shape.  Programs this process already has, or that
+   an earlier process serialized in the persistent cache (below), cost no compile and are
+   filled first.  So a few hundred configurations share a handful of programs and ten thousand
+   get tighter ones; a configuration far from the rest keeps a shape near its own;
+3. runs every bucket as ONE jitted program: :func:`dpjax.pld.sweep_program.epsilon_program`
+   (the accountant's composition and conversion with both discretizations batched; delta
+   queries run the accountant's own program) in a loop over a fixed-size chunk of configurations
+   (padding slots are never computed).  Programs are compiled ahead, in a background pool of
+   :data:`COMPILE_WORKERS` threads in run order, so compiling bucket ``k + 1`` overlaps running
+   bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
    budget: re-plan a wider window at the same ``dx``; a frequency-truncation bound that is not
-   negligible: keep every frequency); retried rows form the buckets of the next round.  They
-   are rare because the planner (:func:`dpjax.pld.plan_grid`) sizes every
-   window by the Chernoff quantiles of the probe's composed log-MGF at the retry threshold too,
-   which a composition far from Gaussian (small ``q * T``) needs: on the issue's distribution 22
-   of 1,000 rows re-run (164 with the Cornish-Fisher width alone, each a second run and most a
-   second program).  A retried row that no compiled program holds has its program compiled as
-   soon as the row is known, behind the round's own compiles, with generous static sizes
-   (supports ``n`` long, 4x the kept frequencies) so that rows retried later fit it too: it
-   overlaps the rest of the round instead of running alone at the end (measured: first pass
-   17.2-17.7 s against 18.0-19.0 s, three runs each, idle 2 cores);
+   negligible: keep every frequency); retried rows form the buckets of the next round, on the
+   programs already compiled where they fit.  They are rare because the planner sizes every
+   window by the Chernoff quantiles of the probe's composed log-MGF at the retry threshold too.
+   A retried row that no program holds has its program compiled as soon as the row is known,
+   behind the round's own compiles, so it overlaps the rest of the round;
 5. gives every row the single call's error accounting: a row where the single call would not
    stop at the grid's answer (a direction the grid cannot certify, or an FFT round-off floor
    that matters at the requested delta, near 1e-12 and below) is recomputed by
    :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` (path "single": the tilted tail pass and
    the fallback bounds of :mod:`dpjax.pld.fallback`).
+
+Across processes.  With the persistent cache on (every CLI run; :mod:`dpjax.pld.cache`) each
+bucket program is also serialized with :mod:`jax.export` and indexed by its static sizes, and
+the plans of a sweep are stored keyed by its configurations: a later process sweeping the same
+(or similar) configurations plans nothing it planned before, buckets onto the serialized
+programs, deserializes them instead of tracing and lowering, and its XLA compile is a
+persistent-cache hit.  :attr:`SweepTable.compiled` and :attr:`SweepTable.loaded` count the
+programs each sweep compiled and loaded.
 
 Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
 [0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
@@ -84,7 +91,10 @@ in every process; ``jax.devices()`` then lists every host's devices, the global 
 built with ``jax.make_array_from_callback`` (each process supplies only its own shards; every
 process plans the same configurations, planning is deterministic) and the output is gathered
 with ``jax.experimental.multihost_utils.process_allgather``: the same code path as one device.
-Only process 0 should write ``out`` (pass ``out=None`` elsewhere).
+Only process 0 should write ``out`` (pass ``out=None`` elsewhere).  On CPU each device loops
+over its configurations one at a time (32 per chunk by default); on an accelerator each loop
+step runs a block of configurations at once (``jax.vmap``, as many as fit
+:data:`BLOCK_BYTES` of working memory; 256 per chunk by default).
 
 Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON lines next to
 it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
@@ -107,9 +117,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import heapq
 import itertools
 import json
 import math
+import os
+import pickle
+import threading
 import time
 from typing import Any, Iterable, Sequence
 
@@ -119,14 +133,16 @@ import numpy as np
 
 from dpjax._results import ResultMixin
 
-from dpjax import _validate
+from dpjax import _validate, _xla
 from dpjax._progress import progress as _progress_bar
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
 from dpjax.pld import cache as _cache
 from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
+from dpjax.pld.sweep_program import epsilon_program
 
-__all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS", "SWEEP_SLACK"]
+__all__ = ["BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS",
+           "SWEEP_SLACK"]
 
 #: Columns of every row, in order (CSV header).
 ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "target_delta", "target_epsilon",
@@ -271,12 +287,18 @@ class SweepTable(ResultMixin):
     program), "exact" (q = 1: the closed form, no grid, ``n = dx = 0``), "single" (recomputed by
     the single-configuration accountant) or "resumed" (read
     back from ``out``).
+
+    ``programs``: distinct bucket programs run; of these, ``compiled`` were traced and compiled
+    by this sweep and ``loaded`` deserialized from the persistent cache (written by an earlier
+    process); the rest were compiled by an earlier sweep of this process.
     """
 
     rows: tuple
     programs: int = 0
     seconds: float = 0.0
     devices: int = 1
+    compiled: int = 0
+    loaded: int = 0
 
     def column(self, name: str) -> np.ndarray:
         return np.asarray([np.nan if r[name] is None else r[name] for r in self.rows], dtype=np.float64)
@@ -290,10 +312,11 @@ class SweepTable(ResultMixin):
         return self.column("delta")
 
     def to_dict(self) -> dict:
-        """Plain data: ``rows`` (list of dicts), ``programs``, ``seconds``, ``devices``; ``to_json``
-        / ``load`` (from :class:`dpjax._results.ResultMixin`) write and read it as strict JSON."""
+        """Plain data: ``rows`` (list of dicts), ``programs``, ``seconds``, ``devices``, ``compiled``,
+        ``loaded``; ``to_json`` / ``load`` (from :class:`dpjax._results.ResultMixin`) write and read
+        it as strict JSON."""
         return dict(rows=[dict(r) for r in self.rows], programs=self.programs, seconds=self.seconds,
-                    devices=self.devices)
+                    devices=self.devices, compiled=self.compiled, loaded=self.loaded)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SweepTable":
@@ -302,7 +325,8 @@ class SweepTable(ResultMixin):
 
         rows = tuple({k: _restore_floats(v) for k, v in r.items()} for r in data["rows"])
         return cls(rows=rows, programs=int(data.get("programs", 0)), seconds=float(data.get("seconds", 0.0)),
-                   devices=int(data.get("devices", 1)))
+                   devices=int(data.get("devices", 1)), compiled=int(data.get("compiled", 0)),
+                   loaded=int(data.get("loaded", 0)))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -375,9 +399,123 @@ def _plan(index: int, cfg: SweepConfig, options: GridOptions | None, min_width: 
     return _plan_uncached(index, cfg, options, min_width, attempt, groups)
 
 
-@functools.lru_cache(maxsize=16384)
+def _plan_all(todo: list[int], configs: list[SweepConfig], options: GridOptions | None) -> list[_Planned]:
+    """The plans of ``configs[i]`` for ``i`` in ``todo``.  With the persistent cache on (every CLI
+    run) the whole list is also stored there, keyed by the configurations and options, so that
+    a later process sweeping the same configurations plans nothing (planning is a pure function
+    of them and of dpjax's sources, which the key covers)."""
+    key = repr((_PLAN_CACHE_VERSION, options, [(i, configs[i].key()) for i in todo]))
+    stored = _cache.load_object("sweep_plans", key)
+    if isinstance(stored, list) and len(stored) == len(todo) and all(
+            isinstance(p, _Planned) and p.index == i for p, i in zip(stored, todo)):
+        return stored
+    workers = _planning_workers(len(todo))
+    if workers > 1:
+        pending = _plan_parallel(todo, configs, options, workers)
+    else:
+        pending = [_plan(i, configs[i], options) for i in todo]
+    if _cache.caching():
+        # Stored in the background (pickling ~10^4 plans takes a while); joined before sweep returns.
+        thread = threading.Thread(target=_cache.store_object, args=("sweep_plans", key, list(pending)), daemon=True)
+        thread.start()
+        _STORES.append(thread)
+    return pending
+
+
+#: Background writes of stored plans, joined at the end of every sweep.
+_STORES: list = []
+
+
+def _join_stores() -> None:
+    while _STORES:
+        _STORES.pop().join()
+
+
+#: Bumped when :class:`_Planned` changes shape (stored plans of another layout are not used).
+_PLAN_CACHE_VERSION = 1
+
+#: Sweeps of at least this many configurations are planned in worker processes when the host
+#: has more than two cores (planning is ~1-5 ms of NumPy per configuration, one core each).
+PARALLEL_PLANNING_MIN = 2000
+
+
+def _planning_workers(count: int) -> int:
+    cores = os.cpu_count() or 1
+    if count < PARALLEL_PLANNING_MIN or cores <= 2:
+        return 1
+    return min(cores - 1, 32, count // 250)
+
+
+def _plan_batch(items, options):
+    return [_plan(i, cfg, options) for i, cfg in items]
+
+
+def _plan_worker_main() -> None:  # pragma: no cover - runs in a planning worker process
+    """A planning worker: (items, options) pickled on stdin, their plans pickled on stdout."""
+    import sys
+
+    items, options = pickle.load(sys.stdin.buffer)
+    pickle.dump(_plan_batch(items, options), sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _plan_parallel(todo, configs, options, workers: int) -> list[_Planned]:
+    """:func:`_plan` over ``todo`` in ``workers`` fresh Python processes (``python -c``: nothing of
+    this process is re-imported or re-run there, and ``JAX_PLATFORMS=cpu``: a worker never takes an
+    accelerator); falls back to planning here if a worker fails."""
+    import subprocess
+    import sys
+
+    items = [(i, configs[i]) for i in todo]
+    size = -(-len(items) // workers)
+    parts = [items[k:k + size] for k in range(0, len(items), size)]
+    # This dpjax, whatever put it on this process's path.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([root] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
+    code = "from dpjax.pld import sweeping; sweeping._plan_worker_main()"
+    results: list = [None] * len(parts)
+
+    def run(k):
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((parts[k], options)),
+                                  capture_output=True, env=env, timeout=3600)
+            if proc.returncode == 0:
+                results[k] = pickle.loads(proc.stdout)
+        except Exception:
+            results[k] = None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        list(pool.map(run, range(len(parts))))
+    if any(r is None for r in results):
+        return [_plan(i, configs[i], options) for i in todo]
+    planned = [p for part in results for p in part]
+    for p in planned:   # the in-process memo serves a second sweep of the same configurations
+        if p.attempt == 0:
+            _plan_memo_put(p, options)
+    return planned
+
+
+_PLAN_MEMO: dict = {}
+_PLAN_MEMO_MAX = 2**17
+
+
 def _plan_memo(cfg: SweepConfig, options: GridOptions, min_width: float) -> _Planned:
-    return _plan_uncached(-1, cfg, options, min_width, 0, None)
+    key = (cfg, options, min_width)
+    p = _PLAN_MEMO.get(key)
+    if p is None:
+        p = _plan_uncached(-1, cfg, options, min_width, 0, None)
+        if len(_PLAN_MEMO) >= _PLAN_MEMO_MAX:
+            _PLAN_MEMO.clear()
+        _PLAN_MEMO[key] = p
+    return p
+
+
+_plan_memo.cache_clear = _PLAN_MEMO.clear
+
+
+def _plan_memo_put(p: _Planned, options: GridOptions | None) -> None:
+    if len(_PLAN_MEMO) < _PLAN_MEMO_MAX:
+        _PLAN_MEMO[(p.cfg, _options_for(p.cfg, options), 0.0)] = dataclasses.replace(p, index=-1)
 
 
 def _plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
@@ -417,39 +555,71 @@ def _pow2_plan(plan):
 
 
 @functools.lru_cache(maxsize=None)
-def _batched(mesh, directions, ms, n, kinds, want, n_freq):
-    """One jitted program for a bucket: the accountant's program (:func:`dpjax.pld.accountant._program`)
-    looped over the configurations of a chunk, the chunk's leading axis sharded over ``mesh``.
+def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
+    """One jitted program for a bucket: the per-configuration program
+    (:func:`dpjax.pld.sweep_program.epsilon_program` for epsilon queries, the accountant's
+    :func:`dpjax.pld.accountant._program` for delta queries) looped over the configurations of a
+    chunk, the chunk's leading axis sharded over ``mesh``.
 
-    Each device runs a ``lax.while_loop`` over its own block of the chunk, stopping after its
-    ``count`` real configurations (padding costs nothing at run time, so one chunk size serves
-    every bucket).  A loop rather than ``jax.vmap``: vmapping turns the window's dynamic slices
-    and the conversion's lookups into batched gathers, measured 6x slower on CPU at n = 98304.
-    Output ``(chunk, directions, kinds, 1 + 6)``.
+    Each device runs a ``lax.while_loop`` over its own part of the chunk, ``block`` configurations
+    per iteration (``jax.vmap`` inside a block), stopping after its ``count`` real configurations
+    (padding costs nothing beyond the last block, so one chunk size serves every bucket).  On CPU
+    ``block = 1``: vmapping turns the window's dynamic slices and the conversion's lookups into
+    batched gathers, measured 6x slower on CPU at n = 98304.  On an accelerator a block of
+    configurations per step fills the device (see :func:`_block_size`).
+    Output ``(chunk, directions, kinds, 1 + diagnostics)``.
     """
     from jax.sharding import PartitionSpec as P
 
-    def one(g, dx, lam, lt, d, e):
+    def one(g, dx, lam, lt, d, e, support):
+        if want == "eps":
+            return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
+                                   n_freq=n_freq)
         return _acc._program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
                              n_freq=n_freq)
 
-    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons):
+    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
         size = dx.shape[0]
         out0 = jnp.zeros((size, len(directions), len(kinds), 1 + len(_acc._DIAGNOSTICS)), jnp.float64)
+        xs = (groups, dx, lambdas, log_tau, deltas, epsilons, support)
 
         def body(state):
             i, out = state
-            take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
-            val = one(jax.tree_util.tree_map(take, groups), take(dx), take(lambdas), take(log_tau), take(deltas),
-                      take(epsilons))
-            return i + 1, jax.lax.dynamic_update_index_in_dim(out, val, i, 0)
+            if block == 1:
+                take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
+                val = one(*jax.tree_util.tree_map(take, xs))
+                return i + 1, jax.lax.dynamic_update_index_in_dim(out, val, i, 0)
+            take = lambda x: jax.lax.dynamic_slice_in_dim(x, i, block)
+            val = jax.vmap(one)(*jax.tree_util.tree_map(take, xs))
+            return i + block, jax.lax.dynamic_update_slice_in_dim(out, val, i, 0)
 
         _, out = jax.lax.while_loop(lambda st: st[0] < count[0], body, (jnp.zeros((), count.dtype), out0))
         return out
 
     spec = P("configs")
+    # A name per static shape: the XLA module (and a profile's events) say which bucket ran.
+    local.__name__ = local.__qualname__ = (f"sweep_{want}_n{n}_m{max(max(r) for r in ms)}_"
+                                           f"f{'all' if n_freq is None else n_freq}_b{block}")
     sharded = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
     return jax.jit(sharded)
+
+
+#: Working memory of one vmapped block of configurations on an accelerator (bytes).
+BLOCK_BYTES = 2**31
+
+
+def _block_size(mesh, n: int, rows: int, per_device: int) -> int:
+    """Configurations per loop step of a bucket program (:func:`_batched`): 1 on CPU; on an
+    accelerator the largest power of two dividing ``per_device`` whose working set (about 32
+    float64 arrays of ``rows x n`` per configuration) fits :data:`BLOCK_BYTES`."""
+    platform = mesh.devices.flat[0].platform
+    if platform == "cpu":
+        return 1
+    fit = max(1, BLOCK_BYTES // (32 * 8 * rows * n))
+    b = 1
+    while b * 2 <= min(fit, per_device) and per_device % (b * 2) == 0:
+        b *= 2
+    return b
 
 
 def _mesh(devices):
@@ -473,33 +643,315 @@ def _gather(out) -> np.ndarray:
     return np.asarray(out)
 
 
-def _bucket_static(members: list[_Planned]):
-    """The bucket's padded static sizes: the largest support length (every direction and
-    component) and the most kept frequencies (None: all)."""
-    first = members[0]
-    D = len(first.directions)
-    G = len(first.plan.groups[0])
-    m = max(max(p.plan.ms[di][gi] for di in range(D) for gi in range(G)) for p in members)
-    ms = tuple(tuple(m for _ in range(G)) for _ in range(D))
-    n_freq = None if first.plan.n_freq is None else max(p.plan.n_freq for p in members)
-    return ms, n_freq
+def _shape_of(p: _Planned) -> tuple[int, int, int | None]:
+    """A row's own static sizes: FFT length, longest single-step support (every direction and
+    group), kept frequencies (None: all)."""
+    return p.plan.n, max(max(r) for r in p.plan.ms), p.plan.n_freq
 
 
-#: A bucket with fewer members than this joins the next larger FFT length of the same program
-#: structure (a compile costs about as much as running ~100-300 configurations).  Measured on the
-#: issue's 1,000 configurations (idle 2 cores, two runs each): 128 folds the 78-row n = 8192
-#: bucket into n = 16384, 5 programs, first pass 16.4-19.3 s; 24 gave 6 programs, 18.3-22.1 s;
-#: second passes alike (5.8-7.5 s).
-MIN_BUCKET = 128
+def _struct_of(p: _Planned) -> tuple:
+    """A row's program structure: query kind, directions, mechanism structure (a program of
+    that structure at least as large as the row's own sizes can run it)."""
+    return p.signature[:2] + p.signature[4:]
 
 
-def _fits(static, old) -> bool:
-    """Does the compiled program with static sizes ``old`` hold a bucket that needs ``static``
-    (support lengths no longer, kept frequencies no fewer)?"""
-    (ms, nf), (ms0, nf0) = static, old
-    ok_m = all(a <= b for r, r0 in zip(ms, ms0) for a, b in zip(r, r0))
-    ok_f = nf0 is None if nf is None else (nf0 is None or nf <= nf0)
-    return ok_m and ok_f
+def _n_freq_at(p: _Planned, n: int) -> int | None:
+    """The kept frequencies of ``p`` on an FFT of length ``n`` (the planner's rule, as in
+    :func:`_with_n`); None: all."""
+    plan = p.plan
+    if plan.n_freq is None:
+        return None
+    if n == plan.n:
+        return plan.n_freq
+    return _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPolicy:
+    """How :func:`sweep` groups configurations into programs (one XLA compile each).
+
+    A configuration's run cost in a program of static sizes ``(n, m, n_freq)`` (FFT length,
+    single-step support capacity, kept frequencies) is modelled as
+
+        rows / 4 * (base + per_fft_point * n / 1024 * log2(n) / 15 + per_support_point * s / 1024
+                    + per_capacity * m / 1024 + per_frequency * n_freq / 1024) + per_row,
+
+    (``rows`` = directions x discretizations, 4 for DP-SGD with brackets; ``s`` the
+    configuration's own support, which an epsilon query's program discretizes, the capacity
+    ``m`` for a delta query), fitted to the CPU time of the sweep's program on a 2-core CPU
+    (milliseconds; ``benchmarks/bench_sweep_cost.py``).  A configuration runs in a
+    program at least as large as its own sizes (a longer FFT: a wider window at the same
+    spacing; a longer support: single-step mass moved from the ``+inf`` atom onto grid points;
+    more kept frequencies: a smaller truncation bound -- each sound, see the module docstring),
+    and its *padding factor* is its cost there over its cost at its own sizes.
+
+    Buckets are chosen greedily: starting from one bucket per distinct own shape (plus the
+    programs already compiled in this process, or serialized in the persistent cache), the
+    merge that lowers ``sum of run costs + compile cost per new program`` the most is applied
+    while one does, and never one that puts any member above ``max_padding``.  So a sweep of a
+    few hundred configurations compiles few programs (a compile costs as much as running
+    hundreds of configurations) and a configuration far from the others keeps its own shape
+    instead of paying for theirs; a sweep of many thousands gets more, tighter programs.
+
+    Attributes:
+      max_padding: the largest padding factor of any configuration (>= 1).
+      compile_cost: cost of compiling a new program (same unit as the run cost; None: the
+        backend's default, :data:`COMPILE_COST`, an eighth of it while the persistent cache is on).
+      load_cost: cost of a program serialized by an earlier process (persistent cache on).
+    """
+
+    max_padding: float = 3.0
+    compile_cost: float | None = None
+    load_cost: float = 150.0
+    base: float = 0.2
+    per_fft_point: float = 0.07
+    per_support_point: float = 0.23
+    per_capacity: float = 0.07
+    per_frequency: float = 0.1
+    per_row: float = 0.3
+
+    def __post_init__(self):
+        if not (isinstance(self.max_padding, (int, float)) and self.max_padding >= 1.0):
+            raise ValueError(f"max_padding must be a number >= 1, got {self.max_padding!r}")
+        if self.compile_cost is not None and not (self.compile_cost >= 0):
+            raise ValueError(f"compile_cost must be >= 0 or None, got {self.compile_cost!r}")
+
+    def cost(self, n: int, m: int, n_freq: int | None, rows: int, support: int | None = None) -> float:
+        """Run cost of a configuration with single-step support ``support`` (default ``m``) in
+        a program of static sizes ``(n, m, n_freq)``."""
+        nf = n // 2 + 1 if n_freq is None else n_freq
+        support = m if support is None else support
+        run = (self.base + self.per_fft_point * n / 1024 * math.log2(n) / 15
+               + self.per_support_point * support / 1024 + self.per_capacity * m / 1024
+               + self.per_frequency * nf / 1024)
+        return rows / 4 * run + self.per_row
+
+    def compile(self) -> float:
+        """The compile cost the bucketing weighs: ``compile_cost``, else the backend's default
+        (:data:`COMPILE_COST`), of which only :data:`CACHED_COMPILE_SHARE` while the persistent
+        cache is on (the program is then serialized and reused by later processes, which load it
+        for ``load_cost``: the steady state matters more than this process's compiles)."""
+        if self.compile_cost is not None:
+            return self.compile_cost
+        cost = COMPILE_COST.get(jax.default_backend(), COMPILE_COST["cpu"])
+        return cost * CACHED_COMPILE_SHARE if _cache.caching() else cost
+
+
+#: Default compile cost of a new bucket program, by backend, in the cost model's unit (CPU
+#: milliseconds of running configurations): tracing, lowering and XLA's compile of one program
+#: took 2.0-2.6 s of CPU time on the 2-core CPU.  On a GPU a configuration runs ~10x faster
+#: than on that CPU while a compile takes about as long, so a compile weighs ~10x more there.
+COMPILE_COST = {"cpu": 2200.0, "gpu": 25000.0, "cuda": 25000.0, "rocm": 25000.0, "tpu": 25000.0}
+#: The share of :data:`COMPILE_COST` counted while the persistent cache is on (every CLI run).
+CACHED_COMPILE_SHARE = 0.125
+
+
+def _round_nf(nf: int | None, n: int) -> int | None:
+    """Kept frequencies rounded up to a power of two of at least 512 (None: all, also when that
+    reaches half the spectrum)."""
+    if nf is None:
+        return None
+    k = max(512, 1 << (int(nf) - 1).bit_length())
+    return None if k >= n // 2 + 1 else k
+
+
+def _combine_nf(a, b):
+    return None if a is None or b is None else max(a, b)
+
+
+class _Group:
+    """A candidate bucket: members, static sizes, the most its members allow the bucket's share of
+    their cost to be (``limit``; see :func:`_bucket_plan`), and what compiling its program costs
+    (0 for a program this process already has)."""
+
+    def __init__(self, struct, members, n, m, nf_at, limit, pay, fixed=False):
+        self.struct, self.members, self.n, self.m = struct, members, n, m
+        self.nf_at = nf_at            # {n: kept frequencies of the members at FFT length n}
+        self.limit, self.pay, self.fixed = limit, pay, fixed
+
+    def nf(self):
+        return self.nf_at[self.n]
+
+
+def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, rows: int):
+    """Cost-based buckets (see :class:`BucketPolicy`).
+
+    ``programs``: ``{struct: [(n, m, n_freq, pay), ...]}`` programs that exist already (``pay``
+    0 when compiled in this process, ``policy.load_cost`` when serialized on disk).  Returns
+    ``[(struct, (n, m, n_freq), members)]`` (members re-planned on the bucket's ``n``) and, per
+    bucket, whether it needs a program not in ``programs``."""
+    C = policy.compile()
+    F = policy.max_padding
+    by_struct: dict[tuple, list[_Planned]] = {}
+    for p in pending:
+        by_struct.setdefault(_struct_of(p), []).append(p)
+    out = []
+    for struct, plist in by_struct.items():
+        eps = struct[0] == "eps"
+        # The part of a row's cost its bucket's sizes decide: an epsilon query's program
+        # discretizes the row's own support whatever the bucket's capacity, a delta query's the
+        # capacity.  A row's own support term cancels from every comparison of buckets.
+        cost = functools.lru_cache(maxsize=None)(
+            lambda n, m, nf, eps=eps: policy.cost(n, m, nf, rows, support=0 if eps else m))
+        existing = programs.get(struct, [])
+        cand_n = sorted({p.plan.n for p in plist} | {e[0] for e in existing})
+        groups: list[_Group] = []
+        own: dict[tuple, _Group] = {}
+        for p in plist:
+            n, m, nf = _shape_of(p)
+            # The bucket's share of the row's cost may reach `limit`: the row then costs at most
+            # max_padding times its cost on its own shape.
+            limit = F * policy.cost(n, m, nf, rows) - (policy.cost(n, m, nf, rows) - cost(n, m, nf))
+            # Kept frequencies rounded up to a power of two (>= 512): a few initial groups instead
+            # of one per row; keeping more frequencies costs little and only tightens the bound.
+            nf_at = {k: _round_nf(_n_freq_at(p, k), k) for k in cand_n if k >= n and (eps or k == n)}
+            key = (n, m, nf_at[n])
+            g = own.get(key)
+            if g is None:
+                g = own[key] = _Group(struct, [], n, m, nf_at, limit, C)
+                groups.append(g)
+            else:
+                g.nf_at = {k: _combine_nf(g.nf_at[k], v) for k, v in nf_at.items()}
+                g.limit = min(g.limit, limit)
+            g.members.append(p)
+        for n, m, nf, pay in existing:
+            groups.append(_Group(struct, [], n, m, {n: nf}, math.inf, pay, fixed=True))
+
+        def merged(a: _Group, b: _Group):
+            """(n, m, nf) of a and b together, or None if not allowed."""
+            if a.fixed and b.fixed:
+                return None
+            if b.fixed:
+                a, b = b, a
+            if a.fixed:   # b joins the existing program a as it is
+                n, m, nf = a.n, a.m, a.nf_at[a.n]
+                if b.n > n or b.m > m or n not in b.nf_at:
+                    return None
+                need = b.nf_at[n]
+                if (nf is not None) and (need is None or need > nf):
+                    return None
+                return n, m, nf
+            n = max(a.n, b.n)
+            if n not in a.nf_at or n not in b.nf_at:
+                return None
+            return n, max(a.m, b.m), _combine_nf(a.nf_at[n], b.nf_at[n])
+
+        def gain(a: _Group, b: _Group):
+            if not (a.members or b.members):
+                return None
+            shape = merged(a, b)
+            if shape is None:
+                return None
+            c = cost(*shape)
+            if c > min(a.limit, b.limit):
+                return None
+            waste = sum(len(g.members) * (c - cost(g.n, g.m, g.nf())) for g in (a, b) if g.members)
+            if a.fixed or b.fixed:
+                f, g = (a, b) if a.fixed else (b, a)
+                saved = g.pay - (0.0 if f.members else f.pay)
+            else:
+                saved = a.pay + b.pay - C
+            return saved - waste, shape
+
+        def agglomerate(groups, phase):
+            """Greedy agglomeration: a heap of pair gains (largest first); an entry is stale once
+            either group has changed since it was computed (version counters).  Phase "existing":
+            only joins of existing programs (free: no compile); "new": any merge."""
+            version = {id(g): 0 for g in groups}
+            tick = itertools.count()
+            heap = []
+
+            def push(a, b):
+                if phase == "existing" and not (a.fixed or b.fixed):
+                    return
+                r = gain(a, b)
+                if r is not None and r[0] > 0:
+                    heapq.heappush(heap, (-r[0], next(tick), version[id(a)], version[id(b)], r[1], a, b))
+
+            for i, a in enumerate(groups):
+                for b in groups[i + 1:]:
+                    push(a, b)
+            while heap:
+                _, _, va, vb, (n, m, nf), a, b = heapq.heappop(heap)
+                if va != version[id(a)] or vb != version[id(b)] or not (a.members or b.members):
+                    continue
+                if b.fixed:
+                    a, b = b, a
+                a.members.extend(b.members)
+                b.members = []
+                a.limit = min(a.limit, b.limit)
+                if not a.fixed:
+                    a.n, a.m = n, m
+                    a.nf_at = {k: _combine_nf(a.nf_at[k], b.nf_at[k]) for k in a.nf_at if k in b.nf_at}
+                    a.pay = C
+                if not b.fixed:
+                    groups.remove(b)
+                version[id(a)] += 1
+                version[id(b)] += 1
+                for g in groups:
+                    if g is not a:
+                        push(a, g)
+            return groups
+
+        def segments(free):
+            """The cheapest split of ``free`` (sorted by FFT length, then support) into contiguous
+            runs, one new program each (dynamic programming; optimal among such splits)."""
+            free = sorted(free, key=lambda g: (g.n, g.m))
+            best = [0.0] + [math.inf] * len(free)
+            cut = [0] * (len(free) + 1)
+            for j in range(len(free)):
+                n = free[j].n
+                m, nf, limit, rows_in, base = 0, -1, math.inf, 0, 0.0
+                for i in range(j, -1, -1):
+                    g = free[i]
+                    if n not in g.nf_at:
+                        break
+                    m = max(m, g.m)
+                    nf = g.nf_at[n] if nf == -1 else _combine_nf(nf, g.nf_at[n])
+                    limit = min(limit, g.limit)
+                    rows_in += len(g.members)
+                    base += len(g.members) * cost(g.n, g.m, g.nf())
+                    c = cost(n, m, nf)
+                    if c > limit:
+                        break
+                    total = best[i] + C + rows_in * c
+                    if total < best[j + 1]:
+                        best[j + 1], cut[j + 1] = total, i
+            out, j = [], len(free)
+            while j > 0:
+                i = cut[j]
+                seg = free[i:j]
+                n = seg[-1].n
+                nf = seg[0].nf_at[n]
+                for g in seg[1:]:
+                    nf = _combine_nf(nf, g.nf_at[n])
+                g0 = _Group(struct, [p for g in seg for p in g.members], n, max(g.m for g in seg), {n: nf},
+                            min(g.limit for g in seg), C)
+                out.append(g0)
+                j = i
+            return out
+
+        def objective(gs):
+            return sum(g.pay for g in gs if g.members and not g.fixed) + sum(
+                len(g.members) * cost(g.n, g.m, g.nf()) for g in gs if g.members)
+
+        groups = agglomerate(groups, "existing")
+        fixed = [g for g in groups if g.fixed]
+        free = [g for g in groups if not g.fixed and g.members]
+        # Two searches for the new programs, the cheaper kept: greedy pairwise merges (any shapes)
+        # and the best split into runs along (n, m).
+        snapshot = [(g.members[:], g.n, g.m, dict(g.nf_at), g.limit) for g in free]
+        greedy = agglomerate([_Group(struct, mem[:], n, m, dict(nf_at), fl, C) for mem, n, m, nf_at, fl in snapshot],
+                             "new")
+        runs = segments([_Group(struct, mem[:], n, m, dict(nf_at), fl, C) for mem, n, m, nf_at, fl in snapshot])
+        groups = fixed + min((greedy, runs), key=objective)
+        for g in groups:
+            if not g.members:
+                continue
+            nf = g.nf_at[g.n]
+            members = [_with_n(p, g.n) for p in g.members]
+            out.append((struct, (g.n, g.m, nf), members, not g.fixed))
+    return out
 
 
 #: Background compile threads of a sweep (XLA compiles each program on one core).
@@ -516,34 +968,6 @@ def _with_n(p: _Planned, n: int) -> _Planned:
     if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
         n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
     return dataclasses.replace(p, plan=dataclasses.replace(plan, n=n, n_freq=n_freq))._signed()
-
-
-def _buckets(pending: list[_Planned], compiled: dict) -> list[tuple[tuple, list[_Planned]]]:
-    """Group configurations into buckets: same program structure (query, directions, all or
-    truncated frequencies, mechanism structure) and FFT length.  Small buckets move up to the
-    next larger FFT length of the same structure (this round's or an already compiled one,
-    ``compiled[structure]`` = set of lengths), so a sweep compiles few programs."""
-    by_struct: dict[tuple, dict[int, list[_Planned]]] = {}
-    for p in pending:
-        struct = (p.signature[:2] + p.signature[3:])
-        by_struct.setdefault(struct, {}).setdefault(p.plan.n, []).append(p)
-    out = []
-    for struct, by_n in by_struct.items():
-        have = set(compiled.get(struct, ()))
-        sizes = sorted(set(by_n) | have)
-        for i, n in enumerate(sizes):
-            members = by_n.get(n, [])
-            if not members:
-                continue
-            bigger = [k for k in sizes[i + 1:] if k in have or len(by_n.get(k, ())) > 0]
-            # Epsilon queries only: a longer FFT raises the round-off floor of deltas far below
-            # GridOptions.delta_tail_mass, so delta rows keep the single call's own n.
-            if struct[0] == "eps" and len(members) < MIN_BUCKET and n not in have and bigger:
-                by_n.setdefault(bigger[0], []).extend(_with_n(p, bigger[0]) for p in members)
-                by_n[n] = []
-                continue
-            out.append((struct, members))
-    return out
 
 
 def _chunk_args(members: list[_Planned], per_device: int, mesh):
@@ -569,15 +993,72 @@ def _chunk_args(members: list[_Planned], per_device: int, mesh):
     log_tau = np.asarray([p.plan.log_tau for p in slots], np.float64)
     deltas = np.asarray([[p.cfg.delta if p.cfg.delta is not None else 0.5] for p in slots], np.float64)
     epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
+    # Each row's own single-step support per group (the longest over directions, as the
+    # accountant's program uses): the bucket program discretizes that much (sweep_program).
+    support = np.asarray([[max(r[gi] for r in p.plan.ms) for gi in range(len(p.plan.ms[0]))] for p in slots],
+                         np.int64)
     count = np.asarray(counts, np.int32)
     sharding = NamedSharding(mesh, PartitionSpec("configs"))
     return jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
-                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons))
+                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons, support))
 
 
 #: Compiled bucket programs of this process, by static sizes and input shapes (a second sweep
 #: of the same shapes compiles nothing).
 _COMPILED: dict = {}
+#: How each was made: "compiled" (traced here) or "loaded" (a serialized program of an earlier process).
+_ORIGIN: dict = {}
+#: The static sizes of those programs, for the bucketing of later sweeps:
+#: ``{(devices, chunk, kinds): {struct: {(n, m, n_freq), ...}}}``.
+_SHAPES: dict = {}
+
+
+def _static_of(first: _Planned, m: int, n_freq: int | None):
+    """A bucket's static sizes ``(ms, n_freq)``: support ``m`` for every direction and group."""
+    G = len(first.plan.groups[0])
+    return tuple(tuple(m for _ in range(G)) for _ in first.directions), n_freq
+
+
+def _mesh_id(mesh) -> tuple:
+    return tuple(str(d) for d in mesh.devices.flat)
+
+
+def _known_programs(mesh, chunk: int, kinds) -> dict:
+    """``{struct: [(n, m, n_freq), ...]}``: bucket programs compiled by earlier sweeps of this process."""
+    return {k: sorted(v, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
+            for k, v in _SHAPES.get((_mesh_id(mesh), chunk, kinds), {}).items()}
+
+
+def _struct_id(struct) -> str:
+    """A string naming a program structure the same way in every process (mechanism classes by
+    their qualified names)."""
+    def name(x):
+        if isinstance(x, type):
+            return f"{x.__module__}.{x.__qualname__}"
+        if isinstance(x, tuple):
+            return "(" + ",".join(name(v) for v in x) + ")"
+        return repr(x)
+    return name(struct)
+
+
+def _disk_programs(mesh, chunk: int, kinds, structs) -> dict:
+    """``{struct: [(n, m, n_freq), ...]}`` for the given program structures: bucket programs
+    serialized by earlier processes for this device count, chunk size and discretizations
+    (persistent cache on; else empty)."""
+    if mesh.devices.size != 1:
+        return {}
+    ids = {_struct_id(st): st for st in structs}
+    by_id: dict = {}
+    for meta in _cache.exported_index("sweep_program"):
+        try:
+            if meta["chunk"] != chunk or tuple(meta["kinds"]) != tuple(kinds) or meta["devices"] != 1:
+                continue
+            by_id.setdefault(meta["struct"], set()).add((int(meta["n"]), int(meta["m"]),
+                                                         None if meta["n_freq"] is None else int(meta["n_freq"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return {ids[ident]: sorted(shapes, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
+            for ident, shapes in by_id.items() if ident in ids}
 
 
 def _program_key(mesh, first: _Planned, kinds, static, args):
@@ -587,23 +1068,50 @@ def _program_key(mesh, first: _Planned, kinds, static, args):
             str(jax.tree_util.tree_structure(args)), shapes)
 
 
-def _compile(key, mesh, first: _Planned, kinds, static, args):
+def _compile(key, mesh, first: _Planned, kinds, static, args, struct=None, chunk=None):
     """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
     background compile pool while other buckets run)."""
     fn = _COMPILED.get(key)
+    ms, n_freq = static
+    m = max(max(r) for r in ms)
     if fn is None:
-        ms, n_freq = static
+        block = _block_size(mesh, first.plan.n, len(first.directions) * len(kinds), _per_device_of(args, mesh))
         with jax.enable_x64(True):
-            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq)
+            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq, block)
             # With the persistent cache on (every CLI run), a serialized program from an earlier
-            # process skips tracing and lowering (~0.4 s a program on 2 cores); else compile here.
+            # process skips tracing and lowering (~0.4 s a program on 2 cores) and its XLA compile
+            # is a persistent-cache hit; its static sizes are indexed so that later processes can
+            # bucket configurations onto it (_disk_programs).  Else compile here.
+            meta = None
+            if struct is not None and chunk is not None:
+                meta = dict(struct=_struct_id(struct), n=int(first.plan.n), m=int(m),
+                            n_freq=None if n_freq is None else int(n_freq), kinds=list(kinds), chunk=int(chunk),
+                            devices=int(mesh.devices.size))
             fn = _cache.exported_compiled(
                 "sweep_program", program, args,
-                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size)))
+                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size, block)),
+                meta=meta,
+                compile_options=_xla.compile_options())
             if fn is None:
-                fn = program.lower(*args).compile()
+                fn = program.lower(*args).compile(_xla.compile_options())
+        _ORIGIN[key] = "loaded" if getattr(fn, "loaded", False) else "compiled"
         _COMPILED[key] = fn
+    if struct is not None and chunk is not None:
+        _SHAPES.setdefault((_mesh_id(mesh), chunk, kinds), {}).setdefault(struct, set()).add((first.plan.n, m, n_freq))
     return fn
+
+
+def _per_device_of(args, mesh) -> int:
+    """Configurations per device of a chunk's inputs (``args[2]`` is ``dx``, one per slot)."""
+    return int(args[2].shape[0]) // mesh.devices.size
+
+
+def _validate_policy(policy) -> BucketPolicy:
+    if policy is None:
+        return BucketPolicy()
+    if not isinstance(policy, BucketPolicy):
+        raise ValueError(f"bucketing must be a dpjax.pld.sweeping.BucketPolicy, got {policy!r}")
+    return policy
 
 
 def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static, fn=None, args=None):
@@ -717,15 +1225,19 @@ SWEEP_OPTIONS = GridOptions(relative_accuracy=1e-4, per_step_accuracy=0.5, n_min
 #: their certified brackets overlap, so the difference is also at most the wider bracket.
 SWEEP_SLACK = 1e-3
 
-#: Configurations per device in one program call (the chunk is this times the device count).
-DEFAULT_PER_DEVICE = 32
+#: Configurations per device in one program call (the chunk is this times the device count):
+#: by platform; an accelerator runs blocks of configurations at once (see :func:`_block_size`).
+DEFAULT_PER_DEVICE = {"cpu": 32}
+#: ... and on any other platform.
+DEFAULT_PER_DEVICE_ACCELERATOR = 256
 
 
 @host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
 def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
-          with_lower: bool = True, devices: Sequence | None = None, per_device: int = DEFAULT_PER_DEVICE,
-          progress: bool | None = None, progress_bar: bool | None = None) -> SweepTable:
+          with_lower: bool = True, devices: Sequence | None = None, per_device: int | None = None,
+          progress: bool | None = None, progress_bar: bool | None = None,
+          bucketing: BucketPolicy | None = None) -> SweepTable:
     """Certified epsilon (or delta) for every configuration; one row each, in input order.
 
     Args:
@@ -744,9 +1256,12 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         delta queries; ``GridOptions()`` gives every row the single call's grid.
       with_lower: also compute the certified lower end of the bracket (about doubles the work).
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
-      per_device: configurations per device in one program call.
+      per_device: configurations per device in one program call (None: 32 on CPU, 256 on an
+        accelerator).
       progress: show progress on stderr (None: auto, see :mod:`dpjax._progress`; False: never;
         the keyword of every dpjax function with a bar; ``progress_bar`` is its former name).
+      bucketing: :class:`BucketPolicy` (how configurations share compiled programs; default
+        ``BucketPolicy()``).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
@@ -759,12 +1274,15 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         configs = sweep_grid(noise_multiplier, sampling_prob, steps, delta, epsilon, group_size)
     else:
         configs = _as_configs(configs)
-    per_device = _validate.positive_int("per_device", per_device)
+    if per_device is not None:
+        per_device = _validate.positive_int("per_device", per_device)
     if resume and out is None:
         raise ValueError("resume=True needs out (the file a previous run wrote)")
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("devices must not be empty")
+    if per_device is None:
+        per_device = DEFAULT_PER_DEVICE.get(devices[0].platform, DEFAULT_PER_DEVICE_ACCELERATOR)
     mesh = _mesh(devices)
     chunk = per_device * len(devices)
     kinds = ("up", "down") if with_lower else ("up",)
@@ -800,53 +1318,58 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                 store.append(new)
             bar.update(len(new))
             todo = [i for i in todo if i not in set(exact)]
-        pending = [_plan(i, configs[i], options) for i in todo]
-        # structure -> {n: [static, ...]}: the programs compiled (or compiling) in this sweep
-        sizes: dict[tuple, dict[int, list]] = {}
+        pending = _plan_all(todo, configs, options)
+        policy = _validate_policy(bucketing)
+        rows_per_cfg = 0  # directions x kinds, from the first row (the cost model's unit is per row)
+        # struct -> [(n, m, n_freq, pay)]: programs this sweep can use without compiling (those of
+        # earlier sweeps in this process, those of this sweep, serialized ones from earlier processes).
+        known: dict[tuple, list] = {}
+        for struct, shapes in _known_programs(mesh, chunk, kinds).items():
+            known[struct] = [tuple(sh) + (0.0,) for sh in shapes]
+        structs = {_struct_of(p) for p in pending}
+        for struct, shapes in _disk_programs(mesh, chunk, kinds, structs).items():
+            have = {sh[:3] for sh in known.get(struct, [])}
+            known.setdefault(struct, []).extend(tuple(sh) + (policy.load_cost,) for sh in shapes if tuple(sh) not in have)
         inflight: dict = {}                          # program key -> compile future (this sweep)
+        made: set = set()                            # program keys this sweep compiled or loaded
 
-        def bucket_jobs(pending, retry_round, only_new=False):
-            """The buckets of ``pending`` with their static sizes, first-chunk inputs and program
-            keys.  A bucket runs on a program of this sweep that holds it (the one with the
-            shortest support) or gets its own; in a retry round (rows still arriving while the
-            first round runs) a new program is made generous, every support ``n`` long and 4x
-            the kept frequencies, so that later retried rows fit it too (few rows run on it).
-            ``only_new``: just the buckets that need a new program (no inputs built for the rest)."""
+        def bucket_jobs(pending, only_new=False):
+            """The buckets of ``pending`` (:class:`BucketPolicy`), with their static sizes,
+            first-chunk inputs and program keys; ``only_new``: just those needing a new program."""
+            nonlocal rows_per_cfg
+            rows_per_cfg = rows_per_cfg or len(pending[0].directions) * len(kinds)
             jobs = []
-            for struct, members in _buckets(pending, sizes):
-                n = members[0].plan.n
-                static = _bucket_static(members)
-                have = sizes.setdefault(struct, {}).setdefault(n, [])
-                fit = [old for old in have if _fits(static, old)]
-                if fit:  # an already compiled program of this sweep holds them
-                    if only_new:
-                        continue
-                    static = min(fit, key=lambda st: max(max(r) for r in st[0]))
+            for struct, (n, m, nf), members, new in _bucket_plan(pending, known, policy, rows_per_cfg):
+                if only_new and not new:
+                    continue
+                entry = known.setdefault(struct, [])
+                for i, sh in enumerate(entry):
+                    if sh[:3] == (n, m, nf):
+                        entry[i] = (n, m, nf, 0.0)   # used now: no further cost to this sweep
+                        break
                 else:
-                    if retry_round:
-                        ms, nf = static
-                        ms = tuple(tuple(n for _ in r) for r in ms)
-                        nf = None if nf is None else min(n // 2 + 1, 4 * nf)
-                        static = (ms, nf)
-                    have.append(static)
+                    entry.append((n, m, nf, 0.0))
+                static = _static_of(members[0], m, nf)
                 parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
                 args0 = _chunk_args(parts[0], per_device, mesh)
-                jobs.append((parts, static, args0, _program_key(mesh, members[0], kinds, static, args0)))
+                jobs.append((parts, static, args0, _program_key(mesh, members[0], kinds, static, args0), struct))
             return jobs
 
-        def submit(key, first, static, args0):
+        def submit(key, first, static, args0, struct):
             if key not in inflight:
-                inflight[key] = pool.submit(_compile, key, mesh, first, kinds, static, args0)
+                if key not in _COMPILED:
+                    made.add(key)
+                inflight[key] = pool.submit(_compile, key, mesh, first, kinds, static, args0, struct, chunk)
             return inflight[key]
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
             while pending:  # rounds: a retried row (rare) goes to the next round's buckets
                 jobs = []
-                for parts, static, args0, key in bucket_jobs(pending, retry_round=bool(programs)):
+                for parts, static, args0, key, struct in bucket_jobs(pending):
                     programs.add(key)
                     # Compile every bucket's program in the background, in run order: compiling
                     # bucket k + 1 overlaps running bucket k.
-                    jobs.append((parts, static, args0, submit(key, parts[0][0], static, args0)))
+                    jobs.append((parts, static, args0, submit(key, parts[0][0], static, args0, struct)))
                 pending = []
                 for parts, static, args0, fut in jobs:
                     fn = fut.result()
@@ -867,18 +1390,19 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                             rows[p.index] = row
                             new.append(row)
                         if len(pending) > retried:
-                            # Retried rows that no compiled program holds: compile their program now
-                            # (generous sizes, see bucket_jobs), behind this round's, so it overlaps the
-                            # rest of the round instead of running alone at its end; the next round
-                            # reuses it unless a later retry needs more than it holds.
-                            for r_parts, r_static, r_args0, r_key in bucket_jobs(pending, retry_round=True,
-                                                                                 only_new=True):
-                                submit(r_key, r_parts[0][0], r_static, r_args0)
+                            # Retried rows that no program holds: compile their program now, behind
+                            # this round's, so it overlaps the rest of the round instead of running
+                            # alone at its end (the next round reuses it).
+                            for r_parts, r_static, r_args0, r_key, r_struct in bucket_jobs(pending, only_new=True):
+                                submit(r_key, r_parts[0][0], r_static, r_args0, r_struct)
                         if store is not None:
                             store.append(new)
                         bar.update(len(new), programs=len(programs))
+    _join_stores()
+    origins = [_ORIGIN.get(k) for k in programs if k in made]
     table = SweepTable(rows=tuple(rows[i] for i in range(len(configs))), programs=len(programs),
-                       seconds=time.perf_counter() - t0, devices=len(devices))
+                       seconds=time.perf_counter() - t0, devices=len(devices),
+                       compiled=origins.count("compiled"), loaded=origins.count("loaded"))
     if store is not None:
         store.finalize(table.rows)
     return table
