@@ -1,0 +1,380 @@
+"""Certified accounting of DP-SGD under random allocation and balls-in-bins batching
+(docs/design.md §12).
+
+* **Random allocation** (Feldman & Shenfeld, "Privacy amplification by random allocation"): each
+  epoch has ``batches_per_epoch = t`` steps and every example is used in ``selections_per_epoch =
+  k`` of them, drawn uniformly and afresh each epoch; ``epochs = E`` epochs.
+* **Balls-in-bins** (Choquette-Choo et al. 2024, Def. 3.1) with ``C = I``: each example gets one
+  of ``b`` bins for the whole run and is used in every epoch at its bin's position.  Its ``E``
+  observations of one bin are one Gaussian with noise multiplier ``sigma / sqrt(E)`` (their sum
+  is sufficient), so the run is 1-of-``b`` random allocation with that noise, one epoch.
+
+The reported ``epsilon`` is a certified upper bound and ``epsilon_lower`` a certified lower end
+(add/remove adjacency: the max over both directions), as for Poisson DP-SGD
+(:func:`dpjax.pld.dpsgd_accounting`).
+
+Example::
+
+    >>> from dpjax.pld import allocation_accountant as ra
+    >>> ra.allocation_epsilon(1.0, 100, 1, 1e-5)                    # doctest: +SKIP
+    0.6215...
+    >>> ra.balls_in_bins_epsilon(1.0, 128, 4, 1e-5)                 # doctest: +SKIP
+
+One-shot calls run the numerics on the host (NumPy: no compilation); :func:`epsilon_fn` /
+:func:`delta_fn` run the same code in JAX on a fixed :class:`AllocationPlan` (jittable,
+``vmap`` over noise multipliers, ``grad``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from dpjax import _validate
+from dpjax._x64 import float64, host_only
+from dpjax.pld import allocation as A
+from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult
+
+__all__ = [
+    "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
+    "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
+    "balls_in_bins_delta", "epsilon_fn", "delta_fn",
+]
+
+DIRECTIONS = ("remove", "add")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationOptions:
+    """Accuracy and size knobs of the random-allocation accountant.
+
+    Attributes:
+      tail_fraction: budget for every truncation and wrap-around term, relative to the target
+        delta (epsilon queries).
+      delta_tail_mass: the same budget, absolute, for delta queries.
+      lattice_factor: lattice window length per ``sqrt(steps per block)`` (the resolution of the
+        likelihood-ratio lattices; the bracket narrows about like its inverse square).
+      min_lattice, max_lattice: bounds on the lattice window (powers of two).
+      grid_resolution: loss-grid spacing as a fraction of one epoch's loss standard deviation.
+      max_grid: largest loss grid / composition FFT (power of two).
+    """
+
+    tail_fraction: float = 1e-3
+    delta_tail_mass: float = 1e-13
+    lattice_factor: float = 360.0
+    min_lattice: int = 1024
+    max_lattice: int = 2**15
+    grid_resolution: float = 0.05
+    max_grid: int = 2**20
+
+    def __post_init__(self):
+        for name in ("tail_fraction", "delta_tail_mass", "grid_resolution"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < 1):
+                raise ValueError(f"{name} must be in (0, 1), got {v!r}")
+        if not (isinstance(self.lattice_factor, (int, float)) and self.lattice_factor > 0):
+            raise ValueError(f"lattice_factor must be > 0, got {self.lattice_factor!r}")
+        for name in ("min_lattice", "max_lattice", "max_grid"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 64 and v & (v - 1) == 0):
+                raise ValueError(f"{name} must be a power of two >= 64, got {v!r}")
+        if self.min_lattice > self.max_lattice:
+            raise ValueError(f"min_lattice must be <= max_lattice, got {self.min_lattice} > {self.max_lattice}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationPlan:
+    """Everything fixed before the numerics run (hashable: a static argument of jitted code).
+
+    Attributes:
+      shape: static sizes (:class:`dpjax.pld.allocation.Shape`).
+      block_steps: steps of each block (1-of-``t_b`` allocation per block).
+      counts: how many times each block is composed (``epochs`` times its multiplicity).
+      tau: per-epoch truncation level of the lattice laws.
+      dx: loss-grid spacing.
+      log_tau: log of the tail level placing the composition window.
+      room: heavy-tail room of the lattice windows (see :func:`dpjax.pld.allocation.band_geometry`).
+      noise_multiplier: the noise multiplier the plan was made for (any other is sound; the grid
+        is tight near this one and above).
+    """
+
+    shape: A.Shape
+    block_steps: tuple
+    counts: tuple
+    tau: float
+    dx: float
+    log_tau: float
+    room: float
+    noise_multiplier: float
+
+
+def allocation_blocks(batches_per_epoch: int, selections_per_epoch: int, epochs: int) -> list[tuple[int, int]]:
+    """The 1-of-``t_b`` allocations whose composition dominates ``k``-of-``t`` allocation:
+    ``[(t_b, count_b)]`` with ``t_b in {floor(t/k), ceil(t/k)}`` and counts summing to ``k E``
+    (docs/design.md §12.4)."""
+    t, k, E = batches_per_epoch, selections_per_epoch, epochs
+    lo = t // k
+    r = t - k * lo
+    blocks = [(lo, (k - r) * E)]
+    if r:
+        blocks.append((lo + 1, r * E))
+    return blocks
+
+
+def _pow2(x: float, minimum: int = 64) -> int:
+    return max(minimum, 1 << max(0, math.ceil(math.log2(max(x, 1.0)))))
+
+
+def _levels(sigma: float, t: float, tau: float) -> int:
+    s = 1.0 / sigma
+    w_lo, w_top = A.host_constants(float(t), tau)
+    import scipy.special as sp
+
+    w_max = max(s - float(sp.ndtri(0.5 * tau)), w_top)
+    width = s * max(w_max - w_lo, 1e-3)
+    k = math.ceil(width / math.log(2.0))
+    return int(min(64, max(8, 8 * math.ceil(k / 8))))
+
+
+def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsilon=None,
+                    options: AllocationOptions | None = None, room: float = 1.0, comp_scale: int = 1) -> AllocationPlan:
+    """Host-side plan for ``blocks`` (from :func:`allocation_blocks`) at ``noise_multiplier``
+    (the smallest one that will be evaluated on it).  Only tightness depends on the plan."""
+    options = options or AllocationOptions()
+    sigma = float(noise_multiplier)
+    steps = [float(t) for t, _ in blocks]
+    counts = [int(c) for _, c in blocks]
+    C = sum(counts)
+    if target_delta is not None:
+        budget = options.tail_fraction * float(np.min(target_delta))
+    else:
+        budget = options.delta_tail_mass
+    tau = budget / (16.0 * C)
+    t_max = max(steps)
+    levels = max(_levels(sigma, t, tau) for t in steps)
+    n = int(min(options.max_lattice, max(options.min_lattice, _pow2(options.lattice_factor * math.sqrt(t_max)))))
+    m = 2 * n
+    # One epoch's log-likelihood-ratio spread (log-normal mean of t_b terms), at most 1/sigma.
+    s = 1.0 / sigma
+    sd1 = min(math.sqrt(math.expm1(min(s * s, 700.0)) / min(steps)), s) if s * s < 700 else s
+    sd1 = max(sd1, 1e-6)
+    dx = min(2e-3, options.grid_resolution * sd1)
+    lo_v, hi_v = math.inf, 0.0
+    for t in steps:
+        geo = A.band_geometry(A.NUMPY, sigma, t, tau, levels=levels, n=n, m=m, room=room)
+        w0, g = np.asarray(geo["w0"]), np.asarray(geo["g"])
+        lo_v = min(lo_v, float(np.min(np.maximum(w0, 1.0) * g)))
+        hi_v = max(hi_v, float(np.max((w0 + n) * g)))
+    width = math.log(hi_v) - math.log(lo_v) + 4 * dx
+    # A finer grid than the range allows at max_grid is not possible: widen dx (looser, sound).
+    dx = max(dx, width / (options.max_grid - 64))
+    N = _pow2(width / dx + 32)
+    z = math.sqrt(2.0 * math.log(4.0 / budget))
+    if C == 1:
+        n_comp = N
+    else:
+        sd_c = math.sqrt(C) * sd1
+        n_comp = _pow2(N + 2.0 * (z + 2.0) * sd_c / dx)
+    n_comp = int(min(options.max_grid, n_comp * comp_scale))
+    shape = A.Shape(levels=levels, n=n, m=m, N=N, n_comp=n_comp)
+    return AllocationPlan(shape=shape, block_steps=tuple(steps), counts=tuple(counts), tau=tau, dx=dx,
+                          log_tau=math.log(budget / 4.0), room=float(room), noise_multiplier=sigma)
+
+
+def _run_numpy(plan: AllocationPlan, sigma: float) -> A.Composed:
+    return A.run(A.NUMPY, sigma, list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
+                 plan.log_tau, plan.shape, room=plan.room)
+
+
+def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
+    """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget."""
+    options = options or AllocationOptions()
+    budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
+              else options.delta_tail_mass)
+    room, comp_scale = 1.0, 1
+    for _ in range(6):
+        plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
+                               options=options, room=room, comp_scale=comp_scale)
+        comp = _run_numpy(plan, sigma)
+        p_inf = np.asarray(comp.p_inf)
+        over_lattice = bool(np.any(p_inf[:2] > 0.5 * budget)) or bool(np.any(np.asarray(comp.tail_below)[2:] > budget))
+        over_window = bool(np.any(np.asarray(comp.tail_above)[:2] > 0.25 * budget)) or bool(
+            np.any(np.asarray(comp.tail_below)[2:] > 0.5 * budget))
+        if over_lattice and room < 1e6:
+            room = room * 8.0 if room < 64 else 1e9
+            continue
+        if over_window and plan.shape.n_comp < options.max_grid:
+            comp_scale *= 2
+            continue
+        break
+    return plan, comp
+
+
+def _gaussian_result(mu, target_delta=None, target_epsilon=None):
+    from dpjax.pld.accountant import _exact_epsilon, _exact_report, _scalar
+    from dpjax.pld.exact import gaussian_delta
+
+    if target_delta is not None:
+        deltas = np.asarray(target_delta, np.float64)
+        upper, lower = _exact_epsilon(deltas, mu)
+        return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
+                             target_delta=_scalar(deltas), directions=(_exact_report(upper, lower),))
+    eps = np.asarray(target_epsilon, np.float64)
+    d = np.asarray(gaussian_delta(eps, mu), np.float64)
+    upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
+    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                       target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
+
+
+def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
+    out = []
+    for i, d in enumerate(DIRECTIONS):
+        u = np.where(np.isnan(up[i]), np.inf, up[i])
+        l = np.where(np.isnan(lo[i]), 0.0, lo[i])
+        out.append(DirectionReport(
+            direction=d, upper=_scalar(u), lower=_scalar(l), n=int(plan.shape.n_comp), dx=float(plan.dx),
+            p_inf=float(comp.p_inf[i]), tail_above=float(comp.tail_above[i]), tail_below=float(comp.tail_below[2 + i]),
+            roundoff=0.0, truncation_budget=float(plan.tau * sum(plan.counts)), noise_floor=float(comp.noise_floor[i])))
+    return tuple(out)
+
+
+def _scalar(a):
+    a = np.asarray(a, np.float64)
+    return float(a) if a.ndim == 0 else a
+
+
+def _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch):
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    if sigma.ndim != 0:
+        raise ValueError(f"noise_multiplier must be a scalar > 0 for random allocation, got shape {sigma.shape}")
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    E = _validate.positive_int("epochs", epochs)
+    if not 1e-3 <= float(sigma) <= 1e4:
+        raise ValueError(f"noise_multiplier must be in [1e-3, 1e4] for random allocation accounting, got {float(sigma)!r}")
+    return float(sigma), t, k, E
+
+
+@host_only("dpjax.pld.allocation_accountant.epsilon_fn / delta_fn on a plan from plan_allocation")
+@float64
+def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=None, target_epsilon=None, *,
+                          selections_per_epoch: int = 1, options: AllocationOptions | None = None):
+    """DP-SGD under random allocation: :class:`~dpjax.pld.EpsilonResult` or
+    :class:`~dpjax.pld.DeltaResult` (certified upper end and certified lower end, add/remove).
+
+    Args:
+      noise_multiplier: sigma > 0 (noise standard deviation / clip norm), a scalar.
+      batches_per_epoch: steps per epoch ``t >= 1``.
+      epochs: ``E >= 1``.
+      target_delta / target_epsilon: exactly one (scalar or 1-D array).
+      selections_per_epoch: ``k`` in ``[1, t]``: steps each example takes part in per epoch.
+      options: :class:`AllocationOptions`.
+    """
+    if (target_delta is None) == (target_epsilon is None):
+        raise ValueError("give exactly one of target_delta and target_epsilon")
+    sigma, t, k, E = _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch)
+    if options is not None and not isinstance(options, AllocationOptions):
+        raise ValueError(f"options must be a dpjax.pld.allocation_accountant.AllocationOptions, got {options!r}")
+    if target_delta is not None:
+        target_delta = _validate.probability_open("target_delta", target_delta)
+    else:
+        target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    blocks = allocation_blocks(t, k, E)
+    if all(tb == 1 for tb, _ in blocks):
+        # Every step selected: the run is E t Gaussian steps, exactly one Gaussian mechanism.
+        return _gaussian_result(math.sqrt(E * t) / sigma, target_delta, target_epsilon)
+    plan, comp = _account(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
+    with np.errstate(all="ignore"):
+        if target_delta is not None:
+            vals = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
+            up, lo = vals[:2], vals[2:]
+            upper = np.where(np.isnan(up), np.inf, up).max(0)
+            lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
+            reason = None
+            if np.isinf(upper).any():
+                reason = (f"target_delta below what the grid certifies: P(loss=+inf) {float(np.max(comp.p_inf[:2])):.3g}, "
+                          f"wrap-around {float(np.max(comp.tail_above[:2])):.3g}")
+            return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
+                                 target_delta=_scalar(target_delta), directions=_reports(plan, comp, up, lo),
+                                 reason=reason)
+        vals = np.asarray(A.delta_of(A.NUMPY, comp, np.asarray(target_epsilon, np.float64)))
+        up, lo = vals[:2], vals[2:]
+        upper = np.where(np.isnan(up), 1.0, up).max(0)
+        lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
+        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                           target_epsilon=_scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
+
+
+def allocation_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, selections_per_epoch: int = 1,
+                       options: AllocationOptions | None = None):
+    """Certified epsilon of DP-SGD under random allocation (see :func:`allocation_accounting`)."""
+    return allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=target_delta,
+                                 selections_per_epoch=selections_per_epoch, options=options).epsilon
+
+
+def allocation_delta(noise_multiplier, batches_per_epoch, epochs, target_epsilon, *, selections_per_epoch: int = 1,
+                     options: AllocationOptions | None = None):
+    """Certified delta of DP-SGD under random allocation at ``target_epsilon`` (>= 0)."""
+    return allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_epsilon=target_epsilon,
+                                 selections_per_epoch=selections_per_epoch, options=options).delta
+
+
+def balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=None, target_epsilon=None, *,
+                             options: AllocationOptions | None = None):
+    """DP-SGD (correlation matrix ``C = I``) under balls-in-bins batching: 1-of-``b`` random
+    allocation of a Gaussian with noise multiplier ``sigma / sqrt(epochs)``, one epoch."""
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    E = _validate.positive_int("epochs", epochs)
+    if sigma.ndim != 0:
+        raise ValueError(f"noise_multiplier must be a scalar > 0 for balls-in-bins, got shape {sigma.shape}")
+    return allocation_accounting(float(sigma) / math.sqrt(E), batches_per_epoch, 1, target_delta=target_delta,
+                                 target_epsilon=target_epsilon, options=options)
+
+
+def balls_in_bins_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, options=None):
+    """Certified epsilon of DP-SGD (``C = I``) under balls-in-bins batching."""
+    return balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=target_delta,
+                                    options=options).epsilon
+
+
+def balls_in_bins_delta(noise_multiplier, batches_per_epoch, epochs, target_epsilon, *, options=None):
+    """Certified delta of DP-SGD (``C = I``) under balls-in-bins batching at ``target_epsilon``."""
+    return balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_epsilon=target_epsilon,
+                                    options=options).delta
+
+
+# ------------------------------------------------------------------------------------------
+# Jittable evaluation on a fixed plan
+
+
+def _rows(plan: AllocationPlan, noise_multiplier):
+    import jax.numpy as jnp
+
+    ops = A.jax_ops()
+    return A.run(ops, noise_multiplier, list(plan.block_steps), jnp.asarray(plan.counts, jnp.float64), plan.tau,
+                 plan.dx, plan.log_tau, plan.shape, room=plan.room)
+
+
+@float64
+def epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
+    """Epsilon at ``target_delta`` on a fixed plan, as a JAX function of ``noise_multiplier``
+    (``jit``, ``vmap`` and ``grad`` work; any noise multiplier gives a sound bound, tight near
+    ``plan.noise_multiplier`` and above).  ``bound``: ``"upper"`` (certified) or ``"lower"``."""
+    import jax.numpy as jnp
+
+    comp = _rows(plan, noise_multiplier)
+    vals = A.eps_of(A.jax_ops(), comp, jnp.asarray(target_delta, jnp.float64))
+    return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
+
+
+@float64
+def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str = "upper"):
+    """Delta at ``target_epsilon`` on a fixed plan, as a JAX function of ``noise_multiplier``."""
+    import jax.numpy as jnp
+
+    comp = _rows(plan, noise_multiplier)
+    vals = A.delta_of(A.jax_ops(), comp, jnp.asarray(target_epsilon, jnp.float64))
+    return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
