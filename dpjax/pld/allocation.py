@@ -71,7 +71,7 @@ _N_TRUNC = 24
 class Ops:
     """The array operations the numerics use, for one backend (see :data:`JAX`, :data:`NUMPY`)."""
 
-    def __init__(self, name, xp, erfc, scatter_add, stop, materialize, take_along_axis, suffix_sum):
+    def __init__(self, name, xp, erfc, scatter_add, stop, materialize, take_along_axis, suffix_sum, fori_loop):
         self.name = name
         self.xp = xp
         self.erfc = erfc
@@ -80,6 +80,7 @@ class Ops:
         self.materialize = materialize
         self.take_along_axis = take_along_axis
         self.suffix_sum = suffix_sum
+        self.fori_loop = fori_loop
 
     def __repr__(self):
         return f"Ops({self.name})"
@@ -93,8 +94,16 @@ def _np_scatter_add(n, idx, vals):
 def _make_numpy() -> Ops:
     import scipy.special as sp
 
+    def fori_loop(lo, hi, body, init, stop=None):
+        state = init
+        for i in range(lo, hi):
+            state = body(i, state)
+            if stop is not None and stop(state):
+                break
+        return state
+
     return Ops("numpy", np, sp.erfc, _np_scatter_add, lambda x: x, lambda fn: fn(), np.take_along_axis,
-               lambda a: np.cumsum(a[..., ::-1], axis=-1)[..., ::-1])
+               lambda a: np.cumsum(a[..., ::-1], axis=-1)[..., ::-1], fori_loop)
 
 
 def _make_jax() -> Ops:
@@ -114,8 +123,11 @@ def _make_jax() -> Ops:
         flat = a.reshape(-1, a.shape[-1])
         return jax.vmap(_suffix_sums)(flat).reshape(a.shape)
 
+    def fori_loop(lo, hi, body, init, stop=None):
+        return jax.lax.fori_loop(lo, hi, body, init)
+
     return Ops("jax", jnp, jax.lax.erfc, scatter_add, jax.lax.stop_gradient, materialize, jnp.take_along_axis,
-               suffix_sum)
+               suffix_sum, fori_loop)
 
 
 NUMPY = _make_numpy()
@@ -269,69 +281,192 @@ def _match(xp, D, E):
     return xp.clip(u, 0.0, 1.0), xp.clip(v, 0.0, 1.0)
 
 
-# The lower laws contract X in [0, _THETA_CELLS g] (one lattice cell) to one atom at its conditional mean (see
-# _lattice_laws): the bulk of X, unresolved by the coarse lattices of the upper bands, is then not
-# rounded variable by variable (t roundings of up to g each would shift V').
-_THETA_CELLS = 1.0
+# The lower laws contract the lowest part of X exactly onto the lattice (see _contract): at most
+# this many lattice cells, and below the point where one cell holds less than this fraction of
+# the density's scale (where the neighbour matching works well).
+_CONTRACT_CELLS = 32
+_KAPPA = 0.05
+# Safeguarded Newton steps per contracted interval (only the tightness depends on them: every
+# end kept is on the sound side).
+_ROOT_ITERS = 10
 
 
-def _lattice_laws(ops, s, t, g, bl, bh, m: int):
-    """``X`` restricted to ``[0, b_{k-1}]`` ("A") and ``(b_{k-1}, b_k]`` ("B") on lattices of
-    spacing ``g_k`` (``m`` points), three ways: (3, K, 2, m) masses and (3, K) lattice origins.
+def _contract(ops, s, t, g, limit, origin, u0):
+    """Exact contraction of the lowest part of ``X`` onto the lattice ``j g``.
 
-    [0] on ``j g``: the mean-preserving split of every outcome between its two lattice neighbours
-    (larger in the convex order).  [1], [2] on ``delta + j g``: ``X <= theta = min(8 g, b_{k-1})``
-    merged into one atom at ``mu = E[X | X <= theta]`` (post-processing), the lattice origin
-    ``delta`` chosen so that ``mu`` is a lattice point; above ``theta`` each bin merged into one atom
-    (its conditional mean), neighbouring atoms matched onto the shared point, leftovers rounded
-    down ([1], the remove direction's lower bound) or up ([2], the add direction's).
+    Consecutive intervals ``[u_{i-1}, u_i]`` (from ``u0``) are chosen so that the conditional mean
+    of ``X`` on each is the lattice point ``p_i`` (of ``origin + j g``) just above ``u_{i-1}``: merging each interval
+    into one atom is post-processing (a contraction), and the atom already sits on the lattice,
+    so nothing is rounded.  ``G(u) = E[X; u_{i-1} < X <= u] - p_i P(u_{i-1} < X <= u)`` is negative
+    just above ``p_i`` and increases beyond it; ``u_i`` is found by safeguarded Newton iteration on ``[p_i, limit]``,
+    keeping the end with ``G >= 0`` (mean at or above ``p_i``) for the remove
+    direction's law and the end with ``G <= 0`` for the add direction's, so that the atom's exact
+    mean is on the side its direction may round to.  Stops where no root lies below ``limit``.
+
+    Returns ``(u_end (2, K), masses (2, K, M), index (2, K, M))``: the contracted range ends at
+    ``u_end`` (per law: remove, add); atom ``i`` has the mass of its interval at lattice index
+    ``index`` (-1 where unused).
     """
     xp = ops.xp
     K = g.shape[0]
-    theta = xp.minimum(_THETA_CELLS * g, bl)
+    lim = xp.broadcast_to(limit, (2, K))
+    gg = xp.broadcast_to(g, (2, K))
+
+    def cdf_first(u):
+        w = _w_of(xp, u, s, t)
+        tw, tws = _small_tails(ops, w, w - s)
+        F = xp.where(w <= 0.0, tw, 1.0 - tw)
+        M = xp.where(w - s <= 0.0, tws, 1.0 - tws) / t
+        return F, M
+
+    F_lim, M_lim = cdf_first(lim)
+    oo = xp.broadcast_to(origin, (2, K))
+    u0 = xp.broadcast_to(u0, (2, K))
+    F0, M0 = cdf_first(u0)
+
+    def step(i, state):
+        u, F_u, M_u, done, masses, index = state
+        p = oo + (xp.floor((u - oo) / gg) + 1.0) * gg
+        F_p, M_p = cdf_first(p)
+        G_p = (M_p - M_u) - p * (F_p - F_u)                      # < 0 (conditional mean < p)
+        G_l = (M_lim - M_u) - p * (F_lim - F_u)
+        ok = ~done & (G_l >= 0.0) & (p < lim)
+
+        def solve(_, br):
+            # Safeguarded Newton on G (G'(u) = (u - p) f_X(u)), keeping a bracket [a, b] with
+            # G(a) < 0 <= G(b); a step leaving the bracket is replaced by its midpoint.
+            a, b, c = br
+            F_c, M_c = cdf_first(c)
+            Gc = (M_c - M_u) - p * (F_c - F_u)
+            right = Gc >= 0.0
+            a = xp.where(right, a, c)
+            b = xp.where(right, c, b)
+            w_c = _w_of(xp, c, s, t)
+            dens = xp.exp(-0.5 * w_c * w_c) / (math.sqrt(2.0 * math.pi) * s * xp.maximum(c, _TINY))
+            slope = (c - p) * dens
+            newton = c - Gc / xp.where(slope > 0, slope, 1.0)
+            inside = (slope > 0) & (newton > a) & (newton < b)
+            return a, b, xp.where(inside, newton, 0.5 * (a + b))
+
+        # Start where a uniform density would put the root (2 p - u), inside the bracket.
+        c0 = xp.clip(2.0 * p - u, p + 1e-12 * gg, lim)
+        a, b, _ = ops.fori_loop(0, _ROOT_ITERS, solve, (p, lim, xp.where(c0 < lim, c0, 0.5 * (p + lim))))
+        # Newton may approach the root from the right only: the left end then is a point just
+        # below b if G is still negative there (checked), else the last left iterate.
+        cand = xp.maximum(b - 1e-12 * (b - p) - 4e-16 * b, p)
+        F_c, M_c = cdf_first(cand)
+        a = xp.where((M_c - M_u) - p * (F_c - F_u) < 0.0, xp.maximum(cand, a), a)
+        # Row 0 (remove): the end with G >= 0; row 1 (add): the end with G < 0 (or p itself).
+        u_new = xp.stack([b[0], a[1]])
+        u_new = xp.where(ok, u_new, u)
+        F_n, M_n = cdf_first(u_new)
+        mass = xp.where(ok, xp.maximum(F_n - F_u, 0.0), 0.0)
+        masses = xp.where(xp.arange(_CONTRACT_CELLS) == i, mass[..., None], masses)
+        index = xp.where(xp.arange(_CONTRACT_CELLS) == i, xp.where(ok, xp.round((p - oo) / gg), -1.0)[..., None], index)
+        return u_new, F_n, M_n, done | ~ok, masses, index
+
+    init = (u0, F0, M0, xp.zeros((2, K), bool), xp.zeros((2, K, _CONTRACT_CELLS)),
+            -xp.ones((2, K, _CONTRACT_CELLS)))
+    u, _, _, _, masses, index = ops.fori_loop(0, _CONTRACT_CELLS, step, init, stop=lambda st: st[3].all())
+    return u, masses, index
+
+
+def _lattice_laws(ops, s, t, g, bl, bh, m: int):
+    """``X`` restricted to ``[0, b_{k-1}]`` ("A") and ``(b_{k-1}, b_k]`` ("B") on the lattice
+    ``j g_k`` (``m`` points), three ways: (3, K, 2, m) masses and (3, K) lattice origins (0).
+
+    [0] the mean-preserving split of every outcome between its two lattice neighbours (larger in
+    the convex order).  [1], [2]: the lowest part of ``X`` contracted exactly onto the lattice
+    (:func:`_contract`); above it each cell merged into one atom (its conditional mean),
+    neighbouring atoms matched onto the shared point, leftovers rounded down ([1], the remove
+    direction's lower bound) or up ([2], the add direction's).
+    """
+    xp = ops.xp
+    K = g.shape[0]
+    # Lower laws: X <= theta = min(g, b_{k-1}) merged into one atom at mu = E[X | X <= theta], on the
+    # lattice delta + j g with delta = mu mod g (so the atom is a lattice point: where the bulk of X
+    # is finer than g, nothing else could put it on the lattice exactly); then the exact interval
+    # contraction from theta on.
+    theta = xp.minimum(g, bl)
     w_th = _w_of(xp, theta, s, t)
     t_th, t_ths = _small_tails(ops, w_th, w_th - s)
     f_th = xp.where(w_th <= 0.0, t_th, 1.0 - t_th)                         # P(X <= theta)
     m_th = xp.where(w_th - s <= 0.0, t_ths, 1.0 - t_ths) / t               # E[X; X <= theta]
     mu = xp.where(f_th > 0, m_th / xp.maximum(f_th, _TINY), 0.5 * theta)
     delta = ops.stop(mu - g * xp.floor(mu / g))
-    origin = xp.stack([xp.zeros_like(g), delta])                           # (2, K): both lattices
-    x = origin[:, :, None, None] + xp.arange(m, dtype=np.float64) * g[None, :, None, None]   # (2, K, 1, m)
-    zero_k = xp.zeros_like(bl)
-    el = xp.stack([xp.stack([zero_k, bl], -1), xp.stack([theta, bl], -1)])[..., None]      # (2, K, 2, 1)
-    eh = xp.stack([xp.stack([bl, bh], -1), xp.stack([bl, bh], -1)])[..., None]
+    # Contract up to where the density of X changes by less than kappa over one cell (|d log f /
+    # dx| g = (g / x) |1 + (log(t x) + s^2 / 2) / s^2|, one fixed-point step from x = g / kappa):
+    # beyond it the neighbour matching leaves little unmatched, and contraction loses variance.
+    x_res = g / _KAPPA
+    x_res = g * xp.abs(1.0 + (xp.log(t * x_res) + 0.5 * s * s) / (s * s)) / _KAPPA
+    limit = xp.minimum(bl, xp.minimum(_CONTRACT_CELLS * g, x_res))
+    u_end, c_mass, c_index = _contract(ops, s, t, g, limit, delta, theta)
+    x0 = xp.arange(m, dtype=np.float64)[None, :] * g[:, None]             # (K, m): upper lattice
+    x1 = delta[:, None] + x0                                               # lower lattice
+    x = xp.stack([x0, x1])                                                 # (2, K, m)
     w = _w_of(xp, x, s, t)
-    wl_e, wh_e = _w_of(xp, el, s, t), _w_of(xp, eh, s, t)
-
+    ends = xp.stack([bl, bh, u_end[0], u_end[1]])                          # (4, K)
+    we = _w_of(xp, ends, s, t)
     def tails():
-        # Small tails of W and W - s at every lattice point and sub-measure end, computed once into
-        # buffers (XLA would otherwise duplicate the erfc expansions into every consumer).
-        return tuple(_small_tails(ops, w, w - s, wl_e, wl_e - s, wh_e, wh_e - s))
+        # Small tails of W and W - s at every lattice point and at the range ends, computed once
+        # into buffers (XLA would otherwise duplicate the erfc expansions into every consumer).
+        return tuple(_small_tails(ops, w, w - s, we, we - s))
 
-    tw, tws, tl, tls, th, ths = ops.materialize(tails)
-    below, above = x < el, x > eh                                          # (2, K, 2, m)
-    ew = xp.where(above, wh_e, xp.where(below, wl_e, w))
-    et = xp.where(above, th, xp.where(below, tl, tw))
-    ets = xp.where(above, ths, xp.where(below, tls, tws))
-    mass = _interval_from_tails(xp, ew[..., :-1], et[..., :-1], ew[..., 1:], et[..., 1:])
-    first = _interval_from_tails(xp, ew[..., :-1] - s, ets[..., :-1], ew[..., 1:] - s, ets[..., 1:]) / t
-    # Deficit below the bin's top point and excess above its bottom point (both >= 0).
-    D = xp.maximum(x[..., 1:] * mass - first, 0.0)
-    Ex = xp.maximum(first - x[..., :-1] * mass, 0.0)
-    zero = xp.zeros(mass.shape[1:-1] + (1,))
-    a = xp.clip(D[0] / g[:, None, None], 0.0, mass[0])
-    up = xp.concatenate([a, zero], -1) + xp.concatenate([zero, mass[0] - a], -1)
-    u, v = _match(xp, D[1], Ex[1])
-    ml = mass[1]
-    rm = xp.concatenate([ml * (1.0 - u), zero], -1) + xp.concatenate([zero, ml * u], -1)
-    ad = xp.concatenate([ml * v, zero], -1) + xp.concatenate([zero, ml * (1.0 - v)], -1)
-    # The contracted atom, exactly on lattice point (mu - delta) / g of sub-measure A.
-    j_mu = xp.round((mu - delta) / g)
-    atom = xp.where(xp.arange(m, dtype=np.float64)[None, :] == j_mu[:, None], f_th[:, None], 0.0)   # (K, m)
-    atom = xp.stack([atom, xp.zeros_like(atom)], 1)                       # (K, 2, m): into A only
-    laws = xp.stack([up, rm + atom, ad + atom])                            # (3, K, 2, m)
-    origins = xp.stack([zero_k, delta, delta])                              # (3, K)
-    return laws, origins
+    tw, tws, te, tes = ops.materialize(tails)
+
+    def cells(L, lo_i, hi_i):
+        """Mass and first moment of X on every cell of lattice L clipped to [ends[lo_i], ends[hi_i]]
+        (lo_i None: from X = 0)."""
+        xl_, w_, tw_, tws_ = x[L], w[L], tw[L], tws[L]
+        hi_v = ends[hi_i][:, None]
+        above = xl_ > hi_v
+        ew = xp.where(above, we[hi_i][:, None], w_)
+        et = xp.where(above, te[hi_i][:, None], tw_)
+        ets = xp.where(above, tes[hi_i][:, None], tws_)
+        if lo_i is not None:
+            below = xl_ < ends[lo_i][:, None]
+            ew = xp.where(below, we[lo_i][:, None], ew)
+            et = xp.where(below, te[lo_i][:, None], et)
+            ets = xp.where(below, tes[lo_i][:, None], ets)
+        mass = _interval_from_tails(xp, ew[:, :-1], et[:, :-1], ew[:, 1:], et[:, 1:])
+        first = _interval_from_tails(xp, ew[:, :-1] - s, ets[:, :-1], ew[:, 1:] - s, ets[:, 1:]) / t
+        return mass, first
+
+    m_a, f_a = cells(0, None, 0)                                           # [0, b_{k-1}]
+    m_b, f_b = cells(0, 0, 1)                                              # (b_{k-1}, b_k]
+    m_ra, f_ra = cells(1, 2, 0)                                            # (u_end, b_{k-1}]: remove
+    m_aa, f_aa = cells(1, 3, 0)                                            # add
+    m_bl, f_bl = cells(1, 0, 1)                                            # B on the lower lattice
+    zero = xp.zeros((K, 1))
+
+    def split(mass, first):
+        D = xp.maximum(x0[:, 1:] * mass - first, 0.0)
+        a = xp.clip(D / g[:, None], 0.0, mass)
+        return xp.concatenate([a, zero], -1) + xp.concatenate([zero, mass - a], -1)
+
+    up = xp.stack([split(m_a, f_a), split(m_b, f_b)], 1)                  # (K, 2, m)
+    # Lower laws: match the cells of (A above the contraction, B) per direction.
+    mass_l = xp.stack([xp.stack([m_ra, m_bl], 1), xp.stack([m_aa, m_bl], 1)])     # (2, K, 2, m-1)
+    first_l = xp.stack([xp.stack([f_ra, f_bl], 1), xp.stack([f_aa, f_bl], 1)])
+    xl, xh = x1[:, :-1], x1[:, 1:]
+    D = xp.maximum(xh[None, :, None] * mass_l - first_l, 0.0)
+    Ex = xp.maximum(first_l - xl[None, :, None] * mass_l, 0.0)
+    u, v = _match(xp, D, Ex)
+    z2 = xp.zeros(mass_l.shape[:-1] + (1,))
+    rm = xp.concatenate([mass_l[0] * (1.0 - u[0]), z2[0]], -1) + xp.concatenate([z2[0], mass_l[0] * u[0]], -1)
+    ad = xp.concatenate([mass_l[1] * v[1], z2[1]], -1) + xp.concatenate([z2[1], mass_l[1] * (1.0 - v[1])], -1)
+    # The contracted atoms, exactly on their lattice points, into A.
+    j0 = xp.clip(xp.round((mu - delta) / g), 0, m - 1)
+    idx = xp.concatenate([c_index, xp.broadcast_to(j0[None, :, None], (2, K, 1))], -1)     # (2, K, M+1)
+    val = xp.concatenate([c_mass, xp.broadcast_to(f_th[None, :, None], (2, K, 1))], -1)
+    val = xp.where(idx >= 0, val, 0.0)
+    flat = ((xp.arange(2)[:, None, None] * K + xp.arange(K)[None, :, None]) * m
+            + xp.clip(idx, 0, m - 1)).astype(np.int64)
+    atoms = ops.scatter_add(2 * K * m, flat, val).reshape(2, K, m)
+    rm = rm + xp.stack([atoms[0], xp.zeros_like(atoms[0])], 1)
+    ad = ad + xp.stack([atoms[1], xp.zeros_like(atoms[1])], 1)
+    laws = xp.stack([up, rm, ad])                                          # (3, K, 2, m)
+    return laws, xp.stack([xp.zeros_like(delta), delta, delta])
 
 
 def _log1p_c(xp, z):
@@ -459,7 +594,9 @@ def _window_tails(ops, laws, origins, w0, geo, s, t, n: int):
     e_rem = xp.where(r[None, :] == 0, 0.0, _interval_from_tails(xp, wc - s, tas, a_hi - s, tbs) / t)
     valid = r[None, :] >= 0.0
     la = lam[None, :, :, None]
-    slope = xp.maximum((logK[:, :, 1:] - logK[:, :, :-1]) / (lam[None, :, 1:, None] - lam[None, :, :-1, None]), 0.0)
+    slope = (logK[:, :, 1:] - logK[:, :, :-1]) / (lam[None, :, 1:, None] - lam[None, :, :-1, None])
+    # An overflowed log-MGF (inf, or inf - inf) gives no bound at that lam (inf), never a NaN.
+    slope = xp.where(xp.isnan(slope), np.inf, xp.maximum(slope, 0.0))
 
     def chernoff(count, thr):
         """Chernoff bounds (P(S_c >= thr), E[S_c; S_c >= thr]) of the sum of ``count`` lattice
@@ -467,7 +604,8 @@ def _window_tails(ops, laws, origins, w0, geo, s, t, n: int):
         tq = xp.exp(xp.minimum(count * logK - la * thr[:, :, None, None], 0.0))               # (V, K, L, R)
         te = count * slope * xp.exp(xp.minimum(count * logK[:, :, :-1] - la[:, :, :-1] * thr[:, :, None, None],
                                                700.0))
-        return xp.minimum(xp.min(tq, axis=2), 1.0), xp.min(te, axis=2)
+        te = xp.where(xp.isnan(te), np.inf, te)
+        return xp.minimum(xp.min(xp.where(xp.isnan(tq), 1.0, tq), axis=2), 1.0), xp.min(te, axis=2)
 
     def best(x):
         return xp.min(xp.where(valid[None], x, np.inf), axis=-1)
@@ -524,7 +662,7 @@ def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) ->
       tau: truncation level: the events spread to the ratio-0 / ratio-inf atoms have Q- and P-mass
         about ``tau``.
       levels, n, m: number of bands, window (FFT) length, lattice length (static; ``m`` a multiple
-        of ``n`` and of 16).
+        of 16).
     """
     xp = ops.xp
     s = 1.0 / sigma
@@ -532,7 +670,9 @@ def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) ->
     geo = ops.stop(band_geometry(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room))
     g, w0 = geo["g"], geo["w0"]
     laws, origins = _lattice_laws(ops, s, t, g, geo["bl"], geo["bh"], m)   # (3, K, 2, m), (3, K)
-    folded = laws.reshape(laws.shape[:-1] + (m // n, n)).sum(-2)
+    reps = -(-m // n)                                                      # fold onto n points
+    padded = xp.concatenate([laws, xp.zeros(laws.shape[:-1] + (reps * n - m,))], -1)
+    folded = padded.reshape(laws.shape[:-1] + (reps, n)).sum(-2)
     F = xp.fft.rfft(folded, axis=-1)                                       # (3, K, 2, n/2+1)
     lam_hat = _event_power(xp, F[:, :, 0], F[:, :, 1], t)                  # (3, K, n/2+1)
     circ = xp.fft.irfft(lam_hat, n, axis=-1)

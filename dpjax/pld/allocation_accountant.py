@@ -64,7 +64,7 @@ class AllocationOptions:
 
     tail_fraction: float = 1e-3
     delta_tail_mass: float = 1e-13
-    lattice_factor: float = 360.0
+    lattice_factor: float = 400.0
     min_lattice: int = 1024
     max_lattice: int = 2**15
     grid_resolution: float = 0.05
@@ -128,6 +128,12 @@ def _pow2(x: float, minimum: int = 64) -> int:
     return max(minimum, 1 << max(0, math.ceil(math.log2(max(x, 1.0)))))
 
 
+def _fft_size(x: float) -> int:
+    """Smallest ``2^k`` or ``3 2^k`` (>= 64) at least ``x``."""
+    p = _pow2(x)
+    return 3 * p // 4 if p >= 256 and 3 * p // 4 >= x else p
+
+
 def _levels(sigma: float, t: float, tau: float) -> int:
     s = 1.0 / sigma
     w_lo, w_top = A.host_constants(float(t), tau)
@@ -136,7 +142,7 @@ def _levels(sigma: float, t: float, tau: float) -> int:
     w_max = max(s - float(sp.ndtri(0.5 * tau)), w_top)
     width = s * max(w_max - w_lo, 1e-3)
     k = math.ceil(width / math.log(2.0))
-    return int(min(64, max(8, 8 * math.ceil(k / 8))))
+    return int(min(64, max(8, 4 * math.ceil(k / 4))))
 
 
 def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsilon=None,
@@ -155,8 +161,10 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
     tau = budget / (16.0 * C)
     t_max = max(steps)
     levels = max(_levels(sigma, t, tau) for t in steps)
-    n = int(min(options.max_lattice, max(options.min_lattice, _pow2(options.lattice_factor * math.sqrt(t_max)))))
-    m = 2 * n
+    n = _fft_size(min(options.max_lattice, max(options.min_lattice, options.lattice_factor * math.sqrt(t_max))))
+    # Lattice points per band: a quarter more than the window (a coarser lattice where a band is
+    # narrow next to its window: sound, tight enough there).
+    m = n + n // 4
     # One epoch's log-likelihood-ratio spread (log-normal mean of t_b terms), at most 1/sigma.
     s = 1.0 / sigma
     sd1 = min(math.sqrt(math.expm1(min(s * s, 700.0)) / min(steps)), s) if s * s < 700 else s
