@@ -3,6 +3,7 @@
 Examples::
 
     dpjax noise --epsilon 2 --delta 1e-5 --sampling-prob 0.01 --steps 1000 --json
+    dpjax noise --epsilon 2 --delta 1e-5 --sampling random_allocation --batches-per-epoch 100 --epochs 10 --json
     dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 \\
         --epsilon 2 --delta 1e-3 --samples 65536 --seed 0 --json
 
@@ -35,6 +36,22 @@ from dpjax.pld.group_spec import Sampling
 def _run_noise(args) -> dict:
     from dpjax.calibration import dpsgd_noise_multiplier
 
+    if args.sampling in _args.ALLOCATION_SAMPLINGS:
+        from dpjax.dpsgd import dpsgd_noise_multiplier as allocation_noise
+
+        if args.group_size != 1 or args.dataset_size is not None or args.batch_size is not None:
+            raise ValueError(f"--group-size, --dataset-size and --batch-size do not apply to --sampling {args.sampling}")
+        sigma = allocation_noise(args.epsilon, args.delta, args.sampling_prob, args.steps, sampling=args.sampling,
+                                 batches_per_epoch=args.batches_per_epoch,
+                                 selections_per_epoch=args.selections_per_epoch, epochs=args.epochs)
+        return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
+                    sampling=args.sampling, **_args.allocation_setting(args), accountant="pld (random allocation)",
+                    guarantee="certified epsilon <= target_epsilon at this noise multiplier")
+    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != 1:
+        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
+                         "or balls_in_bins")
+    if args.steps is None:
+        raise ValueError("--steps is required for --sampling poisson and fixed_batch (an integer >= 1)")
     if args.sampling == "poisson" and args.sampling_prob is None:
         raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
     sigma = dpsgd_noise_multiplier(args.epsilon, args.delta, args.sampling_prob, args.steps,
@@ -68,8 +85,9 @@ def register(subparsers) -> None:
     p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
                    help="target " + _args.DELTA_TARGET_HELP)
     _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
-    _args.add_steps(p)
+    _args.add_steps(p, required=False)
     _args.add_group_args(p)
+    _args.add_allocation_args(p)
     p.set_defaults(run=_run_noise)
 
     p = subparsers.add_parser("mc-calibrate",

@@ -5,6 +5,8 @@ Examples::
     dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
         --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
     dpjax sweep --grid configs.json --out sweep.csv
+    dpjax sweep --sampling random_allocation --noise-multiplier 0.8,1,1.5 --batches-per-epoch 32,128 \\
+        --epochs 1,4 --delta 1e-5 --json
 
 Value lists: ``a,b,c`` (listed values), ``start:stop:num`` (``num`` evenly spaced values, both
 ends included), ``start:stop:num:log`` (log-spaced).  The grid is the Cartesian product, with
@@ -100,9 +102,50 @@ def _configs(args):
     )
 
 
+def _run_allocation(args) -> dict:
+    from dpjax.pld.sweeping import sweep
+
+    if args.grid is not None:
+        with open(args.grid) as f:
+            configs = json.load(f)
+        grid = {}
+    else:
+        configs = None
+        if args.noise_multiplier is None or args.batches_per_epoch is None or args.epochs is None:
+            raise ValueError("--sampling random_allocation / balls_in_bins needs --noise-multiplier, "
+                             "--batches-per-epoch and --epochs (or --grid FILE)")
+        grid = dict(noise_multiplier=parse_values("noise_multiplier", args.noise_multiplier),
+                    batches_per_epoch=parse_values("batches_per_epoch", args.batches_per_epoch, integer=True),
+                    selections_per_epoch=parse_values("selections_per_epoch", args.selections_per_epoch, integer=True),
+                    epochs=parse_values("epochs", args.epochs, integer=True),
+                    delta=None if args.delta is None else parse_values("delta", args.delta),
+                    epsilon=None if args.epsilon is None else parse_values("epsilon", args.epsilon))
+    if args.sampling_prob is not None or args.steps is not None or args.group_size != "1":
+        raise ValueError("--sampling-prob, --steps and --group-size are for --sampling poisson")
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out (the file the killed sweep wrote)")
+    table = sweep(configs, sampling=args.sampling, out=args.out, resume=args.resume, with_lower=not args.no_lower,
+                  **grid)
+    eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
+    out = dict(adjacency="add_or_remove", sampling=args.sampling, configurations=len(table), out=args.out,
+               programs=table.programs, devices=table.devices, seconds=table.seconds,
+               resumed=sum(r["path"] == "resumed" for r in table.rows))
+    if eps:
+        finite = [e for e in eps if math.isfinite(e)]
+        out.update(epsilon_min=min(finite) if finite else math.inf, epsilon_max=max(eps))
+    if args.out is None or args.rows:
+        out["table"] = [dict(r) for r in table.rows]
+    return out
+
+
 def _run(args) -> dict:
     from dpjax.pld.sweeping import sweep
 
+    if args.sampling != "poisson":
+        return _run_allocation(args)
+    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != "1":
+        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
+                         "or balls_in_bins")
     configs = _configs(args)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
@@ -126,8 +169,11 @@ def _run(args) -> dict:
 def _table_lines(rows) -> list[str]:
     from dpjax.pld.sweeping import ROW_FIELDS
 
-    return [",".join(ROW_FIELDS)] + [",".join("" if r.get(f) is None else str(r.get(f)) for f in ROW_FIELDS)
-                                     for r in rows]
+    fields = ROW_FIELDS
+    if rows and "batches_per_epoch" in rows[0]:
+        from dpjax.pld.allocation_accountant import SWEEP_ROW_FIELDS as fields
+    return [",".join(fields)] + [",".join("" if r.get(f) is None else str(r.get(f)) for f in fields)
+                                 for r in rows]
 
 
 def _render(result: dict) -> str:
@@ -144,6 +190,13 @@ def register(subparsers) -> None:
     p.add_argument("--delta", default=None, metavar="VALUES", help="target deltas (epsilon queries)")
     p.add_argument("--epsilon", default=None, metavar="VALUES", help="target epsilons (delta queries)")
     p.add_argument("--group-size", default="1", metavar="VALUES", help="group sizes k (Poisson; default 1)")
+    p.add_argument("--sampling", type=_args.choice("poisson", "random_allocation", "balls_in_bins"), default="poisson",
+                   help="poisson (default; --sampling-prob, --steps) or random_allocation / balls_in_bins "
+                        "(--batches-per-epoch, --selections-per-epoch, --epochs); add/remove adjacency")
+    p.add_argument("--batches-per-epoch", default=None, metavar="VALUES", help="steps per epoch t (integers)")
+    p.add_argument("--selections-per-epoch", default="1", metavar="VALUES",
+                   help="steps per example per epoch k (random_allocation; default 1)")
+    p.add_argument("--epochs", default=None, metavar="VALUES", help="numbers of epochs E (integers)")
     p.add_argument("--out", default=None, metavar="FILE.csv",
                    help="write rows here as they are computed (plus FILE.jsonl; FILE.parquet with pyarrow)")
     p.add_argument("--resume", action="store_true", help="continue a killed sweep recorded in --out")

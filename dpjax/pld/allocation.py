@@ -652,7 +652,7 @@ def _window_tails(ops, laws, origins, w0, geo, s, t, n: int):
     return xp.minimum(q_above + q_below, 1.0), xp.minimum(p_above + p_below, 1.0)
 
 
-def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) -> EpochAtoms:
+def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0, geometry=None) -> EpochAtoms:
     """Lattice atoms of one epoch of 1-of-``t`` allocation.
 
     Args:
@@ -667,7 +667,10 @@ def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) ->
     xp = ops.xp
     s = 1.0 / sigma
     t = t * 1.0
-    geo = ops.stop(band_geometry(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room))
+    # ``geometry`` (a band_geometry dict) holds the bands and windows fixed (derivatives in sigma
+    # of the bound at a fixed discretization); by default they follow sigma.
+    geo = ops.stop(geometry if geometry is not None else
+                   band_geometry(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room))
     g, w0 = geo["g"], geo["w0"]
     laws, origins = _lattice_laws(ops, s, t, g, geo["bl"], geo["bh"], m)   # (3, K, 2, m), (3, K)
     reps = -(-m // n)                                                      # fold onto n points
@@ -796,14 +799,16 @@ class EpochPMFs(NamedTuple):
     noise_rel: Any
 
 
-def epoch_pmfs(ops, sigma, t, tau, dx, *, levels: int, n: int, m: int, N: int, room=1.0) -> EpochPMFs:
+def epoch_pmfs(ops, sigma, t, tau, dx, *, levels: int, n: int, m: int, N: int, room=1.0, geometry=None,
+               offset=None) -> EpochPMFs:
     """Both directions' upper and lower PMFs of one epoch of 1-of-``t`` allocation on a loss grid
     of ``N`` points starting just below the smallest atom."""
     xp = ops.xp
-    at = epoch_atoms(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room)
+    at = epoch_atoms(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room, geometry=geometry)
     v = at.v                                                               # (3, K, n)
     vmin = xp.min(xp.where(v > 0, v, np.inf))
-    offset = ops.stop(xp.floor(xp.log(vmin) / dx)).astype(np.int64) - 1
+    if offset is None:
+        offset = ops.stop(xp.floor(xp.log(vmin) / dx)).astype(np.int64) - 1
     q_up, p_inf_g, q_zero_g = grid_up(ops, v[0], at.q[0], offset, dx, N)
     y = (offset + xp.arange(N)) * dx
     pos = v > 0
@@ -996,20 +1001,29 @@ class Shape(NamedTuple):
     n_comp: int
 
 
-def run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape: Shape, room=1.0) -> Composed:
+def run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape: Shape, room=1.0, frozen=None) -> Composed:
     """Epoch PMFs of every block size (``block_steps``: (B,) steps per block; ``counts``: (B,)
-    compositions of each), composed.  ``sigma``, ``tau``, ``dx``, ``log_tau`` may be traced."""
+    compositions of each; ``sigma``: one noise multiplier, or a list with one per block),
+    composed.  ``sigma``, ``tau``, ``dx``, ``log_tau`` may be traced."""
     xp = ops.xp
     if ops is NUMPY:
         with np.errstate(all="ignore"):
-            return _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape, room)
-    return _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape, room)
+            return _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape, room, frozen)
+    return _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape, room, frozen)
 
 
-def _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape: Shape, room) -> Composed:
-    xp = ops.xp
-    per = [epoch_pmfs(ops, sigma, block_steps[b], tau, dx, levels=shape.levels, n=shape.n, m=shape.m, N=shape.N,
-                      room=room)
-           for b in range(len(block_steps))]
-    stacked = EpochPMFs(*[xp.stack([getattr(p, f) for p in per]) for f in EpochPMFs._fields])
+def _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape: Shape, room, frozen=None) -> Composed:
+    stacked = epoch_stack(ops, sigma, block_steps, tau, dx, shape, room, frozen)
     return compose_epochs(ops, stacked, counts, dx, log_tau, n_comp=shape.n_comp)
+
+
+def epoch_stack(ops, sigma, block_steps, tau, dx, shape: Shape, room=1.0, frozen=None) -> EpochPMFs:
+    """:class:`EpochPMFs` of every block (leading block axis): what :func:`run` composes (an
+    epsilon-per-epoch curve composes it once per number of epochs)."""
+    xp = ops.xp
+    frozen = frozen or [(None, None)] * len(block_steps)
+    sig = list(sigma) if isinstance(sigma, (list, tuple)) else [sigma] * len(block_steps)
+    per = [epoch_pmfs(ops, sig[b], block_steps[b], tau, dx, levels=shape.levels, n=shape.n, m=shape.m, N=shape.N,
+                      room=room, geometry=frozen[b][0], offset=frozen[b][1])
+           for b in range(len(block_steps))]
+    return EpochPMFs(*[xp.stack([getattr(p, f) for p in per]) for f in EpochPMFs._fields])

@@ -99,6 +99,8 @@ class AllocationPlan:
       room: heavy-tail room of the lattice windows (see :func:`dpjax.pld.allocation.band_geometry`).
       noise_multiplier: the noise multiplier the plan was made for (any other is sound; the grid
         is tight near this one and above).
+      block_sigmas: each block's noise multiplier at that point (equal unless a schedule of noise
+        multipliers was planned); :func:`epsilon_fn` scales them all by ``sigma / noise_multiplier``.
     """
 
     shape: A.Shape
@@ -109,6 +111,14 @@ class AllocationPlan:
     log_tau: float
     room: float
     noise_multiplier: float
+    block_sigmas: tuple = ()
+
+    def sigmas(self, noise_multiplier=None) -> list:
+        """Per-block noise multipliers at ``noise_multiplier`` (default: the planned one)."""
+        base = self.block_sigmas or (self.noise_multiplier,) * len(self.block_steps)
+        if noise_multiplier is None:
+            return [float(b) for b in base]
+        return [b * (noise_multiplier / self.noise_multiplier) for b in base]
 
 
 def allocation_blocks(batches_per_epoch: int, selections_per_epoch: int, epochs: int) -> list[tuple[int, int]]:
@@ -147,12 +157,15 @@ def _levels(sigma: float, t: float, tau: float) -> int:
 
 def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsilon=None,
                     options: AllocationOptions | None = None, room: float = 1.0, comp_scale: int = 1) -> AllocationPlan:
-    """Host-side plan for ``blocks`` (from :func:`allocation_blocks`) at ``noise_multiplier``
-    (the smallest one that will be evaluated on it).  Only tightness depends on the plan."""
+    """Host-side plan for ``blocks`` (from :func:`allocation_blocks`) at ``noise_multiplier`` (a
+    scalar, or one per block), the smallest that will be evaluated on it.  Only tightness depends
+    on the plan."""
     options = options or AllocationOptions()
-    sigma = float(noise_multiplier)
-    steps = [float(t) for t, _ in blocks]
-    counts = [int(c) for _, c in blocks]
+    sig = np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))
+    sigmas = [float(x) for x in sig]
+    sigma = min(sigmas)
+    steps = [float(b[0]) for b in blocks]
+    counts = [int(b[1]) for b in blocks]
     C = sum(counts)
     if target_delta is not None:
         budget = options.tail_fraction * float(np.min(target_delta))
@@ -160,19 +173,20 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
         budget = options.delta_tail_mass
     tau = budget / (16.0 * C)
     t_max = max(steps)
-    levels = max(_levels(sigma, t, tau) for t in steps)
+    levels = max(_levels(sb, t, tau) for sb, t in zip(sigmas, steps))
     n = _fft_size(min(options.max_lattice, max(options.min_lattice, options.lattice_factor * math.sqrt(t_max))))
     # Lattice points per band: a quarter more than the window (a coarser lattice where a band is
     # narrow next to its window: sound, tight enough there).
     m = n + n // 4
     # One epoch's log-likelihood-ratio spread (log-normal mean of t_b terms), at most 1/sigma.
-    s = 1.0 / sigma
-    sd1 = min(math.sqrt(math.expm1(min(s * s, 700.0)) / min(steps)), s) if s * s < 700 else s
-    sd1 = max(sd1, 1e-6)
+    sd1 = 1e-6
+    for sb, t in zip(sigmas, steps):
+        s = 1.0 / sb
+        sd1 = max(sd1, min(math.sqrt(math.expm1(min(s * s, 700.0)) / t), s))
     dx = min(2e-3, options.grid_resolution * sd1)
     lo_v, hi_v = math.inf, 0.0
-    for t in steps:
-        geo = A.band_geometry(A.NUMPY, sigma, t, tau, levels=levels, n=n, m=m, room=room)
+    for sb, t in zip(sigmas, steps):
+        geo = A.band_geometry(A.NUMPY, sb, t, tau, levels=levels, n=n, m=m, room=room)
         w0, g = np.asarray(geo["w0"]), np.asarray(geo["g"])
         lo_v = min(lo_v, float(np.min(np.maximum(w0, 1.0) * g)))
         hi_v = max(hi_v, float(np.max((w0 + n) * g)))
@@ -189,11 +203,12 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
     n_comp = int(min(options.max_grid, n_comp * comp_scale))
     shape = A.Shape(levels=levels, n=n, m=m, N=N, n_comp=n_comp)
     return AllocationPlan(shape=shape, block_steps=tuple(steps), counts=tuple(counts), tau=tau, dx=dx,
-                          log_tau=math.log(budget / 4.0), room=float(room), noise_multiplier=sigma)
+                          log_tau=math.log(budget / 4.0), room=float(room), noise_multiplier=sigma,
+                          block_sigmas=tuple(sigmas))
 
 
-def _run_numpy(plan: AllocationPlan, sigma: float) -> A.Composed:
-    return A.run(A.NUMPY, sigma, list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
+def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
+    return A.run(A.NUMPY, plan.sigmas(sigma), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
                  plan.log_tau, plan.shape, room=plan.room)
 
 
@@ -206,7 +221,7 @@ def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=N
     for _ in range(6):
         plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
                                options=options, room=room, comp_scale=comp_scale)
-        comp = _run_numpy(plan, sigma)
+        comp = _run_numpy(plan)
         p_inf = np.asarray(comp.p_inf)
         over_lattice = bool(np.any(p_inf[:2] > 0.5 * budget)) or bool(np.any(np.asarray(comp.tail_below)[2:] > budget))
         over_window = bool(np.any(np.asarray(comp.tail_above)[:2] > 0.25 * budget)) or bool(
@@ -358,11 +373,48 @@ def balls_in_bins_delta(noise_multiplier, batches_per_epoch, epochs, target_epsi
 # Jittable evaluation on a fixed plan
 
 
+def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta: float, *, rel_step: float = 1e-5):
+    """``(d eps / d sigma, d eps / d delta)`` of the certified upper epsilon on ``plan`` (host).
+
+    The bound is a smooth function of ``sigma`` once its discretization (bands, lattice windows,
+    grid offsets) is held fixed at ``noise_multiplier``: central differences of that function
+    (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
+    ~1e-12 / rel_step).  The ``delta`` partial is the closed-form segment derivative's difference
+    quotient on the same composition."""
+    sigma, delta = float(noise_multiplier), float(target_delta)
+    frozen = []
+    for sb, tb in zip(plan.sigmas(sigma), plan.block_steps):
+        geo = A.band_geometry(A.NUMPY, sb, tb, plan.tau, levels=plan.shape.levels, n=plan.shape.n,
+                              m=plan.shape.m, room=plan.room)
+        with np.errstate(all="ignore"):
+            pm = A.epoch_pmfs(A.NUMPY, sb, tb, plan.tau, plan.dx, levels=plan.shape.levels, n=plan.shape.n,
+                              m=plan.shape.m, N=plan.shape.N, room=plan.room, geometry=geo)
+        frozen.append((geo, int(pm.offsets[0])))
+
+    def eps(s_, d_):
+        comp = A.run(A.NUMPY, plan.sigmas(s_), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
+                     plan.log_tau, plan.shape, room=plan.room, frozen=frozen)
+        with np.errstate(all="ignore"):
+            return comp, float(np.max(A.eps_of(A.NUMPY, comp, np.asarray(d_))[:2]))
+
+    h = rel_step * sigma
+    _, e_hi = eps(sigma + h, delta)
+    _, e_lo = eps(sigma - h, delta)
+    comp, _ = eps(sigma, delta)
+    hd = rel_step * delta
+    with np.errstate(all="ignore"):
+        d_hi = float(np.max(A.eps_of(A.NUMPY, comp, np.asarray(delta + hd))[:2]))
+        d_lo = float(np.max(A.eps_of(A.NUMPY, comp, np.asarray(delta - hd))[:2]))
+    return (e_hi - e_lo) / (2.0 * h), (d_hi - d_lo) / (2.0 * hd)
+
+
 def _rows(plan: AllocationPlan, noise_multiplier):
     import jax.numpy as jnp
 
     ops = A.jax_ops()
-    return A.run(ops, noise_multiplier, list(plan.block_steps), jnp.asarray(plan.counts, jnp.float64), plan.tau,
+    scale = noise_multiplier / plan.noise_multiplier
+    sig = [b * scale for b in plan.sigmas()]
+    return A.run(ops, sig, list(plan.block_steps), jnp.asarray(plan.counts, jnp.float64), plan.tau,
                  plan.dx, plan.log_tau, plan.shape, room=plan.room)
 
 
@@ -386,3 +438,310 @@ def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str 
     comp = _rows(plan, noise_multiplier)
     vals = A.delta_of(A.jax_ops(), comp, jnp.asarray(target_epsilon, jnp.float64))
     return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
+
+
+# ------------------------------------------------------------------------------------------
+# Calibration
+
+
+#: Relative width of the final bracket of the noise-multiplier search (the returned sigma is the
+#: bracket's feasible end: at most this far above the smallest sigma meeting the target).
+CALIBRATION_TOLERANCE = 1e-4
+
+
+def _search_sigma(f, target: float, guess: float, tol: float = CALIBRATION_TOLERANCE):
+    """Smallest sigma with ``f(sigma) <= target`` for a decreasing ``f`` (host, certified ends):
+    returns ``(sigma_hi, sigma_lo, f(sigma_hi))`` with ``f(sigma_lo) > target`` and
+    ``sigma_hi <= sigma_lo (1 + tol)``.  Secant steps in ``(log sigma, log f)`` (nearly linear),
+    bisection when a step does not shrink the bracket enough."""
+    lo, hi = None, None
+    f_lo = f_hi = None
+    s = guess
+    for _ in range(60):
+        v = f(s)
+        if v <= target:
+            hi, f_hi = s, v
+            if lo is not None:
+                break
+            s = s / 2.0
+        else:
+            lo, f_lo = s, v
+            if hi is not None:
+                break
+            s = s * 2.0
+        if s < 1e-3 or s > 1e4:
+            raise ValueError(f"target_epsilon {target!r} needs a noise multiplier outside [1e-3, 1e4]")
+    for _ in range(80):
+        if hi <= lo * (1.0 + tol):
+            break
+        ll, lh = math.log(lo), math.log(hi)
+        if math.isfinite(f_lo) and f_lo > 0 and f_hi > 0:
+            a, b = math.log(f_lo), math.log(f_hi)
+            x = ll + (math.log(target) - a) * (lh - ll) / (b - a) if b != a else 0.5 * (ll + lh)
+        else:
+            x = 0.5 * (ll + lh)
+        # keep the probe well inside the bracket (and bisect when the bracket is already small)
+        x = min(max(x, ll + 0.02 * (lh - ll)), lh - 0.02 * (lh - ll))
+        s = math.exp(x)
+        v = f(s)
+        if v <= target:
+            shrink = (math.log(hi) - x) / (lh - ll)
+            hi, f_hi = s, v
+        else:
+            shrink = (x - math.log(lo)) / (lh - ll)
+            lo, f_lo = s, v
+        if shrink < 0.5 and hi > lo * (1.0 + tol):
+            s = math.sqrt(lo * hi)
+            v = f(s)
+            if v <= target:
+                hi, f_hi = s, v
+            else:
+                lo, f_lo = s, v
+    return hi, lo, f_hi
+
+
+@host_only("dpjax.pld.allocation_accountant.epsilon_fn on a plan from plan_allocation")
+def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch, epochs, *,
+                                selections_per_epoch: int = 1, balls_in_bins: bool = False,
+                                options: AllocationOptions | None = None) -> float:
+    """Smallest noise multiplier whose certified epsilon (random allocation, or balls-in-bins with
+    ``balls_in_bins=True``) is at most ``target_epsilon`` at ``target_delta``.
+
+    The search runs on the certified upper bound itself (one accountant call per probe); the
+    returned sigma meets the target on it and lies within :data:`CALIBRATION_TOLERANCE` (relative)
+    of a sigma that does not.  For gradients use :func:`noise_multiplier_fn`.
+    """
+    eps_t = float(_validate.positive("target_epsilon", target_epsilon))
+    delta = float(_validate.probability_open("target_delta", target_delta))
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    E = _validate.positive_int("epochs", epochs)
+
+    def g(sigma):
+        if balls_in_bins:
+            return float(balls_in_bins_epsilon(sigma, t, E, delta, options=options))
+        return float(allocation_epsilon(sigma, t, E, delta, selections_per_epoch=k, options=options))
+
+    # Start at the mu-GDP scale of E k steps of Gaussian noise thinned by k / t.
+    guess = max(1e-3, min(1e4, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
+    hi, _, _ = _search_sigma(g, eps_t, guess)
+    return hi
+
+
+@float64
+def noise_multiplier_fn(target_epsilon, target_delta, batches_per_epoch, epochs, *, selections_per_epoch: int = 1,
+                        balls_in_bins: bool = False, options: AllocationOptions | None = None):
+    """:func:`allocation_noise_multiplier` as a JAX function of ``(target_epsilon, target_delta)``
+    with the implicit gradient: at the root ``eps(sigma*) = target_epsilon``,
+    ``d sigma*/d target_epsilon = 1 / (d eps/d sigma)`` and ``d sigma*/d target_delta =
+    -(d eps/d delta) / (d eps/d sigma)``, both partials of the certified bound on the plan of the
+    returned sigma with its discretization held fixed (:func:`epsilon_partials`; docs/design.md §5).  Call it eagerly or under ``jax.grad`` (not inside
+    ``jax.jit``: the search runs on the host)."""
+    import jax
+    import jax.numpy as jnp
+
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    E = _validate.positive_int("epochs", epochs)
+
+    def solve(eps, delta):
+        sigma = allocation_noise_multiplier(float(eps), float(delta), t, E, selections_per_epoch=k,
+                                            balls_in_bins=balls_in_bins, options=options)
+        return sigma
+
+    def plan_at(sigma, delta):
+        if balls_in_bins:
+            s_eff, blocks = sigma / math.sqrt(E), allocation_blocks(t, 1, 1)
+        else:
+            s_eff, blocks = sigma, allocation_blocks(t, k, E)
+        plan, _ = _account(s_eff, blocks, target_delta=delta, options=options)
+        return plan, (1.0 / math.sqrt(E) if balls_in_bins else 1.0)
+
+    @jax.custom_vjp
+    def f(eps, delta):
+        return jnp.asarray(solve(eps, delta), jnp.float64)
+
+    def fwd(eps, delta):
+        sigma = solve(eps, delta)
+        return jnp.asarray(sigma, jnp.float64), (sigma, float(delta))
+
+    def bwd(res, ct):
+        sigma, delta = res
+        plan, scale = plan_at(sigma, delta)
+        de_ds, de_dd = epsilon_partials(plan, sigma * scale, delta)
+        de_ds = de_ds * scale
+        return ct / de_ds, -ct * de_dd / de_ds
+
+    f.defvjp(fwd, bwd)
+    return f(jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(target_delta, jnp.float64))
+
+
+# ------------------------------------------------------------------------------------------
+# Epsilon after every epoch, and sweeps
+
+
+@host_only("dpjax.pld.allocation_accountant.epsilon_fn on a plan from plan_allocation")
+def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target_delta, *,
+                             selections_per_epoch: int = 1, balls_in_bins: bool = False,
+                             options: AllocationOptions | None = None):
+    """Certified epsilon after each number of epochs in ``epochs`` (an integer ``E``: every epoch
+    ``1..E``; or a 1-D sequence), from one set of epoch PMFs: the plan is made for the largest
+    number of epochs and every entry is composed from the same per-epoch PMFs (each a certified
+    bracket; docs/design.md §12.3).  Balls-in-bins (``C = I``) has no per-epoch structure to
+    reuse (its one allocation has noise ``sigma / sqrt(E)``): each entry is its own call.
+
+    Returns :class:`dpjax.pld.EpsilonCurve` with ``steps`` = steps after each entry
+    (``E batches_per_epoch``).
+    """
+    from dpjax.pld.curve import EpsilonCurve
+
+    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    delta = float(_validate.probability_open("target_delta", target_delta))
+    e_arr = np.atleast_1d(np.asarray(epochs, dtype=object))
+    if e_arr.ndim != 1 or e_arr.size == 0:
+        raise ValueError(f"epochs must be an integer >= 1 or a non-empty 1-D sequence of them, got {epochs!r}")
+    if e_arr.size == 1 and np.ndim(epochs) == 0:
+        e_list = np.arange(1, _validate.positive_int("epochs", epochs) + 1)
+    else:
+        e_list = np.asarray([_validate.positive_int("epochs", e) for e in e_arr], np.int64)
+    up, lo = np.empty(len(e_list)), np.empty(len(e_list))
+    if balls_in_bins or all(tb == 1 for tb, _ in allocation_blocks(t, k, 1)):
+        for i, e in enumerate(e_list):
+            r = (balls_in_bins_accounting(sigma, t, int(e), target_delta=delta, options=options) if balls_in_bins
+                 else allocation_accounting(sigma, t, int(e), target_delta=delta, selections_per_epoch=k,
+                                            options=options))
+            up[i], lo[i] = float(r.epsilon), float(r.epsilon_lower)
+        return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(),
+                            target_delta=delta, n=0, dx=0.0, recomputed=np.ones(len(e_list), bool))
+    e_max = int(e_list.max())
+    plan, _ = _account(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
+    with np.errstate(all="ignore"):
+        stack = A.epoch_stack(A.NUMPY, plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape,
+                              plan.room)
+        per_epoch = np.asarray([b[1] for b in allocation_blocks(t, k, 1)], np.float64)
+        for i, e in enumerate(e_list):
+            comp = A.compose_epochs(A.NUMPY, stack, per_epoch * int(e), plan.dx, plan.log_tau, n_comp=plan.shape.n_comp)
+            v = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(delta)))
+            up[i] = float(np.max(np.where(np.isnan(v[:2]), np.inf, v[:2])))
+            lo[i] = min(float(np.max(np.where(np.isnan(v[2:]), 0.0, v[2:]))), up[i])
+    return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(), target_delta=delta,
+                        n=int(plan.shape.n_comp), dx=float(plan.dx), recomputed=np.zeros(len(e_list), bool))
+
+
+#: Columns of a random-allocation / balls-in-bins sweep row (CSV header).
+SWEEP_ROW_FIELDS = ("index", "sampling", "noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs",
+                    "delta", "epsilon", "query", "lower", "upper", "path")
+
+
+def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
+    import itertools
+
+    def as_list(name, v):
+        if v is None:
+            return [None]
+        a = np.atleast_1d(np.asarray(v, dtype=object))
+        if a.ndim != 1 or a.size == 0:
+            raise ValueError(f"{name} must be a number or a non-empty 1-D sequence, got {v!r}")
+        return list(a)
+
+    if configs is None:
+        if grid["noise_multiplier"] is None or grid["batches_per_epoch"] is None or grid["epochs"] is None:
+            raise ValueError(f"sampling={sampling!r} needs noise_multiplier, batches_per_epoch and epochs (or configs)")
+        if (grid["delta"] is None) == (grid["epsilon"] is None):
+            raise ValueError("give exactly one of delta and epsilon")
+        keys = ("noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs", "delta", "epsilon")
+        configs = [dict(zip(keys, vals)) for vals in itertools.product(*(as_list(k, grid[k]) for k in keys))]
+    out = []
+    for c in configs:
+        if not isinstance(c, dict):
+            raise ValueError(f"a configuration must be a mapping, got {c!r}")
+        allowed = {"noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs", "delta", "epsilon",
+                   "sampling"}
+        extra = set(c) - allowed
+        if extra:
+            raise ValueError(f"unknown configuration field(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+        samp = c.get("sampling", sampling)
+        if samp not in ("random_allocation", "balls_in_bins"):
+            raise ValueError(f"sampling must be 'random_allocation' or 'balls_in_bins' here, got {samp!r}")
+        d, e = c.get("delta"), c.get("epsilon")
+        if (d is None) == (e is None):
+            raise ValueError(f"each configuration needs exactly one of delta and epsilon, got {c!r}")
+        t = _validate.positive_int("batches_per_epoch", c.get("batches_per_epoch"))
+        out.append(dict(sampling=samp, noise_multiplier=float(_validate.positive("noise_multiplier",
+                                                                                 c.get("noise_multiplier"))),
+                        batches_per_epoch=t,
+                        selections_per_epoch=_validate.positive_int("selections_per_epoch",
+                                                                    c.get("selections_per_epoch") or 1, maximum=t),
+                        epochs=_validate.positive_int("epochs", c.get("epochs")),
+                        delta=None if d is None else float(_validate.probability_open("delta", d)),
+                        epsilon=None if e is None else float(_validate.nonnegative("epsilon", e))))
+    if not out:
+        raise ValueError("configs must not be empty")
+    return out
+
+
+def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise_multiplier=None,
+                     batches_per_epoch=None, selections_per_epoch=1, epochs=None, delta=None, epsilon=None, out=None,
+                     resume: bool = False, with_lower: bool = True, progress_bar=None):
+    """Certified epsilon (or delta) of every random-allocation / balls-in-bins configuration
+    (a grid: Cartesian product of the keywords, or ``configs``, mappings with the row fields),
+    one row each (:data:`SWEEP_ROW_FIELDS`), each exactly the single call's value; with ``out``
+    rows are journaled as computed and ``resume`` skips recorded ones (as :func:`dpjax.sweep`).
+    Returns :class:`dpjax.pld.SweepTable`."""
+    import time
+
+    from dpjax._progress import progress
+    from dpjax.pld.sweeping import SweepTable
+
+    t0 = time.perf_counter()
+    cfgs = _sweep_configs(configs, dict(noise_multiplier=noise_multiplier, batches_per_epoch=batches_per_epoch,
+                                        selections_per_epoch=selections_per_epoch, epochs=epochs, delta=delta,
+                                        epsilon=epsilon), sampling)
+    if resume and out is None:
+        raise ValueError("resume=True needs out (the file a previous run wrote)")
+    store, rows = None, {}
+    if out is not None:
+        from dpjax.pld.sweep_store import SweepStore
+
+        store = SweepStore(out, SWEEP_ROW_FIELDS, resume=resume)
+        for i, row in store.rows.items():
+            c = cfgs[i] if i < len(cfgs) else None
+            if c is None or any(_differs(row.get(f), c[f]) for f in ("noise_multiplier", "batches_per_epoch",
+                                                                      "selections_per_epoch", "epochs", "delta",
+                                                                      "epsilon")):
+                raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep")
+            rows[i] = dict(row, path="resumed")
+    with progress(total=len(cfgs), desc="sweep", enabled=progress_bar, initial=len(rows), unit="cfg") as bar:
+        for i, c in enumerate(cfgs):
+            if i in rows:
+                continue
+            target = dict(target_delta=c["delta"]) if c["delta"] is not None else dict(target_epsilon=c["epsilon"])
+            if c["sampling"] == "balls_in_bins":
+                res = balls_in_bins_accounting(c["noise_multiplier"], c["batches_per_epoch"], c["epochs"], **target)
+            else:
+                res = allocation_accounting(c["noise_multiplier"], c["batches_per_epoch"], c["epochs"],
+                                            selections_per_epoch=c["selections_per_epoch"], **target)
+            query = "epsilon" if c["delta"] is not None else "delta"
+            val = float(getattr(res, query))
+            row = dict(index=i, **c, query=query, lower=float(getattr(res, query + "_lower")) if with_lower else None,
+                       upper=val, path="single")
+            row[query] = val
+            rows[i] = row
+            if store is not None:
+                store.append([row])
+            bar.update(1)
+    table = SweepTable(rows=tuple(rows[i] for i in range(len(cfgs))), programs=0,
+                       seconds=time.perf_counter() - t0, devices=1)
+    if store is not None:
+        store.finalize(table.rows)
+    return table
+
+
+def _differs(a, b) -> bool:
+    if a is None or b is None or (isinstance(a, float) and math.isnan(a)):
+        return not ((a is None or (isinstance(a, float) and math.isnan(a))) and b is None)
+    if isinstance(b, str):
+        return str(a) != b
+    return float(a) != float(b)

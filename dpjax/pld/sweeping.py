@@ -668,7 +668,8 @@ DEFAULT_PER_DEVICE = 32
 def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
           with_lower: bool = True, devices: Sequence | None = None, per_device: int = DEFAULT_PER_DEVICE,
-          progress_bar: bool | None = None) -> SweepTable:
+          progress_bar: bool | None = None, sampling: str = "poisson", batches_per_epoch=None,
+          selections_per_epoch=1, epochs=None) -> SweepTable:
     """Certified epsilon (or delta) for every configuration; one row each, in input order.
 
     Args:
@@ -689,9 +690,26 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call.
       progress_bar: show a progress bar (None: auto, on a TTY).
+      sampling: ``"poisson"`` (default: the configurations above), or ``"random_allocation"`` /
+        ``"balls_in_bins"``: then the grid keywords are ``noise_multiplier``,
+        ``batches_per_epoch``, ``selections_per_epoch``, ``epochs`` and ``delta`` / ``epsilon``
+        (or ``configs`` with those fields), and every row is the single call's value
+        (:func:`dpjax.pld.allocation_accountant.allocation_sweep`).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
+    if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
+        from dpjax.pld.allocation_accountant import allocation_sweep
+
+        if sampling not in ("random_allocation", "balls_in_bins"):
+            raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
+                             f"{sampling!r}")
+        if sampling_prob is not None or steps is not None or group_size != 1:
+            raise ValueError(f"sampling_prob, steps and group_size are for sampling='poisson', not {sampling!r}")
+        return allocation_sweep(configs, sampling=sampling, noise_multiplier=noise_multiplier,
+                                batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
+                                epochs=epochs, delta=delta, epsilon=epsilon, out=out, resume=resume,
+                                with_lower=with_lower, progress_bar=progress_bar)
     t0 = time.perf_counter()
     options = None if options is None else _acc._options(options)
     if configs is None:
