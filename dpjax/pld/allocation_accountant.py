@@ -708,9 +708,10 @@ def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise
         store = SweepStore(out, SWEEP_ROW_FIELDS, resume=resume)
         for i, row in store.rows.items():
             c = cfgs[i] if i < len(cfgs) else None
-            if c is None or any(_differs(row.get(f), c[f]) for f in ("noise_multiplier", "batches_per_epoch",
-                                                                      "selections_per_epoch", "epochs", "delta",
-                                                                      "epsilon")):
+            given = None if c is None else ("delta" if c["delta"] is not None else "epsilon")
+            if c is None or row.get("sampling") != c["sampling"] or any(
+                    _differs(row.get(f), c[f]) for f in ("noise_multiplier", "batches_per_epoch",
+                                                         "selections_per_epoch", "epochs", given)):
                 raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep")
             rows[i] = dict(row, path="resumed")
     with progress(total=len(cfgs), desc="sweep", enabled=progress_bar, initial=len(rows), unit="cfg") as bar:
