@@ -481,12 +481,22 @@ def _expm1_c(xp, w):
     return (xp.expm1(a) * xp.cos(b) - 2.0 * xp.sin(0.5 * b) ** 2) + 1j * xp.exp(a) * xp.sin(b)
 
 
+def _polar(xp, F):
+    """``(log |F|, arg F, F != 0)`` with finite derivatives at ``F = 0`` (where the log is
+    ``log 1e-300`` and the angle 0; the mask lets callers zero those entries)."""
+    re, im = xp.real(F), xp.imag(F)
+    sq = re * re + im * im
+    nz = sq > 0
+    safe = xp.where(nz, sq, 1.0)
+    logabs = xp.where(nz, 0.5 * xp.log(safe), math.log(_TINY))
+    ang = xp.arctan2(xp.where(nz, im, 0.0), xp.where(nz, re, 1.0))
+    return logabs, ang, nz
+
+
 def _cpow(xp, F, t):
     """``F^t`` for an integer ``t``, as ``exp(t log F)`` (exact on the principal branch)."""
-    r = xp.abs(F)
-    lr = xp.log(xp.maximum(r, _TINY))
-    ang = xp.arctan2(xp.imag(F), xp.real(F))
-    return xp.where(r > 0, xp.exp(t * lr) * (xp.cos(t * ang) + 1j * xp.sin(t * ang)), 0.0)
+    lr, ang, nz = _polar(xp, F)
+    return xp.where(nz, xp.exp(t * lr) * (xp.cos(t * ang) + 1j * xp.sin(t * ang)), 0.0)
 
 
 def _event_power(xp, FA, FB, t):
@@ -860,9 +870,11 @@ def _grid_log_mgf(xp, pmf, y, lam):
     inner = xp.einsum("...bi,...li->...lb", pmf.reshape(pmf.shape[:-1] + (nb, _BLOCK)), inner_e)
     expo = lam[..., :, None] * (y[..., None, ::_BLOCK] - ref[..., None, None])      # (..., L, nb)
     ok = expo < 700.0
-    outer = xp.where(ok, xp.exp(xp.where(ok, expo, 0.0)), np.inf)
+    outer = xp.where(ok, xp.exp(xp.where(ok, expo, 0.0)), 0.0)
     terms = xp.where(inner > 0, inner * outer, 0.0)
-    return lam * ref[..., None] + xp.log(xp.sum(terms, -1) + 1e-300)
+    # A block whose factor would overflow makes K infinite (a trivial bound), never a NaN.
+    overflow = xp.any((inner > 0) & ~ok, axis=-1)
+    return xp.where(overflow, np.inf, lam * ref[..., None] + xp.log(xp.sum(terms, -1) + 1e-300))
 
 
 def compose_epochs(ops, pmfs: EpochPMFs, counts, dx, log_tau, *, n_comp: int) -> Composed:
@@ -879,8 +891,9 @@ def compose_epochs(ops, pmfs: EpochPMFs, counts, dx, log_tau, *, n_comp: int) ->
     padded = xp.concatenate([pmf, xp.zeros((B, D, reps * n_comp - N))], -1).reshape(B, D, reps, n_comp).sum(2)
     F = xp.fft.rfft(padded, axis=-1)                                     # (B, 4, nf)
     c = counts[:, None, None]
-    logabs = xp.sum(c * xp.log(xp.maximum(xp.abs(F), 1e-300)), 0)
-    angle = xp.sum(c * xp.arctan2(xp.imag(F), xp.real(F)), 0)
+    lf, af, _ = _polar(xp, F)
+    logabs = xp.sum(c * lf, 0)
+    angle = xp.sum(c * af, 0)
     mag = xp.exp(logabs)
     circ = xp.fft.irfft(mag * (xp.cos(angle) + 1j * xp.sin(angle)), n_comp, axis=-1)   # (4, n_comp)
     y = (pmfs.offsets[..., None] + xp.arange(N)) * dx                    # (B, 4, N)
