@@ -282,8 +282,9 @@ def _match(xp, D, E):
 
 
 # The lower laws contract the lowest part of X exactly onto the lattice (see _contract): at most
-# this many lattice cells, and below the point where one cell holds less than this fraction of
-# the density's scale (where the neighbour matching works well).
+# _CONTRACT_CELLS lattice cells, and only while the density of X changes by more than _KAPPA
+# (relative) over one cell; beyond that the neighbour matching leaves little unmatched, while a
+# contraction loses the variance inside its intervals.
 _CONTRACT_CELLS = 32
 _KAPPA = 0.05
 # Safeguarded Newton steps per contracted interval (only the tightness depends on them: every
