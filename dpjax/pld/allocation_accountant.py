@@ -373,15 +373,8 @@ def balls_in_bins_delta(noise_multiplier, batches_per_epoch, epochs, target_epsi
 # Jittable evaluation on a fixed plan
 
 
-def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta: float, *, rel_step: float = 1e-5):
-    """``(d eps / d sigma, d eps / d delta)`` of the certified upper epsilon on ``plan`` (host).
-
-    The bound is a smooth function of ``sigma`` once its discretization (bands, lattice windows,
-    grid offsets) is held fixed at ``noise_multiplier``: central differences of that function
-    (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
-    ~1e-12 / rel_step).  The ``delta`` partial is the closed-form segment derivative's difference
-    quotient on the same composition."""
-    sigma, delta = float(noise_multiplier), float(target_delta)
+def _frozen(plan: AllocationPlan, sigma: float) -> list:
+    """The plan's discretization (bands, lattice windows, grid offsets) at ``sigma``, per block."""
     frozen = []
     for sb, tb in zip(plan.sigmas(sigma), plan.block_steps):
         geo = A.band_geometry(A.NUMPY, sb, tb, plan.tau, levels=plan.shape.levels, n=plan.shape.n,
@@ -390,22 +383,46 @@ def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta
             pm = A.epoch_pmfs(A.NUMPY, sb, tb, plan.tau, plan.dx, levels=plan.shape.levels, n=plan.shape.n,
                               m=plan.shape.m, N=plan.shape.N, room=plan.room, geometry=geo)
         frozen.append((geo, int(pm.offsets[0])))
+    return frozen
 
-    def eps(s_, d_):
-        comp = A.run(A.NUMPY, plan.sigmas(s_), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
-                     plan.log_tau, plan.shape, room=plan.room, frozen=frozen)
+
+def _partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
+              rel_step: float = 1e-5):
+    """``(d value / d sigma, d value / d target)`` of ``eps(target = delta)`` (``query="epsilon"``)
+    or ``delta(target = eps)`` on ``plan`` (host; ``target`` any shape; see :func:`epsilon_partials`)."""
+    sigma = float(noise_multiplier)
+    target = np.asarray(target, np.float64)
+    frozen = _frozen(plan, sigma)
+    rows = slice(0, 2) if bound == "upper" else slice(2, 4)
+    conv = A.eps_of if query == "epsilon" else A.delta_of
+
+    def comp_at(s_):
+        return A.run(A.NUMPY, plan.sigmas(s_), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau,
+                     plan.dx, plan.log_tau, plan.shape, room=plan.room, frozen=frozen)
+
+    def value(comp, x):
         with np.errstate(all="ignore"):
-            return comp, float(np.max(A.eps_of(A.NUMPY, comp, np.asarray(d_))[:2]))
+            return np.max(np.asarray(conv(A.NUMPY, comp, x))[rows], axis=0)
 
     h = rel_step * sigma
-    _, e_hi = eps(sigma + h, delta)
-    _, e_lo = eps(sigma - h, delta)
-    comp, _ = eps(sigma, delta)
-    hd = rel_step * delta
-    with np.errstate(all="ignore"):
-        d_hi = float(np.max(A.eps_of(A.NUMPY, comp, np.asarray(delta + hd))[:2]))
-        d_lo = float(np.max(A.eps_of(A.NUMPY, comp, np.asarray(delta - hd))[:2]))
-    return (e_hi - e_lo) / (2.0 * h), (d_hi - d_lo) / (2.0 * hd)
+    d_sigma = (value(comp_at(sigma + h), target) - value(comp_at(sigma - h), target)) / (2.0 * h)
+    comp = comp_at(sigma)
+    ht = rel_step * np.maximum(np.abs(target), 1e-12)
+    d_target = (value(comp, target + ht) - value(comp, np.maximum(target - ht, 0.0))) / (
+        target + ht - np.maximum(target - ht, 0.0))
+    return d_sigma, d_target
+
+
+def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta, *, bound: str = "upper",
+                     rel_step: float = 1e-5):
+    """``(d eps / d sigma, d eps / d delta)`` of the certified epsilon on ``plan`` (host).
+
+    The bound is a smooth function of ``sigma`` once its discretization (bands, lattice windows,
+    grid offsets) is held fixed at ``noise_multiplier``: central differences of that function
+    (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
+    ~1e-12 / rel_step).  The ``delta`` partial is the difference quotient of the closed-form
+    per-segment conversion on the same composition."""
+    return _partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
 
 
 def _rows(plan: AllocationPlan, noise_multiplier):
@@ -418,26 +435,71 @@ def _rows(plan: AllocationPlan, noise_multiplier):
                  plan.dx, plan.log_tau, plan.shape, room=plan.room)
 
 
-@float64
-def epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
-    """Epsilon at ``target_delta`` on a fixed plan, as a JAX function of ``noise_multiplier``
-    (``jit``, ``vmap`` and ``grad`` work; any noise multiplier gives a sound bound, tight near
-    ``plan.noise_multiplier`` and above).  ``bound``: ``"upper"`` (certified) or ``"lower"``."""
+def _with_host_derivative(query: str):
+    """The JAX value of ``query`` on a plan, with its derivatives from :func:`_partials` (a host
+    callback): the discretized bound is differentiated at a fixed discretization without
+    differentiating (and compiling the transpose of) the whole lattice program."""
+    import functools
+
+    import jax
     import jax.numpy as jnp
 
-    comp = _rows(plan, noise_multiplier)
-    vals = A.eps_of(A.jax_ops(), comp, jnp.asarray(target_delta, jnp.float64))
-    return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
+    def value(plan, bound, target, sigma):
+        comp = _rows(plan, sigma)
+        conv = A.eps_of if query == "epsilon" else A.delta_of
+        vals = conv(A.jax_ops(), comp, target)
+        return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+    def f(plan, bound, target, sigma):
+        return value(plan, bound, target, sigma)
+
+    @f.defjvp
+    def f_jvp(plan, bound, primals, tangents):
+        target, sigma = primals
+        dt, ds = tangents
+        out = f(plan, bound, target, sigma)
+
+        def host(tg, sg):
+            a, b = _partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
+            return np.asarray(a, np.float64).reshape(np.shape(tg)), np.asarray(b, np.float64).reshape(np.shape(tg))
+
+        spec = jax.ShapeDtypeStruct(jnp.shape(target), jnp.float64)
+        p_sigma, p_target = jax.pure_callback(host, (spec, spec), target, sigma, vmap_method="sequential")
+        return out, p_sigma * ds + p_target * dt
+
+    return f
+
+
+_EPS_FN = None
+_DELTA_FN = None
+
+
+@float64
+def epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
+    """Epsilon at ``target_delta`` on a fixed plan, as a JAX function of ``noise_multiplier`` (and
+    ``target_delta``): ``jit`` and ``vmap`` run the lattice program in JAX; any noise multiplier
+    gives a sound bound, tight near ``plan.noise_multiplier`` and above.  ``grad`` gives the
+    derivative of the bound at its discretization (:func:`epsilon_partials`, on the host through
+    ``jax.pure_callback``).  ``bound``: ``"upper"`` (certified) or ``"lower"``."""
+    import jax.numpy as jnp
+
+    global _EPS_FN
+    if _EPS_FN is None:
+        _EPS_FN = _with_host_derivative("epsilon")
+    return _EPS_FN(plan, bound, jnp.asarray(target_delta, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
 
 
 @float64
 def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str = "upper"):
-    """Delta at ``target_epsilon`` on a fixed plan, as a JAX function of ``noise_multiplier``."""
+    """Delta at ``target_epsilon`` on a fixed plan, as a JAX function of ``noise_multiplier`` (as
+    :func:`epsilon_fn`)."""
     import jax.numpy as jnp
 
-    comp = _rows(plan, noise_multiplier)
-    vals = A.delta_of(A.jax_ops(), comp, jnp.asarray(target_epsilon, jnp.float64))
-    return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
+    global _DELTA_FN
+    if _DELTA_FN is None:
+        _DELTA_FN = _with_host_derivative("delta")
+    return _DELTA_FN(plan, bound, jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
 
 
 # ------------------------------------------------------------------------------------------
