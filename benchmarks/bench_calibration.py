@@ -49,12 +49,12 @@ def bench_dpjax(q, eps, repeats: int):
     import dpjax
 
     t0 = time.perf_counter()
-    sigma = dpjax.dpsgd_noise_multiplier(eps, DELTA, q, STEPS)
+    sigma = dpjax.dpsgd_noise_multiplier(q, STEPS, eps, DELTA)
     cold = time.perf_counter() - t0
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        again = dpjax.dpsgd_noise_multiplier(eps, DELTA, q, STEPS)
+        again = dpjax.dpsgd_noise_multiplier(q, STEPS, eps, DELTA)
         runs.append(time.perf_counter() - t0)
     assert np.array_equal(sigma, again)
     return np.asarray(sigma), cold, statistics.median(runs), runs
@@ -82,6 +82,8 @@ def bench_dp_accounting(q, eps, sigma_guess):
 
 
 def main():
+    from _meta import run_metadata
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="64 targets, 1 repeat, 1 anchor config")
     args = parser.parse_args()
@@ -116,6 +118,7 @@ def main():
                    compile_and_plan_seconds_estimate=cold - steady),
         dp_accounting=rows,
         speedup_steady_per_calibration=mean_dpa / per_cal,
+        meta=run_metadata(__file__),
     )
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "benchmarks", "results", "bench_calibration.json"), "w") as f:

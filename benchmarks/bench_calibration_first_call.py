@@ -47,11 +47,11 @@ import dpjax
 import dpjax.calibration.pld as cal
 t_import = time.perf_counter() - t0
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-c = time.process_time(); t = time.perf_counter(); s1 = dpjax.dpsgd_noise_multiplier(*a)
+c = time.process_time(); t = time.perf_counter(); s1 = dpjax.dpsgd_noise_multiplier(a[2], a[3], a[0], a[1])
 first = time.perf_counter() - t; cpu_first = time.process_time() - c
 compiles = cal._certified_epsilons._cache_size() if hasattr(cal, "_certified_epsilons") else None
-t = time.perf_counter(); dpjax.dpsgd_noise_multiplier(*a); second = time.perf_counter() - t
-t = time.perf_counter(); s2 = dpjax.dpsgd_noise_multiplier(*b); other = time.perf_counter() - t
+t = time.perf_counter(); dpjax.dpsgd_noise_multiplier(a[2], a[3], a[0], a[1]); second = time.perf_counter() - t
+t = time.perf_counter(); s2 = dpjax.dpsgd_noise_multiplier(b[2], b[3], b[0], b[1]); other = time.perf_counter() - t
 print(json.dumps(dict(import_s=t_import, first_s=first, cpu_first_s=cpu_first, second_s=second, other_s=other,
                       compiles=compiles, sigma=s1, sigma_other=s2)))
 """
@@ -70,6 +70,8 @@ def run_case(name, a, b, root=ROOT):
 
 
 def main():
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
@@ -93,7 +95,8 @@ def main():
                   f"sigma {rec['sigma']:.6g}  load {load:.1f}", flush=True)
     res = dict(benchmark="bench_calibration_first_call", cpu_count=os.cpu_count(), platform=platform.platform(),
                python=sys.version.split()[0], note="fresh process per case, persistent compilation cache off; "
-               "timings inflated by machine load (load_average_1min per row)", rows=rows)
+               "timings inflated by machine load (load_average_1min per row)", rows=rows,
+               meta=run_metadata(__file__))
     path = args.out
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:

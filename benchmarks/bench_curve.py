@@ -66,6 +66,8 @@ def _run(code):
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--separate-subset", type=int, default=100, help="separate calls on N of the 100 T (divisor of 100)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_curve.json"))
@@ -94,7 +96,8 @@ def main(argv=None):
                max_rel_diff=rel, inside_brackets=inside, n=curve["n"],
                note="2-core CPU shared with other jobs: absolute times inflated by contention",
                machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
-                            loadavg=os.getloadavg()))
+                            loadavg=os.getloadavg()),
+               meta=run_metadata(__file__, argv))
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

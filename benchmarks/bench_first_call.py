@@ -66,7 +66,7 @@ ENTRY_POINTS = {
         "accounting"),
     "heterogeneous_schedule": (
         "import numpy as np, dpjax\n"
-        "r = dpjax.pld.dpsgd_accounting(np.linspace(3.0, 2.5, 1000), 0.01, 1000, target_delta=1e-5).epsilon",
+        "r = dpjax.pld.dpsgd_accounting(None, 0.01, 1000, target_delta=1e-5, noise_schedule=np.linspace(3.0, 2.5, 1000)).epsilon",
         "import numpy as np, dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\n"
         "a = p.PLDAccountant(value_discretization_interval=1e-4)\n"
         "a.compose(dp_accounting.ComposedDpEvent([dp_accounting.PoissonSampledDpEvent(0.01, "
@@ -82,7 +82,7 @@ ENTRY_POINTS = {
         "for _ in range(100):\n    a.compose(ev, 100)\n    r = a.get_epsilon(1e-5)",
         "accounting"),
     "dpsgd_noise_multiplier": (
-        "import dpjax\nr = dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)",
+        "import dpjax\nr = dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)",
         "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\n"
         "mk = lambda: p.PLDAccountant(value_discretization_interval=1e-4)\n"
         "ev = lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, "
@@ -181,6 +181,8 @@ def _cli(argv, cache_dir) -> dict:
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated names (entry points, or cli:NAME)")
     ap.add_argument("--skip-cli", action="store_true")
@@ -199,7 +201,8 @@ def main(argv=None):
                    note="2-core CPU, sometimes shared with other jobs: the load average is recorded; compare rows with the anchor measured in the same run",
                    loadavg_start=load0, loadavg_end=os.getloadavg(), rows=rows,
                    machine=dict(platform=platform.platform(), python=platform.python_version(),
-                                cpu_count=os.cpu_count(), jax=jax.__version__))
+                                cpu_count=os.cpu_count(), jax=jax.__version__),
+                   meta=run_metadata(__file__, argv))
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -21,7 +21,7 @@ print(json.dumps(dict(seconds=time.perf_counter() - t0, value=float(r))))
 PY = {
  "dpsgd_epsilon": "import dpjax\nr = dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)",
  "dpsgd_delta": "import dpjax\nr = dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)",
- "dpsgd_noise_multiplier": "import dpjax\nr = dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)",
+ "dpsgd_noise_multiplier": "import dpjax\nr = dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)",
  "import_jax_first_array": "import jax, jax.numpy as jnp\nr = float(jnp.ones(()) + 1)",
  "dp_accounting_epsilon": "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\na = p.PLDAccountant(value_discretization_interval=1e-4)\na.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 1000))\nr = a.get_epsilon(1e-5)",
 }
@@ -44,6 +44,8 @@ ap.add_argument("--cases", default=",".join(list(PY) + list(CLI)))
 ap.add_argument("--repeat", type=int, default=1)
 ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_first_call_ab.json"))
 args = ap.parse_args()
+from _meta import run_metadata  # noqa: E402  (machine, date, command)
+
 ROOTS = {"base": args.base, "after": ROOT}
 names = args.cases.split(",")
 reps = args.repeat
@@ -66,4 +68,4 @@ for rep in range(reps):
                 json.dump(dict(benchmark="bench_first_call_ab", base=args.base, cpu_count=os.cpu_count(),
                                note="2-core CPU shared with other jobs: wall times inflated by contention "
                                     "(load1 per row); compare base and after rows of the same case",
-                               rows=rows), f, indent=1)
+                               rows=rows, meta=run_metadata(__file__)), f, indent=1)

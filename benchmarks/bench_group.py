@@ -94,6 +94,8 @@ def run_dpjax(sigma: float, sampling: str, repeats: int) -> dict:
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sigmas", default="1,2,4")
@@ -127,6 +129,7 @@ def main(argv=None):
         note=("dp_accounting is run once per case (cold == steady for pure NumPy); dpjax cold = fresh process "
               "incl. import and XLA compilation; steady = median of repeats."),
         rows=rows,
+        meta=run_metadata(__file__, argv),
     )
     path = ROOT / "benchmarks" / "results" / "bench_group.json"
     path.parent.mkdir(parents=True, exist_ok=True)

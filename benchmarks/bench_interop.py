@@ -152,15 +152,19 @@ def main(argv=None):
     ap.add_argument("--stop", type=int, default=None, help="stop before event STOP")
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
+    from _meta import run_metadata
+
+    # Each part carries its own record: the file merges parts from separate runs.
+    meta = run_metadata(__file__, argv)
     out = dict(machine=platform.platform(), python=platform.python_version(),
                note="shared 2-core machine under contention: absolute times inflated; ratios side by side")
     if "events" in parts:
         key = "events" if (args.start, args.stop) == (0, None) else f"events_{args.start}_{args.stop}"
-        out[key] = part_events(args.interval, args.start, args.stop)
+        out[key] = {**part_events(args.interval, args.start, args.stop), "meta": meta}
     if "calibrate" in parts:
-        out["calibrate"] = part_calibrate()
+        out["calibrate"] = {**part_calibrate(), "meta": meta}
     if "running" in parts:
-        out["running"] = part_running()
+        out["running"] = {**part_running(), "meta": meta}
     path = ROOT / "benchmarks" / "results" / "bench_interop.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(path.read_text()) if path.exists() else {}

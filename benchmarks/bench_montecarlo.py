@@ -83,6 +83,8 @@ def bench_dpjax(n, b, num_samples):
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4x fewer samples for both libraries")
     args = parser.parse_args(argv)
@@ -115,6 +117,7 @@ def main(argv=None):
                     "loadavg_at_end": list(os.getloadavg())},
         "matrix_first_column": COLUMN.tolist(), "noise_multiplier": SIGMA, "epsilons": EPSILONS.tolist(),
         "results": rows,
+        "meta": run_metadata(__file__, argv),
     }
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     path = os.path.join(ROOT, "benchmarks", "results", "bench_montecarlo.json")

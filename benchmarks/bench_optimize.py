@@ -348,6 +348,9 @@ def main() -> None:
                   f"{r['mean_solver_passes']:6.1f} {r['fraction_screen_reused']:6.2f} "
                   f"{r['peak_rss_mb']:7.0f} {ratio}")
     record["loadavg_at_end"] = os.getloadavg()
+    from _meta import run_metadata
+
+    record["meta"] = run_metadata(__file__)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)

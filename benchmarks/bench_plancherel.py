@@ -134,6 +134,8 @@ def timed(fn, *args, reps):
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="16384,65536,262144")
     ap.add_argument("--batch", type=int, default=16, help="values of T per batched call")
@@ -168,7 +170,8 @@ def main(argv=None):
                note="per-T kernels only (no certification terms); one epsilon per T for the Plancherel rows; "
                     "an eps(T) curve needs several Plancherel evaluations per T (root search)",
                rows=rows, machine=dict(platform=platform.platform(), cpu_count=os.cpu_count(), jax=jax.__version__,
-                                       backend=jax.default_backend(), loadavg=os.getloadavg()))
+                                       backend=jax.default_backend(), loadavg=os.getloadavg()),
+               meta=run_metadata(__file__, argv))
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
     print("wrote", args.out)

@@ -122,6 +122,8 @@ def dpjax_eps(s, q, T, d, opts):
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cases", default="B1,B6")
@@ -197,6 +199,7 @@ def main(argv=None):
         machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
                      jax=jax.__version__, backend=jax.default_backend()),
         rows=rows,
+        meta=run_metadata(__file__, argv),
     )
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

@@ -93,6 +93,8 @@ def _subprocess(code: str, cache_dir: str) -> dict:
 
 
 def main(argv=None):
+    from _meta import run_metadata
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", type=int, default=1000)
     ap.add_argument("--anchor-subset", type=int, default=100,
@@ -140,6 +142,7 @@ def main(argv=None):
         dp_accounting_inside_dpjax_bracket=inside, median_rel_diff_dp_accounting_vs_dpjax=sorted(rel)[len(rel) // 2],
         machine=dict(platform=platform.platform(), python=platform.python_version(), cpu_count=os.cpu_count(),
                      jax=jax.__version__, backend=jax.default_backend(), loadavg=os.getloadavg()),
+        meta=run_metadata(__file__, argv),
     )
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

@@ -62,6 +62,8 @@ def main():
     logging.getLogger("absl").setLevel(logging.ERROR)
     from dpjax.optimization import optimize_correlation
 
+    from _meta import run_metadata
+
     b, epochs = (128, 16) if args.full else (32, 4)
     delta = 1e-5
     eps_values = [float(e) for e in args.epsilons.split(",")]
@@ -98,7 +100,8 @@ def main():
             sigma, rmse = evaluate(d["first_column"], b, epochs, eps, delta)
             data["runs"].append({"epsilon": eps, "num_samples": m, "seconds": secs,
                                  "noise_multiplier_eval": sigma, "rmse_eval": rmse,
-                                 "rmse_estimate": d.get("rmse_estimate"), "status": d.get("status")})
+                                 "rmse_estimate": d.get("rmse_estimate"), "status": d.get("status"),
+                                 "meta": run_metadata(__file__)})
             print(f"eps={eps:g} m=2^{m.bit_length() - 1}: rmse_eval={rmse:.4f} ({secs:.0f}s)", flush=True)
             summarize(data)
             os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -84,6 +84,9 @@ def main() -> None:
     record["summary"] = summary
     record["relative_difference_of_means"] = summary["10"]["mean_rmse"] / summary["1"]["mean_rmse"] - 1
     record["loadavg_at_end"] = list(os.getloadavg())
+    from _meta import run_metadata
+
+    record["meta"] = run_metadata(__file__)
     print(json.dumps(summary, indent=1), "relative difference", record["relative_difference_of_means"])
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

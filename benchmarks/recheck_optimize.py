@@ -74,6 +74,9 @@ def main() -> None:
                     "below_target": d < args.delta, "plus_3se_below_target": d + 3 * se < args.delta},
         "seconds": {"optimize_and_certify": t_opt, "recheck": time.perf_counter() - t1},
     }
+    from _meta import run_metadata
+
+    out["meta"] = run_metadata(__file__)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
@@ -139,7 +142,7 @@ def recheck_table(args) -> None:
               f"{d:.3e} +- {se:.1e} (target {row['delta']:g}) {'OK' if d < row['delta'] else 'ABOVE'} "
               f"({rows[-1]['seconds']:.0f}s)", flush=True)
         with open(out_path, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
+            json.dump({"rows": rows, "meta": __import__("_meta").run_metadata(__file__)}, f, indent=1)
     if not all(r["below_target"] for r in rows):
         sys.exit(1)
 

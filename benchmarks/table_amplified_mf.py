@@ -54,6 +54,8 @@ from dpjax.matrices import Toeplitz  # noqa: E402
 from dpjax.optimization import baselines as bl  # noqa: E402
 from dpjax.optimization import make_parameterization  # noqa: E402
 
+from _meta import run_metadata  # noqa: E402  (benchmarks/_meta.py: machine, date, command)
+
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "table_amplified_mf.json")
 GROUPS = ("dpsgd", "bib_identity", "unamplified", "banded", "optimized", "recertified")
 #: jax_privacy 2.0, BandMFConfig.rmse normalization, N = 65536, B = 512 (from the issue).
@@ -167,7 +169,8 @@ def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
                                 noise_multiplier_estimate=d.get("noise_multiplier_estimate"),
                                 certificate=d.get("certificate"), seconds=secs,
                                 family=par.to_dict()))
-            _write(RESULTS.replace(".json", f".optimized_{family}_eps{eps:g}.json"), rows[-1].to_dict())
+            _write(RESULTS.replace(".json", f".optimized_{family}_eps{eps:g}.json"),
+                   {**rows[-1].to_dict(), "meta": run_metadata(__file__)})
             print(f"  optimized {family} eps={eps:g}: sigma={sigma:.4f} rmse={rows[-1].rmse:.4f} "
                   f"({secs:.0f}s)", flush=True)
     return rows
@@ -203,7 +206,8 @@ def recertified_rows(eps_values, delta, args):
                       column=old["first_column"], certificate=cert, seconds=secs,
                       certified_2_23=old["noise_multiplier"])
         rows.append(row)
-        _write(RESULTS.replace(".json", f".recertified_{family}_eps{old['epsilon']:g}.json"), row.to_dict())
+        _write(RESULTS.replace(".json", f".recertified_{family}_eps{old['epsilon']:g}.json"),
+               {**row.to_dict(), "meta": run_metadata(__file__)})
         print(f"  recertified {family} eps={old['epsilon']:g}: sigma {old['noise_multiplier']:.4f} -> "
               f"{cert['noise_multiplier']:.4f} ({secs:.0f}s)", flush=True)
     return rows
@@ -272,7 +276,8 @@ def main():
             secs = time.perf_counter() - t0
             if rows and group not in ("optimized", "recertified"):
                 data["groups"][group] = {"rows": [r.to_dict() for r in rows], "seconds": secs,
-                                         "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+                                         "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                                         "meta": run_metadata(__file__)}
                 _write(_group_path(group), data["groups"][group])
             print(f"== {group}: {len(rows)} rows in {secs:.0f}s", flush=True)
             print_table(data, eps_values)

@@ -94,14 +94,61 @@ def _as_array_or_scalar(value: Any) -> Any:
     return value
 
 
+def _short(value: Any) -> str:
+    """A field's value in a result's repr: floats (also 0-d arrays) as Python floats, arrays as
+    their shape and first values, nested results by their own repr, tuples of results
+    by their class and count."""
+    if isinstance(value, ResultMixin):
+        return repr(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, ResultMixin) for v in value):
+        return f"<{len(value)} {type(value[0]).__name__}>"
+    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, str):
+        return repr(value.item() if isinstance(value, np.bool_) else value)
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):  # str enums
+        return repr(value.value)
+    if hasattr(value, "__array__") or isinstance(value, (int, float, np.generic)):
+        arr = np.asarray(value)
+        if arr.ndim == 0:
+            v = arr.item()
+            return repr(v)
+        head = ", ".join(repr(x) for x in arr.reshape(-1)[:3].tolist())
+        more = ", ..." if arr.size > 3 else ""
+        return f"array{tuple(arr.shape)}[{head}{more}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in list(value.items())[:4]) + \
+            (", ..." if len(value) > 4 else "") + "}"
+    if isinstance(value, (list, tuple)):
+        return f"<{type(value).__name__} of {len(value)}>"
+    return repr(value)
+
+
+def concise_repr(obj, fields=None) -> str:
+    """``Type(field=value, ...)`` with :func:`_short` values (reprs of dpjax results and
+    accountants: floats rather than ``array(...)`` fields)."""
+    if fields is None:
+        fields = [f.name for f in dataclasses.fields(obj) if f.repr]
+    return f"{type(obj).__name__}(" + ", ".join(f"{k}={_short(getattr(obj, k))}" for k in fields) + ")"
+
+
 class ResultMixin:
-    """``to_dict`` / ``to_json`` / ``from_dict`` / ``load`` for a (frozen) result dataclass.
+    """``to_dict`` / ``to_json`` / ``from_dict`` / ``load`` for a (frozen) result dataclass, and
+    a concise ``repr`` (floats, not 0-d arrays; arrays summarized; nested results counted).
 
     Subclasses may set ``_nested = {"field": ResultClass}`` for fields holding a result or a
     tuple of results, so that :meth:`from_dict` rebuilds them.
     """
 
     _nested: ClassVar[dict] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # In the class's own namespace before @dataclass runs, so that the generated
+        # field-by-field repr (every array in full) does not replace it.
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = ResultMixin._result_repr
+
+    def _result_repr(self) -> str:
+        return concise_repr(self)
 
     def to_dict(self) -> dict:
         """The fields as plain Python data (arrays -> lists; non-finite floats kept)."""

@@ -51,14 +51,12 @@ def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def _under_staging() -> bool:
-    """True while tracing into a staged program (jit, scan, cond, ...), not under plain grad/vmap."""
-    try:
-        from jax._src import core as _core
+def _under_staging(leaves: list) -> bool:
+    """True while tracing into a staged program (jit, scan, cond, ...), not under plain grad/vmap
+    (private JAX, with a public fallback: :func:`dpjax._jax_private.under_jit`)."""
+    from dpjax import _jax_private
 
-        return bool(_core.unsafe_am_i_under_a_jit())
-    except Exception:  # pragma: no cover - the private helper moved: be conservative
-        return True
+    return _jax_private.under_jit(leaves)
 
 
 def _is_inexact(x: Any) -> bool:
@@ -81,7 +79,7 @@ def float64(fn: F) -> F:
         if not any(_is_tracer(leaf) for leaf in leaves):
             with jax.enable_x64(True):
                 return fn(*args, **kwargs)
-        if _under_staging():
+        if _under_staging(leaves):
             raise ValueError(
                 f"{fn.__module__}.{fn.__qualname__} was traced inside jax.jit (or lax.scan/map/"
                 "cond) with jax_enable_x64 off. dpjax computes in float64, which cannot be staged "

@@ -34,12 +34,10 @@ _enabled = os.environ.get("DPJAX_XLA_FAST_COMPILE", "1").strip().lower() not in 
 
 
 def _top_level() -> bool:
-    try:
-        from jax._src import core
+    # Private JAX (dpjax._jax_private): without it, never pass the options (always valid).
+    from dpjax import _jax_private
 
-        return bool(core.trace_state_clean())
-    except Exception:  # private JAX API moved: never pass the options (always valid)
-        return False
+    return _jax_private.top_level_trace()
 
 
 def _use_options() -> bool:
@@ -81,7 +79,9 @@ class _Jit:
         return (self._fast if _use_options() else self._plain).trace(*args, **kwargs)
 
     def _cache_size(self) -> int:
-        return self._plain._cache_size() + self._fast._cache_size()
+        from dpjax._jax_private import jit_cache_size
+
+        return jit_cache_size(self._plain) + jit_cache_size(self._fast)
 
     def clear_cache(self):
         self._plain.clear_cache()

@@ -33,8 +33,9 @@ import dataclasses
 
 import numpy as np
 
-from dpjax import _validate
-from dpjax._x64 import float64, host_only
+from dpjax import _traced, _validate
+from dpjax._names import resolve_aliases, steps_from_epochs
+from dpjax._x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
 
@@ -118,99 +119,159 @@ def group_accounting(
     return dataclasses.replace(res, adjacency=spec.adjacency)
 
 
+def _dispatch(query, name, noise_multiplier, sampling_prob, steps, target, *, group_size, sampling, dataset_size,
+              batch_size, options):
+    """:func:`dpjax.pld.dpsgd.dispatch` with the group's per-step mechanism: one configuration,
+    a batch (array ``noise_multiplier`` / ``sampling_prob`` / ``steps`` / target) or a traced
+    call (``jax.grad`` / ``vmap`` / ``jit``)."""
+    from dpjax.pld.dpsgd import dispatch
+
+    fixed = Sampling.parse(sampling) is Sampling.FIXED_BATCH
+    # The group arguments are scalars (they choose the mixture's shape); validated once here.
+    if not fixed and sampling_prob is not None and not _traced.is_traced(sampling_prob) \
+            and np.ndim(sampling_prob) == 0:
+        validate_group_args(sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size,
+                            batch_size=batch_size)
+    elif fixed:
+        # Not a free parameter: None or B / N, checked here and then left out.
+        validate_group_args(None if _traced.is_traced(sampling_prob) else sampling_prob, group_size=group_size,
+                            sampling=sampling, dataset_size=dataset_size, batch_size=batch_size)
+        sampling_prob = None
+    kw = dict(group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size)
+
+    def components(sigma, q, t):
+        spec = validate_group_args(q, **kw)
+        return _components(sigma, t, spec)
+
+    def scalar(sigma, q, t, tg):
+        target_kw = {"target_delta": tg} if query == "epsilon" else {"target_epsilon": tg}
+        res = group_accounting(sigma, q, t, **target_kw, **kw, options=options, with_lower=False)
+        v = res.epsilon if query == "epsilon" else res.delta
+        return float(np.asarray(v)) if np.ndim(v) == 0 else v
+
+    return dispatch(query, name, noise_multiplier, sampling_prob, steps, target, components=components,
+                    scalar=scalar, options=options, q_required=not fixed)
+
+
 def group_epsilon(
-    noise_multiplier: float,
-    sampling_prob: float | None,
-    steps: int,
-    target_delta: float,
+    noise_multiplier=None,
+    sampling_prob: float | None = None,
+    steps=None,
+    target_delta=None,
     *,
     group_size: int = 1,
     sampling: str = "poisson",
     dataset_size: int | None = None,
     batch_size: int | None = None,
     options=None,
-) -> float:
+    sample_rate=None,
+    epochs=None,
+    delta=None,
+):
     """Certified, tight epsilon of DP-SGD for groups of ``group_size`` examples.
 
     Args:
-      noise_multiplier: sigma > 0.
-      sampling_prob: q in (0, 1] for Poisson sampling; None (or B/N) for fixed batch.
-      steps: T >= 1.
-      target_delta: in (0, 1).
+      noise_multiplier: sigma > 0; an array gives one epsilon per entry (a batch, broadcast with
+        ``sampling_prob``, ``steps`` and ``target_delta``).
+      sampling_prob: q in (0, 1] for Poisson sampling (alias ``sample_rate=``); None (or B/N)
+        for fixed batch.
+      steps: T >= 1 (or ``epochs=``: ``T = int(epochs / sampling_prob)``).
+      target_delta: in (0, 1) (alias ``delta=``).
       group_size: k >= 1 (<= batch_size for fixed batch).
       sampling: ``"poisson"`` (add/remove adjacency: adding or removing k examples) or
         ``"fixed_batch"`` (replace adjacency: replacing k examples; batches of ``batch_size``
         drawn without replacement from ``dataset_size``; the mixture's noise std is
         ``noise_multiplier`` itself, Ganesh (2024), Thm 3.3).
     Returns:
-      epsilon (float): an upper bound, never below the truth; ``inf`` only when the grid cannot
-      certify ``target_delta`` at all.
+      epsilon (float, or an array for a batch): an upper bound, never below the truth; ``inf``
+      only when the grid cannot certify ``target_delta`` at all.  Traceable: under
+      ``jax.grad`` / ``jax.vmap`` / ``jax.jit`` (see :mod:`dpjax.pld.dpsgd`), differentiable in
+      ``noise_multiplier``, ``sampling_prob`` (Poisson) and ``target_delta``.
 
     Example::
 
         >>> group_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8)   # doctest: +SKIP
         32.035...   (the group-privacy lemma gives inf here)
     """
-    _validate.probability_open("target_delta", target_delta)
-    res = group_accounting(
-        noise_multiplier, sampling_prob, steps, target_delta=target_delta, group_size=group_size,
-        sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options, with_lower=False,
-    )
-    return float(np.asarray(res.epsilon)) if np.ndim(res.epsilon) == 0 else res.epsilon
+    name = "group_epsilon"
+    a = resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
+                        dict(sample_rate=sample_rate, delta=delta))
+    q = a["sampling_prob"]
+    steps = steps_from_epochs(name, q, steps, epochs)
+    return _dispatch("epsilon", name, noise_multiplier, q, steps, a["target_delta"], group_size=group_size,
+                     sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options)
 
 
 def group_delta(
-    noise_multiplier: float,
-    sampling_prob: float | None,
-    steps: int,
-    target_epsilon,
+    noise_multiplier=None,
+    sampling_prob: float | None = None,
+    steps=None,
+    target_epsilon=None,
     *,
     group_size: int = 1,
     sampling: str = "poisson",
     dataset_size: int | None = None,
     batch_size: int | None = None,
     options=None,
+    sample_rate=None,
+    epochs=None,
+    epsilon=None,
 ):
-    """Certified delta of group-level DP-SGD at ``target_epsilon`` (scalar or 1-D array, >= 0)."""
-    _validate.nonnegative("target_epsilon", target_epsilon)
-    res = group_accounting(
-        noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, group_size=group_size,
-        sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options, with_lower=False,
-    )
-    return res.delta
+    """Certified delta of group-level DP-SGD at ``target_epsilon`` (>= 0; alias ``epsilon=``):
+    as :func:`group_epsilon` (batches and traced calls included)."""
+    name = "group_delta"
+    a = resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
+                        dict(sample_rate=sample_rate, epsilon=epsilon))
+    q = a["sampling_prob"]
+    steps = steps_from_epochs(name, q, steps, epochs)
+    return _dispatch("delta", name, noise_multiplier, q, steps, a["target_epsilon"], group_size=group_size,
+                     sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options)
 
 
-@host_only("dpjax.calibration.epsilon_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_epsilon(
-    noise_multiplier,
-    sampling_prob,
-    steps,
-    target_delta,
+    noise_multiplier=None,
+    sampling_prob=None,
+    steps=None,
+    target_delta=None,
     *,
     group_size: int = 1,
     sampling: str = "poisson",
     dataset_size: int | None = None,
     batch_size: int | None = None,
+    noise_schedule=None,
+    sample_rate=None,
+    epochs=None,
+    delta=None,
 ):
     """Certified epsilon of DP-SGD, example-level or for groups of ``group_size`` examples.
 
     With the defaults (``group_size=1``, ``sampling="poisson"``) this is exactly
-    :func:`dpjax.pld.dpsgd_epsilon` (noise schedules included); otherwise the tight
-    mixture-of-Gaussians group accountant :func:`group_epsilon`.
+    :func:`dpjax.pld.dpsgd_epsilon` (batches, traced calls and ``noise_schedule=`` included);
+    otherwise the tight mixture-of-Gaussians group accountant :func:`group_epsilon`.
 
     Args:
-      noise_multiplier: sigma > 0 (a 1-D per-step schedule only for the example-level Poisson case).
-      sampling_prob: Poisson q in (0, 1]; for ``"fixed_batch"`` None or ``batch_size / dataset_size``.
-      steps: T >= 1.
-      target_delta: in (0, 1).
+      noise_multiplier: sigma > 0; an array gives one epsilon per entry (a batch).
+      sampling_prob: Poisson q in (0, 1] (alias ``sample_rate=``); for ``"fixed_batch"`` None or
+        ``batch_size / dataset_size``.
+      steps: T >= 1 (or ``epochs=``: ``T = int(epochs / sampling_prob)``, Opacus's convention).
+      target_delta: in (0, 1) (alias ``delta=``).
       group_size: k >= 1.
       sampling: ``"poisson"`` (add/remove adjacency) or ``"fixed_batch"`` (replace adjacency; then
         ``dataset_size`` and ``batch_size`` are required).  Fixed batch at k = 1 is the
         subsampled Gaussian with sensitivity 2, not Poisson DP-SGD.
+      noise_schedule: a per-step schedule (1-D, length ``steps``) instead of
+        ``noise_multiplier`` (example-level Poisson only).
+
+    Traceable: ``jax.grad`` (in ``noise_multiplier``, ``sampling_prob``, ``target_delta``),
+    ``jax.vmap`` and ``jax.jit``, from float32 code too (see :mod:`dpjax.pld.dpsgd`).
 
     Example::
 
-        >>> import dpjax
+        >>> import dpjax, jax
+        >>> dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)                         # doctest: +SKIP
+        1.8282...
+        >>> jax.grad(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 1000, 1e-5))(1.0)   # doctest: +SKIP
+        -3.82...
         >>> dpjax.dpsgd_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8)          # doctest: +SKIP
         32.035...
         >>> dpjax.dpsgd_epsilon(2.0, None, 2000, 1e-5, group_size=8, sampling="fixed_batch",
@@ -220,8 +281,12 @@ def dpsgd_epsilon(
     from dpjax.pld import dpsgd_epsilon as example_level
 
     if group_size == 1 and sampling == "poisson" and dataset_size is None and batch_size is None:
-        return example_level(noise_multiplier, sampling_prob, steps, target_delta)
+        return example_level(noise_multiplier, sampling_prob, steps, target_delta, noise_schedule=noise_schedule,
+                             sample_rate=sample_rate, epochs=epochs, delta=delta)
+    if noise_schedule is not None:
+        raise ValueError("noise_schedule is supported for example-level Poisson DP-SGD only (group_size=1, "
+                         "sampling='poisson')")
     return group_epsilon(
         noise_multiplier, sampling_prob, steps, target_delta, group_size=group_size, sampling=sampling,
-        dataset_size=dataset_size, batch_size=batch_size,
+        dataset_size=dataset_size, batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, delta=delta,
     )

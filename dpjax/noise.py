@@ -16,7 +16,13 @@ row by row, as a pure optax-style state machine over pytrees of model shape::
 ``init`` / ``update`` are pure and jit-able (``update`` may sit inside the user's ``jit`` or
 ``lax.scan``); the state is a NamedTuple pytree.  Arithmetic runs in the dtype of ``z`` (use
 float64 for the checks below; float32 in training is the user's choice, like the rest of their
-model, and the recurrences below are stable for ``theta in (0, 1)``).
+model).  Each buffer decays for ``theta in (0, 1)``, but that does not make ``C^{-1}`` bounded:
+its transfer function ``1 / c(x)`` (below) has a pole inside the unit disk when the output
+scales are large, and then the noise grows exponentially with alternating sign and overflows,
+in float32 first.  E.g. ``BLT(theta=[0.5], omega=[3.0])``: ``c(x) = 0`` at ``x = -0.4``, so
+``(C^{-1})_{t,0} = (-2.5)^t`` (1, -3, 7.5, -18.75, ...) and float32 gives NaN after ~100
+steps.  Before training with a BLT, check that the first column of ``C^{-1}`` (this
+recurrence fed ``z = (1, 0, 0, ...)``) decays over the horizon.
 
 BLT (buffered linear Toeplitz; Dvijotham, McMahan, Pillutla, Steinke & Thakurta, "Efficient and
 near-optimal noise generation for streaming differential privacy", 2024; McMahan, Xu & Zhang, "A
@@ -53,6 +59,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from dpjax.matrices._structured import _check_1d_nonnegative
 
 __all__ = ["StreamingNoise", "BLTNoiseState", "ToeplitzNoiseState", "blt_noise", "toeplitz_noise",
            "streaming_noise", "tree_normal"]
@@ -139,6 +147,9 @@ def toeplitz_noise(correlation) -> StreamingNoise:
     coeffs = jnp.asarray(getattr(correlation, "coeffs", correlation))
     if coeffs.ndim != 1 or coeffs.shape[0] == 0:
         raise ValueError(f"correlation must be a Toeplitz or a non-empty 1-D first column, got shape {coeffs.shape}")
+    if not isinstance(coeffs, jax.core.Tracer):
+        # The checks dpjax.matrices.Toeplitz (hence the accountants) apply to the same C.
+        _check_1d_nonnegative("correlation", np.asarray(coeffs))
     if not isinstance(coeffs, jax.core.Tracer) and not float(np.asarray(coeffs)[0]) > 0:
         raise ValueError(f"the first coefficient (diagonal of C) must be > 0, got {float(np.asarray(coeffs)[0])!r}")
     k = coeffs.shape[0]

@@ -78,6 +78,31 @@ def _binomial_excess_mean(n: int, p: float, cap: int) -> float:
     return max(n * p - cap + below, 0.0)
 
 
+def _log_binomial_sf(k: int, n: int, p: float) -> float:
+    """An upper bound on ``log P(K > k)``, ``K ~ Binomial(n, p)``, that does not underflow.
+
+    ``scipy.stats.binom.sf`` (and ``logsf``) underflow to 0 (``-inf``) below ~1e-308, where a
+    truncation delta multiplied by ``1 + e^eps`` still matters.  There the tail is bounded by a
+    geometric series: the ratio ``pmf(j + 1) / pmf(j) = (n - j) p / ((j + 1)(1 - p))`` decreases
+    in ``j``, so ``P(K > k) <= pmf(k + 1) / (1 - r)`` with ``r`` the ratio at ``j = k + 1``.
+    """
+    if k >= n:
+        return -math.inf
+    sf = float(scipy.stats.binom.sf(k, n, p))
+    if sf > 1e-280:
+        return math.log(sf)
+    r = (n - k - 1) * p / ((k + 2) * (1.0 - p)) if p < 1.0 else math.inf
+    if not r < 1.0:  # not in the upper tail: the direct value is exact enough
+        return math.log(sf) if sf > 0 else -math.inf
+    # 1e-9: rounding allowance of logpmf (relative ~1e-13 at these magnitudes).
+    return float(scipy.stats.binom.logpmf(k + 1, n, p)) - math.log1p(-r) + 1e-9
+
+
+def _truncation_delta(log_overflow: float, eps: float) -> float:
+    """``min(1, (1 + e^eps) * overflow)`` from ``log overflow``, in log space (no cap on eps)."""
+    return min(1.0, math.exp(min(0.0, log_overflow + float(np.logaddexp(0.0, eps)))))
+
+
 @dataclasses.dataclass(frozen=True)
 class BallsInBinsSampler:
     """Balls-in-bins batch schedule (Choquette-Choo et al. 2024, Def. 3.1 and §5.2.1).
@@ -199,14 +224,20 @@ class BallsInBinsSampler:
 
         ``N + 1`` covers both add/remove neighbours (the tail is increasing in ``N``).
         """
+        return min(1.0, math.exp(self._log_overflow_probability(num_examples)))
+
+    def _log_overflow_probability(self, num_examples: int | None = None) -> float:
         n = (self.num_examples if num_examples is None else int(num_examples)) + 1
-        sf = float(scipy.stats.binom.sf(self.batch_size, n, 1.0 / self.batches_per_epoch))
-        return min(1.0, self.batches_per_epoch * sf)
+        return min(0.0, math.log(self.batches_per_epoch)
+                   + _log_binomial_sf(self.batch_size, n, 1.0 / self.batches_per_epoch))
 
     def truncation_delta(self, epsilon) -> float:
-        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (module docstring)."""
+        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (module docstring).
+
+        Computed in log space: the overflow probability may be far below the smallest float
+        while ``(1 + e^eps)`` times it is not."""
         eps = float(_validate.nonnegative("epsilon", epsilon))
-        return min(1.0, (1.0 + math.exp(min(eps, 700.0))) * self.overflow_probability())
+        return _truncation_delta(self._log_overflow_probability(), eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,10 +316,13 @@ class PoissonSampler:
 
     def overflow_probability(self) -> float:
         """Upper bound on ``P(some step's batch exceeds B)`` with ``N + 1`` examples (union over steps)."""
-        sf = float(scipy.stats.binom.sf(self.batch_size, self.num_examples + 1, self.sampling_prob))
-        return min(1.0, self.steps * sf)
+        return min(1.0, math.exp(self._log_overflow_probability()))
+
+    def _log_overflow_probability(self) -> float:
+        return min(0.0, math.log(self.steps)
+                   + _log_binomial_sf(self.batch_size, self.num_examples + 1, self.sampling_prob))
 
     def truncation_delta(self, epsilon) -> float:
-        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta."""
+        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (in log space)."""
         eps = float(_validate.nonnegative("epsilon", epsilon))
-        return min(1.0, (1.0 + math.exp(min(eps, 700.0))) * self.overflow_probability())
+        return _truncation_delta(self._log_overflow_probability(), eps)

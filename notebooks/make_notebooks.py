@@ -1,7 +1,8 @@
-"""Write notebooks/group_privacy.ipynb, moments_accountant.ipynb, matrix_mechanisms.ipynb, sweeps.ipynb, training.ipynb and allocation.ipynb (nbformat).
+"""Write notebooks/group_privacy.ipynb, moments_accountant.ipynb, matrix_mechanisms.ipynb, sweeps.ipynb, training.ipynb, progress.ipynb and allocation.ipynb (nbformat).
 
     python notebooks/make_notebooks.py            # write the notebooks (no outputs)
     python notebooks/make_notebooks.py --execute  # ... and execute them in place (nbclient)
+    python notebooks/make_notebooks.py --execute progress.ipynb   # only the notebooks named
 
 tests/test_notebooks.py (slow tier) executes the generated notebooks; they need the
 ``notebooks`` extra (``pip install -e ".[notebooks]"``).  Each runs in under 3 minutes on 2 CPU
@@ -444,7 +445,7 @@ def sweeps_notebook():
             "rows = []\n"
             "for T in (500, 1000, 2000, 4000):\n"
             "    sched = np.repeat(np.linspace(2.0, 1.0, 10), T // 10)  # noise lowered every tenth of training\n"
-            "    res = dpjax.pld.dpsgd_accounting(sched, Q, T, target_delta=DELTA)\n"
+            "    res = dpjax.pld.dpsgd_accounting(None, Q, T, target_delta=DELTA, noise_schedule=sched)\n"
             "    # RDP adds over steps: sum the per-step RDP of each distinct sigma.\n"
             "    vals, counts = np.unique(np.round(sched, 12), return_counts=True)\n"
             "    rdp = sum(c * rdp_poisson_subsampled_gaussian(v, Q) for v, c in zip(vals, counts))\n"
@@ -562,6 +563,69 @@ def training_notebook():
     return nb
 
 
+def progress_notebook():
+    cells = [
+        new_markdown_cell(
+            "# Progress on long calls\n\n"
+            "dpjax's long calls (a correlation-matrix optimization, a sweep, a group calibration, a Monte Carlo "
+            "estimate with many samples) report their progress on stderr, never on stdout. In a notebook that is "
+            "a bar under the cell: tqdm's (`pip install \"dpjax[progress]\"`; its widget when ipywidgets is "
+            "installed) or dpjax's own text bar without tqdm. In a terminal it is the same bar; where stderr is a "
+            "log file or a CI log it becomes a plain line every `DPJAX_PROGRESS_INTERVAL` seconds (10 by "
+            "default).\n\n"
+            "`progress=False` (or `progress_bar=False` for `dpjax.sweep`), the environment variable "
+            "`DPJAX_PROGRESS=0`, `dpjax._progress.set_progress(False)` and the CLI's `--quiet` turn it off; it "
+            "never changes a number."
+        ),
+        new_code_cell(
+            "import time\n"
+            "import numpy as np\n"
+            "import dpjax\n"
+            "from dpjax.optimization import make_parameterization, optimize_correlation"
+        ),
+        new_markdown_cell(
+            "## A 300-step optimization\n\n"
+            "A small problem so that it runs in about a minute on 2 CPU cores: a BLT correlation matrix with 2 "
+            "buffers for n = 32 steps (b = 8 batches per epoch, E = 4 epochs) at (epsilon, delta) = (2, 1e-5), "
+            "1024 Monte Carlo samples per step; certification is skipped here (it is what takes time in "
+            "`dpjax optimize --example`). The bar shows the step, the time left and the current RMSE and sigma "
+            "estimates."
+        ),
+        new_code_cell(
+            "t0 = time.perf_counter()\n"
+            "res = optimize_correlation(make_parameterization(\"blt\", 32, num_buffers=2), batches_per_epoch=8, "
+            "epochs=4,\n"
+            "                           target_epsilon=2.0, target_delta=1e-5, num_steps=300, num_samples=1024, "
+            "certify=False)\n"
+            "print(f\"{res.status}: RMSE estimate {res.rmse_estimate:.3f} after 300 steps, "
+            "{time.perf_counter() - t0:.0f} s\")\n"
+            "assert res.status == \"completed\""
+        ),
+        new_markdown_cell(
+            "## A sweep\n\n"
+            "48 DP-SGD configurations (8 noise multipliers x 3 sampling probabilities x 2 step counts); the bar "
+            "counts finished configurations."
+        ),
+        new_code_cell(
+            "configs = [dict(noise_multiplier=float(s), sampling_prob=q, steps=t, delta=1e-5)\n"
+            "           for s in np.linspace(0.8, 3.0, 8) for q in (0.005, 0.01, 0.02) for t in (1000, 4000)]\n"
+            "table = dpjax.sweep(configs)\n"
+            "eps = np.array([row[\"epsilon\"] for row in table.rows])\n"
+            "print(f\"{len(table.rows)} configurations, epsilon from {eps.min():.3f} to {eps.max():.3f}, "
+            "{table.programs} programs\")\n"
+            "assert len(table.rows) == len(configs) and np.all(np.isfinite(eps))"
+        ),
+        new_markdown_cell("## Off\n\nThe same sweep without a bar (nothing is written to stderr):"),
+        new_code_cell(
+            "quiet = dpjax.sweep(configs, progress_bar=False)\n"
+            "assert [r[\"epsilon\"] for r in quiet.rows] == [r[\"epsilon\"] for r in table.rows]"
+        ),
+    ]
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
 def allocation_notebook():
     cells = [
         new_markdown_cell(
@@ -658,13 +722,17 @@ NOTEBOOKS = {
     "matrix_mechanisms.ipynb": matrix_mechanisms_notebook,
     "sweeps.ipynb": sweeps_notebook,
     "training.ipynb": training_notebook,
+    "progress.ipynb": progress_notebook,
     "allocation.ipynb": allocation_notebook,
 }
 
 
-def write(directory: pathlib.Path = HERE) -> list[pathlib.Path]:
+def write(directory: pathlib.Path = HERE, names: list[str] | None = None) -> list[pathlib.Path]:
+    """Write the notebooks ``names`` (default: all) into ``directory``."""
     paths = []
     for name, make in NOTEBOOKS.items():
+        if names is not None and name not in names:
+            continue
         path = directory / name
         nbformat.write(make(), path)
         paths.append(path)
@@ -680,7 +748,9 @@ def execute(path: pathlib.Path, timeout: int = 1200):
 
 
 if __name__ == "__main__":
-    for p in write():
+    # Notebook names on the command line (e.g. progress.ipynb) restrict the run to those.
+    only = [a for a in sys.argv[1:] if a.endswith(".ipynb")] or None
+    for p in write(names=only):
         if "--execute" in sys.argv:
             nb = execute(p)
             nbformat.write(nb, p)

@@ -69,7 +69,7 @@ def curves_for(coef, eps_values, delta, b, epochs, samples, poisson=True):
         if poisson and bands <= b:
             # Cyclic Poisson (bands <= b): participations touch disjoint row blocks, so sigma is
             # the DP-SGD noise multiplier at q = bands / b, ceil(n / bands) steps, times |c|_2.
-            z = float(dpsgd_noise_multiplier(eps, delta, bands / b, math.ceil(n / bands)))
+            z = float(dpsgd_noise_multiplier(bands / b, math.ceil(n / bands), eps, delta))
             out["poisson"].append(z * float(np.linalg.norm(coef)) * err)
         else:
             out["poisson"].append(None)

@@ -26,11 +26,11 @@ CASES = [
     ("steps=True epsilon", lambda: dpjax.dpsgd_epsilon(1.0, 0.01, True, 1e-5), "steps"),
     ("steps=True delta", lambda: dpjax.dpsgd_delta(1.0, 0.01, True, 1.0), "steps"),
     ("steps=True group", lambda: dpjax.group_epsilon(1.0, 0.01, True, 1e-5, group_size=2), "steps"),
-    ("steps=True calibration", lambda: dpjax.dpsgd_noise_multiplier(1.0, 1e-5, 0.01, True), "steps"),
+    ("steps=True calibration", lambda: dpjax.dpsgd_noise_multiplier(0.01, True, 1.0, 1e-5), "steps"),
     ("steps='100'", lambda: dpjax.dpsgd_epsilon(1.0, 0.01, "100", 1e-5), "steps"),
     ("target_delta=[]", lambda: dpjax.dpsgd_epsilon(1.0, 0.01, 100, []), "target_delta"),
     ("target_delta=[] accounting", lambda: pld.dpsgd_accounting(1.0, 0.01, 100, target_delta=[]), "target_delta"),
-    ("target_epsilon=[] calibration", lambda: dpjax.dpsgd_noise_multiplier([], 1e-5, 0.01, 100), "target_epsilon"),
+    ("target_epsilon=[] calibration", lambda: dpjax.dpsgd_noise_multiplier(0.01, 100, [], 1e-5), "target_epsilon"),
     ("noise_multiplier='1'", lambda: dpjax.dpsgd_epsilon("1", 0.01, 100, 1e-5), "noise_multiplier"),
     ("noise_multiplier=b'1'", lambda: dpjax.dpsgd_epsilon(b"1", 0.01, 100, 1e-5), "noise_multiplier"),
     ("noise_multiplier=True", lambda: dpjax.dpsgd_epsilon(True, 0.01, 100, 1e-5), "noise_multiplier"),
@@ -50,8 +50,11 @@ CASES = [
      "noise_multiplier"),
     ("prefix_sum_rmse sigma=0", lambda: prefix_sum_rmse(Toeplitz(np.array([1.0, 0.5])), 0.0, 8),
      "noise_multiplier"),
-    ("dpsgd_epsilon under jit", lambda: jax.jit(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 100, 1e-5))(1.0),
-     "jax.jit"),
+    # Traced calls validate their concrete arguments at trace time, before anything runs.
+    ("dpsgd_epsilon under jit, target_delta=2", lambda: jax.jit(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 100, 2.0))(1.0),
+     "target_delta"),
+    ("dpsgd_noise_multiplier under grad, q=1.5",
+     lambda: jax.grad(lambda e: dpjax.dpsgd_noise_multiplier(1.5, 100, e, 1e-5))(1.0), "sampling_prob"),
 ]
 
 

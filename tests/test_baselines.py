@@ -22,7 +22,7 @@ def test_dpsgd_rows_and_normalization():
     assert r.rmse == pytest.approx(r.noise_multiplier * r.error, rel=1e-15)
     assert r.rmse_jax_privacy == pytest.approx(r.rmse / E, rel=1e-15)
     p = bl.dpsgd_poisson(2.0, 1e-5, B, E)
-    assert p.noise_multiplier == pytest.approx(float(dpsgd_noise_multiplier(2.0, 1e-5, 1 / B, N)), rel=1e-12)
+    assert p.noise_multiplier == pytest.approx(float(dpsgd_noise_multiplier(1 / B, N, 2.0, 1e-5)), rel=1e-12)
     assert p.rmse < r.rmse  # amplification by sampling helps DP-SGD
     assert set(r.to_dict()) >= {"rmse", "rmse_jax_privacy", "noise_multiplier", "accounting"}
 
@@ -48,7 +48,7 @@ def test_banded_rows_are_scale_invariant_and_one_band_is_dpsgd_poisson():
     per = {d["bands"]: d for d in rows[0].extra["per_bands"]}
     # One band, PLD: exactly DP-SGD with Poisson q = 1/b for n steps.
     assert per[1]["noise_multiplier_pld"] == pytest.approx(
-        float(dpsgd_noise_multiplier(2.0, 1e-5, 1 / B, N)), rel=1e-12)
+        float(dpsgd_noise_multiplier(1 / B, N, 2.0, 1e-5)), rel=1e-12)
     # Scaling the coefficients changes sigma (c_0 = 1 normalization) but not the rmse.
     rows_scaled = bl.banded_cyclic_poisson([2.0], 1e-5, B, E, batch_size=8, bands_list=[2],
                                            coefficients={2: 3.0 * coef2})

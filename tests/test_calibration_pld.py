@@ -32,9 +32,8 @@ def _family_f(reference_cases, q=None):
 
 def _calibrate_cases(cases):
     p = [c["params"] for c in cases]
-    sigma = dpsgd_noise_multiplier(np.array([x["epsilon"] for x in p]), np.array([x["delta"] for x in p]),
-                                   np.array([x["sampling_probability"] for x in p]),
-                                   np.array([x["steps"] for x in p]))
+    sigma = dpsgd_noise_multiplier(np.array([x["sampling_probability"] for x in p]), np.array([x["steps"] for x in p]),
+                                   np.array([x["epsilon"] for x in p]), np.array([x["delta"] for x in p]))
     return np.atleast_1d(sigma)
 
 
@@ -144,30 +143,30 @@ def test_calibrated_sigma_gradients_vs_finite_differences():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="group_size"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, group_size=0)
+        dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, group_size=0)
     with pytest.raises(ValueError, match="group_size must be <= batch_size"):
-        dpsgd_noise_multiplier(2.0, 1e-5, None, 1000, group_size=20, sampling="fixed_batch",
+        dpsgd_noise_multiplier(None, 1000, 2.0, 1e-5, group_size=20, sampling="fixed_batch",
                                dataset_size=1000, batch_size=10)
     with pytest.raises(ValueError, match="dataset_size"):
-        dpsgd_noise_multiplier(2.0, 1e-5, None, 1000, sampling="fixed_batch")
+        dpsgd_noise_multiplier(None, 1000, 2.0, 1e-5, sampling="fixed_batch")
     with pytest.raises(ValueError, match="only for sampling='fixed_batch'"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, dataset_size=1000)
+        dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, dataset_size=1000)
     with pytest.raises(ValueError, match="sampling"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000, sampling="shuffle")
+        dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, sampling="shuffle")
     with pytest.raises(ValueError, match="target_delta"):
-        dpsgd_noise_multiplier(2.0, 0.0, 0.01, 1000)
+        dpsgd_noise_multiplier(0.01, 1000, 2.0, 0.0)
     with pytest.raises(ValueError, match="sampling_prob"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 1.5, 1000)
+        dpsgd_noise_multiplier(1.5, 1000, 2.0, 1e-5)
     with pytest.raises(ValueError, match="target_epsilon"):
-        dpsgd_noise_multiplier(float("nan"), 1e-5, 0.01, 1000)
+        dpsgd_noise_multiplier(0.01, 1000, float("nan"), 1e-5)
     with pytest.raises(ValueError, match="steps"):
-        dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 0)
+        dpsgd_noise_multiplier(0.01, 0, 2.0, 1e-5)
     # epsilon_fn under grad without a grid: a clear error, not a tracer leak.
     with pytest.raises(ValueError, match="needs a fixed grid"):
         jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5))(1.0)
     # Unreachable: epsilon so small that only sigma ~ 4e4 would do.
     with pytest.raises(ValueError, match="outside the supported range"):
-        dpsgd_noise_multiplier(1e-4, 1e-10, 1.0, 1)
+        dpsgd_noise_multiplier(1.0, 1, 1e-4, 1e-10)
 
 
 @pytest.mark.slow
@@ -184,7 +183,7 @@ def test_group_calibration_reproduces_family_c(reference_cases, case_id):
         q = None
     else:
         q = p["sampling_probability"]
-    sigma = dpsgd_noise_multiplier(c["value"], p["delta"], q, p["steps"], **kw)
+    sigma = dpsgd_noise_multiplier(q, p["steps"], c["value"], p["delta"], **kw)
     assert sigma == pytest.approx(p["noise_multiplier"], rel=1e-3)
 
 
@@ -200,7 +199,7 @@ def test_group_calibration_reproduces_family_c(reference_cases, case_id):
 ])
 def test_issue14_targets_are_calibrated_to_the_smallest_sigma(target, expected):
     eps, delta, q, steps = target
-    sigma = dpsgd_noise_multiplier(*target)
+    sigma = dpsgd_noise_multiplier(q, steps, eps, delta)
     # dp_accounting's calibrate_dp_mechanism at a 1e-4 interval: 0.856629 and 1.201499 (checked
     # with tests/test_calibration_targets.py); ours is the certified pessimistic end.
     assert sigma == pytest.approx(expected, rel=2e-4)

@@ -59,6 +59,11 @@ def targets(n: int, seed: int):
     return out
 
 
+def _calibrate(eps, delta, q, steps):
+    """``dpjax.dpsgd_noise_multiplier`` of a target tuple ``(eps, delta, q, steps)``."""
+    return dpjax.dpsgd_noise_multiplier(q, steps, eps, delta)
+
+
 def vacuous(delta, q, steps) -> bool:
     return delta >= -math.expm1(steps * math.log1p(-q))
 
@@ -144,7 +149,7 @@ def calibrate(ts):
     reach = [i for i, t in enumerate(ts) if not vacuous(*t[1:])]
     arr = np.array([ts[i] for i in reach])
     if reach:
-        sig = np.atleast_1d(dpjax.dpsgd_noise_multiplier(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3].astype(int)))
+        sig = np.atleast_1d(dpjax.dpsgd_noise_multiplier(arr[:, 2], arr[:, 3].astype(int), arr[:, 0], arr[:, 1]))
         out.update({i: float(s) for i, s in zip(reach, sig)})
     return out
 
@@ -174,7 +179,7 @@ def test_random_targets_default_tier():
 def test_vacuous_target_is_refused_saying_why(target):
     assert vacuous(*target[1:])
     with pytest.raises(ValueError, match="vacuous"):
-        dpjax.dpsgd_noise_multiplier(*target)
+        _calibrate(*target)
 
 
 @pytest.mark.slow
@@ -184,7 +189,7 @@ def test_random_targets_300():
     for i, t in enumerate(ts):
         if vacuous(*t[1:]):
             with pytest.raises(ValueError, match="vacuous"):
-                dpjax.dpsgd_noise_multiplier(*t)
+                _calibrate(*t)
             continue
         _assert_ok(check(t, sigmas[i]))
 
@@ -225,10 +230,10 @@ def main(argv):
             t = ts[i]
             t1 = time.time()
             if a.one_by_one and not vacuous(*t[1:]):
-                sig[j] = float(dpjax.dpsgd_noise_multiplier(*t))
+                sig[j] = float(_calibrate(*t))
             if vacuous(*t[1:]):
                 try:
-                    dpjax.dpsgd_noise_multiplier(*t)
+                    _calibrate(*t)
                     rec = dict(index=i, target=list(t), vacuous=True, refused=False)
                 except ValueError as err:
                     rec = dict(index=i, target=list(t), vacuous=True, refused=True, message=str(err)[:300])

@@ -53,7 +53,7 @@ JSON_ARGV: dict[str, tuple[list[str], str]] = {
                    "add_or_remove"),
     "mc-calibrate": (MC + ["--epsilon", "2", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),
     "optimize": (["--family", "toeplitz", "--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "2",
-                  "--delta", "0.1", "--steps", "2", "--samples", "256", "--no-certify"], "add_or_remove"),
+                  "--delta", "0.1", "--optimizer-steps", "2", "--samples", "256", "--no-certify"], "add_or_remove"),
     "sweep": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
               "add_or_remove"),
 }
@@ -192,9 +192,10 @@ def test_json_names_adjacency_and_out_writes_the_same(case, capsys, tmp_path):
         saved = OptimizationResult.load(out_file)
         assert saved.noise_multiplier_estimate == result["noise_multiplier_estimate"]
         assert list(saved.first_column) == result["first_column"]
-    elif name == "sweep":  # --out is the sweep's CSV table
-        lines = out_file.read_text().strip().splitlines()
-        assert "epsilon" in lines[0].split(",") and len(lines) == 1 + result["configurations"]
+    elif name == "sweep":  # --out FILE.json: the result with every row (FILE.csv: the CSV table)
+        saved = json.loads(out_file.read_text())
+        assert saved["configurations"] == result["configurations"] == len(saved["table"])
+        assert all(r["grid"] == "sweep" and r["epsilon"] >= r["lower"] for r in saved["table"])
     else:
         assert out_file.read_text() == out
     assert "nan" not in out
@@ -204,12 +205,12 @@ def test_comma_lists_give_one_row_per_value(capsys):
     argv, _ = JSON_ARGV["epsilon"]
     assert main(["epsilon", *argv, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["delta"] for r in rows] == [1e-5, 1e-6]
+    assert [r["target_delta"] for r in rows] == [1e-5, 1e-6]
     assert rows[0]["epsilon"] < rows[1]["epsilon"]  # smaller delta, larger epsilon
     argv, _ = JSON_ARGV["mc-delta"]
     assert main(["mc-delta", *argv, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["epsilon"] for r in rows] == [0.5, 1.0] and rows[0]["delta"] >= rows[1]["delta"]
+    assert [r["target_epsilon"] for r in rows] == [0.5, 1.0] and rows[0]["delta"] >= rows[1]["delta"]
 
 
 def test_grid_limit_message_names_the_cli_flag():
@@ -221,12 +222,18 @@ def test_grid_limit_message_names_the_cli_flag():
 
 def test_grid_too_small_says_which_cli_flag_to_raise(capsys):
     # q < 1 (a q = 1 composition is answered in closed form and needs no grid).  The grid cannot
-    # certify the target; the answer falls back to the dominating Gaussian (q taken as 1), still a
-    # certified upper bound, and the reason names the CLI flag that would give a tighter one.
+    # certify the target; the answer falls back to the smallest certified bound of
+    # dpjax.pld.fallback (here the binomial mixture of Gaussians, half the dominating Gaussian's
+    # 560050), and the reason names the CLI flag that would give a tighter one.
+    import math
+
+    from dpjax.pld.exact import gaussian_epsilon
+
     assert main(["epsilon", "--noise-multiplier", "0.3", "--sampling-prob", "0.5", "--steps", "100000",
                  "--delta", "1e-5", "--max-grid-points", "1024", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["grid"]["remove"]["n"] == 1024 and "dominating Gaussian" in res["reason"]
+    assert res["grid"]["remove"]["n"] == 1024 and "fallback" in res["reason"]
+    assert res["epsilon"] <= float(gaussian_epsilon(1e-5, math.sqrt(100000) / 0.3))
     assert "--max-grid-points" in res["reason"] and "GridOptions" not in res["reason"]
 
 

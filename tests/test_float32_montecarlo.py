@@ -60,15 +60,17 @@ def _corr(a):
     return jnp.eye(N) + a * jnp.eye(N, k=-1)
 
 
+# The fixtures are computed eagerly even when first needed inside a test's ``jax.jit`` trace
+# (ensure_compile_time_eval): they are constants of the test, not part of the traced program.
 @functools.lru_cache(maxsize=None)
 def _gram64():
-    with jax.enable_x64(True):
+    with jax.ensure_compile_time_eval(), jax.enable_x64(True):
         return np.asarray(gram_matrix(Toeplitz(np.array([1.0, 0.5])), B, E))
 
 
 @functools.lru_cache(maxsize=None)
 def _draws64():
-    with jax.enable_x64(True):
+    with jax.ensure_compile_time_eval(), jax.enable_x64(True):
         idx, u = draws(KEY, B, M)
         w = u @ np.asarray(gram_sqrt(_gram64())).T
         return np.asarray(idx), np.asarray(w)

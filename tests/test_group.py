@@ -173,7 +173,7 @@ def test_accounting_returns_bracket_and_delta():
         (dict(dataset_size=1000, batch_size=10), "only for sampling='fixed_batch'"),
         (dict(sampling_prob=1.5), "sampling_prob"),
         (dict(noise_multiplier=-1.0), "noise_multiplier"),
-        (dict(noise_multiplier=[1.0, 2.0]), "noise_multiplier"),
+        (dict(noise_multiplier=[1.0, -2.0]), "noise_multiplier"),   # a batch with a bad element
         (dict(steps=0), "steps"),
         (dict(target_delta=0.0), "target_delta"),
     ],
@@ -222,7 +222,7 @@ def test_one_validator_for_every_entry_point():
     for call in (
         lambda: group_epsilon(1.0, None, 10, 1e-5, **bad),
         lambda: group_rdp_epsilon(1.0, None, 10, 1e-5, **bad),
-        lambda: dpsgd_noise_multiplier(2.0, 1e-5, None, 10, **bad),
+        lambda: dpsgd_noise_multiplier(None, 10, 2.0, 1e-5, **bad),
         lambda: GroupSubsampledGaussian(1.0, 20.0, dataset_size=1000.0, batch_size=10.0, sampling="fixed_batch").validate(),
     ):
         with pytest.raises(ValueError, match="group_size must be <= batch_size") as info:

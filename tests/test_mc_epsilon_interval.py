@@ -20,7 +20,7 @@ def test_cli_mc_epsilon_reports_interval_and_samples(capsys):
                  "--confidence", "0.9", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["num_samples"] == 2048 and out["confidence"] == 0.9 and out["resolved"] is True
-    assert 0.0 <= out["epsilon_low"] <= out["epsilon"] <= out["epsilon_high"] < float("inf")
+    assert 0.0 <= out["epsilon_lower"] <= out["epsilon"] <= out["epsilon_upper"] < float("inf")
     assert "interval" in out["note"]
 
 

@@ -27,9 +27,9 @@ def test_interval_covers_the_exact_gaussian_at_its_rate():
     covered, widths = 0, []
     for seed in range(seeds):
         e = acc.epsilon_estimate(sigma, delta, 1024, seed, confidence=conf, refinements=2)
-        assert e.resolved and e.epsilon_low <= e.epsilon <= e.epsilon_high
-        covered += e.epsilon_low <= truth <= e.epsilon_high
-        widths.append(e.epsilon_high - e.epsilon_low)
+        assert e.resolved and e.epsilon_lower <= e.epsilon <= e.epsilon_upper
+        covered += e.epsilon_lower <= truth <= e.epsilon_upper
+        widths.append(e.epsilon_upper - e.epsilon_lower)
     # If the true coverage is >= 0.8, P(covered <= 26 of 40) = binom.cdf(26, 40, 0.8) ~ 0.03:
     # failing below 27 has a false-alarm rate of about 3% at the nominal rate, and the KL bound is
     # conservative (coverage well above nominal), so in practice it never fails for a sound bound.
@@ -42,7 +42,7 @@ def test_interval_covers_the_exact_gaussian_at_its_rate():
 def test_unresolvable_delta_is_flagged():
     acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 4, 2)
     e = acc.epsilon_estimate(1.0, 1e-9, 1024, 0)   # delta far below 1/m
-    assert not e.resolved and math.isinf(e.epsilon_high)
+    assert not e.resolved and math.isinf(e.epsilon_upper)
     assert "cannot resolve" in e.reason
 
 

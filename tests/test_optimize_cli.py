@@ -9,7 +9,7 @@ import pytest
 from dpjax.cli.main import main
 
 BASE = ["optimize", "--family", "blt", "--buffers", "2", "--batches-per-epoch", "4", "--epochs", "2",
-        "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--samples", "256",
+        "--epsilon", "2", "--delta", "1e-3", "--optimizer-steps", "3", "--samples", "256",
         "--certify-samples", "65536", "--quiet"]
 
 
@@ -52,11 +52,11 @@ def test_example_fills_only_what_the_user_left_unset():
 
     from dpjax.cli.optimize import EXAMPLE, apply_example
 
-    keys = ("family", "buffers", "batches_per_epoch", "epochs", "epsilon", "delta", "steps", "samples")
+    keys = ("family", "buffers", "batches_per_epoch", "epochs", "epsilon", "delta", "optimizer_steps", "samples")
     args = argparse.Namespace(example=True, **{k: None for k in keys})
-    args.steps = 7
+    args.optimizer_steps = 7
     apply_example(args)
-    assert args.steps == 7 and all(getattr(args, k) == EXAMPLE[k] for k in keys if k != "steps")
+    assert args.optimizer_steps == 7 and all(getattr(args, k) == EXAMPLE[k] for k in keys if k != "optimizer_steps")
     assert EXAMPLE["batches_per_epoch"] * EXAMPLE["epochs"] <= 64  # "small problems" finish fast
 
 

@@ -136,12 +136,18 @@ def test_vectorized_targets_match_scalar_calls():
         ((1.0, 0.01, 10, 0.0), r"target_delta.*\(0, 1\)"),
         ((1.0, 0.01, 10, 1.0), r"target_delta.*\(0, 1\)"),
         ((1.0, 0.01, 10, float("nan")), "target_delta"),
-        ((np.ones(5), 0.01, 10, 1e-5), "length steps"),
+        ((np.array([1.0, 0.0]), 0.01, 10, 1e-5), "noise_multiplier"),   # a batch with a bad element
+        ((np.ones(2), 0.01, np.array([10, 20, 30]), 1e-5), "broadcast"),
     ],
 )
 def test_bad_input_epsilon(args, match):
     with pytest.raises(ValueError, match=match):
         dpjax.dpsgd_epsilon(*args)
+
+
+def test_bad_noise_schedule_names_its_length():
+    with pytest.raises(ValueError, match="noise_schedule.*length steps"):
+        dpjax.dpsgd_epsilon(noise_schedule=np.ones(5), sampling_prob=0.01, steps=10, target_delta=1e-5)
 
 
 def test_bad_input_delta_and_mechanisms():

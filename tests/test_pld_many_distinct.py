@@ -18,12 +18,12 @@ from dpjax import pld
 @pytest.mark.slow
 def test_300_distinct_sigmas_member_by_member_tight():
     sched = np.geomspace(0.7, 3.0, 300)
-    res = pld.dpsgd_accounting(sched, 0.01, 300, target_delta=1e-5)
+    res = pld.dpsgd_accounting(None, 0.01, 300, target_delta=1e-5, noise_schedule=sched)
     assert not res.blocked
     # Certified bracket (both ends are bounds on the truth): within 0.1%.
     assert res.epsilon_lower <= res.epsilon <= res.epsilon_lower * (1 + 1e-3)
     # The old blocking (256 blocks, each at its smallest sigma) is sound but looser.
-    old = pld.dpsgd_accounting(sched, 0.01, 300, target_delta=1e-5, with_lower=False,
+    old = pld.dpsgd_accounting(None, 0.01, 300, target_delta=1e-5, noise_schedule=sched, with_lower=False,
                                options=pld.GridOptions(max_distinct=256))
     assert old.blocked
     assert old.epsilon >= res.epsilon_lower

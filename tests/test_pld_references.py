@@ -51,8 +51,8 @@ def test_heterogeneous_linear_schedule_T10000(reference_cases):
     case = reference_cases["D_linear_T10000"]
     p = case["params"]
     sigmas = np.linspace(3.0, 2.5, p["steps"])
-    res = pld.dpsgd_accounting(sigmas, p["sampling_probability"], p["steps"], target_delta=p["delta"],
-                               with_lower=False)
+    res = pld.dpsgd_accounting(None, p["sampling_probability"], p["steps"], target_delta=p["delta"],
+                               with_lower=False, noise_schedule=sigmas)
     ref = case["value"]
     assert res.blocked  # 10000 distinct sigmas > max_distinct: bracketed by blocks (smallest sigma)
     assert abs(res.epsilon - ref) <= REL * ref
@@ -64,7 +64,7 @@ def test_heterogeneous_linear_schedule_T10000(reference_cases):
 def test_heterogeneous_exact_equals_grouped():
     """A schedule with few distinct values is composed exactly: same answer as explicit counts."""
     sched = np.r_[np.full(300, 1.5), np.full(200, 1.0), np.full(500, 2.0)]
-    a = pld.dpsgd_accounting(sched, 0.01, 1000, target_delta=1e-5, with_lower=False)
+    a = pld.dpsgd_accounting(None, 0.01, 1000, target_delta=1e-5, with_lower=False, noise_schedule=sched)
     comps = [(pld.PoissonSubsampledGaussian(1.5, 0.01), 300), (pld.PoissonSubsampledGaussian(1.0, 0.01), 200),
              (pld.PoissonSubsampledGaussian(2.0, 0.01), 500)]
     b = pld.epsilon(comps, 1e-5, with_lower=False)

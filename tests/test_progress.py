@@ -1,9 +1,12 @@
-"""Progress bars on long calls (issue 13, must-show 3).
+"""Progress on long calls: a bar in a terminal or notebook, lines in a log, never on stdout.
 
 A bar is drawn on stderr when stderr is a terminal (tested in a pseudo-terminal with Python's
-``pty``), never on stdout (``--json`` output stays one JSON object), not when stderr is a pipe,
-and not with ``--quiet``.  The long call is ``dpjax noise`` with compilation (cold, the
-persistent cache off): it runs for seconds, past the bar's one-second delay.
+``pty``) or a notebook's; where stderr is a pipe or a file it becomes plain lines every
+``DPJAX_PROGRESS_INTERVAL`` seconds (no ``\\r`` redraws); ``--quiet``, ``progress=False`` and
+``DPJAX_PROGRESS=0`` turn it off; stdout (``--json``) never sees it.  The long call is
+``dpjax noise`` with compilation (cold, the persistent cache off): it runs for seconds, past
+the bar's one-second delay.  tqdm (the ``progress`` extra) draws the bar when installed; the
+built-in bar is checked with tqdm hidden.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 
 import pytest
 
+import dpjax._progress as prog
 from dpjax._progress import Progress, progress_enabled
 
 # DP-SGD (q < 1), so that the call compiles the accountant's program (q = 1 is the exact Gaussian
@@ -25,8 +29,15 @@ NOISE = [sys.executable, "-m", "dpjax", "noise", "--epsilon", "2", "--delta", "1
 BAR = "calibrate noise"
 
 
-def _run(argv, *, stderr_tty: bool):
-    env = {**os.environ, "DPJAX_COMPILATION_CACHE": "0"}
+@pytest.fixture(autouse=True)
+def _fresh_state(monkeypatch):
+    monkeypatch.delenv("DPJAX_PROGRESS", raising=False)
+    monkeypatch.delenv("DPJAX_PROGRESS_INTERVAL", raising=False)
+    monkeypatch.setattr(prog, "_STATE", prog._ProgressState())
+
+
+def _run(argv, *, stderr_tty: bool, **env_extra):
+    env = {**os.environ, "DPJAX_COMPILATION_CACHE": "0", **env_extra}
     env.pop("DPJAX_PROGRESS", None)
     if not stderr_tty:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
@@ -60,12 +71,13 @@ def test_bar_in_a_terminal_not_in_json_stdout():
     assert json.loads(out)["noise_multiplier"] > 0  # stdout is exactly the JSON object
 
 
-@pytest.mark.slow
-def test_no_bar_when_stderr_is_not_a_terminal():
-    rc, out, err = _run(NOISE, stderr_tty=False)
-    assert rc == 0
-    assert BAR not in err and "\r" not in err
-    json.loads(out)
+def test_lines_in_a_log_when_stderr_is_a_pipe():
+    rc, out, err = _run(NOISE, stderr_tty=False, DPJAX_PROGRESS_INTERVAL="0.2")
+    assert rc == 0, err
+    lines = [line for line in err.splitlines() if line.startswith(BAR)]
+    assert len(lines) >= 2 and "rounds" in lines[-1], err  # one line per interval, and the last
+    assert "\r" not in err  # no redraws in a log
+    assert json.loads(out)["noise_multiplier"] > 0
 
 
 @pytest.mark.slow
@@ -81,15 +93,14 @@ class _FakeTerminal(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("tty,quiet,expect_bar", [(True, False, True), (True, True, False), (False, False, False)])
-def test_in_process_bar_follows_tty_and_quiet(monkeypatch, capsys, tty, quiet, expect_bar):
+@pytest.mark.parametrize("tty,quiet,expect_bar", [(True, False, True), (True, True, False), (False, False, True),
+                                                  (False, True, False)])
+def test_in_process_progress_follows_tty_and_quiet(monkeypatch, capsys, tty, quiet, expect_bar):
     # The same checks as the subprocess tests, in-process (cheap: the program is compiled once).
-    import dpjax._progress as prog
     from dpjax.cli.main import main
 
-    monkeypatch.delenv("DPJAX_PROGRESS", raising=False)
-    monkeypatch.setattr(prog, "_GLOBAL_ENABLED", None)
     monkeypatch.setattr(prog, "LONG_CALL_DELAY", 0.0)  # a warm call is fast: show the bar at once
+    monkeypatch.setenv("DPJAX_PROGRESS_INTERVAL", "0")  # and a log line at once
     err = _FakeTerminal() if tty else io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     argv = NOISE[3:] + (["--quiet"] if quiet else [])
@@ -97,24 +108,136 @@ def test_in_process_bar_follows_tty_and_quiet(monkeypatch, capsys, tty, quiet, e
     out = capsys.readouterr().out
     json.loads(out)
     assert (BAR in err.getvalue()) == expect_bar, err.getvalue()
+    if not tty:
+        assert "\r" not in err.getvalue()
     assert BAR not in out
-    assert prog._GLOBAL_ENABLED is None  # --quiet does not leak into later calls
+    assert prog._STATE.enabled is None  # --quiet does not leak into later calls
 
 
-def test_python_argument_and_delay():
-    stream = io.StringIO()
+def test_sweep_json_stdout_stays_clean(monkeypatch, capsys, tmp_path):
+    from dpjax.cli.main import main
+
+    monkeypatch.setenv("DPJAX_PROGRESS_INTERVAL", "0")
+    rc = main(["sweep", "--noise-multiplier", "1,2", "--sampling-prob", "0.01", "--steps", "200", "--delta", "1e-5",
+               "--out", str(tmp_path / "s.csv"), "--json"])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["configurations"] == 2  # exactly one JSON object on stdout
+    assert "sweep:" in err and "2/2" in err and "100%" not in out and "\r" not in err
+    assert err.count("2/2") == 1  # the last line is not written twice
+
+
+def test_python_argument_delay_and_environment(monkeypatch):
+    stream = _FakeTerminal()
     with Progress(3, "x", enabled=True, stream=stream) as bar:
         bar.update(3)
     assert "x: 100%" in stream.getvalue()
-    stream = io.StringIO()
-    with Progress(3, "x", enabled=True, stream=stream, delay=60.0) as bar:  # a fast call: no trace
+    stream = _FakeTerminal()
+    with Progress(3, "x", stream=stream, delay=60.0) as bar:  # a fast call: no trace
         bar.update(3)
     assert stream.getvalue() == ""
-    stream = io.StringIO()
+    stream = _FakeTerminal()
     with Progress(3, "x", enabled=False, stream=stream) as bar:
         bar.update(3)
     assert stream.getvalue() == ""
-    assert progress_enabled(None, io.StringIO()) is False  # not a TTY: auto is off
+    monkeypatch.setenv("DPJAX_PROGRESS", "0")
+    stream = _FakeTerminal()
+    with Progress(3, "x", stream=stream) as bar:
+        bar.update(3)
+    assert stream.getvalue() == "" and progress_enabled(None, stream) is False
+    assert progress_enabled(True, stream) is True  # the call's own argument wins
+    monkeypatch.delenv("DPJAX_PROGRESS")
+    assert progress_enabled(None, io.StringIO()) is True  # auto: on, as lines where not a terminal
+
+
+def test_log_mode_writes_lines_at_the_interval_and_a_last_line(monkeypatch):
+    monkeypatch.setattr(prog, "_clock", iter([0.0] + [0.5 * i for i in range(1, 200)]).__next__)
+    monkeypatch.setenv("DPJAX_PROGRESS_INTERVAL", "2")
+    stream = io.StringIO()
+    with Progress(20, "long", stream=stream) as bar:  # the clock advances 0.5 s per reading
+        for _ in range(20):
+            bar.update(1)
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert all(line.startswith("long: ") for line in lines)
+    assert 3 <= len(lines) < 12 and lines[-1].startswith("long: 100%") and "20/20" in lines[-1]
+    stream = io.StringIO()
+    with Progress(20, "short", stream=stream) as bar:  # shorter than the interval: nothing
+        bar.update(20)
+    assert stream.getvalue() == ""
+
+
+def test_builtin_bar_without_tqdm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # ``import tqdm`` now raises ImportError
+    stream = _FakeTerminal()
+    with Progress(4, "x", stream=stream) as bar:
+        bar.update(4, rmse="1.5")
+    text = stream.getvalue()
+    assert "x: 100%|####################| 4/4" in text and "rmse=1.5" in text and text.endswith("\n")
+
+
+def test_tqdm_draws_when_installed(monkeypatch):
+    tqdm = pytest.importorskip("tqdm")  # the test extra installs it; the fallback is tested above
+    assert tqdm is not None
+    stream = _FakeTerminal()
+    with Progress(4, "x", stream=stream) as bar:
+        assert bar._external is not None
+        bar.update(4, rmse="1.5")
+    assert "x: 100%" in stream.getvalue() and "4/4" in stream.getvalue() and "rmse=1.5" in stream.getvalue()
+    prog.set_progress(backend="builtin")
+    stream = _FakeTerminal()
+    with Progress(4, "x", stream=stream) as bar:
+        assert bar._external is None
+        bar.update(4)
+    assert "x: 100%|####################| 4/4" in stream.getvalue()
+
+
+def test_notebook_gets_a_bar_although_its_stderr_is_not_a_terminal(monkeypatch):
+    monkeypatch.setattr(prog, "in_notebook", lambda: True)
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    stderr = io.StringIO()  # a kernel's stderr is not a TTY
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with prog.progress(5, "optimize") as bar:
+        assert bar.live
+        bar.update(5)
+    assert "\roptimize: 100%" in stderr.getvalue()
+
+
+def test_pluggable_backend():
+    calls = []
+
+    class Meter:
+        def __init__(self, **kwargs):
+            calls.append(("init", kwargs))
+
+        def update(self, n):
+            calls.append(("update", n))
+
+        def set_postfix(self, postfix, refresh=True):
+            calls.append(("postfix", dict(postfix)))
+
+        def close(self):
+            calls.append(("close",))
+
+    prog.set_progress(backend=Meter)
+    with prog.progress(7, "sweep", unit="configs", initial=2) as bar:
+        bar.update(3, rows="5")
+    assert calls[0] == ("init", dict(total=7, desc="sweep", unit="configs", initial=2, delay=0.0))
+    assert ("postfix", {"rows": "5"}) in calls and ("update", 3) in calls and calls[-1] == ("close",)
+    with pytest.raises(ValueError, match="backend"):
+        prog.set_progress(backend="fancy")
+
+
+def test_one_progress_state(monkeypatch):
+    from dpjax.montecarlo import core
+
+    assert not hasattr(core, "_ACTIVE_BAR")  # the Monte Carlo bar lives in dpjax._progress's state
+    monkeypatch.setattr(prog, "LONG_CALL_DELAY", 0.0)
+    with core.progress_bar(3, "mc", enabled=True) as pb:
+        assert prog._STATE.active is pb.bar
+        core._tick(None)
+        assert pb.bar.n == 1
+    assert prog._STATE.active is None
 
 
 def test_calibration_takes_a_progress_argument():
@@ -128,7 +251,6 @@ def test_calibration_takes_a_progress_argument():
 def test_monte_carlo_bar_ticks_per_chunk_and_never_changes_the_numbers(monkeypatch):
     import numpy as np
 
-    import dpjax._progress as prog
     from dpjax.montecarlo import BallsInBins
 
     monkeypatch.setattr(prog, "LONG_CALL_DELAY", 0.0)
@@ -140,3 +262,11 @@ def test_monte_carlo_bar_ticks_per_chunk_and_never_changes_the_numbers(monkeypat
     assert "monte carlo: 100%" in err.getvalue() and "8/8" in err.getvalue()
     for field in ("delta", "standard_error", "delta_remove", "delta_add"):
         np.testing.assert_array_equal(getattr(quiet, field), getattr(shown, field))
+    log = io.StringIO()  # a log: no per-chunk callbacks compiled unless asked for
+    monkeypatch.setattr(sys, "stderr", log)
+    from dpjax.montecarlo import core
+
+    with core.progress_bar(8, enabled=None) as pb:
+        assert pb.enabled is False
+    with core.progress_bar(8, enabled=True) as pb:
+        assert pb.enabled is True

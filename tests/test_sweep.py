@@ -93,7 +93,8 @@ def test_sweep_delta_query_and_grid():
     assert [c.noise_multiplier for c in configs] == [1.0, 2.0]
     table = dpjax.sweep(configs, with_lower=False)
     for c, r in zip(configs, table.rows):
-        assert r["query"] == "delta" and r["epsilon"] == 0.5
+        assert r["query"] == "delta" and r["target_epsilon"] == 0.5 and r["epsilon"] is None
+        assert r["grid"] == "accountant"  # delta queries use the single call's grid
         single = pld.dpsgd_delta(c.noise_multiplier, c.sampling_prob, c.steps, 0.5)
         assert abs(r["delta"] - single) <= SLACK * single
 
@@ -181,7 +182,8 @@ def test_sweep_kill_minus_nine_and_resume(tmp_path):
     assert rc == 0
     lines = out.read_text().strip().splitlines()
     header, body = lines[0].split(","), lines[1:]
-    assert header[:7] == ["index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon"]
+    assert header[:10] == ["index", "noise_multiplier", "sampling_prob", "steps", "group_size", "target_delta",
+                           "target_epsilon", "query", "epsilon", "delta"]
     assert [int(line.split(",")[0]) for line in body] == list(range(len(configs)))
     jl = [json.loads(line) for line in journal.read_text().splitlines()]
     assert [r["index"] for r in jl] == list(range(len(configs)))

@@ -110,8 +110,12 @@ def group_lemma_epsilon(
 ) -> GroupLemmaResult:
     """Group-privacy lemma applied to the tight (certified PLD) k = 1 guarantee of DP-SGD.
 
-    Args: as :func:`dpjax.group_epsilon`, plus ``grid_points`` (eps_1 grid per search stage) and
-      ``rdp_tail`` (also use the RDP bound on delta_1 where it is smaller; see module docstring).
+    Takes the arguments of :func:`dpjax.group_epsilon`, plus ``grid_points`` and ``rdp_tail``.
+
+    Args:
+      grid_points: eps_1 grid per search stage.
+      rdp_tail: also use the RDP bound on delta_1 where it is smaller (see the module docstring).
+
     Returns:
       :class:`GroupLemmaResult`; ``.epsilon`` is ``inf`` where no ``delta_1`` is feasible.
 

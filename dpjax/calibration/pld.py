@@ -40,7 +40,7 @@ Usage::
     import jax, dpjax
     from dpjax.calibration import pld as cal
 
-    dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)          # 0.9591...
+    dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)          # 0.9591...
     grid = cal.dpsgd_grid(0.9591, 0.01, 1000, target_delta=1e-5)  # host-side plan
     deps = jax.grad(lambda s: cal.epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(0.9591)  # ~ -4.61
 """
@@ -85,11 +85,10 @@ RELATIVE_TOLERANCE = 1e-4
 #: grid the caller planned): < 1e-8 relative bracket from a 2x bracket on these smooth, nearly
 #: log-linear curves.
 NUM_ITERATIONS = 10
-#: The search compares epsilon with ``target_epsilon * (1 - _AGREEMENT_MARGIN)``.  Its probes run
-#: the accountant's grid plan and composition, but in one batched program with supports padded
-#: to ``n`` and no frequency truncation: a sound upper bound, but not bit-identical to
-#: :func:`dpjax.pld.dpsgd_epsilon` (differences from ~1e-9 up to ~3e-4 relative were seen on
-#: random targets).  The margin covers round-off; :func:`_confirm_on_accountant` covers the rest.
+#: With custom grid options the search compares epsilon with ``target_epsilon * (1 -
+#: _AGREEMENT_MARGIN)``.  Its probes run the grid plan and composition in one batched program
+#: with supports padded to ``n`` and no frequency truncation: a sound upper bound, but not
+#: bit-identical to the accountant with those options; the margin covers round-off.
 _AGREEMENT_MARGIN = 1e-7
 
 
@@ -171,7 +170,8 @@ def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPS
 
 
 @float64
-def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None):
+def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None,
+               with_report: bool = False, warn: bool = True):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
 
     ``eps = min{eps >= 0 : delta_up(eps) <= target_delta}`` on the fixed ``grid``
@@ -197,7 +197,8 @@ def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DP
                 "planned on concrete values")
         grid = dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=target_delta)
     mech = _with(grid.mechanisms[0], noise_multiplier, sampling_prob)
-    return pld_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),))
+    return pld_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),), with_report=with_report,
+                          warn=warn)
 
 
 @float64
@@ -506,11 +507,10 @@ def _clt_guess(eps, delta, q, steps):
     return np.asarray(out)
 
 
-@host_only("dpjax.calibration.dpsgd_noise_multiplier_core on a grid from dpjax.calibration.dpsgd_grid")
-@float64
-def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, group_size=1,
+def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, target_delta=None, *, group_size=1,
                            sampling="poisson", dataset_size=None, batch_size=None,
-                           options: GridOptions | None = None, progress: bool | None = None):
+                           options: GridOptions | None = None, progress: bool | None = None, sample_rate=None,
+                           epochs=None, epsilon=None, delta=None):
     """Smallest DP-SGD noise multiplier whose certified epsilon meets ``target_epsilon``.
 
     Poisson sampling with probability ``sampling_prob`` for ``steps`` steps, add/remove
@@ -523,16 +523,26 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     accountant at this very sigma (with the default ``options``), so
     ``(target_epsilon, target_delta)``-DP is certified; and
 
-    * one target (scalar inputs, default ``options``): the search runs on ``g`` itself (one
-      accountant call per probe), so sigma is within :data:`RELATIVE_TOLERANCE` (1e-4) of the
-      smallest sigma meeting the target on ``g``: a sigma evaluated with ``g`` above the target
-      lies at most that far below it;
-    * several targets (arrays) or custom ``options``: the searches run in lockstep on one
-      batched program (the accountant's grid plan per probe, supports padded to the FFT length:
-      a sound bound that can differ from ``g`` by up to ~3e-4 relative); sigma is within 1e-4 of
-      the smallest on that curve, and, with the default ``options``, then stepped up along the
-      local slope until ``g`` meets the target (checked at 1e-3: ``g(sigma (1 - 1e-3)) >
-      target_epsilon`` on random targets).
+    * default ``options`` (any number of targets): the search runs on ``g`` itself (each
+      probe is the accountant's value at that sigma; the probes of many targets are evaluated
+      together by :func:`dpjax.pld.batched.epsilon_many`, equal to the single calls), so an
+      array of targets gives what separate calls give.  The bracketing search stops at a
+      relative width :data:`RELATIVE_TOLERANCE` (1e-4), then a secant step on its final
+      bracket (one or two more accountant calls) returns a sigma evaluated feasible within
+      about 1e-9 relative of the crossing ``g(sigma) = target_epsilon``: so the returned sigma
+      is a smooth function of the targets (its finite differences agree with the gradient)
+      and never more than 1e-4 above the smallest feasible sigma;
+    * custom ``options``: the searches run in lockstep on one batched program (the grid plan
+      per probe with those options, supports padded to the FFT length: a sound bound that can
+      differ from the accountant's by up to ~3e-4 relative), to the same precision on that
+      curve, a hair below the target.
+
+    **Traceable.**  Under ``jax.grad`` / ``jax.vmap`` / ``jax.jit`` (from float32 code too) the
+    search runs on the host (``jax.pure_callback``; a vmapped batch of targets is one lockstep
+    search) and the gradient is the implicit derivative on the accountant's grid at the
+    returned sigma: ``d sigma/d target_epsilon = -(d delta/d eps) / (d delta/d sigma)``,
+    ``d sigma/d target_delta = 1 / (d delta/d sigma)``, ``d sigma/d sampling_prob =
+    -(d delta/d q) / (d delta/d sigma)`` (:mod:`dpjax.pld.batched`).
 
     The accountant's curve itself is within its discretization error of the exact one (by
     default ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon, see :data:`CALIBRATION_OPTIONS`;
@@ -546,16 +556,20 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     ``delta = 1.6e-10`` whose tilted tail pass adds a program per shape).
 
     Vectorized: arrays (broadcast together) run as lockstep searches whose probes are evaluated
-    in batched programs (grouped by FFT length).
+    in batched programs (grouped by grid shape).
+
+    **Argument order** (the accounting family's one order, docs/api_names.md):
+    ``(sampling_prob, steps, target_epsilon, target_delta)``; Opacus-style aliases
+    ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = int(epochs / sampling_prob)``).
 
     Unreachable targets raise ``ValueError`` saying why: ``target_delta >= 1 - (1 - q)^T``
     (vacuous: every sigma meets it), or a sigma outside :data:`SIGMA_RANGE` would be needed.
 
     Args:
-      target_epsilon: > 0.
-      target_delta: in (0, 1).
-      sampling_prob: q in (0, 1].
-      steps: integer >= 1.
+      sampling_prob: q in (0, 1] (alias ``sample_rate=``; None for ``sampling="fixed_batch"``).
+      steps: integer >= 1 (or ``epochs=``).
+      target_epsilon: > 0 (alias ``epsilon=``).
+      target_delta: in (0, 1) (alias ``delta=``).
       group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
         Gaussians of Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with Sampling
         via Mixture of Gaussians Mechanisms", Thm 3.1 / 3.3, via
@@ -566,9 +580,10 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
-      progress: a progress bar on stderr, one tick per round of the search (group calibration
-        can take tens of seconds): ``None`` (default) draws it when stderr is a terminal and the
-        call runs over a second (see :mod:`dpjax._progress`), ``False`` never, ``True`` always.
+      progress: progress on stderr, one tick per round of the search (group calibration can take
+        tens of seconds): ``None`` (default) shows it once the call runs over a second (a bar in
+        a terminal or notebook, lines in a log; see :mod:`dpjax._progress`), ``False`` never,
+        ``True`` always.
 
     Returns:
       float (scalar inputs) or float64 ndarray of the broadcast shape.
@@ -579,9 +594,101 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
 
     Example::
 
-        >>> dpjax.dpsgd_noise_multiplier(2.0, 1e-5, 0.01, 1000)   # doctest: +SKIP
+        >>> dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)   # doctest: +SKIP
+        0.95910...
+        >>> dpjax.dpsgd_noise_multiplier(sample_rate=0.01, epochs=10, epsilon=2.0, delta=1e-5)  # doctest: +SKIP
         0.95910...
     """
+    from dpjax import _names, _traced
+
+    name = "dpsgd_noise_multiplier"
+    a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon,
+                                          target_delta=target_delta),
+                               dict(sample_rate=sample_rate, epsilon=epsilon, delta=delta))
+    q, eps, dlt = a["sampling_prob"], a["target_epsilon"], a["target_delta"]
+    _check_order(steps)
+    steps = _names.steps_from_epochs(name, q, steps, epochs)
+    _names.require(name, steps=steps, target_epsilon=eps, target_delta=dlt)
+    kw = dict(group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
+              options=options)
+    if _traced.is_traced(q, steps, eps, dlt):
+        return _traced_noise_multiplier(q, steps, eps, dlt, **kw)
+    return _noise_multiplier(eps, dlt, q, steps, progress=progress, **kw)
+
+
+def _check_order(steps) -> None:
+    """``steps`` in (0, 1) is a target delta given in the order of earlier releases
+    ``(target_epsilon, target_delta, sampling_prob, steps)``: say so instead of a bare range error."""
+    from dpjax import _traced
+
+    if steps is None or _traced.is_traced(steps) or isinstance(steps, (str, bytes, bool)):
+        return
+    try:
+        v = np.asarray(steps, np.float64)
+    except (TypeError, ValueError):
+        return
+    if v.size and np.all((v > 0) & (v < 1)):
+        raise ValueError(
+            f"steps must be an integer >= 1, got {steps!r}: dpsgd_noise_multiplier takes (sampling_prob, steps, "
+            f"target_epsilon, target_delta), the order of dpsgd_epsilon and dpsgd_delta (earlier releases took "
+            f"target_epsilon, target_delta first); keywords work in every release: "
+            f"dpsgd_noise_multiplier(sampling_prob=..., steps=..., target_epsilon=..., target_delta=...)")
+
+
+def _traced_noise_multiplier(q, steps, eps, dlt, **kw):
+    """:func:`dpsgd_noise_multiplier` under ``jax.grad`` / ``vmap`` / ``jit`` (see its docstring)."""
+    from dpjax import _traced
+
+    fixed = kw["sampling"] == "fixed_batch"
+    floats = {"target_epsilon": eps, "target_delta": dlt}
+    if q is not None and not fixed:
+        floats["sampling_prob"] = q
+    for name, v, check in (("target_epsilon", eps, _validate.positive), ("target_delta", dlt, _validate.probability_open),
+                           ("sampling_prob", None if fixed else q, _validate.probability_open_closed)):
+        if v is not None and not _traced.is_traced(v):
+            check(name, v)
+
+    def values(target_epsilon, target_delta, steps, sampling_prob=None):
+        qq = sampling_prob if sampling_prob is not None else q
+        out = _noise_multiplier(target_epsilon, target_delta, qq, steps, progress=False, **kw)
+        return np.broadcast_to(np.asarray(out, np.float64), np.shape(target_epsilon))
+
+    def partials(wrt, target_epsilon, target_delta, steps, sampling_prob=None):
+        sig = values(target_epsilon, target_delta, steps, sampling_prob)
+        parts = {k: np.zeros(sig.shape) for k in wrt}
+        qarr = np.broadcast_to(np.asarray(sampling_prob if sampling_prob is not None else
+                                          (np.nan if q is None or fixed else q), np.float64), sig.shape)
+        for i in np.ndindex(sig.shape):
+            d = _sigma_partials(float(sig[i]), None if np.isnan(qarr[i]) else float(qarr[i]), int(steps[i]),
+                                float(target_delta[i]), **kw)
+            for k in wrt:
+                parts[k][i] = d[k]
+        return sig, parts
+
+    return _traced.host_call(values, partials, floats, {"steps": steps}, name="dpsgd_noise_multiplier")
+
+
+def _sigma_partials(sigma, q, steps, delta, *, group_size, sampling, dataset_size, batch_size, options):
+    """Implicit derivatives of the calibrated ``sigma`` on the accountant's grid at ``sigma``."""
+    from dpjax.group import _components
+    from dpjax.pld.batched import grid_partials
+    from dpjax.pld.group_spec import validate_group_spec
+
+    spec = validate_group_spec(q, group_size=group_size, sampling=sampling, dataset_size=dataset_size,
+                               batch_size=batch_size)
+    comps = _components(sigma, steps, spec)
+    g = grid_partials(comps, noise_multiplier=sigma, sampling_prob=None if sampling == "fixed_batch" else q,
+                      target_delta=delta, options=options)
+    ds = g["d_delta_d_sigma"]
+    return {"target_epsilon": -g["d_delta_d_eps"] / ds, "target_delta": 1.0 / ds,
+            "sampling_prob": -g["d_delta_d_q"] / ds}
+
+
+@float64
+def _noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, group_size=1, sampling="poisson",
+                      dataset_size=None, batch_size=None, options: GridOptions | None = None,
+                      progress: bool | None = None):
+    """The eager calibration of :func:`dpsgd_noise_multiplier` (concrete arguments)."""
     from dpjax.pld.group_spec import validate_group_spec
 
     spec = validate_group_spec(sampling_prob, group_size=group_size, sampling=sampling,
@@ -608,51 +715,46 @@ def dpsgd_noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *
     if k == 1 and sampling == "poisson":
         # delta >= 1 - (1-q)^T, the probability that the record is sampled at all: met by every
         # noise multiplier (sigma -> 0 has exactly this delta at every epsilon), no smallest one.
-        floor = -np.expm1(steps_i * np.log1p(-np.minimum(q, 1.0)))
+        # q = 1: log1p(-1) = -inf and the floor is exactly 1 (the record is always sampled).
+        with np.errstate(divide="ignore"):
+            floor = -np.expm1(steps_i * np.log1p(-np.minimum(q, 1.0)))
         if np.any(delta >= floor):
             i = int(np.argmax(delta >= floor))
             raise ValueError(_unreachable_message("below", eps[i], delta[i], q[i], steps_i[i], k, sampling))
     guess = _clt_guess(eps, delta, np.minimum(1.0, k * q), steps_i.astype(np.float64))
     bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="rounds",
                              delay=_progress.LONG_CALL_DELAY)
-    on_accountant = options == GridOptions() and eps.size == 1
+    on_accountant = options == GridOptions()
     try:
         if on_accountant:
-            # One target with the default grid: the search's curve is the public accountant
-            # itself (dpjax.dpsgd_epsilon / dpjax.group.dpsgd_epsilon, one call per probe), so the
-            # returned sigma is within RELATIVE_TOLERANCE of the smallest sigma meeting the target
-            # on the very curve a user checks it with, and a first call compiles only the
-            # accountant's program(s) (one per static grid shape the probes visit; no second,
-            # batched program: that was ~2.5 s of a 6.8 s first call on 2 cores).
+            # The default grid: the search's curve is the public accountant itself (one call per
+            # probe, or the batch of a round's probes through dpjax.pld.batched.epsilon_many, equal
+            # to those calls), so the returned sigma is within RELATIVE_TOLERANCE of the smallest
+            # sigma meeting the target on the very curve a user checks it with, and a single
+            # target's first call compiles only the accountant's program(s) (one per static grid
+            # shape the probes visit).
             evaluate = functools.partial(_evaluate_on_accountant, k=k, sampling=sampling, n_data=n_data,
                                          b_size=b_size)
-            out, reason, searches = _calibrate(eps, delta, steps_i, mechs, guess, options=options,
-                                               rtol=RELATIVE_TOLERANCE, bar=bar, evaluate=evaluate)
+            target = eps
         else:
-            # Search a hair below the target (see _AGREEMENT_MARGIN): the returned sigma then also
-            # meets the target under dpjax.dpsgd_epsilon's own program, not only under the search's.
-            out, reason, searches = _calibrate(eps * (1 - _AGREEMENT_MARGIN), delta, steps_i, mechs, guess,
-                                               options=options, rtol=RELATIVE_TOLERANCE, bar=bar)
+            # Search a hair below the target (see _AGREEMENT_MARGIN).
+            evaluate = _evaluate
+            target = eps * (1 - _AGREEMENT_MARGIN)
+        out, reason, searches = _calibrate(target, delta, steps_i, mechs, guess, options=options,
+                                           rtol=RELATIVE_TOLERANCE, bar=bar, evaluate=evaluate)
+        out = _polish(searches, out, delta, steps_i, mechs, options=options, evaluate=evaluate)
     finally:
         bar.close()
     bad = np.flatnonzero(np.isnan(out))
     if bad.size:
         i = int(bad[0])
         raise ValueError(_unreachable_message(reason[i], eps[i], delta[i], q[i], steps_i[i], k, sampling))
-    if options == GridOptions() and not on_accountant:
-        for i in range(out.size):
-            out[i] = _confirm_on_accountant(out[i], eps[i], delta[i], q[i], steps_i[i], searches[i]._slope(),
-                                            k, sampling, n_data, b_size)
     out = out.reshape(shape)
     return float(out) if out.ndim == 0 else out
 
 
 #: Supported range of noise multipliers (the CLT guess and the answer must lie inside).
 SIGMA_RANGE = (1e-3, 1e4)
-
-
-#: Steps of :func:`_confirm_on_accountant` before it gives up (raises).
-_CONFIRM_STEPS = 4
 
 
 def _accountant_kwargs(k, sampling, n_data, b_size):
@@ -663,40 +765,67 @@ def _accountant_kwargs(k, sampling, n_data, b_size):
 
 
 def _evaluate_on_accountant(sigmas, deltas, steps, templates, options, *, k, sampling, n_data, b_size):
-    """The search's probes evaluated by the public accountant, one call each (the ``evaluate`` of
-    :func:`_calibrate` for a single target with the default grid).  ``templates`` and ``options``
-    are unused: the accountant plans its own grid (the default one) at each sigma."""
+    """The search's probes evaluated by the public accountant (the ``evaluate`` of
+    :func:`_calibrate` with the default grid): one call each for a round of up to two probes
+    (one search: the accountant's own compiled program), else the whole round at once through
+    :func:`dpjax.pld.batched.epsilon_many` (each value equal to its single call).  ``templates``
+    give the sampling probabilities; ``options`` is unused (the accountant plans the default
+    grid at each sigma)."""
+    from dpjax.group import _components
     from dpjax.group import dpsgd_epsilon as accountant_epsilon
+    from dpjax.pld.batched import epsilon_many
+    from dpjax.pld.group_spec import validate_group_spec
 
     kw = _accountant_kwargs(k, sampling, n_data, b_size)
-    out = np.empty(len(sigmas))
-    for j, (s, d, t, m) in enumerate(zip(sigmas, deltas, steps, templates)):
-        q_arg = None if sampling == "fixed_batch" else float(np.asarray(m.sampling_prob).ravel()[0])
-        out[j] = float(accountant_epsilon(float(s), q_arg, int(t), float(d), **kw))
+    qs = [None if sampling == "fixed_batch" else float(np.asarray(m.sampling_prob).ravel()[0]) for m in templates]
+    if len(sigmas) <= 2:
+        return np.asarray([float(accountant_epsilon(float(s), q, int(t), float(d), **kw))
+                           for s, d, t, q in zip(sigmas, deltas, steps, qs)])
+    comps = [_components(float(s), int(t), validate_group_spec(q, **kw)) for s, t, q in zip(sigmas, steps, qs)]
+    return epsilon_many(comps, np.asarray(deltas, np.float64))
+
+
+#: Relative margin above the secant root of :func:`_polish` (covers the curve's round-off).
+_POLISH_MARGIN = 1e-9
+
+
+def _polish(searches, out, delta, steps, templates, *, options, evaluate):
+    """Refine each converged search's answer to the crossing of its curve.
+
+    The search stops with a bracket ``[lo, hi]`` of relative width <= 1e-4 (``lo`` infeasible,
+    ``hi`` feasible).  On it ``log g`` is nearly linear in ``log sigma``, so the secant root is
+    within ~1e-9 of the crossing; the point just above it (by :data:`_POLISH_MARGIN`) is
+    evaluated and returned when feasible, else one more secant step between it and ``hi`` is
+    tried, else ``hi`` stays.  Every returned sigma is one the curve was evaluated feasible at."""
+    out = np.array(out, np.float64)
+    todo = [i for i in range(out.size) if np.isfinite(out[i])]
+    for _ in range(2):
+        probes, owner = [], []
+        for i in todo:
+            sr = searches[i]
+            xl, xh = sr.bracket()
+            if not (math.isfinite(xl) and math.isfinite(xh)):
+                continue
+            yl, yh = sr._y(xl), sr._y(xh)
+            if not (math.isfinite(yl) and math.isfinite(yh)) or not yl > 0 >= yh:
+                continue
+            x = xh - yh * (xh - xl) / (yh - yl) + math.log1p(_POLISH_MARGIN)
+            if not xl < x < xh:
+                continue
+            probes.append(math.exp(x))
+            owner.append(i)
+        if not probes:
+            break
+        owner_a = np.asarray(owner)
+        vals = evaluate(np.asarray(probes), delta[owner_a], steps[owner_a], [templates[i] for i in owner], options)
+        todo = []
+        for s, i, v in zip(probes, owner, vals):
+            searches[i].add(s, float(v))
+            if searches[i].points[-1][1] <= 0:  # feasible: g(s) <= target
+                out[i] = s
+            else:
+                todo.append(i)
     return out
-
-
-def _confirm_on_accountant(sigma, eps, delta, q, steps, slope, k, sampling, n_data, b_size):
-    """Check the returned sigma with the public accountant itself (:func:`dpjax.dpsgd_epsilon`
-    / :func:`dpjax.group.dpsgd_epsilon`) and step it up along the search's local slope while
-    that reports more than the target.  The search's batched program and the accountant's are
-    two sound upper bounds on different programs (padded supports, no frequency truncation);
-    on random targets they differed by up to ~3e-4 relative in epsilon, which this closes."""
-    from dpjax.group import dpsgd_epsilon as accountant_epsilon
-
-    kw = _accountant_kwargs(k, sampling, n_data, b_size)
-    q_arg = None if sampling == "fixed_batch" else float(q)
-    s = float(sigma)
-    for _ in range(_CONFIRM_STEPS):
-        e = float(accountant_epsilon(s, q_arg, int(steps), float(delta), **kw))
-        if e <= eps:
-            return s
-        # log e - log eps = slope * (log s' - log s): the step that reaches the target on the
-        # local log-log line, and a little more.
-        s = s * math.exp((math.log(e) - math.log(eps)) / -slope) * (1 + 1e-6)
-    raise ValueError(
-        f"calibration could not confirm sigma={s:.6g} for target (epsilon={eps:g}, delta={delta:g}) "
-        f"with the accountant after {_CONFIRM_STEPS} steps; please report it")
 
 
 def _unreachable_message(reason, eps, delta, q, steps, group_size, sampling):

@@ -500,9 +500,12 @@ def calibrate_screened_reusing(gram, target_epsilon, target_delta, draws_: Scree
     implicit gradient are those of the full estimate on this sample (up to float64 summation
     order): the reuse is a shortcut, never an approximation.
 
-    Args: as :func:`calibrate_screened`, plus ``state``: :func:`empty_screen_state` for the
-      first call on a sample, then the previous call's ``ScreenedStep.state`` (reset it when
-      the sample changes: a state is only valid for the sample it was computed on).
+    Takes the arguments of :func:`calibrate_screened`, plus ``state``.
+
+    Args:
+      state: :func:`empty_screen_state` for the first call on a sample, then the previous
+        call's ``ScreenedStep.state`` (reset it when the sample changes: a state is only valid
+        for the sample it was computed on).
 
     Returns:
       :class:`ScreenedStep` ``(result, state, reused)``.

@@ -133,7 +133,7 @@ def choice(*values: str):
 NOISE_MULTIPLIER_HELP = "noise multiplier sigma = noise std / clip norm, > 0 (comma list for several)"
 EPSILON_TARGET_HELP = "epsilon >= 0 (comma list for several)"
 DELTA_TARGET_HELP = "delta in (0, 1) (comma list for several)"
-STEPS_HELP = f"number of steps T, an integer in [1, {MAX_STEPS}]"
+STEPS_HELP = f"number of DP-SGD training steps T, an integer in [1, {MAX_STEPS}]"
 
 
 def seed_help(default: int = 0, why: str = "") -> str:
@@ -145,14 +145,30 @@ SEED_HELP = seed_help()
 SAMPLES_HELP = f"Monte Carlo sample count m, an integer in [1, 2^40] (1e6 accepted)"
 
 
+def add_target_delta(p, *, required=True, default=None, help_prefix="target ", extra=""):
+    """``--delta`` (also spelled ``--target-delta``, the Python name): the target delta, a comma list."""
+    p.add_argument("--delta", "--target-delta", dest="delta", type=real_list(0, 1, lo_open=True, hi_open=True),
+                   required=required, default=default, help=help_prefix + DELTA_TARGET_HELP + extra)
+
+
+def add_target_epsilon(p, *, required=True, default=None, positive=True, help_prefix="target ", extra=""):
+    """``--epsilon`` (also spelled ``--target-epsilon``): the target epsilon, a comma list."""
+    typ = real_list(0, None, lo_open=positive)
+    what = "epsilon > 0 (comma list for several)" if positive else EPSILON_TARGET_HELP
+    p.add_argument("--epsilon", "--target-epsilon", dest="epsilon", type=typ, required=required, default=default,
+                   help=help_prefix + what + extra)
+
+
 def add_noise_multiplier(p, *, required=True, default=None):
     p.add_argument("--noise-multiplier", type=real_list(0, None, lo_open=True), required=required,
                    default=default, help=NOISE_MULTIPLIER_HELP + ("" if default is None else f"; default {default}"))
 
 
 def add_steps(p, *, required=True, default=None):
-    p.add_argument("--steps", type=integer(1, MAX_STEPS), required=required, default=default,
-                   help=STEPS_HELP + ("" if default is None else f" (default {default})"))
+    """``--steps`` (also ``--train-steps``): DP-SGD training steps (``optimize`` has
+    ``--optimizer-steps`` instead)."""
+    p.add_argument("--steps", "--train-steps", dest="steps", type=integer(1, MAX_STEPS), required=required,
+                   default=default, help=STEPS_HELP + ("" if default is None else f" (default {default})"))
 
 
 def add_sampling_prob(p, *, required=False, default=None, extra=""):

@@ -1,8 +1,8 @@
 """``dpjax`` command line: one subcommand per accounting task.
 
 Every subcommand accepts ``--json`` (print exactly one JSON object on stdout), ``--out FILE``
-(write the same JSON object to FILE) and ``--quiet`` (no progress bar; progress bars are drawn
-on stderr only, and only when stderr is a terminal, so ``--json`` output stays parseable).
+(write the same JSON object to FILE) and ``--quiet`` (no progress; progress goes to stderr only,
+a bar in a terminal and lines in a log, so ``--json`` output stays parseable).
 Bad input exits with status 2 and a one-line message on stderr (no usage block, no traceback).
 ``dpjax --version`` prints the installed version.
 
@@ -31,10 +31,14 @@ Every subcommand runs with JAX's persistent compilation cache on (``~/.cache/dpj
 from __future__ import annotations
 
 import argparse
+import csv
+import difflib
 import importlib
 import itertools
 import json
 import math
+import os
+import re
 import sys
 import warnings
 from typing import Any, Sequence
@@ -42,12 +46,20 @@ from typing import Any, Sequence
 from dpjax.cli import _args
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "dpjax.cli.demo",
-    "dpjax.cli.montecarlo",
+    "dpjax.cli.optimize",
     "dpjax.cli.pld",
     "dpjax.cli.calibrate",
-    "dpjax.cli.optimize",
     "dpjax.cli.sweep",
+    "dpjax.cli.demo",
+    "dpjax.cli.montecarlo",
+)
+
+#: How ``dpjax --help`` lists the subcommands: by job, the main one first.
+COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Optimize a correlated-noise mechanism (the main job)", ("optimize",)),
+    ("DP-SGD accounting (certified, PLD accountant)", ("epsilon", "delta", "noise", "sweep", "demo")),
+    ("Matrix mechanisms under balls-in-bins batching (Monte Carlo)",
+     ("mc-delta", "mc-epsilon", "mc-certify", "mc-calibrate")),
 )
 
 
@@ -80,13 +92,118 @@ def _nan_fields(obj: Any, prefix: str = "") -> list[str]:
     return []
 
 
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def render_table(rows: list) -> str:
+    """Rows of one comma-list run as text: the fields every row shares once (``key  value``),
+    then a table with one line per row and one column per field that varies (nested fields are
+    in the ``--json`` output)."""
+    cols: list[str] = []
+    for r in rows:
+        for k, v in r.items():
+            if _scalar(v) and k not in cols:
+                cols.append(k)
+    same = [c for c in cols if len(rows) > 1 and len({_cell(r.get(c)) for r in rows}) == 1]
+    cols = [c for c in cols if c not in same]
+    head = _args.render_fields({c: rows[0].get(c) for c in same}, width=None, skip_none=True) if same else ""
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda items: "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(items, widths)))
+    table = "\n".join([line(cols)] + [line(row) for row in cells])
+    return f"{head}\n\n{table}" if head else table
+
+
 def _default_render(result: dict) -> str:
     if "rows" in result and isinstance(result["rows"], list):
-        return "\n\n".join(_default_render(r) for r in result["rows"])
+        return render_table(result["rows"])
     return _args.render_fields(result, width=None)
 
 
+def _flat(obj: Any, prefix: str = "") -> dict:
+    """One CSV row of a (nested) result: nested keys joined with dots, lists as JSON."""
+    out: dict = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        elif isinstance(v, (list, tuple)):
+            out[key] = json.dumps(_jsonable(v))
+        else:
+            out[key] = _jsonable(v)
+    return out
+
+
+def write_out(path: str, result: dict) -> None:
+    """``--out FILE``: the format its extension says -- ``.csv`` a CSV table (one row per result
+    row, or one row), anything else the JSON object ``--json`` prints."""
+    if os.path.splitext(path)[1].lower() == ".csv":
+        rows = [_flat(r) for r in result["rows"]] if isinstance(result.get("rows"), list) else [_flat(result)]
+        cols: list[str] = []
+        for r in rows:
+            cols.extend(k for k in r if k not in cols)
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=cols)
+            writer.writeheader()
+            writer.writerows(rows)
+        return
+    with open(path, "w") as fh:
+        fh.write(json.dumps(_jsonable(result)) + "\n")
+
+
+#: Spellings that changed meaning or name: an unknown option names its replacement.
+RENAMED_OPTIONS = {"optimize": {"--steps": "--optimizer-steps"}}
+_NUMBER = re.compile(r"^-(\d|\.\d|inf\b|nan\b)", re.IGNORECASE)
+
+
 class _ArgumentParser(argparse.ArgumentParser):
+    """``allow_abbrev=False`` (a prefix of an option is never taken for it), an unknown option
+    is named (with the closest known one) before anything else is checked, and usage errors
+    are one line."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        self._check_unknown(args)
+        return super().parse_known_args(args, namespace)
+
+    def _check_unknown(self, args) -> None:
+        known = set(self._option_string_actions)
+        has_commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+        command = self.prog.split()[-1]
+        for tok in args:
+            if tok == "--":
+                break
+            if not tok.startswith("-") or _NUMBER.match(tok) or tok == "-":
+                if has_commands:
+                    break  # the subcommand: what follows is its own
+                continue
+            flag = tok.split("=", 1)[0]
+            if flag in known:
+                continue
+            hint = RENAMED_OPTIONS.get(command, {}).get(flag)
+            prefixed = sorted(k for k in known if k.startswith(flag) and flag.startswith("--"))
+            if hint is None and prefixed:
+                self.error(f"unknown option {flag} (abbreviations are not accepted: did you mean "
+                           f"{' or '.join(prefixed)}?)")
+            if hint is None:
+                close = difflib.get_close_matches(flag, sorted(k for k in known if k.startswith("--")), n=1,
+                                                  cutoff=0.6)
+                hint = close[0] if close else None
+            self.error(f"unknown option {flag}" + (f" (did you mean {hint}?)" if hint else ""))
+
     def error(self, message: str):
         # argparse's own usage errors: exit 2 with ONE line (the usage block is in --help).
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -104,18 +221,40 @@ def _version() -> str:
         return dpjax.__version__
 
 
+def _commands_text(subparsers) -> str:
+    helps = {a.dest: a.help for a in subparsers._choices_actions}
+    width = max(len(n) for n in helps)
+    lines = []
+    for title, names in COMMAND_GROUPS:
+        lines.append(f"{title}:")
+        lines.extend(f"  {n:<{width}}  {helps[n]}" for n in names if n in helps)
+        lines.append("")
+    rest = [n for n in helps if not any(n in names for _, names in COMMAND_GROUPS)]
+    if rest:
+        lines.append("Other:")
+        lines.extend(f"  {n:<{width}}  {helps[n]}" for n in rest)
+    return "\n".join(lines).rstrip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog="dpjax",
+        usage="dpjax [-h] [--version] COMMAND [options]",
         description="Differential-privacy accounting in JAX (float64, certified upper bounds).  "
-                    "Run 'dpjax COMMAND --help' for a command's options.",
+                    "Run 'dpjax COMMAND --help' for a command's options and an example.",
+        epilog="Example: dpjax optimize --example",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dpjax {_version()}",
                         help="print the installed dpjax version and exit")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser, prog="dpjax",
+                                       title="commands", help=argparse.SUPPRESS)
     for name in SUBCOMMAND_MODULES:
         module = importlib.import_module(name)
         module.register(subparsers)
+    # The commands by job (argparse would list them in one flat block).
+    subparsers.description = _commands_text(subparsers)
+    parser._action_groups[-1].description = subparsers.description
     for sub in subparsers.choices.values():
         dests = {a.dest for a in sub._actions}
         g = sub.add_argument_group("output")
@@ -123,10 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         if "out" not in dests:
             g.add_argument("--out", metavar="FILE", default=None,
-                           help="also write the JSON object (the same as --json prints) to FILE")
+                           help="also write the result to FILE: CSV if FILE ends in .csv (one line per row), "
+                                "else the JSON object --json prints")
         if "quiet" not in dests:
             g.add_argument("--quiet", action="store_true",
-                           help="no progress bar (bars go to stderr, only when it is a terminal)")
+                           help="no progress (it goes to stderr: a bar in a terminal, lines in a log)")
     return parser
 
 
@@ -178,8 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dpjax.pld.cache import enable_from_environment
 
     enable_from_environment(default_on=True)
-    from dpjax._progress import set_progress
+    from dpjax._progress import get_progress, set_progress
 
+    progress_state = get_progress()[0]  # restored below: a subcommand's switch ends with it
     if args.quiet:
         set_progress(False)
     sub = parser._subparsers._group_actions[0].choices[args.command]
@@ -188,14 +329,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             # NumPy overflow warnings from extreme inputs are handled by the accountants (the
             # answer is inf or a ValueError); printing them would break the one-line contract.
             warnings.simplefilter("ignore", RuntimeWarning)
+            # Other warnings (e.g. a resumed run's missing screen-state sidecar): one line each.
+            warnings.showwarning = lambda message, *_a, **_k: sys.stderr.write(
+                f"dpjax {args.command}: warning: {' '.join(str(message).split())}\n")
             result = _combine([args.run(ns) for ns in _expand(args, list_options(sub))])
     except (ValueError, OverflowError) as exc:
         msg = " ".join(str(exc).split())  # one line
         sys.stderr.write(f"dpjax {args.command}: error: {msg}\n")
         return 2
     finally:
-        if args.quiet:
-            set_progress(None)
+        set_progress(progress_state)
     nans = _nan_fields(result)
     if nans:  # a NaN is a defect, never an answer: refuse to print it as one
         sys.stderr.write(f"dpjax {args.command}: error: the computation gave NaN for {', '.join(nans)} "
@@ -204,19 +347,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(_jsonable(result))
     if args.out is not None and not getattr(args, "owns_out", False):
         try:
-            with open(args.out, "w") as fh:
-                fh.write(text + "\n")
+            write_out(args.out, result)
         except OSError as exc:
             sys.stderr.write(f"dpjax {args.command}: error: --out: cannot write {args.out!r}: {exc.strerror}\n")
             return 2
     if args.json:
         sys.stdout.write(text + "\n")
+    elif "rows" in result and isinstance(result["rows"], list):
+        sys.stdout.write(render_table(result["rows"]) + "\n")  # comma lists: one table
     else:
         render = getattr(args, "render", None) or _default_render
-        if "rows" in result and render is not _default_render:
-            sys.stdout.write("\n\n".join(render(r) for r in result["rows"]) + "\n")
-        else:
-            sys.stdout.write(render(result) + "\n")
+        sys.stdout.write(render(result) + "\n")
     return 0
 
 

@@ -1,19 +1,5 @@
-"""``dpjax mc-delta`` / ``dpjax mc-certify`` / ``dpjax mc-epsilon``: balls-in-bins Monte Carlo.
-
-Examples::
-
-    dpjax mc-delta --toeplitz 1,0.5,0.25 --batches-per-epoch 32 --epochs 8 \\
-        --noise-multiplier 1.0 --epsilon 2 --samples 1048576 --json
-    dpjax mc-certify --toeplitz 1,0.5 --batches-per-epoch 32 --epochs 8 \\
-        --noise-multiplier 2.0 --epsilon 4 --delta 1e-3 --samples 1048576 --json
-
-The correlation matrix is a Toeplitz first column (``--toeplitz``), a BLT
-(``--blt-decays`` + ``--blt-scales``), a dense ``.npy`` file (``--matrix``), or the identity
-(default).  Balls-in-bins batching (Choquette-Choo, Ganesh, Haque, Steinke, Thakurta, "Near
-exact privacy amplification for matrix mechanisms"): each example falls in one of
-``--batches-per-epoch`` batches, the same in every epoch; the accounting is under add/remove
-adjacency (the max over both directions; ``adjacency`` in the output).  Comma lists run one
-computation per value (``--epsilon`` of ``mc-delta`` shares one set of draws).
+"""``dpjax mc-delta`` / ``dpjax mc-certify`` / ``dpjax mc-epsilon``: balls-in-bins Monte Carlo
+(the ``--help`` texts: :data:`MC_ABOUT` and the examples in :func:`register`).
 """
 
 from __future__ import annotations
@@ -25,6 +11,46 @@ import numpy as np
 from dpjax.cli import _args
 
 ADJACENCY = "add_or_remove"  # balls-in-bins Monte Carlo: max over the add and remove directions
+
+MC_ABOUT = """\
+The correlation matrix is a Toeplitz first column (--toeplitz), a BLT (--blt-decays with
+--blt-scales), a dense .npy file (--matrix), or the identity (default: DP-SGD).  Balls-in-bins
+batching (Choquette-Choo, Ganesh, Haque, Steinke and Thakurta, "Near exact privacy
+amplification for matrix mechanisms"): each example falls in one of --batches-per-epoch batches,
+the same in every epoch; the accounting is under add/remove adjacency (the max over both
+directions; "adjacency" in the output).  Comma lists run one computation per value and print a
+table (--epsilon of mc-delta shares one set of draws)."""
+
+MC_DELTA_DESCRIPTION = """\
+Monte Carlo estimate of delta(epsilon) with its standard error and sample count (an estimate:
+use mc-certify for a rigorous (epsilon, delta)).
+
+Example:
+  dpjax mc-delta --toeplitz 1,0.5,0.25 --batches-per-epoch 32 --epochs 8 \\
+      --noise-multiplier 1.0 --epsilon 2 --samples 1048576
+
+""" + MC_ABOUT
+
+MC_CERTIFY_DESCRIPTION = """\
+Estimate-Verify-Release certificate: (epsilon, delta)-DP at the noise multiplier, with the
+failure probability of the verification (a rigorous statement, on draws independent of any
+calibration: --seed defaults to 1).
+
+Example:
+  dpjax mc-certify --toeplitz 1,0.5 --batches-per-epoch 32 --epochs 8 \\
+      --noise-multiplier 2.0 --epsilon 4 --delta 1e-3 --samples 1048576
+
+""" + MC_ABOUT
+
+MC_EPSILON_DESCRIPTION = """\
+Monte Carlo estimate of epsilon(delta) with a confidence interval [epsilon_lower,
+epsilon_upper] and its sample count (an estimate: use mc-certify for a rigorous statement).
+
+Example:
+  dpjax mc-epsilon --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 4 \\
+      --noise-multiplier 1.5 --delta 1e-3 --samples 262144
+
+""" + MC_ABOUT
 
 
 def add_correlation_args(p: argparse.ArgumentParser) -> None:
@@ -90,7 +116,7 @@ def _run_delta(args) -> list[dict]:
     est = acc.estimate(args.noise_multiplier, eps, args.samples, args.seed, chunk_size=args.chunk_size)
     unamplified = np.atleast_1d(acc.unamplified_delta(args.noise_multiplier, eps))
     return [{
-        "epsilon": float(est.epsilon[i]),
+        "target_epsilon": float(est.epsilon[i]),
         "delta": float(est.delta[i]),
         "standard_error": float(est.standard_error[i]),
         "delta_remove": float(est.delta_remove[i]),
@@ -108,7 +134,7 @@ def _run_delta(args) -> list[dict]:
 
 def _run_certify(args) -> dict:
     acc = _accountant(args)
-    cert = acc.certify(args.noise_multiplier, args.epsilon, args.target_delta, args.samples, args.seed,
+    cert = acc.certify(args.noise_multiplier, args.epsilon, args.delta, args.samples, args.seed,
                        chunk_size=args.chunk_size)
     return {**cert.to_dict(), "seed": args.seed, "adjacency": ADJACENCY}
 
@@ -120,49 +146,42 @@ def _run_epsilon(args) -> dict:
                                confidence=args.confidence, chunk_size=args.chunk_size)
     return {
         "epsilon": est.epsilon,
-        "epsilon_low": est.epsilon_low,
-        "epsilon_high": est.epsilon_high,
+        "epsilon_lower": est.epsilon_lower,
+        "epsilon_upper": est.epsilon_upper,
         "confidence": est.confidence,
         "resolved": est.resolved,
         "reason": est.reason,
-        "delta": args.delta,
+        "target_delta": args.delta,
         "num_samples": int(est.num_samples),
         "unamplified_epsilon": acc.unamplified_epsilon(args.noise_multiplier, args.delta),
         "seed": args.seed,
         "noise_multiplier": args.noise_multiplier,
         "adjacency": ADJACENCY,
-        "note": ("Monte Carlo estimate eps_hat(delta) with a confidence interval [epsilon_low, epsilon_high] "
+        "note": ("Monte Carlo estimate eps_hat(delta) with a confidence interval [epsilon_lower, epsilon_upper] "
                  "from num_samples draws; use mc-certify for a rigorous statement"),
     }
 
 
 def register(subparsers) -> None:
-    doc = __doc__
     p = subparsers.add_parser("mc-delta", help="balls-in-bins Monte Carlo delta(epsilon) with standard error",
-                              description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=MC_DELTA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
-                   help=_args.EPSILON_TARGET_HELP + "; one set of draws serves all")
+    _args.add_target_epsilon(p, required=True, positive=False, help_prefix="", extra="; one set of draws serves all")
     p.set_defaults(run=_run_delta, vectorized=("epsilon",))
 
     p = subparsers.add_parser("mc-certify", help="Estimate-Verify-Release certificate for (epsilon, target delta)",
-                              description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=MC_CERTIFY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p, seed_default=CERTIFY_DEFAULT_SEED,
                 seed_help=_args.seed_help(CERTIFY_DEFAULT_SEED, ", not mc-calibrate's 0: certify a calibrated noise "
                                                                 "multiplier on draws independent of the calibration's"))
-    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
-                   help="epsilon to certify, " + _args.EPSILON_TARGET_HELP)
-    # --delta as everywhere else; --target-delta kept as an alias (its original name)
-    p.add_argument("--delta", "--target-delta", dest="target_delta",
-                   type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="delta to certify, " + _args.DELTA_TARGET_HELP)
+    _args.add_target_epsilon(p, required=True, positive=False, help_prefix="epsilon to certify, ")
+    _args.add_target_delta(p, required=True, help_prefix="delta to certify, ")
     p.set_defaults(run=_run_certify)
 
     p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate",
-                              description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=MC_EPSILON_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_target_delta(p, required=True)
     p.add_argument("--confidence", type=_args.real(0, 1, lo_open=True, hi_open=True), default=0.95,
                    help="confidence level of the reported interval on epsilon, in (0, 1) (default 0.95)")
     p.set_defaults(run=_run_epsilon)

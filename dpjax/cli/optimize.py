@@ -3,7 +3,7 @@
 Example::
 
     dpjax optimize --family blt --buffers 4 --batches-per-epoch 128 --epochs 16 \\
-        --epsilon 2 --delta 1e-5 --steps 300 --samples 131072 --out result.json [--resume]
+        --epsilon 2 --delta 1e-5 --optimizer-steps 300 --samples 131072 --out result.json [--resume]
 
 Progress on stderr (off with ``--quiet`` or ``--json``).  ``--out`` receives the
 :class:`dpjax.optimization.OptimizationResult` JSON (written atomically); a checkpoint
@@ -28,7 +28,7 @@ from dpjax.cli import _args
 # a 2-buffer BLT under balls-in-bins batching with 8 batches per epoch for 4 epochs, certified at
 # (2, 1e-5).  Flags given explicitly override these values.
 EXAMPLE = dict(family="blt", buffers=2, batches_per_epoch=8, epochs=4, epsilon=2.0, delta=1e-5,
-               steps=100, samples=1 << 12)
+               optimizer_steps=100, samples=1 << 12)
 
 
 def apply_example(args) -> None:
@@ -43,10 +43,37 @@ def apply_example(args) -> None:
                              "problem)")
     if args.family is None:
         args.family = "blt"
-    if args.steps is None:
-        args.steps = 300
+    if args.optimizer_steps is None:
+        args.optimizer_steps = 300
     if args.samples is None:
         args.samples = 1 << 13
+
+
+#: BLT buffers when ``--buffers`` is not given (at most ``n``, the number of rounds).
+DEFAULT_BUFFERS = 4
+
+
+def check_output_paths(out: str, *, resume: bool) -> None:
+    """Before any work: ``--out`` and its checkpoint must be writable files, and ``--resume``
+    needs a checkpoint to resume from (a failure after the whole optimization would lose it)."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise ValueError(f"--out: directory {directory!r} does not exist")
+    checkpoint = out + ".checkpoint.json"
+    for flag, path in (("--out", out), ("--out (its checkpoint)", checkpoint)):
+        if os.path.isdir(path):
+            raise ValueError(f"{flag}: {path!r} is a directory, not a file")
+    try:  # the one reliable test that the directory takes new files (permissions, /proc, read-only mounts)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dpjax-write-test-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out: cannot write in {directory!r}: {exc.strerror or exc}") from None
+    if os.path.exists(out) and not os.access(out, os.W_OK):
+        raise ValueError(f"--out: {out!r} is not writable")
+    if resume and not os.path.exists(checkpoint):
+        raise ValueError(f"--resume: no checkpoint {checkpoint!r} to resume from (drop --resume to start afresh)")
 
 
 def _run(args) -> dict:
@@ -60,21 +87,25 @@ def _run(args) -> dict:
         raise ValueError(f"--buffers is only used by --family blt, got --family {args.family}")
     if args.family != "banded" and args.bands is not None:
         raise ValueError(f"--bands is only used by --family banded, got --family {args.family}")
+    n = args.batches_per_epoch * args.epochs if args.batches_per_epoch and args.epochs else None
     if args.family == "blt" and args.buffers is None:
-        args.buffers = 4
+        args.buffers = DEFAULT_BUFFERS if n is None else min(DEFAULT_BUFFERS, n)
+    elif args.family == "blt" and n is not None and args.buffers > n:
+        raise ValueError(f"--buffers must be in [1, n] = [1, {n}] (n = --batches-per-epoch * --epochs rounds), "
+                         f"got {args.buffers}")
     if args.family == "banded" and args.bands is None:
         raise ValueError("--bands must be given for --family banded (an integer >= 1)")
-    for name in ("batches_per_epoch", "epochs", "steps", "samples", "checkpoint_every"):
+    for name in ("batches_per_epoch", "epochs", "optimizer_steps", "samples", "checkpoint_every"):
         value = getattr(args, name)
-        if value is None or value < (0 if name == "steps" else 1):
+        if value is None or value < (0 if name == "optimizer_steps" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be an integer >= "
-                             f"{0 if name == 'steps' else 1}, got {value}")
+                             f"{0 if name == 'optimizer_steps' else 1}, got {value}")
     if not args.learning_rate > 0:
         raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
     if args.out is not None:
-        directory = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(directory):
-            raise ValueError(f"--out: directory {directory!r} does not exist")
+        check_output_paths(args.out, resume=args.resume)
+    elif args.resume:
+        raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
     if args.baselines is None:
         args.baselines = bool(args.example)
     if args.baselines and args.no_certify:
@@ -95,11 +126,9 @@ def _run(args) -> dict:
     if args.quiet or args.json:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
-    if args.resume and checkpoint is None:
-        raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
     res = optimize_correlation(
         param, batches_per_epoch=args.batches_per_epoch, epochs=args.epochs,
-        target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.steps,
+        target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.optimizer_steps,
         num_samples=args.samples, optimizer=default_optimizer(args.learning_rate), key=args.seed,
         checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
         certify=not args.no_certify, certify_samples=args.certify_samples)
@@ -195,30 +224,35 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "optimize", help="optimise a correlation matrix C under balls-in-bins amplification and certify "
                          "its noise multiplier",
-        description="Optimise a lower-triangular Toeplitz / banded / BLT correlation matrix C (c0 = 1) for "
-                    "prefix-sum RMSE sigma*(C) |A C^-1|_F / sqrt(n) under balls-in-bins batching "
-                    "(b batches per epoch, E epochs, n = b E rounds, add/remove adjacency), with sigma*(C) "
-                    "calibrated on a Monte Carlo estimate at every step (Choquette-Choo, Ganesh, Haque, "
-                    "Steinke and Thakurta, 'Near exact privacy amplification for matrix mechanisms'), then "
-                    "release the noise multiplier certified by Estimate-Verify-Release on independent draws. "
-                    "Comma lists in --epsilon / --delta run one optimisation per combination.")
+        description="Optimise a lower-triangular Toeplitz / banded / BLT correlation matrix C (c0 = 1) for\n"
+                    "prefix-sum RMSE sigma*(C) |A C^-1|_F / sqrt(n) under balls-in-bins batching (b batches per\n"
+                    "epoch, E epochs, n = b E rounds, add/remove adjacency), with sigma*(C) calibrated on a\n"
+                    "Monte Carlo estimate at every step (Choquette-Choo, Ganesh, Haque, Steinke and Thakurta,\n"
+                    "'Near exact privacy amplification for matrix mechanisms'), then release the noise\n"
+                    "multiplier certified by Estimate-Verify-Release on independent draws.  Comma lists in\n"
+                    "--epsilon / --delta run one optimisation per combination.\n\n"
+                    "Examples:\n"
+                    "  dpjax optimize --example\n"
+                    "  dpjax optimize --family blt --buffers 4 --batches-per-epoch 128 --epochs 16 \\\n"
+                    "      --epsilon 2 --delta 1e-5 --optimizer-steps 300 --samples 131072 --out result.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", type=_args.choice("blt", "toeplitz", "banded"), default=None,
                    help="parameterization of C: blt (buffered linear Toeplitz), toeplitz (full), "
                         "banded (Toeplitz with --bands bands); default blt")
     p.add_argument("--buffers", type=_args.integer(1, 64), default=None,
-                   help="BLT buffers d, an integer in [1, 64] (default 4; --family blt only)")
+                   help="BLT buffers d, an integer in [1, 64] and at most n = b E (default 4, or n when "
+                        "smaller; --family blt only)")
     p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
                    help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
     p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), default=None,
                    help="b, batches per epoch (an integer >= 1; required unless --example)")
     p.add_argument("--epochs", type=_args.integer(1, 2**20), default=None,
                    help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
-    p.add_argument("--epsilon", type=_args.real_list(0, lo_open=True), default=None,
-                   help="target epsilon > 0 (comma list allowed; required unless --example)")
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), default=None,
-                   help="target delta in (0, 1) (comma list allowed; required unless --example)")
-    p.add_argument("--steps", type=_args.integer(0, 10**7), default=None,
-                   help="optimizer steps, an integer >= 0 (default 300)")
+    _args.add_target_epsilon(p, required=False, extra="; required unless --example")
+    _args.add_target_delta(p, required=False, extra="; required unless --example")
+    # Not --steps: elsewhere that is the number of DP-SGD training steps.
+    p.add_argument("--optimizer-steps", type=_args.integer(0, 10**7), default=None,
+                   help="optimizer (Adam) steps on the correlation matrix, an integer >= 0 (default 300)")
     p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=None,
                    help="Monte Carlo samples per optimisation step, an integer >= 1 (default 2^13; the "
                         "in-loop sigma is an estimate, only the final certificate is a guarantee)")
@@ -239,7 +273,7 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
     p.add_argument("--example", action="store_true",
                    help="the built-in example: a 2-buffer BLT, 8 batches per epoch, 4 epochs (n = 32), "
-                        "epsilon 2, delta 1e-5, 100 steps of 2^12 samples (flags given override it)")
+                        "epsilon 2, delta 1e-5, 100 optimizer steps of 2^12 samples (flags given override it)")
     p.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=None,
                    help="also compute the alternatives in the same units (DP-SGD unamplified, Poisson, "
                         "balls-in-bins; the family's unamplified optimum) and the gain over each "

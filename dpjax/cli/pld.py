@@ -1,28 +1,5 @@
-"""``dpjax epsilon`` / ``dpjax delta``: DP-SGD accounting with the FFT PLD accountant.
-
-Examples::
-
-    dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5 --json
-    dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6
-    dpjax delta   --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 0.5,1,2 --json
-    dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
-                  --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
-    dpjax epsilon --sampling random_allocation --batches-per-epoch 100 --epochs 10 \\
-                  --noise-multiplier 1.0 --delta 1e-5 --json
-
-The printed ``epsilon`` (``delta``) is a certified upper bound; ``epsilon_lower`` /
-``epsilon_upper`` bracket the exact value.  Adjacency: Poisson sampling is accounted under
-add/remove adjacency ("add_or_remove": neighbouring datasets differ by adding or removing one
-example, k for a group of k), ``--sampling fixed_batch`` under replace adjacency ("replace":
-one example, k for a group, replaced by another); every result names it in ``adjacency``.
-``--sampling random_allocation`` (each example in ``--selections-per-epoch`` of the
-``--batches-per-epoch`` steps of every epoch, ``--epochs`` epochs; Feldman & Shenfeld, "Privacy
-amplification by random allocation") and ``--sampling balls_in_bins`` (one bin per example for
-the whole run) are accounted under add/remove adjacency by :mod:`dpjax.pld.allocation_accountant`.
-Group privacy (``--group-size k``) uses the tight mixture-of-Gaussians accountant of Ganesh
-(2024), "Tight group-level DP guarantees for DP-SGD with sampling via mixture of Gaussians
-mechanisms".  Compiled programs are cached on disk (``~/.cache/dpjax/xla``;
-``DPJAX_COMPILATION_CACHE=0`` disables, ``=<dir>`` relocates).
+"""``dpjax epsilon`` / ``dpjax delta``: DP-SGD accounting with the FFT PLD accountant (see
+:data:`EPSILON_DESCRIPTION` / :data:`DELTA_DESCRIPTION`, the ``--help`` texts).
 """
 
 from __future__ import annotations
@@ -88,13 +65,14 @@ def _account(args, **target):
     from dpjax.cli import group as group_cli
 
     if args.sampling in _args.ALLOCATION_SAMPLINGS:
-        from dpjax.dpsgd import dpsgd_accounting
+        from dpjax.pld import allocation_dpsgd
 
         if args.group_size != 1 or args.dataset_size is not None or args.batch_size is not None:
             raise ValueError(f"--group-size, --dataset-size and --batch-size do not apply to --sampling {args.sampling}")
-        return dpsgd_accounting(args.noise_multiplier, args.sampling_prob, args.steps, sampling=args.sampling,
-                                batches_per_epoch=args.batches_per_epoch,
-                                selections_per_epoch=args.selections_per_epoch, epochs=args.epochs, **target)
+        return allocation_dpsgd.accounting(args.noise_multiplier, args.sampling_prob, args.steps, sampling=args.sampling,
+                                           batches_per_epoch=args.batches_per_epoch,
+                                           selections_per_epoch=args.selections_per_epoch, epochs=args.epochs,
+                                           **target)
     if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != 1:
         raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
                          "or balls_in_bins")
@@ -124,7 +102,7 @@ def _setting(args) -> dict:
 def _run_epsilon(args) -> dict:
     res = _account(args, target_delta=args.delta)
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
-           "delta": res.target_delta, **_setting(args), "grid": _grid_info(res)}
+           "target_delta": res.target_delta, **_setting(args), "grid": _grid_info(res)}
     if res.reason:
         out["reason"] = _cli_reason(res.reason)
     return out
@@ -133,7 +111,7 @@ def _run_epsilon(args) -> dict:
 def _run_delta(args) -> dict:
     res = _account(args, target_epsilon=args.epsilon)
     return {"delta": res.delta, "delta_lower": res.delta_lower, "delta_upper": res.delta_upper,
-            "epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
+            "target_epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
 
 
 def _grid_lines(grid: dict) -> list[str]:
@@ -145,17 +123,57 @@ def _render(result: dict) -> str:
     return _args.render_fields(result, {"grid": _grid_lines}, skip_none=True)
 
 
+_ABOUT = """\
+The printed epsilon (delta) is a certified upper bound; epsilon_lower / epsilon_upper bracket the
+exact value.  Adjacency: Poisson sampling is accounted under add/remove adjacency
+("add_or_remove": neighbouring datasets differ by adding or removing one example, k for a group
+of k), --sampling fixed_batch under replace adjacency ("replace": one example, k for a group,
+replaced by another); every result names it in "adjacency".  Group privacy (--group-size k)
+uses the tight mixture-of-Gaussians accountant of Ganesh (2024), "Tight group-level DP
+guarantees for DP-SGD with sampling via mixture of Gaussians mechanisms".  --sampling
+random_allocation (each example in --selections-per-epoch of the --batches-per-epoch steps of
+every epoch, --epochs epochs; Feldman & Shenfeld, "Privacy amplification by random allocation")
+and --sampling balls_in_bins (one bin per example for the whole run, C = I) are accounted under
+add/remove adjacency by dpjax.pld.allocation_accountant (no --steps or --sampling-prob then).
+Comma lists run once
+per value and print a table.  Compiled programs are cached on disk (~/.cache/dpjax/xla;
+DPJAX_COMPILATION_CACHE=0 disables, =<dir> relocates)."""
+
+EPSILON_DESCRIPTION = """\
+Certified epsilon of DP-SGD (noise multiplier, sampling probability, steps) at a target delta.
+
+Examples:
+  dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5
+  dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6 --out eps.csv
+  dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
+                --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
+  dpjax epsilon --sampling random_allocation --batches-per-epoch 100 --epochs 10 \\
+                --noise-multiplier 1.0 --delta 1e-5 --json
+
+""" + _ABOUT
+
+DELTA_DESCRIPTION = """\
+Certified delta of DP-SGD (noise multiplier, sampling probability, steps) at a target epsilon.
+
+Examples:
+  dpjax delta --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 0.5,1,2
+  dpjax delta --noise-multiplier 1 --steps 2000 --epsilon 4 --group-size 8 \\
+              --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
+  dpjax delta --sampling balls_in_bins --batches-per-epoch 128 --epochs 4 \\
+              --noise-multiplier 1.0 --epsilon 2 --json
+
+""" + _ABOUT
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD at delta (PLD accountant; groups too)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("epsilon", help="certified epsilon of DP-SGD at a target delta (groups too)",
+                              description=EPSILON_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--delta", type=_args.real_list(0, 1, lo_open=True, hi_open=True), required=True,
-                   help="target " + _args.DELTA_TARGET_HELP)
+    _args.add_target_delta(p, required=True)
     p.set_defaults(run=_run_epsilon, render=_render)
 
-    p = subparsers.add_parser("delta", help="certified delta of DP-SGD at epsilon (PLD accountant; groups too)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("delta", help="certified delta of DP-SGD at a target epsilon (groups too)",
+                              description=DELTA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--epsilon", type=_args.real_list(0, None), required=True,
-                   help="target " + _args.EPSILON_TARGET_HELP)
+    _args.add_target_epsilon(p, required=True, positive=False)
     p.set_defaults(run=_run_delta, render=_render)

@@ -1,25 +1,5 @@
-"""``dpjax sweep``: certified epsilon (or delta) for a grid or a list of DP-SGD configurations.
-
-Examples::
-
-    dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
-        --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
-    dpjax sweep --grid configs.json --out sweep.csv
-    dpjax sweep --sampling random_allocation --noise-multiplier 0.8,1,1.5 --batches-per-epoch 32,128 \\
-        --epochs 1,4 --delta 1e-5 --json
-
-Value lists: ``a,b,c`` (listed values), ``start:stop:num`` (``num`` evenly spaced values, both
-ends included), ``start:stop:num:log`` (log-spaced).  The grid is the Cartesian product, with
-``--noise-multiplier`` varying slowest.  ``configs.json`` is a JSON list of objects with
-``noise_multiplier``, ``sampling_prob``, ``steps`` and ``delta`` (or ``epsilon`` for a delta
-query), optionally ``group_size``.
-
-The CSV has one row per configuration in input order: the configuration, then ``epsilon`` (a
-certified upper bound) or ``delta``, the certified bracket ``lower`` / ``upper`` of that value,
-and the grid (``n``, ``dx``).  Rows are written as they are computed (``.jsonl`` journal next
-to the CSV); ``--resume`` continues a killed sweep without recomputing or losing a row.  The
-configurations are bucketed into a few padded grid shapes and run vmapped over every device
-JAX sees (:func:`dpjax.sweep`).
+"""``dpjax sweep``: certified epsilon (or delta) for a grid or a list of DP-SGD configurations
+(:data:`DESCRIPTION` is the ``--help`` text).
 """
 
 from __future__ import annotations
@@ -27,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 from dpjax.cli import _args
 
@@ -77,15 +58,7 @@ def _configs(args):
         if any(v is not None for v in (args.noise_multiplier, args.sampling_prob, args.steps, args.delta,
                                        args.epsilon)):
             raise ValueError("give either --grid FILE or the value lists (--noise-multiplier ...), not both")
-        try:
-            with open(args.grid) as f:
-                data = json.load(f)
-        except OSError as exc:
-            raise ValueError(f"grid: cannot read {args.grid}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"grid: {args.grid} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, list) or not data:
-            raise ValueError(f"grid: {args.grid} must hold a non-empty JSON list of configuration objects")
+        data = _read_grid(args.grid)
         return [SweepConfig.from_mapping(m) for m in data]
     missing = [n for n, v in (("--noise-multiplier", args.noise_multiplier), ("--sampling-prob", args.sampling_prob),
                               ("--steps", args.steps)) if v is None]
@@ -102,13 +75,14 @@ def _configs(args):
     )
 
 
-def _run_allocation(args) -> dict:
+def _run_allocation(args, store) -> tuple:
     from dpjax.pld.sweeping import sweep
 
     if args.grid is not None:
-        with open(args.grid) as f:
-            configs = json.load(f)
-        grid = {}
+        if any(v is not None for v in (args.noise_multiplier, args.batches_per_epoch, args.epochs, args.delta,
+                                       args.epsilon)):
+            raise ValueError("give either --grid FILE or the value lists (--noise-multiplier ...), not both")
+        configs, grid = _read_grid(args.grid), {}
     else:
         configs = None
         if args.noise_multiplier is None or args.batches_per_epoch is None or args.epochs is None:
@@ -122,47 +96,62 @@ def _run_allocation(args) -> dict:
                     epsilon=None if args.epsilon is None else parse_values("epsilon", args.epsilon))
     if args.sampling_prob is not None or args.steps is not None or args.group_size != "1":
         raise ValueError("--sampling-prob, --steps and --group-size are for --sampling poisson")
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out (the file the killed sweep wrote)")
-    table = sweep(configs, sampling=args.sampling, out=args.out, resume=args.resume, with_lower=not args.no_lower,
+    table = sweep(configs, sampling=args.sampling, out=store, resume=args.resume, with_lower=not args.no_lower,
                   **grid)
-    eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
-    out = dict(adjacency="add_or_remove", sampling=args.sampling, configurations=len(table), out=args.out,
-               programs=table.programs, devices=table.devices, seconds=table.seconds,
-               resumed=sum(r["path"] == "resumed" for r in table.rows))
-    if eps:
-        finite = [e for e in eps if math.isfinite(e)]
-        out.update(epsilon_min=min(finite) if finite else math.inf, epsilon_max=max(eps))
-    if args.out is None or args.rows:
-        out["table"] = [dict(r) for r in table.rows]
-    return out
+    return table, dict(sampling=args.sampling)
+
+
+def _read_grid(path: str) -> list:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"grid: cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"grid: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"grid: {path} must hold a non-empty JSON list of configuration objects")
+    return data
 
 
 def _run(args) -> dict:
     from dpjax.pld.sweeping import sweep
 
-    if args.sampling != "poisson":
-        return _run_allocation(args)
-    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != "1":
-        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
-                         "or balls_in_bins")
-    configs = _configs(args)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
-    if args.per_device < 1:
-        raise ValueError(f"per_device must be an integer >= 1, got {args.per_device}")
-    table = sweep(configs, out=args.out, resume=args.resume, with_lower=not args.no_lower,
-                  per_device=args.per_device)
+    # --out FILE.json: the result JSON at the end (rows recorded in the journal FILE.journal.jsonl
+    # / .csv as they are computed, for --resume); any other FILE: the CSV table (+ FILE.jsonl).
+    json_out = args.out is not None and os.path.splitext(args.out)[1].lower() == ".json"
+    store = os.path.splitext(args.out)[0] + ".journal.csv" if json_out else args.out
+    if args.sampling != "poisson":
+        table, extra = _run_allocation(args, store)
+    else:
+        if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != "1":
+            raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling "
+                             "random_allocation or balls_in_bins")
+        configs = _configs(args)
+        if args.per_device < 1:
+            raise ValueError(f"per_device must be an integer >= 1, got {args.per_device}")
+        table = sweep(configs, out=store, resume=args.resume, with_lower=not args.no_lower,
+                      per_device=args.per_device)
+        extra = {}
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
-    # Poisson-sampled DP-SGD (and its groups): the add/remove neighbouring relation.
-    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs, devices=table.devices,
-               seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
+    # Poisson-sampled DP-SGD (and its groups), random allocation, balls-in-bins: the add/remove
+    # neighbouring relation.
+    out = dict(adjacency="add_or_remove", **extra, configurations=len(table), out=args.out, programs=table.programs,
+               devices=table.devices, seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
     if eps:
         finite = [e for e in eps if math.isfinite(e)]
         out.update(epsilon_min=min(finite) if finite else math.inf, epsilon_max=max(eps))
-    if args.out is None or args.rows:
+    if args.out is None or args.rows or json_out:
         # "table", not "rows": "rows" is the CLI's key for one result per comma-list combination.
         out["table"] = [dict(r) for r in table.rows]
+    if json_out:
+        from dpjax.cli.main import write_out
+
+        write_out(args.out, out)
+        if not args.rows:
+            out = {k: v for k, v in out.items() if k != "table"}
     return out
 
 
@@ -180,15 +169,50 @@ def _render(result: dict) -> str:
     return _args.render_fields(result, {"table": _table_lines})
 
 
+DESCRIPTION = """\
+Certified epsilon (or delta) for a grid or a list of DP-SGD configurations.
+
+Value lists: a,b,c (listed values), start:stop:num (num evenly spaced values, both ends
+included), start:stop:num:log (log-spaced).  The grid is the Cartesian product, with
+--noise-multiplier varying slowest.  --grid FILE reads a JSON list of objects with
+noise_multiplier, sampling_prob, steps and target_delta (or target_epsilon for a delta query;
+"delta" / "epsilon" are read too), optionally group_size.  --sampling random_allocation /
+balls_in_bins sweeps noise_multiplier, batches_per_epoch, selections_per_epoch, epochs and
+target_delta (or target_epsilon) instead (add/remove adjacency; every row is the single call's
+value, grid "accountant").
+
+Output: one row per configuration, in input order: the configuration, target_delta or
+target_epsilon, the certified epsilon (epsilon queries) or delta (delta queries), the certified
+bracket lower / upper of that value, and the grid it was computed on (grid: "sweep", the
+sweep's coarser grid, within 1e-3 relative of the single call; "accountant", the single call's
+grid, as dpjax epsilon / delta; "closed_form", q = 1, no grid; n, dx).  Both are certified upper
+bounds on different grids: a sweep row can differ from dpjax epsilon in the fourth digit.
+--out FILE.csv writes the CSV as rows are computed (with the journal FILE.jsonl); --out
+FILE.json writes the result JSON (every row) at the end (the rows are journaled in
+FILE.journal.jsonl and FILE.journal.csv meanwhile);
+--resume continues a killed sweep without recomputing or losing a row.  The configurations
+are bucketed into a few padded grid shapes and run vmapped over every device JAX sees.
+
+Examples:
+  dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
+      --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
+  dpjax sweep --grid configs.json --out sweep.json
+  dpjax sweep --sampling random_allocation --noise-multiplier 0.8,1,1.5 --batches-per-epoch 32,128 \\
+      --epochs 1,4 --delta 1e-5 --json"""
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="certified epsilon/delta for a grid or list of DP-SGD configurations",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", default=None, metavar="FILE", help="JSON list of configuration objects")
     p.add_argument("--noise-multiplier", default=None, metavar="VALUES", help="sigma values (list or range)")
     p.add_argument("--sampling-prob", default=None, metavar="VALUES", help="q values in (0, 1]")
-    p.add_argument("--steps", default=None, metavar="VALUES", help="T values (integers)")
-    p.add_argument("--delta", default=None, metavar="VALUES", help="target deltas (epsilon queries)")
-    p.add_argument("--epsilon", default=None, metavar="VALUES", help="target epsilons (delta queries)")
+    p.add_argument("--steps", "--train-steps", dest="steps", default=None, metavar="VALUES",
+                   help="training steps T (integers)")
+    p.add_argument("--delta", "--target-delta", dest="delta", default=None, metavar="VALUES",
+                   help="target deltas (epsilon queries)")
+    p.add_argument("--epsilon", "--target-epsilon", dest="epsilon", default=None, metavar="VALUES",
+                   help="target epsilons (delta queries)")
     p.add_argument("--group-size", default="1", metavar="VALUES", help="group sizes k (Poisson; default 1)")
     p.add_argument("--sampling", type=_args.choice("poisson", "random_allocation", "balls_in_bins"), default="poisson",
                    help="poisson (default; --sampling-prob, --steps) or random_allocation / balls_in_bins "
@@ -197,8 +221,10 @@ def register(subparsers) -> None:
     p.add_argument("--selections-per-epoch", default="1", metavar="VALUES",
                    help="steps per example per epoch k (random_allocation; default 1)")
     p.add_argument("--epochs", default=None, metavar="VALUES", help="numbers of epochs E (integers)")
-    p.add_argument("--out", default=None, metavar="FILE.csv",
-                   help="write rows here as they are computed (plus FILE.jsonl; FILE.parquet with pyarrow)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="FILE.csv: the CSV table, written as rows are computed (plus FILE.jsonl, and FILE.parquet "
+                        "with pyarrow); FILE.json: the result JSON with every row, at the end (rows journaled "
+                        "in FILE.journal.jsonl / .csv meanwhile)")
     p.add_argument("--resume", action="store_true", help="continue a killed sweep recorded in --out")
     p.add_argument("--no-lower", action="store_true", help="skip the certified lower end of each bracket (~2x faster)")
     p.add_argument("--per-device", type=_args.integer(1, 2**20), default=8,

@@ -285,6 +285,11 @@ class PLDAccountant(_dpa_pkg.PrivacyAccountant):
             self._cache.clear()
         return None
 
+    def __repr__(self) -> str:
+        steps = sum(int(k) for _, k in self._components)
+        return (f"PLDAccountant(neighboring_relation={self.neighboring_relation.name}, "
+                f"components={len(self._components)}, steps={steps}, non_private={self._non_private})")
+
     @property
     def components(self) -> list:
         """The composed ``(mechanism, count)`` list (what :func:`dpjax.pld.epsilon` receives)."""
@@ -336,6 +341,9 @@ class PLDAccountantConfig:
 
     def __init__(self, options: "pld.GridOptions | None" = None):
         self.options = options
+
+    def __repr__(self) -> str:
+        return f"PLDAccountantConfig(options={self.options!r})"
 
     def create_accountant(self) -> PLDAccountant:
         return PLDAccountant(_ADD_REMOVE, options=self.options)

@@ -2,7 +2,7 @@
 
 * :func:`get_noise_multiplier` -- ``get_noise_multiplier(*, target_epsilon, target_delta,
   sample_rate, steps=None, epochs=None)`` as in ``opacus.accountants.utils`` (``steps =
-  int(epochs / sample_rate)`` when ``epochs`` is given), answered by
+  epochs / sample_rate``, exactly, when ``epochs`` is given: :func:`steps_from_epochs`), answered by
   :func:`dpjax.calibration.dpsgd_noise_multiplier` (certified: the epsilon at the returned sigma
   is ``<= target_epsilon``).
 * :class:`RunningAccountant` -- a training loop's accountant: ``step(noise_multiplier=...,
@@ -49,7 +49,7 @@ import numpy as np
 from dpjax import _validate, pld
 from dpjax._x64 import float64
 
-__all__ = ["RunningAccountant", "get_noise_multiplier", "calibrate_steps", "calibrate_batch_size"]
+__all__ = ["RunningAccountant", "get_noise_multiplier", "calibrate_steps", "calibrate_batch_size", "steps_from_epochs"]
 
 
 def _steps_from(sample_rate: float, steps, epochs) -> int:
@@ -58,10 +58,25 @@ def _steps_from(sample_rate: float, steps, epochs) -> int:
     if steps is not None:
         return _validate.positive_int("steps", steps)
     e = float(_validate.positive("epochs", epochs))
-    t = int(e / sample_rate)
+    t = steps_from_epochs(e, sample_rate)
     if t < 1:
         raise ValueError(f"epochs / sample_rate must give at least one step, got {e} / {sample_rate}")
     return t
+
+
+def steps_from_epochs(epochs: float, sample_rate: float) -> int:
+    """The number of steps of ``epochs`` epochs at sampling rate ``sample_rate``: ``epochs /
+    sample_rate`` rounded to the nearest integer when it is within float rounding of one (7
+    epochs at 0.07 are 100 steps, although ``7 / 0.07 = 99.99999999999999``), else rounded up
+    (a partial last epoch is still trained on, so the guarantee covers it).  Opacus truncates
+    with ``int()``, which can certify one step fewer than the training takes."""
+    x = float(epochs) / float(sample_rate)
+    r = round(x)
+    # The division and the decimal-to-binary rounding of epochs and sample_rate each add at
+    # most an ulp-sized relative error: a quotient within 4 ulps of an integer is that integer.
+    if abs(x - r) <= 4.0 * math.ulp(max(abs(x), 1.0)):
+        return int(r)
+    return int(math.ceil(x))
 
 
 def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=None, epochs=None,
@@ -72,7 +87,9 @@ def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=Non
       target_epsilon: > 0.
       target_delta: in (0, 1).
       sample_rate: Poisson sampling probability ``q`` in (0, 1].
-      steps / epochs: exactly one; ``steps = int(epochs / sample_rate)`` (Opacus's convention).
+      steps / epochs: exactly one; ``steps = epochs / sample_rate`` rounded to the nearest
+        integer when within float rounding of one, else up (:func:`steps_from_epochs`; Opacus's
+        ``int()`` certified 7 epochs at ``q = 0.07`` for 99 steps).
       accountant: only ``"pld"`` (Opacus's ``"prv"``/``"rdp"`` are looser; kept for signature
         compatibility and rejected clearly).
       kwargs: Opacus's ``epsilon_tolerance`` is accepted and ignored (dpjax's answer is the
@@ -89,7 +106,7 @@ def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=Non
     t = _steps_from(q, steps, epochs)
     from dpjax.calibration import dpsgd_noise_multiplier
 
-    return float(dpsgd_noise_multiplier(target_epsilon, target_delta, q, t))
+    return float(dpsgd_noise_multiplier(q, t, target_epsilon, target_delta))
 
 
 def _largest_feasible(lo: int, hi: int, feasible) -> int | None:
@@ -209,7 +226,12 @@ class RunningAccountant:
         fast = (not exact) and self.horizon is not None and len(self) <= self.horizon
         key = ("eps", delta, fast)
         if key not in self._cache:
-            self._cache[key] = self._fast_epsilon(delta) if fast else self._exact_epsilon(delta)
+            eps = self._fast_epsilon(delta) if fast else self._exact_epsilon(delta)
+            if not math.isfinite(eps) and fast:
+                # The fixed grid could not certify a direction: the full composition falls back on
+                # the smallest certified bound there (dpjax.pld.fallback), as a single call does.
+                eps = self._exact_epsilon(delta)
+            self._cache[key] = eps
         return self._cache[key]
 
     def get_delta(self, epsilon) -> float:
@@ -253,8 +275,12 @@ class RunningAccountant:
                              f"got {state!r}")
         horizon = state.get("horizon")
         new = RunningAccountant(horizon=horizon, options=self.options)
-        for entry in state["history"]:
-            if len(entry) != 3:
+        history = state["history"]
+        if not isinstance(history, (list, tuple)):
+            raise ValueError(f"state['history'] must be a list of [noise_multiplier, sample_rate, count] entries, "
+                             f"got {history!r}")
+        for entry in history:
+            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
                 raise ValueError(f"history entries must be [noise_multiplier, sample_rate, count], got {entry!r}")
             new.step(noise_multiplier=entry[0], sample_rate=entry[1], num_steps=entry[2])
         self.horizon, self._phases = new.horizon, new._phases

@@ -56,21 +56,21 @@ class EpsilonEstimate(ResultMixin):
 
     Attributes:
       epsilon: the point estimate (smallest grid epsilon with ``delta_hat <= target_delta``).
-      epsilon_low, epsilon_high: the interval: where the lower / upper confidence bound on
+      epsilon_lower, epsilon_upper: the interval: where the lower / upper confidence bound on
         delta (Chernoff-KL bound for means of ``[0, 1]`` variables, each side at level
         ``(1 - confidence) / 2``) crosses ``target_delta``.  It covers the true epsilon with
         probability >= ``confidence``: at the true epsilon ``e*`` (not random) both one-sided
         bounds hold with that probability, and both bound curves are non-increasing in epsilon
         (same draws), so the crossings bracket ``e*`` (to the grid resolution).
       resolved: False when the sample cannot resolve ``target_delta`` (even a zero estimate
-        has an upper confidence bound above it: ``epsilon_high = inf``); the point estimate is
+        has an upper confidence bound above it: ``epsilon_upper = inf``); the point estimate is
         then not meaningful.
       target_delta, confidence, num_samples; reason: one line.
     """
 
     epsilon: float
-    epsilon_low: float
-    epsilon_high: float
+    epsilon_lower: float
+    epsilon_upper: float
     target_delta: float
     confidence: float
     num_samples: int
@@ -79,6 +79,16 @@ class EpsilonEstimate(ResultMixin):
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def epsilon_low(self) -> float:
+        """The former name of :attr:`epsilon_lower`."""
+        return self.epsilon_lower
+
+    @property
+    def epsilon_high(self) -> float:
+        """The former name of :attr:`epsilon_upper`."""
+        return self.epsilon_upper
 
 
 def _kl_bounds(mean, m: int, level: float):
@@ -194,6 +204,10 @@ class BallsInBins:
         if not np.isfinite(self.gram).all():
             raise ValueError("correlation produces a non-finite Gram matrix (entries too large)")
 
+    def __repr__(self) -> str:
+        return (f"BallsInBins(batches_per_epoch={self.batches_per_epoch}, epochs={self.epochs}, "
+                f"num_rounds={self.num_rounds}, sensitivity={self.sensitivity!r})")
+
     # ------------------------------------------------------------------ baselines
 
     @property
@@ -228,8 +242,8 @@ class BallsInBins:
         (Chernoff-KL bounds; the per-sample terms lie in ``[0, 1]``).
 
         ``progress``: a bar on stderr over the sample chunks (single device): ``None`` (default)
-        when stderr is a terminal and the call runs over a second, ``False`` never, ``True``
-        always (:mod:`dpjax._progress`).  It never changes the numbers.
+        in a terminal or notebook once the call runs over a second, ``False`` never, ``True``
+        always, also as lines in a log (:mod:`dpjax._progress`).  It never changes the numbers.
         """
         confidence = _confidence(confidence)
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
@@ -347,7 +361,7 @@ class BallsInBins:
             reason = (f"num_samples = {m} cannot resolve target_delta = {delta:g}: even a zero estimate has an upper "
                       f"confidence bound above it (need roughly {need} samples); the point estimate "
                       f"{eps_hat:.4g} is not meaningful")
-        return EpsilonEstimate(epsilon=eps_hat, epsilon_low=eps_low, epsilon_high=eps_high, target_delta=delta,
+        return EpsilonEstimate(epsilon=eps_hat, epsilon_lower=eps_low, epsilon_upper=eps_high, target_delta=delta,
                                confidence=confidence, num_samples=m, resolved=resolved, reason=reason)
 
     def _crossing(self, curve, delta, grid_size, refinements):

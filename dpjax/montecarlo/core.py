@@ -377,15 +377,12 @@ def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, *, num_sample
     return total, total_sq
 
 
-#: Host-side progress bar of the running Monte Carlo call (set by :func:`progress_bar`); the
-#: compiled loop reports each finished chunk to it when built with ``progress=True``.
-_ACTIVE_BAR = None
-
-
 def _tick(_):
-    bar = _ACTIVE_BAR
-    if bar is not None:
-        bar.update(1)
+    # Host side of the compiled loop's per-chunk callback: advance the bar that the enclosing
+    # :class:`progress_bar` made active (dpjax._progress keeps the process's one progress state).
+    from dpjax import _progress
+
+    _progress.tick(1)
 
 
 class progress_bar:
@@ -397,19 +394,25 @@ class progress_bar:
 
         self.bar = _progress.progress(num_chunks, desc, enabled=enabled, unit="chunks",
                                       delay=_progress.LONG_CALL_DELAY)
+        self._asked = enabled
 
     @property
     def enabled(self) -> bool:
-        return self.bar.enabled
+        """Whether to compile the per-chunk callbacks: for a bar drawn where someone watches it
+        (a terminal, a notebook), or one asked for with ``progress=True`` (the callbacks make
+        another program than the plain call's, which the serialized-program cache serves)."""
+        return self.bar.enabled and (self.bar.live or self._asked is True)
 
     def __enter__(self):
-        global _ACTIVE_BAR
-        _ACTIVE_BAR = self.bar
+        from dpjax import _progress
+
+        _progress.set_active(self.bar)
         return self
 
     def __exit__(self, *exc):
-        global _ACTIVE_BAR
-        _ACTIVE_BAR = None
+        from dpjax import _progress
+
+        _progress.set_active(None)
         self.bar.close()
 
 

@@ -143,7 +143,7 @@ def dpsgd_poisson(epsilon, delta, batches_per_epoch, epochs) -> BaselineRow:
 
     eps, delta, b, epochs = _check(epsilon, delta, batches_per_epoch, epochs)
     n = b * epochs
-    sigma = float(dpsgd_noise_multiplier(eps, delta, 1.0 / b, n))
+    sigma = float(dpsgd_noise_multiplier(1.0 / b, n, eps, delta))
     return _row("dpsgd_poisson", eps, delta, b, epochs, sigma, _identity_error(n),
                 f"dpjax PLD, Poisson q = 1/{b}, {n} steps", column=[1.0])
 
@@ -308,7 +308,7 @@ def banded_cyclic_poisson(epsilon_values, delta, batches_per_epoch, epochs, *, d
         z_rdp[bands] = [_jax_privacy_rdp_noise_multiplier(n, bands, dataset_size, batch_size, e, delta)
                         for e in eps_values]
         z_pld[bands] = [float(z) for z in np.atleast_1d(np.asarray(
-            dpsgd_noise_multiplier(np.asarray(eps_values), delta, bands / b, k)))]
+            dpsgd_noise_multiplier(bands / b, k, np.asarray(eps_values), delta)))]
     rows = []
     for i, eps in enumerate(eps_values):
         per = []

@@ -47,6 +47,8 @@ import math
 import os
 import tempfile
 import time
+import warnings
+import zipfile
 from typing import Any, Callable
 
 import jax
@@ -347,17 +349,27 @@ def _drop_old_screen_states(path, keep_step: int) -> None:
 
 
 def _read_screen_state(path, step: int, template):
-    """The sidecar of ``step`` as a state like ``template``, or ``None`` (missing / mismatched:
-    the resumed run then screens afresh and agrees with an uninterrupted run to the solver's
-    tolerance instead of bit for bit)."""
+    """The sidecar of ``step`` as a state like ``template``, or ``None`` (missing, unreadable or
+    mismatched: the resumed run then screens afresh and agrees with an uninterrupted run to the
+    solver's tolerance instead of bit for bit; a ``UserWarning`` says so)."""
     if template is None:
         return None
+    sidecar = _screen_path(path, step)
+    why = None
     try:
-        with np.load(_screen_path(path, step)) as z:
+        with np.load(sidecar) as z:
             leaves = [np.asarray(z[name]) for name in template._fields]
-    except (OSError, ValueError, KeyError):
-        return None
-    if any(a.shape != np.shape(t) or a.dtype != np.asarray(t).dtype for a, t in zip(leaves, template)):
+    except FileNotFoundError:
+        why = "is missing"
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        why = f"cannot be read ({type(exc).__name__}: {exc})"
+    else:
+        if any(a.shape != np.shape(t) or a.dtype != np.asarray(t).dtype for a, t in zip(leaves, template)):
+            why = "does not match this configuration"
+    if why is not None:
+        warnings.warn(f"resume: the screen-state sidecar {sidecar!r} {why}; the run resumes with a fresh screen "
+                      f"(agrees with an uninterrupted run to the solver's tolerance, not bit for bit)",
+                      UserWarning, stacklevel=3)
         return None
     return type(template)(*[jnp.asarray(a) for a in leaves])
 
@@ -462,9 +474,9 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
       :class:`OptimizationResult`.
 
     Raises:
-      ValueError naming the argument: bad input (``n != b * E``, targets out of range, a
-      ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
-      checkpoint).  Nothing is written before the inputs are validated.
+      ValueError: bad input, naming the argument (``n != b * E``, targets out of range, a
+        ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
+        checkpoint).  Nothing is written before the inputs are validated.
     """
     (b, epochs, eps, delta, num_steps, num_samples, checkpoint_every,
      certify_samples) = _validate_inputs(parameterization, batches_per_epoch, epochs, target_epsilon,

@@ -32,8 +32,13 @@ Quick use::
     >>> pld.epsilon(comps, target_delta=1e-5).epsilon                    # doctest: +SKIP
     >>> pld.delta([(pld.Laplace(10.0), 100)], target_epsilon=[1.0, 2.0]).delta  # doctest: +SKIP
 
-Noise schedules: give array parameters, e.g.
-``pld.dpsgd_accounting(numpy.linspace(3.0, 2.5, T), 0.01, T, target_delta=1e-5)``; more than
+Many configurations: array arguments of :func:`dpsgd_epsilon` / :func:`dpsgd_delta` give one
+answer per element (``dpsgd_epsilon(numpy.linspace(0.8, 2.0, 64), 0.01, 1000, 1e-5)``), each
+equal to its own call; they also work under ``jax.grad`` / ``jax.vmap`` / ``jax.jit``.
+
+Noise schedules: ``noise_schedule=``, e.g.
+``pld.dpsgd_accounting(None, 0.01, T, target_delta=1e-5, noise_schedule=numpy.linspace(3.0, 2.5, T))``
+(or general mechanisms with array parameters, ``pld.epsilon``); more than
 ``GridOptions.max_distinct`` distinct values are bracketed by blocks (``result.blocked``), except
 schedules of Gaussians (``Gaussian``, or ``PoissonSubsampledGaussian`` with every ``q = 1``),
 which compose exactly as one Gaussian and are merged into it (no bracket).
@@ -65,9 +70,8 @@ These run from float32 code (float64 inside); under a user's ``jax.jit`` trace w
 and :class:`Bound`.
 """
 
-from dpjax.pld.accountant import (
-    DeltaResult, DirectionReport, EpsilonResult, delta, dpsgd_accounting, dpsgd_delta, dpsgd_epsilon, epsilon,
-)
+from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult, delta, dpsgd_accounting, epsilon
+from dpjax.pld.dpsgd import dpsgd_delta, dpsgd_epsilon
 from dpjax.pld.compose import ComposedPLD, Composition, Group, compose
 from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.discretize import GridPMF, discretize

@@ -623,6 +623,24 @@ def _as_components(components) -> list:
     return items
 
 
+def _without_lossless(components) -> list:
+    """``components`` without the mechanisms whose privacy loss is 0 in both directions
+    (``max_loss <= 0``: e.g. randomized response with ``noise_parameter = 1``, a uniformly random
+    answer).  Composing them changes nothing, and their loss distribution, a point mass at 0,
+    has no spread for the grid planner to size a window from."""
+    out = []
+    for item in components:
+        mech = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        fn = getattr(mech, "max_loss", None)
+        if fn is not None:
+            if hasattr(mech, "validate"):
+                mech.validate()
+            if all(np.all(np.asarray(fn(d), np.float64) <= 0.0) for d in ("remove", "add")):
+                continue
+        out.append(item)
+    return out
+
+
 @host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
 def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True,
@@ -643,6 +661,11 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     options = _options(options)
     components = _as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
+    components = _without_lossless(components)
+    if not components:
+        zero = np.zeros_like(np.asarray(deltas, np.float64))
+        return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
+                             target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
     mu_dom = _dominating_gaussian_mu(components)
     if exact_gaussian and mu_dom is not None and not np.any(np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)) > 0):
         # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
@@ -665,13 +688,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     reason = None
     if np.isinf(upper).any():
         reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
-        if mu_dom is not None:
-            # Still an upper bound, if a loose one: the dominating Gaussian (q taken as 1).
-            dom = np.asarray(gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom), np.float64)
-            if np.isfinite(dom[np.isinf(upper)]).all():
-                upper = np.where(np.isinf(upper), dom, upper)
-                reason = ("the grid could not certify target_delta; epsilon is the (looser) bound of the dominating "
-                          "Gaussian mechanism (sampling_prob taken as 1).  Grid: " + reason)
+        dir_reports, upper, reason = _fallback(components, dir_reports, deltas, mu_dom, reason)
     return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
                          target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -690,6 +707,11 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     options = _options(options)
     components = _as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
+    components = _without_lossless(components)
+    if not components:
+        zero = np.zeros_like(np.asarray(eps, np.float64))
+        return DeltaResult(delta=_scalar(zero), delta_lower=_scalar(zero), delta_upper=_scalar(zero),
+                           target_epsilon=_scalar(eps), directions=(_exact_report(zero, zero),))
     mu = _exact_gaussian_mu(components) if exact_gaussian else None
     mu_dom = _dominating_gaussian_mu(components) if exact_gaussian else None
     if mu is None and mu_dom is not None and mu_dom < 1e-100:
@@ -709,8 +731,58 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass)
     dir_reports, upper, lower = _combine(reports)
+    if (np.asarray(upper) >= 1.0).any():
+        dir_reports, upper = _fallback_delta(components, dir_reports, eps, _dominating_gaussian_mu(components))
     return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
                        target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+
+
+def _fallback(components, dir_reports, deltas, mu_dom, reason):
+    """Replace each direction's ``inf`` by the smallest certified bound of
+    :mod:`dpjax.pld.fallback` (support, binomial mixture of Gaussians, RDP, dominating Gaussian):
+    a direction the grid could not certify no longer turns the whole answer into ``inf`` or the
+    un-sampled mechanism's epsilon.  Directions the grid certified keep their values."""
+    from dpjax.pld.fallback import direction_epsilon
+
+    stacked = _stacked(components)
+    shape = np.shape(deltas)
+    used, out = [], []
+    for r in dir_reports:
+        up = np.asarray(r.upper, np.float64)
+        if np.isinf(up).any():
+            fb, name = direction_epsilon(stacked, str(r.direction), np.ravel(deltas), dominating_mu=mu_dom)
+            fb = fb.reshape(shape)
+            if np.isfinite(fb[np.isinf(up)]).any():
+                up = np.where(np.isinf(up), fb, up)
+                used.append(f"'{r.direction}': {name}")
+            r = dataclasses.replace(r, upper=up)
+        out.append(r)
+    upper = np.max([r.upper for r in out], axis=0)
+    if used:
+        reason = ("the grid could not certify target_delta in every direction; there epsilon is the smallest "
+                  "certified fallback bound (" + "; ".join(used) + ").  Grid: " + reason)
+    return out, upper, reason
+
+
+def _fallback_delta(components, dir_reports, eps, mu_dom):
+    """:func:`_fallback` for delta queries: a direction whose grid delta is 1 (nothing
+    certified) gets the smallest bound of :func:`dpjax.pld.fallback.direction_delta`."""
+    from dpjax.pld.fallback import direction_delta
+
+    stacked = _stacked(components)
+    out = []
+    for r in dir_reports:
+        up = np.asarray(r.upper, np.float64)
+        if (up >= 1.0).any():
+            fb, _ = direction_delta(stacked, str(r.direction), np.ravel(eps), dominating_mu=mu_dom)
+            r = dataclasses.replace(r, upper=np.minimum(up, fb.reshape(np.shape(eps))))
+        out.append(r)
+    return out, np.max([r.upper for r in out], axis=0)
+
+
+def _stacked(components):
+    """Components as ``(stacked mechanism, counts)`` pairs (one per class and static fields)."""
+    return [(cls(**{f: P[:, i] for i, f in enumerate(data)}, **static), C) for cls, static, data, P, C in _stack(components)]
 
 
 def _refusal_reason(dir_reports, target, options) -> str:
@@ -764,57 +836,65 @@ def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
 # DP-SGD
 
 
-def _dpsgd_components(noise_multiplier, sampling_prob, steps):
+def _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule=None):
     steps = _validate.positive_int("steps", steps)
     q = _validate.probability_open_closed("sampling_prob", sampling_prob)
     if q.ndim != 0:
         raise ValueError(f"sampling_prob must be a scalar in (0, 1], got {sampling_prob!r}")
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    if sigma.ndim == 0:
+    if noise_schedule is None:
+        sigma = _validate.positive("noise_multiplier", noise_multiplier)
+        if sigma.ndim != 0:
+            raise ValueError(
+                f"noise_multiplier must be a scalar here, got shape {sigma.shape}: give a per-step schedule as "
+                f"noise_schedule=..., or many noise multipliers to dpjax.dpsgd_epsilon / dpsgd_delta (a batch)")
         return [(PoissonSubsampledGaussian(float(sigma), float(q)), steps)]
+    sigma = _validate.positive("noise_schedule", noise_schedule)
     if sigma.ndim != 1 or sigma.shape[0] != steps:
         raise ValueError(
-            f"noise_multiplier must be a scalar or a 1-D array of length steps={steps}, got shape {sigma.shape}")
+            f"noise_schedule must be a 1-D array of length steps={steps}, got shape {sigma.shape}")
     return [(PoissonSubsampledGaussian(sigma, np.full_like(sigma, float(q))), 1)]
 
 
 @host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, target_epsilon=None, *,
-                     options: GridOptions | None = None, with_lower: bool = True):
+                     options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None):
     """DP-SGD (Poisson sampling, add/remove adjacency): :class:`EpsilonResult` or :class:`DeltaResult`.
 
     Args:
-      noise_multiplier: sigma > 0, or a 1-D array of length ``steps`` (per-step schedule).
+      noise_multiplier: sigma > 0 (None with ``noise_schedule``).
       sampling_prob: q in (0, 1].
       steps: number of steps T >= 1.
-      target_delta / target_epsilon: exactly one of them.
+      target_delta / target_epsilon: exactly one of them (scalar or 1-D array: one transform
+        serves every target).
+      noise_schedule: a per-step schedule instead of ``noise_multiplier`` (1-D, length ``steps``).
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
-    comps = _dpsgd_components(noise_multiplier, sampling_prob, steps)
+    if noise_multiplier is not None and noise_schedule is not None:
+        raise ValueError("give noise_multiplier or noise_schedule, not both")
+    comps = _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
     if target_delta is not None:
         return epsilon(comps, target_delta, options=options, with_lower=with_lower)
     return delta(comps, target_epsilon, options=options, with_lower=with_lower)
 
 
-@host_only("dpjax.calibration.epsilon_fn on a grid from dpjax.calibration.dpsgd_grid")
-def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta) -> float:
-    """Certified epsilon of DP-SGD (Poisson-subsampled Gaussian, add/remove adjacency).
-
-    Example::
-
-        >>> import dpjax
-        >>> dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)     # doctest: +SKIP
-        1.8282...
-    """
+# The one-configuration calls behind the public dpjax.pld.dpsgd_epsilon / dpsgd_delta
+# (dpjax.pld.dpsgd adds batches of configurations, traced calls and the argument aliases).
+@host_only("dpjax.dpsgd_epsilon (traceable)")
+def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta, *, noise_schedule=None) -> float:
+    """Certified epsilon of one DP-SGD configuration (Poisson-subsampled Gaussian, add/remove
+    adjacency); see :func:`dpjax.pld.dpsgd.dpsgd_epsilon` for the public function."""
     target_delta = _validate.probability_open("target_delta", target_delta)
-    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False)
+    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False,
+                           noise_schedule=noise_schedule)
     return res.epsilon
 
 
-@host_only("dpjax.calibration.dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
-def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon) -> float:
-    """Certified delta of DP-SGD at ``target_epsilon`` (>= 0)."""
+@host_only("dpjax.dpsgd_delta (traceable)")
+def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon, *, noise_schedule=None) -> float:
+    """Certified delta of one DP-SGD configuration at ``target_epsilon`` (>= 0); see
+    :func:`dpjax.pld.dpsgd.dpsgd_delta` for the public function."""
     target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
-    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False)
+    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False,
+                           noise_schedule=noise_schedule)
     return res.delta

@@ -167,26 +167,15 @@ def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str)
 
 def _with_backend_hook(exp, fn):
     """``fn()`` (which lowers ``exp``), skipping the LAPACK-kernel initialization when ``exp`` has
-    no LAPACK custom call (see :func:`_first_call`)."""
+    no LAPACK custom call (see :func:`_first_call`; private JAX: :mod:`dpjax._jax_private`)."""
+    from dpjax import _jax_private
+
     try:
-        from jax._src.export import _export as jax_export
-
-        skip = (hasattr(jax_export, "_ensure_backends_initialized")
-                and b"lapack" not in bytes(exp.mlir_module_serialized))
-    except Exception:
+        skip = b"lapack" not in bytes(exp.mlir_module_serialized)
+    except Exception:  # noqa: BLE001 - an Exported without its module: nothing to skip
+        skip = False
+    with _jax_private.backends_initialization_skipped(skip):
         return fn()
-    if not skip:
-        return fn()
-    with _HOOK_LOCK:  # the patch is process-global: one lowering at a time while it is in place
-        hook = jax_export._ensure_backends_initialized
-        jax_export._ensure_backends_initialized = lambda platforms: None
-        try:
-            return fn()
-        finally:
-            jax_export._ensure_backends_initialized = hook
-
-
-_HOOK_LOCK = threading.Lock()
 
 
 def _first_call(call, exp, leaves):

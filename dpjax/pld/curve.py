@@ -16,9 +16,16 @@ evaluated for many ``T`` from ONE forward transform.  :func:`epsilon_curve` does
    (``+inf`` atom, Chernoff wrap-around bounds of the discretized log-MGF at that ``T``, FFT
    round-off allowance), so each entry is a certified upper bound on the true epsilon after
    ``T`` steps, with its certified lower end; soundness never depends on the grid, which was
-   planned for ``T_max`` (docs/design.md §2.4).  A ``T`` whose wrap-around bound came out over
-   budget (not seen in practice: the window is sized for ``T_max``) is recomputed by the
-   single-configuration accountant.
+   planned for ``T_max`` (docs/design.md §2.4).  Every entry has the single call's error
+   accounting: where the FFT round-off floor matters at ``target_delta`` (deltas near 1e-12 and
+   below) the composition at that ``T`` is re-run tilted towards the tail on the same grid, as
+   the single call does on its own; a ``T`` whose wrap-around bound came out over budget (not
+   seen in practice: the window is sized for ``T_max``) or with a direction the grid cannot
+   certify (``q T`` far below delta) is recomputed by the single-configuration accountant
+   (window widening, and the fallback bounds of :mod:`dpjax.pld.fallback`);
+4. composition never gains privacy (the steps after ``T`` are a post-processing away), so a
+   bound certified after ``T'`` steps holds after every ``T <= T'``: each entry is the smallest
+   bound certified at its ``T`` or at a larger ``T`` of the list, and the curve is monotone.
 
 Error bound against separate calls.  A separate call ``dpsgd_epsilon(sigma, q, T, delta)`` uses
 a grid planned for ``T``; both values are certified upper bounds and both lie above the true
@@ -62,12 +69,14 @@ class EpsilonCurve(ResultMixin):
 
     Attributes:
       steps: (K,) int64, the numbers of steps, in the order given.
-      epsilon: (K,) certified upper bounds (= ``epsilon_upper``).
+      epsilon: (K,) certified upper bounds (= ``epsilon_upper``; each the smallest certified at
+        its ``T`` or at a larger ``T`` of the list).
       epsilon_lower: (K,) certified lower ends of the brackets (0 where not computed).
       epsilon_upper: (K,) = ``epsilon``.
       target_delta: the delta.
       n, dx: the one grid (FFT length, spacing) shared by every ``T``.
-      recomputed: (K,) bool, True where that ``T`` went through the single-configuration path.
+      recomputed: (K,) bool, True where that ``T`` went through the single-configuration path
+        (module docstring, step 3).
     """
 
     steps: np.ndarray
@@ -96,6 +105,36 @@ def _curve_program(groups, counts, dx, lambdas, log_tau, deltas, *, directions, 
 
 #: Values of T per vmapped chunk (bounds the memory: ``batch * n`` per intermediate array).
 DEFAULT_BATCH = 16
+#: Memory the batched program may ask for (bytes): the batch is lowered until its estimate fits.
+MAX_CURVE_BYTES = 4 * 2**30
+#: Bytes of XLA temporaries per grid point and per ``T`` of a chunk, both directions and both
+#: bracket ends (the largest value of the compiled program's memory analysis over the plans of
+#: ``tests/test_curve.py``: 1112 at ``n = 2^21``, ~130-220 at ``n = 98304``).
+_BYTES_PER_POINT = 1200
+
+
+def _batch_that_fits(batch: int, k: int, n: int, directions: int, kinds: int) -> int:
+    """The largest chunk ``<= min(batch, k)`` whose estimated memory fits :data:`MAX_CURVE_BYTES`
+    (checked before anything is allocated; at least 1: one ``T`` is what a single call needs)."""
+    per_t = _BYTES_PER_POINT * n * directions * kinds / 4
+    return max(1, min(batch, k, int(MAX_CURVE_BYTES // per_t)))
+
+
+def _needs_tail_pass(plan, res, delta: float) -> bool:
+    """The single call's rule (:func:`dpjax.pld.accountant._tail_pass`): the FFT round-off floor
+    summed over the window is not negligible at ``delta``."""
+    floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
+    return floor > _acc._TAIL_PASS_FRACTION * delta
+
+
+def _plan_at(plan, t: int, t_max: int):
+    """The curve's plan with the count ``t`` and that count's composed moments (the tilted pass
+    places its window from them: mean ~ T, std ~ sqrt(T))."""
+    groups = tuple(tuple(g._replace(counts=np.asarray([t], np.int64)) for g in gd) for gd in plan.groups)
+    r = t / t_max
+    return dataclasses.replace(plan, groups=groups, total_count=t,
+                               mean_composed=tuple(m * r for m in plan.mean_composed),
+                               sigma_composed=tuple(s * r**0.5 for s in plan.sigma_composed))
 
 
 @host_only("dpjax.pld.epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
@@ -156,6 +195,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=None, target_delta=delta, options=options)
         uniq = np.unique(t_list)
         k = len(uniq)
+        batch = _batch_that_fits(batch, k, plan.n, len(directions), len(kinds))
         size = -(-k // batch) * batch
         counts = np.concatenate([uniq, np.full(size - k, uniq[-1])]).astype(np.int64)
         ms = tuple(tuple(m for m in plan.ms[di]) for di in range(len(directions)))
@@ -176,8 +216,27 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
                                                with_lower=with_lower)
                 upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
                 continue
+            if _needs_tail_pass(plan, res, delta):
+                # The single call's error accounting where the FFT round-off floor matters (small
+                # delta): the composition re-run tilted towards the tail, on this grid at this T
+                # (one compiled program for every T).
+                t = int(uniq[i])
+                groups_t = [g._replace(counts=np.asarray([t], np.int64)) for g in groups]
+                res = _acc._tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
+                                      _plan_at(plan, t, t_max), res, want="eps")
             _, up, lo = _acc._combine([(d, plan, r) for d, r in zip(directions, res)])
             upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
+            if not np.isfinite(upper[i]):
+                # A direction the grid cannot certify: the single call's fallback bounds.
+                redo[i] = True
+                single = _acc.dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
+                                               with_lower=with_lower)
+                upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
+    # Composition never gains privacy: the steps after T are a post-processing away, so a bound
+    # certified after T' steps also holds after every T <= T'.  Each entry is the smallest bound
+    # certified at its T or at any larger T of the list (a curve that is monotone in T).
+    upper = np.minimum.accumulate(upper[::-1])[::-1]
+    lower = np.minimum(lower, upper)
     pos = np.searchsorted(uniq, t_list)
     return EpsilonCurve(steps=t_list, epsilon=upper[pos], epsilon_lower=lower[pos], epsilon_upper=upper[pos],
                         target_delta=delta, n=int(plan.n), dx=float(plan.dx), recomputed=redo[pos])

@@ -44,7 +44,8 @@ user's ``jax.jit`` they need ``jax.enable_x64(True)`` around the tracing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+import warnings
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,8 @@ from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.mechanisms import DIRECTIONS, Direction
 from dpjax.pld.plan import GridOptions, plan_grid
 
-__all__ = ["FixedGrid", "plan_fixed_grid", "stack_grids", "delta_fn", "epsilon_fn", "tables"]
+__all__ = ["FixedGrid", "plan_fixed_grid", "stack_grids", "delta_fn", "epsilon_fn", "tables", "EpsilonReport",
+           "LooseBoundWarning", "LOOSE_FRACTION"]
 
 
 @jax.tree_util.register_dataclass
@@ -241,6 +243,37 @@ def _counts(grid: FixedGrid, counts):
                  for c, ref in zip(counts, grid.counts))
 
 
+def _composed(grid: FixedGrid, mechanisms=None, counts=None):
+    """Per direction, the composed (pessimistic) PLD on ``grid``; and the counts."""
+    mechs = _parameters(grid, mechanisms)
+    cnts = _counts(grid, counts)
+    out = []
+    for di, d in enumerate(grid.directions):
+        groups = tuple(Group(mechanism=m, counts=c, offsets=o[di]) for m, c, o in zip(mechs, cnts, grid.offsets))
+        out.append(compose(groups, grid.dx, grid.lambdas[di], grid.log_tau, direction=d, ms=grid.ms[di],
+                           n=grid.n, kinds=("up",)).up)
+    return out, cnts
+
+
+def _lumped_below(grid: FixedGrid, mechanisms, counts):
+    """Per direction, ``sum_k c_k P_k(Y <= y_0,k)``: the single-step P-mass below each
+    mechanism's first grid point, which the pessimistic discretization moves up onto it
+    (:mod:`dpjax.pld.discretize`).  Any event of that total probability changes delta by at most
+    that much, so a grid planned elsewhere (where this mass is not negligible) can overstate
+    delta by up to it."""
+    mechs = _parameters(grid, mechanisms)
+    cnts = _counts(grid, counts)
+    out = []
+    for di, d in enumerate(grid.directions):
+        total = 0.0
+        for m, c, o in zip(mechs, cnts, grid.offsets):
+            y0 = jnp.asarray(o[di], jnp.float64) * grid.dx
+            p_le = jax.vmap(lambda mech, y: mech.loss_cdfs(d, y[None]).p_le[0])(m, y0)
+            total = total + jnp.sum(jnp.asarray(c, jnp.float64) * p_le)
+        out.append(total)
+    return out
+
+
 @float64
 def tables(grid: FixedGrid, mechanisms=None, *, counts=None) -> tuple[HockeyStickTable, ...]:
     """Per direction, the certified (upper) delta-curve table of the composition on ``grid``.
@@ -249,15 +282,8 @@ def tables(grid: FixedGrid, mechanisms=None, *, counts=None) -> tuple[HockeyStic
     parameters may be traced), default the planning point; ``counts``: optional per-component
     counts (may be traced), default the planned ones.
     """
-    mechs = _parameters(grid, mechanisms)
-    cnts = _counts(grid, counts)
-    out = []
-    for di, d in enumerate(grid.directions):
-        groups = tuple(Group(mechanism=m, counts=c, offsets=o[di]) for m, c, o in zip(mechs, cnts, grid.offsets))
-        comp = compose(groups, grid.dx, grid.lambdas[di], grid.log_tau, direction=d, ms=grid.ms[di],
-                       n=grid.n, kinds=("up",)).up
-        out.append(table(comp, Bound.UPPER))
-    return tuple(out)
+    comps, _ = _composed(grid, mechanisms, counts)
+    return tuple(table(c, Bound.UPPER) for c in comps)
 
 
 @float64
@@ -272,15 +298,132 @@ def delta_fn(grid: FixedGrid, epsilon, mechanisms=None, *, counts=None) -> jax.A
     return out[0] if len(out) == 1 else jnp.maximum(*out) if len(out) == 2 else jnp.max(jnp.stack(out), 0)
 
 
+#: :func:`epsilon_fn` flags (``EpsilonReport.loose``, and a :class:`LooseBoundWarning`) an answer
+#: whose estimated excess over the bound of a grid planned at the same parameters is above this
+#: fraction of epsilon (half of the 1% promised: the discretization term is an estimate).
+LOOSE_FRACTION = 5e-3
+#: Coefficient of the connect-the-dots discretization law ``0.3 C dx^2 / sigma_c`` the planner
+#: sizes ``dx`` with (:mod:`dpjax.pld.plan`).
+_DISCRETIZATION_LAW = 0.3
+
+
+class LooseBoundWarning(UserWarning):
+    """An :func:`epsilon_fn` answer is sound but looser than a grid planned at its parameters
+    would give (the parameters left the range the fixed grid was planned for)."""
+
+
+class EpsilonReport(NamedTuple):
+    """:func:`epsilon_fn`'s answer with the terms of its bound (``with_report=True``).
+
+    Fields (arrays of the target's shape; for add/remove adjacency, the direction that sets
+    epsilon):
+
+    * ``epsilon``: the certified epsilon (the value ``epsilon_fn`` returns);
+    * ``error_terms``: the mass added to delta for the grid's truncations:
+      ``p_inf`` (single-step mass beyond the planned support, at loss ``+inf``) +
+      ``tail_above`` (wrap-around bound) + ``roundoff`` (FFT round-off and frequency
+      truncation allowance);
+    * ``p_inf``, ``tail_above``, ``roundoff``: those terms;
+    * ``lumped_below``: the single-step mass below the grid, moved up onto its first point
+      (summed over the composition): it can raise delta by at most this much;
+    * ``tail_below``: bound on the composed mass below the window, which wraps onto higher
+      losses (sound for the upper bound, but it can raise delta by up to this much);
+    * ``epsilon_lower_estimate``: epsilon of the same curve without the error terms, at
+      ``target_delta + lumped_below + tail_below``: a grid planned at these parameters gives at least this
+      (up to its own discretization);
+    * ``discretization``: estimated discretization error of epsilon on this grid at these
+      parameters (the planner's law ``0.3 C dx^2 / sigma_c``; an estimate, not a bound);
+    * ``excess``: ``(epsilon - epsilon_lower_estimate + discretization) / epsilon``, the
+      estimated relative excess over the bound of a grid planned here;
+    * ``loose``: ``excess > LOOSE_FRACTION`` (or epsilon infinite): re-plan the grid at these
+      parameters (:func:`plan_fixed_grid`, :func:`dpjax.calibration.dpsgd_grid`) for a tight
+      bound.
+    """
+
+    epsilon: jax.Array
+    loose: jax.Array
+    excess: jax.Array
+    error_terms: jax.Array
+    p_inf: jax.Array
+    tail_above: jax.Array
+    roundoff: jax.Array
+    lumped_below: jax.Array
+    tail_below: jax.Array
+    epsilon_lower_estimate: jax.Array
+    discretization: jax.Array
+
+
+def _direction_report(comp, delta, total, lumped):
+    tab = table(comp, Bound.UPPER)
+    eps = eps_at(tab, delta)
+    # A grid planned here has (up to its discretization) a delta curve at least this curve
+    # minus the added terms, the lumped mass and the mass that wrapped from below the window
+    # onto higher losses (each can raise delta by at most its size): its epsilon is at least
+    # this one.  (The table's A carries the added terms as a constant.)
+    added = comp.p_inf + comp.tail_above + comp.roundoff
+    bare = tab._replace(A=jax.lax.stop_gradient(tab.A - added))
+    eps0 = eps_at(bare, delta + lumped + comp.tail_below)
+    p = jnp.maximum(comp.pmf, 0.0)
+    y = comp.losses
+    mass = jnp.maximum(jnp.sum(p), 1e-300)
+    mean = jnp.sum(p * y) / mass
+    sigma_c = jnp.sqrt(jnp.maximum(jnp.sum(p * (y - mean) ** 2) / mass, 1e-30))
+    disc = _DISCRETIZATION_LAW * total * comp.dx ** 2 / sigma_c
+    return eps, eps0, disc, comp.p_inf, comp.tail_above, comp.roundoff, lumped, comp.tail_below
+
+
+def _warn_loose(loose, excess):
+    loose, excess = np.asarray(loose), np.asarray(excess)
+    if loose.any():
+        worst = float(np.max(np.where(loose, excess, 0.0)))
+        warnings.warn(
+            f"epsilon_fn: the fixed grid was planned for other parameters; this epsilon is sound but an estimated "
+            f"{'inf' if not np.isfinite(worst) else f'{100 * worst:.3g}%'} above the bound of a grid planned at "
+            f"these parameters (with_report=True gives the terms; re-plan with plan_fixed_grid / "
+            f"dpjax.calibration.dpsgd_grid at them)", LooseBoundWarning, stacklevel=2)
+
+
 @float64
-def epsilon_fn(grid: FixedGrid, target_delta, mechanisms=None, *, counts=None) -> jax.Array:
+def epsilon_fn(grid: FixedGrid, target_delta, mechanisms=None, *, counts=None, with_report: bool = False,
+               warn: bool = True):
     """Certified epsilon (upper bound) at ``target_delta`` (any array shape), in closed form.
 
     ``min{eps >= 0 : delta_fn(eps) <= target_delta}`` = the max over directions of
     :func:`~dpjax.pld.convert.eps_at`; ``inf`` when the grid cannot certify ``target_delta``
     (the ``+inf`` atom plus wrap-around and round-off allowances exceed it).  Differentiable in
     the mechanism parameters and ``target_delta`` through the table (exact on the segment).
+
+    **No silent looseness.**  The value is sound for any parameters, but a grid is tight only
+    near where it was planned (below a planned noise multiplier the single-step support
+    outgrows the grid and its mass goes to the ``+inf`` atom: planned at sigma 1, read at 0.8,
+    DP-SGD's epsilon came out twice the accountant's).  Every call estimates its excess over a
+    grid planned at the given parameters (:class:`EpsilonReport`); above
+    :data:`LOOSE_FRACTION` (0.5%) it warns with a :class:`LooseBoundWarning` (eagerly and under
+    ``jit``/``vmap``/``grad``, through ``jax.debug.callback``; ``warn=False`` silences it), and
+    ``with_report=True`` returns the :class:`EpsilonReport` (its ``loose`` flag, the error
+    terms, the estimate) instead of the bare epsilon.
     """
     delta = jnp.asarray(target_delta, jnp.float64)
-    out = [eps_at(t, delta) for t in tables(grid, mechanisms, counts=counts)]
-    return out[0] if len(out) == 1 else jnp.maximum(*out) if len(out) == 2 else jnp.max(jnp.stack(out), 0)
+    comps, cnts = _composed(grid, mechanisms, counts)
+    total = sum(jnp.sum(jnp.asarray(c, jnp.float64)) for c in cnts)
+    lumped = _lumped_below(grid, mechanisms, counts)
+    per = [_direction_report(c, delta, total, jax.lax.stop_gradient(lb)) for c, lb in zip(comps, lumped)]
+    eps_d = jnp.stack([r[0] for r in per])
+    active = jnp.argmax(eps_d, axis=0)
+    pick = lambda k: jnp.take_along_axis(jnp.stack([jnp.broadcast_to(r[k], eps_d.shape[1:]) for r in per]),
+                                         active[None], axis=0)[0]
+    eps = jnp.max(eps_d, axis=0)
+    eps0, disc = pick(1), pick(2)
+    p_inf, tail, roundoff, below, wrapped = pick(3), pick(4), pick(5), pick(6), pick(7)
+    excess = jax.lax.stop_gradient(jnp.where(eps > 0, (eps - eps0 + disc) / jnp.where(eps > 0, eps, 1.0), 0.0))
+    excess = jnp.where(jnp.isinf(eps), jnp.inf, excess)
+    loose = excess > LOOSE_FRACTION
+    if warn:
+        jax.debug.callback(_warn_loose, loose, excess)
+    if not with_report:
+        return eps
+    sg = jax.lax.stop_gradient
+    return EpsilonReport(epsilon=eps, loose=loose, excess=excess, error_terms=sg(p_inf + tail + roundoff),
+                         p_inf=sg(p_inf), tail_above=sg(tail), roundoff=sg(roundoff), lumped_below=sg(below),
+                         tail_below=sg(wrapped),
+                         epsilon_lower_estimate=sg(eps0), discretization=sg(disc))

@@ -33,6 +33,10 @@ The mechanism interface (what :mod:`dpjax.pld.mog` and any new mechanism must pr
 * ``loss_cdfs_directions(self, directions, y)`` (optional): :meth:`loss_cdfs` for a tuple of
   directions at once, ``y`` of shape ``(D, ...)`` (row ``d`` in ``directions[d]``), identical
   values; the batched composition uses it to compile one copy of the mechanism's code;
+* ``max_loss(self, direction)`` (optional): host-side upper bound on the privacy loss in that
+  direction (NumPy, shape of the parameters; ``inf`` when unbounded).  Where the grid cannot
+  certify a direction, the accountant falls back on the pure-DP composition of these bounds
+  among others (:mod:`dpjax.pld.fallback`);
 * ``privacy_parameter: str`` (optional class attribute): the name of a field such that, all other
   fields equal, a larger value is more private (the pair with the smaller value dominates by
   post-processing).  Long heterogeneous schedules varying only in that field are then bracketed
@@ -259,6 +263,15 @@ class PoissonSubsampledGaussian:
         _check_direction(direction)
         return LossCDFs(*(v[0] for v in self.loss_cdfs_directions((direction,), _f64(y)[None])))
 
+    def max_loss(self, direction: str) -> np.ndarray:
+        """Upper bound of the loss: ``-log(1 - q)`` under "add" (``inf`` at ``q = 1``), ``inf`` under "remove"."""
+        _check_direction(direction)
+        q = np.asarray(self.sampling_prob, np.float64)
+        if direction == "remove":
+            return np.full(q.shape, np.inf)
+        with np.errstate(divide="ignore"):
+            return -np.log1p(-q)
+
     def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
         """NumPy :meth:`loss_cdfs` for concrete parameters ``(G,)`` and losses ``(L,)`` -> ``(G, L)``."""
         _check_direction(direction)
@@ -303,6 +316,11 @@ class Laplace:
         _validate.positive("scale", self.scale)
         _validate.positive("sensitivity", self.sensitivity)
         return self
+
+    def max_loss(self, direction: str) -> np.ndarray:
+        """Upper bound of the loss, ``Delta / b`` (either direction)."""
+        _check_direction(direction)
+        return np.asarray(self.sensitivity, np.float64) / np.asarray(self.scale, np.float64)
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)
@@ -352,6 +370,12 @@ class RandomizedResponse:
         _validate.probability_open_closed("noise_parameter", self.noise_parameter)
         _validate.positive_int("num_buckets", self.num_buckets, minimum=2)
         return self
+
+    def max_loss(self, direction: str) -> np.ndarray:
+        """Upper bound of the loss, ``log(1 + k (1 - p) / p)`` (0 at ``p = 1``: the answer is uniform)."""
+        _check_direction(direction)
+        p = np.asarray(self.noise_parameter, np.float64)
+        return np.log1p(self.num_buckets * (1.0 - p) / p)
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
         _check_direction(direction)

@@ -179,7 +179,10 @@ def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array,
     _check_direction(direction)
     c = jnp.asarray(scaled_sensitivities, jnp.float64)
     probs = jnp.asarray(probabilities, jnp.float64)
-    log_probs = jnp.log(probs)
+    # log 0 = -inf for padding, without the 0/0 its derivative would be (same values; finite
+    # gradients in the mechanism's parameters, dpjax.pld.batched).
+    positive = probs > 0
+    log_probs = jnp.where(positive, jnp.log(jnp.where(positive, probs, 1.0)), -jnp.inf)
     y = jnp.asarray(y, jnp.float64)
     flat = y.reshape(-1)
     if direction == "remove":

@@ -206,9 +206,15 @@ def _probe_stats(p_le, p_gt, mass, tau_single: float, y):
 _LAMBDA_GRID = np.geomspace(1e-5, 10.0, 31)
 _LAMBDA_SPREAD = np.geomspace(0.5, 2.0, 5)
 _LAMBDA_FALLBACK = np.geomspace(0.3, 3.0, 5)
+# The same ratio continued seven decades further down, searched only when the optimum of one
+# side sits at the lowest point of _LAMBDA_GRID: a composed loss that is mostly a point mass near
+# 0 with rare large values (DP-SGD with q T far below delta: sigma_c ~ 1e-5, so z / sigma_c ~ 1e6
+# while the best lam is ~1) asked for a window of thousands of loss units (capped at 1300, so
+# dx = 6e-4 at n_max), and epsilon came out at dx / 2 instead of 0.
+_LAMBDA_GRID_LOW = np.geomspace(1e-12, 10.0, 66)
 
 
-def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid):
+def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid, factors=_LAMBDA_GRID):
     """Chernoff parameters ``(+lam_1..+lam_5, -lam_1..-lam_5)`` for one direction.
 
     Any ``lam`` gives a valid wrap-around bound (the bound itself is evaluated inside the jitted
@@ -225,7 +231,7 @@ def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid):
     probe masses (``inf`` when a side found no finite bound), an estimate of the width the
     jitted program's own bounds will ask for.
     """
-    grid = lam_gauss * _LAMBDA_GRID
+    grid = lam_gauss * factors
     L = grid.shape[0]
     lam = np.concatenate([grid, -grid])                         # (2L,)
     K = np.zeros(2 * L)
@@ -262,6 +268,8 @@ def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid):
             width = math.inf
             continue
         i = int(np.argmin(quantile))
+        if i == 0 and factors is _LAMBDA_GRID:
+            return _chernoff_search(masses_d, counts, lam_gauss, log_tau, mid, factors=_LAMBDA_GRID_LOW)
         # The width at the program's retry threshold (mass 10 tau outside each side, see
         # dpjax.pld.accountant._run): h - l = h + (-l).
         with np.errstate(invalid="ignore"):

@@ -43,7 +43,12 @@ XLA program.  The sweep therefore
    soon as the row is known, behind the round's own compiles, with generous static sizes
    (supports ``n`` long, 4x the kept frequencies) so that rows retried later fit it too: it
    overlaps the rest of the round instead of running alone at the end (measured: first pass
-   17.2-17.7 s against 18.0-19.0 s, three runs each, idle 2 cores).
+   17.2-17.7 s against 18.0-19.0 s, three runs each, idle 2 cores);
+5. gives every row the single call's error accounting: a row where the single call would not
+   stop at the grid's answer (a direction the grid cannot certify, or an FFT round-off floor
+   that matters at the requested delta, near 1e-12 and below) is recomputed by
+   :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` (path "single": the tilted tail pass and
+   the fallback bounds of :mod:`dpjax.pld.fallback`).
 
 Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
 [0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
@@ -85,7 +90,8 @@ Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON
 it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
 ``resume=True`` skips every configuration already recorded there: a killed sweep (even
 ``kill -9``) resumes without recomputing or losing a row, and the final files hold every
-configuration exactly once, in input order.  A progress bar (:mod:`dpjax._progress`) shows on a TTY.
+configuration exactly once, in input order.  Progress (:mod:`dpjax._progress`) shows on stderr: a
+bar in a terminal or notebook, lines in a log.
 
 Example::
 
@@ -114,7 +120,7 @@ import numpy as np
 from dpjax._results import ResultMixin
 
 from dpjax import _validate
-from dpjax._progress import progress
+from dpjax._progress import progress as _progress_bar
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
 from dpjax.pld import cache as _cache
@@ -123,8 +129,16 @@ from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
 __all__ = ["SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS", "SWEEP_SLACK"]
 
 #: Columns of every row, in order (CSV header).
-ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "delta", "epsilon",
-              "query", "lower", "upper", "n", "dx", "path")
+ROW_FIELDS = ("index", "noise_multiplier", "sampling_prob", "steps", "group_size", "target_delta", "target_epsilon",
+              "query", "epsilon", "delta", "lower", "upper", "grid", "n", "dx", "path")
+
+
+def grid_name(options: GridOptions | None) -> str:
+    """The ``grid`` of a row: ``"sweep"`` (:data:`SWEEP_OPTIONS`), ``"accountant"`` (the single
+    call's ``GridOptions()``, as :func:`dpjax.pld.dpsgd_epsilon`) or ``"custom"``."""
+    if options == SWEEP_OPTIONS:
+        return "sweep"
+    return "accountant" if options == GridOptions() else "custom"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +195,14 @@ class SweepConfig:
             raise ValueError(f"configuration {m!r} is missing {missing}")
         d = m.get("delta", m.get("target_delta"))
         e = m.get("epsilon", m.get("target_epsilon"))
-        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, m.get("group_size", 1) or 1).validate()
+        return cls(m["noise_multiplier"], m["sampling_prob"], m["steps"], d, e, _group_size_field(m)).validate()
+
+
+def _group_size_field(m: dict):
+    """``group_size`` of a mapping: absent or None means 1; anything else is validated as given
+    (0 or False is an error, not a silent 1)."""
+    k = m.get("group_size")
+    return 1 if k is None else k
 
 
 def _as_list(name, v) -> list:
@@ -238,10 +259,15 @@ def _as_configs(configs) -> list[SweepConfig]:
 class SweepTable(ResultMixin):
     """The result of :func:`sweep`: ``rows`` (dicts with :data:`ROW_FIELDS`) in input order.
 
-    Row fields: the configuration; ``query`` ("epsilon" or "delta"); the certified value in the
-    queried column (``epsilon`` for an epsilon query, ``delta`` for a delta query: an upper
-    bound, ``inf`` / 1 when nothing can be certified); ``lower`` / ``upper`` the certified bracket
-    of that value (``upper`` is the value); ``n``, ``dx`` the grid; ``path`` "batched" (bucket
+    Row fields (:data:`ROW_FIELDS`): the configuration, its target (``target_delta`` for an
+    epsilon query, ``target_epsilon`` for a delta query); ``query`` ("epsilon" or "delta"); the
+    certified value in the queried column (``epsilon`` for an epsilon query, ``delta`` for a
+    delta query: an upper bound, ``inf`` / 1 when nothing can be certified; the other column is
+    None); ``lower`` / ``upper`` the certified bracket of that value (``upper`` is the value);
+    ``grid`` the grid policy it was computed on ("sweep": :data:`SWEEP_OPTIONS`, within
+    :data:`SWEEP_SLACK` of the single call; "accountant": the single call's own grid, as
+    :func:`dpjax.pld.dpsgd_epsilon`; "custom": the ``options`` given; "closed_form": q = 1, no
+    grid) and ``n``, ``dx`` its size and spacing; ``path`` "batched" (bucket
     program), "exact" (q = 1: the closed form, no grid, ``n = dx = 0``), "single" (recomputed by
     the single-configuration accountant) or "resumed" (read
     back from ``out``).
@@ -616,18 +642,52 @@ def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
     return _plan(p.index, p.cfg, options, min_width=min_width, attempt=p.attempt + 1, groups=p.groups)
 
 
-def _row(p: _Planned, reports, path: str) -> dict:
+def _config_fields(cfg: SweepConfig, value: float) -> dict:
+    """A row's configuration and value: the target as ``target_delta`` / ``target_epsilon``, the
+    certified value as ``epsilon`` / ``delta`` (the one the query computes; the other is None)."""
+    return dict(noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob, steps=cfg.steps,
+                group_size=cfg.group_size, target_delta=cfg.delta, target_epsilon=cfg.epsilon, query=cfg.query,
+                epsilon=value if cfg.query == "epsilon" else None, delta=value if cfg.query == "delta" else None)
+
+
+def _row(p: _Planned, reports, path: str, grid: str) -> dict:
     dir_reports, upper, lower = _acc._combine(reports)
     upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
-    cfg = p.cfg
-    value = upper
-    row = dict(index=p.index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
-               steps=cfg.steps, group_size=cfg.group_size,
-               delta=cfg.delta if cfg.query == "epsilon" else value,
-               epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
-               query=cfg.query, lower=lower, upper=upper, n=int(dir_reports[0].n), dx=float(dir_reports[0].dx),
-               path=path)
-    return row
+    return dict(index=p.index, **_config_fields(p.cfg, upper), lower=lower, upper=upper, grid=grid,
+                n=int(dir_reports[0].n), dx=float(dir_reports[0].dx), path=path)
+
+
+def _needs_single(p: _Planned, res, row: dict) -> bool:
+    """True where the single call would not stop at this grid's answer: a direction the grid
+    could not certify (the single call then falls back on the bounds of
+    :mod:`dpjax.pld.fallback`), or an FFT round-off floor that matters at the requested delta
+    (the single call then re-runs the composition tilted towards the tail).  Such rows (tiny
+    ``q T``, deltas near 1e-12 and below) are recomputed by :func:`dpjax.pld.epsilon` /
+    :func:`dpjax.pld.delta`, so every row uses the single call's error accounting."""
+    if p.cfg.query == "epsilon":
+        if not math.isfinite(row["upper"]):
+            return True
+        level = p.cfg.delta
+    else:
+        if row["upper"] >= 1.0:
+            return True
+        level = min(float(np.min(r["up"]["value"])) for r in res)
+    floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
+    return level > 0 and floor > _acc._TAIL_PASS_FRACTION * level
+
+
+def _single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: bool) -> dict:
+    """The row from the single-configuration accountant (path "single")."""
+    comps = _components(cfg)
+    if cfg.query == "epsilon":
+        res = _acc.epsilon(comps, cfg.delta, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
+    else:
+        res = _acc.delta(comps, cfg.epsilon, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
+    rep = res.directions[0]
+    return dict(index=index, **_config_fields(cfg, value), lower=lower, upper=upper, grid=grid_name(options),
+                n=int(rep.n), dx=float(rep.dx), path="single")
 
 
 def _exact_row(index: int, cfg: SweepConfig) -> dict:
@@ -639,11 +699,8 @@ def _exact_row(index: int, cfg: SweepConfig) -> dict:
     else:
         res = _acc.delta([(mech, cfg.steps)], cfg.epsilon)
         value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
-    return dict(index=index, noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob,
-                steps=cfg.steps, group_size=cfg.group_size,
-                delta=cfg.delta if cfg.query == "epsilon" else value,
-                epsilon=value if cfg.query == "epsilon" else cfg.epsilon,
-                query=cfg.query, lower=lower, upper=upper, n=0, dx=0.0, path="exact")
+    return dict(index=index, **_config_fields(cfg, value), lower=lower, upper=upper, grid="closed_form", n=0,
+                dx=0.0, path="exact")
 
 
 #: The sweep's default grid policy (``options=None``): a relative accuracy target of 1e-4 on
@@ -668,8 +725,8 @@ DEFAULT_PER_DEVICE = 32
 def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
           with_lower: bool = True, devices: Sequence | None = None, per_device: int = DEFAULT_PER_DEVICE,
-          progress_bar: bool | None = None, sampling: str = "poisson", batches_per_epoch=None,
-          selections_per_epoch=1, epochs=None) -> SweepTable:
+          progress: bool | None = None, progress_bar: bool | None = None, sampling: str = "poisson",
+          batches_per_epoch=None, selections_per_epoch=1, epochs=None) -> SweepTable:
     """Certified epsilon (or delta) for every configuration; one row each, in input order.
 
     Args:
@@ -689,15 +746,20 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       with_lower: also compute the certified lower end of the bracket (about doubles the work).
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call.
-      progress_bar: show a progress bar (None: auto, on a TTY).
+      progress: show progress on stderr (None: auto, see :mod:`dpjax._progress`; False: never;
+        the keyword of every dpjax function with a bar; ``progress_bar`` is its former name).
       sampling: ``"poisson"`` (default: the configurations above), or ``"random_allocation"`` /
         ``"balls_in_bins"``: then the grid keywords are ``noise_multiplier``,
         ``batches_per_epoch``, ``selections_per_epoch``, ``epochs`` and ``delta`` / ``epsilon``
         (or ``configs`` with those fields), and every row is the single call's value
         (:func:`dpjax.pld.allocation_accountant.allocation_sweep`).
+      batches_per_epoch, selections_per_epoch, epochs: the random-allocation grid keywords
+        (``t``, ``k``, ``E``; see ``sampling``).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
+    if progress is not None and progress_bar is not None:
+        raise ValueError("give progress or its former name progress_bar, not both")
     if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
         from dpjax.pld.allocation_accountant import allocation_sweep
 
@@ -709,7 +771,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         return allocation_sweep(configs, sampling=sampling, noise_multiplier=noise_multiplier,
                                 batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
                                 epochs=epochs, delta=delta, epsilon=epsilon, out=out, resume=resume,
-                                with_lower=with_lower, progress_bar=progress_bar)
+                                with_lower=with_lower, progress=progress if progress_bar is None else progress_bar)
     t0 = time.perf_counter()
     options = None if options is None else _acc._options(options)
     if configs is None:
@@ -743,7 +805,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     rows: dict[int, dict] = dict(done)
     todo = [i for i in range(len(configs)) if i not in done]
     programs = set()
-    with jax.enable_x64(True), progress(total=len(configs), desc="sweep", enabled=progress_bar,
+    if progress is not None and progress_bar is not None:
+        raise ValueError("give progress or its former name progress_bar, not both")
+    show = progress if progress_bar is None else progress_bar
+    with jax.enable_x64(True), _progress_bar(total=len(configs), desc="sweep", enabled=show,
                                         initial=len(done), unit="cfg") as bar:
         # A q = 1 row (group size 1) is one Gaussian mechanism: the single-configuration accountant
         # answers it from the exact closed form (no grid, no round-off floor), so the sweep does
@@ -817,7 +882,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                             if again is not None:
                                 pending.append(again)
                                 continue
-                            row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched")
+                            row = _row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched",
+                                       grid_name(_options_for(p.cfg, options)))
+                            if _needs_single(p, res, row):
+                                row = _single_row(p.index, p.cfg, _options_for(p.cfg, options), with_lower)
                             rows[p.index] = row
                             new.append(row)
                         if len(pending) > retried:
@@ -844,7 +912,9 @@ def _matches(row: dict, cfg: SweepConfig) -> bool:
             return (a is None or (isinstance(a, float) and math.isnan(a))) and b is None
         return float(a) == float(b)
     given = "delta" if cfg.query == "epsilon" else "epsilon"
+    # target_delta / target_epsilon; rows of earlier releases held the target in delta / epsilon.
+    recorded = row.get("target_" + given, row.get(given))
     return (row.get("query") == cfg.query and same(row.get("noise_multiplier"), cfg.noise_multiplier)
             and same(row.get("sampling_prob"), cfg.sampling_prob) and int(row.get("steps")) == cfg.steps
             and int(row.get("group_size", 1)) == cfg.group_size
-            and same(row.get(given), getattr(cfg, given)))
+            and same(recorded, getattr(cfg, given)))

@@ -1,0 +1,598 @@
+"""Write ``docs/benchmarks.md`` from ``benchmarks/results/*.json``.
+
+Every number on that page comes from a result file, and every table says which machine ran it,
+when, and with which command (the ``"meta"`` record of :mod:`_meta`; for files written before
+the scripts recorded it, whatever the file itself holds, and "not recorded" for the rest).
+The page is a pure function of the result files: the same files give the same bytes, so the
+test suite re-renders it and compares (``tests/test_benchmarks_doc.py``)::
+
+    python benchmarks/render_docs.py           # rewrite docs/benchmarks.md
+    python benchmarks/render_docs.py --check   # exit 1 if docs/benchmarks.md is stale
+
+Adding a benchmark: write ``{"benchmark": ..., "rows": [{...}, ...], "meta": run_metadata(...)}``
+(flat rows of numbers and strings) and the generic renderer makes a table of it with no change
+here.  For a table of chosen columns, add a function ``(data) -> Rendered`` to :data:`RENDERERS`
+under the file's name (a few lines with :func:`table`); for a record that should not become a
+table, add its name pattern to :data:`NOT_TABULATED` with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import json
+import math
+import pathlib
+import re
+import subprocess
+import sys
+import unicodedata
+from typing import Any, Callable, Iterable
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+REFERENCE = ROOT / "tests" / "data" / "reference.json"
+
+NOT_RECORDED = "not recorded"
+
+
+# ------------------------------------------------------------------------------------------
+# Formatting: deterministic, no exponent for ordinary magnitudes.
+
+def num(x: Any, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits (integers above that shown whole, tiny values in
+    exponent form); ``None`` -> ``-``, booleans -> ``yes`` / ``no``."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) >= 10_000 else str(x)
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    if mag < -3:
+        return f"{x:.{digits - 1}e}"
+    if mag >= digits - 1:
+        return f"{x:,.0f}" if abs(x) >= 10_000 else f"{x:.0f}"
+    return f"{x:.{digits - 1 - mag}f}"
+
+
+def param(x: Any) -> str:
+    """An input parameter as typed (``1``, ``0.01``, ``1e-05``), not rounded."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return num(x)
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def seconds(x: Any) -> str:
+    """A duration: ``ms`` below one second, ``s`` above."""
+    if x is None:
+        return "-"
+    x = float(x)
+    return f"{num(1000 * x)} ms" if abs(x) < 1 else f"{num(x)} s"
+
+
+def ratio(x: Any) -> str:
+    return "-" if x is None else f"{num(x)}x"
+
+
+def cell(x: Any) -> str:
+    text = num(x) if not isinstance(x, str) else x
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: list[str], rows: Iterable[list[Any]]) -> str:
+    """A Markdown table; cells that are not strings go through :func:`num`."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Provenance: machine, date, command.
+
+def _machine_text(m: Any) -> str | None:
+    if m is None:
+        return None
+    if isinstance(m, str):
+        return m
+    parts = []
+    if m.get("cpu"):
+        parts.append(str(m["cpu"]))
+    count = m.get("cpu_count", m.get("cpus"))
+    if count is not None:
+        parts.append(f"{count} CPUs")
+    if m.get("platform"):
+        parts.append(str(m["platform"]))
+    if m.get("python"):
+        parts.append(f"Python {m['python']}")
+    versions = dict(m.get("versions") or {})
+    if "jax" in m and "jax" not in versions:
+        versions["jax"] = m["jax"]
+    if versions:
+        parts.append(", ".join(f"{k} {v}" for k, v in versions.items()))
+    if m.get("backend"):
+        parts.append(f"backend {m['backend']}")
+    if m.get("devices"):
+        parts.append("devices " + " ".join(map(str, m["devices"])))
+    load = m.get("loadavg") or m.get("loadavg_at_end")
+    if load:
+        parts.append("load average " + "/".join(f"{float(v):.1f}" for v in load))
+    return ", ".join(parts) if parts else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    machine: str | None
+    date: str | None
+    command: str | None
+    commit: str | None = None
+
+    def text(self, script: str) -> str:
+        command = f"`{self.command}`" if self.command else f"{NOT_RECORDED} (script: `benchmarks/{script}`)"
+        lines = [f"- machine: {self.machine or NOT_RECORDED}",
+                 f"- date: {self.date or NOT_RECORDED}",
+                 f"- command: {command}"]
+        if self.commit:
+            lines.append(f"- commit: `{self.commit}`")
+        return "\n".join(lines)
+
+
+def provenance(data: dict, outer: dict | None = None) -> Provenance:
+    """What ``data`` records about its run: its ``"meta"`` record, else the older fields
+    (``machine`` / ``platform`` / ``cpu_count`` / ``cpus`` / ``python``, ``finished``), else
+    those of ``outer`` (the enclosing record)."""
+    meta = data.get("meta")
+    if isinstance(meta, dict):
+        return Provenance(_machine_text(meta.get("machine")), meta.get("date"), meta.get("command"),
+                          meta.get("commit"))
+    machine = data.get("machine")
+    if machine is None and any(k in data for k in ("platform", "cpu_count", "cpus")):
+        machine = {k: data[k] for k in ("platform", "cpu_count", "cpus", "python") if k in data}
+    elif isinstance(machine, str) and data.get("cpus") is not None:
+        machine = {"platform": machine, "cpus": data["cpus"], "python": data.get("python")}
+    elif isinstance(machine, str) and data.get("python"):
+        machine = {"platform": machine, "python": data["python"]}
+    if isinstance(machine, dict) and "loadavg" not in machine and "loadavg_at_end" in data:
+        machine = {**machine, "loadavg_at_end": data["loadavg_at_end"]}
+    found = Provenance(_machine_text(machine), data.get("finished"), None)
+    if outer is not None and found.machine is None:
+        found = dataclasses.replace(found, machine=provenance(outer).machine)
+    return found
+
+
+# ------------------------------------------------------------------------------------------
+# Renderers: one per result file (or group of files of one script), then the generic one.
+
+@dataclasses.dataclass
+class Rendered:
+    title: str
+    body: str  # Markdown: what is measured and the table(s)
+    script: str  # benchmarks/<script> that writes the file
+    headlines: list[list[str]] = dataclasses.field(default_factory=list)  # [what, against, ratio]
+    own_provenance: bool = False  # True: ``body`` states machine, date and command per part
+
+
+def _reference_params() -> dict:
+    if not REFERENCE.exists():
+        return {}
+    cases = json.loads(REFERENCE.read_text())["cases"]
+    return {c["id"]: c["params"] for c in cases}
+
+
+def render_pld(d: dict) -> Rendered:
+    params = _reference_params()
+    rows, heads = [], []
+    for r in d["rows"]:
+        p = params.get(r["case"])
+        case = r["case"] if p is None else (f"{r['case']}: sigma {param(p['noise_multiplier'])}, "
+                                            f"q {param(p['sampling_probability'])}, T {param(p['steps'])}")
+        rows.append([case, r["library"], r["setting"], num(r["epsilon"], 8), num(r["abs_error_vs_reference"], 2),
+                     seconds(r["cold_s"]), seconds(r.get("cold_warm_disk_cache_s")), seconds(r["steady_s"]),
+                     ratio(r["steady_speedup_vs_dp_accounting"])])
+        if r["library"] == "dpjax" and r["setting"] == "default":
+            heads.append([f"PLD accounting, DP-SGD case {r['case']}, steady call", "dp_accounting",
+                          ratio(r["steady_speedup_vs_dp_accounting"])])
+    body = "\n\n".join([
+        f"Error: absolute difference from the pinned reference ({d['reference']}). "
+        f"Cold: {d['cold_definition']}. Cold, warm cache: {d['cold_warm_disk_cache_definition']}. "
+        f"Steady: {d['steady_definition']}. Target delta {param(d['delta'])}.",
+        table(["case", "library", "setting", "epsilon", "error", "cold", "cold, warm cache", "steady",
+               "speed-up (steady)"], rows)])
+    return Rendered("PLD accounting against dp_accounting", body, "bench_pld.py", heads)
+
+
+def render_first_call(d: dict) -> Rendered:
+    api = [r for r in d["rows"] if r["kind"] != "cli"]
+    cli = [r for r in d["rows"] if r["kind"] == "cli"]
+    body = [f"Definition: {d['definition']}. Target: the time dp_accounting needs for the same task, "
+            "or a fixed budget where it has none."]
+    body.append(table(["entry point", "dpjax", "dp_accounting", "target", "met"],
+                      [[f"`{r['name']}`", seconds(r["first_call_s"]), seconds(r.get("anchor_first_call_s")),
+                        seconds(r["target_s"]), r["meets_target"]] for r in api]))
+    if cli:
+        body.append(table(["command", "first run", "second run", "target (second run)", "met"],
+                          [[f"`dpjax {r['name'].split(':', 1)[1]}`", seconds(r["first_run_s"]),
+                            seconds(r["second_run_s"]), seconds(r["target_s"]), r["meets_target"]] for r in cli]))
+    met = sum(bool(r["meets_target"]) for r in d["rows"])
+    heads = [["First call of every entry point and CLI command within its target", "-",
+              f"{met} of {len(d['rows'])}"]]
+    return Rendered("First call (fresh process, compilation included)", "\n\n".join(body),
+                    "bench_first_call.py", heads)
+
+
+def render_group(d: dict) -> Rendered:
+    rows = [[r["sampling"], param(r["noise_multiplier"]), r["group_size"], param(r["steps"]), param(r["delta"]),
+             num(r["dpjax"]["eps"], 7), num(r["dp_accounting"]["eps"], 7), seconds(r["dp_accounting"]["seconds"]),
+             seconds(r["dpjax"]["cold_process_seconds"]), seconds(r["dpjax"]["steady_seconds"]),
+             ratio(r["speedup_steady"])] for r in d["rows"]]
+    speedups = [r["speedup_steady"] for r in d["rows"]]
+    body = "\n\n".join([d.get("note", ""), table(
+        ["sampling", "sigma", "k", "T", "delta", "epsilon dpjax", "epsilon dp_accounting", "dp_accounting",
+         "dpjax cold", "dpjax steady", "speed-up (steady)"], rows)]).strip()
+    heads = [["Group privacy (mixture of Gaussians), steady call", "dp_accounting",
+              f"{ratio(min(speedups))} - {ratio(max(speedups))}"]]
+    return Rendered("Group privacy against dp_accounting", body, "bench_group.py", heads)
+
+
+def render_calibration(d: dict) -> Rendered:
+    dj = d["dpjax"]
+    body = [f"One `dpsgd_noise_multiplier` call calibrates a batch of {dj['batch_size']} targets "
+            f"(T {param(dj['steps'])}, delta {param(dj['delta'])}, q in [{num(dj['sampling_prob_range'][0])}, "
+            f"{num(dj['sampling_prob_range'][1])}], epsilon in [{num(dj['epsilon_range'][0])}, "
+            f"{num(dj['epsilon_range'][1])}]): cold {seconds(dj['cold_seconds'])}, steady "
+            f"{seconds(dj['steady_seconds'])}, {seconds(dj['steady_seconds_per_calibration'])} per calibration. "
+            "dp_accounting's `calibrate_dp_mechanism` on the anchor targets:"]
+    body.append(table(["q", "epsilon", "T", "delta", "sigma dpjax", "sigma dp_accounting", "relative difference",
+                       "dp_accounting", "speed-up per calibration"],
+                      [[param(r["sampling_prob"]), param(r["epsilon"]), param(r["steps"]), param(r["delta"]),
+                        num(r["dpjax_sigma"], 7), num(r["dp_accounting_sigma"], 7), num(r["relative_difference"], 2),
+                        seconds(r["dp_accounting_seconds"]), ratio(r["speedup"])] for r in d["dp_accounting"]]))
+    heads = [["Noise calibration (batched), per calibration, steady", "dp_accounting",
+              ratio(d["speedup_steady_per_calibration"])]]
+    return Rendered("Noise calibration against dp_accounting", "\n\n".join(body), "bench_calibration.py", heads)
+
+
+def render_montecarlo(d: dict) -> Rendered:
+    rows = []
+    for r in d["results"]:
+        jp, dj = r["jax_privacy"], r["dpjax"]
+        rows.append([r["n"], r["b"], r["epochs"], num(jp["num_samples"]), num(jp["us_per_sample"]),
+                     num(dj["num_samples"]), num(dj["us_per_sample"]), seconds(dj["cold_s"]),
+                     ratio(r["speedup_samples_per_s"]),
+                     num(max(abs(z) for z in r["z_remove_vs_jax_privacy"]), 2)])
+    speedups = [r["speedup_samples_per_s"] for r in d["results"]]
+    body = "\n\n".join([
+        f"Toeplitz C with first column {d['matrix_first_column']}, sigma {param(d['noise_multiplier'])}, "
+        f"epsilon in {d['epsilons']}. Time per sample: jax_privacy's `get_privacy_loss_sample` (one direction) "
+        "against `BallsInBins.estimate` (both directions, every epsilon, from each draw). |z|: the largest "
+        "difference of the two delta estimates in combined standard errors.",
+        table(["n", "b", "E", "jax_privacy samples", "jax_privacy us/sample", "dpjax samples", "dpjax us/sample",
+               "dpjax cold", "speed-up", "max abs z"], rows)])
+    heads = [["Monte Carlo balls-in-bins, time per sample", "jax_privacy",
+              f"{ratio(min(speedups))} - {ratio(max(speedups))}"]]
+    return Rendered("Monte Carlo accounting against jax_privacy", body, "bench_montecarlo.py", heads)
+
+
+def render_optimize(d: dict) -> Rendered:
+    rows, heads = [], []
+    for r in d["rows"]:
+        for label, x in (("dpjax", r.get("dpjax")), ("anchor (Algorithm 2)", r.get("anchor_algorithm2"))):
+            if x is None:
+                continue
+            if "error" in x:
+                rows.append([r["config"], label, "error", "-", "-", "-", "-", "-", "-"])
+                continue
+            measured = x.get("measured_300_steps")
+            rows.append([r["config"], label, x["steps_run"], seconds(x["compile_and_first_step_s"]),
+                         seconds(x["per_step_s"]),
+                         seconds(x["extrapolated_300_steps_s"]) + ("" if measured else " (extrapolated)"),
+                         seconds(x.get("optimize_total_s")), num(x.get("peak_rss_mb")),
+                         ratio(r.get("speedup_per_step")) if label != "dpjax" else "-"])
+    body = "\n\n".join(x for x in [
+        f"{d.get('family', '')}, epsilon {param(d.get('epsilon'))}, delta {param(d.get('delta'))}. Config: epochs E x "
+        "batches per epoch b x Monte Carlo samples per step. The anchor is the paper's Algorithm 2 (fresh draws "
+        "every step, bisection, implicit gradient) run in the same process tree.",
+        d.get("note", ""),
+        table(["config", "run", "steps run", "compile + first step", "per step", "300 steps", "total", "peak RSS MB",
+               "speed-up per step"], rows)] if x)
+    configs = [r["config"] for r in d["rows"]]
+    title = "Optimizing C: " + (", ".join(configs) if len(configs) <= 2
+                                else f"{len(configs)} configurations, {configs[0]} to {configs[-1]}")
+    speedups = [r["speedup_per_step"] for r in d["rows"] if r.get("speedup_per_step") is not None]
+    if speedups:
+        span = ratio(speedups[0]) if len(speedups) == 1 else f"{ratio(min(speedups))} - {ratio(max(speedups))}"
+        heads.append([f"Optimizing C, time per step ({', '.join(configs) if len(configs) <= 2 else title[14:]})",
+                      "Algorithm 2", span])
+    return Rendered(title, body, "bench_optimize.py", heads)
+
+
+def render_sweep(d: dict) -> Rendered:
+    rows = [[r["library"], r["pass_"], seconds(r["seconds"]), num(r.get("per_config_ms")),
+             ratio(r.get("speedup_vs_dp_accounting"))] for r in d["rows"]]
+    body = "\n\n".join([
+        f"{d['configs']} random DP-SGD configurations ({d['distribution']}); dp_accounting's loop over "
+        f"{d['anchor_subset']} of them. dpjax compiled {d['dpjax_programs']} programs; dp_accounting's epsilon "
+        f"lies inside dpjax's certified bracket on {d['dp_accounting_inside_dpjax_bracket']} of "
+        f"{d['anchor_subset']} (median relative difference {num(d['median_rel_diff_dp_accounting_vs_dpjax'], 2)}).",
+        table(["library", "pass", "time", "ms per configuration", "speed-up"], rows)])
+    heads = [[f"Sweep of {d['configs']} configurations, {r['pass_'].split(' (')[0]} pass", "dp_accounting loop",
+              ratio(r["speedup_vs_dp_accounting"])] for r in d["rows"] if r.get("speedup_vs_dp_accounting")]
+    return Rendered("Sweeps against a dp_accounting loop", body, "bench_sweep.py", heads)
+
+
+def render_curve(d: dict) -> Rendered:
+    rows = [[r["what"], seconds(r["first_s"]), seconds(r["second_s"])] for r in d["rows"]]
+    rows.append(["ratio", ratio(d["ratio_first"]), ratio(d["ratio_second"])])
+    body = "\n\n".join([
+        f"Case: {d['case']}; grid size n = {num(d['n'])}. Largest relative difference between the two "
+        f"{num(d['max_rel_diff'], 2)}; each value inside the other's certified bracket: "
+        f"{num(d['inside_brackets'])}.",
+        table(["what", "first (fresh process)", "second"], rows)])
+    heads = [["eps(T) curve of 100 T, one call vs separate calls, first / second", "dpjax separate calls",
+              f"{ratio(d['ratio_first'])} / {ratio(d['ratio_second'])}"]]
+    return Rendered("eps(T) curves", body, "bench_curve.py", heads)
+
+
+def render_plancherel(d: dict) -> Rendered:
+    rows = [[num(r["n"]), num(r["inverse_ms_per_T"]), num(r["plancherel_ms_per_T"]),
+             num(r["plancherel_fixed_ms_per_T"]), ratio(r["speedup_plancherel"]),
+             ratio(r["speedup_plancherel_fixed"])] for r in d["rows"]]
+    body = "\n\n".join([
+        f"Per-T kernels of an eps(T) curve on one grid, batch {d['batch']}: the inverse transform against the "
+        f"Plancherel inner product. {d['note']}.",
+        table(["n", "inverse ms/T", "Plancherel ms/T", "Plancherel, weights precomputed, ms/T",
+               "speed-up", "speed-up, precomputed"], rows)])
+    return Rendered("eps(T) kernels: inverse transform against Plancherel", body, "bench_plancherel.py")
+
+
+def render_interop(d: dict) -> Rendered:
+    parts, heads = [], []
+    c = d.get("calibrate")
+    if c:
+        parts.append("**Calibration through the dp_accounting interface** "
+                     "(`calibrate_dp_mechanism` with dpjax's `PLDAccountant` against dp_accounting's own):")
+        parts.append(table(["run", "sigma", "time", "speed-up"], [
+            ["dp_accounting", num(c["dp_accounting"]["sigma"], 7), seconds(c["dp_accounting"]["seconds"]), "1x"],
+            ["dpjax, first", num(c["dpjax_first"]["sigma"], 7), seconds(c["dpjax_first"]["seconds"]),
+             ratio(c["speedup_first"])],
+            ["dpjax, steady", num(c["dpjax_steady"]["sigma"], 7), seconds(c["dpjax_steady"]["seconds"]),
+             ratio(c["speedup_steady"])]]))
+        parts.append(provenance(c, d).text("bench_interop.py"))
+        heads.append(["`calibrate_dp_mechanism` with dpjax's accountant, steady", "dp_accounting's accountant",
+                      ratio(c["speedup_steady"])])
+    r = d.get("running")
+    if r:
+        parts.append("**Running accountant**, 20 queries (variants `fixed_grid`, `fresh`, `full`; each in a fresh "
+                     f"process): fixed-grid epsilons within {num(r['max_rel_diff_fixed_grid_vs_fresh'], 2)} of "
+                     f"fresh; full equals fresh: {num(r['full_equals_fresh'])}.")
+        parts.append(table(["variant", "cold total", "cold first query", "steady total"], [
+            [k, seconds(r[k]["cold"]["total_s"]), seconds(r[k]["cold"]["first_s"]), seconds(r[k]["steady"]["total_s"])]
+            for k in ("fixed_grid", "fresh", "full") if k in r]))
+        parts.append(provenance(r, d).text("bench_interop.py"))
+    events = sorted((k for k in d if k.startswith("events")),
+                    key=lambda k: [int(x) if x.isdigit() else -1 for x in k.split("_")[1:]])
+    if events:
+        parts.append("**dp_accounting events** accounted by dpjax against dp_accounting (interval per part):")
+        parts.append(table(["part", "events", "interval", "worst relative difference", "all above the floor"], [
+            [k, len(d[k]["rows"]), num(d[k]["interval"]), num(d[k]["worst_rel_diff"], 2), d[k]["all_above_floor"]]
+            for k in events]))
+        parts.append(provenance(d).text("bench_interop.py"))
+    return Rendered("Interoperability (dp_accounting interface)", "\n\n".join(parts), "bench_interop.py", heads,
+                    own_provenance=True)
+
+
+def render_amplified_mf(d: dict) -> Rendered:
+    eps = d["epsilons"]
+    rows, prov = [], []
+    for group, g in d["groups"].items():
+        names: list[str] = []
+        for r in g["rows"]:
+            if r["name"] not in names:
+                names.append(r["name"])
+        for name in names:
+            by_eps = {r["epsilon"]: r for r in g["rows"] if r["name"] == name}
+            accounting = next(iter(by_eps.values()))["accounting"]
+            rows.append([f"`{name}`", accounting] + [num(by_eps[e]["rmse"]) if e in by_eps else "" for e in eps])
+        p = provenance(g, d)
+        prov.append(f"- `{group}`: machine: {p.machine or NOT_RECORDED}; date: {p.date or NOT_RECORDED}; "
+                    f"command: {('`' + p.command + '`') if p.command else NOT_RECORDED}")
+    body = "\n\n".join([
+        f"n = {d['n']} (E = {d['epochs']} epochs, b = {d['batches_per_epoch']} batches per epoch), "
+        f"delta = {param(d['delta'])}. Every row in one normalization: {d['normalization']}.",
+        table(["row", "accounting"] + [f"eps {param(e)}" for e in eps], rows),
+        "Each group of rows ran separately (script: `benchmarks/table_amplified_mf.py --groups GROUP`):",
+        "\n".join(prov)])
+    return Rendered("The main job: amplified matrix factorization, prefix-sum RMSE", body,
+                    "table_amplified_mf.py", own_provenance=True)
+
+
+def render_fig5(d: dict) -> Rendered:
+    rows = [[param(r["epsilon"]), num(r["num_samples"]), num(r["rmse_eval"], 4), num(r.get("rmse_estimate"), 4),
+             seconds(r["seconds"]), r.get("status", "-")] for r in d["runs"]]
+    body = "\n\n".join([
+        f"{d['family']}, E = {d['epochs']}, b = {d['batches_per_epoch']}, delta {param(d['delta'])}, "
+        f"{d['steps']} steps with fresh samples each step; evaluation: {d['evaluation']}.",
+        table(["epsilon", "samples per step", "RMSE (evaluation)", "RMSE (optimizer's estimate)", "time", "status"],
+              rows)])
+    title = f"Samples per optimization step: {d['family']}, n = {d['batches_per_epoch'] * d['epochs']}"
+    return Rendered(title, body, "fig5_samples.py")
+
+
+#: file name -> renderer, in the order of the page.  Several files of one script may share one.
+RENDERERS: dict[str, Callable[[dict], Rendered]] = {
+    "table_amplified_mf.json": render_amplified_mf,
+    "bench_pld.json": render_pld,
+    "bench_first_call.json": render_first_call,
+    "bench_group.json": render_group,
+    "bench_calibration.json": render_calibration,
+    "bench_montecarlo.json": render_montecarlo,
+    "bench_optimize_quick.json": render_optimize,
+    "bench_optimize_grid17.json": render_optimize,
+    "bench_optimize_grid20.json": render_optimize,
+    "bench_optimize_grid20_anchors.json": render_optimize,
+    "bench_optimize_64x128x20.json": render_optimize,
+    "bench_sweep.json": render_sweep,
+    "bench_curve.json": render_curve,
+    "bench_plancherel.json": render_plancherel,
+    "bench_interop.json": render_interop,
+    "fig5_samples_full_blt.json": render_fig5,
+    "fig5_samples_toeplitz.json": render_fig5,
+}
+
+#: Result files kept as records but not tabulated here (name pattern -> why).
+NOT_TABULATED = {
+    "table_amplified_mf.*.json": "one group or row of table_amplified_mf.json, which is tabulated whole",
+    "bench_first_call_*.json": "a side-by-side comparison of two versions, or a repeat, of the first-call benchmark",
+    "bench_calibration_first_call.json": "a side-by-side comparison of two versions of the calibration's first call",
+    "bench_optimize_quick_base.json": "the optimization benchmark on a previous version (side by side)",
+    "bench_optimize_cpu.json": "a CPU-time profile of the optimization loop",
+    "bench_optimize_memory.json": "a peak-memory measurement of the optimization loop",
+    "bench_optimize_profile.json": "a per-phase profile of one optimization step",
+    "optimize_resample.json": "a study of sample reuse across optimization steps",
+    "recheck_optimize.json": "a re-check of a certified result with an independent sampler",
+    "recheck_table.json": "a re-check of certified table rows with an independent sampler",
+}
+
+
+def _flat(row: dict) -> dict:
+    """One level of nested dicts flattened to ``a.b``; lists and deeper values left out."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                if isinstance(v2, (str, int, float, bool)) or v2 is None:
+                    out[f"{k}.{k2}"] = v2
+        elif isinstance(v, (str, int, float, bool)) or v is None:
+            out[k] = v
+    return out
+
+
+def render_generic(d: dict, name: str) -> Rendered:
+    """A table of ``rows`` (flat values, one nesting level flattened), or of the top-level values."""
+    rows = d.get("rows")
+    title = str(d.get("benchmark") or pathlib.Path(name).stem)
+    note = d.get("note") or d.get("description") or ""
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+        flat = [_flat(r) for r in rows]
+        columns: list[str] = []
+        for r in flat:
+            columns += [k for k in r if k not in columns]
+        body = table(columns, [[r.get(c) for c in columns] for r in flat])
+    else:
+        scalars = {k: v for k, v in _flat({k: v for k, v in d.items() if k != "meta"}).items()
+                   if k not in ("note", "description", "benchmark")}
+        body = table(["field", "value"], [[k, v] for k, v in scalars.items()])
+    body = "\n\n".join(x for x in [str(note).strip(), body] if x)
+    script = (str(d["benchmark"]) + ".py") if d.get("benchmark") else pathlib.Path(name).stem + ".py"
+    return Rendered(title, body, script)
+
+
+def _not_tabulated(name: str) -> str | None:
+    for pattern, why in NOT_TABULATED.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return why
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# The page.
+
+HEADER = """# Benchmarks
+
+Generated by `python benchmarks/render_docs.py` from `benchmarks/results/*.json`; do not edit by
+hand (the test suite checks that this page matches the result files). Each benchmark runs dpjax
+and the reference library side by side in one run and writes its numbers there; each table
+below names the machine, the date and the command of its run. Times are wall-clock. Where the
+machine was shared with other work the absolute times are inflated: compare a row with the
+reference measured in the same run (the ratios), not across tables. "Cold" and "first" include
+the process start, the imports and XLA compilation; "steady" is a repeated call after warm-up.
+"""
+
+
+def result_files(results: pathlib.Path = RESULTS) -> list[str]:
+    """The ``*.json`` names in ``results``: those git tracks when ``results`` is this repository's
+    (``.gitignore`` keeps a benchmark run's output out of git until it is added on purpose, so
+    the page is the same in a working copy and in a fresh clone), else every one there."""
+    names = sorted(p.name for p in results.glob("*.json"))
+    if results.resolve() != RESULTS.resolve():
+        return names
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z", "--", "*.json"], cwd=results, capture_output=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return names
+    if proc.returncode != 0:
+        return names
+    tracked = {pathlib.PurePosixPath(p).name for p in proc.stdout.decode().split("\0") if p}
+    return [n for n in names if n in tracked]
+
+
+def render(results: pathlib.Path = RESULTS) -> str:
+    """The whole page for the result files in ``results`` (deterministic)."""
+    files = result_files(results)
+    order = [f for f in RENDERERS if f in files]
+    skipped: dict[str, list[str]] = {}
+    for f in files:
+        if f not in RENDERERS and _not_tabulated(f):
+            skipped.setdefault(_not_tabulated(f), []).append(f)
+    generic = [f for f in files if f not in RENDERERS and not _not_tabulated(f)]
+    sections, headlines, titles = [], [], set()
+    for name in order + generic:
+        data = json.loads((results / name).read_text())
+        out = RENDERERS[name](data) if name in RENDERERS else render_generic(data, name)
+        title = out.title or pathlib.Path(name).stem
+        if title in titles:  # headings must be unique (they are link targets)
+            title = f"{title} ({pathlib.Path(name).stem})"
+        titles.add(title)
+        text = [f"## {title}", f"Source: `benchmarks/results/{name}`, written by `benchmarks/{out.script}`."]
+        if not out.own_provenance:
+            text.append(provenance(data).text(out.script))
+        text.append(out.body)
+        sections.append("\n\n".join(t for t in text if t))
+        headlines += [[h[0], h[1], h[2], f"[{title}](#{_anchor(title)})"] for h in out.headlines]
+    page = [HEADER.strip()]
+    if headlines:
+        page.append("## Headline ratios\n\nSpeed-ups of dpjax over the reference named in each row (higher is better "
+                    "for dpjax), and the first-call targets met, from the tables below.\n\n"
+                    + table(["what", "against", "ratio", "table"], headlines))
+    page += sections
+    if skipped:
+        page.append("## Other records\n\nKept in `benchmarks/results/` and not tabulated here:\n\n"
+                    + "\n".join(f"- {', '.join(f'`{f}`' for f in names)}: {why}" for why, names in skipped.items()))
+    return "\n\n".join(page).rstrip() + "\n"
+
+
+def _anchor(title: str) -> str:
+    """The heading id Python-Markdown's ``toc`` extension gives ``title`` (its ``slugify``)."""
+    text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from a fresh render")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        current = DOC.read_text() if DOC.exists() else ""
+        if current != text:
+            print(f"{DOC.relative_to(ROOT)} is stale: run python benchmarks/render_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    print(f"wrote {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

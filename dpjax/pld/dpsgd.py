@@ -1,0 +1,247 @@
+"""DP-SGD epsilon and delta: one call, a batch of configurations, or a traced call.
+
+:func:`dpsgd_epsilon` and :func:`dpsgd_delta` answer
+
+* **one configuration** (scalar arguments): the accountant's call
+  (:func:`dpjax.pld.accountant.dpsgd_epsilon`), unchanged;
+* **a batch**: array arguments (noise multipliers, sampling probabilities, steps, targets,
+  broadcast together) give one answer per element, each equal to the call with that element's
+  scalars (:func:`dpjax.pld.batched.epsilon_many`: every element on its own grid, the elements
+  of one grid shape in one compiled program).  An array of ``target_delta`` with every other
+  argument scalar keeps its meaning of one composition read at several deltas (one transform,
+  the grid planned at the smallest);
+* **a per-step noise schedule**: ``noise_schedule=`` (a 1-D array of length ``steps``), never
+  an array ``noise_multiplier``;
+* **traced arguments** (``jax.grad``, ``jax.vmap``, a user's ``jax.jit``, from float32 code too):
+  :func:`dpjax._traced.host_call` -- the batch path on the host through ``jax.pure_callback``,
+  with derivatives on the accountant's grid (:func:`dpjax.pld.batched.grid_partials`):
+  ``d eps / d sigma``, ``d eps / d q``, ``d eps / d target_delta`` (and for delta
+  ``d delta / d target_epsilon``).  ``steps`` may be traced (an integer; no derivative).
+
+Argument order and aliases: :mod:`dpjax._names` (``sample_rate=``, ``delta=``/``epsilon=``,
+``epochs=``).  The group accountants (:mod:`dpjax.group`) use the same dispatch with their own
+per-step mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import numpy as np
+
+from dpjax import _names, _traced, _validate
+
+__all__ = ["dpsgd_epsilon", "dpsgd_delta", "dispatch"]
+
+
+def _ndim(x) -> int:
+    return int(np.ndim(x)) if not _traced.is_traced(x) else len(x.shape)
+
+
+def _validate_batch(query, sigma, q, steps, target):
+    """Concrete arrays validated elementwise and broadcast: (sigma, q, steps, target) flat, shape."""
+    s = _validate.positive("noise_multiplier", sigma)
+    qq = (_validate.probability_open_closed("sampling_prob", q) if q is not None
+          else np.full((), np.nan))
+    t_raw = np.asarray(steps)
+    t = np.vectorize(lambda v: _validate.positive_int("steps", v), otypes=[np.int64])(t_raw) \
+        if t_raw.ndim else np.int64(_validate.positive_int("steps", steps))
+    if query == "epsilon":
+        tg = _validate.probability_open("target_delta", target)
+    else:
+        tg = _validate.nonnegative("target_epsilon", target)
+    try:
+        arrays = np.broadcast_arrays(s, qq, t, tg)
+    except ValueError:
+        raise ValueError(f"noise_multiplier, sampling_prob, steps and the target must broadcast together, got "
+                         f"shapes {np.shape(s)}, {np.shape(q)}, {np.shape(steps)}, {np.shape(target)}") from None
+    shape = arrays[0].shape
+    return [a.reshape(-1) for a in arrays], shape
+
+
+def _validate_concrete(query, sigma, q, steps, target) -> None:
+    """At trace time: the arguments that are not traced, validated as in an eager call."""
+    if not _traced.is_traced(sigma):
+        _validate.positive("noise_multiplier", sigma)
+    if q is not None and not _traced.is_traced(q):
+        _validate.probability_open_closed("sampling_prob", q)
+    if not _traced.is_traced(steps):
+        for v in np.ravel(np.asarray(steps, dtype=object)):
+            _validate.positive_int("steps", v)
+    if not _traced.is_traced(target):
+        if query == "epsilon":
+            _validate.probability_open("target_delta", target)
+        else:
+            _validate.nonnegative("target_epsilon", target)
+
+
+def _values(query, components: Callable, scalar: Callable, options, sigma, q, steps, target):
+    """Elementwise values of flat concrete arrays (the batch path)."""
+    from dpjax.pld import batched
+
+    sigma, q, steps, target = (np.asarray(a).reshape(-1) for a in (sigma, q, steps, target))
+    qs = [None if math.isnan(v) else float(v) for v in q]
+    if sigma.size == 1:
+        return np.asarray([float(np.asarray(scalar(float(sigma[0]), qs[0], int(steps[0]), float(target[0]))))])
+    comps = [components(float(s), qq, int(t)) for s, qq, t in zip(sigma, qs, steps)]
+    many = batched.epsilon_many if query == "epsilon" else batched.delta_many
+    return many(comps, target, options=options)
+
+
+def _partials(query, components: Callable, scalar: Callable, options, wrt, sigma, q, steps, target):
+    """Values and the derivatives named in ``wrt`` (``noise_multiplier``, ``sampling_prob``,
+    ``target``) of flat concrete arrays, on each element's grid."""
+    from dpjax.pld import batched
+
+    shape = np.shape(sigma)
+    flat = [np.asarray(a).reshape(-1) for a in (sigma, q, steps, target)]
+    values = _values(query, components, scalar, options, *flat)
+    parts = {k: np.zeros(values.shape) for k in wrt}
+    for i, (s, qq, t, tg) in enumerate(zip(*flat)):
+        qv = None if math.isnan(float(qq)) else float(qq)
+        comps = components(float(s), qv, int(t))
+        v = float(values[i])
+        if query == "epsilon":
+            if v == 0.0:
+                continue  # eps = 0 on a neighbourhood (delta(0) <= target): flat
+            g = batched.grid_partials(comps, noise_multiplier=float(s), sampling_prob=qv, target_delta=float(tg),
+                                      epsilon=v, options=options)
+            slope = g["d_delta_d_eps"]
+            d = {"noise_multiplier": -g["d_delta_d_sigma"] / slope, "sampling_prob": -g["d_delta_d_q"] / slope,
+                 "target": 1.0 / slope}
+            if not math.isfinite(v):
+                d = dict.fromkeys(d, math.nan)
+        else:
+            g = batched.grid_partials(comps, noise_multiplier=float(s), sampling_prob=qv, epsilon=float(tg),
+                                      options=options)
+            d = {"noise_multiplier": g["d_delta_d_sigma"], "sampling_prob": g["d_delta_d_q"],
+                 "target": g["d_delta_d_eps"]}
+            if v >= 1.0 or v <= 0.0:
+                d = dict.fromkeys(d, 0.0)
+        if qv is None:
+            d["sampling_prob"] = 0.0
+        for k in wrt:
+            parts[k][i] = d[k]
+    return values.reshape(shape), {k: p.reshape(shape) for k, p in parts.items()}
+
+
+def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Callable, scalar: Callable,
+             options=None, q_required: bool = True):
+    """Route one public call (see the module docstring).
+
+    ``components(sigma, q, steps)`` builds one element's composition (validated, floats in);
+    ``scalar(sigma, q, steps, target)`` is the accountant's one-configuration call (it may get
+    an array ``target`` with scalar others).  ``q`` may be None where the mechanism does not
+    use it (fixed batches)."""
+    target_name = "target_delta" if query == "epsilon" else "target_epsilon"
+    _names.require(name, noise_multiplier=sigma, steps=steps, **{target_name: target})
+    if q_required:
+        _names.require(name, sampling_prob=q)
+    if _traced.is_traced(sigma, q, steps, target):
+        floats = {"noise_multiplier": sigma, "target": target}
+        if q is not None:
+            floats["sampling_prob"] = q
+        ints = {"steps": steps}
+        _validate_concrete(query, sigma, q, steps, target)
+
+        def values(noise_multiplier, target, steps, sampling_prob=None):
+            flat, shape = _validate_batch(query, noise_multiplier, sampling_prob, steps, target)
+            return _values(query, components, scalar, options, *flat).reshape(shape)
+
+        def partials(wrt, noise_multiplier, target, steps, sampling_prob=None):
+            flat, shape = _validate_batch(query, noise_multiplier, sampling_prob, steps, target)
+            v, p = _partials(query, components, scalar, options, wrt, *(a.reshape(shape) for a in flat))
+            return v, p
+
+        return _traced.host_call(values, partials, floats, ints, name=name)
+    nd = [_ndim(x) for x in (sigma, q, steps)]
+    if not any(nd):
+        return scalar(sigma, q, steps, target)  # one configuration (targets may be an array)
+    flat, shape = _validate_batch(query, sigma, q, steps, target)
+    with jax.enable_x64(True):  # the float64 contract (dpjax._x64): eager batches compute in float64
+        return _values(query, components, scalar, options, *flat).reshape(shape)
+
+
+def _components(sigma, q, steps):
+    from dpjax.pld import accountant
+
+    return accountant._dpsgd_components(sigma, q, steps)
+
+
+def _scalar(query):
+    def call(sigma, q, steps, target, noise_schedule=None):
+        from dpjax.pld import accountant
+
+        fn = accountant.dpsgd_epsilon if query == "epsilon" else accountant.dpsgd_delta
+        return fn(sigma, q, steps, target, noise_schedule=noise_schedule)
+
+    return call
+
+
+def _schedule(query, name, sigma, q, steps, target, noise_schedule):
+    if sigma is not None:
+        raise ValueError(f"{name}: give noise_multiplier or noise_schedule, not both")
+    if _traced.is_traced(noise_schedule, q, steps, target):
+        raise ValueError(f"{name}: a noise_schedule is accounted on the host (its values choose the grid) and "
+                         f"cannot be traced; call it outside jax.jit/grad/vmap")
+    if steps is None:
+        steps = int(np.size(noise_schedule))
+    _names.require(name, sampling_prob=q, **{"target_delta" if query == "epsilon" else "target_epsilon": target})
+    return _scalar(query)(None, q, steps, target, noise_schedule=noise_schedule)
+
+
+def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_delta=None, *, noise_schedule=None,
+                  sample_rate=None, epochs=None, delta=None):
+    """Certified epsilon of DP-SGD (Poisson sampling, add/remove adjacency) at ``target_delta``.
+
+    Args:
+      noise_multiplier: sigma > 0 (noise std / clip norm); an array gives one epsilon per entry
+        (a batch, broadcast with the other arguments).
+      sampling_prob: Poisson sampling probability q in (0, 1] (alias ``sample_rate=``).
+      steps: number of steps T >= 1 (or ``epochs=``: ``T = int(epochs / sampling_prob)``).
+      target_delta: in (0, 1) (alias ``delta=``).
+      noise_schedule: instead of ``noise_multiplier``, a per-step schedule (1-D, length
+        ``steps``; ``steps`` may then be left out).
+
+    Returns:
+      a float (scalar arguments), a float64 ndarray (arrays), or, traced (``jax.grad``,
+      ``jax.vmap``, ``jax.jit``), a JAX array in the caller's float dtype with derivatives in
+      ``noise_multiplier``, ``sampling_prob`` and ``target_delta``.  A certified upper bound,
+      never below the true epsilon; each element equals the call with its own scalars.
+
+    Example::
+
+        >>> import dpjax, jax, numpy as np
+        >>> dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)                          # doctest: +SKIP
+        1.8282...
+        >>> dpjax.dpsgd_epsilon(np.array([0.8, 1.0, 1.2]), 0.01, 1000, 1e-5)     # doctest: +SKIP
+        >>> jax.grad(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 1000, 1e-5))(1.0)    # doctest: +SKIP
+        -3.82...
+    """
+    name = "dpsgd_epsilon"
+    a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
+                               dict(sample_rate=sample_rate, delta=delta))
+    q, d = a["sampling_prob"], a["target_delta"]
+    steps = _names.steps_from_epochs(name, q, steps, epochs)
+    if noise_schedule is not None:
+        return _schedule("epsilon", name, noise_multiplier, q, steps, d, noise_schedule)
+    return dispatch("epsilon", name, noise_multiplier, q, steps, d, components=_components,
+                    scalar=_scalar("epsilon"))
+
+
+def dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_epsilon=None, *, noise_schedule=None,
+                sample_rate=None, epochs=None, epsilon=None):
+    """Certified delta of DP-SGD at ``target_epsilon`` (>= 0): as :func:`dpsgd_epsilon`, with
+    the target epsilon last (alias ``epsilon=``).  Derivatives (traced) in
+    ``noise_multiplier``, ``sampling_prob`` and ``target_epsilon``."""
+    name = "dpsgd_delta"
+    a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
+                               dict(sample_rate=sample_rate, epsilon=epsilon))
+    q, e = a["sampling_prob"], a["target_epsilon"]
+    steps = _names.steps_from_epochs(name, q, steps, epochs)
+    if noise_schedule is not None:
+        return _schedule("delta", name, noise_multiplier, q, steps, e, noise_schedule)
+    return dispatch("delta", name, noise_multiplier, q, steps, e, components=_components,
+                    scalar=_scalar("delta"))
