@@ -33,16 +33,16 @@ __version__ = "0.1.0"
 import importlib as _importlib
 
 _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
-               "sampling", "noise", "interop", "dpsgd")
-# name -> module that defines it.  dpjax.dpsgd_epsilon / dpsgd_delta / dpsgd_noise_multiplier
-# take sampling="poisson" (default: exactly dpjax.pld.dpsgd_epsilon etc.), "fixed_batch" (group
-# keywords, dpjax.group), "random_allocation" or "balls_in_bins" (dpjax.pld.allocation_accountant);
-# see dpjax.dpsgd.
+               "sampling", "noise", "interop")
+# name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
+# sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
+# unchanged (see dpjax.group.dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
+# (batches_per_epoch=, selections_per_epoch=, epochs=) work in dpsgd_epsilon, dpsgd_delta,
+# dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation_dpsgd).
 _ATTRS = {
-    "dpsgd_delta": "dpjax.dpsgd",
-    "dpsgd_noise_multiplier": "dpjax.dpsgd",
-    "dpsgd_epsilon": "dpjax.dpsgd",
-    "dpsgd_accounting": "dpjax.dpsgd",
+    "dpsgd_delta": "dpjax.pld",
+    "dpsgd_noise_multiplier": "dpjax.calibration",
+    "dpsgd_epsilon": "dpjax.group",
     "group_accounting": "dpjax.group",
     "group_delta": "dpjax.group",
     "group_epsilon": "dpjax.group",

@@ -1,5 +1,6 @@
-"""Random allocation / balls-in-bins through every public door: dpjax.dpsgd_*, calibration,
-sweep, epsilon_curve, CLI, interop events and running accountants give the Python call's numbers."""
+"""Random allocation / balls-in-bins through every public door: dpjax.dpsgd_* (eager, batched and
+traced), calibration, sweep, epsilon_curve, CLI, interop events and running accountants give the
+Python call's numbers."""
 
 from __future__ import annotations
 
@@ -24,15 +25,49 @@ def reference():
 def test_dpsgd_entry_points(reference):
     eps = dpjax.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T, epochs=E)
     assert eps == reference.epsilon
-    res = dpjax.dpsgd_accounting(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T,
-                                 epochs=E)
+    res = dpjax.pld.dpsgd_accounting(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T,
+                                     epochs=E)
     assert res.epsilon_lower == reference.epsilon_lower and res.adjacency == "add_or_remove"
     d = dpjax.dpsgd_delta(SIGMA, target_epsilon=eps, sampling="random_allocation", batches_per_epoch=T, epochs=E)
     assert d == R.allocation_delta(SIGMA, T, E, eps)
     bib = dpjax.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling="balls_in_bins", batches_per_epoch=T, epochs=E)
     assert bib == R.balls_in_bins_epsilon(SIGMA, T, E, DELTA)
+    assert dpjax.pld.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T,
+                                   epochs=E) == eps
+    # steps, where given, is t * E.
+    assert dpjax.dpsgd_epsilon(SIGMA, steps=T * E, target_delta=DELTA, sampling="random_allocation",
+                               batches_per_epoch=T, epochs=E) == eps
     # Poisson keeps its positional spelling and value.
     assert dpjax.dpsgd_epsilon(1.0, 0.01, 100, 1e-5) == dpjax.pld.dpsgd_epsilon(1.0, 0.01, 100, 1e-5)
+
+
+def test_batches_and_traced_calls_give_the_call(reference):
+    """An array of noise multipliers is one call per element; jax.vmap / jax.jit (float32 code) give
+    the call's value rounded to float32; jax.grad is the derivative of the certified bound on the
+    call's plan (discretization held fixed), close to a finite difference of the call itself."""
+    import jax
+    import jax.numpy as jnp
+
+    kw = dict(sampling="random_allocation", batches_per_epoch=T, epochs=E)
+    sigmas = np.array([SIGMA, 2.0])
+    many = dpjax.dpsgd_epsilon(sigmas, target_delta=DELTA, **kw)
+    assert many.shape == (2,) and many[0] == reference.epsilon
+    assert many[1] == R.allocation_epsilon(2.0, T, E, DELTA)
+    assert not jax.config.jax_enable_x64
+    v = jax.vmap(lambda s: dpjax.dpsgd_epsilon(s, target_delta=DELTA, **kw))(jnp.asarray(sigmas, jnp.float32))
+    assert v.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(v), many, rtol=1e-6)
+    j = jax.jit(lambda s: dpjax.dpsgd_delta(s, target_epsilon=1.0, **kw))(jnp.float32(SIGMA))
+    # (a float32 argument: the call at float32(SIGMA))
+    assert float(j) == pytest.approx(R.allocation_delta(float(np.float32(SIGMA)), T, E, 1.0), rel=1e-6)
+    g = float(jax.grad(lambda s: dpjax.dpsgd_epsilon(s, target_delta=DELTA, **kw))(SIGMA))
+    h = 2e-3
+    fd = (R.allocation_epsilon(SIGMA + h, T, E, DELTA) - R.allocation_epsilon(SIGMA - h, T, E, DELTA)) / (2 * h)
+    assert g < 0 and g == pytest.approx(fd, rel=2e-2)
+    gb = float(jax.grad(lambda s: dpjax.dpsgd_epsilon(s, target_delta=DELTA, sampling="balls_in_bins",
+                                                       batches_per_epoch=T, epochs=E))(SIGMA))
+    fdb = (R.balls_in_bins_epsilon(SIGMA + h, T, E, DELTA) - R.balls_in_bins_epsilon(SIGMA - h, T, E, DELTA)) / (2 * h)
+    assert gb == pytest.approx(fdb, rel=2e-2)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -43,6 +78,9 @@ def test_dpsgd_entry_points(reference):
     (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2, group_size=2), "group_size"),
     (dict(sampling="shuffle", batches_per_epoch=10, epochs=2), "sampling"),
     (dict(sampling_prob=0.1, steps=10, batches_per_epoch=10), "batches_per_epoch"),
+    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2, noise_schedule=[1.0] * 20), "noise_schedule"),
+    (dict(sampling="random_allocation", batches_per_epoch=0, epochs=2), "batches_per_epoch"),
+    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2.5), "epochs"),
 ])
 def test_dpsgd_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -138,12 +176,13 @@ def test_calibration_meets_target_and_gradient_matches_finite_differences():
     import jax
 
     target, delta, t, epochs = 1.0, 1e-5, 32, 2
-    sigma = dpjax.dpsgd_noise_multiplier(target, delta, sampling="random_allocation", batches_per_epoch=t,
-                                         epochs=epochs)
+    kw = dict(sampling="random_allocation", batches_per_epoch=t, epochs=epochs)
+    sigma = dpjax.dpsgd_noise_multiplier(target_epsilon=target, target_delta=delta, **kw)
     eps = R.allocation_epsilon(sigma, t, epochs, delta)
     assert target - 1e-4 <= eps <= target
     assert R.allocation_epsilon(sigma * (1 - 1e-3), t, epochs, delta) > target      # smallest to 0.1%
-    g_eps, g_delta = jax.grad(lambda e, d: R.noise_multiplier_fn(e, d, t, epochs), argnums=(0, 1))(target, delta)
+    g_eps, g_delta = jax.grad(lambda e, d: dpjax.dpsgd_noise_multiplier(target_epsilon=e, target_delta=d, **kw),
+                              argnums=(0, 1))(target, delta)
     h = 2e-3
     fd = (R.allocation_noise_multiplier(target + h, delta, t, epochs)
           - R.allocation_noise_multiplier(target - h, delta, t, epochs)) / (2 * h)

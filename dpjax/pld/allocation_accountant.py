@@ -41,7 +41,8 @@ from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult
 __all__ = [
     "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
     "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
-    "balls_in_bins_delta", "epsilon_fn", "delta_fn",
+    "balls_in_bins_delta", "epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
+    "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS",
 ]
 
 DIRECTIONS = ("remove", "add")
@@ -571,7 +572,9 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
 
     The search runs on the certified upper bound itself (one accountant call per probe); the
     returned sigma meets the target on it and lies within :data:`CALIBRATION_TOLERANCE` (relative)
-    of a sigma that does not.  For gradients use :func:`noise_multiplier_fn`.
+    of a sigma that does not.  For gradients: :func:`dpjax.dpsgd_noise_multiplier` with
+    ``sampling="random_allocation"`` under ``jax.grad`` (the implicit derivative,
+    :func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
     """
     eps_t = float(_validate.positive("target_epsilon", target_epsilon))
     delta = float(_validate.probability_open("target_delta", target_delta))
@@ -588,54 +591,6 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
     guess = max(1e-3, min(1e4, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
     hi, _, _ = _search_sigma(g, eps_t, guess)
     return hi
-
-
-@float64
-def noise_multiplier_fn(target_epsilon, target_delta, batches_per_epoch, epochs, *, selections_per_epoch: int = 1,
-                        balls_in_bins: bool = False, options: AllocationOptions | None = None):
-    """:func:`allocation_noise_multiplier` as a JAX function of ``(target_epsilon, target_delta)``
-    with the implicit gradient: at the root ``eps(sigma*) = target_epsilon``,
-    ``d sigma*/d target_epsilon = 1 / (d eps/d sigma)`` and ``d sigma*/d target_delta =
-    -(d eps/d delta) / (d eps/d sigma)``, both partials of the certified bound on the plan of the
-    returned sigma with its discretization held fixed (:func:`epsilon_partials`; docs/design.md §5).  Call it eagerly or under ``jax.grad`` (not inside
-    ``jax.jit``: the search runs on the host)."""
-    import jax
-    import jax.numpy as jnp
-
-    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
-    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
-    E = _validate.positive_int("epochs", epochs)
-
-    def solve(eps, delta):
-        sigma = allocation_noise_multiplier(float(eps), float(delta), t, E, selections_per_epoch=k,
-                                            balls_in_bins=balls_in_bins, options=options)
-        return sigma
-
-    def plan_at(sigma, delta):
-        if balls_in_bins:
-            s_eff, blocks = sigma / math.sqrt(E), allocation_blocks(t, 1, 1)
-        else:
-            s_eff, blocks = sigma, allocation_blocks(t, k, E)
-        plan, _ = _account(s_eff, blocks, target_delta=delta, options=options)
-        return plan, (1.0 / math.sqrt(E) if balls_in_bins else 1.0)
-
-    @jax.custom_vjp
-    def f(eps, delta):
-        return jnp.asarray(solve(eps, delta), jnp.float64)
-
-    def fwd(eps, delta):
-        sigma = solve(eps, delta)
-        return jnp.asarray(sigma, jnp.float64), (sigma, float(delta))
-
-    def bwd(res, ct):
-        sigma, delta = res
-        plan, scale = plan_at(sigma, delta)
-        de_ds, de_dd = epsilon_partials(plan, sigma * scale, delta)
-        de_ds = de_ds * scale
-        return ct / de_ds, -ct * de_dd / de_ds
-
-    f.defvjp(fwd, bwd)
-    return f(jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(target_delta, jnp.float64))
 
 
 # ------------------------------------------------------------------------------------------
@@ -694,7 +649,8 @@ def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target
 
 #: Columns of a random-allocation / balls-in-bins sweep row (CSV header).
 SWEEP_ROW_FIELDS = ("index", "sampling", "noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs",
-                    "delta", "epsilon", "query", "lower", "upper", "path")
+                    "target_delta", "target_epsilon", "query", "epsilon", "delta", "lower", "upper", "grid", "n", "dx",
+                    "path")
 
 
 def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
@@ -720,14 +676,14 @@ def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
         if not isinstance(c, dict):
             raise ValueError(f"a configuration must be a mapping, got {c!r}")
         allowed = {"noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs", "delta", "epsilon",
-                   "sampling"}
+                   "target_delta", "target_epsilon", "sampling"}
         extra = set(c) - allowed
         if extra:
             raise ValueError(f"unknown configuration field(s) {sorted(extra)}; allowed: {sorted(allowed)}")
         samp = c.get("sampling", sampling)
         if samp not in ("random_allocation", "balls_in_bins"):
             raise ValueError(f"sampling must be 'random_allocation' or 'balls_in_bins' here, got {samp!r}")
-        d, e = c.get("delta"), c.get("epsilon")
+        d, e = c.get("delta", c.get("target_delta")), c.get("epsilon", c.get("target_epsilon"))
         if (d is None) == (e is None):
             raise ValueError(f"each configuration needs exactly one of delta and epsilon, got {c!r}")
         t = _validate.positive_int("batches_per_epoch", c.get("batches_per_epoch"))
@@ -746,15 +702,18 @@ def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
 
 def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise_multiplier=None,
                      batches_per_epoch=None, selections_per_epoch=1, epochs=None, delta=None, epsilon=None, out=None,
-                     resume: bool = False, with_lower: bool = True, progress_bar=None):
+                     resume: bool = False, with_lower: bool = True, progress=None):
     """Certified epsilon (or delta) of every random-allocation / balls-in-bins configuration
-    (a grid: Cartesian product of the keywords, or ``configs``, mappings with the row fields),
-    one row each (:data:`SWEEP_ROW_FIELDS`), each exactly the single call's value; with ``out``
-    rows are journaled as computed and ``resume`` skips recorded ones (as :func:`dpjax.sweep`).
-    Returns :class:`dpjax.pld.SweepTable`."""
+    (a grid: Cartesian product of the keywords, or ``configs``, mappings with the configuration
+    fields and ``target_delta`` / ``target_epsilon``, ``delta`` / ``epsilon`` read too), one row
+    each (:data:`SWEEP_ROW_FIELDS`), each exactly the single call's value (``grid``
+    ``"accountant"``; ``"closed_form"`` where every step is selected: the exact Gaussian); with
+    ``out`` rows are journaled as computed and ``resume`` skips recorded ones (as
+    :func:`dpjax.sweep`).  ``progress``: as :func:`dpjax.sweep`.  Returns
+    :class:`dpjax.pld.SweepTable`."""
     import time
 
-    from dpjax._progress import progress
+    from dpjax._progress import progress as progress_meter
     from dpjax.pld.sweeping import SweepTable
 
     t0 = time.perf_counter()
@@ -773,10 +732,11 @@ def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise
             given = None if c is None else ("delta" if c["delta"] is not None else "epsilon")
             if c is None or row.get("sampling") != c["sampling"] or any(
                     _differs(row.get(f), c[f]) for f in ("noise_multiplier", "batches_per_epoch",
-                                                         "selections_per_epoch", "epochs", given)):
+                                                         "selections_per_epoch", "epochs")) or _differs(
+                    row.get("target_" + given, row.get(given)), c[given]):
                 raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep")
             rows[i] = dict(row, path="resumed")
-    with progress(total=len(cfgs), desc="sweep", enabled=progress_bar, initial=len(rows), unit="cfg") as bar:
+    with progress_meter(total=len(cfgs), desc="sweep", enabled=progress, initial=len(rows), unit="cfg") as bar:
         for i, c in enumerate(cfgs):
             if i in rows:
                 continue
@@ -788,8 +748,14 @@ def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise
                                             selections_per_epoch=c["selections_per_epoch"], **target)
             query = "epsilon" if c["delta"] is not None else "delta"
             val = float(getattr(res, query))
-            row = dict(index=i, **c, query=query, lower=float(getattr(res, query + "_lower")) if with_lower else None,
-                       upper=val, path="single")
+            closed = int(res.directions[0].n) == 0      # every step selected: the exact Gaussian, no grid
+            row = dict(index=i, sampling=c["sampling"], noise_multiplier=c["noise_multiplier"],
+                       batches_per_epoch=c["batches_per_epoch"], selections_per_epoch=c["selections_per_epoch"],
+                       epochs=c["epochs"], target_delta=c["delta"], target_epsilon=c["epsilon"], query=query,
+                       epsilon=None, delta=None, lower=float(getattr(res, query + "_lower")) if with_lower else None,
+                       upper=val, grid="closed_form" if closed else "accountant",
+                       n=0 if closed else int(res.directions[0].n), dx=0.0 if closed else float(res.directions[0].dx),
+                       path="single")
             row[query] = val
             rows[i] = row
             if store is not None:
