@@ -39,7 +39,8 @@ import numpy as np
 
 from dpjax import _traced, _validate
 
-__all__ = ["ALLOCATION_SAMPLINGS", "is_allocation", "allocation_args", "accounting", "query", "noise_multiplier"]
+__all__ = ["ALLOCATION_SAMPLINGS", "is_allocation", "allocation_args", "no_allocation_args", "accounting", "query",
+           "noise_multiplier", "sigma_partials"]
 
 #: The ``sampling`` values accounted here.
 ALLOCATION_SAMPLINGS = ("random_allocation", "balls_in_bins")
