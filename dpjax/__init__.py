@@ -36,7 +36,9 @@ _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "
                "sampling", "noise", "interop")
 # name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
-# unchanged (see dpjax.group.dpsgd_epsilon).
+# unchanged (see dpjax.group.dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
+# (batches_per_epoch=, selections_per_epoch=, epochs=) work in dpsgd_epsilon, dpsgd_delta,
+# dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation_dpsgd).
 _ATTRS = {
     "dpsgd_delta": "dpjax.pld",
     "dpsgd_noise_multiplier": "dpjax.calibration",

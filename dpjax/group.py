@@ -242,6 +242,8 @@ def dpsgd_epsilon(
     sample_rate=None,
     epochs=None,
     delta=None,
+    batches_per_epoch=None,
+    selections_per_epoch=1,
 ):
     """Certified epsilon of DP-SGD, example-level or for groups of ``group_size`` examples.
 
@@ -258,9 +260,13 @@ def dpsgd_epsilon(
       group_size: k >= 1.
       sampling: ``"poisson"`` (add/remove adjacency) or ``"fixed_batch"`` (replace adjacency; then
         ``dataset_size`` and ``batch_size`` are required).  Fixed batch at k = 1 is the
-        subsampled Gaussian with sensitivity 2, not Poisson DP-SGD.
+        subsampled Gaussian with sensitivity 2, not Poisson DP-SGD.  Also
+        ``"random_allocation"`` / ``"balls_in_bins"`` (below).
       noise_schedule: a per-step schedule (1-D, length ``steps``) instead of
         ``noise_multiplier`` (example-level Poisson only).
+      batches_per_epoch, selections_per_epoch: with ``sampling="random_allocation"`` or
+        ``"balls_in_bins"`` (example level, add/remove adjacency; ``epochs`` is then the number
+        of epochs): :func:`dpjax.pld.dpsgd_epsilon` (see :mod:`dpjax.pld.allocation_dpsgd`).
 
     Traceable: ``jax.grad`` (in ``noise_multiplier``, ``sampling_prob``, ``target_delta``),
     ``jax.vmap`` and ``jax.jit``, from float32 code too (see :mod:`dpjax.pld.dpsgd`).
@@ -278,8 +284,18 @@ def dpsgd_epsilon(
         ...                     dataset_size=50_000, batch_size=500)          # doctest: +SKIP
         32.03...
     """
+    from dpjax.pld import allocation_dpsgd
     from dpjax.pld import dpsgd_epsilon as example_level
 
+    if allocation_dpsgd.is_allocation(sampling):
+        allocation_dpsgd.allocation_args(sampling, sampling_prob=sampling_prob if sample_rate is None else sample_rate,
+                                         steps=steps, batches_per_epoch=batches_per_epoch,
+                                         selections_per_epoch=selections_per_epoch, epochs=epochs,
+                                         group_size=group_size, dataset_size=dataset_size, batch_size=batch_size)
+        return example_level(noise_multiplier, sampling_prob, steps, target_delta, noise_schedule=noise_schedule,
+                             sample_rate=sample_rate, epochs=epochs, delta=delta, sampling=sampling,
+                             batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
+    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     if group_size == 1 and sampling == "poisson" and dataset_size is None and batch_size is None:
         return example_level(noise_multiplier, sampling_prob, steps, target_delta, noise_schedule=noise_schedule,
                              sample_rate=sample_rate, epochs=epochs, delta=delta)

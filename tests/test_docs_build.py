@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # One public name per API page: each must come out as an anchor of its page.
 EXPECTED = {
-    "pld": ["dpjax.pld.dpsgd_epsilon", "dpjax.pld.GridOptions", "dpjax.pld.sweep"],
+    "pld": ["dpjax.pld.dpsgd_epsilon", "dpjax.pld.GridOptions", "dpjax.pld.sweep",
+            "dpjax.pld.allocation_accountant.allocation_accounting", "dpjax.pld.allocation_dpsgd.query"],
     "group": ["dpjax.group.dpsgd_epsilon", "dpjax.group.Sampling"],
     "baselines": ["dpjax.baselines.rdp_epsilon"],
     "montecarlo": ["dpjax.montecarlo.BallsInBins", "dpjax.montecarlo.Certificate"],
@@ -25,7 +26,8 @@ EXPECTED = {
     "optimization": ["dpjax.optimization.optimize_correlation", "dpjax.optimization.make_parameterization"],
     "sampling": ["dpjax.sampling.BallsInBinsSampler"],
     "noise": ["dpjax.noise.blt_noise"],
-    "interop": ["dpjax.interop.dp_accounting.PLDAccountant", "dpjax.interop.opacus.get_noise_multiplier"],
+    "interop": ["dpjax.interop.dp_accounting.PLDAccountant", "dpjax.interop.opacus.get_noise_multiplier",
+                "dpjax.interop.allocation.RandomAllocationDpEvent"],
     "cli": ["dpjax.cli.main.main"],
 }
 

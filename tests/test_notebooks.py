@@ -29,7 +29,8 @@ def _generator():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["group_privacy.ipynb", "moments_accountant.ipynb", "matrix_mechanisms.ipynb", "sweeps.ipynb", "training.ipynb"])
+@pytest.mark.parametrize("name", ["group_privacy.ipynb", "moments_accountant.ipynb", "matrix_mechanisms.ipynb", "sweeps.ipynb", "training.ipynb",
+                                  "allocation.ipynb"])
 def test_notebook_executes(tmp_path, name):
     missing = []
     for module in ("nbclient", "nbformat", "matplotlib", "ipykernel"):

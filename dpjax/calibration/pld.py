@@ -510,7 +510,7 @@ def _clt_guess(eps, delta, q, steps):
 def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, target_delta=None, *, group_size=1,
                            sampling="poisson", dataset_size=None, batch_size=None,
                            options: GridOptions | None = None, progress: bool | None = None, sample_rate=None,
-                           epochs=None, epsilon=None, delta=None):
+                           epochs=None, epsilon=None, delta=None, batches_per_epoch=None, selections_per_epoch=1):
     """Smallest DP-SGD noise multiplier whose certified epsilon meets ``target_epsilon``.
 
     Poisson sampling with probability ``sampling_prob`` for ``steps`` steps, add/remove
@@ -576,10 +576,18 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
         :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
       sampling: ``"poisson"`` or ``"fixed_batch"`` (batch ``batch_size`` of ``dataset_size``,
         replace-one (replace-k) adjacency: sensitivities ``2j`` with noise std
-        ``noise_multiplier``, Ganesh (2024), Thm 3.3, as in :mod:`dpjax.group`).
+        ``noise_multiplier``, Ganesh (2024), Thm 3.3, as in :mod:`dpjax.group`); or
+        ``"random_allocation"`` / ``"balls_in_bins"`` (add/remove adjacency): then
+        ``batches_per_epoch``, ``epochs`` (the number of epochs) and ``selections_per_epoch``
+        replace ``sampling_prob`` and ``steps``; the search runs on the certified bound of
+        :mod:`dpjax.pld.allocation_accountant` (its
+        :func:`~dpjax.pld.allocation_accountant.allocation_noise_multiplier`), traced targets
+        get its implicit gradient (:func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
-      options: grid accuracy (default :data:`CALIBRATION_OPTIONS`).
+      batches_per_epoch, selections_per_epoch: random allocation / balls-in-bins (see
+        ``sampling``).
+      options: grid accuracy (default :data:`CALIBRATION_OPTIONS`; Poisson and fixed batches).
       progress: progress on stderr, one tick per round of the search (group calibration can take
         tens of seconds): ``None`` (default) shows it once the call runs over a second (a bar in
         a terminal or notebook, lines in a log; see :mod:`dpjax._progress`), ``False`` never,
@@ -598,6 +606,8 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
         0.95910...
         >>> dpjax.dpsgd_noise_multiplier(sample_rate=0.01, epochs=10, epsilon=2.0, delta=1e-5)  # doctest: +SKIP
         0.95910...
+        >>> dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sampling="random_allocation",
+        ...                              batches_per_epoch=100, epochs=10)               # doctest: +SKIP
     """
     from dpjax import _names, _traced
 
@@ -606,6 +616,17 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
                                           target_delta=target_delta),
                                dict(sample_rate=sample_rate, epsilon=epsilon, delta=delta))
     q, eps, dlt = a["sampling_prob"], a["target_epsilon"], a["target_delta"]
+    from dpjax.pld import allocation_dpsgd
+
+    if allocation_dpsgd.is_allocation(sampling):
+        if options is not None:
+            raise ValueError(f"options (GridOptions) are for sampling='poisson' and 'fixed_batch'; "
+                             f"sampling={sampling!r} plans its own grid (dpjax.pld.allocation_accountant)")
+        return allocation_dpsgd.noise_multiplier(name, eps, dlt, sampling=sampling, batches_per_epoch=batches_per_epoch,
+                                                 selections_per_epoch=selections_per_epoch, epochs=epochs,
+                                                 sampling_prob=q, steps=steps, group_size=group_size,
+                                                 dataset_size=dataset_size, batch_size=batch_size)
+    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     _check_order(steps)
     steps = _names.steps_from_epochs(name, q, steps, epochs)
     _names.require(name, steps=steps, target_epsilon=eps, target_delta=dlt)

@@ -182,15 +182,40 @@ def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-G
     g.add_argument("--group-size", type=integer(1, MAX_GROUP_SIZE), default=1,
                    help=f"group size k: examples protected together, an integer in [1, {MAX_GROUP_SIZE}] "
                         "(default 1)")
-    g.add_argument("--sampling", type=choice("poisson", "fixed_batch"), default="poisson",
+    g.add_argument("--sampling", type=choice("poisson", "fixed_batch", "random_allocation", "balls_in_bins"),
+                   default="poisson",
                    help="poisson (default; add/remove adjacency: neighbours differ by adding or removing one "
                         "example, k for a group) or fixed_batch (batches of --batch-size out of "
                         "--dataset-size; replace adjacency: neighbours differ by replacing one example, "
-                        "sensitivity 2 per example, noise std = the noise multiplier)")
+                        "sensitivity 2 per example, noise std = the noise multiplier); random_allocation "
+                        "(each example in --selections-per-epoch of the --batches-per-epoch steps of every "
+                        "epoch, for --epochs epochs) or balls_in_bins (one bin per example for the whole run): "
+                        "add/remove adjacency")
     g.add_argument("--dataset-size", type=integer(1, MAX_COUNT), default=None,
                    help="dataset size N, an integer >= 1 (fixed_batch only)")
     g.add_argument("--batch-size", type=integer(1, MAX_COUNT), default=None,
                    help="batch size B, an integer in [1, N] (fixed_batch only)")
+
+
+def add_allocation_args(p, *, title="random allocation / balls-in-bins (--sampling random_allocation|balls_in_bins)"):
+    """``--batches-per-epoch``, ``--selections-per-epoch``, ``--epochs`` (the same for every subcommand)."""
+    g = p.add_argument_group(title)
+    g.add_argument("--batches-per-epoch", type=integer(1, MAX_STEPS), default=None,
+                   help="steps per epoch t, an integer >= 1 (random_allocation, balls_in_bins)")
+    g.add_argument("--selections-per-epoch", type=integer(1, MAX_STEPS), default=1,
+                   help="steps each example takes part in per epoch k, an integer in [1, t] (random_allocation; "
+                        "default 1)")
+    g.add_argument("--epochs", type=integer(1, MAX_STEPS), default=None,
+                   help="number of epochs E, an integer >= 1 (random_allocation, balls_in_bins)")
+
+
+ALLOCATION_SAMPLINGS = ("random_allocation", "balls_in_bins")
+
+
+def allocation_setting(args) -> dict:
+    """The random-allocation part of a result's setting (batches, selections, epochs, adjacency)."""
+    return {"batches_per_epoch": args.batches_per_epoch, "selections_per_epoch": args.selections_per_epoch,
+            "epochs": args.epochs, "adjacency": "add_or_remove"}
 
 
 def render_fields(result: dict, sections: dict | None = None, *, skip_none: bool = False,

@@ -20,10 +20,13 @@ fixed_batch (batches of --batch-size out of --dataset-size, replace-one adjacenc
 exact minimal noise is the accountant's discretization error (at most min(1e-3 epsilon,
 8e-9 steps) in epsilon with the default grid).  Comma lists (--epsilon 1,2,4) calibrate once
 per value and print a table.  Group calibration is slow (tens of seconds): a progress bar is
-drawn on stderr when it is a terminal (--quiet turns it off).
+drawn on stderr when it is a terminal (--quiet turns it off).  --sampling random_allocation
+(--batches-per-epoch, --selections-per-epoch, --epochs) and --sampling balls_in_bins calibrate
+on the random-allocation accountant (dpjax.pld.allocation_accountant; add/remove adjacency).
 
 Examples:
   dpjax noise --epsilon 2 --delta 1e-5 --sampling-prob 0.01 --steps 1000
+  dpjax noise --epsilon 2 --delta 1e-5 --sampling random_allocation --batches-per-epoch 100 --epochs 10
   dpjax noise --epsilon 1,2,4 --delta 1e-5 --sampling-prob 0.01 --steps 1000 --out sigmas.csv"""
 
 MC_CALIBRATE_DESCRIPTION = """\
@@ -46,6 +49,20 @@ Examples:
 def _run_noise(args) -> dict:
     from dpjax.calibration import dpsgd_noise_multiplier
 
+    if args.sampling in _args.ALLOCATION_SAMPLINGS:
+        if args.group_size != 1 or args.dataset_size is not None or args.batch_size is not None:
+            raise ValueError(f"--group-size, --dataset-size and --batch-size do not apply to --sampling {args.sampling}")
+        sigma = dpsgd_noise_multiplier(args.sampling_prob, args.steps, args.epsilon, args.delta, sampling=args.sampling,
+                                       batches_per_epoch=args.batches_per_epoch,
+                                       selections_per_epoch=args.selections_per_epoch, epochs=args.epochs)
+        return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
+                    sampling=args.sampling, **_args.allocation_setting(args), accountant="pld (random allocation)",
+                    guarantee="certified epsilon <= target_epsilon at this noise multiplier")
+    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != 1:
+        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
+                         "or balls_in_bins")
+    if args.steps is None:
+        raise ValueError("--steps is required for --sampling poisson and fixed_batch (an integer >= 1)")
     if args.sampling == "poisson" and args.sampling_prob is None:
         raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
     sigma = dpsgd_noise_multiplier(args.sampling_prob, args.steps, args.epsilon, args.delta,
@@ -91,8 +108,9 @@ def register(subparsers) -> None:
     _args.add_target_epsilon(p, required=True)
     _args.add_target_delta(p, required=True)
     _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
-    _args.add_steps(p)
+    _args.add_steps(p, required=False)
     _args.add_group_args(p)
+    _args.add_allocation_args(p)
     p.set_defaults(run=_run_noise)
 
     p = subparsers.add_parser("mc-calibrate",

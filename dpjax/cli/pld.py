@@ -13,7 +13,7 @@ from dpjax.cli import _args
 def _common(p: argparse.ArgumentParser) -> None:
     _args.add_noise_multiplier(p)
     _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
-    _args.add_steps(p)
+    _args.add_steps(p, required=False)
     p.add_argument("--relative-accuracy", type=_args.real(0, 1, lo_open=True), default=None,
                    help="target discretization error of epsilon relative to epsilon, in (0, 1] (default "
                         "1e-3, with the per-step bound 8e-9 x steps of dpjax.pld.GridOptions, whichever "
@@ -24,6 +24,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "default 2^21 = dpjax.pld.GridOptions.n_max); raise it when the result says "
                         "the grid is too small (memory grows linearly with N)")
     _args.add_group_args(p)
+    _args.add_allocation_args(p)
 
 
 def _options(args):
@@ -63,6 +64,20 @@ def _account(args, **target):
     from dpjax import pld
     from dpjax.cli import group as group_cli
 
+    if args.sampling in _args.ALLOCATION_SAMPLINGS:
+        from dpjax.pld import allocation_dpsgd
+
+        if args.group_size != 1 or args.dataset_size is not None or args.batch_size is not None:
+            raise ValueError(f"--group-size, --dataset-size and --batch-size do not apply to --sampling {args.sampling}")
+        return allocation_dpsgd.accounting(args.noise_multiplier, args.sampling_prob, args.steps, sampling=args.sampling,
+                                           batches_per_epoch=args.batches_per_epoch,
+                                           selections_per_epoch=args.selections_per_epoch, epochs=args.epochs,
+                                           **target)
+    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != 1:
+        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
+                         "or balls_in_bins")
+    if args.steps is None:
+        raise ValueError("--steps is required for --sampling poisson and fixed_batch (an integer >= 1)")
     _prepare_jax()
     if group_cli.requested(args):
         return group_cli.accounting(args, _options(args), **target)
@@ -75,6 +90,8 @@ def _account(args, **target):
 def _setting(args) -> dict:
     from dpjax.pld.group_spec import Sampling
 
+    if args.sampling in _args.ALLOCATION_SAMPLINGS:
+        return {"noise_multiplier": args.noise_multiplier, "sampling": args.sampling, **_args.allocation_setting(args)}
     sampling = Sampling.parse(args.sampling)
     return {"noise_multiplier": args.noise_multiplier, "sampling_prob": args.sampling_prob,
             "steps": int(args.steps), "group_size": int(args.group_size), "sampling": sampling.value,
@@ -113,7 +130,12 @@ exact value.  Adjacency: Poisson sampling is accounted under add/remove adjacenc
 of k), --sampling fixed_batch under replace adjacency ("replace": one example, k for a group,
 replaced by another); every result names it in "adjacency".  Group privacy (--group-size k)
 uses the tight mixture-of-Gaussians accountant of Ganesh (2024), "Tight group-level DP
-guarantees for DP-SGD with sampling via mixture of Gaussians mechanisms".  Comma lists run once
+guarantees for DP-SGD with sampling via mixture of Gaussians mechanisms".  --sampling
+random_allocation (each example in --selections-per-epoch of the --batches-per-epoch steps of
+every epoch, --epochs epochs; Feldman & Shenfeld, "Privacy amplification by random allocation")
+and --sampling balls_in_bins (one bin per example for the whole run, C = I) are accounted under
+add/remove adjacency by dpjax.pld.allocation_accountant (no --steps or --sampling-prob then).
+Comma lists run once
 per value and print a table.  Compiled programs are cached on disk (~/.cache/dpjax/xla;
 DPJAX_COMPILATION_CACHE=0 disables, =<dir> relocates)."""
 
@@ -125,6 +147,8 @@ Examples:
   dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6 --out eps.csv
   dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
                 --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
+  dpjax epsilon --sampling random_allocation --batches-per-epoch 100 --epochs 10 \\
+                --noise-multiplier 1.0 --delta 1e-5 --json
 
 """ + _ABOUT
 
@@ -135,6 +159,8 @@ Examples:
   dpjax delta --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --epsilon 0.5,1,2
   dpjax delta --noise-multiplier 1 --steps 2000 --epsilon 4 --group-size 8 \\
               --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
+  dpjax delta --sampling balls_in_bins --batches-per-epoch 128 --epochs 4 \\
+              --noise-multiplier 1.0 --epsilon 2 --json
 
 """ + _ABOUT
 

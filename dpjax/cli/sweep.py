@@ -58,15 +58,7 @@ def _configs(args):
         if any(v is not None for v in (args.noise_multiplier, args.sampling_prob, args.steps, args.delta,
                                        args.epsilon)):
             raise ValueError("give either --grid FILE or the value lists (--noise-multiplier ...), not both")
-        try:
-            with open(args.grid) as f:
-                data = json.load(f)
-        except OSError as exc:
-            raise ValueError(f"grid: cannot read {args.grid}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"grid: {args.grid} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, list) or not data:
-            raise ValueError(f"grid: {args.grid} must hold a non-empty JSON list of configuration objects")
+        data = _read_grid(args.grid)
         return [SweepConfig.from_mapping(m) for m in data]
     missing = [n for n, v in (("--noise-multiplier", args.noise_multiplier), ("--sampling-prob", args.sampling_prob),
                               ("--steps", args.steps)) if v is None]
@@ -83,10 +75,48 @@ def _configs(args):
     )
 
 
+def _run_allocation(args, store) -> tuple:
+    from dpjax.pld.sweeping import sweep
+
+    if args.grid is not None:
+        if any(v is not None for v in (args.noise_multiplier, args.batches_per_epoch, args.epochs, args.delta,
+                                       args.epsilon)):
+            raise ValueError("give either --grid FILE or the value lists (--noise-multiplier ...), not both")
+        configs, grid = _read_grid(args.grid), {}
+    else:
+        configs = None
+        if args.noise_multiplier is None or args.batches_per_epoch is None or args.epochs is None:
+            raise ValueError("--sampling random_allocation / balls_in_bins needs --noise-multiplier, "
+                             "--batches-per-epoch and --epochs (or --grid FILE)")
+        grid = dict(noise_multiplier=parse_values("noise_multiplier", args.noise_multiplier),
+                    batches_per_epoch=parse_values("batches_per_epoch", args.batches_per_epoch, integer=True),
+                    selections_per_epoch=parse_values("selections_per_epoch", args.selections_per_epoch, integer=True),
+                    epochs=parse_values("epochs", args.epochs, integer=True),
+                    delta=None if args.delta is None else parse_values("delta", args.delta),
+                    epsilon=None if args.epsilon is None else parse_values("epsilon", args.epsilon))
+    if args.sampling_prob is not None or args.steps is not None or args.group_size != "1":
+        raise ValueError("--sampling-prob, --steps and --group-size are for --sampling poisson")
+    table = sweep(configs, sampling=args.sampling, out=store, resume=args.resume, with_lower=not args.no_lower,
+                  **grid)
+    return table, dict(sampling=args.sampling)
+
+
+def _read_grid(path: str) -> list:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"grid: cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"grid: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"grid: {path} must hold a non-empty JSON list of configuration objects")
+    return data
+
+
 def _run(args) -> dict:
     from dpjax.pld.sweeping import sweep
 
-    configs = _configs(args)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
     if args.per_device is not None and args.per_device < 1:
@@ -95,13 +125,23 @@ def _run(args) -> dict:
     # / .csv as they are computed, for --resume); any other FILE: the CSV table (+ FILE.jsonl).
     json_out = args.out is not None and os.path.splitext(args.out)[1].lower() == ".json"
     store = os.path.splitext(args.out)[0] + ".journal.csv" if json_out else args.out
-    table = sweep(configs, out=store, resume=args.resume, with_lower=not args.no_lower,
-                  per_device=args.per_device)
+    if args.sampling != "poisson":
+        table, extra = _run_allocation(args, store)
+    else:
+        if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != "1":
+            raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling "
+                             "random_allocation or balls_in_bins")
+        configs = _configs(args)
+        table = sweep(configs, out=store, resume=args.resume, with_lower=not args.no_lower,
+                      per_device=args.per_device)
+        extra = {}
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
-    # Poisson-sampled DP-SGD (and its groups): the add/remove neighbouring relation.
-    out = dict(adjacency="add_or_remove", configurations=len(table), out=args.out, programs=table.programs,
-               programs_compiled=table.compiled, programs_loaded=table.loaded, devices=table.devices,
-               seconds=table.seconds, resumed=sum(r["path"] == "resumed" for r in table.rows))
+    # Poisson-sampled DP-SGD (and its groups), random allocation, balls-in-bins: the add/remove
+    # neighbouring relation.
+    out = dict(adjacency="add_or_remove", **extra, configurations=len(table), out=args.out, programs=table.programs,
+               programs_compiled=getattr(table, "compiled", None), programs_loaded=getattr(table, "loaded", None),
+               devices=table.devices, seconds=table.seconds,
+               resumed=sum(r["path"] == "resumed" for r in table.rows))
     if eps:
         finite = [e for e in eps if math.isfinite(e)]
         out.update(epsilon_min=min(finite) if finite else math.inf, epsilon_max=max(eps))
@@ -120,8 +160,11 @@ def _run(args) -> dict:
 def _table_lines(rows) -> list[str]:
     from dpjax.pld.sweeping import ROW_FIELDS
 
-    return [",".join(ROW_FIELDS)] + [",".join("" if r.get(f) is None else str(r.get(f)) for f in ROW_FIELDS)
-                                     for r in rows]
+    fields = ROW_FIELDS
+    if rows and "batches_per_epoch" in rows[0]:
+        from dpjax.pld.allocation_accountant import SWEEP_ROW_FIELDS as fields
+    return [",".join(fields)] + [",".join("" if r.get(f) is None else str(r.get(f)) for f in fields)
+                                 for r in rows]
 
 
 def _render(result: dict) -> str:
@@ -135,7 +178,10 @@ Value lists: a,b,c (listed values), start:stop:num (num evenly spaced values, bo
 included), start:stop:num:log (log-spaced).  The grid is the Cartesian product, with
 --noise-multiplier varying slowest.  --grid FILE reads a JSON list of objects with
 noise_multiplier, sampling_prob, steps and target_delta (or target_epsilon for a delta query;
-"delta" / "epsilon" are read too), optionally group_size.
+"delta" / "epsilon" are read too), optionally group_size.  --sampling random_allocation /
+balls_in_bins sweeps noise_multiplier, batches_per_epoch, selections_per_epoch, epochs and
+target_delta (or target_epsilon) instead (add/remove adjacency; every row is the single call's
+value, grid "accountant").
 
 Output: one row per configuration, in input order: the configuration, target_delta or
 target_epsilon, the certified epsilon (epsilon queries) or delta (delta queries), the certified
@@ -154,7 +200,9 @@ default here) a later process loads the programs and plans of an earlier one.
 Examples:
   dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
       --steps 1000,10000 --delta 1e-5 --out sweep.csv [--resume]
-  dpjax sweep --grid configs.json --out sweep.json"""
+  dpjax sweep --grid configs.json --out sweep.json
+  dpjax sweep --sampling random_allocation --noise-multiplier 0.8,1,1.5 --batches-per-epoch 32,128 \\
+      --epochs 1,4 --delta 1e-5 --json"""
 
 
 def register(subparsers) -> None:
@@ -170,6 +218,13 @@ def register(subparsers) -> None:
     p.add_argument("--epsilon", "--target-epsilon", dest="epsilon", default=None, metavar="VALUES",
                    help="target epsilons (delta queries)")
     p.add_argument("--group-size", default="1", metavar="VALUES", help="group sizes k (Poisson; default 1)")
+    p.add_argument("--sampling", type=_args.choice("poisson", "random_allocation", "balls_in_bins"), default="poisson",
+                   help="poisson (default; --sampling-prob, --steps) or random_allocation / balls_in_bins "
+                        "(--batches-per-epoch, --selections-per-epoch, --epochs); add/remove adjacency")
+    p.add_argument("--batches-per-epoch", default=None, metavar="VALUES", help="steps per epoch t (integers)")
+    p.add_argument("--selections-per-epoch", default="1", metavar="VALUES",
+                   help="steps per example per epoch k (random_allocation; default 1)")
+    p.add_argument("--epochs", default=None, metavar="VALUES", help="numbers of epochs E (integers)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="FILE.csv: the CSV table, written as rows are computed (plus FILE.jsonl, and FILE.parquet "
                         "with pyarrow); FILE.json: the result JSON with every row, at the end (rows journaled "

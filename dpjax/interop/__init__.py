@@ -11,6 +11,9 @@
   sample_rate, steps=None, epochs=None)``, a running :class:`RDPStyleAccountant`-like
   :class:`RunningAccountant` (``step`` / ``get_epsilon`` / ``state_dict``), and calibration of
   the number of steps or the batch size (no third-party import).
+* :mod:`dpjax.interop.allocation` -- random allocation / balls-in-bins: the
+  :class:`RandomAllocationDpEvent` (and dp_accounting's own, where installed), its
+  :class:`AllocationAccountant`, and :class:`RunningAllocationAccountant` for training loops.
 """
 
 import importlib as _importlib
@@ -24,6 +27,9 @@ _ATTRS = {
     "get_noise_multiplier": "dpjax.interop.opacus",
     "calibrate_steps": "dpjax.interop.opacus",
     "calibrate_batch_size": "dpjax.interop.opacus",
+    "RandomAllocationDpEvent": "dpjax.interop.allocation",
+    "AllocationAccountant": "dpjax.interop.allocation",
+    "RunningAllocationAccountant": "dpjax.interop.allocation",
 }
 
 __all__ = sorted(_ATTRS)

@@ -861,8 +861,9 @@ def _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule=Non
 
 
 @host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
-def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, target_epsilon=None, *,
-                     options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None):
+def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, target_epsilon=None, *,
+                     options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None,
+                     sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1, epochs=None):
     """DP-SGD (Poisson sampling, add/remove adjacency): :class:`EpsilonResult` or :class:`DeltaResult`.
 
     Args:
@@ -872,9 +873,27 @@ def dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=None, 
       target_delta / target_epsilon: exactly one of them (scalar or 1-D array: one transform
         serves every target).
       noise_schedule: a per-step schedule instead of ``noise_multiplier`` (1-D, length ``steps``).
+      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``:
+        ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` instead of
+        ``sampling_prob`` and ``steps`` (:func:`dpjax.pld.allocation_dpsgd.accounting`; the
+        result has the same fields, ``options`` do not apply).
+      batches_per_epoch, selections_per_epoch, epochs: see ``sampling``.
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
+    from dpjax.pld import allocation_dpsgd
+
+    if allocation_dpsgd.is_allocation(sampling):
+        if noise_schedule is not None or options is not None:
+            raise ValueError(f"noise_schedule and options are for sampling='poisson', not {sampling!r}")
+        return allocation_dpsgd.accounting(noise_multiplier, sampling_prob, steps, target_delta, target_epsilon,
+                                           sampling=sampling, batches_per_epoch=batches_per_epoch,
+                                           selections_per_epoch=selections_per_epoch, epochs=epochs)
+    if sampling != "poisson":
+        raise ValueError(f"sampling must be 'poisson', 'random_allocation' or 'balls_in_bins' here, got {sampling!r}")
+    if epochs is not None:
+        raise ValueError("epochs is for sampling='random_allocation' / 'balls_in_bins' here (give steps)")
+    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     if noise_multiplier is not None and noise_schedule is not None:
         raise ValueError("give noise_multiplier or noise_schedule, not both")
     comps = _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)

@@ -138,8 +138,10 @@ def _plan_at(plan, t: int, t_max: int):
 
 
 @host_only("dpjax.pld.epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
-def epsilon_curve(noise_multiplier, sampling_prob, steps, target_delta, *, options: GridOptions | None = None,
-                  with_lower: bool = True, batch: int = DEFAULT_BATCH) -> EpsilonCurve:
+def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, *,
+                  options: GridOptions | None = None, with_lower: bool = True, batch: int = DEFAULT_BATCH,
+                  sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1,
+                  epochs=None) -> EpsilonCurve:
     """Certified epsilon of DP-SGD after every ``T`` in ``steps``, from one transform.
 
     Args:
@@ -150,9 +152,30 @@ def epsilon_curve(noise_multiplier, sampling_prob, steps, target_delta, *, optio
       options: :class:`~dpjax.pld.GridOptions` (accuracy knobs).
       with_lower: also compute the certified lower ends.
       batch: values of ``T`` evaluated together (memory ``~ batch * n`` floats per array).
+      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"`` with
+        ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` (an integer: every epoch up to
+        it, or a list) instead of ``sampling_prob`` and ``steps``: epsilon after each epoch
+        (:func:`dpjax.pld.allocation_accountant.allocation_epsilon_curve`; ``steps`` of the result
+        are the steps after each entry).
     Returns:
       :class:`EpsilonCurve`.
     """
+    if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
+        from dpjax.pld.allocation_accountant import allocation_epsilon_curve
+
+        if sampling not in ("random_allocation", "balls_in_bins"):
+            raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
+                             f"{sampling!r}")
+        if sampling_prob is not None or steps is not None:
+            raise ValueError(f"sampling_prob and steps are for sampling='poisson' (give batches_per_epoch and "
+                             f"epochs for {sampling!r})")
+        if batches_per_epoch is None or epochs is None or target_delta is None:
+            raise ValueError(f"sampling={sampling!r} needs batches_per_epoch, epochs and target_delta")
+        return allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target_delta,
+                                        selections_per_epoch=selections_per_epoch,
+                                        balls_in_bins=sampling == "balls_in_bins")
+    if sampling_prob is None or steps is None or target_delta is None:
+        raise ValueError("epsilon_curve needs sampling_prob, steps and target_delta (Poisson sampling)")
     options = _acc._options(options)
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))

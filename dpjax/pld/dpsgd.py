@@ -193,7 +193,8 @@ def _schedule(query, name, sigma, q, steps, target, noise_schedule):
 
 
 def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_delta=None, *, noise_schedule=None,
-                  sample_rate=None, epochs=None, delta=None):
+                  sample_rate=None, epochs=None, delta=None, sampling="poisson", batches_per_epoch=None,
+                  selections_per_epoch=1):
     """Certified epsilon of DP-SGD (Poisson sampling, add/remove adjacency) at ``target_delta``.
 
     Args:
@@ -204,6 +205,13 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
       target_delta: in (0, 1) (alias ``delta=``).
       noise_schedule: instead of ``noise_multiplier``, a per-step schedule (1-D, length
         ``steps``; ``steps`` may then be left out).
+      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``
+        (:mod:`dpjax.pld.allocation_dpsgd`): then ``batches_per_epoch``, ``epochs`` (the number
+        of epochs) and, for random allocation, ``selections_per_epoch`` replace
+        ``sampling_prob`` and ``steps``.
+      batches_per_epoch: steps per epoch t (random allocation, balls-in-bins).
+      selections_per_epoch: steps per epoch each example takes part in, k in [1, t] (random
+        allocation; default 1).
 
     Returns:
       a float (scalar arguments), a float64 ndarray (arrays), or, traced (``jax.grad``,
@@ -219,11 +227,20 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
         >>> dpjax.dpsgd_epsilon(np.array([0.8, 1.0, 1.2]), 0.01, 1000, 1e-5)     # doctest: +SKIP
         >>> jax.grad(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 1000, 1e-5))(1.0)    # doctest: +SKIP
         -3.82...
+        >>> dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, sampling="random_allocation",
+        ...                     batches_per_epoch=100, epochs=10)              # doctest: +SKIP
     """
     name = "dpsgd_epsilon"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
                                dict(sample_rate=sample_rate, delta=delta))
     q, d = a["sampling_prob"], a["target_delta"]
+    if _allocation(sampling):
+        return _allocation_query("epsilon", name, noise_multiplier, q, steps, d, noise_schedule, sampling,
+                                 batches_per_epoch, selections_per_epoch, epochs)
+    if batches_per_epoch is not None or selections_per_epoch != 1:
+        from dpjax.pld import allocation_dpsgd
+
+        allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     steps = _names.steps_from_epochs(name, q, steps, epochs)
     if noise_schedule is not None:
         return _schedule("epsilon", name, noise_multiplier, q, steps, d, noise_schedule)
@@ -231,15 +248,46 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
                     scalar=_scalar("epsilon"))
 
 
+def _allocation(sampling) -> bool:
+    """True for random allocation / balls-in-bins; False for Poisson; other values refused."""
+    from dpjax.pld import allocation_dpsgd
+
+    if allocation_dpsgd.is_allocation(sampling):
+        return True
+    if getattr(sampling, "value", sampling) != "poisson":
+        raise ValueError(f"sampling must be 'poisson', 'random_allocation' or 'balls_in_bins' here, got {sampling!r}")
+    return False
+
+
+def _allocation_query(query, name, sigma, q, steps, target, noise_schedule, sampling, batches_per_epoch,
+                      selections_per_epoch, epochs):
+    from dpjax.pld import allocation_dpsgd
+
+    if noise_schedule is not None:
+        raise ValueError(f"{name}: noise_schedule is for sampling='poisson'; random allocation takes one "
+                         f"noise_multiplier (per-epoch schedules: dpjax.interop.RunningAllocationAccountant)")
+    return allocation_dpsgd.query(query, name, sigma, target, sampling=sampling, batches_per_epoch=batches_per_epoch,
+                                  selections_per_epoch=selections_per_epoch, epochs=epochs, sampling_prob=q,
+                                  steps=steps)
+
+
 def dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_epsilon=None, *, noise_schedule=None,
-                sample_rate=None, epochs=None, epsilon=None):
+                sample_rate=None, epochs=None, epsilon=None, sampling="poisson", batches_per_epoch=None,
+                selections_per_epoch=1):
     """Certified delta of DP-SGD at ``target_epsilon`` (>= 0): as :func:`dpsgd_epsilon`, with
-    the target epsilon last (alias ``epsilon=``).  Derivatives (traced) in
-    ``noise_multiplier``, ``sampling_prob`` and ``target_epsilon``."""
+    the target epsilon last (alias ``epsilon=``), and the same ``sampling`` spellings.
+    Derivatives (traced) in ``noise_multiplier``, ``sampling_prob`` and ``target_epsilon``."""
     name = "dpsgd_delta"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
                                dict(sample_rate=sample_rate, epsilon=epsilon))
     q, e = a["sampling_prob"], a["target_epsilon"]
+    if _allocation(sampling):
+        return _allocation_query("delta", name, noise_multiplier, q, steps, e, noise_schedule, sampling,
+                                 batches_per_epoch, selections_per_epoch, epochs)
+    if batches_per_epoch is not None or selections_per_epoch != 1:
+        from dpjax.pld import allocation_dpsgd
+
+        allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     steps = _names.steps_from_epochs(name, q, steps, epochs)
     if noise_schedule is not None:
         return _schedule("delta", name, noise_multiplier, q, steps, e, noise_schedule)

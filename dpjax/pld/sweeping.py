@@ -1237,7 +1237,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
           with_lower: bool = True, devices: Sequence | None = None, per_device: int | None = None,
           progress: bool | None = None, progress_bar: bool | None = None,
-          bucketing: BucketPolicy | None = None) -> SweepTable:
+          bucketing: BucketPolicy | None = None, sampling: str = "poisson",
+          batches_per_epoch=None, selections_per_epoch=1, epochs=None) -> SweepTable:
     """Certified epsilon (or delta) for every configuration; one row each, in input order.
 
     Args:
@@ -1262,9 +1263,30 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         the keyword of every dpjax function with a bar; ``progress_bar`` is its former name).
       bucketing: :class:`BucketPolicy` (how configurations share compiled programs; default
         ``BucketPolicy()``).
+      sampling: ``"poisson"`` (default: the configurations above), or ``"random_allocation"`` /
+        ``"balls_in_bins"``: then the grid keywords are ``noise_multiplier``,
+        ``batches_per_epoch``, ``selections_per_epoch``, ``epochs`` and ``delta`` / ``epsilon``
+        (or ``configs`` with those fields), and every row is the single call's value
+        (:func:`dpjax.pld.allocation_accountant.allocation_sweep`).
+      batches_per_epoch, selections_per_epoch, epochs: the random-allocation grid keywords
+        (``t``, ``k``, ``E``; see ``sampling``).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
+    if progress is not None and progress_bar is not None:
+        raise ValueError("give progress or its former name progress_bar, not both")
+    if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
+        from dpjax.pld.allocation_accountant import allocation_sweep
+
+        if sampling not in ("random_allocation", "balls_in_bins"):
+            raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
+                             f"{sampling!r}")
+        if sampling_prob is not None or steps is not None or group_size != 1:
+            raise ValueError(f"sampling_prob, steps and group_size are for sampling='poisson', not {sampling!r}")
+        return allocation_sweep(configs, sampling=sampling, noise_multiplier=noise_multiplier,
+                                batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
+                                epochs=epochs, delta=delta, epsilon=epsilon, out=out, resume=resume,
+                                with_lower=with_lower, progress=progress if progress_bar is None else progress_bar)
     t0 = time.perf_counter()
     options = None if options is None else _acc._options(options)
     if configs is None:

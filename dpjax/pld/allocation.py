@@ -1,0 +1,1043 @@
+"""Random allocation of the Gaussian mechanism: its privacy-loss distribution, certified from
+both sides (docs/design.md §12).
+
+The sampling scheme (Feldman & Shenfeld, "Privacy amplification by random allocation"): in every
+epoch of ``t`` steps each example is used in ``k`` of them, chosen uniformly at random and afresh
+each epoch; ``E`` epochs are run.  Each step adds Gaussian noise of standard deviation ``sigma``
+(the noise multiplier: sensitivity 1).
+
+One epoch of 1-of-``t`` allocation is dominated by the pair
+
+    P = (1/t) sum_i N(e_i, sigma^2 I_t),      Q = N(0, sigma^2 I_t),
+
+whose likelihood ratio under ``Q`` is the mean of ``t`` independent log-normal variables,
+
+    V = dP/dQ = sum_i X_i,   X_i = Z_i / t,   Z_i = exp(W_i / sigma - 1 / (2 sigma^2)),   W_i ~ N(0, 1).
+
+Every hockey-stick divergence of the pair (remove: ``E_Q[(V - e^eps)_+]``; add:
+``E_Q[(1 - e^eps V)_+]``), and of its compositions, is the expectation of a convex function of
+``V``.  Hence
+
+* **upper bound**: a ratio ``V'`` larger than ``V`` in the convex order (extra mass allowed, on
+  any ratio, and in particular on the atoms "ratio 0" and "ratio +inf") gives a dominating pair;
+* **lower bound**: a ratio smaller in the convex order, or moved in the direction the hockey
+  stick decreases (down for remove, up for add), with mass removed, gives a lower bound.
+
+``V'`` is built as a mixture of lattice laws, one per *max-band*: the range of ``X`` is cut at
+``b_0 < ... < b_K`` (geometric); on the event that the largest ``X_i`` lies in band ``k`` the law
+of ``V`` is ``(mu_{<=b_k})^{*t} - (mu_{<=b_{k-1}})^{*t}``, computed by one FFT power on a lattice
+of spacing ``g_k`` scaled to that event (relative resolution at every scale, from the add
+direction's tiny ratios to the remove direction's large ones).  ``X`` is put on the lattice by a
+mean-preserving split (upper) or by merging and matching neighbouring bins with the leftovers
+rounded down / up (lower, per direction), and what falls outside each window is bounded with
+Chernoff bounds on truncated laws.  The atoms are then placed on a loss grid (connect-the-dots, or
+the optimistic matching), and the epochs compose by FFT.
+
+The numerics are written once against an array namespace: :data:`JAX` (jittable, vmappable,
+differentiable; float64 under :mod:`dpjax._x64`) and :data:`NUMPY` (the same operations on the
+host, for one-shot calls: no compilation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+_U = 2.0**-52
+_TINY = 1e-300
+_SQRT1_2 = 0.7071067811865476
+# Rounds of neighbour matching of the optimistic lattices (as in dpjax.pld.discretize).
+_MATCH_ROUNDS = 3
+# Window of the others' sum in a band: z standard deviations below its mean and z + _Z_SKEW
+# above, z = sqrt(2 log(1/tau)) (only placement: the Chernoff bounds computed afterwards certify
+# what lies outside; the sum of log-normals is skewed to the right).
+_Z_SKEW = 3.0
+# Chernoff parameters of the lattice windows: multiples of 1 / (window width).
+_LAMBDA_MULT = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0])
+# Chernoff parameters of the composition: multiples of sqrt(2 log(1/tau)) / (composed std).
+_COMPOSE_MULT = np.array([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0])
+# Block length of the blocked log-MGF sums (lattice and grid lengths are multiples of it).
+_BLOCK = 16
+# Truncation points of the window tail bounds: b_k 2^{-r/2}, r < _N_TRUNC.
+_N_TRUNC = 24
+
+
+# ------------------------------------------------------------------------------------------
+# Array namespaces
+
+
+class Ops:
+    """The array operations the numerics use, for one backend (see :data:`JAX`, :data:`NUMPY`)."""
+
+    def __init__(self, name, xp, erfc, scatter_add, stop, materialize, take_along_axis, suffix_sum, fori_loop):
+        self.name = name
+        self.xp = xp
+        self.erfc = erfc
+        self.scatter_add = scatter_add
+        self.stop = stop
+        self.materialize = materialize
+        self.take_along_axis = take_along_axis
+        self.suffix_sum = suffix_sum
+        self.fori_loop = fori_loop
+
+    def __repr__(self):
+        return f"Ops({self.name})"
+
+
+def _np_scatter_add(n, idx, vals):
+    idx = np.asarray(idx).reshape(-1)
+    return np.bincount(idx, weights=np.asarray(vals, np.float64).reshape(-1), minlength=n)[:n]
+
+
+def _make_numpy() -> Ops:
+    import scipy.special as sp
+
+    def fori_loop(lo, hi, body, init, stop=None):
+        state = init
+        for i in range(lo, hi):
+            state = body(i, state)
+            if stop is not None and stop(state):
+                break
+        return state
+
+    return Ops("numpy", np, sp.erfc, _np_scatter_add, lambda x: x, lambda fn: fn(), np.take_along_axis,
+               lambda a: np.cumsum(a[..., ::-1], axis=-1)[..., ::-1], fori_loop)
+
+
+def _make_jax() -> Ops:
+    import jax
+    import jax.numpy as jnp
+    from dpjax.pld.convert import _suffix_sums
+    from dpjax.pld.discretize import _materialize
+
+    def scatter_add(n, idx, vals):
+        return jnp.zeros(n, jnp.float64).at[idx.reshape(-1)].add(vals.reshape(-1), mode="drop")
+
+    def materialize(fn):
+        return _materialize(fn, jnp.asarray(True))
+
+    def suffix_sum(a):
+        # Blocked triangular products (dpjax.pld.convert): XLA:CPU's cumsum compiles slowly.
+        flat = a.reshape(-1, a.shape[-1])
+        return jax.vmap(_suffix_sums)(flat).reshape(a.shape)
+
+    def fori_loop(lo, hi, body, init, stop=None):
+        return jax.lax.fori_loop(lo, hi, body, init)
+
+    return Ops("jax", jnp, jax.lax.erfc, scatter_add, jax.lax.stop_gradient, materialize, jnp.take_along_axis,
+               suffix_sum, fori_loop)
+
+
+NUMPY = _make_numpy()
+
+
+class _LazyJax:
+    ops = None
+
+
+def jax_ops() -> Ops:
+    """:class:`Ops` of ``jax.numpy`` (created on first use: importing this module stays cheap)."""
+    if _LazyJax.ops is None:
+        _LazyJax.ops = _make_jax()
+    return _LazyJax.ops
+
+
+# ------------------------------------------------------------------------------------------
+# Normal helpers
+
+
+def _small_tail(ops, w):
+    """``min(Phi(w), 1 - Phi(w))``: the tail of ``W`` beyond ``w`` on the side below 1/2."""
+    return 0.5 * ops.erfc(ops.xp.abs(w) * _SQRT1_2)
+
+
+def _small_tails(ops, *ws):
+    """``_small_tail`` of several arrays with one ``erfc`` call (each call site of XLA's float64
+    ``erfc`` is a large expansion to compile)."""
+    xp = ops.xp
+    shapes = [xp.shape(w) for w in ws]
+    flat = xp.concatenate([xp.reshape(xp.asarray(w, dtype=np.float64), (-1,)) for w in ws])
+    tails = 0.5 * ops.erfc(xp.abs(flat) * _SQRT1_2)
+    out, i = [], 0
+    for shp in shapes:
+        size = int(np.prod(shp, dtype=np.int64))
+        out.append(xp.reshape(tails[i:i + size], shp))
+        i += size
+    return out
+
+
+def _interval_from_tails(xp, wl, tl, wh, th):
+    """``Phi(wh) - Phi(wl)`` (``wl <= wh``) from the small tails ``tl``, ``th`` at the ends."""
+    cdf_hi = xp.where(wh <= 0.0, th, 1.0 - th)
+    return xp.maximum(xp.where(wl > 0.0, tl - th, cdf_hi - tl), 0.0)
+
+
+def _interval(ops, wl, wh):
+    return _interval_from_tails(ops.xp, wl, _small_tail(ops, wl), wh, _small_tail(ops, wh))
+
+
+def _log_ndtr_from_tail(xp, w, tail):
+    """``log Phi(w)`` from the small tail at ``w`` (``w`` above about -37; below, ``log 1e-300``:
+    only used where that is harmless, see the callers)."""
+    return xp.where(w < 0.0, xp.log(xp.maximum(tail, 1e-300)), xp.log1p(-tail))
+
+
+def host_constants(t: float, tau: float) -> tuple[float, float]:
+    """``(w_lo, w_top)`` of one epoch (host floats; they do not depend on ``sigma``): ``P(W <=
+    w_lo)^t = tau`` and ``w_top`` such that ``t P(W > w_top) = tau / 2``; the bands then span
+    ``[w_lo, max(1/sigma + Q^{-1}(tau/2), w_top)]``."""
+    import scipy.special as sp
+
+    w_lo = float(sp.ndtri(math.exp(math.log(tau) / t)))
+    return w_lo, float(-sp.ndtri(0.5 * tau / t))
+
+
+def _w_of(xp, x, s, t):
+    """``w`` with ``exp(s w - s^2/2) / t = x`` (``-inf`` at ``x = 0``)."""
+    pos = x > 0.0
+    return xp.where(pos, (xp.log(t * xp.where(pos, x, 1.0)) + 0.5 * s * s) / s, -np.inf)
+
+
+# ------------------------------------------------------------------------------------------
+# One epoch: bands and lattice windows
+
+
+def band_geometry(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) -> dict:
+    """Bands and lattice windows of one epoch of 1-of-``t`` allocation.
+
+    Returns arrays: ``w_lo``, ``w_max`` (bands span ``W in [w_lo, w_max]``), ``wk`` (K+1 band
+    edges in ``W``), per level ``bl``, ``bh`` (band ends in ``X``), ``g`` (lattice spacing),
+    ``w0`` (first window index), ``lo``, ``hi`` (the span the window was sized for).
+    """
+    xp = ops.xp
+    s = 1.0 / sigma
+    log_t = xp.log(t)
+    import scipy.special as sp
+
+    # Lowest edge: P(every X_i <= b_0) = tau (that event is spread to the ratio-0 / inf atoms).
+    # Top: P(the active coordinate beyond) <= tau / 2 and t P(an inactive one beyond) <= tau / 2.
+    w_lo, w_top = host_constants(t, tau)
+    w_max = xp.maximum(s - float(sp.ndtri(0.5 * tau)), w_top)
+    w_max = xp.maximum(w_max, w_lo + 1e-3)
+    k = xp.arange(levels + 1, dtype=np.float64)
+    wk = w_lo + (w_max - w_lo) * k / levels
+    b = xp.exp(s * wk - 0.5 * s * s - log_t)
+    bl, bh = b[:-1], b[1:]
+    wh = wk[1:]
+    # Mean and variance of X given X <= b_k (log-normal partial moments).
+    t0, t1, t2 = _small_tails(ops, wh, wh - s, wh - 2.0 * s)
+    log_f = _log_ndtr_from_tail(xp, wh, t0)
+    m1 = xp.exp(_log_ndtr_from_tail(xp, wh - s, t1) - log_t - log_f)
+    m2 = xp.exp(s * s + _log_ndtr_from_tail(xp, wh - 2.0 * s, t2) - 2.0 * log_t - log_f)
+    var = xp.maximum(m2 - m1 * m1, 0.0)
+    mo = (t - 1.0) * m1
+    so = xp.sqrt((t - 1.0) * var)
+    z = math.sqrt(2.0 * math.log(1.0 / tau))
+    lo = bl + xp.maximum(0.0, mo - z * so)
+    # Room for one more large X among the others (heavy tails: two large values together are
+    # not rare when t is small): y with t P(band) t P(X > y) <= tau (from the Gaussian bound
+    # P(W > w) <= exp(-w^2/2) for w >= 0.4), at most b_k.
+    tb0, tb1 = _small_tails(ops, wk[:-1], wk[1:])
+    pband = _interval_from_tails(xp, wk[:-1], tb0, wk[1:], tb1)
+    log_p = math.log(tau) - 2.0 * math.log(t) - xp.log(xp.maximum(pband, tau))
+    w_q = xp.sqrt(xp.maximum(-2.0 * log_p, 0.16))
+    y_q = xp.minimum(bh, xp.exp(s * w_q - 0.5 * s * s - log_t))
+    # ``room`` (>= 1; the planner raises it when a window's tail bound is over budget) adds more.
+    hi = bh + mo + (z + _Z_SKEW) * so + room * y_q
+    # Every value of V' on the event is at most t (b_k + g): where that is below ``hi`` (few
+    # steps, heavy tails) the window holds all of it, nothing can wrap from above:
+    # t (b_k + g) <= lo + (n - 2) g  <=>  g >= (t b_k - lo) / (n - t - 2).
+    full = (t * bh <= hi) & (t + 2.0 < 0.5 * n)
+    g = xp.where(full, (t * bh - lo) / xp.maximum(n - t - 2.0, 1.0), (hi - lo) / (n - 2))
+    hi = xp.where(full, t * bh, hi)
+    # The lattice must reach b_k plus a block for the truncated sums (see _window_tails).
+    g = xp.maximum(g, bh / (m - _BLOCK - 2))
+    w0 = xp.floor(lo / g)
+    return dict(w_lo=w_lo, w_max=w_max, wk=wk, bl=bl, bh=bh, g=g, w0=w0, lo=lo, hi=hi)
+
+
+def _match(xp, D, E):
+    """Fractions ``(u, v)`` of each merged atom matched upwards / downwards: atom ``j`` lacks
+    ``D_j`` below the next point, atom ``j+1`` exceeds its own point by ``E_{j+1}``; fractions
+    ``u_j``, ``v_{j+1}`` with ``u_j D_j = v_{j+1} E_{j+1}`` merge into one atom exactly on the
+    shared point (the parallel rounds of :mod:`dpjax.pld.discretize`'s optimistic grid)."""
+    f = xp.ones_like(D)
+    u = xp.zeros_like(D)
+    v = xp.zeros_like(D)
+    zero = xp.zeros(D.shape[:-1] + (1,))
+    for _ in range(_MATCH_ROUNDS):
+        Dr, Er = f * D, f * E
+        s_up = xp.minimum(1.0, xp.concatenate([Er[..., 1:], zero], -1) / xp.maximum(Dr, _TINY))
+        r_dn = xp.minimum(1.0, xp.concatenate([zero, Dr[..., :-1]], -1) / xp.maximum(Er, _TINY))
+        over = xp.maximum(s_up + r_dn, 1.0)
+        s_up, r_dn = s_up / over, r_dn / over
+        tt = xp.minimum(s_up[..., :-1] * Dr[..., :-1], r_dn[..., 1:] * Er[..., 1:])
+        up = xp.concatenate([xp.where(D[..., :-1] > _TINY, tt / xp.maximum(D[..., :-1], _TINY), 0.0), zero], -1)
+        dn = xp.concatenate([zero, xp.where(E[..., 1:] > _TINY, tt / xp.maximum(E[..., 1:], _TINY), 0.0)], -1)
+        u, v = u + up, v + dn
+        f = xp.maximum(f - up - dn, 0.0)
+    return xp.clip(u, 0.0, 1.0), xp.clip(v, 0.0, 1.0)
+
+
+# The lower laws contract the lowest part of X exactly onto the lattice (see _contract): at most
+# _CONTRACT_CELLS lattice cells, and only while the density of X changes by more than _KAPPA
+# (relative) over one cell; beyond that the neighbour matching leaves little unmatched, while a
+# contraction loses the variance inside its intervals.
+_CONTRACT_CELLS = 32
+_KAPPA = 0.05
+# Safeguarded Newton steps per contracted interval (only the tightness depends on them: every
+# end kept is on the sound side).
+_ROOT_ITERS = 10
+
+
+def _contract(ops, s, t, g, limit, origin, u0):
+    """Exact contraction of the lowest part of ``X`` onto the lattice ``j g``.
+
+    Consecutive intervals ``[u_{i-1}, u_i]`` (from ``u0``) are chosen so that the conditional mean
+    of ``X`` on each is the lattice point ``p_i`` (of ``origin + j g``) just above ``u_{i-1}``: merging each interval
+    into one atom is post-processing (a contraction), and the atom already sits on the lattice,
+    so nothing is rounded.  ``G(u) = E[X; u_{i-1} < X <= u] - p_i P(u_{i-1} < X <= u)`` is negative
+    just above ``p_i`` and increases beyond it; ``u_i`` is found by safeguarded Newton iteration on ``[p_i, limit]``,
+    keeping the end with ``G >= 0`` (mean at or above ``p_i``) for the remove
+    direction's law and the end with ``G <= 0`` for the add direction's, so that the atom's exact
+    mean is on the side its direction may round to.  Stops where no root lies below ``limit``.
+
+    Returns ``(u_end (2, K), masses (2, K, M), index (2, K, M))``: the contracted range ends at
+    ``u_end`` (per law: remove, add); atom ``i`` has the mass of its interval at lattice index
+    ``index`` (-1 where unused).
+    """
+    xp = ops.xp
+    K = g.shape[0]
+    lim = xp.broadcast_to(limit, (2, K))
+    gg = xp.broadcast_to(g, (2, K))
+
+    def cdf_first(u):
+        w = _w_of(xp, u, s, t)
+        tw, tws = _small_tails(ops, w, w - s)
+        F = xp.where(w <= 0.0, tw, 1.0 - tw)
+        M = xp.where(w - s <= 0.0, tws, 1.0 - tws) / t
+        return F, M
+
+    F_lim, M_lim = cdf_first(lim)
+    oo = xp.broadcast_to(origin, (2, K))
+    u0 = xp.broadcast_to(u0, (2, K))
+    F0, M0 = cdf_first(u0)
+
+    def step(i, state):
+        u, F_u, M_u, done, masses, index = state
+        p = oo + (xp.floor((u - oo) / gg) + 1.0) * gg
+        F_p, M_p = cdf_first(p)
+        G_p = (M_p - M_u) - p * (F_p - F_u)                      # < 0 (conditional mean < p)
+        G_l = (M_lim - M_u) - p * (F_lim - F_u)
+        ok = ~done & (G_l >= 0.0) & (p < lim)
+
+        def solve(_, br):
+            # Safeguarded Newton on G (G'(u) = (u - p) f_X(u)), keeping a bracket [a, b] with
+            # G(a) < 0 <= G(b); a step leaving the bracket is replaced by its midpoint.
+            a, b, c = br
+            F_c, M_c = cdf_first(c)
+            Gc = (M_c - M_u) - p * (F_c - F_u)
+            right = Gc >= 0.0
+            a = xp.where(right, a, c)
+            b = xp.where(right, c, b)
+            w_c = _w_of(xp, c, s, t)
+            dens = xp.exp(-0.5 * w_c * w_c) / (math.sqrt(2.0 * math.pi) * s * xp.maximum(c, _TINY))
+            slope = (c - p) * dens
+            newton = c - Gc / xp.where(slope > 0, slope, 1.0)
+            inside = (slope > 0) & (newton > a) & (newton < b)
+            return a, b, xp.where(inside, newton, 0.5 * (a + b))
+
+        # Start where a uniform density would put the root (2 p - u), inside the bracket.
+        c0 = xp.clip(2.0 * p - u, p + 1e-12 * gg, lim)
+        a, b, _ = ops.fori_loop(0, _ROOT_ITERS, solve, (p, lim, xp.where(c0 < lim, c0, 0.5 * (p + lim))))
+        # Newton may approach the root from the right only: the left end then is a point just
+        # below b if G is still negative there (checked), else the last left iterate.
+        cand = xp.maximum(b - 1e-12 * (b - p) - 4e-16 * b, p)
+        F_c, M_c = cdf_first(cand)
+        a = xp.where((M_c - M_u) - p * (F_c - F_u) < 0.0, xp.maximum(cand, a), a)
+        # Row 0 (remove): the end with G >= 0; row 1 (add): the end with G < 0 (or p itself).
+        u_new = xp.stack([b[0], a[1]])
+        u_new = xp.where(ok, u_new, u)
+        F_n, M_n = cdf_first(u_new)
+        mass = xp.where(ok, xp.maximum(F_n - F_u, 0.0), 0.0)
+        masses = xp.where(xp.arange(_CONTRACT_CELLS) == i, mass[..., None], masses)
+        index = xp.where(xp.arange(_CONTRACT_CELLS) == i, xp.where(ok, xp.round((p - oo) / gg), -1.0)[..., None], index)
+        return u_new, F_n, M_n, done | ~ok, masses, index
+
+    init = (u0, F0, M0, xp.zeros((2, K), bool), xp.zeros((2, K, _CONTRACT_CELLS)),
+            -xp.ones((2, K, _CONTRACT_CELLS)))
+    u, _, _, _, masses, index = ops.fori_loop(0, _CONTRACT_CELLS, step, init, stop=lambda st: st[3].all())
+    return u, masses, index
+
+
+def _lattice_laws(ops, s, t, g, bl, bh, m: int):
+    """``X`` restricted to ``[0, b_{k-1}]`` ("A") and ``(b_{k-1}, b_k]`` ("B") on the lattice
+    ``j g_k`` (``m`` points), three ways: (3, K, 2, m) masses and (3, K) lattice origins (0).
+
+    [0] the mean-preserving split of every outcome between its two lattice neighbours (larger in
+    the convex order).  [1], [2]: the lowest part of ``X`` contracted exactly onto the lattice
+    (:func:`_contract`); above it each cell merged into one atom (its conditional mean),
+    neighbouring atoms matched onto the shared point, leftovers rounded down ([1], the remove
+    direction's lower bound) or up ([2], the add direction's).
+    """
+    xp = ops.xp
+    K = g.shape[0]
+    # Lower laws: X <= theta = min(g, b_{k-1}) merged into one atom at mu = E[X | X <= theta], on the
+    # lattice delta + j g with delta = mu mod g (so the atom is a lattice point: where the bulk of X
+    # is finer than g, nothing else could put it on the lattice exactly); then the exact interval
+    # contraction from theta on.
+    theta = xp.minimum(g, bl)
+    w_th = _w_of(xp, theta, s, t)
+    t_th, t_ths = _small_tails(ops, w_th, w_th - s)
+    f_th = xp.where(w_th <= 0.0, t_th, 1.0 - t_th)                         # P(X <= theta)
+    m_th = xp.where(w_th - s <= 0.0, t_ths, 1.0 - t_ths) / t               # E[X; X <= theta]
+    mu = xp.where(f_th > 0, m_th / xp.maximum(f_th, _TINY), 0.5 * theta)
+    delta = ops.stop(mu - g * xp.floor(mu / g))
+    # Contract up to where the density of X changes by less than kappa over one cell (|d log f /
+    # dx| g = (g / x) |1 + (log(t x) + s^2 / 2) / s^2|, one fixed-point step from x = g / kappa):
+    # beyond it the neighbour matching leaves little unmatched, and contraction loses variance.
+    x_res = g / _KAPPA
+    x_res = g * xp.abs(1.0 + (xp.log(t * x_res) + 0.5 * s * s) / (s * s)) / _KAPPA
+    limit = xp.minimum(bl, xp.minimum(_CONTRACT_CELLS * g, x_res))
+    u_end, c_mass, c_index = _contract(ops, s, t, g, limit, delta, theta)
+    x0 = xp.arange(m, dtype=np.float64)[None, :] * g[:, None]             # (K, m): upper lattice
+    x1 = delta[:, None] + x0                                               # lower lattice
+    x = xp.stack([x0, x1])                                                 # (2, K, m)
+    w = _w_of(xp, x, s, t)
+    ends = xp.stack([bl, bh, u_end[0], u_end[1]])                          # (4, K)
+    we = _w_of(xp, ends, s, t)
+    def tails():
+        # Small tails of W and W - s at every lattice point and at the range ends, computed once
+        # into buffers (XLA would otherwise duplicate the erfc expansions into every consumer).
+        return tuple(_small_tails(ops, w, w - s, we, we - s))
+
+    tw, tws, te, tes = ops.materialize(tails)
+
+    def cells(L, lo_i, hi_i):
+        """Mass and first moment of X on every cell of lattice L clipped to [ends[lo_i], ends[hi_i]]
+        (lo_i None: from X = 0)."""
+        xl_, w_, tw_, tws_ = x[L], w[L], tw[L], tws[L]
+        hi_v = ends[hi_i][:, None]
+        above = xl_ > hi_v
+        ew = xp.where(above, we[hi_i][:, None], w_)
+        et = xp.where(above, te[hi_i][:, None], tw_)
+        ets = xp.where(above, tes[hi_i][:, None], tws_)
+        if lo_i is not None:
+            below = xl_ < ends[lo_i][:, None]
+            ew = xp.where(below, we[lo_i][:, None], ew)
+            et = xp.where(below, te[lo_i][:, None], et)
+            ets = xp.where(below, tes[lo_i][:, None], ets)
+        mass = _interval_from_tails(xp, ew[:, :-1], et[:, :-1], ew[:, 1:], et[:, 1:])
+        first = _interval_from_tails(xp, ew[:, :-1] - s, ets[:, :-1], ew[:, 1:] - s, ets[:, 1:]) / t
+        return mass, first
+
+    m_a, f_a = cells(0, None, 0)                                           # [0, b_{k-1}]
+    m_b, f_b = cells(0, 0, 1)                                              # (b_{k-1}, b_k]
+    m_ra, f_ra = cells(1, 2, 0)                                            # (u_end, b_{k-1}]: remove
+    m_aa, f_aa = cells(1, 3, 0)                                            # add
+    m_bl, f_bl = cells(1, 0, 1)                                            # B on the lower lattice
+    zero = xp.zeros((K, 1))
+
+    def split(mass, first):
+        D = xp.maximum(x0[:, 1:] * mass - first, 0.0)
+        a = xp.clip(D / g[:, None], 0.0, mass)
+        return xp.concatenate([a, zero], -1) + xp.concatenate([zero, mass - a], -1)
+
+    up = xp.stack([split(m_a, f_a), split(m_b, f_b)], 1)                  # (K, 2, m)
+    # Lower laws: match the cells of (A above the contraction, B) per direction.
+    mass_l = xp.stack([xp.stack([m_ra, m_bl], 1), xp.stack([m_aa, m_bl], 1)])     # (2, K, 2, m-1)
+    first_l = xp.stack([xp.stack([f_ra, f_bl], 1), xp.stack([f_aa, f_bl], 1)])
+    xl, xh = x1[:, :-1], x1[:, 1:]
+    D = xp.maximum(xh[None, :, None] * mass_l - first_l, 0.0)
+    Ex = xp.maximum(first_l - xl[None, :, None] * mass_l, 0.0)
+    u, v = _match(xp, D, Ex)
+    z2 = xp.zeros(mass_l.shape[:-1] + (1,))
+    rm = xp.concatenate([mass_l[0] * (1.0 - u[0]), z2[0]], -1) + xp.concatenate([z2[0], mass_l[0] * u[0]], -1)
+    ad = xp.concatenate([mass_l[1] * v[1], z2[1]], -1) + xp.concatenate([z2[1], mass_l[1] * (1.0 - v[1])], -1)
+    # The contracted atoms, exactly on their lattice points, into A.
+    j0 = xp.clip(xp.round((mu - delta) / g), 0, m - 1)
+    idx = xp.concatenate([c_index, xp.broadcast_to(j0[None, :, None], (2, K, 1))], -1)     # (2, K, M+1)
+    val = xp.concatenate([c_mass, xp.broadcast_to(f_th[None, :, None], (2, K, 1))], -1)
+    val = xp.where(idx >= 0, val, 0.0)
+    flat = ((xp.arange(2)[:, None, None] * K + xp.arange(K)[None, :, None]) * m
+            + xp.clip(idx, 0, m - 1)).astype(np.int64)
+    atoms = ops.scatter_add(2 * K * m, flat, val).reshape(2, K, m)
+    rm = rm + xp.stack([atoms[0], xp.zeros_like(atoms[0])], 1)
+    ad = ad + xp.stack([atoms[1], xp.zeros_like(atoms[1])], 1)
+    laws = xp.stack([up, rm, ad])                                          # (3, K, 2, m)
+    return laws, xp.stack([xp.zeros_like(delta), delta, delta])
+
+
+def _log1p_c(xp, z):
+    """``log(1 + z)`` for complex ``z`` without cancellation near 0."""
+    x, y = xp.real(z), xp.imag(z)
+    return 0.5 * xp.log1p(2.0 * x + x * x + y * y) + 1j * xp.arctan2(y, 1.0 + x)
+
+
+def _expm1_c(xp, w):
+    """``exp(w) - 1`` for complex ``w`` without cancellation near 0."""
+    a, b = xp.real(w), xp.imag(w)
+    return (xp.expm1(a) * xp.cos(b) - 2.0 * xp.sin(0.5 * b) ** 2) + 1j * xp.exp(a) * xp.sin(b)
+
+
+def _polar(xp, F):
+    """``(log |F|, arg F, F != 0)`` with finite derivatives at ``F = 0`` (where the log is
+    ``log 1e-300`` and the angle 0; the mask lets callers zero those entries)."""
+    re, im = xp.real(F), xp.imag(F)
+    sq = re * re + im * im
+    nz = sq > 0
+    safe = xp.where(nz, sq, 1.0)
+    logabs = xp.where(nz, 0.5 * xp.log(safe), math.log(_TINY))
+    ang = xp.arctan2(xp.where(nz, im, 0.0), xp.where(nz, re, 1.0))
+    return logabs, ang, nz
+
+
+def _cpow(xp, F, t):
+    """``F^t`` for an integer ``t``, as ``exp(t log F)`` (exact on the principal branch)."""
+    lr, ang, nz = _polar(xp, F)
+    return xp.where(nz, xp.exp(t * lr) * (xp.cos(t * ang) + 1j * xp.sin(t * ang)), 0.0)
+
+
+def _event_power(xp, FA, FB, t):
+    """``(FA + FB)^t - FA^t``: the transform of the law on "some X_i in the band".
+
+    Where ``|FB| < |FA|``, ``FA^t expm1(t log1p(FB / FA))`` (no cancellation when the band is
+    rare); where that power is large (the two terms differ by a factor ``>= e^{1/2}``) or
+    ``|FB| >= |FA|`` (then ``|FA|^t`` is below the band's own mass to the power ``t``), directly.
+    """
+    small = xp.abs(FB) < xp.abs(FA)
+    z = xp.where(small, FB / xp.where(small, FA, 1.0), 0.0)
+    w = t * _log1p_c(xp, z)
+    stable = _cpow(xp, FA, t) * _expm1_c(xp, w)
+    direct = _cpow(xp, FA + FB, t) - _cpow(xp, FA, t)
+    return xp.where(small & (xp.real(w) < 0.5), stable, direct)
+
+
+class EpochAtoms(NamedTuple):
+    """The likelihood ratio ``V'`` of one epoch as lattice atoms (``K`` levels x ``n`` points).
+
+    Attributes:
+      v: (3, K, n) ratio values of the atoms (per law: the lower laws sit on shifted lattices).
+      q: (3, K, n) Q-masses: [0] dominating law, [1] remove lower law, [2] add lower law.
+      p_inf: () P-mass at ratio ``+inf`` of the dominating law (remove: counted in full).
+      q_zero: () Q-mass at ratio 0 of the dominating law (add: counted in full).
+      slack: (2,) bound on what wrapped-in mass can add to a remove / add hockey stick of the
+        lower laws.
+      noise_rel: () relative round-off allowance of the lattice powers.
+    """
+
+    v: Any
+    q: Any
+    p_inf: Any
+    q_zero: Any
+    slack: Any
+    noise_rel: Any
+
+
+def _prefix_log_mgf(ops, S, g, lam, J):
+    """``log sum_{j < 16 J} S_j e^{lam j g}`` for every truncation ``J`` (a number of 16-point
+    blocks).
+
+    ``S``: (V, K, m) lattice masses; ``g``: (K,); ``lam``: (K, L); ``J``: (V, K, R).  Sums inside a
+    block use 16 shared exponentials; the block terms are scaled by their largest value per row
+    (``log`` of ``sum + 1e-300`` then never falls below the exact value beyond rounding: terms
+    that underflow are covered by the guard) and summed under each truncation's mask.
+    Returns (V, K, L, R).
+    """
+    xp = ops.xp
+    V, K, m = S.shape
+    nb = m // _BLOCK
+    i = xp.arange(_BLOCK, dtype=np.float64)
+    inner_e = xp.exp(lam[:, :, None] * (i[None, None, :] * g[:, None, None]))           # (K, L, 16)
+    inner = xp.einsum("vkbi,kli->vklb", S.reshape(V, K, nb, _BLOCK), inner_e)            # (V, K, L, nb)
+    xb = xp.arange(nb, dtype=np.float64)[None, :] * (_BLOCK * g[:, None])               # (K, nb)
+    logt = xp.where(inner > 0, xp.log(xp.maximum(inner, 1e-300)) + (lam[:, :, None] * xb[:, None, :])[None],
+                    -np.inf)
+    top = xp.max(logt, -1, keepdims=True)
+    top = xp.where(xp.isfinite(top), top, 0.0)
+    scaled = xp.exp(logt - top)
+    mask = (xp.arange(nb, dtype=np.float64) < J[..., None]) * 1.0                      # (V, K, R, nb)
+    total = xp.einsum("vklb,vkrb->vklr", scaled, mask)
+    return xp.log(total + 1e-300) + top
+
+
+def _window_tails(ops, laws, origins, w0, geo, s, t, n: int):
+    """Chernoff bounds on the Q- and P-mass of each level's event law outside its window.
+
+    On "some X_i in band k" (union over which ``i``), ``V' = X'_i + S`` with ``X'_i <= b_k + g``
+    and ``S`` the sum of the other ``t - 1``, each at most ``b_k``.  Above the window (``V' >=
+    h``): ``S >= a = h - b_k - g``, bounded for every truncation point ``c`` in the band edges by
+    ``P(S_c >= a) + (t - 1) P(c < X <= b_k)``, where ``S_c`` sums ``t - 1`` lattice laws truncated
+    at ``c`` (Chernoff with the truncated log-MGF ``K_c``: ``exp((t-1) K_c(lam) - lam a)``, and for
+    the P-mass ``E[S_c e^{lam (S_c - a)}] = (t-1) K_c'(lam) e^{...}`` with ``K_c'`` bounded by a
+    secant of the convex ``K_c``).  Below (window start above the band's lattice floor ``beta``):
+    ``S <= lo - beta``, Chernoff with ``lam < 0``.  Each law on its own lattice ``origin + j g``
+    (``origins``: (3, K)) with its window ``J in [w0, w0 + n)`` (``w0``: (3, K)).  Returns
+    (Q-mass, P-mass), each (3, K).
+    """
+    xp = ops.xp
+    S = laws[:, :, 0] + laws[:, :, 1]                                      # (3, K, m): all X <= b_k
+    V, K, m = S.shape
+    nb = m // _BLOCK
+    g, bl, bh, wk = geo["g"], geo["bl"], geo["bh"], geo["wk"]
+    scale = xp.maximum(geo["hi"] - geo["lo"], g)
+    # lam from 0.5 / width up to ~ 1 / g (values just beyond the window edge need lam g ~ 1).
+    mult = xp.concatenate([xp.asarray(_LAMBDA_MULT), xp.asarray([n / 8.0, n / 2.0, 2.0 * n])])
+    lam = mult[None, :] / scale[:, None]                                   # (K, L)
+    # Truncation points c = b_k 2^{-r/2}, r = 0.._N_TRUNC-1 (r = 0: none): include the blocks
+    # whose points are all < x_{16 J - 1}, i.e. J = ceil((c / g + 1) / 16) (c' = (16 J - 1) g >= c).
+    r = xp.arange(_N_TRUNC, dtype=np.float64)
+    cut = bh[:, None] * 2.0 ** (-0.5 * r)[None, :]                         # (K, R)
+    J = xp.clip(xp.ceil(((cut[None] - origins[..., None]) / g[None, :, None] + 1.0) / _BLOCK), 1, nb)
+    J = xp.where(r == 0, float(nb), J)                                      # (V, K, R)
+    logK = _prefix_log_mgf(ops, S, g, lam, J) + (lam[None] * origins[..., None])[..., None]  # (V, K, L, R)
+    h = t * origins + (w0 + n) * g                                          # (V, K): first value above
+    a = h - bh - g
+    # Remainders P(c < X <= b_k) and E[X; c < X <= b_k].
+    wc = _w_of(xp, cut, s, t)
+    wlev = wk[1:]
+    a_hi = wlev[:, None] + 0.0 * wc
+    ta, tb_, tas, tbs, tpl, tph, tpls, tphs = _small_tails(ops, wc, a_hi, wc - s, a_hi - s, wk[:-1], wk[1:],
+                                                            wk[:-1] - s, wk[1:] - s)
+    p_rem = xp.where(r[None, :] == 0, 0.0, _interval_from_tails(xp, wc, ta, a_hi, tb_))
+    e_rem = xp.where(r[None, :] == 0, 0.0, _interval_from_tails(xp, wc - s, tas, a_hi - s, tbs) / t)
+    valid = r[None, :] >= 0.0
+    la = lam[None, :, :, None]
+    slope = (logK[:, :, 1:] - logK[:, :, :-1]) / (lam[None, :, 1:, None] - lam[None, :, :-1, None])
+    # An overflowed log-MGF (inf, or inf - inf) gives no bound at that lam (inf), never a NaN.
+    slope = xp.where(xp.isnan(slope), np.inf, xp.maximum(slope, 0.0))
+
+    def chernoff(count, thr):
+        """Chernoff bounds (P(S_c >= thr), E[S_c; S_c >= thr]) of the sum of ``count`` lattice
+        variables truncated at every point c: (V, K, R) each."""
+        tq = xp.exp(xp.minimum(count * logK - la * thr[:, :, None, None], 0.0))               # (V, K, L, R)
+        te = count * slope * xp.exp(xp.minimum(count * logK[:, :, :-1] - la[:, :, :-1] * thr[:, :, None, None],
+                                               700.0))
+        te = xp.where(xp.isnan(te), np.inf, te)
+        return xp.minimum(xp.min(xp.where(xp.isnan(tq), 1.0, tq), axis=2), 1.0), xp.min(te, axis=2)
+
+    def best(x):
+        return xp.min(xp.where(valid[None], x, np.inf), axis=-1)
+
+    def tail(count, thr):
+        """Bounds on P(S >= thr) and E[S; S >= thr], S a sum of ``count`` variables <= b_k: for
+        every truncation c, the truncated sum's Chernoff bound plus the event that some variable
+        exceeds c, on which the remaining ``count - 1`` must still reach ``thr - b_k - g``
+        (bounded the same way, with one truncation term)."""
+        thr2 = thr - bh - g
+        cq, ce = chernoff(count, thr)
+        cq2, ce2 = chernoff(count - 1.0, thr2)
+        p1 = xp.minimum(best(cq2 + (count - 1.0) * p_rem[None]), 1.0)                      # (V, K)
+        e1 = best(ce2 + (count - 1.0) * (e_rem + (count - 2.0) / t * p_rem)[None])
+        pq = best(cq + count * p_rem[None] * p1[..., None])
+        pe = best(ce + count * (e_rem[None] * p1[..., None] + p_rem[None] * e1[..., None]))
+        return xp.minimum(pq, 1.0), pe
+
+    pband = _interval_from_tails(xp, wk[:-1], tpl, wk[1:], tph)                          # (K,)
+    eband = _interval_from_tails(xp, wk[:-1] - s, tpls, wk[1:] - s, tphs) / t
+    # (a) union over the variable in the band: t P(band) P(others >= a).
+    Pq, Pe = tail(t - 1.0, a)
+    q_union = t * pband[None] * Pq
+    p_union = t * (eband[None] * Pq + pband[None] * Pe)
+    # (b) the whole sum: P(every X <= b_k, V' >= h) (better where the band is not rare).
+    Fq, Fe = tail(t, h)
+    # Exact zero where even t copies of the largest lattice value stay below the window top.
+    x_top = origins + xp.ceil((bh - origins) / g) * g
+    none_above = t * x_top < h
+    q_above = xp.where(none_above, 0.0, xp.minimum(xp.minimum(q_union, Fq), 1.0))
+    p_above = xp.where(none_above, 0.0, xp.minimum(xp.minimum(p_union, Fe), 1.0))
+    # Below the window: (a) the band's split value is >= beta = floor(b_{k-1} / g) g, so the
+    # others sum to at most lo - beta; (b) the whole sum is at most lo.
+    beta = origins + xp.floor((bl - origins) / g) * g                     # (V, K)
+    lo_w = t * origins + w0 * g
+    gap = lo_w - beta
+    logKn = (_prefix_log_mgf(ops, S, g, -lam, xp.full((V, K, 1), float(nb)))[..., 0]
+             - lam[None] * origins[..., None])                               # (V, K, L)
+    tb = xp.min(xp.exp(xp.minimum((t - 1.0) * logKn + lam[None] * gap[..., None], 0.0)), axis=-1)
+    tf = xp.min(xp.exp(xp.minimum(t * logKn + lam[None] * lo_w[..., None], 0.0)), axis=-1)
+    # (gap - (t - 1) origin is a whole number of lattice steps: compare with half a step.)
+    q_below = xp.where(gap > (t - 1.0) * origins + 0.5 * g, xp.minimum(xp.minimum(t * pband[None] * tb, tf), 1.0), 0.0)
+    p_below = lo_w * q_below
+    return xp.minimum(q_above + q_below, 1.0), xp.minimum(p_above + p_below, 1.0)
+
+
+def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0, geometry=None) -> EpochAtoms:
+    """Lattice atoms of one epoch of 1-of-``t`` allocation.
+
+    Args:
+      ops: :data:`NUMPY` or :func:`jax_ops`.
+      sigma: noise multiplier (> 0).
+      t: steps in the epoch (>= 1; float or int).
+      tau: truncation level: the events spread to the ratio-0 / ratio-inf atoms have Q- and P-mass
+        about ``tau``.
+      levels, n, m: number of bands, window (FFT) length, lattice length (static; ``m`` a multiple
+        of 16).
+    """
+    xp = ops.xp
+    s = 1.0 / sigma
+    t = t * 1.0
+    # ``geometry`` (a band_geometry dict) holds the bands and windows fixed (derivatives in sigma
+    # of the bound at a fixed discretization); by default they follow sigma.
+    geo = ops.stop(geometry if geometry is not None else
+                   band_geometry(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room))
+    g, w0 = geo["g"], geo["w0"]
+    laws, origins = _lattice_laws(ops, s, t, g, geo["bl"], geo["bh"], m)   # (3, K, 2, m), (3, K)
+    reps = -(-m // n)                                                      # fold onto n points
+    padded = xp.concatenate([laws, xp.zeros(laws.shape[:-1] + (reps * n - m,))], -1)
+    folded = padded.reshape(laws.shape[:-1] + (reps, n)).sum(-2)
+    F = xp.fft.rfft(folded, axis=-1)                                       # (3, K, 2, n/2+1)
+    lam_hat = _event_power(xp, F[:, :, 0], F[:, :, 1], t)                  # (3, K, n/2+1)
+    circ = xp.fft.irfft(lam_hat, n, axis=-1)
+    # A sum of t lattice values is t * origin + J g; the window holds J in [w0, w0 + n).  Where
+    # the window starts at the band (lo = b_{k-1}), it starts at the smallest value on the event:
+    # the band's lattice floor beta plus t - 1 values >= origin.
+    beta = origins + xp.floor((geo["bl"][None, :] - origins) / g[None, :]) * g[None, :]
+    at_band = geo["lo"] <= geo["bl"]
+    w0 = ops.stop(xp.where(at_band[None, :], xp.round((beta - origins) / g[None, :]),
+                           xp.floor((geo["lo"][None, :] - t * origins) / g[None, :])))   # (3, K)
+    idx = xp.mod(w0[..., None].astype(np.int64) + xp.arange(n), n)
+    r = ops.take_along_axis(circ, idx, axis=-1)
+    v = t * origins[..., None] + (w0[..., None] + xp.arange(n)) * g[None, :, None]          # (3, K, n)
+    # Round-off floor: every bin may carry the largest negative excursion seen; the lower laws
+    # also lose the a-priori offset from relative errors ~noise_rel of every coefficient.
+    noise_rel = 8.0 * _U * (math.log2(n) + t)
+    nu = xp.max(xp.maximum(-r, 0.0), axis=-1)                              # (3, K)
+    prior = noise_rel * (2.0 / n) * xp.sum(xp.abs(lam_hat), axis=-1)
+    floor = xp.where(xp.arange(3)[:, None] == 0, -nu, xp.maximum(nu, prior))
+    q = xp.maximum(xp.where(xp.arange(3)[:, None, None] == 0, xp.maximum(r, 0.0), r) - floor[..., None], 0.0)
+    q_out, p_out = _window_tails(ops, laws, origins, w0, geo, s, t, n)
+    # Events outside every band: all X_i <= b_0, or some X_i > b_K (spread to ratios 0 / inf).
+    w_lo, w_max = geo["w_lo"], geo["w_max"]
+    t_lo, t_lo_s, tail_hi, tail_hi_s = _small_tails(ops, w_lo, w_lo - s, w_max, w_max - s)   # w_max > s
+    log_f0 = _log_ndtr_from_tail(xp, w_lo, t_lo)
+    q_low = xp.exp(t * log_f0)
+    p_low = xp.exp(_log_ndtr_from_tail(xp, w_lo - s, t_lo_s) + (t - 1.0) * log_f0)
+    q_high = -xp.expm1(t * xp.log1p(-tail_hi))
+    p_high = -xp.expm1(xp.log1p(-tail_hi_s) + (t - 1.0) * xp.log1p(-tail_hi))
+    p_inf = xp.minimum(p_low + p_high + xp.sum(p_out[0]), 1.0)
+    q_zero = xp.minimum(q_low + q_high + xp.sum(q_out[0]), 1.0)
+    # Lower laws: wrapped-in mass counts at most its landed ratio (<= the window top) times its
+    # Q-mass for remove, its Q-mass for add.
+    top = t * origins + (w0 + n) * g[None, :]
+    slack = xp.stack([xp.sum(top[1] * q_out[1]), xp.sum(q_out[2])])
+    return EpochAtoms(v=v, q=q, p_inf=p_inf, q_zero=q_zero, slack=slack, noise_rel=noise_rel)
+
+
+# ------------------------------------------------------------------------------------------
+# Atoms -> loss grid
+
+
+def grid_up(ops, v, q, offset, dx, N: int):
+    """Dominating (connect-the-dots) placement of ratio atoms (values ``v``, Q-masses ``q``,
+    P-masses ``v q``) on the loss grid ``y_j = (offset + j) dx``, ``j < N``.
+
+    An atom with loss ``log v`` in ``[y_j, y_{j+1}]`` is split between the two grid points keeping
+    its P- and Q-mass (a mean-preserving spread of the ratio); below ``y_0`` between ratio 0 and
+    ``e^{y_0}``; above ``y_{N-1}`` between ``e^{y_{N-1}}`` and ``+inf``.  Returns ``(Q-masses (N,),
+    p_inf, q_zero)``; the P-mass at ``y_j`` is ``e^{y_j}`` times the Q-mass there.
+    """
+    xp = ops.xp
+    y0 = offset * dx
+    top = (offset + N - 1) * dx
+    pos = v > 0
+    loss = xp.where(pos, xp.log(xp.where(pos, v, 1.0)), -np.inf)
+    j = xp.floor((loss - y0) / dx)
+    inside = (j >= 0) & (j <= N - 2)
+    ji = xp.clip(xp.where(inside, j, 0.0), 0, N - 2).astype(np.int64)
+    yj = (offset + ji) * dx
+    frac = xp.clip(xp.expm1(xp.clip(loss - yj, 0.0, dx)) / xp.expm1(dx * 1.0), 0.0, 1.0)
+    q_hi = xp.where(inside, q * frac, 0.0)
+    q_lo = xp.where(inside, q - q_hi, 0.0)
+    below = pos & (loss < y0)
+    above = pos & (loss >= top)
+    q_b = xp.where(below, q * v * xp.exp(-y0), 0.0)
+    q_zero = xp.sum(xp.where(below, q - q_b, 0.0)) + xp.sum(xp.where(pos, 0.0, q))
+    p_inf = xp.sum(xp.where(above, q * (v - xp.exp(top)), 0.0))
+    out = ops.scatter_add(N, xp.concatenate([ji.reshape(-1), ji.reshape(-1) + 1]),
+                          xp.concatenate([q_lo.reshape(-1), q_hi.reshape(-1)]))
+    edge = xp.where(xp.arange(N) == 0, xp.sum(q_b), 0.0) + xp.where(xp.arange(N) == N - 1,
+                                                                     xp.sum(xp.where(above, q, 0.0)), 0.0)
+    return out + edge, xp.maximum(p_inf, 0.0), xp.maximum(q_zero, 0.0)
+
+
+def grid_down(ops, loss, p, q, offset, dx, N: int):
+    """Dominated placement of atoms (losses ``loss``, P-masses ``p``, Q-masses ``q``, oriented as
+    the direction being bounded) on ``y_j = (offset + j) dx``: merged per bin ``(y_j, y_{j+1}]``
+    (post-processing), neighbouring merged atoms matched so that a piece sits exactly on the
+    shared grid point (post-processing), the rest rounded down.  Atoms at or below ``y_0`` are
+    dropped, atoms above ``y_{N-1}`` rounded down to it.  Returns the P-masses (N,)."""
+    xp = ops.xp
+    y0 = offset * dx
+    top = (offset + N - 1) * dx
+    j = xp.ceil((loss - y0) / dx) - 1.0
+    inside = (j >= 0) & (j <= N - 2)
+    ji = xp.clip(xp.where(inside, j, 0.0), 0, N - 2).astype(np.int64)
+    yj = (offset + ji) * dx
+    d_at = xp.where(inside, -q * xp.exp(yj + dx) * xp.expm1(xp.clip(loss - yj - dx, -dx, 0.0)), 0.0)
+    e_at = xp.where(inside, q * xp.exp(yj) * xp.expm1(xp.clip(loss - yj, 0.0, dx)), 0.0)
+    pin = xp.where(inside, p, 0.0)
+    flat = ji.reshape(-1)
+    P = ops.scatter_add(N - 1, flat, pin)
+    D = ops.scatter_add(N - 1, flat, d_at)
+    E = ops.scatter_add(N - 1, flat, e_at)
+    u, _ = _match(xp, D, E)
+    zero = xp.zeros(1)
+    out = xp.concatenate([P * (1.0 - u), zero]) + xp.concatenate([zero, P * u])
+    over = xp.sum(xp.where(loss > top, p, 0.0))
+    return out + xp.where(xp.arange(N) == N - 1, over, 0.0)
+
+
+class EpochPMFs(NamedTuple):
+    """One epoch (one block size) on the loss grid.
+
+    Attributes:
+      pmf: (4, N) P-masses of: remove upper, add upper, remove lower, add lower; the remove rows
+        on ``y_j = (offset + j) dx``, the add rows on ``(offset_add + j) dx`` with ``offset_add =
+        -(offset + N - 1)`` (the negated grid, reversed).
+      p_inf: (4,) mass at loss ``+inf`` (upper rows only).
+      offsets: (4,) grid offsets.
+      slack: (4,) per-epoch bound on wrapped-in mass of the lower rows (subtracted from the lower
+        curves).
+      noise_rel: () relative round-off allowance of the lattice powers.
+    """
+
+    pmf: Any
+    p_inf: Any
+    offsets: Any
+    slack: Any
+    noise_rel: Any
+
+
+def epoch_pmfs(ops, sigma, t, tau, dx, *, levels: int, n: int, m: int, N: int, room=1.0, geometry=None,
+               offset=None) -> EpochPMFs:
+    """Both directions' upper and lower PMFs of one epoch of 1-of-``t`` allocation on a loss grid
+    of ``N`` points starting just below the smallest atom."""
+    xp = ops.xp
+    at = epoch_atoms(ops, sigma, t, tau, levels=levels, n=n, m=m, room=room, geometry=geometry)
+    v = at.v                                                               # (3, K, n)
+    vmin = xp.min(xp.where(v > 0, v, np.inf))
+    if offset is None:
+        offset = ops.stop(xp.floor(xp.log(vmin) / dx)).astype(np.int64) - 1
+    q_up, p_inf_g, q_zero_g = grid_up(ops, v[0], at.q[0], offset, dx, N)
+    y = (offset + xp.arange(N)) * dx
+    pos = v > 0
+    loss = xp.where(pos, xp.log(xp.where(pos, v, 1.0)), -np.inf)
+    offset_add = -(offset + N - 1)
+    rm_down = grid_down(ops, loss[1], v[1] * at.q[1], at.q[1], offset, dx, N)
+    ad_down = grid_down(ops, -loss[2], at.q[2], xp.maximum(v[2], 0.0) * at.q[2], offset_add, dx, N)
+    pmf = xp.stack([q_up * xp.exp(y), q_up[::-1], rm_down, ad_down])
+    zero = xp.zeros(())
+    p_inf = xp.minimum(xp.stack([at.p_inf + p_inf_g, at.q_zero + q_zero_g, zero, zero]), 1.0)
+    offsets = xp.stack([offset, offset_add, offset, offset_add])
+    slack = xp.stack([zero, zero, at.slack[0], at.slack[1]])
+    return EpochPMFs(pmf=pmf, p_inf=p_inf, offsets=offsets, slack=slack, noise_rel=at.noise_rel + zero)
+
+
+# ------------------------------------------------------------------------------------------
+# Composition of epochs (and of the blocks of a k-of-t allocation), and conversion
+
+
+class Composed(NamedTuple):
+    """The composed PLD of the 4 rows (remove upper, add upper, remove lower, add lower) on a
+    window of ``n_comp`` grid points ``(w_lo + i) dx``.
+
+    ``const_up`` / ``const_lo`` are the constants added to the upper / subtracted from the lower
+    delta curve (``+inf`` atom, wrap-around, slack); ``roundoff_rel`` inflates the hockey-stick
+    sums of the upper curve (and deflates the lower one).
+    """
+
+    pmf: Any
+    w_lo: Any
+    dx: Any
+    p_inf: Any
+    tail_above: Any
+    tail_below: Any
+    roundoff_rel: Any
+    noise_floor: Any
+
+
+def _grid_log_mgf(xp, pmf, y, lam):
+    """``log sum_i pmf_i e^{lam y_i}`` (pmf, y: (..., N); lam: (..., L)) with per-row reference
+    at the mean (underflow guard ``+1e-300``; overflow gives ``inf``, a trivial bound)."""
+    mass = xp.maximum(xp.sum(pmf, -1), _TINY)
+    ref = xp.sum(pmf * y, -1) / mass                                                # (...)
+    N = pmf.shape[-1]
+    nb = N // _BLOCK
+    dx = y[..., 1] - y[..., 0]
+    i = xp.arange(_BLOCK, dtype=np.float64)
+    inner_e = xp.exp(lam[..., :, None] * (i * dx[..., None, None]))                  # (..., L, 16)
+    inner = xp.einsum("...bi,...li->...lb", pmf.reshape(pmf.shape[:-1] + (nb, _BLOCK)), inner_e)
+    expo = lam[..., :, None] * (y[..., None, ::_BLOCK] - ref[..., None, None])      # (..., L, nb)
+    ok = expo < 700.0
+    outer = xp.where(ok, xp.exp(xp.where(ok, expo, 0.0)), 0.0)
+    terms = xp.where(inner > 0, inner * outer, 0.0)
+    # A block whose factor would overflow makes K infinite (a trivial bound), never a NaN.
+    overflow = xp.any((inner > 0) & ~ok, axis=-1)
+    return xp.where(overflow, np.inf, lam * ref[..., None] + xp.log(xp.sum(terms, -1) + 1e-300))
+
+
+def compose_epochs(ops, pmfs: EpochPMFs, counts, dx, log_tau, *, n_comp: int) -> Composed:
+    """Compose block ``b``'s epoch PMFs ``counts[b]`` times (``pmfs`` fields with a leading block
+    axis), by FFT on ``n_comp`` points, in a window placed between the composed Chernoff
+    quantiles at ``log_tau``; mass outside the window is bounded (Chernoff) and added to the upper
+    curves (from above) / subtracted from the lower curves (from below), as in
+    :mod:`dpjax.pld.compose`."""
+    xp = ops.xp
+    counts = counts * 1.0
+    pmf = pmfs.pmf                                                      # (B, 4, N)
+    B, D, N = pmf.shape
+    reps = -(-N // n_comp)
+    padded = xp.concatenate([pmf, xp.zeros((B, D, reps * n_comp - N))], -1).reshape(B, D, reps, n_comp).sum(2)
+    F = xp.fft.rfft(padded, axis=-1)                                     # (B, 4, nf)
+    c = counts[:, None, None]
+    lf, af, _ = _polar(xp, F)
+    logabs = xp.sum(c * lf, 0)
+    angle = xp.sum(c * af, 0)
+    mag = xp.exp(logabs)
+    circ = xp.fft.irfft(mag * (xp.cos(angle) + 1j * xp.sin(angle)), n_comp, axis=-1)   # (4, n_comp)
+    y = (pmfs.offsets[..., None] + xp.arange(N)) * dx                    # (B, 4, N)
+    mass = xp.maximum(xp.sum(pmf, -1), _TINY)
+    mean_b = xp.sum(pmf * y, -1) / mass
+    var_b = xp.sum(pmf * (y - mean_b[..., None]) ** 2, -1) / mass
+    sd = xp.sqrt(xp.maximum(xp.sum(counts[:, None] * var_b, 0), 1e-24))  # (4,)
+    zt = math.sqrt(2.0) * xp.sqrt(xp.maximum(-log_tau, 1.0))
+    lam_pos = zt * _COMPOSE_MULT[None, :] / sd[:, None]
+    lams = xp.concatenate([lam_pos, -lam_pos], -1)                       # (4, L)
+    Kb = _grid_log_mgf(xp, pmf, y, xp.broadcast_to(lams[None], (B,) + lams.shape))      # (B, 4, L)
+    K = xp.sum(xp.where(c > 0, c * Kb, 0.0), 0)                          # (4, L)
+    pos = lams > 0
+    h = xp.min(xp.where(pos, (K - log_tau) / xp.where(pos, lams, 1.0), np.inf), -1)
+    l = xp.max(xp.where(pos, -np.inf, (K - log_tau) / xp.where(pos, 1.0, lams)), -1)
+    centre = xp.where(xp.isfinite(0.5 * (h + l)), 0.5 * (h + l), xp.sum(counts[:, None] * mean_b, 0))
+    w_lo = xp.floor(centre / dx).astype(np.int64) - n_comp // 2
+    cnt_i = counts.astype(np.int64)
+    offset_tot = xp.mod(xp.sum(xp.mod(cnt_i, n_comp)[:, None] * xp.mod(pmfs.offsets, n_comp), 0), n_comp)
+    idx = xp.mod(xp.arange(n_comp)[None, :] + (w_lo - offset_tot)[:, None], n_comp)
+    r = ops.take_along_axis(circ, idx, axis=-1)
+    hi = (w_lo + n_comp) * dx
+    lo = (w_lo - 1) * dx
+    above = xp.min(xp.where(pos, K - lams * hi[:, None], np.inf), -1)
+    below = xp.min(xp.where(pos, np.inf, K - lams * lo[:, None]), -1)
+    above = xp.where(xp.isnan(above), 1.0, xp.minimum(xp.exp(xp.minimum(above, 0.0)), 1.0))
+    below = xp.where(xp.isnan(below), 1.0, xp.minimum(xp.exp(xp.minimum(below, 0.0)), 1.0))
+    roundoff_rel = 8.0 * _U * (math.log2(n_comp) + xp.sum(counts)) + xp.sum(counts * pmfs.noise_rel)
+    prior = roundoff_rel * (2.0 / n_comp) * xp.sum(mag, -1)
+    is_up = xp.arange(4) < 2
+    nu = xp.max(xp.maximum(-r, 0.0), -1)
+    floor = xp.where(is_up, nu, xp.maximum(nu, prior))
+    r = xp.where(is_up[:, None], xp.maximum(r, 0.0) + nu[:, None], xp.maximum(r - floor[:, None], 0.0))
+    p_inf = -xp.expm1(xp.sum(counts[:, None] * xp.log1p(-xp.minimum(pmfs.p_inf, 1.0 - 1e-16)), 0))
+    # Wrapped-in lattice mass of the lower rows: each epoch's bound times its count, times the
+    # most mass the other factors can carry.
+    sl = xp.sum(counts[:, None] * pmfs.slack, 0)
+    below = xp.where(is_up, below, below + sl * xp.exp(sl))
+    return Composed(pmf=r, w_lo=w_lo, dx=dx, p_inf=p_inf, tail_above=above, tail_below=below,
+                    roundoff_rel=roundoff_rel + xp.zeros(4), noise_floor=floor)
+
+
+def _curves(ops, comp: Composed):
+    """Per row: losses ``y`` (4, n), suffix sums ``A`` (4, n+1) and ``B`` (4, n+1) with
+    ``delta(eps) = A_j - e^{eps - y_ref} B_j`` on segment ``[y_j, y_{j+1}]`` (``A``, ``B`` at
+    index ``j + 1``), and ``y_ref`` (4,)."""
+    xp = ops.xp
+    r = comp.pmf
+    n = r.shape[-1]
+    y = (comp.w_lo[:, None] + xp.arange(n)[None, :]) * comp.dx
+    y_ref = (comp.w_lo + n // 2) * comp.dx
+    w = r * xp.exp(y_ref[:, None] - y)
+    is_up = xp.arange(4) < 2
+    const = xp.where(is_up, comp.p_inf + comp.tail_above, comp.p_inf - comp.tail_below)
+    fa = xp.where(is_up, 1.0 + comp.roundoff_rel, 1.0 - comp.roundoff_rel)
+    fb = xp.where(is_up, 1.0 - comp.roundoff_rel, 1.0 + comp.roundoff_rel)
+    zero = xp.zeros((4, 1))
+    sa = xp.concatenate([ops.suffix_sum(r), zero], -1)
+    sb = xp.concatenate([ops.suffix_sum(w), zero], -1)
+    A = sa * fa[:, None] + const[:, None]
+    B = sb * fb[:, None]
+    return y, A, B, y_ref
+
+
+def delta_of(ops, comp: Composed, eps):
+    """Delta of every row at ``eps`` (array of any shape): (4,) + eps.shape, clipped to [0, 1]."""
+    xp = ops.xp
+    y, A, B, y_ref = _curves(ops, comp)
+    n = y.shape[-1]
+    e = xp.reshape(eps, (-1,))
+    j = xp.clip(xp.floor((e[None, :] - y[:, :1]) / comp.dx).astype(np.int64), -1, n - 1)   # (4, T)
+    Aj = xp.take_along_axis(A, j + 1, axis=-1)
+    Bj = xp.take_along_axis(B, j + 1, axis=-1)
+    d = Aj - xp.exp(xp.minimum(e[None, :] - y_ref[:, None], 700.0)) * Bj
+    d = xp.clip(d, 0.0, 1.0)
+    bad = ~xp.isfinite(d)
+    d = xp.where(bad, xp.where(xp.arange(4)[:, None] < 2, 1.0, 0.0), d)
+    return d.reshape((4,) + xp.shape(eps))
+
+
+def eps_of(ops, comp: Composed, delta):
+    """Smallest ``eps >= 0`` with ``delta_row(eps) <= delta`` for every row (``inf`` if none):
+    (4,) + delta.shape."""
+    xp = ops.xp
+    y, A, B, y_ref = _curves(ops, comp)
+    n = y.shape[-1]
+    dl = xp.reshape(delta, (-1,))
+    Dg = A[:, 1:] - xp.exp(y - y_ref[:, None]) * B[:, 1:]                  # delta(y_j), (4, n)
+    k = xp.sum(Dg[:, None, :] > dl[None, :, None], -1)                      # (4, T) in 0..n
+    Ak = xp.take_along_axis(A, k, axis=-1)
+    Bk = xp.take_along_axis(B, k, axis=-1)
+    seg = k - 1
+    ok = (Bk > 0) & (Ak - dl[None, :] > 0)
+    ratio = xp.where(ok, (Ak - dl[None, :]) / xp.where(ok, Bk, 1.0), 1.0)
+    val = y_ref[:, None] + xp.log(ratio)
+    lo_end = xp.where(seg >= 0, xp.take_along_axis(y, xp.maximum(seg, 0), axis=-1), -np.inf)
+    hi_end = xp.where(seg + 1 <= n - 1, xp.take_along_axis(y, xp.minimum(seg + 1, n - 1), axis=-1), np.inf)
+    val = xp.where(ok, xp.clip(val, lo_end, hi_end), hi_end)
+    val = xp.where(k >= n, np.inf, val)
+    val = xp.maximum(val, 0.0)
+    broken = ~(xp.isfinite(A[:, :1]) & xp.isfinite(B[:, :1]))
+    val = xp.where(broken, xp.where(xp.arange(4)[:, None] < 2, np.inf, 0.0), val)
+    return val.reshape((4,) + xp.shape(delta))
+
+
+# ------------------------------------------------------------------------------------------
+# The whole computation for one noise multiplier
+
+
+class Shape(NamedTuple):
+    """Static sizes of a run: ``levels`` bands, lattice window ``n`` (FFT), lattice length ``m``,
+    loss grid ``N`` points, composition FFT ``n_comp``."""
+
+    levels: int
+    n: int
+    m: int
+    N: int
+    n_comp: int
+
+
+def run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape: Shape, room=1.0, frozen=None) -> Composed:
+    """Epoch PMFs of every block size (``block_steps``: (B,) steps per block; ``counts``: (B,)
+    compositions of each; ``sigma``: one noise multiplier, or a list with one per block),
+    composed.  ``sigma``, ``tau``, ``dx``, ``log_tau`` may be traced."""
+    xp = ops.xp
+    if ops is NUMPY:
+        with np.errstate(all="ignore"):
+            return _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape, room, frozen)
+    return _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape, room, frozen)
+
+
+def _run(ops, sigma, block_steps, counts, tau, dx, log_tau, shape: Shape, room, frozen=None) -> Composed:
+    stacked = epoch_stack(ops, sigma, block_steps, tau, dx, shape, room, frozen)
+    return compose_epochs(ops, stacked, counts, dx, log_tau, n_comp=shape.n_comp)
+
+
+def epoch_stack(ops, sigma, block_steps, tau, dx, shape: Shape, room=1.0, frozen=None) -> EpochPMFs:
+    """:class:`EpochPMFs` of every block (leading block axis): what :func:`run` composes (an
+    epsilon-per-epoch curve composes it once per number of epochs)."""
+    xp = ops.xp
+    frozen = frozen or [(None, None)] * len(block_steps)
+    sig = list(sigma) if isinstance(sigma, (list, tuple)) else [sigma] * len(block_steps)
+    per = [epoch_pmfs(ops, sig[b], block_steps[b], tau, dx, levels=shape.levels, n=shape.n, m=shape.m, N=shape.N,
+                      room=room, geometry=frozen[b][0], offset=frozen[b][1])
+           for b in range(len(block_steps))]
+    return EpochPMFs(*[xp.stack([getattr(p, f) for p in per]) for f in EpochPMFs._fields])

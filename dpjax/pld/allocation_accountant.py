@@ -1,0 +1,776 @@
+"""Certified accounting of DP-SGD under random allocation and balls-in-bins batching
+(docs/design.md §12).
+
+* **Random allocation** (Feldman & Shenfeld, "Privacy amplification by random allocation"): each
+  epoch has ``batches_per_epoch = t`` steps and every example is used in ``selections_per_epoch =
+  k`` of them, drawn uniformly and afresh each epoch; ``epochs = E`` epochs.
+* **Balls-in-bins** (Choquette-Choo et al. 2024, Def. 3.1) with ``C = I``: each example gets one
+  of ``b`` bins for the whole run and is used in every epoch at its bin's position.  Its ``E``
+  observations of one bin are one Gaussian with noise multiplier ``sigma / sqrt(E)`` (their sum
+  is sufficient), so the run is 1-of-``b`` random allocation with that noise, one epoch.
+
+The reported ``epsilon`` is a certified upper bound and ``epsilon_lower`` a certified lower end
+(add/remove adjacency: the max over both directions), as for Poisson DP-SGD
+(:func:`dpjax.pld.dpsgd_accounting`).
+
+Example::
+
+    >>> from dpjax.pld import allocation_accountant as ra
+    >>> ra.allocation_epsilon(1.0, 100, 1, 1e-5)                    # doctest: +SKIP
+    0.6215...
+    >>> ra.balls_in_bins_epsilon(1.0, 128, 4, 1e-5)                 # doctest: +SKIP
+
+One-shot calls run the numerics on the host (NumPy: no compilation); :func:`epsilon_fn` /
+:func:`delta_fn` run the same code in JAX on a fixed :class:`AllocationPlan` (jittable,
+``vmap`` over noise multipliers, ``grad``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from dpjax import _validate
+from dpjax._x64 import float64, host_only
+from dpjax.pld import allocation as A
+from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult
+
+__all__ = [
+    "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
+    "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
+    "balls_in_bins_delta", "epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
+    "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS",
+]
+
+DIRECTIONS = ("remove", "add")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationOptions:
+    """Accuracy and size knobs of the random-allocation accountant.
+
+    Attributes:
+      tail_fraction: budget for every truncation and wrap-around term, relative to the target
+        delta (epsilon queries).
+      delta_tail_mass: the same budget, absolute, for delta queries.
+      lattice_factor: lattice window length per ``sqrt(steps per block)`` (the resolution of the
+        likelihood-ratio lattices; the bracket narrows about like its inverse square).
+      min_lattice, max_lattice: bounds on the lattice window (powers of two).
+      grid_resolution: loss-grid spacing as a fraction of one epoch's loss standard deviation.
+      max_grid: largest loss grid / composition FFT (power of two).
+    """
+
+    tail_fraction: float = 1e-3
+    delta_tail_mass: float = 1e-13
+    lattice_factor: float = 400.0
+    min_lattice: int = 1024
+    max_lattice: int = 2**15
+    grid_resolution: float = 0.05
+    max_grid: int = 2**20
+
+    def __post_init__(self):
+        for name in ("tail_fraction", "delta_tail_mass", "grid_resolution"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < 1):
+                raise ValueError(f"{name} must be in (0, 1), got {v!r}")
+        if not (isinstance(self.lattice_factor, (int, float)) and self.lattice_factor > 0):
+            raise ValueError(f"lattice_factor must be > 0, got {self.lattice_factor!r}")
+        for name in ("min_lattice", "max_lattice", "max_grid"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 64 and v & (v - 1) == 0):
+                raise ValueError(f"{name} must be a power of two >= 64, got {v!r}")
+        if self.min_lattice > self.max_lattice:
+            raise ValueError(f"min_lattice must be <= max_lattice, got {self.min_lattice} > {self.max_lattice}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationPlan:
+    """Everything fixed before the numerics run (hashable: a static argument of jitted code).
+
+    Attributes:
+      shape: static sizes (:class:`dpjax.pld.allocation.Shape`).
+      block_steps: steps of each block (1-of-``t_b`` allocation per block).
+      counts: how many times each block is composed (``epochs`` times its multiplicity).
+      tau: per-epoch truncation level of the lattice laws.
+      dx: loss-grid spacing.
+      log_tau: log of the tail level placing the composition window.
+      room: heavy-tail room of the lattice windows (see :func:`dpjax.pld.allocation.band_geometry`).
+      noise_multiplier: the noise multiplier the plan was made for (any other is sound; the grid
+        is tight near this one and above).
+      block_sigmas: each block's noise multiplier at that point (equal unless a schedule of noise
+        multipliers was planned); :func:`epsilon_fn` scales them all by ``sigma / noise_multiplier``.
+    """
+
+    shape: A.Shape
+    block_steps: tuple
+    counts: tuple
+    tau: float
+    dx: float
+    log_tau: float
+    room: float
+    noise_multiplier: float
+    block_sigmas: tuple = ()
+
+    def sigmas(self, noise_multiplier=None) -> list:
+        """Per-block noise multipliers at ``noise_multiplier`` (default: the planned one)."""
+        base = self.block_sigmas or (self.noise_multiplier,) * len(self.block_steps)
+        if noise_multiplier is None:
+            return [float(b) for b in base]
+        return [b * (noise_multiplier / self.noise_multiplier) for b in base]
+
+
+def allocation_blocks(batches_per_epoch: int, selections_per_epoch: int, epochs: int) -> list[tuple[int, int]]:
+    """The 1-of-``t_b`` allocations whose composition dominates ``k``-of-``t`` allocation:
+    ``[(t_b, count_b)]`` with ``t_b in {floor(t/k), ceil(t/k)}`` and counts summing to ``k E``
+    (docs/design.md §12.4)."""
+    t, k, E = batches_per_epoch, selections_per_epoch, epochs
+    lo = t // k
+    r = t - k * lo
+    blocks = [(lo, (k - r) * E)]
+    if r:
+        blocks.append((lo + 1, r * E))
+    return blocks
+
+
+def _pow2(x: float, minimum: int = 64) -> int:
+    return max(minimum, 1 << max(0, math.ceil(math.log2(max(x, 1.0)))))
+
+
+def _fft_size(x: float) -> int:
+    """Smallest ``2^k`` or ``3 2^k`` (>= 64) at least ``x``."""
+    p = _pow2(x)
+    return 3 * p // 4 if p >= 256 and 3 * p // 4 >= x else p
+
+
+def _levels(sigma: float, t: float, tau: float) -> int:
+    s = 1.0 / sigma
+    w_lo, w_top = A.host_constants(float(t), tau)
+    import scipy.special as sp
+
+    w_max = max(s - float(sp.ndtri(0.5 * tau)), w_top)
+    width = s * max(w_max - w_lo, 1e-3)
+    k = math.ceil(width / math.log(2.0))
+    return int(min(64, max(8, 4 * math.ceil(k / 4))))
+
+
+def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsilon=None,
+                    options: AllocationOptions | None = None, room: float = 1.0, comp_scale: int = 1) -> AllocationPlan:
+    """Host-side plan for ``blocks`` (from :func:`allocation_blocks`) at ``noise_multiplier`` (a
+    scalar, or one per block), the smallest that will be evaluated on it.  Only tightness depends
+    on the plan."""
+    options = options or AllocationOptions()
+    sig = np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))
+    sigmas = [float(x) for x in sig]
+    sigma = min(sigmas)
+    steps = [float(b[0]) for b in blocks]
+    counts = [int(b[1]) for b in blocks]
+    C = sum(counts)
+    if target_delta is not None:
+        budget = options.tail_fraction * float(np.min(target_delta))
+    else:
+        budget = options.delta_tail_mass
+    tau = budget / (16.0 * C)
+    t_max = max(steps)
+    levels = max(_levels(sb, t, tau) for sb, t in zip(sigmas, steps))
+    n = _fft_size(min(options.max_lattice, max(options.min_lattice, options.lattice_factor * math.sqrt(t_max))))
+    # Lattice points per band: a quarter more than the window (a coarser lattice where a band is
+    # narrow next to its window: sound, tight enough there).
+    m = n + n // 4
+    # One epoch's log-likelihood-ratio spread (log-normal mean of t_b terms), at most 1/sigma.
+    sd1 = 1e-6
+    for sb, t in zip(sigmas, steps):
+        s = 1.0 / sb
+        sd1 = max(sd1, min(math.sqrt(math.expm1(min(s * s, 700.0)) / t), s))
+    dx = min(2e-3, options.grid_resolution * sd1)
+    lo_v, hi_v = math.inf, 0.0
+    for sb, t in zip(sigmas, steps):
+        geo = A.band_geometry(A.NUMPY, sb, t, tau, levels=levels, n=n, m=m, room=room)
+        w0, g = np.asarray(geo["w0"]), np.asarray(geo["g"])
+        lo_v = min(lo_v, float(np.min(np.maximum(w0, 1.0) * g)))
+        hi_v = max(hi_v, float(np.max((w0 + n) * g)))
+    width = math.log(hi_v) - math.log(lo_v) + 4 * dx
+    # A finer grid than the range allows at max_grid is not possible: widen dx (looser, sound).
+    dx = max(dx, width / (options.max_grid - 64))
+    N = _pow2(width / dx + 32)
+    z = math.sqrt(2.0 * math.log(4.0 / budget))
+    if C == 1:
+        n_comp = N
+    else:
+        sd_c = math.sqrt(C) * sd1
+        n_comp = _pow2(N + 2.0 * (z + 2.0) * sd_c / dx)
+    n_comp = int(min(options.max_grid, n_comp * comp_scale))
+    shape = A.Shape(levels=levels, n=n, m=m, N=N, n_comp=n_comp)
+    return AllocationPlan(shape=shape, block_steps=tuple(steps), counts=tuple(counts), tau=tau, dx=dx,
+                          log_tau=math.log(budget / 4.0), room=float(room), noise_multiplier=sigma,
+                          block_sigmas=tuple(sigmas))
+
+
+def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
+    return A.run(A.NUMPY, plan.sigmas(sigma), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
+                 plan.log_tau, plan.shape, room=plan.room)
+
+
+def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
+    """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget."""
+    options = options or AllocationOptions()
+    budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
+              else options.delta_tail_mass)
+    room, comp_scale = 1.0, 1
+    for _ in range(6):
+        plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
+                               options=options, room=room, comp_scale=comp_scale)
+        comp = _run_numpy(plan)
+        p_inf = np.asarray(comp.p_inf)
+        over_lattice = bool(np.any(p_inf[:2] > 0.5 * budget)) or bool(np.any(np.asarray(comp.tail_below)[2:] > budget))
+        over_window = bool(np.any(np.asarray(comp.tail_above)[:2] > 0.25 * budget)) or bool(
+            np.any(np.asarray(comp.tail_below)[2:] > 0.5 * budget))
+        if over_lattice and room < 1e6:
+            room = room * 8.0 if room < 64 else 1e9
+            continue
+        if over_window and plan.shape.n_comp < options.max_grid:
+            comp_scale *= 2
+            continue
+        break
+    return plan, comp
+
+
+def _gaussian_result(mu, target_delta=None, target_epsilon=None):
+    from dpjax.pld.accountant import _exact_epsilon, _exact_report, _scalar
+    from dpjax.pld.exact import gaussian_delta
+
+    if target_delta is not None:
+        deltas = np.asarray(target_delta, np.float64)
+        upper, lower = _exact_epsilon(deltas, mu)
+        return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
+                             target_delta=_scalar(deltas), directions=(_exact_report(upper, lower),))
+    eps = np.asarray(target_epsilon, np.float64)
+    d = np.asarray(gaussian_delta(eps, mu), np.float64)
+    upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
+    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                       target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
+
+
+def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
+    out = []
+    for i, d in enumerate(DIRECTIONS):
+        u = np.where(np.isnan(up[i]), np.inf, up[i])
+        l = np.where(np.isnan(lo[i]), 0.0, lo[i])
+        out.append(DirectionReport(
+            direction=d, upper=_scalar(u), lower=_scalar(l), n=int(plan.shape.n_comp), dx=float(plan.dx),
+            p_inf=float(comp.p_inf[i]), tail_above=float(comp.tail_above[i]), tail_below=float(comp.tail_below[2 + i]),
+            roundoff=0.0, truncation_budget=float(plan.tau * sum(plan.counts)), noise_floor=float(comp.noise_floor[i])))
+    return tuple(out)
+
+
+def _scalar(a):
+    a = np.asarray(a, np.float64)
+    return float(a) if a.ndim == 0 else a
+
+
+def _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch):
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    if sigma.ndim != 0:
+        raise ValueError(f"noise_multiplier must be a scalar > 0 for random allocation, got shape {sigma.shape}")
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    E = _validate.positive_int("epochs", epochs)
+    if not 1e-3 <= float(sigma) <= 1e4:
+        raise ValueError(f"noise_multiplier must be in [1e-3, 1e4] for random allocation accounting, got {float(sigma)!r}")
+    return float(sigma), t, k, E
+
+
+@host_only("dpjax.pld.allocation_accountant.epsilon_fn / delta_fn on a plan from plan_allocation")
+@float64
+def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=None, target_epsilon=None, *,
+                          selections_per_epoch: int = 1, options: AllocationOptions | None = None):
+    """DP-SGD under random allocation: :class:`~dpjax.pld.EpsilonResult` or
+    :class:`~dpjax.pld.DeltaResult` (certified upper end and certified lower end, add/remove).
+
+    Args:
+      noise_multiplier: sigma > 0 (noise standard deviation / clip norm), a scalar.
+      batches_per_epoch: steps per epoch ``t >= 1``.
+      epochs: ``E >= 1``.
+      target_delta / target_epsilon: exactly one (scalar or 1-D array).
+      selections_per_epoch: ``k`` in ``[1, t]``: steps each example takes part in per epoch.
+      options: :class:`AllocationOptions`.
+    """
+    if (target_delta is None) == (target_epsilon is None):
+        raise ValueError("give exactly one of target_delta and target_epsilon")
+    sigma, t, k, E = _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch)
+    if options is not None and not isinstance(options, AllocationOptions):
+        raise ValueError(f"options must be a dpjax.pld.allocation_accountant.AllocationOptions, got {options!r}")
+    if target_delta is not None:
+        target_delta = _validate.probability_open("target_delta", target_delta)
+    else:
+        target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    blocks = allocation_blocks(t, k, E)
+    if all(tb == 1 for tb, _ in blocks):
+        # Every step selected: the run is E t Gaussian steps, exactly one Gaussian mechanism.
+        return _gaussian_result(math.sqrt(E * t) / sigma, target_delta, target_epsilon)
+    plan, comp = _account(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
+    with np.errstate(all="ignore"):
+        if target_delta is not None:
+            vals = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
+            up, lo = vals[:2], vals[2:]
+            upper = np.where(np.isnan(up), np.inf, up).max(0)
+            lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
+            reason = None
+            if np.isinf(upper).any():
+                reason = (f"target_delta below what the grid certifies: P(loss=+inf) {float(np.max(comp.p_inf[:2])):.3g}, "
+                          f"wrap-around {float(np.max(comp.tail_above[:2])):.3g}")
+            return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
+                                 target_delta=_scalar(target_delta), directions=_reports(plan, comp, up, lo),
+                                 reason=reason)
+        vals = np.asarray(A.delta_of(A.NUMPY, comp, np.asarray(target_epsilon, np.float64)))
+        up, lo = vals[:2], vals[2:]
+        upper = np.where(np.isnan(up), 1.0, up).max(0)
+        lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
+        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
+                           target_epsilon=_scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
+
+
+def allocation_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, selections_per_epoch: int = 1,
+                       options: AllocationOptions | None = None):
+    """Certified epsilon of DP-SGD under random allocation (see :func:`allocation_accounting`)."""
+    return allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=target_delta,
+                                 selections_per_epoch=selections_per_epoch, options=options).epsilon
+
+
+def allocation_delta(noise_multiplier, batches_per_epoch, epochs, target_epsilon, *, selections_per_epoch: int = 1,
+                     options: AllocationOptions | None = None):
+    """Certified delta of DP-SGD under random allocation at ``target_epsilon`` (>= 0)."""
+    return allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_epsilon=target_epsilon,
+                                 selections_per_epoch=selections_per_epoch, options=options).delta
+
+
+def balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=None, target_epsilon=None, *,
+                             options: AllocationOptions | None = None):
+    """DP-SGD (correlation matrix ``C = I``) under balls-in-bins batching: 1-of-``b`` random
+    allocation of a Gaussian with noise multiplier ``sigma / sqrt(epochs)``, one epoch."""
+    sigma = _validate.positive("noise_multiplier", noise_multiplier)
+    E = _validate.positive_int("epochs", epochs)
+    if sigma.ndim != 0:
+        raise ValueError(f"noise_multiplier must be a scalar > 0 for balls-in-bins, got shape {sigma.shape}")
+    return allocation_accounting(float(sigma) / math.sqrt(E), batches_per_epoch, 1, target_delta=target_delta,
+                                 target_epsilon=target_epsilon, options=options)
+
+
+def balls_in_bins_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, options=None):
+    """Certified epsilon of DP-SGD (``C = I``) under balls-in-bins batching."""
+    return balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=target_delta,
+                                    options=options).epsilon
+
+
+def balls_in_bins_delta(noise_multiplier, batches_per_epoch, epochs, target_epsilon, *, options=None):
+    """Certified delta of DP-SGD (``C = I``) under balls-in-bins batching at ``target_epsilon``."""
+    return balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_epsilon=target_epsilon,
+                                    options=options).delta
+
+
+# ------------------------------------------------------------------------------------------
+# Jittable evaluation on a fixed plan
+
+
+def _frozen(plan: AllocationPlan, sigma: float) -> list:
+    """The plan's discretization (bands, lattice windows, grid offsets) at ``sigma``, per block."""
+    frozen = []
+    for sb, tb in zip(plan.sigmas(sigma), plan.block_steps):
+        geo = A.band_geometry(A.NUMPY, sb, tb, plan.tau, levels=plan.shape.levels, n=plan.shape.n,
+                              m=plan.shape.m, room=plan.room)
+        with np.errstate(all="ignore"):
+            pm = A.epoch_pmfs(A.NUMPY, sb, tb, plan.tau, plan.dx, levels=plan.shape.levels, n=plan.shape.n,
+                              m=plan.shape.m, N=plan.shape.N, room=plan.room, geometry=geo)
+        frozen.append((geo, int(pm.offsets[0])))
+    return frozen
+
+
+def _partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
+              rel_step: float = 1e-5):
+    """``(d value / d sigma, d value / d target)`` of ``eps(target = delta)`` (``query="epsilon"``)
+    or ``delta(target = eps)`` on ``plan`` (host; ``target`` any shape; see :func:`epsilon_partials`)."""
+    sigma = float(noise_multiplier)
+    target = np.asarray(target, np.float64)
+    frozen = _frozen(plan, sigma)
+    rows = slice(0, 2) if bound == "upper" else slice(2, 4)
+    conv = A.eps_of if query == "epsilon" else A.delta_of
+
+    def comp_at(s_):
+        return A.run(A.NUMPY, plan.sigmas(s_), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau,
+                     plan.dx, plan.log_tau, plan.shape, room=plan.room, frozen=frozen)
+
+    def value(comp, x):
+        with np.errstate(all="ignore"):
+            return np.max(np.asarray(conv(A.NUMPY, comp, x))[rows], axis=0)
+
+    h = rel_step * sigma
+    d_sigma = (value(comp_at(sigma + h), target) - value(comp_at(sigma - h), target)) / (2.0 * h)
+    comp = comp_at(sigma)
+    ht = rel_step * np.maximum(np.abs(target), 1e-12)
+    d_target = (value(comp, target + ht) - value(comp, np.maximum(target - ht, 0.0))) / (
+        target + ht - np.maximum(target - ht, 0.0))
+    return d_sigma, d_target
+
+
+def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta, *, bound: str = "upper",
+                     rel_step: float = 1e-5):
+    """``(d eps / d sigma, d eps / d delta)`` of the certified epsilon on ``plan`` (host).
+
+    The bound is a smooth function of ``sigma`` once its discretization (bands, lattice windows,
+    grid offsets) is held fixed at ``noise_multiplier``: central differences of that function
+    (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
+    ~1e-12 / rel_step).  The ``delta`` partial is the difference quotient of the closed-form
+    per-segment conversion on the same composition."""
+    return _partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
+
+
+def _rows(plan: AllocationPlan, noise_multiplier):
+    import jax.numpy as jnp
+
+    ops = A.jax_ops()
+    scale = noise_multiplier / plan.noise_multiplier
+    sig = [b * scale for b in plan.sigmas()]
+    return A.run(ops, sig, list(plan.block_steps), jnp.asarray(plan.counts, jnp.float64), plan.tau,
+                 plan.dx, plan.log_tau, plan.shape, room=plan.room)
+
+
+def _with_host_derivative(query: str):
+    """The JAX value of ``query`` on a plan, with its derivatives from :func:`_partials` (a host
+    callback): the discretized bound is differentiated at a fixed discretization without
+    differentiating (and compiling the transpose of) the whole lattice program."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    def value(plan, bound, target, sigma):
+        comp = _rows(plan, sigma)
+        conv = A.eps_of if query == "epsilon" else A.delta_of
+        vals = conv(A.jax_ops(), comp, target)
+        return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+    def f(plan, bound, target, sigma):
+        return value(plan, bound, target, sigma)
+
+    @f.defjvp
+    def f_jvp(plan, bound, primals, tangents):
+        target, sigma = primals
+        dt, ds = tangents
+        out = f(plan, bound, target, sigma)
+
+        def host(tg, sg):
+            a, b = _partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
+            return np.asarray(a, np.float64).reshape(np.shape(tg)), np.asarray(b, np.float64).reshape(np.shape(tg))
+
+        spec = jax.ShapeDtypeStruct(jnp.shape(target), jnp.float64)
+        p_sigma, p_target = jax.pure_callback(host, (spec, spec), target, sigma, vmap_method="sequential")
+        return out, p_sigma * ds + p_target * dt
+
+    return f
+
+
+_EPS_FN = None
+_DELTA_FN = None
+
+
+@float64
+def epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
+    """Epsilon at ``target_delta`` on a fixed plan, as a JAX function of ``noise_multiplier`` (and
+    ``target_delta``): ``jit`` and ``vmap`` run the lattice program in JAX; any noise multiplier
+    gives a sound bound, tight near ``plan.noise_multiplier`` and above.  ``grad`` gives the
+    derivative of the bound at its discretization (:func:`epsilon_partials`, on the host through
+    ``jax.pure_callback``).  ``bound``: ``"upper"`` (certified) or ``"lower"``."""
+    import jax.numpy as jnp
+
+    global _EPS_FN
+    if _EPS_FN is None:
+        _EPS_FN = _with_host_derivative("epsilon")
+    return _EPS_FN(plan, bound, jnp.asarray(target_delta, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
+
+
+@float64
+def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str = "upper"):
+    """Delta at ``target_epsilon`` on a fixed plan, as a JAX function of ``noise_multiplier`` (as
+    :func:`epsilon_fn`)."""
+    import jax.numpy as jnp
+
+    global _DELTA_FN
+    if _DELTA_FN is None:
+        _DELTA_FN = _with_host_derivative("delta")
+    return _DELTA_FN(plan, bound, jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
+
+
+# ------------------------------------------------------------------------------------------
+# Calibration
+
+
+#: Relative width of the final bracket of the noise-multiplier search (the returned sigma is the
+#: bracket's feasible end: at most this far above the smallest sigma meeting the target).
+CALIBRATION_TOLERANCE = 1e-4
+
+
+def _search_sigma(f, target: float, guess: float, tol: float = CALIBRATION_TOLERANCE):
+    """Smallest sigma with ``f(sigma) <= target`` for a decreasing ``f`` (host, certified ends):
+    returns ``(sigma_hi, sigma_lo, f(sigma_hi))`` with ``f(sigma_lo) > target`` and
+    ``sigma_hi <= sigma_lo (1 + tol)``.  Secant steps in ``(log sigma, log f)`` (nearly linear),
+    bisection when a step does not shrink the bracket enough."""
+    lo, hi = None, None
+    f_lo = f_hi = None
+    s = guess
+    for _ in range(60):
+        v = f(s)
+        if v <= target:
+            hi, f_hi = s, v
+            if lo is not None:
+                break
+            s = s / 2.0
+        else:
+            lo, f_lo = s, v
+            if hi is not None:
+                break
+            s = s * 2.0
+        if s < 1e-3 or s > 1e4:
+            raise ValueError(f"target_epsilon {target!r} needs a noise multiplier outside [1e-3, 1e4]")
+    for _ in range(80):
+        if hi <= lo * (1.0 + tol):
+            break
+        ll, lh = math.log(lo), math.log(hi)
+        if math.isfinite(f_lo) and f_lo > 0 and f_hi > 0:
+            a, b = math.log(f_lo), math.log(f_hi)
+            x = ll + (math.log(target) - a) * (lh - ll) / (b - a) if b != a else 0.5 * (ll + lh)
+        else:
+            x = 0.5 * (ll + lh)
+        # keep the probe well inside the bracket (and bisect when the bracket is already small)
+        x = min(max(x, ll + 0.02 * (lh - ll)), lh - 0.02 * (lh - ll))
+        s = math.exp(x)
+        v = f(s)
+        if v <= target:
+            shrink = (math.log(hi) - x) / (lh - ll)
+            hi, f_hi = s, v
+        else:
+            shrink = (x - math.log(lo)) / (lh - ll)
+            lo, f_lo = s, v
+        if shrink < 0.5 and hi > lo * (1.0 + tol):
+            s = math.sqrt(lo * hi)
+            v = f(s)
+            if v <= target:
+                hi, f_hi = s, v
+            else:
+                lo, f_lo = s, v
+    return hi, lo, f_hi
+
+
+@host_only("dpjax.pld.allocation_accountant.epsilon_fn on a plan from plan_allocation")
+def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch, epochs, *,
+                                selections_per_epoch: int = 1, balls_in_bins: bool = False,
+                                options: AllocationOptions | None = None) -> float:
+    """Smallest noise multiplier whose certified epsilon (random allocation, or balls-in-bins with
+    ``balls_in_bins=True``) is at most ``target_epsilon`` at ``target_delta``.
+
+    The search runs on the certified upper bound itself (one accountant call per probe); the
+    returned sigma meets the target on it and lies within :data:`CALIBRATION_TOLERANCE` (relative)
+    of a sigma that does not.  For gradients: :func:`dpjax.dpsgd_noise_multiplier` with
+    ``sampling="random_allocation"`` under ``jax.grad`` (the implicit derivative,
+    :func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
+    """
+    eps_t = float(_validate.positive("target_epsilon", target_epsilon))
+    delta = float(_validate.probability_open("target_delta", target_delta))
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    E = _validate.positive_int("epochs", epochs)
+
+    def g(sigma):
+        if balls_in_bins:
+            return float(balls_in_bins_epsilon(sigma, t, E, delta, options=options))
+        return float(allocation_epsilon(sigma, t, E, delta, selections_per_epoch=k, options=options))
+
+    # Start at the mu-GDP scale of E k steps of Gaussian noise thinned by k / t.
+    guess = max(1e-3, min(1e4, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
+    hi, _, _ = _search_sigma(g, eps_t, guess)
+    return hi
+
+
+# ------------------------------------------------------------------------------------------
+# Epsilon after every epoch, and sweeps
+
+
+@host_only("dpjax.pld.allocation_accountant.epsilon_fn on a plan from plan_allocation")
+def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target_delta, *,
+                             selections_per_epoch: int = 1, balls_in_bins: bool = False,
+                             options: AllocationOptions | None = None):
+    """Certified epsilon after each number of epochs in ``epochs`` (an integer ``E``: every epoch
+    ``1..E``; or a 1-D sequence), from one set of epoch PMFs: the plan is made for the largest
+    number of epochs and every entry is composed from the same per-epoch PMFs (each a certified
+    bracket; docs/design.md §12.3).  Balls-in-bins (``C = I``) has no per-epoch structure to
+    reuse (its one allocation has noise ``sigma / sqrt(E)``): each entry is its own call.
+
+    Returns :class:`dpjax.pld.EpsilonCurve` with ``steps`` = steps after each entry
+    (``E batches_per_epoch``).
+    """
+    from dpjax.pld.curve import EpsilonCurve
+
+    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
+    delta = float(_validate.probability_open("target_delta", target_delta))
+    e_arr = np.atleast_1d(np.asarray(epochs, dtype=object))
+    if e_arr.ndim != 1 or e_arr.size == 0:
+        raise ValueError(f"epochs must be an integer >= 1 or a non-empty 1-D sequence of them, got {epochs!r}")
+    if e_arr.size == 1 and np.ndim(epochs) == 0:
+        e_list = np.arange(1, _validate.positive_int("epochs", epochs) + 1)
+    else:
+        e_list = np.asarray([_validate.positive_int("epochs", e) for e in e_arr], np.int64)
+    up, lo = np.empty(len(e_list)), np.empty(len(e_list))
+    if balls_in_bins or all(tb == 1 for tb, _ in allocation_blocks(t, k, 1)):
+        for i, e in enumerate(e_list):
+            r = (balls_in_bins_accounting(sigma, t, int(e), target_delta=delta, options=options) if balls_in_bins
+                 else allocation_accounting(sigma, t, int(e), target_delta=delta, selections_per_epoch=k,
+                                            options=options))
+            up[i], lo[i] = float(r.epsilon), float(r.epsilon_lower)
+        return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(),
+                            target_delta=delta, n=0, dx=0.0, recomputed=np.ones(len(e_list), bool))
+    e_max = int(e_list.max())
+    plan, _ = _account(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
+    with np.errstate(all="ignore"):
+        stack = A.epoch_stack(A.NUMPY, plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape,
+                              plan.room)
+        per_epoch = np.asarray([b[1] for b in allocation_blocks(t, k, 1)], np.float64)
+        for i, e in enumerate(e_list):
+            comp = A.compose_epochs(A.NUMPY, stack, per_epoch * int(e), plan.dx, plan.log_tau, n_comp=plan.shape.n_comp)
+            v = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(delta)))
+            up[i] = float(np.max(np.where(np.isnan(v[:2]), np.inf, v[:2])))
+            lo[i] = min(float(np.max(np.where(np.isnan(v[2:]), 0.0, v[2:]))), up[i])
+    return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(), target_delta=delta,
+                        n=int(plan.shape.n_comp), dx=float(plan.dx), recomputed=np.zeros(len(e_list), bool))
+
+
+#: Columns of a random-allocation / balls-in-bins sweep row (CSV header).
+SWEEP_ROW_FIELDS = ("index", "sampling", "noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs",
+                    "target_delta", "target_epsilon", "query", "epsilon", "delta", "lower", "upper", "grid", "n", "dx",
+                    "path")
+
+
+def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
+    import itertools
+
+    def as_list(name, v):
+        if v is None:
+            return [None]
+        a = np.atleast_1d(np.asarray(v, dtype=object))
+        if a.ndim != 1 or a.size == 0:
+            raise ValueError(f"{name} must be a number or a non-empty 1-D sequence, got {v!r}")
+        return list(a)
+
+    if configs is None:
+        if grid["noise_multiplier"] is None or grid["batches_per_epoch"] is None or grid["epochs"] is None:
+            raise ValueError(f"sampling={sampling!r} needs noise_multiplier, batches_per_epoch and epochs (or configs)")
+        if (grid["delta"] is None) == (grid["epsilon"] is None):
+            raise ValueError("give exactly one of delta and epsilon")
+        keys = ("noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs", "delta", "epsilon")
+        configs = [dict(zip(keys, vals)) for vals in itertools.product(*(as_list(k, grid[k]) for k in keys))]
+    out = []
+    for c in configs:
+        if not isinstance(c, dict):
+            raise ValueError(f"a configuration must be a mapping, got {c!r}")
+        allowed = {"noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs", "delta", "epsilon",
+                   "target_delta", "target_epsilon", "sampling"}
+        extra = set(c) - allowed
+        if extra:
+            raise ValueError(f"unknown configuration field(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+        samp = c.get("sampling", sampling)
+        if samp not in ("random_allocation", "balls_in_bins"):
+            raise ValueError(f"sampling must be 'random_allocation' or 'balls_in_bins' here, got {samp!r}")
+        d, e = c.get("delta", c.get("target_delta")), c.get("epsilon", c.get("target_epsilon"))
+        if (d is None) == (e is None):
+            raise ValueError(f"each configuration needs exactly one of delta and epsilon, got {c!r}")
+        t = _validate.positive_int("batches_per_epoch", c.get("batches_per_epoch"))
+        out.append(dict(sampling=samp, noise_multiplier=float(_validate.positive("noise_multiplier",
+                                                                                 c.get("noise_multiplier"))),
+                        batches_per_epoch=t,
+                        selections_per_epoch=_validate.positive_int("selections_per_epoch",
+                                                                    c.get("selections_per_epoch") or 1, maximum=t),
+                        epochs=_validate.positive_int("epochs", c.get("epochs")),
+                        delta=None if d is None else float(_validate.probability_open("delta", d)),
+                        epsilon=None if e is None else float(_validate.nonnegative("epsilon", e))))
+    if not out:
+        raise ValueError("configs must not be empty")
+    return out
+
+
+def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise_multiplier=None,
+                     batches_per_epoch=None, selections_per_epoch=1, epochs=None, delta=None, epsilon=None, out=None,
+                     resume: bool = False, with_lower: bool = True, progress=None):
+    """Certified epsilon (or delta) of every random-allocation / balls-in-bins configuration
+    (a grid: Cartesian product of the keywords, or ``configs``, mappings with the configuration
+    fields and ``target_delta`` / ``target_epsilon``, ``delta`` / ``epsilon`` read too), one row
+    each (:data:`SWEEP_ROW_FIELDS`), each exactly the single call's value (``grid``
+    ``"accountant"``; ``"closed_form"`` where every step is selected: the exact Gaussian); with
+    ``out`` rows are journaled as computed and ``resume`` skips recorded ones (as
+    :func:`dpjax.sweep`).  ``progress``: as :func:`dpjax.sweep`.  Returns
+    :class:`dpjax.pld.SweepTable`."""
+    import time
+
+    from dpjax._progress import progress as progress_meter
+    from dpjax.pld.sweeping import SweepTable
+
+    t0 = time.perf_counter()
+    cfgs = _sweep_configs(configs, dict(noise_multiplier=noise_multiplier, batches_per_epoch=batches_per_epoch,
+                                        selections_per_epoch=selections_per_epoch, epochs=epochs, delta=delta,
+                                        epsilon=epsilon), sampling)
+    if resume and out is None:
+        raise ValueError("resume=True needs out (the file a previous run wrote)")
+    store, rows = None, {}
+    if out is not None:
+        from dpjax.pld.sweep_store import SweepStore
+
+        store = SweepStore(out, SWEEP_ROW_FIELDS, resume=resume)
+        for i, row in store.rows.items():
+            c = cfgs[i] if i < len(cfgs) else None
+            given = None if c is None else ("delta" if c["delta"] is not None else "epsilon")
+            if c is None or row.get("sampling") != c["sampling"] or any(
+                    _differs(row.get(f), c[f]) for f in ("noise_multiplier", "batches_per_epoch",
+                                                         "selections_per_epoch", "epochs")) or _differs(
+                    row.get("target_" + given, row.get(given)), c[given]):
+                raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep")
+            rows[i] = dict(row, path="resumed")
+    with progress_meter(total=len(cfgs), desc="sweep", enabled=progress, initial=len(rows), unit="cfg") as bar:
+        for i, c in enumerate(cfgs):
+            if i in rows:
+                continue
+            target = dict(target_delta=c["delta"]) if c["delta"] is not None else dict(target_epsilon=c["epsilon"])
+            if c["sampling"] == "balls_in_bins":
+                res = balls_in_bins_accounting(c["noise_multiplier"], c["batches_per_epoch"], c["epochs"], **target)
+            else:
+                res = allocation_accounting(c["noise_multiplier"], c["batches_per_epoch"], c["epochs"],
+                                            selections_per_epoch=c["selections_per_epoch"], **target)
+            query = "epsilon" if c["delta"] is not None else "delta"
+            val = float(getattr(res, query))
+            closed = int(res.directions[0].n) == 0      # every step selected: the exact Gaussian, no grid
+            row = dict(index=i, sampling=c["sampling"], noise_multiplier=c["noise_multiplier"],
+                       batches_per_epoch=c["batches_per_epoch"], selections_per_epoch=c["selections_per_epoch"],
+                       epochs=c["epochs"], target_delta=c["delta"], target_epsilon=c["epsilon"], query=query,
+                       epsilon=None, delta=None, lower=float(getattr(res, query + "_lower")) if with_lower else None,
+                       upper=val, grid="closed_form" if closed else "accountant",
+                       n=0 if closed else int(res.directions[0].n), dx=0.0 if closed else float(res.directions[0].dx),
+                       path="single")
+            row[query] = val
+            rows[i] = row
+            if store is not None:
+                store.append([row])
+            bar.update(1)
+    table = SweepTable(rows=tuple(rows[i] for i in range(len(cfgs))), programs=0,
+                       seconds=time.perf_counter() - t0, devices=1)
+    if store is not None:
+        store.finalize(table.rows)
+    return table
+
+
+def _differs(a, b) -> bool:
+    if a is None or b is None or (isinstance(a, float) and math.isnan(a)):
+        return not ((a is None or (isinstance(a, float) and math.isnan(a))) and b is None)
+    if isinstance(b, str):
+        return str(a) != b
+    return float(a) != float(b)
