@@ -26,6 +26,15 @@ import os
 
 import jax
 
+def usable_cpus() -> int:
+    """Cores this process may run on: its CPU affinity where the OS reports one (a container's
+    or ``taskset``'s limit), else ``os.cpu_count()``.  Sizes dpjax's host-side concurrency."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 #: XLA debug options for dpjax's one-shot programs on CPU (see the module docstring).
 CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from typing import Sequence
 
 import jax
@@ -111,7 +110,7 @@ def _stack(*xs):
 
 #: Chunks per static shape dispatched before any result is read: XLA:CPU runs the chunks'
 #: programs concurrently on the cores it has (one program runs on about one core).
-_CONCURRENT = max(1, min(4, os.cpu_count() or 1))
+_CONCURRENT = min(4, _xla.usable_cpus())
 
 
 def _run_batch(plans, targets, *, want):

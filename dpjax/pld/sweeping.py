@@ -440,7 +440,7 @@ PARALLEL_PLANNING_MIN = 2000
 
 
 def _planning_workers(count: int) -> int:
-    cores = os.cpu_count() or 1
+    cores = _xla.usable_cpus()
     if count < PARALLEL_PLANNING_MIN or cores <= 2:
         return 1
     return min(cores - 1, 32, count // 250)
