@@ -685,13 +685,15 @@ class BucketPolicy:
     more kept frequencies: a smaller truncation bound -- each sound, see the module docstring),
     and its *padding factor* is its cost there over its cost at its own sizes.
 
-    Buckets are chosen greedily: starting from one bucket per distinct own shape (plus the
-    programs already compiled in this process, or serialized in the persistent cache), the
+    Buckets are chosen greedily: starting from one bucket per distinct own shape, the
     merge that lowers ``sum of run costs + compile cost per new program`` the most is applied
     while one does, and never one that puts any member above ``max_padding``.  So a sweep of a
     few hundred configurations compiles few programs (a compile costs as much as running
     hundreds of configurations) and a configuration far from the others keeps its own shape
     instead of paying for theirs; a sweep of many thousands gets more, tighter programs.
+    :func:`sweep` buckets from the configurations alone, so a sweep's rows do not depend on
+    what the process or the persistent cache already holds; a bucket whose program exists
+    loads it.  (:func:`_bucket_plan` can also start from existing programs, ``load_cost``.)
 
     Attributes:
       max_padding: the largest padding factor of any configuration (>= 1).
@@ -1361,7 +1363,12 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
             nonlocal rows_per_cfg
             rows_per_cfg = rows_per_cfg or len(pending[0].directions) * len(kinds)
             jobs = []
-            for struct, (n, m, nf), members, new in _bucket_plan(pending, known, policy, rows_per_cfg):
+            # Buckets depend on the configurations only, not on which programs happen to exist:
+            # the same sweep then gives the same rows (the same grids) in a fresh process, in a
+            # warm one and after other sweeps.  A bucket whose program exists (compiled in this
+            # process, or serialized by an earlier one) loads it instead of compiling.
+            for struct, (n, m, nf), members, _ in _bucket_plan(pending, {}, policy, rows_per_cfg):
+                new = not any(sh[:3] == (n, m, nf) for sh in known.get(struct, []))
                 if only_new and not new:
                     continue
                 entry = known.setdefault(struct, [])
