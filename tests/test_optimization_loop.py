@@ -62,10 +62,10 @@ def test_checkpoint_resume_gives_identical_result(tmp_path):
 
 def test_resume_mid_sampling_period_on_the_screened_path_is_identical(tmp_path):
     """Samples shared by resample_every = 3 steps, checkpoints every 2 (periods and checkpoints
-    not aligned), m = 2048 > the 256 candidate slots (the screened path): resuming at step 4,
+    not aligned), m = 2048 > the 256 candidate slots (the plain estimator's screened path): resuming at step 4,
     inside the period of steps 3-5, redraws that period's sample and gives the identical run."""
     p = _param()
-    kw = {**KW, "num_samples": 2048, "resample_every": 3, "num_candidates": 256}
+    kw = {**KW, "num_samples": 2048, "resample_every": 3, "num_candidates": 256, "estimator": "plain"}
     ref = optimize_correlation(p, num_steps=7, certify=False, **kw)
     assert all(h["screened"] for h in ref.history[1:])
     # Step 4 reuses the screen of step 3 (same sample, small move): resuming at step 4 restores
