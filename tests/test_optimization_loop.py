@@ -178,7 +178,7 @@ def test_bad_input_names_the_argument_and_writes_nothing(tmp_path):
         (dict(target_delta=1.5), "target_delta"),
         (dict(num_samples=0), "num_samples"),
         (dict(num_steps=-1), "num_steps"),
-        (dict(target_delta=1e-9, certify=True, certify_samples=1 << 16), "certify_samples >= "),
+        (dict(target_delta=1e-9, certify=True, certify_samples=1 << 16, certify_method="bernoulli_kl"), "certify_samples >= "),
     ]
     for override, match in bad:
         kw = {**KW, "num_steps": 2, "certify": False, **override}
