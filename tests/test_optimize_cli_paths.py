@@ -58,8 +58,10 @@ def test_resume_without_a_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_resume_with_a_damaged_or_missing_sidecar(tmp_path, capsys, damage):
+    # The screen-state sidecar belongs to the plain estimator's screened path.
     out = str(tmp_path / "r.json")
-    assert main(SMALL + ["--optimizer-steps", "2", "--out", out]) == 0
+    plain = SMALL + ["--estimator", "plain"]
+    assert main(plain + ["--optimizer-steps", "2", "--out", out]) == 0
     capsys.readouterr()
     sidecars = glob.glob(out + ".checkpoint.json.screen-*.npz")
     assert len(sidecars) == 1
@@ -68,7 +70,7 @@ def test_resume_with_a_damaged_or_missing_sidecar(tmp_path, capsys, damage):
             f.truncate(100)
     else:                      # was a silent resume
         os.remove(sidecars[0])
-    rc = main(SMALL + ["--optimizer-steps", "3", "--out", out, "--resume", "--json"])
+    rc = main(plain + ["--optimizer-steps", "3", "--out", out, "--resume", "--json"])
     stdout, err = capsys.readouterr()
     assert rc == 0
     assert json.loads(stdout)["status"] == "completed"
