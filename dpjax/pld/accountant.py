@@ -439,18 +439,23 @@ _TAIL_PASS_FRACTION = 1e-3
 _TILT_THETA = np.array([1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0])
 
 
-def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
+def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n_max=None):
     """Re-run the composition exponentially tilted towards the tail (compose_directions'
     ``tilted`` mode) when the FFT round-off floor matters at the requested delta, and keep, per
     target, the better of the two certified bounds (each is a valid bound on its own: the min of
     the upper ends, the max of the lower ends; the tilted upper end only where it lies at or above
     the tilted window's ``valid_from``).  Ordinary deltas never get here (the floor over the
-    whole window is far below them), so their results are unchanged.
+    whole window is far below them), so their results are unchanged.  The tilted run may use a
+    wider window than ``plan`` (same spacing, up to ``n_max`` points; see
+    :func:`dpjax.pld.plan.tilt_parameters`).
     """
     if want == "eps":
-        level = float(np.min(deltas))
+        level = wrap_level = float(np.min(deltas))
     else:
         level = min(float(np.min(r["up"]["value"])) for r in res)
+        # The answer is the larger direction's delta: what wraps onto the tilted window need only
+        # be small against that (a direction with delta 1e-25 must not ask for a wider window).
+        wrap_level = float(np.min(np.max([np.asarray(r["up"]["value"], np.float64) for r in res], axis=0)))
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
     if not (level > 0) or floor <= _TAIL_PASS_FRACTION * level:
         return res
@@ -461,15 +466,18 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want):
     guessed = want == "eps" and not all("down" in r for r in res)
     for frac in ((0.5, 0.2) if guessed else (None,)):
         res, valid = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
-                                 level=level, frac=frac)
+                                 level=level, frac=frac, n_max=n_max, wrap_level=wrap_level)
         if valid:
             break
     return res
 
 
-def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac):
+def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac, n_max=None,
+                wrap_level=None):
     """One tilted run (see :func:`_tail_pass`); returns (merged results, whether every
-    direction's tilted upper end at the smallest target was an answer)."""
+    direction's tilted upper end at the smallest target was an answer).  ``wrap_level``: the
+    delta against which the mass wrapping onto the tilted window from below must be negligible
+    (default ``level``)."""
     eps_t, y_v = [], []
     means = plan.mean_composed
     for di, r in enumerate(res):
@@ -487,11 +495,16 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
         else:
             eps_t.append(float(np.max(epsilons)))
             y_v.append(float(np.min(epsilons)))
-    tilt = tilt_parameters(groups, directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau)
+    n_max = max(plan.n, GridOptions().n_max if n_max is None else n_max)
+    tilt, width = tilt_parameters(groups, directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau,
+                                  level=level if wrap_level is None else wrap_level,
+                                  max_width=plan.dx * n_max)
+    # A wider window at the same spacing (offsets and supports unchanged): n times a power of two.
+    n = plan.n * max(1, round(width / (plan.n * plan.dx)))
     thetas = tilt[:, None] * _TILT_THETA[None, :]
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
     out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
-                           ms=plan.ms, n=plan.n, kinds=kinds, want=want, tilted=True, tilt=tilt,
+                           ms=plan.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
                            tilt_from=np.asarray(y_v, np.float64), exported=True), directions, kinds, shape)
     merged, valid = [], True
     for r, t in zip(res, out):
@@ -525,7 +538,7 @@ def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, tar
     kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
     plan, res = _run(up_groups, directions, kinds, deltas, epsilons, **kw)
     res = _tail_pass(up_groups, directions, kinds, deltas, epsilons, plan, res,
-                     want="eps" if eps_hint is None else "delta")
+                     want="eps" if eps_hint is None else "delta", n_max=options.n_max)
     if with_lower and blocked:
         _, res_lo = _run(lo_groups, directions, ("down",), deltas, epsilons, **kw)
         for r, rl in zip(res, res_lo):

@@ -223,7 +223,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
                 t = int(uniq[i])
                 groups_t = [g._replace(counts=np.asarray([t], np.int64)) for g in groups]
                 res = _acc._tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
-                                      _plan_at(plan, t, t_max), res, want="eps")
+                                      _plan_at(plan, t, t_max), res, want="eps", n_max=options.n_max)
             _, up, lo = _acc._combine([(d, plan, r) for d, r in zip(directions, res)])
             upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
             if not np.isfinite(upper[i]):
