@@ -1,4 +1,4 @@
-"""First call of one DP-SGD calibration in a fresh process (issue 14, must-show 3).
+"""First call of one DP-SGD calibration in a fresh process.
 
 Each case runs in its own ``python -c`` subprocess with the persistent XLA compilation cache
 off (``JAX_COMPILATION_CACHE_DIR`` and ``DPJAX_COMPILATION_CACHE`` removed from the
@@ -76,7 +76,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
     ap.add_argument("--baseline", default=None,
-                    help="a directory holding another dpjax checkout (e.g. the code before issue 14), "
+                    help="a directory holding another dpjax checkout (e.g. an earlier release), "
                          "run the same cases against it in the same run")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_calibration_first_call.json"))
     args = ap.parse_args()

@@ -7,7 +7,7 @@ fresh process where one exists (dp_accounting 0.6.0).  Every CLI subcommand runs
 ``python -m dpjax ...`` with a fresh persistent-cache directory: the first run fills it, the
 second shows what a user waits for on the next invocation (wall time of the process).
 
-Targets (issue 11, 2 cores): accounting <= max(dp_accounting, 2 s); calibration <= 5 s; any CLI
+Targets (2 cores): accounting <= max(dp_accounting, 2 s); calibration <= 5 s; any CLI
 subcommand's second run <= 2 s.  The machine this was written on is a 2-core CPU shared with
 other jobs: absolute times are inflated by contention (the load average is recorded).
 
@@ -45,7 +45,7 @@ ENTRY_POINTS = {
         "dp_accounting.GaussianDpEvent(1.0)), 1000))\nr = a.get_delta(2.0)",
         "accounting"),
     # Small q * T (0.33 expected sampled steps): far from Gaussian; before the planner's Chernoff
-    # window (2026-11-25) this ran a second, wider program (two compiles).
+    # window this ran a second, wider program (two compiles).
     "dpsgd_epsilon_small_qT": (
         "import dpjax\nr = dpjax.dpsgd_epsilon(1.5709, 0.0019644, 167, 1e-5)",
         "import dp_accounting\nfrom dp_accounting.pld import pld_privacy_accountant as p\n"

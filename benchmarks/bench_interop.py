@@ -1,6 +1,6 @@
 """Interop with dp_accounting and a running accountant: dpjax vs the anchors, side by side.
 
-Three parts (issue 12, must-show 3 and 4), all in one process, delta = 1e-5:
+Three parts, all in one process, delta = 1e-5:
 
 1. ``events``: the 20 DpEvents of tests/test_interop_dp_accounting.py (nested compositions
    included).  dpjax ``dpjax.interop.PLDAccountant().compose(e).get_epsilon(1e-5)`` vs

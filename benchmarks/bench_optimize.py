@@ -39,30 +39,30 @@ Run::
 
 Writes ``benchmarks/results/bench_optimize.json`` and prints a table.
 
-Measured 2026-11-24 ~21:33 UTC on the idle 2-core CPU (load < 2.4 at the start, nothing else
-running; bench_optimize_quick.json): E=16, b=128, 2^17, eps=1, 300 steps **75.0 s measured**
+Measured on the idle 2-core CPU (load < 2.4 at the start, nothing else running;
+bench_optimize_quick.json): E=16, b=128, 2^17, eps=1, 300 steps **75.0 s measured**
 (optimize_correlation's whole wall time: compile + first step + first draw 9.3 s, 0.203 s/step,
 4.9 solver passes/step, 50% of the steps reusing the previous screen, peak RSS 1.6 GB); the
 Algorithm-2 anchor in the same run 5.07 s/step (3 steps; 1526 s extrapolated): **25x per step**.
 The previous release (16ef111, no screen reuse), same machine, minutes later
-(bench_optimize_quick_base.json): 106.3 s, 0.309 s/step.  The VM was faster than on 2026-11-23
-(148.5 s for that release then), so the 1.52x per step is the reuse's share.  Grid rows:
+(bench_optimize_quick_base.json): 106.3 s, 0.309 s/step.  The VM was faster than in the
+earlier idle run below (148.5 s for that release then), so the 1.52x per step is the reuse's
+share.  Grid rows:
 bench_optimize_grid17.json (all nine E x b at 2^17, 300 steps each, anchors 2 steps each);
 bench_optimize_grid20.json (eight E x b at 2^20, 300 steps, --screened-above-2-24, idle: 100.6-
 356.9 s), bench_optimize_grid20_anchors.json (anchors at E = 16, b = 64 and 128: 42.1 and
 74.8 s/step; b = 32: 21.8 s/step in bench_optimize_grid20_partial.log) and
 bench_optimize_64x128x20.json (300 steps, 826.7 s under load, peak RSS 5.95 GB).
 
-Measured 2026-11-23 ~20:12 UTC on the idle 2-core CPU (load 0.9-1.6; bench_optimize_idle.json,
+An earlier idle run on the 2-core CPU (load 0.9-1.6; bench_optimize_idle.json,
 bench_optimize_profile_idle.json): E=16, b=128, 2^17, eps=1, 300 steps **148.5 s measured**
 (compile + first step + first draw 14.0 s, 0.450 s/step), 3.9 solver passes/step, peak RSS
 1.48 GB: the <= 120 s target needs 0.36 s/step.  Profile: screened value + gradient 0.283 s
 (W32 matmul 0.055, float32 screen 0.097, candidate selection 0.066), draws 0.52 s per sample
 (shared by 10 steps); the rest of the 0.450 s is the optimizer update and the loop.
 
-Measured 2026-11-23 16:45-17:11 UTC on the shared 2-core CPU with load average 19-22 (other
-jobs; the benchmark process got ~25% of one core), so absolute times are inflated several-fold;
-the lead re-measures:
+An earlier run on the shared 2-core CPU with load average 19-22 (other jobs; the benchmark
+process got ~25% of one core), so absolute times are inflated several-fold:
 
 * E=16, b=128, 2^17, eps=1 (bench_optimize_quick.json), screened path + resample_every=10:
   dpjax **300 steps measured: 1069.9 s** (compile + first step + first draw 101.6 s, steady

@@ -1,4 +1,4 @@
-"""Must-show 6 of issue 10: re-check a certified ``(C, sigma)`` with an independent sampler.
+"""Re-check a certified ``(C, sigma)`` with an independent sampler.
 
 Optimise a BLT ``C`` (``dpjax.optimization.optimize_correlation``), certify its noise multiplier
 (Estimate-Verify-Release), then estimate delta at the certified sigma with the *direct*

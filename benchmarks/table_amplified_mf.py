@@ -1,4 +1,4 @@
-"""Issue 10, must-show 2: the amplified matrix-factorization table, every row in one normalization.
+"""The amplified matrix-factorization table, every row in one normalization.
 
 Setting (Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy amplification for
 matrix mechanisms", §5.1): E = 16 epochs, b = 128 batches per epoch (n = 2048), delta = 1e-5,
@@ -9,7 +9,7 @@ Normalization (all rows; see dpjax.optimization.baselines.NORMALIZATION):
     multiplier (clip norm 1) of the row's (epsilon, delta) guarantee.
     rmse_jp = rmse / E is the same number in jax_privacy's BandMFConfig.rmse normalization
     (sigma_total / k * sqrt(mean per-query squared error), k = E = 16), printed so the rows read
-    across with the issue's orientation numbers (N = 65536, B = 512).
+    across with the orientation numbers of jax_privacy's BandMF (N = 65536, B = 512).
 
 Rows (groups, run with --groups; each group's rows are saved as soon as it finishes):
   dpsgd         C = I unamplified (exact Gaussian, sensitivity sqrt(E)); C = I under Poisson
@@ -63,7 +63,7 @@ from _meta import run_metadata  # noqa: E402  (benchmarks/_meta.py: machine, dat
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "table_amplified_mf.json")
 GROUPS = ("dpsgd", "bib_identity", "unamplified", "banded", "cyclic", "optimized")
-#: jax_privacy 2.0, BandMFConfig.rmse normalization, N = 65536, B = 512 (from the issue).
+#: jax_privacy 2.0, BandMFConfig.rmse normalization, N = 65536, B = 512 (orientation numbers).
 ORIENTATION = {
     "banded_cyclic_poisson_rdp": [3.070, 1.734, 1.025, 0.633],
     "banded_cyclic_poisson_pld": [2.838, 1.613, 0.958, 0.593],
@@ -228,7 +228,7 @@ def print_table(data, eps_values):
                 cells.append(f"{'-':>16s}")
         print(f"{name:34s}" + "".join(f"  {c:18s}" for c in cells))
         if name in ORIENTATION:
-            print(f"{'  (issue, jax_privacy normalization)':34s}"
+            print(f"{'  (reference, jax_privacy normalization)':34s}"
                   + "".join(f"  {'':7s} [{v:6.3f}]    " for v in ORIENTATION[name]))
     summ = summary(rows, eps_values)
     data["summary"] = summ

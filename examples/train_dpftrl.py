@@ -8,8 +8,8 @@ Estimate-Verify-Release).  DP-SGD is the matrix mechanism with ``C = I``; DP-FTR
 streaming ``C^{-1} z`` of a BLT (:func:`dpjax.noise.blt_noise`).
 
 The BLT is hand-chosen (``theta = (0.95, 0.6)``, ``omega = (0.3, 0.2)``: ``c_k`` close to the
-``A^{1/2}`` coefficients ``1, 1/2, 3/8, ...`` over the first steps) -- issue 10's
-``optimize_correlation`` was not on main when this was written; swap in an optimised BLT there.
+``A^{1/2}`` coefficients ``1, 1/2, 3/8, ...`` over the first steps); swap in a BLT optimised by
+:func:`dpjax.optimization.optimize_correlation` for a better one.
 
 Accounting per run: calibrate ``sigma`` on a Monte Carlo estimate (``num_samples_cal`` draws,
 key 0) to ``delta_cal = target_delta / 3``, then certify ``(epsilon, target_delta - trunc)``

@@ -1,4 +1,4 @@
-"""Hostile inputs to the Python API (issue 15, item 6): each is refused with one ``ValueError``
+"""Hostile inputs to the Python API: each is refused with one ``ValueError``
 line naming the argument (never an OverflowError / TypeError / IndexError / NumPy message, a
 silent coercion, or a wrong number), or -- where a correct finite answer exists -- answered.
 

@@ -1,5 +1,5 @@
 """Hostile command lines get exit status 2 and ONE line naming the option and its valid range
-(issue 15 item 6, CLI half; the Python half is tests/test_bad_input.py).
+(the Python API's half is tests/test_bad_input.py).
 
 Before: ``--steps 1e30``, ``--group-size 1e30``, ``--seed 99999999999999999999999`` exited 1 with
 a traceback; ``noise --steps 99999999999999999999`` reported steps=-9223372036854775808;

@@ -28,7 +28,7 @@ def test_lemma_matches_reference_where_delta1_is_resolvable(reference_cases, cas
     assert case["extra"]["delta_1"] > 1e-10
     res = _lemma(case)
     assert res.adjacency == ("replace" if "fixed" in case_id else "add_or_remove")
-    # 0.5%: the tolerance for comparisons with dp_accounting-derived values.
+    # 0.5%: the tolerance for comparisons with dp_accounting-derived values.
     assert res.epsilon == pytest.approx(case["value"], rel=5e-3)
     # The certificate: k e^{(k-1) eps_1} delta_1 <= delta.
     assert res.group_delta <= case["params"]["delta"] * (1 + 1e-12)

@@ -32,7 +32,7 @@ def test_rdp_epsilon_matches_reference_rows(reference_cases, case_id):
     case = reference_cases[case_id]
     p = case["params"]
     eps, order = rdp_epsilon(p["noise_multiplier"], p["sampling_probability"], p["steps"], p["delta"])
-    # Issue tolerance: within 0.5% of dp_accounting's RdpAccountant.  Measured: <= 5.5e-6
+    # Tolerance: within 0.5% of dp_accounting's RdpAccountant.  Measured: <= 5.5e-6
     # relative (the remaining gap is dp_accounting's loose fractional-order series, below).
     assert abs(eps - case["value"]) <= 5e-3 * case["value"]
     # Ours is never looser than dp_accounting's (we evaluate the same bound more exactly).
@@ -87,7 +87,7 @@ def test_live_dp_accounting_rdp_accountant(sigma, q, steps, delta):
     accountant.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
     ref = accountant.get_epsilon(delta)
     eps, _ = rdp_epsilon(sigma, q, steps, delta)
-    # Issue tolerance 0.5%; ours is never above dp_accounting's (see the B5 test for why it can be below).
+    # Tolerance 0.5%; ours is never above dp_accounting's (see the B5 test for why it can be below).
     assert abs(eps - ref) <= 5e-3 * ref
     assert eps <= ref * (1 + 1e-9)
 
@@ -182,9 +182,9 @@ def test_strong_composition_single_step_is_at_least_the_exact_subsampled_epsilon
 
 @pytest.mark.parametrize("noise_multiplier", [1.0, 2.0, 4.0])
 def test_rdp_matches_dp_accounting_on_the_cifar10_group_grid(noise_multiplier):
-    # Issue 3, must-show 4: the RDP baseline on the CIFAR-10 cases of must-show 1 (q=0.01,
+    # The RDP baseline on the CIFAR-10 group-privacy cases (q=0.01,
     # T=2000, delta=1e-5), live against dp_accounting's RdpAccountant (default orders).
-    # Measured agreement: <= 1e-6 relative; the issue's bar is 0.5%.
+    # Measured agreement: <= 1e-6 relative; the tolerance is 0.5%.
     import dp_accounting
     from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
 

@@ -14,7 +14,7 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min
 def test_noise_json_matches_reference(capsys, reference_cases):
     out = _json(capsys, ["noise", "--epsilon", "2", "--delta", "1e-5", "--sampling-prob", "0.01",
                          "--steps", "1000", "--json"])
@@ -39,7 +39,7 @@ def test_mc_calibrate_json_reports_estimate_and_samples(capsys):
     ["noise", "--epsilon", "2", "--delta", "1e-5", "--steps", "1000"],
     ["noise", "--epsilon", "-1", "--delta", "1e-5", "--sampling-prob", "0.01", "--steps", "1000"],
     # (mc-calibrate with num_samples < 1/delta is no longer refused: an estimate may use any
-    # sample count; only certification demands enough -- issue 10.)
+    # sample count; only certification demands enough.)
     ["mc-calibrate", "--batches-per-epoch", "8", "--epochs", "2", "--epsilon", "2", "--delta",
      "1e-6", "--samples", "0"],
 ])

@@ -20,7 +20,7 @@ B, E = 8, 2          # small mechanism: n = 16 rounds
 M = 1 << 13          # 8192 common random numbers (>= 1/delta)
 KW = dict(target_epsilon=1.5, target_delta=2e-3, num_samples=M, key=jax.random.key(7))
 
-# Gradient tolerance 1e-3 (must-show).  The CRN estimate is piecewise smooth in C: each sample
+# Gradient tolerance 1e-3.  The CRN estimate is piecewise smooth in C: each sample
 # adds a kink where its loss crosses epsilon.  Central differences with h = 1e-5 straddle a kink
 # only for samples within ~1e-5 of it (a fraction ~1e-5 * density of 8192 samples), and the
 # root is resolved to 1e-14 relative, so the FD error is ~1e-6 relative: 1e-3 is safe.
@@ -78,7 +78,7 @@ def test_gradient_dense_random_c_vs_finite_differences():
             assert grad[i, j] == pytest.approx(fd, rel=GRAD_REL), (i, j)
 
 
-@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min
 def test_vmap_over_matrices_matches_single_calls():
     coeffs = jnp.array([[1.0, 0.2], [1.0, 0.5], [1.0, 0.9]])
     with jax.enable_x64(True):

@@ -15,7 +15,7 @@ from dpjax.pld import GridOptions
 from dpjax.calibration import (dpsgd_delta_fn, dpsgd_grid, dpsgd_noise_multiplier,
                                dpsgd_noise_multiplier_core, epsilon_fn)
 
-# 0.1% is the must-show bound.  Our answer is the upper end of a bracket < 1e-9 wide on a
+# 0.1% is the required bound.  Our answer is the upper end of a bracket < 1e-9 wide on a
 # certified (pessimistic) delta curve whose epsilon discretization error is <= 1e-5 relative
 # (moves sigma by ~1e-5 relative), and the reference is good to 1e-4 relative: both are far
 # inside 1e-3; we also check the tighter 2e-4.
@@ -37,7 +37,7 @@ def _calibrate_cases(cases):
     return np.atleast_1d(sigma)
 
 
-@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min
 def test_calibration_matches_family_f_and_meets_target(reference_cases):
     cases = _family_f(reference_cases, q=0.01)  # eps in {1, 2, 4, 8}: one batched call
     sigma = _calibrate_cases(cases)
@@ -187,7 +187,7 @@ def test_group_calibration_reproduces_family_c(reference_cases, case_id):
     assert sigma == pytest.approx(p["noise_multiplier"], rel=1e-3)
 
 
-# Issue 14: an everyday target was refused (the fixed grid planned there had a window too
+# Earlier releases refused an everyday target (the fixed grid planned there had a window too
 # narrow for the heavy-tailed remove loss and no widening: epsilon = inf on it), and another
 # came back 28% too noisy (1.5489 where 1.2015 suffices: the search's grid was planned above
 # the root, where it is loose below the planning point).  Now: the returned sigma meets the

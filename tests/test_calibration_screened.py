@@ -1,7 +1,7 @@
 """The screened in-loop calibration (dpjax.calibration.screened) is the full estimate's root and
 implicit gradient, not an approximation: same sample, same numbers (to float64 summation order),
 on the screened path, after a re-screen, and in the full fallback; and its gradient matches
-central finite differences (issue 10, must-show 1, for the loop's calibration)."""
+central finite differences."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_screened_root_and_gradient_equal_the_full_estimate():
 
 @pytest.mark.slow  # ~20 compiled evaluations: ~1 min idle, several under load
 def test_screened_gradient_matches_central_finite_differences():
-    """Must-show 1 for the loop's calibration: d log RMSE / d params against central
+    """For the loop's calibration: d log RMSE / d params against central
     differences with the same sample (h = 1e-5; see tests/test_rmse_gradients.py for the
     error budget), relative error <= 1e-4 of the largest component."""
     with jax.enable_x64(True):

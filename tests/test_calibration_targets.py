@@ -1,4 +1,4 @@
-"""Calibration over random DP-SGD targets (issue 14): never refused when reachable, never above
+"""Calibration over random DP-SGD targets: never refused when reachable, never above
 the target, within 0.1% of the smallest sigma on the accountant's own curve and within 0.2% of
 dp_accounting's ``calibrate_dp_mechanism``.
 
@@ -44,8 +44,8 @@ import pytest
 import dpjax
 
 EPS_RANGE, DELTA_RANGE, Q_RANGE, T_RANGE = (0.3, 20.0), (1e-10, 1e-3), (1e-3, 1.0), (1, 30_000)
-SMALLEST_REL = 1e-3      # must-show: within 0.1% of the smallest sigma meeting the target
-DP_ACCOUNTING_REL = 2e-3  # must-show: within 0.2% of dp_accounting
+SMALLEST_REL = 1e-3      # within 0.1% of the smallest sigma meeting the target
+DP_ACCOUNTING_REL = 2e-3  # within 0.2% of dp_accounting
 
 
 def targets(n: int, seed: int):

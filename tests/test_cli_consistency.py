@@ -1,4 +1,4 @@
-"""A newcomer's first hour with the ``dpjax`` command, scripted (issue 13, must-show 1 and 2).
+"""A newcomer's first hour with the ``dpjax`` command, scripted.
 
 Iterates over every REGISTERED subcommand (so subcommands added later are checked too):
 

@@ -33,7 +33,7 @@ def test_epsilon_json(capsys, reference_cases):
     res = json.loads(out)
     ref = reference_cases["B1"]["value"]
     assert res["epsilon"] == res["epsilon_upper"]
-    assert res["epsilon_lower"] <= ref <= res["epsilon_upper"] <= ref * 1.003   # issue's 0.3%
+    assert res["epsilon_lower"] <= ref <= res["epsilon_upper"] <= ref * 1.003   # within 0.3%
     assert set(res["grid"]) == {"remove", "add"}
 
 

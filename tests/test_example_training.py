@@ -1,4 +1,4 @@
-"""examples/train_dpftrl.py runs end to end (issue 12, must-show 5; slow tier)."""
+"""examples/train_dpftrl.py runs end to end (slow tier)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""First-call machinery (issue 11 must-show 0, issue 14 must-show 3): the host twins of the
+"""First-call machinery: the host twins of the
 Gaussian closed form, one compiled accountant program per grid shape, and the CLI's serialized
 programs.  Timings live in benchmarks/bench_first_call.py; these tests check that the shortcuts
 give the same numbers as the paths they replace."""

@@ -81,7 +81,7 @@ CASES = {
 
 
 # The default tier runs the matrix for one function of each kind (the generic fixed-grid delta,
-# the DP-SGD epsilon of the issue report, a differentiable calibration through the implicit
+# the DP-SGD epsilon, a differentiable calibration through the implicit
 # adjoint, the closed-form conversion); the slow tier (-m slow) runs every row.  Each row costs
 # several XLA compilations, which is what the 10-minute budget of the default suite is spent on.
 DEFAULT_TIER = ("pld.delta_fn", "calibration.epsilon_fn",
@@ -165,7 +165,7 @@ def test_jit_with_x64_works(name, reference):
 
 
 def test_calibration_epsilon_fn_docstring_example_from_float32(grids):
-    """The issue's case: calibration.epsilon_fn as its docstring shows, outside enable_x64, used
+    """calibration.epsilon_fn as its docstring shows, outside enable_x64, used
     to return inf with a NaN gradient."""
     grid = grids["dpsgd"]
     eps = calibration.epsilon_fn(1.0, 0.01, T, DELTA, grid=grid)

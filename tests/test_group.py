@@ -25,7 +25,7 @@ def _check_row(case):
     p = case["params"]
     eps = group_epsilon(p["noise_multiplier"], p["sampling_probability"], p["steps"], p["delta"], group_size=p["group_size"])
     ref = case["value"]
-    # Issue tolerance: at most 0.5% above dp_accounting's pessimistic 1e-4 value (measured: <= 2.3e-5
+    # Tolerance: at most 0.5% above dp_accounting's pessimistic 1e-4 value (measured: <= 2.3e-5
     # relative with the default GridOptions).
     assert eps <= ref * 1.005, (case["id"], eps, ref)
     # Never below the truth.  dp_accounting's connect-the-dots error is O(dx^2), so its 1e-4 value
@@ -78,10 +78,10 @@ def test_fixed_batch_k1_is_the_sensitivity_2_subsampled_gaussian():
 
 
 def test_issue_example_fixed_batch_k6():
-    """The issue's example: sigma = 3, k = 6, B = 500 of N = 50,000, T = 2000 -> about 10.46
+    """A worked example: sigma = 3, k = 6, B = 500 of N = 50,000, T = 2000 -> about 10.46
     (the old 'noise 2 sigma' reading gave 4.04, an understated epsilon).  Oracle: the same
     mixture {2j: Hypergeometric(50000, 6, 500)(j)}, std 3, through dp_accounting's PLD at
-    interval 1e-4 (10.4563, pessimistic); 0.5%: the issue's tolerance against dp_accounting."""
+    interval 1e-4 (10.4563, pessimistic); 0.5%: the tolerance against dp_accounting."""
     eps = dpjax.dpsgd_epsilon(3.0, None, 2000, 1e-5, group_size=6, sampling="fixed_batch",
                               dataset_size=50_000, batch_size=500)
     assert eps == pytest.approx(10.4563, rel=5e-3)

@@ -16,7 +16,7 @@ def _run(capsys, argv):
     return rc, out.out, out.err
 
 
-@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min
 def test_cli_group_poisson_and_fixed_batch(capsys):
     # sigma = 2, q = 0.01, T = 2000, k = 4: the C_*_s2_k4 rows (programs shared with test_group).
     base = ["epsilon", "--noise-multiplier", "2", "--steps", "2000", "--delta", "1e-5", "--group-size", "4", "--json"]

@@ -33,7 +33,7 @@ def _fixed_row_epsilon(case):
 def _check_fixed_row(case):
     eps = _fixed_row_epsilon(case)
     ref = case["value"]
-    # At most 0.5% above the reference (the tolerance; measured <= 1.4e-6 relative).
+    # At most 0.5% above the reference (the tolerance; measured <= 1.4e-6 relative).
     assert eps <= ref * 1.005, (case["id"], eps, ref)
     # Never below the truth.  The reference is dp_accounting's PESSIMISTIC value at interval
     # 1e-4: itself an upper bound that exceeds the truth by up to its discretization error, which

@@ -1,4 +1,4 @@
-"""Large groups in bounded memory (issue 15, item 5).
+"""Large groups in bounded memory.
 
 ``group_epsilon(2.0, 0.01, 100, 1e-5, group_size=1000)`` used to ask XLA for 51.7 GB and die.
 Now mixture components of total weight < 1e-295 are pruned (sound, see

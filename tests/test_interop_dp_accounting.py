@@ -1,4 +1,4 @@
-"""dpjax.interop.dp_accounting: DpEvents accounted by dpjax's PLD (issue 12, must-show 3).
+"""dpjax.interop.dp_accounting: DpEvents accounted by dpjax's PLD.
 
 Reference: dp_accounting's PLDAccountant (pessimistic, the anchor) and its optimistic estimate
 (a lower bound on the true epsilon: the "certified floor" dpjax must never go below).

@@ -1,5 +1,5 @@
-"""dpjax.interop.opacus: get_noise_multiplier, RunningAccountant, step / batch-size calibration
-(issue 12, must-show 4).  Query-cost ratios live in benchmarks/bench_interop.py."""
+"""dpjax.interop.opacus: get_noise_multiplier, RunningAccountant, step / batch-size calibration.
+Query-cost ratios live in benchmarks/bench_interop.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Monte Carlo epsilon never comes as a bare number (issue 15, item 4 follow-up): the CLI's
+"""Monte Carlo epsilon never comes as a bare number: the CLI's
 ``mc-epsilon`` JSON carries the confidence interval and the sample count, and
 ``BallsInBins.epsilon(..., with_interval=True)`` returns the :class:`EpsilonEstimate`."""
 

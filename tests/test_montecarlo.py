@@ -1,4 +1,5 @@
-"""Balls-in-bins Monte Carlo accountant (issue 4): must-show items 1-4 plus core properties.
+"""Balls-in-bins Monte Carlo accountant: Gram-reduced vs direct sampler, pinned references,
+amplification ordering, sharding, and core properties.
 
 Statistical tolerances: every Monte Carlo comparison uses |a - b| <= 3 * sqrt(se_a^2 + se_b^2)
 (a two-sided 3-sigma test, false-alarm rate 0.27% per comparison); all keys are fixed, so the
@@ -118,7 +119,7 @@ def test_gram_sqrt_singular_and_regular():
     assert np.isfinite(d) and 0 < d <= acc.unamplified_delta(1.0, 1.0)
 
 
-# ----------------------------------------------------------------------------- must-show 1
+# ----------------------------------------------------------------------------- Gram-reduced vs direct sampler
 
 
 def _random_dense(n, seed):
@@ -134,7 +135,7 @@ def _random_dense(n, seed):
     ("random_dense", _random_dense(24, 3), 6),
 ])
 def test_gram_reduction_agrees_with_direct_sampler(name, dense, b):
-    """Must-show 1: Gram-reduced vs direct n-dimensional sampler, both directions, 3 SE."""
+    """Gram-reduced vs direct n-dimensional sampler, both directions, 3 SE."""
     m = 1 << 15
     eps = np.array([0.5, 1.0, 2.0])
     sigma = 0.8
@@ -192,7 +193,7 @@ def test_single_batch_is_exact_gaussian():
         assert _close(est.delta_add[k], est.se_add[k], exact[k], 0.0), (eps[k], est.delta_add[k], exact[k])
 
 
-# ----------------------------------------------------------------------------- must-show 2
+# ----------------------------------------------------------------------------- pinned references
 
 
 def _family_g(reference_cases, matrix, b=32, epochs=8):
@@ -210,7 +211,7 @@ def _family_g(reference_cases, matrix, b=32, epochs=8):
     pytest.param([1.0], 128, 16, marks=pytest.mark.slow),
 ])
 def test_agrees_with_pinned_reference_family_g(reference_cases, matrix, b, epochs):
-    """Must-show 2: vs the pinned balls-in-bins values (both directions) and jax_privacy's MC, 3 combined SE.
+    """Against the pinned balls-in-bins values (both directions) and jax_privacy's MC, 3 combined SE.
 
     The reference reports the P||Q (remove) direction as ``value`` and Q||P under
     ``reverse_direction_delta_Q_vs_P``; our ``delta`` is the max of the two (= P||Q here).
@@ -233,7 +234,7 @@ def test_agrees_with_pinned_reference_family_g(reference_cases, matrix, b, epoch
 
 
 def test_agrees_with_live_jax_privacy():
-    """Must-show 2 (live): jax_privacy's monte_carlo estimator with a few thousand samples."""
+    """Live against jax_privacy's monte_carlo estimator with a few thousand samples."""
     from jax_privacy import batch_selection
     from jax_privacy.experimental.monte_carlo import sample_generation
 
@@ -249,11 +250,11 @@ def test_agrees_with_live_jax_privacy():
         assert _close(est.delta_remove[k], est.se_remove[k], jp_mean[k], jp_se[k]), (eps[k], est.delta_remove[k], jp_mean[k])
 
 
-# ----------------------------------------------------------------------------- must-show 3
+# ----------------------------------------------------------------------------- amplification ordering
 
 
 def test_identity_between_poisson_and_unamplified(reference_cases):
-    """Must-show 3: for C = I, Poisson PLD (q = 1/b, T = n) <= balls-in-bins <= unamplified Gaussian.
+    """For C = I, Poisson PLD (q = 1/b, T = n) <= balls-in-bins <= unamplified Gaussian.
 
     Poisson value from dpjax's own PLD accountant (``dpjax.pld.dpsgd_delta``), checked against
     the pinned dp_accounting value.  Balls-in-bins keeps each example in the same bin every epoch
@@ -278,7 +279,7 @@ def test_identity_between_poisson_and_unamplified(reference_cases):
             assert d[k] + 3 * se[k] < unamp[k], (sigma, e, d[k], unamp[k])
 
 
-# ----------------------------------------------------------------------------- must-show 4
+# ----------------------------------------------------------------------------- sharding
 
 
 def test_chunk_size_does_not_change_result():
@@ -310,7 +311,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_equals_single_device():
-    """Must-show 4: 8 fake CPU devices (fresh process: XLA_FLAGS must precede jax init)."""
+    """8 fake CPU devices (fresh process: XLA_FLAGS must precede jax init)."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Monte Carlo honesty (issue 15, item 4): epsilon estimates carry a confidence interval that
+"""Monte Carlo honesty: epsilon estimates carry a confidence interval that
 covers the truth at (at least) its stated rate, and estimates the sample cannot resolve are
 flagged.
 

@@ -1,4 +1,4 @@
-"""Monotonicity in sigma of the Monte Carlo estimate (issue 15, must-show 1, first half).
+"""Monotonicity in sigma of the Monte Carlo estimate.
 
 What holds, and what does not.  The estimator is ``delta_hat(sigma) = mean_i (1 - e^{eps - L_i(sigma)})_+``
 with ``L_i(sigma)`` the privacy loss of draw ``i`` (the same batch assignment and standard normal

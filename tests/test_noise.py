@@ -1,4 +1,4 @@
-"""dpjax.noise: streaming C^{-1} z equals the dense solve (issue 12, must-show 2)."""
+"""dpjax.noise: streaming C^{-1} z equals the dense solve."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The optimisation loop (issue 10): compiled-step reuse, checkpoints, kill -9 resume (must-show
-5), NaN stop, bad input, result round trip.  Small problems (n = 8) so each test is seconds."""
+"""The optimisation loop: compiled-step reuse, checkpoints, kill -9 resume, NaN stop, bad input,
+result round trip.  Small problems (n = 8) so each test is seconds."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ _CHILD = textwrap.dedent("""
 
 @pytest.mark.slow  # two fresh JAX processes (import + compile each): ~20 s idle, ~90 s loaded
 def test_kill_minus_9_then_resume_is_identical(tmp_path):
-    """Must-show 5: SIGKILL mid-run, resume: identical parameters, no duplicated/lost rows."""
+    """SIGKILL mid-run, resume: identical parameters, no duplicated/lost rows."""
     ck = str(tmp_path / "ck.json")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "JAX_PLATFORMS": "cpu"}
@@ -208,7 +208,7 @@ def test_result_round_trip_and_certificate(tmp_path):
 
 @pytest.mark.slow
 def test_certified_sigma_rechecked_by_direct_sampler():
-    """Must-show 6 (reduced): the certified (C, sigma) re-estimated by the direct n-dimensional
+    """A reduced re-check: the certified (C, sigma) re-estimated by the direct n-dimensional
     sampler (independent stream, no Gram reduction) at 2^22 samples is below the target delta.
     benchmarks/recheck_optimize.py runs the delta = 1e-5 version."""
     from dpjax.montecarlo.core import (MonteCarloSums, direct_monte_carlo_sums, estimate_from_sums,

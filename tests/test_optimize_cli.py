@@ -1,4 +1,4 @@
-"""``dpjax optimize``: JSON keys of issue 10, bad input exits 2 with one line, nothing written."""
+"""``dpjax optimize``: the JSON keys of its result, bad input exits 2 with one line, nothing written."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def _random_pld(seed: int) -> ComposedPLD:
 _DELTAS = np.r_[np.geomspace(1e-12, 0.9, 25), 0.999999, 1.0]
 
 
-@pytest.mark.slow  # ~43 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
+@pytest.mark.slow  # ~43 s on 2 cores; moved to the slow tier to keep the default suite near 10 min
 @given(st.integers(0, 10_000))
 def test_block_epsilon_equals_table_epsilon(seed):
     with jax.enable_x64(True):

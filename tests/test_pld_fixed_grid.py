@@ -28,7 +28,7 @@ def _mechs(s_gauss, s_sub, q=0.05):
     return [pld.Gaussian(s_gauss), pld.PoissonSubsampledGaussian(s_sub, q)]
 
 
-@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min (2026-11-23)
+@pytest.mark.slow  # 20-45 s on 2 cores; moved to the slow tier to keep the default suite near 10 min
 def test_plan_is_typed_and_matches_accountant(grid):
     assert isinstance(grid, pld.FixedGrid)
     assert grid.directions == (pld.Direction.REMOVE, pld.Direction.ADD)

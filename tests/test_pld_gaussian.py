@@ -1,10 +1,10 @@
-"""Must-show 1: soundness and tightness of the FFT path against the exact Gaussian oracle.
+"""Soundness and tightness of the FFT path against the exact Gaussian oracle.
 
 A T-fold Gaussian composition is a Gaussian with sigma/sqrt(T) (docs/design.md §1), so
 ``delta(eps) = Phi(-eps s + 1/(2s)) - e^eps Phi(-eps s - 1/(2s))``, ``s = sigma/sqrt(T)``, is
 exact.  dpjax does NOT use that shortcut: ``pld.epsilon([(Gaussian(sigma), T)], ...)``
 discretizes one Gaussian PLD and composes it T times by FFT power.  We check
-``exact <= certified <= exact * 1.003`` (the issue's tightness bound) and
+``exact <= certified <= exact * 1.003`` (a 0.3% tightness bound) and
 ``lower <= exact``.
 """
 

@@ -1,4 +1,4 @@
-"""Heterogeneous schedules with more than 256 distinct noise multipliers (issue 15, item 7).
+"""Heterogeneous schedules with more than 256 distinct noise multipliers.
 
 They used to be blocked into 256 groups, each at its least private member (sound, but loose:
 ``geomspace(0.7, 3.0, 1000)`` at q = 0.01, delta 1e-5 gave 2.1931 against 2.1786 member by

@@ -1,7 +1,7 @@
-"""Must-show 2: agreement with dp_accounting / exact references on DP-SGD, heterogeneous,
+"""Agreement with dp_accounting / exact references on DP-SGD, heterogeneous,
 Laplace and randomized-response compositions (tests/data/reference.json families B, D, E).
 
-Tolerances: the issue asks for agreement within 0.3% with dp_accounting's PLDAccountant at
+Tolerances: agreement within 0.3% with dp_accounting's PLDAccountant at
 value_discretization_interval=1e-4; the pinned values are at 1e-5 (closer to the truth), and we
 check both.  Soundness: the certified value may never fall below a rigorous lower bracket of
 the truth (PRV lower bound, exact oracle, or the reference's rigorous bracket), and our own
@@ -15,7 +15,7 @@ import pytest
 
 from dpjax import pld
 
-REL = 3e-3  # the issue's 0.3%
+REL = 3e-3  # 0.3%
 
 
 @pytest.mark.parametrize("case_id", ["B1", "B2", "B3", "B6"])

@@ -1,4 +1,4 @@
-"""Small deltas (issue 15, items 2-3): both ends of the bracket against exact oracles.
+"""Small deltas: both ends of the bracket against exact oracles.
 
 * q = 1 (and any Gaussian-only composition) is answered from the closed form: pinned against
   an mpmath evaluation of ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` at 50 digits.
@@ -43,8 +43,8 @@ def exact_epsilon(delta, mu):
 
 
 @pytest.mark.parametrize("sigma,steps,delta", [
-    (1.2324692074479908, 111, 3.767315625382703e-12),   # the issue's reproducer (lower end above the truth)
-    (30.07, 12005, 1.11e-12),                            # was inf; exact 31.661 (the issue says 31.67)
+    (1.2324692074479908, 111, 3.767315625382703e-12),   # once reported a lower end above the truth
+    (30.07, 12005, 1.11e-12),                            # was inf; exact 31.661 (31.67 to two decimals)
     (0.9969695518903323, 1726, 3.4365552236420403e-15),
 ])
 def test_q1_is_exact(sigma, steps, delta):

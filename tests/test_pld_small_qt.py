@@ -26,7 +26,7 @@ DP_ACCOUNTING_1E5 = {
 def test_small_qt_matches_dp_accounting(args):
     ref = DP_ACCOUNTING_1E5[args]
     res = pld.dpsgd_accounting(*args, target_delta=1e-5)
-    # Tight: within 0.3% of the anchor (issue 2's tolerance).  Sound side: not more than 1e-5
+    # Tight: within 0.3% of the anchor.  Sound side: not more than 1e-5
     # relative below the anchor's own upper bound (its discretization error at 1e-5 is smaller).
     assert ref * (1 - 1e-5) <= res.epsilon <= ref * 1.003
     assert res.epsilon_lower <= res.epsilon

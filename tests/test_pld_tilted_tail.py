@@ -1,4 +1,4 @@
-"""Small deltas on the FFT grid (issue 15, item 2): the exponentially tilted tail pass.
+"""Small deltas on the FFT grid: the exponentially tilted tail pass.
 
 Before it, the float64 round-off floor of the composed PMF (relative ~ steps * 2^-52 of its
 largest bins, spread over every bin) was added to every bin above epsilon, which swamped deltas
@@ -36,7 +36,7 @@ import pytest
 from dpjax import pld
 from test_pld_small_delta import exact_delta, exact_epsilon
 
-TOL = 0.005   # the issue's target: within 0.5% of the truth
+TOL = 0.005   # within 0.5% of the truth
 
 
 @pytest.mark.parametrize("sigma,steps,delta", [

@@ -1,4 +1,4 @@
-"""Every public result type round-trips through to_dict / to_json / from_dict / load (issue 13).
+"""Every public result type round-trips through to_dict / to_json / from_dict / load.
 
 ``json.dumps(result)`` used to fail on ndarray fields; every result now inherits
 :class:`dpjax._results.ResultMixin`.  ``test_every_public_result_type_is_covered`` enumerates the

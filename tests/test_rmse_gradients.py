@@ -1,4 +1,4 @@
-"""Issue 10, must-show 1: gradients of the amplified RMSE against central finite differences.
+"""Gradients of the amplified RMSE against central finite differences.
 
 ``RMSE(p) = sigma*(C(p)) * prefix_sum_error(C(p))``, ``sigma*`` calibrated on the balls-in-bins
 Monte Carlo estimate with common random numbers (:func:`dpjax.calibration.calibrated_noise`,

@@ -1,4 +1,4 @@
-"""dpjax.sampling: balls-in-bins and Poisson batch schedules (issue 12, must-show 1)."""
+"""dpjax.sampling: balls-in-bins and Poisson batch schedules."""
 
 from __future__ import annotations
 

@@ -12,10 +12,11 @@ Guarantees for Heterogeneous Compositions Using FFT", 2021):
   because a grid is tight only near its planning point: on a grid planned at ``sigma_p`` the
   curve is sound but loose for ``sigma < sigma_p`` (the single-step support there is wider
   than the grid, its mass goes to the ``+inf`` atom), so a search on one grid planned above the
-  root finds a spurious root near ``sigma_p`` (issue 14: 1.5489 instead of 1.2015), and a
-  window planned too narrow must be widened as the accountant does, or the curve is ``inf``
-  there (issue 14: a refused everyday target).  Probes of one FFT length share one compiled
-  program (supports padded to ``n``), so a search compiles one or two programs.
+  root finds a spurious root near ``sigma_p`` (an earlier release gave 1.5489 instead of
+  1.2015), and a window planned too narrow must be widened as the accountant does, or the
+  curve is ``inf`` there (an earlier release refused an everyday target this way).  Probes of
+  one FFT length share one compiled program (supports padded to ``n``), so a search compiles
+  one or two programs.
 * ``delta_up(eps; sigma, q, T)`` (:func:`dpsgd_delta_fn`) = :func:`dpjax.pld.delta_fn` on a grid
   *planned once* (:func:`dpsgd_grid`) and held fixed: the max over the remove/add directions
   of the certified upper bound.  Soundness never depends on the grid plan: for *any* sigma the

@@ -1,7 +1,7 @@
 """Baselines for optimised correlation matrices, all in one normalization (docs/design.md §6.4).
 
-Issue 10, must-show 2 (the table of Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near
-exact privacy amplification for matrix mechanisms", §5.1): ``n = b E`` rounds (``b`` batches per
+The setting of the table in Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact
+privacy amplification for matrix mechanisms", §5.1: ``n = b E`` rounds (``b`` batches per
 epoch, ``E`` epochs), target ``(epsilon, delta)``.
 
 **Normalization (every row).**  ``C`` lower-triangular with ``c_0 = 1``; the mechanism releases

@@ -57,7 +57,7 @@ programs, deserializes them instead of tracing and lowering, and its XLA compile
 persistent-cache hit.  :attr:`SweepTable.compiled` and :attr:`SweepTable.loaded` count the
 programs each sweep compiled and loaded.
 
-Grid policy and slack.  Profiled on 1,000 configurations of the issue's distribution (sigma in
+Grid policy and slack.  Profiled on 1,000 random DP-SGD configurations (sigma in
 [0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
 the FFT length ``n`` and, about four times faster per point, with the single-step support
 length ``m`` (loss CDFs, discretization and log-MGF per point); the single call's grids
@@ -1217,7 +1217,7 @@ def _exact_row(index: int, cfg: SweepConfig) -> dict:
 #: epsilon (``0.3 C dx^2 / sigma_c <= 1e-4 * epsilon``; no per-step target) and no minimum FFT
 #: length, instead of the single call's ``GridOptions()`` (the tighter of 1e-3 relative and 8e-9
 #: per step, at least 2^16 points).  Sound whatever the grid (docs/design.md §2.4); about 3x
-#: shorter FFTs and single-step supports on the issue's DP-SGD distribution.  Slack against
+#: shorter FFTs and single-step supports on typical DP-SGD configurations.  Slack against
 #: :func:`dpjax.pld.dpsgd_epsilon`: see :data:`SWEEP_SLACK`.  Pass ``options=GridOptions()``
 #: for the single call's own grids (rows then equal it up to the bucket slack of 1e-6).
 SWEEP_OPTIONS = GridOptions(relative_accuracy=1e-4, per_step_accuracy=0.5, n_min=2**12)
