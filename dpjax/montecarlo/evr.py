@@ -351,24 +351,33 @@ _BET_GRID = np.geomspace(1e-4, 0.999, 48)
 #: Mixture weights of the range component the certificate chooses from (on the calibration
 #: sample).  The proven range falls about as 1 / weight, the low-variance component keeps
 #: 0.95 - weight: where the range binds (the betting cap 1 / (R - level)) a large weight pays.
-_RANGE_WEIGHTS = (0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9)
+_RANGE_WEIGHTS = (0.1, 0.3, 0.6, 0.9)
+#: ``(range_weight, tilt_weight)`` of the candidates with a tilted component (its order chosen
+#: by its proven range): the tilt bounds the range by a Renyi-moment (Chernoff) bound of the
+#: amplified mechanism, the large-deviations component keeps the rest of the weight.
+_TILT_MIXES = ((0.0, 0.3), (0.0, 0.5), (0.0, 0.7), (0.0, 0.95), (0.1, 0.5))
 #: Sample counts the variance-reduced certificate chooses from when none is given.
 DEFAULT_BETTING_SAMPLES = (1 << 16, 1 << 22)
-#: Allowance for the sampler (Box-Muller radii truncated at mass 2^-53 per pair, 52-bit uniforms;
-#: :mod:`dpjax.montecarlo._normal`): ``(b + 2) 2^-52`` per sample times the largest summand any
-#: proposal with the defensive weight 0.05 can produce (20).  Subtracted from the tested level.
+#: Allowance for the sampler: the total variation between the law the draws have and the ideal
+#: proposal, per sample, times the largest summand any proposal with the defensive weight 0.05
+#: can produce (20).  ``(b + 2) 2^-52``: Box-Muller radii truncated at mass 2^-53 per pair and
+#: 52-bit uniforms (:mod:`dpjax.montecarlo._normal`); ``4 (b + 3)^2 2^-52``: the up to four
+#: inverse-distribution draws of a tilted component's modes (52-bit uniforms, rounding of the
+#: weights and of their cumulative sums).  Subtracted from the tested level.
 def _sampler_allowance(b: int) -> float:
-    return (b + 2) * 2.0 ** -52 * 20.0
+    return ((b + 2) + 4 * (b + 3) ** 2) * 2.0 ** -52 * 20.0
 
 
-def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float) -> float:
-    """Predicted largest true mean (at the pilot's relative variance) that the betting test at
-    ``level`` passes with ``n`` samples, a 15% wealth margin and the best admissible bet
-    (second-order expansion of ``log(1 + x)``); 0 if none.  Planning only: never a bound."""
+def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float,
+                    cap_fraction: float = 0.999) -> float:
+    """Predicted largest true mean (at the pilot's relative variance) at which the betting test
+    at ``level`` reaches ``log_inv_beta`` in expectation with ``n`` samples and the best bet up to
+    ``cap_fraction / (R - level)`` (second-order expansion of ``log(1 + x)``); 0 if none.
+    Planning only: never a bound."""
     if rng <= level:
         return level
     rel = var / mean ** 2 if mean > 0 and var > 0 else math.inf
-    cap = 0.5 / (rng - level)
+    cap = cap_fraction / (rng - level)
 
     def wealth(mu):
         v = rel * mu * mu if math.isfinite(rel) else rng * mu
@@ -377,11 +386,11 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
         return n * (lam * gap - 0.5 * lam * lam * (v + gap * gap))
 
     lo, hi = 0.0, level
-    if wealth(0.0) < 1.15 * log_inv_beta:
+    if wealth(0.0) < log_inv_beta:
         return 0.0
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if wealth(mid) >= 1.15 * log_inv_beta else (lo, mid)
+        lo, hi = (mid, hi) if wealth(mid) >= log_inv_beta else (lo, mid)
     return lo
 
 
@@ -454,13 +463,35 @@ def _proposal_fn():
 
     from dpjax.montecarlo.importance import default_proposal
 
-    return jax.jit(lambda g, s, e, w: default_proposal(g, s, e, range_weight=w))
+    return jax.jit(lambda g, s, e, w, t: default_proposal(g, s, e, range_weight=w, tilt_weights=t))
 
 
-def _proposal(accountant, sigma, eps, range_weight):
+def _proposal(accountant, sigma, eps, range_weight, tilt=(0.0, 0.0, 0.0)):
     with _x64():
-        p = _proposal_fn()(accountant.gram, float(sigma), float(eps), float(range_weight))
+        p = _proposal_fn()(accountant.gram, float(sigma), float(eps), float(range_weight),
+                           np.asarray(tilt, np.float64))
         return type(p)(*(np.asarray(x) for x in p))
+
+
+def _candidates(accountant, sigma, eps):
+    """Proposals the certificate chooses from: ``(range_weight, tilt_weights)``.  The tilt order is
+    the one whose pure tilted component has the smallest proven range at ``(sigma, eps)``."""
+    from dpjax.montecarlo.importance import NUM_TILTS, summand_range
+
+    best, order = math.inf, None
+    for j in range(NUM_TILTS):
+        tilt = np.zeros(NUM_TILTS)
+        tilt[j] = 0.95
+        r = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, 0.0, tilt))[0]
+        if r < best:
+            best, order = r, j
+    out = [(w, np.zeros(NUM_TILTS)) for w in _RANGE_WEIGHTS]
+    if order is not None:
+        for w, t in _TILT_MIXES:
+            tilt = np.zeros(NUM_TILTS)
+            tilt[order] = t
+            out.append((w, tilt))
+    return out
 
 
 def _bets_for(ranges, level, fractions):
@@ -496,52 +527,92 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         if not math.isfinite(sigma):
             raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                              "multiplier in the search range")
-    # 2. Mixture weight of the range component and the sample count, from the calibration
-    #    sample's relative variance (planning only).
-    mean_cal, var_cal = _moments(_sums(accountant, sigma, eps, key_cal, m_cal, prop, devices=devices), m_cal)
+    # 2. The proposal (mixture weights of the range and tilted components) and the sample count:
+    #    for each candidate, the proven range and the summands' moments on (a part of) the
+    #    calibration sample predict the largest mean the test can pass (planning only).
+    prop_cal = prop
+    m_screen = min(m_cal, 1 << 16)
     sizes = [n] if n else [1 << k for k in range(16, 23)]
-    plans = []   # (needed reduction of the binding direction's delta, size, weight, mus, level)
-    for w in _RANGE_WEIGHTS:
-        rng = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w))
-        level = level0 - _sampler_allowance(b)
-        inflate = (0.95 - 0.3) / (0.95 - w)   # the low-variance component's share changes with w
+    plans = []   # (needed reduction of the binding direction's delta, size, proposal, mus, level)
+    level = level0 - _sampler_allowance(b)
+    candidates = [_proposal(accountant, sigma, eps, w, t) for w, t in _candidates(accountant, sigma, eps)]
+    ranges = []
+    for prop_w in candidates:
+        rng = summand_range(accountant.gram, sigma, eps, prop_w)
+        ranges.append(max(rng))
+        if not all(math.isfinite(r) for r in rng):
+            continue
+        mean_w, var_w = _moments(_sums(accountant, sigma, eps, key_cal, m_screen, prop_w, devices=devices),
+                                 m_screen)
         for size in sizes:
-            mus = [_betting_margin(mean_cal[d], var_cal[d] * inflate, rng[d], level, size, log_inv_beta)
-                   for d in range(2)]
-            need = max(mean_cal[d] / max(mus[d], 1e-300) for d in range(2))
-            plans.append((need, size, w, mus, level))
+            mus = [_betting_margin(mean_w[d], var_w[d], rng[d], level, size, log_inv_beta) for d in range(2)]
+            need = max(mean_w[d] / max(mus[d], 1e-300) for d in range(2))
+            plans.append((need, size, prop_w, mus, level))
     good = [p for p in plans if p[0] <= 1.1]
-    if good:   # the smallest size predicted to release within 10% in delta, its best weight
+    if good:   # the smallest size predicted to release within 10% in delta, its best proposal
         size = min(p[1] for p in good)
         best = min((p for p in good if p[1] == size), key=lambda p: p[0])
-    else:
+    elif plans:
         size = max(sizes)
         best = min((p for p in plans if p[1] == size), key=lambda p: p[0])
-    need, n, w, mus, level = best
-    prop = _proposal(accountant, sigma, eps, w)
+    else:
+        best = (math.inf, max(sizes), candidates[0], [0.0, 0.0], level)
+    need, n, prop, mus, level = best
     if not math.isfinite(need) or min(mus) <= 0.0:
         # Not even an all-zero sample would pass: n log(1 + level / (R - level)) < log(K / beta)
-        # (with the planning margin) for the smallest range any weight gives.
-        worst = min(max(summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w)))
-                    for w in _RANGE_WEIGHTS)
-        required = int(math.ceil(2.3 * log_inv_beta * max(worst - level, 0.0) / level))
+        # for the smallest range any candidate gives.
+        worst = min(ranges)
+        required = int(math.ceil(log_inv_beta * max(worst - level, 0.0) / level))
         raise ValueError(
             f"num_samples = {n} cannot certify target_delta = {target:g} at epsilon = {eps:g}: the "
             f"variance-reduced summands are only proven to be <= {worst:.3g} here, and a betting test "
             f"needs about num_samples >= {required} to pass even at a zero estimate; pass more samples or "
             "method='bernoulli_kl'")
-    # 3. Aim sigma_0 at the predicted passing means (each direction scaled to its own).
+    # 3. Aim at the predicted passing means (each direction scaled to its own): sigma_a.
     scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
-    sigma0 = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, scale)
-    if not math.isfinite(sigma0):
+    sigma_a = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop_cal, scale)
+    if not math.isfinite(sigma_a):
         raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                          "multiplier in the search range")
-    # 4. The bet of each direction: the best of a grid on the calibration sample at sigma_0.
-    rng0 = summand_range(accountant.gram, sigma0, eps, prop)
-    grid = _bets_for(rng0, level, _BET_GRID)
-    pilot = _sums(accountant, sigma0, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
-    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
+    # 4. The bet of each direction: the best of a grid (admissible at sigma_a and above) by the
+    #    calibration sample's own wealth at sigma_a.  The calibration wealth at sigma_a and at
+    #    sigma_a (1 + 1%), scaled to n draws, predicts the verification wealth as a function of
+    #    log sigma (linear between the two); its noise (calibration and verification draws)
+    #    sets the rung spacing.
+    grid = _bets_for(summand_range(accountant.gram, sigma_a, eps, prop), level, _BET_GRID)
+    sig_b = sigma_a * 1.01
+    pilot_a = _sums(accountant, sigma_a, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+    pilot_b = _sums(accountant, sig_b, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+    pick = np.argmax(pilot_a["log_wealth"][:, 0, :], axis=1)
     bet = np.array([grid[d, 0, pick[d]] for d in range(2)])
+    _, var_a = _moments(pilot_a, m_cal)
+    aims, spreads = [], []
+    for d in range(2):
+        if bet[d] <= 0.0:   # range <= level: passes without a test
+            continue
+        w_a = pilot_a["log_wealth"][d, 0, pick[d]] * n / m_cal
+        w_b = pilot_b["log_wealth"][d, 0, pick[d]] * n / m_cal
+        slope = (w_b - w_a) / math.log(sig_b / sigma_a)       # wealth per unit of log sigma
+        sd = bet[d] * math.sqrt(n * var_a[d] * (1.0 + n / m_cal))
+        if not (math.isfinite(w_a) and math.isfinite(slope) and slope > 0):
+            aims.append(sigma_a)
+            spreads.append(0.004)
+            continue
+        aims.append(sigma_a * math.exp(min(max((log_inv_beta - w_a) / slope, -0.1), 0.1)))
+        spreads.append(sd / slope)
+    if aims:
+        top = int(np.argmax(aims))
+        aim, spread = aims[top], spreads[top]
+    else:
+        aim, spread = sigma_a, 0.004
+    # The ladder: rungs half a predicted standard deviation apart (at least 0.05%), the first
+    # one standard deviation below the predicted passing point, so that the rungs cover it from
+    # -1 to +(rungs - 3) / 2 standard deviations.
+    if growth is None:
+        growth = math.exp(max(0.5 * spread, math.log(1.0005)))
+        sigma0 = aim / growth ** 2
+    else:
+        sigma0 = aim
     # 5. Verify the pre-committed ladder on the independent verification sample.
     released, tries, last = math.inf, 0, None
     for j in range(rungs):
@@ -695,11 +766,12 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
         num_samples = _validate.positive_int("num_samples", num_samples)
     if calibration_samples is not None:
         calibration_samples = _validate.positive_int("calibration_samples", calibration_samples)
-    if growth is None:
-        growth = DEFAULT_LADDER_GROWTH if method == "bernoulli_kl" else DEFAULT_BETTING_GROWTH
-    growth = float(_validate.positive("growth", growth))
-    if not growth > 1.0:
-        raise ValueError(f"growth must be > 1, got {growth}")
+    if growth is None and method == "bernoulli_kl":
+        growth = DEFAULT_LADDER_GROWTH
+    if growth is not None:
+        growth = float(_validate.positive("growth", growth))
+        if not growth > 1.0:
+            raise ValueError(f"growth must be > 1, got {growth}")
     if method == "bernoulli_kl":
         if num_samples is None:
             num_samples = default_samples(target, rungs)
