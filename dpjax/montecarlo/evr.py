@@ -368,6 +368,28 @@ def _sampler_allowance(b: int) -> float:
     return ((b + 2) + 4 * (b + 3) ** 2) * 2.0 ** -52 * 20.0
 
 
+def _first_crossing(log_sigmas, wealth, threshold, reach):
+    """Smallest ``log sigma`` where the piecewise-linear interpolation of ``wealth`` (at increasing
+    ``log_sigmas``) reaches ``threshold``, extrapolating the end segments by at most ``reach``;
+    ``(log sigma, slope there)`` or ``None``.  Planning only."""
+    x, y = np.asarray(log_sigmas, np.float64), np.asarray(wealth, np.float64)
+    if not np.all(np.isfinite(y)):
+        return None
+    slopes = np.diff(y) / np.diff(x)
+    if y[0] >= threshold:   # already passing at the first point: extrapolate downwards
+        if slopes[0] <= 0:
+            return x[0], max(slopes[0], 1e-300)
+        return max(x[0] - (y[0] - threshold) / slopes[0], x[0] - reach), slopes[0]
+    for i in range(len(slopes)):
+        if y[i + 1] >= threshold and slopes[i] > 0:
+            return x[i] + (threshold - y[i]) / slopes[i], slopes[i]
+    if slopes[-1] > 0:
+        hit = x[-1] + (threshold - y[-1]) / slopes[-1]
+        if hit <= x[-1] + reach:
+            return hit, slopes[-1]
+    return None
+
+
 def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float,
                     cap_fraction: float = 0.999) -> float:
     """Predicted largest true mean (at the pilot's relative variance) at which the betting test
@@ -574,32 +596,41 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
     if not math.isfinite(sigma_a):
         raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                          "multiplier in the search range")
-    # 4. The bet of each direction: the best of a grid (admissible at sigma_a and above) by the
-    #    calibration sample's own wealth at sigma_a.  The calibration wealth at sigma_a and at
-    #    sigma_a (1 + 1%), scaled to n draws, predicts the verification wealth as a function of
-    #    log sigma (linear between the two); its noise (calibration and verification draws)
-    #    sets the rung spacing.
-    grid = _bets_for(summand_range(accountant.gram, sigma_a, eps, prop), level, _BET_GRID)
-    sig_b = sigma_a * 1.01
-    pilot_a = _sums(accountant, sigma_a, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
-    pilot_b = _sums(accountant, sig_b, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
-    pick = np.argmax(pilot_a["log_wealth"][:, 0, :], axis=1)
-    bet = np.array([grid[d, 0, pick[d]] for d in range(2)])
-    _, var_a = _moments(pilot_a, m_cal)
+    # 4. The bet of each direction and the predicted passing point.  The calibration sample's
+    #    log-wealth for every bet of a grid, at three noise multipliers around sigma_a, scaled to
+    #    n draws, predicts the verification wealth as a function of log sigma (piecewise linear,
+    #    extrapolated at most 5% beyond); each direction takes the bet whose predicted wealth
+    #    reaches log(K / beta) at the smallest sigma.  The noise of that prediction (calibration
+    #    and verification draws) sets the rung spacing.
+    points = sigma_a * np.array([0.99, 1.0, 1.01])
+    top_range = np.max([summand_range(accountant.gram, sp, eps, prop) for sp in points], axis=0)
+    grid = _bets_for(top_range, level, _BET_GRID)
+    pilots = [_sums(accountant, sp, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+              for sp in points]
+    wealth = np.stack([pl["log_wealth"][:, 0, :] for pl in pilots]) * (n / m_cal)   # (3, 2, J)
+    log_pts = np.log(points)
+    bet = np.zeros(2)
     aims, spreads = [], []
     for d in range(2):
-        if bet[d] <= 0.0:   # range <= level: passes without a test
+        if grid[d, 0, -1] <= 0.0:   # range <= level: passes without a test
             continue
-        w_a = pilot_a["log_wealth"][d, 0, pick[d]] * n / m_cal
-        w_b = pilot_b["log_wealth"][d, 0, pick[d]] * n / m_cal
-        slope = (w_b - w_a) / math.log(sig_b / sigma_a)       # wealth per unit of log sigma
-        sd = bet[d] * math.sqrt(n * var_a[d] * (1.0 + n / m_cal))
-        if not (math.isfinite(w_a) and math.isfinite(slope) and slope > 0):
-            aims.append(sigma_a)
+        best = None   # (predicted passing log sigma, bet index, slope there)
+        for j in range(grid.shape[-1]):
+            hit = _first_crossing(log_pts, wealth[:, d, j], log_inv_beta, 0.05)
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best = (hit[0], j, hit[1])
+        if best is None:   # no bet is predicted to pass nearby: the largest, aimed at sigma_a (1 + 5%)
+            bet[d] = grid[d, 0, -1]
+            aims.append(float(points[1]) * 1.05)
             spreads.append(0.004)
             continue
-        aims.append(sigma_a * math.exp(min(max((log_inv_beta - w_a) / slope, -0.1), 0.1)))
-        spreads.append(sd / slope)
+        log_aim, j, slope = best
+        bet[d] = grid[d, 0, j]
+        near = int(np.argmin(np.abs(log_pts - log_aim)))
+        _, var_near = _moments(pilots[near], m_cal)
+        sd = bet[d] * math.sqrt(n * var_near[d] * (1.0 + n / m_cal))
+        aims.append(math.exp(log_aim))
+        spreads.append(min(max(sd / slope, 1e-4), 0.02))
     if aims:
         top = int(np.argmax(aims))
         aim, spread = aims[top], spreads[top]
