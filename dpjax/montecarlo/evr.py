@@ -343,8 +343,6 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
 
 #: Share of the target delta given to the failure probability of the whole procedure.
 DEFAULT_FAILURE_FRACTION = 0.005
-#: Ratio between rungs of the variance-reduced ladder (8 rungs cover +2.8%).
-DEFAULT_BETTING_GROWTH = 1.004
 #: Bets per direction evaluated on the calibration sample to choose the bet (a grid of
 #: fractions of the largest admissible bet).
 _BET_GRID = np.geomspace(1e-4, 0.999, 48)
@@ -636,12 +634,13 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         aim, spread = aims[top], spreads[top]
     else:
         aim, spread = sigma_a, 0.004
-    # The ladder: rungs half a predicted standard deviation apart (at least 0.05%), the first
-    # one standard deviation below the predicted passing point, so that the rungs cover it from
-    # -1 to +(rungs - 3) / 2 standard deviations.
+    # The ladder: rungs 0.75 predicted standard deviations apart (at least 0.05%), the first one
+    # standard deviation below the predicted passing point, so that 8 rungs cover it from -1 to
+    # +4.25 standard deviations (the prediction's noise is estimated, and the bet chosen on the
+    # same calibration sample is slightly optimistic).
     if growth is None:
-        growth = math.exp(max(0.5 * spread, math.log(1.0005)))
-        sigma0 = aim / growth ** 2
+        growth = math.exp(max(0.75 * spread, math.log(1.0005)))
+        sigma0 = aim * math.exp(-spread)
     else:
         sigma0 = aim
     # 5. Verify the pre-committed ladder on the independent verification sample.
@@ -760,9 +759,14 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
     level); the calibration sample comes from ``fold_in(key, 0)``, the verification sample from
     ``fold_in(key, 1)``:
 
-    1. ``sigma_0``: the estimate on the calibration sample (``calibration_samples`` draws, default
-       ``num_samples // 4``) solved at the level the verification is predicted to pass.  Everything
-       the verification uses -- ``sigma_0``, the ladder, the proposal, the bets, the sample count
+    1. Planning on the calibration sample (``calibration_samples`` draws, default
+       ``num_samples // 4``).  ``"bernoulli_kl"``: ``sigma_0`` is the estimate solved at
+       ``base_delta``.  ``"importance_betting"``: the proposal (among candidates with and without
+       a tilted component, by the largest mean the test is predicted to pass given the proven
+       range and the summands' variance), each direction's bet and ``sigma_0`` (the calibration
+       sample's log-wealth of a grid of bets at three noise multipliers predicts where the
+       verification passes; the rungs are spaced by that prediction's noise).  Everything the
+       verification uses -- ``sigma_0``, the ladder, the proposal, the bets, the sample count
        -- is fixed here, before the verification sample is drawn.
     2. The ladder ``sigma_j = sigma_0 growth^j``, ``j < rungs``: the first rung whose tests pass
        (both adjacency directions) on the verification sample (``num_samples`` draws) is released.
@@ -781,8 +785,11 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
       num_samples: verification samples (``None``: ``"bernoulli_kl"`` the smallest power of two
         whose base delta is 0.4 target (:func:`default_samples`); ``"importance_betting"`` the
         smallest power of two in ``[2^16, 2^22]`` predicted (from the calibration sample) to
-        release within 3% of the calibration estimate).
-      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``, 1.004 otherwise).
+        pass at a mean within 10% of the calibration estimate's delta).
+      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``; ``"importance_betting"``:
+        0.75 predicted standard deviations of the passing point, at least 1.0005, with ``sigma_0``
+        one standard deviation below it; a given ``growth`` starts the ladder at the predicted
+        passing point).
       method: ``"importance_betting"`` (default) or ``"bernoulli_kl"``.
 
     Raises:

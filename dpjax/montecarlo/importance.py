@@ -15,6 +15,20 @@ a shift of every mode along itself (``theta``: the tail of one mode) and along t
 nearly orthogonal and ``b`` is large); ``theta = t = 0`` is ``P`` itself (the defensive
 component).  The summand is ``(p/r)(X) h(Y(X))`` with ``X ~ R``.
 
+**Tilted components (P || Q, certificates).**  ``T_k = Q (P/Q)^k / Z_k``, ``Z_k = E_Q[(P/Q)^k]``,
+for ``k`` in ``TILT_ORDERS = (2, 3, 4)``, at the evaluated ``sigma``.  Expanding ``(P/Q)^k`` makes
+``T_k`` the mixture over ordered tuples ``(i_1..i_k)`` of ``N(m_{i_1} + .. + m_{i_k}, sigma^2 I_n)``
+with weights ``prod_{a<c} exp(<m_{i_a}, m_{i_c}> / sigma^2)``, so ``Z_k`` is a finite sum over the
+Gram matrix and ``T_k`` can be sampled exactly (the tuple mode by mode from its conditional
+weights).  Its likelihood ratio depends on ``X`` only through the loss: ``T_k / P = e^{(k-1) Y} /
+Z_k``, so the summand of a proposal with weight ``pi_k`` on it is at most ``Z_k h(Y) e^{-(k-1) Y} /
+pi_k`` on *every* draw -- a Renyi-moment (Chernoff) bound of the amplified mechanism, where
+the per-mode shifts only give the unamplified one.  The tuple uses ``TILT_WORDS`` uniforms per
+sample from their own stream (:func:`tilt_key`), so the other draws are those of the untilted
+estimator.  The tuple law moves with ``sigma``: for fixed draws the estimate is piecewise smooth
+in ``sigma`` (no common-random-numbers gradient through the tuples); the in-loop estimators use
+untilted proposals.
+
 **Q || P (add).**  ``delta = E_Q[h(Y')]`` with ``Y' = log Q/P (X)``; proposal
 ``sum_k pi'_k N(-s_k vbar, sigma^2 I_n)`` (``s = 0``: ``Q``).  The loss is large where every mode's
 likelihood is small at once, i.e. ``X`` far along ``-vbar``.
@@ -26,15 +40,17 @@ sample costs the same ``O(b^2)`` as the plain one plus one ``logsumexp`` over ``
 
 **Draws.**  Sample ``s`` uses ``(I_s, U_s, u_s)``: the mode index, ``b`` normals and one uniform that
 picks the component (of each direction, by its cumulative weights).  They come from PRNG block
-``s // BLOCK_SIZE`` (``fold_in(key, block)``) and depend only on ``(key, b, s)``; the proposal
-parameters are numbers in ``x``-units fixed by the caller, so for fixed draws and proposal the
-estimate is a smooth function of ``(sigma, G, eps)``: ``jax.grad`` gives the common-random-numbers
-gradient, as for the plain estimator.
+``s // BLOCK_SIZE`` (``fold_in(key, block)``) and depend only on ``(key, b, s)`` (a tilted
+component's tuple also on ``TILT_WORDS`` uniforms of block ``s // BLOCK_SIZE`` of :func:`tilt_key`);
+the parameters of the shifted components are numbers in ``x``-units fixed by the caller, so for
+fixed draws and an untilted proposal the estimate is a smooth function of ``(sigma, G, eps)``:
+``jax.grad`` gives the common-random-numbers gradient, as for the plain estimator.
 
 **Range of the summands** (:func:`summand_range`).  A certificate needs an upper bound ``R`` of the
-summands that holds for *every* draw (docs/design.md §4): for P||Q from the components with
-``t = 0`` (power-mean inequality), for Q||P from every component (Jensen), each a closed-form
-function of ``Y``, maximised over ``Y > eps`` on a grid with monotone brackets.
+summands that holds for *every* draw (docs/design.md §4): for P||Q from the tilted components
+(exact) and the components with ``t = 0`` (power-mean inequality), for Q||P from every component
+(Jensen), each a closed-form function of ``Y``, maximised over ``Y > eps`` on a grid with monotone
+brackets.
 """
 
 from __future__ import annotations
