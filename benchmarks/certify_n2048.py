@@ -198,6 +198,8 @@ def main():
     parser.add_argument("--families", default="blt,toeplitz")
     parser.add_argument("--epsilons", default="1,2,4,8")
     parser.add_argument("--samples", type=int, default=1 << 20, help="importance: verification samples")
+    parser.add_argument("--kl-samples", type=int, default=1 << 23, help="kl: verification samples")
+    parser.add_argument("--ref-samples", type=int, default=REF_SAMPLES, help="reference: plain samples")
     parser.add_argument("--out", default=None, help=f"output JSON (default {os.path.relpath(RESULTS, ROOT)})")
     parser.add_argument("--force-reference", action="store_true",
                         help="recompute references that the output already has")
@@ -233,7 +235,7 @@ def main():
                       f"{cert.num_samples} samples {secs:.0f}s", flush=True)
         if "kl" in parts:
             t0 = time.perf_counter()
-            cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=1 << 23,
+            cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=args.kl_samples,
                                      key=8000 + int(eps * 16) + (0 if family == "blt" else 1), initial_noise=guess,
                                      method="bernoulli_kl")
             secs = time.perf_counter() - t0
@@ -244,7 +246,7 @@ def main():
             centre = _load().get("rows", {}).get(name, {}).get("importance", {}).get("noise_multiplier_estimate")
             centre = float(centre) if centre else quick_estimate(acc, eps, guess)
             t0 = time.perf_counter()
-            info = plain_reference(acc.gram, eps, centre)
+            info = plain_reference(acc.gram, eps, centre, num_samples=args.ref_samples)
             info["seconds"] = time.perf_counter() - t0
             info["load_average"] = os.getloadavg()[0]
             _save(name, "reference", info)

@@ -232,16 +232,17 @@ def _tilt_tables(gram, sigma, tilt):
     pairs = jnp.array([1.0, 3.0, 6.0])
     orders = jnp.array(TILT_ORDERS, jnp.float64)
     log_z = jnp.log(jnp.sum(first, axis=1)) + pairs * a_max - orders * math.log(b)
-    return a, log_z, first, pair
+    return a, log_z, first, pair, tilt[2] > 0
 
 
 def _tilt_centres(gram, tables, order_index, u):
     """``<m_{i_1} + .. + m_{i_k}, m_i>`` ``(S, b)`` of each sample's tuple, ``k = TILT_ORDERS[order_index]``."""
-    a, _, first, pair = tables
+    a, _, first, pair, use4 = tables
     i1 = _categorical_rows(u[:, 0], first[order_index])
     i2 = _categorical_rows(u[:, 1], pair[order_index, i1])
     v = a[i1] * a[i2]
-    w3 = jnp.where((order_index == 2)[:, None], v * (v @ a), v)
+    va = jax.lax.cond(use4, lambda x: x @ a, jnp.ones_like, v)   # (S, b) products only for order 4
+    w3 = jnp.where((order_index == 2)[:, None], v * va, v)
     i3 = _categorical_rows(u[:, 2], w3)
     i4 = _categorical_rows(u[:, 3], v * a[i3])
     centre = gram[i1] + gram[i2]
