@@ -16,13 +16,21 @@ BLT(4) and Toeplitz first columns at eps 1, 2, 4, 8 of the table before its rege
 * ``importance``: ``evr.certify_noise(method="importance_betting")`` with at most 2^20
   verification samples (``--samples``), and its wall time.
 * ``kl``: today's certificate, ``method="bernoulli_kl"`` with 2^23 samples, and its wall time.
-* ``small_delta``: the variance-reduced certificate at delta = 1e-7, eps = 2 (both families).
+* ``small_delta``: the variance-reduced certificate at delta = 1e-7, eps = 2 (both families),
+  with ``--samples`` verification draws.
 
 Every certificate uses its own key (independent of the reference's draws).  Times are wall-clock
-on a shared 2-core CPU (the load average is recorded); both certificate methods of one C run in
-the same process, one after the other.
+(the device and the load average are recorded with each row); both certificate methods of one C
+run in the same process, one after the other.  ``reference`` skips a C whose output already has
+a reference root (``--force-reference`` recomputes it).
 
-Run:  nohup python benchmarks/certify_n2048.py --parts reference > ref.log &
+``--out PATH`` writes the JSON there instead of ``benchmarks/results/certify_n2048.json``; a new
+``PATH`` starts from a copy of that file, so the output holds every row (the existing references
+included) and the parts run now replace theirs.
+
+Run (every part, one command; on an accelerator):
+  python benchmarks/certify_n2048.py --out /tmp/certify_n2048.json
+CPU smoke test:  python benchmarks/certify_n2048.py --parts importance --families blt --epsilons 2 --samples 65536 --out /tmp/x.json
 """
 
 from __future__ import annotations
@@ -76,6 +84,18 @@ def _load():
     return {"rows": {}}
 
 
+def _set_output(path):
+    """Write results to ``path`` (seeded from the default results file if it does not exist)."""
+    global RESULTS
+    path = os.path.abspath(path)
+    if path != RESULTS and not os.path.exists(path):
+        seed = _load()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(seed, f, indent=1)
+    RESULTS = path
+
+
 def _save(update_key, part, value):
     import fcntl
 
@@ -89,6 +109,8 @@ def _save_locked(update_key, part, value):
     data.setdefault("rows", {}).setdefault(update_key, {})[part] = value
     data.update({"batches_per_epoch": B, "epochs": E, "delta": DELTA,
                  "machine": f"{os.cpu_count()} cores, shared (load average recorded per row)"})
+    if isinstance(value, dict):
+        value.setdefault("device", _device())
     tmp = RESULTS + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
@@ -158,6 +180,11 @@ def quick_estimate(acc, eps, guess, num_samples=1 << 16):
     return sigma
 
 
+def _device():
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '')} x{jax.device_count()}, {os.cpu_count()} host cores"
+
+
 def _cert_row(cert, seconds):
     d = cert.to_dict()
     d["seconds"] = seconds
@@ -171,7 +198,14 @@ def main():
     parser.add_argument("--families", default="blt,toeplitz")
     parser.add_argument("--epsilons", default="1,2,4,8")
     parser.add_argument("--samples", type=int, default=1 << 20, help="importance: verification samples")
+    parser.add_argument("--kl-samples", type=int, default=1 << 23, help="kl: verification samples")
+    parser.add_argument("--ref-samples", type=int, default=REF_SAMPLES, help="reference: plain samples")
+    parser.add_argument("--out", default=None, help=f"output JSON (default {os.path.relpath(RESULTS, ROOT)})")
+    parser.add_argument("--force-reference", action="store_true",
+                        help="recompute references that the output already has")
     args = parser.parse_args()
+    if args.out:
+        _set_output(args.out)
     parts = args.parts.split(",")
     configs = _configs(args.families.split(","), [float(e) for e in args.epsilons.split(",")])
     for family, eps, col, row in configs:
@@ -201,17 +235,18 @@ def main():
                       f"{cert.num_samples} samples {secs:.0f}s", flush=True)
         if "kl" in parts:
             t0 = time.perf_counter()
-            cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=1 << 23,
+            cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=args.kl_samples,
                                      key=8000 + int(eps * 16) + (0 if family == "blt" else 1), initial_noise=guess,
                                      method="bernoulli_kl")
             secs = time.perf_counter() - t0
             _save(name, "kl", _cert_row(cert, secs))
             print(f"{name} kl: sigma {cert.noise_multiplier:.5f} {secs:.0f}s", flush=True)
-        if "reference" in parts:
+        have = _load().get("rows", {}).get(name, {}).get("reference", {}).get("root")
+        if "reference" in parts and (have is None or args.force_reference):
             centre = _load().get("rows", {}).get(name, {}).get("importance", {}).get("noise_multiplier_estimate")
             centre = float(centre) if centre else quick_estimate(acc, eps, guess)
             t0 = time.perf_counter()
-            info = plain_reference(acc.gram, eps, centre)
+            info = plain_reference(acc.gram, eps, centre, num_samples=args.ref_samples)
             info["seconds"] = time.perf_counter() - t0
             info["load_average"] = os.getloadavg()[0]
             _save(name, "reference", info)
@@ -219,8 +254,9 @@ def main():
         if "small_delta" in parts and eps == 2.0:
             t0 = time.perf_counter()
             try:
-                cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=1e-7, key=9000 + len(name),
-                                         initial_noise=guess * 1.3, method="importance_betting")
+                cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=1e-7, num_samples=args.samples,
+                                         key=9000 + len(name), initial_noise=guess * 1.3,
+                                         method="importance_betting")
                 _save(name, "small_delta_1e-7", _cert_row(cert, time.perf_counter() - t0))
                 print(f"{name} delta=1e-7: sigma {cert.noise_multiplier:.5f} {cert.num_samples} samples", flush=True)
             except ValueError as exc:

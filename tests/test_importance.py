@@ -77,6 +77,13 @@ def test_no_bias_against_plain(name, corr, b, e, eps, guess):
     z, mean, p_mean, se, p_se = _agree(corr, b, e, sigma, eps, 1 << 24, 1 << 20, key=21)
     assert max(p_mean) == pytest.approx(1e-3, rel=0.2)
     assert np.all(z < 3.0), (name, z, mean, p_mean, se, p_se)
+    # The certificate's tilted mixture (order 3 and 4 components), on the same plain estimate.
+    with jax.enable_x64(True):
+        prop = imp.default_proposal(acc.gram, sigma, eps, tilt_weights=(0.0, 0.3, 0.4))
+        s = imp.importance_sums(jnp.asarray(acc.gram), sigma, jnp.array([eps]), jax.random.key(23), 1 << 20, prop)
+    t_mean, t_se = _mean_se(s, 1 << 20)
+    z_t = np.abs(t_mean - p_mean) / np.sqrt(t_se ** 2 + p_se ** 2)
+    assert np.all(z_t < 3.0), (name, z_t, t_mean, p_mean, t_se, p_se)
 
 
 def test_draws_are_a_prefix_and_chunk_invariant():
@@ -95,10 +102,126 @@ def test_draws_are_a_prefix_and_chunk_invariant():
         i, u, cu = imp.importance_draws(jax.random.key(1), 8, m)
         x_f, x_r = imp.importance_summands(gram, u @ gram_sqrt(gram).T, i, cu, 0.9, eps, prop)
         direct = np.stack([np.asarray(x_f.sum(0)), np.asarray(x_r.sum(0))])
+        tilted = imp.default_proposal(gram, 0.9, 1.0, range_weight=0.3, tilt_weights=(0.1, 0.2, 0.3))
+        t_sums = [imp.importance_sums(gram, 0.9, eps, jax.random.key(1), n, tilted, chunk_size=c)
+                  for c, n in ((BLOCK_SIZE, m), (3 * BLOCK_SIZE, m), (None, m), (None, m + 5000))]
     for s in sums:
         np.testing.assert_allclose(np.asarray(s.total), np.asarray(sums[0].total), rtol=1e-12)
         np.testing.assert_allclose(np.asarray(s.maximum), np.asarray(sums[0].maximum), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(sums[0].total), direct, rtol=1e-11)
+    # Tilted components: the same chunk invariance, and a different estimate from the untilted one.
+    for s in t_sums[1:3]:
+        np.testing.assert_allclose(np.asarray(s.total), np.asarray(t_sums[0].total), rtol=1e-12)
+    assert np.all(np.asarray(t_sums[3].total) > np.asarray(t_sums[0].total))   # a prefix: more terms
+    assert not np.allclose(np.asarray(t_sums[0].total)[0], np.asarray(sums[0].total)[0])
+
+
+def test_materialised_draws_refuse_a_tilted_proposal():
+    with jax.enable_x64(True):
+        gram = gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4)
+        prop = imp.default_proposal(gram, 0.9, 1.0, tilt_weights=(0.0, 0.5, 0.0))
+        i, u, cu = imp.importance_draws(jax.random.key(1), 8, 100)
+        with pytest.raises(ValueError, match="fwd_tilt"):
+            imp.importance_summands(gram, u @ gram_sqrt(gram).T, i, cu, 0.9, jnp.array([1.0]), prop)
+
+
+# --------------------------------------------------------------------------- tilted components
+
+
+def _brute_log_z(gram, sigma, k):
+    """log Z_k by enumerating every ordered tuple (small b)."""
+    import itertools
+
+    g = np.asarray(gram) / sigma ** 2
+    b = g.shape[0]
+    vals = [sum(g[t[a], t[c]] for a in range(k) for c in range(a + 1, k))
+            for t in itertools.product(range(b), repeat=k)]
+    return float(np.log(np.sum(np.exp(vals)))) - k * math.log(b)
+
+
+def test_tilt_normalizers_match_enumeration_and_the_moment():
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.6, 0.3])), 3, 2)
+    sigma = 0.9
+    log_z = imp.tilt_log_normalizers(acc.gram, sigma)
+    for k in imp.TILT_ORDERS:
+        assert log_z[k] == pytest.approx(_brute_log_z(acc.gram, sigma, k), rel=1e-12, abs=1e-12)
+    # Z_k = E_Q[(P/Q)^k]: a plain Monte Carlo moment under Q (W ~ N(0, G), losses in closed form),
+    # at a noise multiplier where the k-th moment's own variance is moderate.
+    sigma = 3.0
+    log_z = imp.tilt_log_normalizers(acc.gram, sigma)
+    rng = np.random.default_rng(0)
+    g = np.asarray(acc.gram)
+    w = rng.standard_normal((1 << 20, 3)) @ np.linalg.cholesky(g).T
+    y = np.log(np.mean(np.exp((sigma * w - 0.5 * np.diagonal(g)) / sigma ** 2), axis=1))
+    for k in imp.TILT_ORDERS:
+        moment = np.exp(k * y)
+        se = moment.std() / math.sqrt(moment.size)
+        assert abs(moment.mean() - math.exp(log_z[k])) < 5 * se, (k, moment.mean(), math.exp(log_z[k]))
+
+
+def test_tilt_sampler_draws_tuples_with_their_weights():
+    """The sequential inverse-distribution draws give each ordered tuple the probability
+    prod_{a<c} exp(G[i_a, i_c]/sigma^2) / (b^k Z_k) (chi-square goodness of fit, all orders)."""
+    from scipy import stats
+
+    import itertools
+
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.7])), 3, 2)
+    sigma = 0.8
+    g = np.asarray(acc.gram)
+    b = 3
+    m = 1 << 16
+    with jax.enable_x64(True):
+        tables = imp._tilt_tables(jnp.asarray(g), jnp.asarray(sigma), jnp.array([0.1, 0.1, 0.1]))
+        u = jax.random.uniform(jax.random.key(3), (m, imp.TILT_WORDS), jnp.float64)
+        # Identify the tuple from the centre sum_a G[i_a]: the rows of G are distinct here, and
+        # so are the sums of k of them for the weights used (checked by enumeration below).
+        for j, k in enumerate(imp.TILT_ORDERS):
+            centres = np.asarray(imp._tilt_centres(jnp.asarray(g), tables, jnp.full((m,), j), u))
+            tuples = list(itertools.product(range(b), repeat=k))
+            # Ordered tuples with the same multiset have the same centre: compare multisets.
+            keys = {}
+            for t in tuples:
+                keys.setdefault(tuple(sorted(t)), []).append(t)
+            expected, centre_of = [], []
+            for ms, ts in keys.items():
+                weight = sum(math.exp(sum(g[t[a], t[c]] for a in range(k) for c in range(a + 1, k)) / sigma ** 2)
+                             for t in ts)
+                expected.append(weight)
+                centre_of.append(g[list(ms)].sum(axis=0))
+            expected = np.array(expected) / np.sum(expected)
+            centre_of = np.array(centre_of)
+            dist = np.linalg.norm(centres[:, None, :] - centre_of[None, :, :], axis=2)
+            assert np.all(np.min(dist, axis=1) < 1e-9)
+            counts = np.bincount(np.argmin(dist, axis=1), minlength=len(expected))
+            assert len({tuple(np.round(c, 9)) for c in centre_of}) == len(centre_of)
+            chi2 = np.sum((counts - m * expected) ** 2 / (m * expected))
+            assert stats.chi2.sf(chi2, len(expected) - 1) > 1e-3, (k, counts, m * expected)
+
+
+@pytest.mark.parametrize("tilt", [(0.5, 0.0, 0.0), (0.0, 0.5, 0.0), (0.0, 0.0, 0.6), (0.2, 0.2, 0.3)])
+def test_tilted_estimate_unbiased(tilt):
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 4, 2)
+    sigma, eps, m_is = 1.0, 1.0, 1 << 15
+    plain = _plain_small()
+    with jax.enable_x64(True):
+        prop = imp.default_proposal(acc.gram, sigma, eps, tilt_weights=tilt)
+        s = imp.importance_sums(jnp.asarray(acc.gram), sigma, jnp.array([eps]), jax.random.key(7), m_is, prop)
+    mean, se = _mean_se(s, m_is)
+    z = np.abs(mean - plain[0]) / np.sqrt(se ** 2 + plain[1] ** 2)
+    assert np.all(z < 3.5), (tilt, z, mean, plain)
+
+
+_PLAIN = {}
+
+
+def _plain_small():
+    if "v" not in _PLAIN:
+        acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 4, 2)
+        est = acc.estimate(1.0, [1.0], 1 << 20, 0)
+        _PLAIN["v"] = (np.array([est.delta_remove[0], est.delta_add[0]]),
+                       np.array([est.se_remove[0], est.se_add[0]]))
+    return _PLAIN["v"]
 
 
 _SHARDED_SCRIPT = textwrap.dedent("""
@@ -107,7 +230,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     assert len(jax.devices()) == 8, jax.devices()
     with jax.enable_x64(True):
         gram = gram_from_columns(jnp.array([1.0, 0.5, 0.25, 0.125]), 8, 4)
-        prop = imp.default_proposal(gram, 0.9, 1.0, range_weight=0.3)
+        prop = imp.default_proposal(gram, 0.9, 1.0, range_weight=0.3, tilt_weights=(0.1, 0.1, 0.2))
         eps = jnp.array([0.5, 1.0])
         m = 9 * 2048 + 5
         bets = jnp.full((2, 2, 1), 3.0)
@@ -166,13 +289,14 @@ def test_float32_caller_gets_float64():
 ])
 def test_summands_never_exceed_their_proven_range(corr, b, e, sigma, eps):
     acc = BallsInBins(corr, b, e)
-    for weight in (0.0, 0.45):
+    for weight, tilt in ((0.0, (0, 0, 0)), (0.45, (0, 0, 0)), (0.0, (0.9, 0, 0)), (0.0, (0, 0.9, 0)),
+                         (0.1, (0.1, 0.2, 0.5))):
         with jax.enable_x64(True):
-            prop = imp.default_proposal(acc.gram, sigma, eps, range_weight=weight)
+            prop = imp.default_proposal(acc.gram, sigma, eps, range_weight=weight, tilt_weights=tilt)
             s = imp.importance_sums(jnp.asarray(acc.gram), sigma, jnp.array([eps]), jax.random.key(5), 1 << 13, prop)
         r_f, r_r = imp.summand_range(acc.gram, sigma, eps, prop)
         mx = np.asarray(s.maximum)[:, 0]
-        assert mx[0] <= r_f and mx[1] <= r_r, (weight, mx, r_f, r_r)
+        assert mx[0] <= r_f and mx[1] <= r_r, (weight, tilt, mx, r_f, r_r)
         # The range is a bound, not a sample maximum, and not absurd: at most 1/defensive weight.
         assert r_f <= 1 / 0.05 * (1 + 1e-9) and r_r <= 1 / 0.05 * (1 + 1e-9)
 

@@ -343,32 +343,61 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
 
 #: Share of the target delta given to the failure probability of the whole procedure.
 DEFAULT_FAILURE_FRACTION = 0.005
-#: Ratio between rungs of the variance-reduced ladder (8 rungs cover +2.8%).
-DEFAULT_BETTING_GROWTH = 1.004
 #: Bets per direction evaluated on the calibration sample to choose the bet (a grid of
 #: fractions of the largest admissible bet).
 _BET_GRID = np.geomspace(1e-4, 0.999, 48)
 #: Mixture weights of the range component the certificate chooses from (on the calibration
 #: sample).  The proven range falls about as 1 / weight, the low-variance component keeps
 #: 0.95 - weight: where the range binds (the betting cap 1 / (R - level)) a large weight pays.
-_RANGE_WEIGHTS = (0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9)
+_RANGE_WEIGHTS = (0.1, 0.3, 0.6, 0.9)
+#: ``(range_weight, tilt_weight)`` of the candidates with a tilted component (its order chosen
+#: by its proven range): the tilt bounds the range by a Renyi-moment (Chernoff) bound of the
+#: amplified mechanism, the large-deviations component keeps the rest of the weight.
+_TILT_MIXES = ((0.0, 0.3), (0.0, 0.5), (0.0, 0.7), (0.0, 0.95), (0.1, 0.5))
 #: Sample counts the variance-reduced certificate chooses from when none is given.
 DEFAULT_BETTING_SAMPLES = (1 << 16, 1 << 22)
-#: Allowance for the sampler (Box-Muller radii truncated at mass 2^-53 per pair, 52-bit uniforms;
-#: :mod:`dpjax.montecarlo._normal`): ``(b + 2) 2^-52`` per sample times the largest summand any
-#: proposal with the defensive weight 0.05 can produce (20).  Subtracted from the tested level.
+#: Allowance for the sampler: the total variation between the law the draws have and the ideal
+#: proposal, per sample, times the largest summand any proposal with the defensive weight 0.05
+#: can produce (20).  ``(b + 2) 2^-52``: Box-Muller radii truncated at mass 2^-53 per pair and
+#: 52-bit uniforms (:mod:`dpjax.montecarlo._normal`); ``4 (b + 3)^2 2^-52``: the up to four
+#: inverse-distribution draws of a tilted component's modes (52-bit uniforms, rounding of the
+#: weights and of their cumulative sums).  Subtracted from the tested level.
 def _sampler_allowance(b: int) -> float:
-    return (b + 2) * 2.0 ** -52 * 20.0
+    return ((b + 2) + 4 * (b + 3) ** 2) * 2.0 ** -52 * 20.0
 
 
-def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float) -> float:
-    """Predicted largest true mean (at the pilot's relative variance) that the betting test at
-    ``level`` passes with ``n`` samples, a 15% wealth margin and the best admissible bet
-    (second-order expansion of ``log(1 + x)``); 0 if none.  Planning only: never a bound."""
+def _first_crossing(log_sigmas, wealth, threshold, reach):
+    """Smallest ``log sigma`` where the piecewise-linear interpolation of ``wealth`` (at increasing
+    ``log_sigmas``) reaches ``threshold``, extrapolating the end segments by at most ``reach``;
+    ``(log sigma, slope there)`` or ``None``.  Planning only."""
+    x, y = np.asarray(log_sigmas, np.float64), np.asarray(wealth, np.float64)
+    if not np.all(np.isfinite(y)):
+        return None
+    slopes = np.diff(y) / np.diff(x)
+    if y[0] >= threshold:   # already passing at the first point: extrapolate downwards
+        if slopes[0] <= 0:
+            return x[0], max(slopes[0], 1e-300)
+        return max(x[0] - (y[0] - threshold) / slopes[0], x[0] - reach), slopes[0]
+    for i in range(len(slopes)):
+        if y[i + 1] >= threshold and slopes[i] > 0:
+            return x[i] + (threshold - y[i]) / slopes[i], slopes[i]
+    if slopes[-1] > 0:
+        hit = x[-1] + (threshold - y[-1]) / slopes[-1]
+        if hit <= x[-1] + reach:
+            return hit, slopes[-1]
+    return None
+
+
+def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, log_inv_beta: float,
+                    cap_fraction: float = 0.999) -> float:
+    """Predicted largest true mean (at the pilot's relative variance) at which the betting test
+    at ``level`` reaches ``log_inv_beta`` in expectation with ``n`` samples and the best bet up to
+    ``cap_fraction / (R - level)`` (second-order expansion of ``log(1 + x)``); 0 if none.
+    Planning only: never a bound."""
     if rng <= level:
         return level
     rel = var / mean ** 2 if mean > 0 and var > 0 else math.inf
-    cap = 0.5 / (rng - level)
+    cap = cap_fraction / (rng - level)
 
     def wealth(mu):
         v = rel * mu * mu if math.isfinite(rel) else rng * mu
@@ -377,11 +406,11 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
         return n * (lam * gap - 0.5 * lam * lam * (v + gap * gap))
 
     lo, hi = 0.0, level
-    if wealth(0.0) < 1.15 * log_inv_beta:
+    if wealth(0.0) < log_inv_beta:
         return 0.0
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if wealth(mid) >= 1.15 * log_inv_beta else (lo, mid)
+        lo, hi = (mid, hi) if wealth(mid) >= log_inv_beta else (lo, mid)
     return lo
 
 
@@ -454,13 +483,35 @@ def _proposal_fn():
 
     from dpjax.montecarlo.importance import default_proposal
 
-    return jax.jit(lambda g, s, e, w: default_proposal(g, s, e, range_weight=w))
+    return jax.jit(lambda g, s, e, w, t: default_proposal(g, s, e, range_weight=w, tilt_weights=t))
 
 
-def _proposal(accountant, sigma, eps, range_weight):
+def _proposal(accountant, sigma, eps, range_weight, tilt=(0.0, 0.0, 0.0)):
     with _x64():
-        p = _proposal_fn()(accountant.gram, float(sigma), float(eps), float(range_weight))
+        p = _proposal_fn()(accountant.gram, float(sigma), float(eps), float(range_weight),
+                           np.asarray(tilt, np.float64))
         return type(p)(*(np.asarray(x) for x in p))
+
+
+def _candidates(accountant, sigma, eps):
+    """Proposals the certificate chooses from: ``(range_weight, tilt_weights)``.  The tilt order is
+    the one whose pure tilted component has the smallest proven range at ``(sigma, eps)``."""
+    from dpjax.montecarlo.importance import NUM_TILTS, summand_range
+
+    best, order = math.inf, None
+    for j in range(NUM_TILTS):
+        tilt = np.zeros(NUM_TILTS)
+        tilt[j] = 0.95
+        r = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, 0.0, tilt))[0]
+        if r < best:
+            best, order = r, j
+    out = [(w, np.zeros(NUM_TILTS)) for w in _RANGE_WEIGHTS]
+    if order is not None:
+        for w, t in _TILT_MIXES:
+            tilt = np.zeros(NUM_TILTS)
+            tilt[order] = t
+            out.append((w, tilt))
+    return out
 
 
 def _bets_for(ranges, level, fractions):
@@ -496,52 +547,102 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         if not math.isfinite(sigma):
             raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                              "multiplier in the search range")
-    # 2. Mixture weight of the range component and the sample count, from the calibration
-    #    sample's relative variance (planning only).
-    mean_cal, var_cal = _moments(_sums(accountant, sigma, eps, key_cal, m_cal, prop, devices=devices), m_cal)
+    # 2. The proposal (mixture weights of the range and tilted components) and the sample count:
+    #    for each candidate, the proven range and the summands' moments on (a part of) the
+    #    calibration sample predict the largest mean the test can pass (planning only).
+    prop_cal = prop
+    m_screen = min(m_cal, 1 << 16)
     sizes = [n] if n else [1 << k for k in range(16, 23)]
-    plans = []   # (needed reduction of the binding direction's delta, size, weight, mus, level)
-    for w in _RANGE_WEIGHTS:
-        rng = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w))
-        level = level0 - _sampler_allowance(b)
-        inflate = (0.95 - 0.3) / (0.95 - w)   # the low-variance component's share changes with w
+    plans = []   # (needed reduction of the binding direction's delta, size, proposal, mus, level)
+    level = level0 - _sampler_allowance(b)
+    candidates = [_proposal(accountant, sigma, eps, w, t) for w, t in _candidates(accountant, sigma, eps)]
+    ranges = []
+    for prop_w in candidates:
+        rng = summand_range(accountant.gram, sigma, eps, prop_w)
+        ranges.append(max(rng))
+        if not all(math.isfinite(r) for r in rng):
+            continue
+        mean_w, var_w = _moments(_sums(accountant, sigma, eps, key_cal, m_screen, prop_w, devices=devices),
+                                 m_screen)
         for size in sizes:
-            mus = [_betting_margin(mean_cal[d], var_cal[d] * inflate, rng[d], level, size, log_inv_beta)
-                   for d in range(2)]
-            need = max(mean_cal[d] / max(mus[d], 1e-300) for d in range(2))
-            plans.append((need, size, w, mus, level))
+            mus = [_betting_margin(mean_w[d], var_w[d], rng[d], level, size, log_inv_beta) for d in range(2)]
+            need = max(mean_w[d] / max(mus[d], 1e-300) for d in range(2))
+            plans.append((need, size, prop_w, mus, level))
     good = [p for p in plans if p[0] <= 1.1]
-    if good:   # the smallest size predicted to release within 10% in delta, its best weight
+    if good:   # the smallest size predicted to release within 10% in delta, its best proposal
         size = min(p[1] for p in good)
         best = min((p for p in good if p[1] == size), key=lambda p: p[0])
-    else:
+    elif plans:
         size = max(sizes)
         best = min((p for p in plans if p[1] == size), key=lambda p: p[0])
-    need, n, w, mus, level = best
-    prop = _proposal(accountant, sigma, eps, w)
+    else:
+        best = (math.inf, max(sizes), candidates[0], [0.0, 0.0], level)
+    need, n, prop, mus, level = best
     if not math.isfinite(need) or min(mus) <= 0.0:
         # Not even an all-zero sample would pass: n log(1 + level / (R - level)) < log(K / beta)
-        # (with the planning margin) for the smallest range any weight gives.
-        worst = min(max(summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, w)))
-                    for w in _RANGE_WEIGHTS)
-        required = int(math.ceil(2.3 * log_inv_beta * max(worst - level, 0.0) / level))
+        # for the smallest range any candidate gives.
+        worst = min(ranges)
+        required = int(math.ceil(log_inv_beta * max(worst - level, 0.0) / level))
         raise ValueError(
             f"num_samples = {n} cannot certify target_delta = {target:g} at epsilon = {eps:g}: the "
             f"variance-reduced summands are only proven to be <= {worst:.3g} here, and a betting test "
             f"needs about num_samples >= {required} to pass even at a zero estimate; pass more samples or "
             "method='bernoulli_kl'")
-    # 3. Aim sigma_0 at the predicted passing means (each direction scaled to its own).
+    # 3. Aim at the predicted passing means (each direction scaled to its own): sigma_a.
     scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
-    sigma0 = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, scale)
-    if not math.isfinite(sigma0):
+    sigma_a = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop_cal, scale)
+    if not math.isfinite(sigma_a):
         raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                          "multiplier in the search range")
-    # 4. The bet of each direction: the best of a grid on the calibration sample at sigma_0.
-    rng0 = summand_range(accountant.gram, sigma0, eps, prop)
-    grid = _bets_for(rng0, level, _BET_GRID)
-    pilot = _sums(accountant, sigma0, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
-    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
-    bet = np.array([grid[d, 0, pick[d]] for d in range(2)])
+    # 4. The bet of each direction and the predicted passing point.  The calibration sample's
+    #    log-wealth for every bet of a grid, at three noise multipliers around sigma_a, scaled to
+    #    n draws, predicts the verification wealth as a function of log sigma (piecewise linear,
+    #    extrapolated at most 5% beyond); each direction takes the bet whose predicted wealth
+    #    reaches log(K / beta) at the smallest sigma.  The noise of that prediction (calibration
+    #    and verification draws) sets the rung spacing.
+    points = sigma_a * np.array([0.99, 1.0, 1.01])
+    top_range = np.max([summand_range(accountant.gram, sp, eps, prop) for sp in points], axis=0)
+    grid = _bets_for(top_range, level, _BET_GRID)
+    pilots = [_sums(accountant, sp, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
+              for sp in points]
+    wealth = np.stack([pl["log_wealth"][:, 0, :] for pl in pilots]) * (n / m_cal)   # (3, 2, J)
+    log_pts = np.log(points)
+    bet = np.zeros(2)
+    aims, spreads = [], []
+    for d in range(2):
+        if grid[d, 0, -1] <= 0.0:   # range <= level: passes without a test
+            continue
+        best = None   # (predicted passing log sigma, bet index, slope there)
+        for j in range(grid.shape[-1]):
+            hit = _first_crossing(log_pts, wealth[:, d, j], log_inv_beta, 0.05)
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best = (hit[0], j, hit[1])
+        if best is None:   # no bet is predicted to pass nearby: the largest, aimed at sigma_a (1 + 5%)
+            bet[d] = grid[d, 0, -1]
+            aims.append(float(points[1]) * 1.05)
+            spreads.append(0.004)
+            continue
+        log_aim, j, slope = best
+        bet[d] = grid[d, 0, j]
+        near = int(np.argmin(np.abs(log_pts - log_aim)))
+        _, var_near = _moments(pilots[near], m_cal)
+        sd = bet[d] * math.sqrt(n * var_near[d] * (1.0 + n / m_cal))
+        aims.append(math.exp(log_aim))
+        spreads.append(min(max(sd / slope, 1e-4), 0.02))
+    if aims:
+        top = int(np.argmax(aims))
+        aim, spread = aims[top], spreads[top]
+    else:
+        aim, spread = sigma_a, 0.004
+    # The ladder: rungs 0.75 predicted standard deviations apart (at least 0.05%), the first one
+    # standard deviation below the predicted passing point, so that 8 rungs cover it from -1 to
+    # +4.25 standard deviations (the prediction's noise is estimated, and the bet chosen on the
+    # same calibration sample is slightly optimistic).
+    if growth is None:
+        growth = math.exp(max(0.75 * spread, math.log(1.0005)))
+        sigma0 = aim * math.exp(-spread)
+    else:
+        sigma0 = aim
     # 5. Verify the pre-committed ladder on the independent verification sample.
     released, tries, last = math.inf, 0, None
     for j in range(rungs):
@@ -658,9 +759,14 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
     level); the calibration sample comes from ``fold_in(key, 0)``, the verification sample from
     ``fold_in(key, 1)``:
 
-    1. ``sigma_0``: the estimate on the calibration sample (``calibration_samples`` draws, default
-       ``num_samples // 4``) solved at the level the verification is predicted to pass.  Everything
-       the verification uses -- ``sigma_0``, the ladder, the proposal, the bets, the sample count
+    1. Planning on the calibration sample (``calibration_samples`` draws, default
+       ``num_samples // 4``).  ``"bernoulli_kl"``: ``sigma_0`` is the estimate solved at
+       ``base_delta``.  ``"importance_betting"``: the proposal (among candidates with and without
+       a tilted component, by the largest mean the test is predicted to pass given the proven
+       range and the summands' variance), each direction's bet and ``sigma_0`` (the calibration
+       sample's log-wealth of a grid of bets at three noise multipliers predicts where the
+       verification passes; the rungs are spaced by that prediction's noise).  Everything the
+       verification uses -- ``sigma_0``, the ladder, the proposal, the bets, the sample count
        -- is fixed here, before the verification sample is drawn.
     2. The ladder ``sigma_j = sigma_0 growth^j``, ``j < rungs``: the first rung whose tests pass
        (both adjacency directions) on the verification sample (``num_samples`` draws) is released.
@@ -679,8 +785,11 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
       num_samples: verification samples (``None``: ``"bernoulli_kl"`` the smallest power of two
         whose base delta is 0.4 target (:func:`default_samples`); ``"importance_betting"`` the
         smallest power of two in ``[2^16, 2^22]`` predicted (from the calibration sample) to
-        release within 3% of the calibration estimate).
-      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``, 1.004 otherwise).
+        pass at a mean within 10% of the calibration estimate's delta).
+      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``; ``"importance_betting"``:
+        0.75 predicted standard deviations of the passing point, at least 1.0005, with ``sigma_0``
+        one standard deviation below it; a given ``growth`` starts the ladder at the predicted
+        passing point).
       method: ``"importance_betting"`` (default) or ``"bernoulli_kl"``.
 
     Raises:
@@ -695,11 +804,12 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
         num_samples = _validate.positive_int("num_samples", num_samples)
     if calibration_samples is not None:
         calibration_samples = _validate.positive_int("calibration_samples", calibration_samples)
-    if growth is None:
-        growth = DEFAULT_LADDER_GROWTH if method == "bernoulli_kl" else DEFAULT_BETTING_GROWTH
-    growth = float(_validate.positive("growth", growth))
-    if not growth > 1.0:
-        raise ValueError(f"growth must be > 1, got {growth}")
+    if growth is None and method == "bernoulli_kl":
+        growth = DEFAULT_LADDER_GROWTH
+    if growth is not None:
+        growth = float(_validate.positive("growth", growth))
+        if not growth > 1.0:
+            raise ValueError(f"growth must be > 1, got {growth}")
     if method == "bernoulli_kl":
         if num_samples is None:
             num_samples = default_samples(target, rungs)

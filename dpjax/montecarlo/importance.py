@@ -15,6 +15,20 @@ a shift of every mode along itself (``theta``: the tail of one mode) and along t
 nearly orthogonal and ``b`` is large); ``theta = t = 0`` is ``P`` itself (the defensive
 component).  The summand is ``(p/r)(X) h(Y(X))`` with ``X ~ R``.
 
+**Tilted components (P || Q, certificates).**  ``T_k = Q (P/Q)^k / Z_k``, ``Z_k = E_Q[(P/Q)^k]``,
+for ``k`` in ``TILT_ORDERS = (2, 3, 4)``, at the evaluated ``sigma``.  Expanding ``(P/Q)^k`` makes
+``T_k`` the mixture over ordered tuples ``(i_1..i_k)`` of ``N(m_{i_1} + .. + m_{i_k}, sigma^2 I_n)``
+with weights ``prod_{a<c} exp(<m_{i_a}, m_{i_c}> / sigma^2)``, so ``Z_k`` is a finite sum over the
+Gram matrix and ``T_k`` can be sampled exactly (the tuple mode by mode from its conditional
+weights).  Its likelihood ratio depends on ``X`` only through the loss: ``T_k / P = e^{(k-1) Y} /
+Z_k``, so the summand of a proposal with weight ``pi_k`` on it is at most ``Z_k h(Y) e^{-(k-1) Y} /
+pi_k`` on *every* draw -- a Renyi-moment (Chernoff) bound of the amplified mechanism, where
+the per-mode shifts only give the unamplified one.  The tuple uses ``TILT_WORDS`` uniforms per
+sample from their own stream (:func:`tilt_key`), so the other draws are those of the untilted
+estimator.  The tuple law moves with ``sigma``: for fixed draws the estimate is piecewise smooth
+in ``sigma`` (no common-random-numbers gradient through the tuples); the in-loop estimators use
+untilted proposals.
+
 **Q || P (add).**  ``delta = E_Q[h(Y')]`` with ``Y' = log Q/P (X)``; proposal
 ``sum_k pi'_k N(-s_k vbar, sigma^2 I_n)`` (``s = 0``: ``Q``).  The loss is large where every mode's
 likelihood is small at once, i.e. ``X`` far along ``-vbar``.
@@ -26,15 +40,17 @@ sample costs the same ``O(b^2)`` as the plain one plus one ``logsumexp`` over ``
 
 **Draws.**  Sample ``s`` uses ``(I_s, U_s, u_s)``: the mode index, ``b`` normals and one uniform that
 picks the component (of each direction, by its cumulative weights).  They come from PRNG block
-``s // BLOCK_SIZE`` (``fold_in(key, block)``) and depend only on ``(key, b, s)``; the proposal
-parameters are numbers in ``x``-units fixed by the caller, so for fixed draws and proposal the
-estimate is a smooth function of ``(sigma, G, eps)``: ``jax.grad`` gives the common-random-numbers
-gradient, as for the plain estimator.
+``s // BLOCK_SIZE`` (``fold_in(key, block)``) and depend only on ``(key, b, s)`` (a tilted
+component's tuple also on ``TILT_WORDS`` uniforms of block ``s // BLOCK_SIZE`` of :func:`tilt_key`);
+the parameters of the shifted components are numbers in ``x``-units fixed by the caller, so for
+fixed draws and an untilted proposal the estimate is a smooth function of ``(sigma, G, eps)``:
+``jax.grad`` gives the common-random-numbers gradient, as for the plain estimator.
 
 **Range of the summands** (:func:`summand_range`).  A certificate needs an upper bound ``R`` of the
-summands that holds for *every* draw (docs/design.md §4): for P||Q from the components with
-``t = 0`` (power-mean inequality), for Q||P from every component (Jensen), each a closed-form
-function of ``Y``, maximised over ``Y > eps`` on a grid with monotone brackets.
+summands that holds for *every* draw (docs/design.md §4): for P||Q from the tilted components
+(exact) and the components with ``t = 0`` (power-mean inequality), for Q||P from every component
+(Jensen), each a closed-form function of ``Y``, maximised over ``Y > eps`` on a grid with monotone
+brackets.
 """
 
 from __future__ import annotations
@@ -55,20 +71,30 @@ from dpjax.montecarlo.core import (BLOCK_SIZE, _block_words_fn, _logsumexp_rows,
 __all__ = ["Proposal", "ImportanceSums", "importance_draws", "importance_summands",
            "importance_sums", "sharded_importance_sums", "importance_delta_estimate",
            "importance_delta_from_projections", "summand_range", "default_proposal",
-           "NUM_COMPONENTS"]
+           "tilt_log_normalizers", "tilt_draw_block", "tilt_key", "NUM_COMPONENTS", "TILT_ORDERS",
+           "NUM_TILTS"]
 
 #: Components per direction (fixed, so that compiled programs do not depend on the proposal).
 NUM_COMPONENTS = 3
+#: Orders ``k`` of the tilted components ``Q (P/Q)^k / Z_k`` of P||Q (``Proposal.fwd_tilt``).
+TILT_ORDERS = (2, 3, 4)
+NUM_TILTS = len(TILT_ORDERS)
+#: Uniforms per sample that choose a tilted component's tuple of modes (one per mode).
+TILT_WORDS = 4
 
 
 class Proposal(NamedTuple):
     """Parameters of the proposal of both directions (a pytree of ``(NUM_COMPONENTS,)`` arrays).
 
-    ``fwd_weight`` / ``rev_weight``: mixture weights (each sums to 1; zeros allowed).
+    ``fwd_weight`` / ``rev_weight``: mixture weights (``fwd_weight`` and ``fwd_tilt`` together sum
+    to 1, ``rev_weight`` sums to 1; zeros allowed).
     ``fwd_theta`` (``>= 0``), ``fwd_shift`` (``t >= 0``): component ``k`` of P||Q is
     ``(1/b) sum_J N((1 + theta_k) m_J + t_k vbar, sigma^2 I)``.  ``rev_shift`` (``s >= 0``):
     component ``k`` of Q||P is ``N(-s_k vbar, sigma^2 I)``.  Component 0 should be the defensive
-    one (``theta = t = s = 0``: the plain law).
+    one (``theta = t = s = 0``: the plain law).  ``fwd_tilt`` (``(NUM_TILTS,)``, default 0): weights
+    of the tilted components of P||Q of orders ``TILT_ORDERS = (2, 3, 4)``, the laws
+    ``Q (P/Q)^k / Z_k`` at the evaluated noise multiplier (see the module docstring); only the
+    chunked sums (:func:`importance_sums`) draw them.
     """
 
     fwd_weight: jax.Array
@@ -76,6 +102,7 @@ class Proposal(NamedTuple):
     fwd_shift: jax.Array
     rev_weight: jax.Array
     rev_shift: jax.Array
+    fwd_tilt: jax.Array = (0.0, 0.0, 0.0)
 
 
 class ImportanceSums(NamedTuple):
@@ -96,6 +123,14 @@ def _as_proposal(proposal) -> Proposal:
     return Proposal(*(jnp.asarray(x, jnp.float64) for x in proposal))
 
 
+def _check_untilted(proposal):
+    """The materialised-draws path has no tilt uniforms: refuse a concrete non-zero ``fwd_tilt``."""
+    tilt = proposal.fwd_tilt
+    if not isinstance(tilt, jax.core.Tracer) and np.any(np.asarray(tilt) != 0):
+        raise ValueError("proposal.fwd_tilt must be 0 with materialised draws (importance_summands, "
+                         "importance_delta_from_projections); tilted components need importance_sums")
+
+
 # --------------------------------------------------------------------------- draws
 
 
@@ -108,6 +143,20 @@ def draw_block(key, block_index, b: int):
     u = normal_from_bits(words[:, : 2 * half], b)
     mode_index = jnp.minimum(jnp.floor(uniform_open(words[:, 2 * half]) * b), b - 1).astype(jnp.int32)
     return mode_index, u, uniform_open(words[:, 2 * half + 1])
+
+
+def tilt_draw_block(tilt_key, block_index):
+    """The tilt uniforms of one block: ``(BLOCK_SIZE, TILT_WORDS)`` in ``(0, 1)`` from
+    ``fold_in(tilt_key, block_index)`` (``tilt_key``: :func:`tilt_key` of the sampler's key).
+    Drawn from their own stream, so the other draws of a sample do not depend on them."""
+    words = _block_words_fn(TILT_WORDS, BLOCK_SIZE)(jax.random.key_data(tilt_key), block_index)
+    return uniform_open(words)
+
+
+def tilt_key(key):
+    """The key of the tilt uniforms' stream: the second half of ``split(key)`` (the other draws
+    use ``fold_in(key, block)``)."""
+    return jax.random.split(key)[1]
 
 
 @float64
@@ -140,8 +189,74 @@ def _hockey(y, eps):
     return -jnp.expm1(jnp.minimum(eps[None, :] - y[:, None], 0.0))
 
 
-def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal):
-    """Both directions' summands ``(S, K)`` from ``W = U L^T`` ``(S, b)`` (``W ~ N(0, G)``)."""
+def _categorical_rows(u, weights):
+    """Index ``j`` of each row of non-negative ``weights`` ``(S, b)`` picked by ``u`` ``(S,)``:
+    ``cum_{j-1} < u cum_{b-1} <= cum_j`` (inverse distribution function)."""
+    cum = jnp.cumsum(weights, axis=1)
+    idx = jnp.sum(cum < u[:, None] * cum[:, -1:], axis=1)
+    return jnp.minimum(idx, weights.shape[1] - 1)
+
+
+#: Largest ``b`` for which the order-4 tilt's tables (``O(b^4)`` flops, ``O(b^3)`` memory) are built.
+TILT4_MAX_B = 256
+
+
+def _tilt_tables(gram, sigma, tilt):
+    """Tables of the tilted components at ``(G, sigma)``: ``A = exp(G / sigma^2 - a)`` (``a`` the
+    largest entry of ``G / sigma^2``, a diagonal one), ``log Z_k`` ``(NUM_TILTS,)``, the first
+    mode's weights ``(NUM_TILTS, b)`` and the pair weights ``(NUM_TILTS, b, b)``.
+
+    The order-``k`` law ``Q (P/Q)^k / Z_k`` is the mixture over ordered tuples ``(i_1..i_k)`` of
+    ``N(m_{i_1} + .. + m_{i_k}, sigma^2 I)`` with weights ``prod_{a<c} exp(G[i_a, i_c] / sigma^2)``
+    (expand ``(P/Q)^k`` and complete the squares), so ``Z_k = b^-k sum_tuples prod exp(G/sigma^2)``.
+    Sequential sampling: the pair ``(i_1, i_2)`` has weight ``A_12 S_12`` with ``S = 1`` (k = 2),
+    ``sum_l A_1l A_2l`` (k = 3), ``sum_{l,m} A_1l A_2l A_1m A_2m A_lm`` (k = 4); then ``i_3``
+    given the pair ``A_13 A_23 (sum_m A_1m A_2m A_3m)`` (k = 4) or ``A_13 A_23`` (k = 3), and
+    ``i_4`` given three ``A_14 A_24 A_34``.
+    """
+    b = gram.shape[0]
+    a_max = jnp.max(gram) / (sigma * sigma)
+    a = jnp.exp(gram / (sigma * sigma) - a_max)
+    s3 = a @ a
+
+    def order4(_):
+        v = (a[:, None, :] * a[None, :, :]).reshape(b * b, b)
+        return jnp.sum((v @ a) * v, axis=1).reshape(b, b)
+
+    if b <= TILT4_MAX_B:
+        s4 = jax.lax.cond(tilt[2] > 0, order4, lambda _: jnp.ones((b, b)), None)
+    else:
+        s4 = jnp.full((b, b), jnp.nan)   # order 4 unavailable: a non-zero weight gives +inf summands
+    pair = jnp.stack([a, a * s3, a * s4])
+    first = jnp.sum(pair, axis=2)
+    pairs = jnp.array([1.0, 3.0, 6.0])
+    orders = jnp.array(TILT_ORDERS, jnp.float64)
+    log_z = jnp.log(jnp.sum(first, axis=1)) + pairs * a_max - orders * math.log(b)
+    return a, log_z, first, pair, tilt[2] > 0
+
+
+def _tilt_centres(gram, tables, order_index, u):
+    """``<m_{i_1} + .. + m_{i_k}, m_i>`` ``(S, b)`` of each sample's tuple, ``k = TILT_ORDERS[order_index]``."""
+    a, _, first, pair, use4 = tables
+    i1 = _categorical_rows(u[:, 0], first[order_index])
+    i2 = _categorical_rows(u[:, 1], pair[order_index, i1])
+    v = a[i1] * a[i2]
+    va = jax.lax.cond(use4, lambda x: x @ a, jnp.ones_like, v)   # (S, b) products only for order 4
+    w3 = jnp.where((order_index == 2)[:, None], v * va, v)
+    i3 = _categorical_rows(u[:, 2], w3)
+    i4 = _categorical_rows(u[:, 3], v * a[i3])
+    centre = gram[i1] + gram[i2]
+    centre = centre + jnp.where((order_index >= 1)[:, None], gram[i3], 0.0)
+    return centre + jnp.where((order_index >= 2)[:, None], gram[i4], 0.0)
+
+
+def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal, tilt_uniforms=None,
+              tilt_tables=None):
+    """Both directions' summands ``(S, K)`` from ``W = U L^T`` ``(S, b)`` (``W ~ N(0, G)``).
+
+    ``tilt_uniforms`` ``(S, TILT_WORDS)`` and ``tilt_tables`` (:func:`_tilt_tables`): the tilted
+    components of P||Q are drawn and counted only when given (else ``fwd_tilt`` is ignored: it
+    must be 0)."""
     b = gram.shape[0]
     d = jnp.diagonal(gram)
     g = jnp.mean(gram, axis=1)          # <vbar, m_i>
@@ -149,11 +264,19 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal)
     s2 = sigma * sigma
     log_b = math.log(b)
     sw = sigma * projections
+    tilted = tilt_uniforms is not None
 
-    # ---- P || Q: X = (1 + theta_k) m_I + t_k vbar + sigma Z
-    kf = _component(comp_uniform, proposal.fwd_weight)
-    th, tt = proposal.fwd_theta[kf], proposal.fwd_shift[kf]
-    proj = (1.0 + th)[:, None] * jnp.take(gram, mode_index, axis=0) + tt[:, None] * g[None, :] + sw
+    # ---- P || Q: X = (1 + theta_k) m_I + t_k vbar + sigma Z, or a tilted component's tuple
+    weights = jnp.concatenate([proposal.fwd_weight, proposal.fwd_tilt]) if tilted else proposal.fwd_weight
+    kf = _component(comp_uniform, weights)
+    kc = jnp.minimum(kf, NUM_COMPONENTS - 1)
+    th, tt = proposal.fwd_theta[kc], proposal.fwd_shift[kc]
+    centre = (1.0 + th)[:, None] * jnp.take(gram, mode_index, axis=0) + tt[:, None] * g[None, :]
+    if tilted:
+        order_index = jnp.clip(kf - NUM_COMPONENTS, 0, NUM_TILTS - 1)
+        centre = jnp.where((kf >= NUM_COMPONENTS)[:, None],
+                           _tilt_centres(gram, tilt_tables, order_index, tilt_uniforms), centre)
+    proj = centre + sw
     ell = (proj - 0.5 * d[None, :]) / s2
     log_p = _logsumexp_rows(ell) - log_b                      # log P/Q (X) = Y
     xbar = jnp.mean(proj, axis=1)                              # <X, vbar>
@@ -163,6 +286,11 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal)
         norm = 0.5 * (a * a * d + 2.0 * a * t * g + t * t * v)
         logits = (a * proj + t * xbar[:, None] - norm[None, :]) / s2
         terms.append(_log(proposal.fwd_weight[k]) + _logsumexp_rows(logits) - log_b)
+    if tilted:   # log (Q (P/Q)^k / Z_k) / Q = k Y - log Z_k
+        log_z = tilt_tables[1]
+        for j, order in enumerate(TILT_ORDERS):
+            terms.append(jnp.where(proposal.fwd_tilt[j] > 0,
+                                   _log(proposal.fwd_tilt[j]) + order * log_p - log_z[j], -jnp.inf))
     log_r = _logsumexp_rows(jnp.stack(terms, axis=-1))        # log R/Q (X)
     w_f = jnp.exp(log_p - log_r)
     x_f = w_f[:, None] * _hockey(log_p, eps)
@@ -193,9 +321,11 @@ def importance_summands(gram, projections, mode_index, comp_uniform, noise_multi
     Differentiable in ``gram``, ``projections``, ``noise_multiplier`` and ``epsilon``.
     """
     eps = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
+    proposal = _as_proposal(proposal)
+    _check_untilted(proposal)
     return _summands(jnp.asarray(gram, jnp.float64), jnp.asarray(projections, jnp.float64), mode_index,
                      jnp.asarray(comp_uniform, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64),
-                     eps, _as_proposal(proposal))
+                     eps, proposal)
 
 
 @float64
@@ -215,15 +345,16 @@ def importance_delta_from_projections(gram, projections, mode_index, comp_unifor
 # --------------------------------------------------------------------------- chunked sums
 
 
-def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, proposal, bets, levels, *,
+def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, proposal, bets, levels, tables, *,
                 num_samples, chunk_blocks):
     b = gram.shape[0]
     block_ids = first_block + jnp.arange(chunk_blocks)
     mode_index, u, cu = jax.vmap(lambda j: draw_block(key, j, b))(block_ids)
     mode_index, u, cu = mode_index.reshape(-1), u.reshape(-1, b), cu.reshape(-1)
+    tu = jax.vmap(lambda j: tilt_draw_block(tilt_key(key), j))(block_ids).reshape(-1, TILT_WORDS)
     sample_ids = (block_ids[:, None] * BLOCK_SIZE + jnp.arange(BLOCK_SIZE)[None, :]).reshape(-1)
     valid = (sample_ids < num_samples)[:, None]
-    x_f, x_r = _summands(gram, u @ sqrt_gram.T, mode_index, cu, sigma, epsilon, proposal)
+    x_f, x_r = _summands(gram, u @ sqrt_gram.T, mode_index, cu, sigma, epsilon, proposal, tu, tables)
     x = jnp.stack([jnp.where(valid, x_f, 0.0), jnp.where(valid, x_r, 0.0)])   # (2, S, K)
     total = x.sum(axis=1)
     total_sq = (x * x).sum(axis=1)
@@ -240,10 +371,11 @@ def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, proposal, be
     body_fn = jax.checkpoint(functools.partial(_chunk_sums, num_samples=num_samples,
                                                chunk_blocks=chunk_blocks))
     k, j = epsilon.shape[0], bets.shape[-1]
+    tables = _tilt_tables(gram, sigma, proposal.fwd_tilt)
 
     def body(carry, c):
         t, t2, mx, lw = body_fn(gram, sqrt_gram, sigma, epsilon, key, (chunk_offset + c) * chunk_blocks,
-                                proposal, bets, levels)
+                                proposal, bets, levels, tables)
         return (carry[0] + t, carry[1] + t2, jnp.maximum(carry[2], mx), carry[3] + lw), None
 
     init = (jnp.zeros((2, k)), jnp.zeros((2, k)), jnp.zeros((2, k)), jnp.zeros((2, k, j)))
@@ -423,13 +555,15 @@ def _range_shift(gram, sigma, eps):
 
 @float64
 def default_proposal(gram, noise_multiplier, epsilon, *, range_weight: float = 0.0,
-                     defensive_weight: float = 0.05) -> Proposal:
+                     defensive_weight: float = 0.05, tilt_weights=(0.0, 0.0, 0.0)) -> Proposal:
     """A proposal for ``(G, sigma, eps)`` (jittable; pure function of its inputs).
 
     Component 0: the plain law (``defensive_weight``).  Component 2: the large-deviations shift,
-    the cheapest ``(theta, t)`` / ``s`` that brings the typical loss to ``eps`` (low variance).
-    Component 1 (``range_weight``): the shift that minimises the closed-form bound of the
-    summands (:func:`summand_range`): a certificate's range; 0 for estimates.
+    the cheapest ``(theta, t)`` / ``s`` that brings the typical loss to ``eps`` (low variance;
+    P||Q: weight ``1 - defensive - range - sum(tilt_weights)``).  Component 1
+    (``range_weight``): the shift that minimises the closed-form bound of the summands
+    (:func:`summand_range`): a certificate's range; 0 for estimates.  ``tilt_weights``: P||Q's
+    tilted components of orders ``TILT_ORDERS`` (certificates, with :func:`importance_sums`).
     """
     gram = jnp.asarray(gram, jnp.float64)
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
@@ -438,11 +572,13 @@ def default_proposal(gram, noise_multiplier, epsilon, *, range_weight: float = 0
     s_v = _ld_reverse(gram, sigma, eps)
     th_u, s_u = _range_theta(gram, sigma, eps), _range_shift(gram, sigma, eps)
     a0, a1 = defensive_weight, range_weight
+    tilt = jnp.asarray(tilt_weights, jnp.float64)
     w = jnp.array([a0, a1, 1.0 - a0 - a1])
+    w_fwd = jnp.array([a0, a1, jnp.maximum(1.0 - a0 - a1 - jnp.sum(tilt), 0.0)])
     zero = jnp.zeros(())
-    return Proposal(fwd_weight=w, fwd_theta=jnp.stack([zero, th_u, th_v]),
+    return Proposal(fwd_weight=w_fwd, fwd_theta=jnp.stack([zero, th_u, th_v]),
                     fwd_shift=jnp.stack([zero, zero, t_v]), rev_weight=w,
-                    rev_shift=jnp.stack([zero, s_u, s_v]))
+                    rev_shift=jnp.stack([zero, s_u, s_v]), fwd_tilt=tilt)
 
 
 # --------------------------------------------------------------------------- range
@@ -479,6 +615,28 @@ def _sup_ratio(eps: float, const: float, coef: np.ndarray, rate: np.ndarray) -> 
     return float(math.exp(max(inner, tail)))
 
 
+def tilt_log_normalizers(gram, noise_multiplier: float, orders=TILT_ORDERS) -> dict:
+    """``{k: log Z_k}``, ``Z_k = E_Q[(P/Q)^k] = b^-k sum_{i_1..i_k} exp(sum_{a<c} G[i_a, i_c] / sigma^2)``
+    (host-side, NumPy float64; the same sums as the sampler's tables)."""
+    g = np.asarray(gram, np.float64) / float(noise_multiplier) ** 2
+    b = g.shape[0]
+    a_max = float(np.max(g))
+    a = np.exp(g - a_max)
+    out = {}
+    for k in orders:
+        if k == 2:
+            total = np.sum(a)
+        elif k == 3:
+            total = np.sum(a * (a @ a))
+        elif k == 4:
+            v = (a[:, None, :] * a[None, :, :]).reshape(b * b, b)
+            total = np.sum(a.reshape(-1) * np.sum((v @ a) * v, axis=1))
+        else:
+            raise ValueError(f"tilt orders are {TILT_ORDERS}, got {k}")
+        out[k] = math.log(total) + k * (k - 1) / 2 * a_max - k * math.log(b)
+    return out
+
+
 def summand_range(gram, noise_multiplier: float, epsilon: float, proposal) -> tuple[float, float]:
     """Upper bounds ``(R_remove, R_add)`` on every summand of :func:`importance_summands` at
     ``(G, sigma, eps)`` (host-side, NumPy; a ``1 + 1e-9`` factor covers round-off).
@@ -492,7 +650,8 @@ def summand_range(gram, noise_multiplier: float, epsilon: float, proposal) -> tu
     e^{theta Y})``.  Q||P: by Jensen ``mean_i l_i <= log (1/b) sum_i e^{l_i} = -Y'``, so
     ``<X, vbar> <= -sigma^2 Y' + mean(G_ii)/2`` and component ``k``'s ratio ``N(-s vbar)/Q`` is at
     least ``exp(s Y' - s mean(G_ii)/(2 sigma^2) - s^2 v/(2 sigma^2))``.  Both maxima over the loss
-    ``> eps`` by :func:`_sup_ratio`.
+    ``> eps`` by :func:`_sup_ratio`.  A tilted component of order ``k`` has ``R_k/P = e^{(k-1) Y} / Z_k``
+    exactly (:func:`tilt_log_normalizers`): the term ``pi_k e^{(k-1) Y} / Z_k`` of the denominator.
     """
     g = np.asarray(gram, np.float64)
     sigma, eps = float(noise_multiplier), float(epsilon)
@@ -510,6 +669,16 @@ def summand_range(gram, noise_multiplier: float, epsilon: float, proposal) -> tu
             log_k = a.max() + math.log(np.sum(np.exp(a - a.max())))
             coef.append(math.exp(min(math.log(p.fwd_weight[k]) + th * math.log(b) - th * log_k, 700.0)))
             rate.append(th)
+    tilt = np.asarray(p.fwd_tilt, np.float64)
+    used = [k for j, k in enumerate(TILT_ORDERS) if tilt[j] > 0]
+    if used:
+        if 4 in used and b > TILT4_MAX_B:
+            return math.inf, math.inf
+        log_z = tilt_log_normalizers(g, sigma, used)
+        for j, k in enumerate(TILT_ORDERS):
+            if tilt[j] > 0:   # R_k / P = e^{(k-1) Y} / Z_k exactly
+                coef.append(math.exp(min(math.log(tilt[j]) - log_z[k], 700.0)))
+                rate.append(float(k - 1))
     r_f = _sup_ratio(eps, const, np.array(coef), np.array(rate))
     # Q || P
     v = float(np.mean(g))
