@@ -244,3 +244,35 @@ def test_verbose_adds_the_details_and_progress_names_the_stages(capsys, monkeypa
     # Where stderr is a log (not a terminal): one line per stage, no carriage returns.
     assert "dpjax optimize: optimizing C: 3 optimizer steps" in err and "certify:" in err and "\r" not in err
     assert _progress.get_progress()[0] is None
+
+
+def _readme_example() -> str:
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return text.split("It prints\n\n```text\n", 1)[1].split("\n```", 1)[0]
+
+
+def _shape(text: str) -> str:
+    """``text`` with every number masked and whitespace normalised (numbers differ across machines)."""
+    return " ".join(re.sub(r"\d[\d.,]*(e[+-]?\d+)?", "#", text).split())
+
+
+def test_the_readme_shows_the_certified_sigma_the_certificate_and_the_file():
+    text = _readme_example()
+    assert re.search(r"^Train with noise multiplier sigma = [\d.]+ \(certified\)\.$", text, re.M)
+    sentence = _paragraph(text, "Certificate: ")
+    assert _sentences(sentence) == 1 and "importance_betting" in sentence
+    assert re.search(r"on [\d,]+ fresh samples, with failure probability at most \S+ \(included in delta\)\.$",
+                     sentence)
+    assert _paragraph(text, "Saved to ").startswith("Saved to dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json (")
+    assert _sentences(_paragraph(text, "Diagnostic only")) == 1
+
+
+@pytest.mark.slow
+def test_the_example_prints_what_the_readme_shows(tmp_path, capsys):
+    assert main(["optimize", "--example"]) == 0
+    text = capsys.readouterr().out
+    got = check_practitioner_text(text, tmp_path)
+    assert got["path"] == "dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json"
+    assert _shape(text) == _shape(_readme_example())
