@@ -1,6 +1,6 @@
 """The README's first command, ``dpjax optimize --example``: wall time with a warm compilation cache.
 
-Each run is a fresh process (``python -m dpjax optimize --example --json --quiet``) with the
+Each run is a fresh process (``python -m dpjax optimize --example --json --quiet --no-save``) with the
 persistent compilation cache in a private directory (``DPJAX_COMPILATION_CACHE=<tmp>``), warmed
 by one unmeasured run per variant.  Two variants alternate, so that they see the same machine
 state:
@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from _meta import run_metadata
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "bench_example.json")
 VARIANTS = {
@@ -42,7 +44,8 @@ def run(extra, cache):
     env = dict(os.environ, DPJAX_COMPILATION_CACHE=cache)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "dpjax", "optimize", "--example", "--json", "--quiet", *extra],
+    out = subprocess.run([sys.executable, "-m", "dpjax", "optimize", "--example", "--json", "--quiet", "--no-save",
+                          *extra],
                          env=env, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     secs = time.perf_counter() - t0
     if out.returncode != 0:
@@ -73,6 +76,7 @@ def main():
     for name, v in result["variants"].items():
         v["median_seconds"] = statistics.median(r["seconds"] for r in v["runs"])
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    result["meta"] = run_metadata(__file__)
     with open(RESULTS, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v["median_seconds"] for k, v in result["variants"].items()}))

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 
+from _meta import run_metadata
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VMAP = r"""
@@ -132,6 +134,9 @@ def main():
         print(f"B1 steady state: head {b['head_median_s'] * 1e3:.1f} ms, baseline {b['baseline_median_s'] * 1e3:.1f} ms "
               f"(ratio {b['ratio_head_over_baseline']:.3f})")
     result["load_average_after"] = os.getloadavg()
+    result["note"] = ("2-core CPU shared with other jobs (load averages before and after recorded): compare the two "
+                      "rows of one run, measured alternately in one process.")
+    result["meta"] = run_metadata(__file__)
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "benchmarks", "results", "bench_traced.json"), "w") as fh:
         json.dump(result, fh, indent=1)

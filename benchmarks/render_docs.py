@@ -513,6 +513,76 @@ def render_fig5(d: dict) -> Rendered:
     return Rendered(title, body, "fig5_samples.py")
 
 
+def render_example(d: dict) -> Rendered:
+    """``bench_example.py``: wall time of ``dpjax optimize --example`` per variant, warm cache."""
+    rows = []
+    for name, v in d["variants"].items():
+        runs = v.get("runs") or []
+        first = runs[0] if runs else {}
+        rows.append([name, " ".join(v.get("args") or []) or "(the defaults)", seconds(v.get("warmup", {}).get("seconds")),
+                     seconds(v.get("median_seconds")), ", ".join(seconds(r["seconds"]) for r in runs),
+                     num(first.get("noise_multiplier"), 5), first.get("method") or "-",
+                     num(first.get("certificate_samples"))])
+    body = ("Fresh processes of `python -m dpjax optimize --example --json --quiet --no-save` (plus the variant's "
+            "arguments), each variant's runs alternating with the other's, the persistent compilation cache in a "
+            "private directory: the first run of each variant fills it (its time includes XLA's compilations), the "
+            "runs after it find it warm.\n\n"
+            + table(["variant", "arguments", "first run (empty cache)", "warm: median", "warm: every run",
+                     "certified sigma", "certificate", "certificate samples"], rows))
+    return Rendered("The example: wall time", body, "bench_example.py")
+
+
+def render_example_memory(d: dict) -> Rendered:
+    """``bench_example_memory.py``: peak RSS of ``dpjax optimize --example``, this version against a baseline."""
+    rows = []
+    for name, v in d["versions"].items():
+        warm = v.get("warm") or []
+        rows.append([name if name == "head" else f"baseline ({d.get('baseline_commit')})",
+                     num(v["cold"]["peak_rss_mib"]), seconds(v["cold"]["seconds"]),
+                     num(v.get("warm_peak_rss_mib_median")), ", ".join(num(r["peak_rss_mib"]) for r in warm),
+                     ", ".join(seconds(r["seconds"]) for r in warm), num(v["cold"].get("noise_multiplier"), 5)])
+    body = ("Peak resident set size of one fresh `python -m dpjax optimize --example --json --quiet` process "
+            "(`--no-save` where the version has it), read from the kernel when it exits (`os.wait4`).  Cold: the "
+            "first run with an empty private compilation cache; warm: the runs after it, alternating between the "
+            "versions.\n\n"
+            + table(["version", "cold peak MiB", "cold time", "warm peak MiB (median)", "warm peaks MiB",
+                     "warm times", "certified sigma"], rows)
+            + f"\n\nPeak RSS, this version over the baseline: {ratio(d.get('warm_peak_ratio_head_over_baseline'))} "
+              f"warm, {ratio(d.get('cold_peak_ratio_head_over_baseline'))} cold.")
+    return Rendered("The example: peak memory", body, "bench_example_memory.py")
+
+
+def render_traced(d: dict) -> Rendered:
+    """``bench_traced.py``: ``jax.vmap`` over 64 noise multipliers against 64 eager calls, the first
+    gradients, and the single call's steady state against a baseline commit."""
+    v = d["vmap_64"]
+    med = v["median"]
+    rows = [["64 eager calls (a Python loop)", seconds(v["eager_first_s"]), seconds(med["eager_wall_s"]),
+             seconds(med["eager_cpu_s"]), "-", "-"],
+            ["jax.jit(jax.vmap(dpjax.dpsgd_epsilon)) over 64", seconds(v["vmap_first_s"]), seconds(med["vmap_wall_s"]),
+             seconds(med["vmap_cpu_s"]), ratio(v["speedup_wall"]), ratio(v["speedup_cpu"])]]
+    parts = [str(d.get("note") or "").strip(),
+             "`dpsgd_epsilon(sigma, 0.01, 1000, 1e-5)` for 64 noise multipliers in `linspace(0.9, 1.2, 64)`, x64 on; "
+             f"largest relative difference between the batch and the eager calls: {num(v['max_rel_diff'])}.  Steady "
+             f"state: the median of {len(v['repeats'])} alternating timings of each after both are compiled; CPU: the "
+             "process's CPU time.",
+             table(["run", "first call", "steady wall", "steady CPU", "speed-up (wall)", "speed-up (CPU)"], rows)]
+    g = d.get("first_grad")
+    if g:
+        parts.append(table(["first gradient (after one eager call)", "seconds"], [
+            ["jax.grad(dpsgd_epsilon) in sigma", seconds(g["grad_epsilon_first_s"])],
+            ["the same at a second point", seconds(g["grad_epsilon_second_point_s"])],
+            ["jax.grad(dpsgd_noise_multiplier) in epsilon", seconds(g["grad_noise_multiplier_first_s"])]]))
+    b = d.get("b1")
+    if b:
+        parts.append(f"The single eager call's steady state (B1), median of {len(b['pairs'])} alternating fresh "
+                     f"processes: {seconds(b['head_median_s'])} here, {seconds(b['baseline_median_s'])} at "
+                     f"{b['baseline_commit']} (ratio {num(b['ratio_head_over_baseline'])}).")
+    heads = [["jax.vmap over 64 noise multipliers, steady state (wall)", "64 eager calls", ratio(v["speedup_wall"])]]
+    return Rendered("Traced calls: vmap over 64 noise multipliers, first gradients", "\n\n".join(p for p in parts if p),
+                    "bench_traced.py", heads)
+
+
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "table_amplified_mf.json": render_amplified_mf,
@@ -533,6 +603,9 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_interop.json": render_interop,
     "fig5_samples_full_blt.json": render_fig5,
     "fig5_samples_toeplitz.json": render_fig5,
+    "bench_example.json": render_example,
+    "bench_example_memory.json": render_example_memory,
+    "bench_traced.json": render_traced,
 }
 
 #: Result files kept as records but not tabulated here (name pattern -> why).

@@ -309,6 +309,20 @@ def progress(total: int | None = None, desc: str = "", *, enabled: bool | None =
     return Progress(total, desc, enabled=enabled, **kwargs)
 
 
+def note(text: str, *, enabled: bool | None = None, stream=None) -> None:
+    """One line on ``stream`` (default stderr) where progress shows (the same switches as a
+    meter: ``enabled``, :func:`set_progress`, ``DPJAX_PROGRESS``): a stage of a long call
+    starting, in a terminal, a notebook and a log alike."""
+    stream = sys.stderr if stream is None else stream
+    if not progress_enabled(enabled, stream):
+        return
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except (ValueError, OSError):  # a closed stream: progress is best-effort, never an error
+        pass
+
+
 def set_active(bar: Progress | None) -> None:
     """Make ``bar`` the meter that :func:`tick` advances (``None``: none)."""
     with _LOCK:
@@ -322,5 +336,5 @@ def tick(n: int = 1) -> None:
         bar.update(n)
 
 
-__all__ = ["LOG_INTERVAL", "LONG_CALL_DELAY", "Progress", "get_progress", "in_notebook", "progress",
+__all__ = ["LOG_INTERVAL", "LONG_CALL_DELAY", "Progress", "get_progress", "in_notebook", "note", "progress",
            "progress_enabled", "set_active", "set_progress", "tick"]

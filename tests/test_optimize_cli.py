@@ -1,12 +1,22 @@
-"""``dpjax optimize``: the JSON keys of its result, bad input exits 2 with one line, nothing written."""
+"""``dpjax optimize``: the JSON keys, bad input exits 2 with one line and writes nothing, and the
+text a practitioner reads: the certified sigma to train with, the certificate in one sentence,
+the file the result was saved in (a default name that never replaces a file)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
 from dpjax.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    # Without --out the result is saved in the current directory: keep it out of the checkout.
+    monkeypatch.chdir(tmp_path)
 
 BASE = ["optimize", "--family", "blt", "--buffers", "2", "--batches-per-epoch", "4", "--epochs", "2",
         "--epsilon", "2", "--delta", "1e-3", "--optimizer-steps", "3", "--samples", "256",
@@ -115,7 +125,8 @@ def test_amplification_cyclic_poisson_is_the_pld_calibration(capsys):
     assert 4 % bands == 0 and d["certificate"]["method"] == "pld"
     col = d["first_column"]
     assert len(col) == bands and col[0] == 1.0
-    z = float(dpsgd_noise_multiplier(2.0, 1e-3, bands / 4, -(-8 // bands)))
+    z = float(dpsgd_noise_multiplier(sampling_prob=bands / 4, steps=-(-8 // bands), target_epsilon=2.0,
+                                     target_delta=1e-3))
     assert d["noise_multiplier"] == pytest.approx(z * sum(c * c for c in col) ** 0.5, rel=1e-9)
     assert d["rmse"] == min(r["rmse"] for r in d["per_bands"])
 
@@ -130,3 +141,138 @@ def test_mc_calibrate_certify_json(capsys):
     assert cert["method"] == "importance_betting" and cert["num_samples"] == 65536 and cert["verified"]
     assert d["noise_multiplier"] == cert["noise_multiplier"] and cert["delta"] <= 1e-3
     assert d["noise_multiplier_estimate"] <= d["noise_multiplier"] <= 1.05 * d["noise_multiplier_estimate"]
+
+
+def _paragraph(text: str, start: str) -> str:
+    """The lines from the one starting with ``start`` to the next blank or capitalised line, joined."""
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(start))
+    out = [lines[i]]
+    for line in lines[i + 1:]:
+        if not line or line[0].isupper():
+            break
+        out.append(line)
+    return " ".join(out)
+
+
+def _sentences(text: str) -> int:
+    return len(re.findall(r"[.!?](?=\s|$)", text))
+
+
+def check_practitioner_text(text: str, cwd) -> dict:
+    """What the text of a certified run must say; returns the saved result (a dict)."""
+    from dpjax.cli.optimize import round_up
+    from dpjax.optimization import OptimizationResult
+
+    saved_line = _paragraph(text, "Saved to ")
+    path = re.match(r"Saved to (\S+) \(", saved_line).group(1)
+    assert os.path.isfile(os.path.join(cwd, path)), path
+    res = OptimizationResult.load(os.path.join(cwd, path))
+    sigma, cert = res.noise_multiplier, res.certificate
+    # The one sigma to train with: the certified one, printed rounded up (never below it).
+    shown = re.search(r"^Train with noise multiplier sigma = (\S+) \(certified\)\.$", text, re.M).group(1)
+    assert shown == round_up(sigma) and sigma <= float(shown) <= sigma * (1 + 1e-5)
+    # The estimate only as a diagnostic: its value appears on the diagnostic line and nowhere else.
+    est = f"{res.noise_multiplier_estimate:.6g}"
+    diagnostic = _paragraph(text, "Diagnostic only")
+    assert est in diagnostic and text.count(est) == 1
+    # The certificate in one sentence: method, verification samples, failure probability.
+    sentence = _paragraph(text, "Certificate: ")
+    assert _sentences(sentence) == 1 and sentence.endswith(".")
+    assert cert["method"] in sentence and f"{cert['num_samples']:,} fresh samples" in sentence
+    assert f"failure probability at most {cert['failure_probability']:.2g}" in sentence
+    # What was optimised and for what, in words.
+    head = _paragraph(text, "Optimized ")
+    for words in ("prefix-sum RMSE", f"n = {res.batches_per_epoch * res.epochs} rounds",
+                  f"b = {res.batches_per_epoch} batches per epoch", f"E = {res.epochs} epochs",
+                  f"(epsilon, delta) = ({res.target_epsilon:g}, {res.target_delta:g})"):
+        assert words in head, words
+    return {"path": path, "result": res}
+
+
+def test_text_names_the_certified_sigma_the_certificate_and_the_saved_file(tmp_path, capsys):
+    assert main(BASE) == 0
+    text = capsys.readouterr().out
+    got = check_practitioner_text(text, tmp_path)
+    assert got["path"] == "dpjax-optimize-blt2-b4-E2-eps2-delta0.001.json"
+    assert got["result"].certificate["num_samples"] == 65536
+    assert "Details" not in text  # --verbose only
+
+
+SMALL = ["optimize", "--family", "toeplitz", "--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "2",
+         "--delta", "0.1", "--optimizer-steps", "2", "--samples", "256", "--no-certify", "--quiet"]
+
+
+def test_default_file_never_replaces_one_and_out_says_it_replaced(tmp_path, capsys):
+    name = "dpjax-optimize-toeplitz-b2-E2-eps2-delta0.1.json"
+    (tmp_path / name).write_text("mine")
+    assert main(SMALL + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["out"] == "dpjax-optimize-toeplitz-b2-E2-eps2-delta0.1-2.json" and d["out_replaced"] is False
+    assert (tmp_path / name).read_text() == "mine"
+    assert json.loads((tmp_path / d["out"]).read_text())["noise_multiplier_estimate"] == d["noise_multiplier_estimate"]
+    assert not list(tmp_path.glob("*.checkpoint.json"))  # no checkpoint without --out
+    # --out FILE replaces FILE, and says so.
+    assert main(SMALL + ["--out", name]) == 0
+    text = capsys.readouterr().out
+    saved = _paragraph(text, "Saved to ")
+    assert saved.startswith(f"Saved to {name} (") and saved.endswith("it replaced the file that was there.")
+    assert json.loads((tmp_path / name).read_text())["format"]
+    # No certificate: no sigma to train with, and the text says so.
+    assert "Train with" not in text and "do not train with the estimate" in text
+    assert _sentences(_paragraph(text, "Certificate: ")) == 1
+
+
+def test_no_save_writes_nothing(tmp_path, capsys):
+    assert main(SMALL + ["--no-save"]) == 0
+    assert "Not saved (--no-save)." in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == []
+    assert main(SMALL + ["--no-save", "--out", "x.json"]) == 2
+    assert "--no-save" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def test_verbose_adds_the_details_and_progress_names_the_stages(capsys, monkeypatch):
+    from dpjax import _progress
+
+    monkeypatch.setenv("DPJAX_PROGRESS", "1")
+    argv = [a for a in BASE if a != "--quiet"] + ["--verbose", "--no-save"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    details = out[out.index("Details (--verbose):"):]
+    assert "certificate: verified" in details and "certificate.num_samples = 65536" in details
+    assert "first column of C = 1," in details
+    # Where stderr is a log (not a terminal): one line per stage, no carriage returns.
+    assert "dpjax optimize: optimizing C: 3 optimizer steps" in err and "certify:" in err and "\r" not in err
+    assert _progress.get_progress()[0] is None
+
+
+def _readme_example() -> str:
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return text.split("It prints\n\n```text\n", 1)[1].split("\n```", 1)[0]
+
+
+def _shape(text: str) -> str:
+    """``text`` with every number masked and whitespace normalised (numbers differ across machines)."""
+    return " ".join(re.sub(r"\d[\d.,]*(e[+-]?\d+)?", "#", text).split())
+
+
+def test_the_readme_shows_the_certified_sigma_the_certificate_and_the_file():
+    text = _readme_example()
+    assert re.search(r"^Train with noise multiplier sigma = [\d.]+ \(certified\)\.$", text, re.M)
+    sentence = _paragraph(text, "Certificate: ")
+    assert _sentences(sentence) == 1 and "importance_betting" in sentence
+    assert re.search(r"on [\d,]+ fresh samples, with failure probability at most \S+ \(included in delta\)\.$",
+                     sentence)
+    assert _paragraph(text, "Saved to ").startswith("Saved to dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json (")
+    assert _sentences(_paragraph(text, "Diagnostic only")) == 1
+
+
+@pytest.mark.slow
+def test_the_example_prints_what_the_readme_shows(tmp_path, capsys):
+    assert main(["optimize", "--example"]) == 0
+    text = capsys.readouterr().out
+    got = check_practitioner_text(text, tmp_path)
+    assert got["path"] == "dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json"
+    assert _shape(text) == _shape(_readme_example())

@@ -12,6 +12,12 @@ import pytest
 
 from dpjax.cli.main import main
 
+
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    # Without --out the result is saved in the current directory: keep it out of the checkout.
+    monkeypatch.chdir(tmp_path)
+
 SMALL = ["optimize", "--batches-per-epoch", "4", "--epochs", "2", "--epsilon", "2", "--delta", "1e-3",
          "--samples", "512", "--checkpoint-every", "1", "--quiet", "--no-certify"]
 

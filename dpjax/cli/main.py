@@ -16,7 +16,8 @@ adds its arguments (every one with a ``help``; numbers with the range-checked ty
 :mod:`dpjax.cli._args`), and sets ``parser.set_defaults(run=fn)`` where ``fn(args) -> dict``
 returns the result as a JSON-able dict (floats may be ``inf``; they are printed as the JSON
 string "inf"; accounting results name their ``adjacency``).  Optionally also
-``parser.set_defaults(render=fn)`` with ``fn(result: dict) -> str`` for the human-readable form,
+``parser.set_defaults(render=fn)`` with ``fn(result: dict) -> str`` for the human-readable form
+(with ``render_takes_args=True``: ``fn(result, args)``, for options such as ``--verbose``),
 and ``parser.set_defaults(vectorized=("epsilon",))`` for list options that ``fn`` handles itself
 (it then receives the list and may return a list of row dicts).  Then list the module in
 ``SUBCOMMAND_MODULES`` below.  A subcommand whose ``--out`` is its own file format (``sweep``'s
@@ -357,7 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(render_table(result["rows"]) + "\n")  # comma lists: one table
     else:
         render = getattr(args, "render", None) or _default_render
-        sys.stdout.write(render(result) + "\n")
+        text = render(result, args) if getattr(args, "render_takes_args", False) else render(result)
+        sys.stdout.write(text + "\n")
     return 0
 
 

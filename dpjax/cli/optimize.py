@@ -5,13 +5,29 @@ Example::
     dpjax optimize --family blt --buffers 4 --batches-per-epoch 128 --epochs 16 \\
         --epsilon 2 --delta 1e-5 --optimizer-steps 300 --samples 131072 --out result.json [--resume]
 
-Progress on stderr (off with ``--quiet`` or ``--json``).  ``--out`` receives the
-:class:`dpjax.optimization.OptimizationResult` JSON (written atomically); a checkpoint
+What it prints (text mode): what was optimised and for what, in words; the certified noise
+multiplier as the one to train with (printed rounded up: any larger noise multiplier is private
+too), the in-loop estimate only as a diagnostic; the certificate in one sentence (method,
+samples, failure probability; every detail with ``--verbose``); where the result was saved; and,
+with ``--baselines`` (on with ``--example``), the alternatives in the same units.
+
+Where the result goes.  ``--out FILE`` receives the :class:`dpjax.optimization.OptimizationResult`
+JSON (written atomically, replacing FILE if it exists; the output says so); a checkpoint
 ``<out>.checkpoint.json`` is written every ``--checkpoint-every`` steps (with the screen state
 of the in-loop calibration beside it, ``<out>.checkpoint.json.screen-<step>.npz``), and
-``--resume`` continues from it.  The printed object holds ``noise_multiplier`` (certified),
-``noise_multiplier_estimate``, ``first_column``, ``rmse`` (at the certified sigma) and
-``certificate``.
+``--resume`` continues from it.  Without ``--out`` the result is saved in the current directory
+as ``dpjax-optimize-<family>-b<b>-E<E>-eps<epsilon>-delta<delta>.json`` (:func:`default_out_name`)
+and never overwrites anything: when that name is taken the first free ``...-2.json``,
+``...-3.json``, ... is used.  No checkpoint is written then, and ``--no-save`` writes nothing.
+``--amplification cyclic_poisson`` and ``auto`` save the printed JSON object instead of an
+``OptimizationResult``.
+
+Progress goes to stderr (off with ``--quiet`` or ``--json``): one line when each stage starts
+(the alternatives, the optimisation, the certificate) and the optimisation's meter (a bar in a
+terminal or notebook, a line every 10 s in a log; :mod:`dpjax._progress`).  The JSON object
+holds ``noise_multiplier`` (certified), ``noise_multiplier_estimate``, ``first_column``,
+``rmse`` (at the certified sigma), ``certificate`` and ``out`` (the file written, with
+``out_replaced``).
 """
 
 from __future__ import annotations
@@ -55,8 +71,6 @@ DEFAULT_BUFFERS = 4
 def check_output_paths(out: str, *, resume: bool) -> None:
     """Before any work: ``--out`` and its checkpoint must be writable files, and ``--resume``
     needs a checkpoint to resume from (a failure after the whole optimization would lose it)."""
-    import tempfile
-
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise ValueError(f"--out: directory {directory!r} does not exist")
@@ -64,15 +78,80 @@ def check_output_paths(out: str, *, resume: bool) -> None:
     for flag, path in (("--out", out), ("--out (its checkpoint)", checkpoint)):
         if os.path.isdir(path):
             raise ValueError(f"{flag}: {path!r} is a directory, not a file")
-    try:  # the one reliable test that the directory takes new files (permissions, /proc, read-only mounts)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dpjax-write-test-"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--out: cannot write in {directory!r}: {exc.strerror or exc}") from None
+    _writable_directory(directory, "--out")
     if os.path.exists(out) and not os.access(out, os.W_OK):
         raise ValueError(f"--out: {out!r} is not writable")
     if resume and not os.path.exists(checkpoint):
         raise ValueError(f"--resume: no checkpoint {checkpoint!r} to resume from (drop --resume to start afresh)")
+
+
+def default_out_name(args) -> str:
+    """The result file's name when ``--out`` is not given: the configuration in a few tokens,
+    ``dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json`` for the example (``cyclic-poisson`` /
+    ``auto`` appended for those amplifications)."""
+    if args.amplification == "cyclic_poisson":  # a banded C, its bands chosen unless --bands
+        family = "banded" if args.bands is None else f"banded{args.bands}"
+    else:
+        family = {"blt": f"blt{args.buffers}", "banded": f"banded{args.bands}"}.get(args.family, args.family)
+    amp = "" if args.amplification == "balls_in_bins" else "-" + args.amplification.replace("_", "-")
+    return (f"dpjax-optimize-{family}-b{args.batches_per_epoch}-E{args.epochs}-eps{args.epsilon:g}-"
+            f"delta{args.delta:g}{amp}.json")
+
+
+def free_path(path: str) -> str:
+    """``path`` if no file has that name, else the first free ``<stem>-2<ext>``, ``<stem>-3<ext>``, ..."""
+    stem, ext = os.path.splitext(path)
+    k = 1
+    while os.path.lexists(path):
+        k += 1
+        path = f"{stem}-{k}{ext}"
+    return path
+
+
+def write_new(path: str, text: str) -> str:
+    """Write ``text`` to ``path`` or, if that name is taken by the time of writing, to the next
+    free name (:func:`free_path`); never replaces a file.  The file appears complete (a hard link
+    of a finished temporary file).  Returns the path written."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-dpjax-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        for _ in range(1000):
+            path = free_path(path)
+            try:
+                os.link(tmp, path)  # fails if the name was taken meanwhile: never overwrites
+                return path
+            except FileExistsError:
+                continue
+            except OSError:  # a file system without hard links: exclusive creation instead
+                with open(path, "x") as fh:
+                    fh.write(text)
+                return path
+        raise ValueError(f"no free file name like {path!r}")
+    finally:
+        os.unlink(tmp)
+
+
+def _writable_directory(directory: str, flag: str) -> None:
+    import tempfile
+
+    try:  # the one reliable test that the directory takes new files (permissions, /proc, read-only mounts)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dpjax-write-test-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot write in {directory!r}: {exc.strerror or exc}") from None
+
+
+def _stage(text: str) -> None:
+    """One line on stderr when a stage starts (where progress shows: not with --quiet/--json)."""
+    from dpjax._progress import note
+
+    note(f"dpjax optimize: {text}")
 
 
 def _run(args) -> dict:
@@ -103,10 +182,14 @@ def _run(args) -> dict:
                              f"{0 if name == 'optimizer_steps' else 1}, got {value}")
     if not args.learning_rate > 0:
         raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.no_save and args.out is not None:
+        raise ValueError("--no-save and --out contradict each other: give one")
     if args.out is not None:
         check_output_paths(args.out, resume=args.resume)
     elif args.resume:
         raise ValueError("--resume needs --out (the checkpoint is <out>.checkpoint.json)")
+    elif not args.no_save:
+        _writable_directory(os.getcwd(), "the result file (pass --out FILE or --no-save)")
     if args.baselines is None:
         args.baselines = bool(args.example)
     if args.baselines and args.no_certify and args.certify_method == "bernoulli_kl":
@@ -130,10 +213,13 @@ def _run(args) -> dict:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
     if args.amplification == "cyclic_poisson":
-        return cyclic_poisson_result(args)
+        return save(cyclic_poisson_result(args), args)
     # The baselines first: they do not depend on the optimised C, and a baseline that cannot be
     # certified is refused before minutes of optimisation and before anything is written.
+    if args.baselines:
+        _stage("the alternatives (DP-SGD unamplified, Poisson, balls-in-bins; the family's unamplified optimum)")
     rows = baseline_rows(param, args) if args.baselines else None
+    _stage(f"optimizing C: {args.optimizer_steps} optimizer steps, then the certificate")
     res = optimize_correlation(
         param, batches_per_epoch=args.batches_per_epoch, epochs=args.epochs,
         target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.optimizer_steps,
@@ -141,8 +227,6 @@ def _run(args) -> dict:
         checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
         certify=not args.no_certify, certify_samples=args.certify_samples, estimator=args.estimator,
         certify_method=args.certify_method)
-    if args.out is not None:
-        res.to_json(args.out)
     d = res.to_dict()
     out = {k: d[k] for k in ("noise_multiplier", "noise_multiplier_estimate", "gap_to_estimate",
                              "rmse", "rmse_estimate", "error", "first_column", "certificate",
@@ -161,11 +245,33 @@ def _run(args) -> dict:
         mine = res.rmse if res.certificate else res.rmse_estimate
         out["baselines"] = [dict(r, gain=r["rmse"] / mine - 1.0 if math.isfinite(mine) and mine > 0 else None)
                             for r in rows]
-    if args.out is not None:
-        out["out"] = args.out
     if args.amplification == "auto":
-        out = best_of(out, cyclic_poisson_result(args))
-    return out
+        return save(best_of(out, cyclic_poisson_result(args)), args)
+    return save(out, args, text=res.to_json())
+
+
+def save(result: dict, args, text: str | None = None) -> dict:
+    """Write ``text`` (default: ``result`` as JSON) to ``--out`` (replacing it) or to a new file
+    named :func:`default_out_name` (never replacing one); ``result`` gains ``out`` (the path) and
+    ``out_replaced``.  ``--no-save``: nothing is written."""
+    if args.no_save:
+        return result
+    if text is None:
+        from dpjax.cli.main import _jsonable
+        import json
+
+        text = json.dumps(_jsonable(result), indent=1)
+    if args.out is not None:
+        from dpjax.optimization.loop import _atomic_write
+
+        replaced = os.path.lexists(args.out)
+        _atomic_write(args.out, text)
+        path = args.out
+    else:
+        path, replaced = write_new(default_out_name(args), text), False
+    result["out"] = path
+    result["out_replaced"] = replaced
+    return result
 
 
 def cyclic_poisson_result(args) -> dict:
@@ -242,60 +348,185 @@ def baseline_rows(param, args) -> list[dict]:
             for r in rows]
 
 
-def _render(result: dict) -> str:
+#: The certificate methods in words (the method's name follows in brackets).
+METHOD_WORDS = {
+    "importance_betting": "Estimate-Verify-Release with importance-sampled Monte Carlo draws and a betting test",
+    "bernoulli_kl": "Estimate-Verify-Release with plain Monte Carlo draws and a Bernoulli-KL (Hoeffding) bound",
+    "pld": "the PLD accountant (a deterministic upper bound, no sampling)",
+}
+
+
+def round_up(x: float, digits: int = 6) -> str:
+    """``x`` with ``digits`` significant digits, rounded up (a noise multiplier printed for
+    training: any larger one is private too, a smaller one is not certified)."""
+    from decimal import ROUND_CEILING, Decimal
+
+    if not math.isfinite(x):
+        return str(x)
+    short = f"{x:.{digits}g}"
+    if float(short) >= x:  # the same float or a larger one
+        return short
+    d = Decimal(x)
+    q = d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1), rounding=ROUND_CEILING)
+    return f"{q.normalize():f}" if abs(d.adjusted()) < 6 else f"{q.normalize():E}"
+
+
+def _g(x) -> str:
+    return "-" if x is None else f"{x:.6g}"
+
+
+def _count(n) -> str:
+    return "?" if n is None else f"{int(n):,}"
+
+
+def _family_words(family: dict) -> str:
+    kind = family.get("family")
+    if kind == "blt":
+        k = family.get("num_buffers")
+        return f"a {k}-buffer BLT (buffered linear Toeplitz) correlation matrix C"
+    if kind == "banded":
+        bands = family.get("bands")
+        return f"a banded Toeplitz correlation matrix C with {bands} band{'' if bands == 1 else 's'}"
+    return "a full lower-triangular Toeplitz correlation matrix C"
+
+
+def _family_short(family: dict) -> str:
+    extra = {"blt": "num_buffers", "banded": "bands"}.get(family.get("family"))
+    return family.get("family", "?") + (f"({family.get(extra)})" if extra else "")
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def certificate_sentence(result: dict) -> str:
+    """The certificate in one sentence: method, samples, failure probability (or why there is none)."""
     cert = result.get("certificate") or {}
+    sigma = result.get("noise_multiplier")
+    if sigma is None:
+        return ("Certificate: none (--no-certify), so the noise multiplier above is an estimate and not a "
+                "privacy guarantee.")
+    method = cert.get("method", "?")
+    words = METHOD_WORDS.get(method, method)
+    if method == "pld":
+        return (f"Certificate: {words} certifies epsilon <= {_g(result['target_epsilon'])} at delta "
+                f"{_g(result['target_delta'])} for this noise multiplier.")
+    if not cert.get("verified") or not math.isfinite(sigma):
+        return (f"Certificate: none, because {words} ({method}) verified no noise multiplier on "
+                f"{_count(cert.get('num_samples'))} samples; do not train with the estimate (rerun with more "
+                "--certify-samples, or see --verbose).")
+    return (f"Certificate: {words} ({method}) verified this noise multiplier on {_count(cert.get('num_samples'))} "
+            f"fresh samples, with failure probability at most {cert.get('failure_probability'):.2g} (included in "
+            f"delta).")
+
+
+def _render(result: dict, args=None) -> str:
+    verbose = bool(getattr(args, "verbose", False))
     if result.get("amplification") == "cyclic_poisson":
-        return _render_cyclic(result)
-    if result["noise_multiplier"] is None:
-        sigma_line = (f"noise_multiplier  not certified (--no-certify); estimate "
-                      f"{result['noise_multiplier_estimate']:.6g}")
-        rmse_line = f"rmse_estimate     {result['rmse_estimate']:.6g}  (at the estimated noise multiplier)"
+        return _render_cyclic(result, verbose)
+    fam = result["parameterization"]
+    b, epochs = result["batches_per_epoch"], result["epochs"]
+    n = fam.get("n", b * epochs)
+    sigma = result["noise_multiplier"]
+    certified = sigma is not None and math.isfinite(sigma) and (result.get("certificate") or {}).get("verified")
+    lines = _wrap(
+        f"Optimized {_family_words(fam)} for n = {n} rounds (b = {b} batches per epoch, E = {epochs} epochs) "
+        f"to minimize the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under balls-in-bins batching at "
+        f"(epsilon, delta) = ({result['target_epsilon']:g}, {result['target_delta']:g}), add/remove adjacency: "
+        f"{result['num_steps']} Adam steps, each on a {_count(result['num_samples'])}-sample Monte Carlo "
+        f"estimate of the noise multiplier.")
+    lines.append("")
+    if certified:
+        lines.append(f"Train with noise multiplier sigma = {round_up(sigma)} (certified).")
+        lines.append(f"  prefix-sum RMSE at this sigma: {_g(result['rmse'])}")
     else:
-        sigma_line = (f"noise_multiplier  {result['noise_multiplier']:.6g}  (certified; estimate "
-                      f"{result['noise_multiplier_estimate']:.6g}, gap {100 * result['gap_to_estimate']:+.2f}%)")
-        rmse_line = f"rmse              {result['rmse']:.6g}  (at the certified noise multiplier)"
-    lines = [
-        f"family            {result['parameterization']}",
-        sigma_line,
-        rmse_line,
-        f"certificate       {cert.get('method', 'none')}: {cert.get('reason', 'not requested')}",
-        f"failure prob.     {cert.get('failure_probability', float('nan')):.3g} "
-        f"({cert.get('num_samples', 0)} samples)",
-        f"status            {result['status']} {result['stop_reason']}".rstrip(),
-    ]
-    if "out" in result:
-        lines.append(f"saved             {result['out']}")
+        lines.append("No certified noise multiplier: do not train with the estimate below.")
+    lines += _wrap(certificate_sentence(result))
+    est = result["noise_multiplier_estimate"]
+    diag = (f"Diagnostic only (not a guarantee): the optimization's Monte Carlo estimate of sigma was {_g(est)}")
+    if certified and est:
+        gap = 100 * (sigma / est - 1)
+        diag += f"; the certified sigma is {abs(gap):.2f}% {'above' if gap >= 0 else 'below'} it."
+    else:
+        diag += "."
+    lines += _wrap(diag)
+    if result.get("status") != "completed":
+        lines += _wrap(f"Stopped early: {result.get('stop_reason')}")
+    lines += _saved_lines(result)
     lines += _render_candidates(result)
     if result.get("baselines"):
-        mine = result["rmse"] if result["noise_multiplier"] is not None else result["rmse_estimate"]
-        lines += ["", "rmse = sigma |A C^-1|_F / sqrt(n), every row at the same (epsilon, delta):",
+        mine = result["rmse"] if certified else result["rmse_estimate"]
+        lines += ["", "Alternatives at the same (epsilon, delta), rmse = sigma |A C^-1|_F / sqrt(n) (lower is better):",
                   f"  {'row':26s} {'sigma':>9s} {'rmse':>9s}  {'optimized C is better by':s}",
-                  f"  {'optimized ' + result['parameterization']['family']:26s} "
-                  f"{result['noise_multiplier'] or result['noise_multiplier_estimate']:9.4g} {mine:9.4g}"]
+                  f"  {'optimized ' + fam['family']:26s} "
+                  f"{sigma if certified else est:9.4g} {mine:9.4g}"]
         for r in result["baselines"]:
             gain = "" if r["gain"] is None else f"{100 * r['gain']:+.1f}%"
             lines.append(f"  {r['name']:26s} {r['noise_multiplier']:9.4g} {r['rmse']:9.4g}  {gain}")
+    if verbose:
+        lines += _details(result)
     return "\n".join(lines)
+
+
+def _saved_lines(result: dict) -> list[str]:
+    if "out" not in result:
+        return ["Not saved (--no-save)."]
+    what = ("the optimized C, this sigma and its certificate; dpjax.optimization.OptimizationResult.load reads it"
+            if result.get("amplification") == "balls_in_bins" and "candidates" not in result
+            else "the JSON object --json prints")
+    return _wrap(f"Saved to {result['out']} ({what}){'; it replaced the file that was there' if result.get('out_replaced') else ''}.")
+
+
+def _details(result: dict) -> list[str]:
+    cert = result.get("certificate") or {}
+    lines = ["", "Details (--verbose):"]
+    if cert:
+        lines += _wrap(f"certificate: {cert.get('reason', '')}", "  ")
+        keys = ("method", "procedure", "epsilon", "delta", "target_delta", "base_delta", "tau", "failure_probability",
+                "num_tests", "tests_run", "growth", "num_samples", "calibration_samples", "noise_multiplier",
+                "noise_multiplier_estimate", "delta_estimate", "standard_error", "delta_remove", "delta_add",
+                "range_remove", "range_add")
+        lines += [f"  certificate.{k} = {cert[k]}" for k in keys if k in cert]
+    for k in ("noise_multiplier", "noise_multiplier_estimate", "rmse", "rmse_estimate", "error", "estimator",
+              "status", "stop_reason", "history_rows"):
+        if result.get(k) not in (None, ""):
+            lines.append(f"  {k} = {result[k]}")
+    if "first_column" in result:
+        lines += _wrap("first column of C = " + ", ".join(f"{c:.6g}" for c in result["first_column"]), "  ")
+    if result.get("timings"):
+        lines.append("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in result["timings"].items()))
+    return lines
 
 
 def _render_candidates(result: dict) -> list[str]:
     if not result.get("candidates"):
         return []
-    lines = ["", f"amplification     {result['amplification']} (the smaller certified rmse; every candidate, "
-                 "rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)):"]
+    lines = [""] + _wrap(f"Amplification: {result['amplification']}, the smaller certified rmse of the candidates "
+                         "(rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)):")
     for r in result["candidates"]:
         lines.append(f"  {r['amplification']:16s} sigma {r['noise_multiplier']:9.5g}  rmse {r['rmse']:9.5g}  "
-                     f"{'certified' if r['certified'] else 'NOT certified'} ({r['method']}; {r['family']})")
+                     f"{'certified' if r['certified'] else 'NOT certified'} ({r['method']}; {_family_short(r['family'])})")
     return lines
 
 
-def _render_cyclic(result: dict) -> str:
-    cert = result["certificate"]
-    lines = [f"amplification     cyclic_poisson, banded C with {result['bands']} bands",
-             f"noise_multiplier  {result['noise_multiplier']:.6g}  (certified by the PLD accountant)",
-             f"rmse              {result['rmse']:.6g}",
-             f"certificate       {cert['method']}: {cert['reason']}"]
-    return "\n".join(lines + _render_candidates(result))
+def _render_cyclic(result: dict, verbose: bool = False) -> str:
+    b, epochs = result["batches_per_epoch"], result["epochs"]
+    lines = _wrap(
+        f"Chose {_family_words(result['parameterization'])} for n = {b * epochs} rounds "
+        f"(b = {b} batches per epoch, E = {epochs} epochs) minimizing the prefix-sum RMSE, sigma |A C^-1|_F / "
+        f"sqrt(n), under cyclic Poisson sampling at (epsilon, delta) = ({result['target_epsilon']:g}, "
+        f"{result['target_delta']:g}), add/remove adjacency.")
+    lines += ["", f"Train with noise multiplier sigma = {round_up(result['noise_multiplier'])} (certified).",
+              f"  prefix-sum RMSE at this sigma: {_g(result['rmse'])}"]
+    lines += _wrap(certificate_sentence(result))
+    lines += _saved_lines(result)
+    lines += _render_candidates(result)
+    if verbose:
+        lines += _details(result)
+    return "\n".join(lines)
 
 
 def register(subparsers) -> None:
@@ -356,9 +587,11 @@ def register(subparsers) -> None:
                    help="Adam learning rate > 0 (default 0.05)")
     p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
     p.add_argument("--out", default=None, metavar="FILE",
-                   help="write the loadable result JSON (OptimizationResult.load) to FILE; the checkpoint "
-                        "is FILE.checkpoint.json (with its binary screen-state sidecar "
-                        "FILE.checkpoint.json.screen-<step>.npz, which makes --resume bit-identical)")
+                   help="write the loadable result JSON (OptimizationResult.load) to FILE, replacing it; the "
+                        "checkpoint is FILE.checkpoint.json (with its binary screen-state sidecar "
+                        "FILE.checkpoint.json.screen-<step>.npz, which makes --resume bit-identical).  Default: "
+                        "./dpjax-optimize-<configuration>.json, numbered -2, -3, ... rather than replacing a file, "
+                        "and no checkpoint")
     p.add_argument("--checkpoint-every", type=_args.integer(1, 10**7), default=25,
                    help="steps between checkpoints, an integer >= 1 (default 25; needs --out)")
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
@@ -369,8 +602,14 @@ def register(subparsers) -> None:
                    help="also compute the alternatives in the same units (DP-SGD unamplified, Poisson, "
                         "balls-in-bins; the family's unamplified optimum) and the gain over each "
                         "(default: on with --example, off otherwise)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-save", action="store_true",
+                   help="write no result file (without --out the result is saved as "
+                        "./dpjax-optimize-<configuration>.json, never replacing a file)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print every detail of the certificate, the first column of C and the timings")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
-    # superset of the --json object; main() must not overwrite it.
-    p.set_defaults(run=_run, render=_render, owns_out=True)
+    # superset of the --json object; main() must not overwrite it.  render takes the arguments
+    # (--verbose).
+    p.set_defaults(run=_run, render=_render, render_takes_args=True, owns_out=True)

@@ -367,8 +367,9 @@ def banded_cyclic_poisson_pld(epsilon_values, delta, batches_per_epoch, epochs, 
         params = par.init(batches_per_epoch=b, epochs=epochs, max_iterations=max_iterations)
         col = np.asarray(par.first_column(params), np.float64)[:bands]
         error = float(prefix_sum_error(par.correlation(params), n))
-        z = np.atleast_1d(np.asarray(dpsgd_noise_multiplier(np.asarray(eps_values), delta, bands / b,
-                                                            math.ceil(n / bands)), np.float64))
+        z = np.atleast_1d(np.asarray(dpsgd_noise_multiplier(
+            sampling_prob=bands / b, steps=math.ceil(n / bands), target_epsilon=np.asarray(eps_values),
+            target_delta=delta), np.float64))
         sens = float(np.linalg.norm(col))
         per.append({"bands": bands, "sampling_prob": bands / b, "steps": math.ceil(n / bands),
                     "sensitivity": sens, "error": error, "first_column": col.tolist(),

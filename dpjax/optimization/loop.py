@@ -57,6 +57,7 @@ import numpy as np
 import optax
 
 from dpjax import _validate
+from dpjax._progress import note as _note
 from dpjax._progress import progress as _progress
 from dpjax.calibration.montecarlo import (_MAX_PRECOMPUTED, Bisection, NewtonIllinois,
                                           calibrate_on_draws)
@@ -613,6 +614,8 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         first_column = np.asarray(parameterization.first_column(params)).tolist()
     certificate, sigma_cert, certify_s = None, math.nan, 0.0
     if certify:
+        _note(f"certify: the noise multiplier of the optimized C by Estimate-Verify-Release ({certify_method}) on "
+              "fresh Monte Carlo samples", enabled=progress)
         t_c = time.perf_counter()
         ckey = jax.random.fold_in(jkey, 2**31 - 1) if certify_key is None else as_prng_key(certify_key)
         try:

@@ -3,10 +3,13 @@
 :func:`epsilon_many` / :func:`delta_many` answer a batch of compositions (e.g. DP-SGD at many
 noise multipliers) with the numbers :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` give one
 at a time: every element gets the grid the accountant plans for it (same spacing, window,
-offsets, Chernoff parameters), and the elements whose plans share a static shape run in one
-compiled program, a loop over the batch inside XLA (``lax.fori_loop`` with the count as a
-runtime argument: padding slots cost nothing, and one program serves any batch up to its
-capacity).  Elements on the accountant's less common paths (the closed form of compositions
+offsets, Chernoff parameters), and the elements whose plans share a static shape run in
+compiled programs of a few elements each, a loop over them inside XLA (``lax.fori_loop`` with
+the count as a runtime argument: padding slots cost nothing, and one program per static shape
+serves every batch).  Such a program is dispatched as soon as its elements are planned, so XLA
+runs it on a core of its own while the host plans the next ones: the batch costs the programs
+alone, spread over the cores, where a Python loop of single calls plans, dispatches and waits for
+each in turn.  Elements on the accountant's less common paths (the closed form of compositions
 that are exactly one Gaussian, a window widened after a wrap-around bound over budget, the
 frequency-truncation retry, the tilted tail pass of tiny deltas, a bound the grid cannot
 certify) are answered by the accountant itself, one call each.  So each element equals the
@@ -50,7 +53,7 @@ import numpy as np
 
 from dpjax import _xla
 from dpjax.pld import accountant as _acc
-from dpjax.pld.compose import Group, compose_directions
+from dpjax.pld.compose import Group, compose_directions, lattice_groups
 from dpjax.pld.convert import _curve_terms
 from dpjax.pld.exact import host_gaussian_epsilon
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
@@ -62,16 +65,17 @@ __all__ = ["epsilon_many", "delta_many", "grid_partials"]
 #: shape and capacity; the loop runs over the actual count only.
 _CAPACITIES = (8, 64, 512, 4096)
 
-_STATIC = ("directions", "ms", "n", "kinds", "want", "n_freq")
+_STATIC = ("directions", "ms", "n", "kinds", "want", "n_freq", "lattice")
 
 
 @functools.partial(_xla.jit, static_argnames=_STATIC)
 def _loop_program(count, groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want,
-                  n_freq):
+                  n_freq, lattice=None):
     """The accountant's program (:func:`dpjax.pld.accountant._program_jit`) for the first
-    ``count`` of a batch of plans of one static shape (leading axis on every array)."""
+    ``count`` of a batch of plans of one static shape (leading axis on every array); ``lattice``
+    as the accountant passes it (both directions' loss CDFs from one lattice evaluation)."""
     raw = _acc._program_jit.__wrapped__
-    static = dict(directions=directions, ms=ms, n=n, kinds=kinds, want=want, n_freq=n_freq)
+    static = dict(directions=directions, ms=ms, n=n, kinds=kinds, want=want, n_freq=n_freq, lattice=lattice)
     data = (groups, dx, lambdas, log_tau, deltas, epsilons)
 
     def one(i):
@@ -101,51 +105,76 @@ def _first_plan(components, *, want, target, options):
 def _key(plan):
     common = tuple(max(m[gi] for m in plan.ms) for gi in range(len(plan.ms[0])))
     leaves, tree = jax.tree_util.tree_flatten(plan.groups)
-    return (plan.directions, common, plan.n, plan.n_freq, tree, tuple(np.shape(x) for x in leaves))
+    # The accountant's static lattice flags (dpjax.pld.accountant._program): the same work sharing
+    # between the directions, so the same numbers as the single call.
+    lattice = lattice_groups(plan.groups, plan.directions, plan.dx, common)
+    return (plan.directions, common, plan.n, plan.n_freq, lattice, tree, tuple(np.shape(x) for x in leaves))
 
 
 def _stack(*xs):
     return np.stack([np.asarray(x) for x in xs])
 
 
-#: Chunks per static shape dispatched before any result is read: XLA:CPU runs the chunks'
-#: programs concurrently on the cores it has (one program runs on about one core).
-_CONCURRENT = min(4, _xla.usable_cpus())
+#: Elements per dispatched program (the smallest capacity): a chunk of plans of one static shape
+#: is dispatched as soon as it is full, so XLA:CPU runs it on a core of its own (one program runs
+#: on about one core; dispatched programs run concurrently) while the host plans the next
+#: elements.  The host's planning (~15% of an element's cost) then hides behind the programs.
+_CHUNK = _CAPACITIES[0]
+#: Programs in flight at once (dispatched, not yet finished): one per core, so that they do not
+#: compete for the cores' caches.  (Inside a host callback, under ``jax.jit``/``vmap``, XLA runs
+#: every dispatched program inline: one at a time, whatever this says.)
+_IN_FLIGHT = min(4, _xla.usable_cpus())
 
 
-def _run_batch(plans, targets, *, want):
-    """Run the loop program over ``plans`` grouped by static shape; per element the unpacked
-    result (as :func:`dpjax.pld.accountant._unpack`)."""
-    kinds = ("up",)
-    out = [None] * len(plans)
-    keys = [_key(p) for p in plans]
-    pending = []
-    for key in dict.fromkeys(keys):
-        idx = [i for i, k in enumerate(keys) if k == key]
-        directions, common, n, n_freq = key[:4]
-        size = min(_CAPACITIES[-1], max(_CAPACITIES[0], -(-len(idx) // _CONCURRENT)))
-        for start in range(0, len(idx), size):
-            chunk = idx[start:start + size]
-            cap = next(c for c in _CAPACITIES if c >= len(chunk))
-            pad = chunk + [chunk[-1]] * (cap - len(chunk))
-            ps = [plans[i] for i in pad]
-            groups = jax.tree_util.tree_map(_stack, *[p.groups for p in ps])
-            tg = np.asarray([targets[i] for i in pad], np.float64)
-            if want == "eps":
-                deltas, epsilons = tg, np.zeros(cap)
-            else:
-                deltas, epsilons = np.full((cap, 1), 0.5), tg
-            # Dispatched asynchronously; read below, after every chunk has been launched.
-            flat = _loop_program(np.int32(len(chunk)), groups, _stack(*[p.dx for p in ps]),
-                                 _stack(*[p.lambdas for p in ps]), _stack(*[p.log_tau for p in ps]), deltas,
-                                 epsilons, directions=directions, ms=tuple(common for _ in directions), n=n,
-                                 kinds=kinds, want=want, n_freq=n_freq)
-            pending.append((chunk, directions, flat))
-    for chunk, directions, flat in pending:
-        flat = np.asarray(flat)
-        for j, i in enumerate(chunk):
-            out[i] = _acc._unpack(flat[j], directions, kinds, ())
-    return out
+class _Dispatcher:
+    """Plans grouped by static shape (:func:`_key`) as they arrive; each group's chunk of
+    :data:`_CHUNK` plans runs as one :func:`_loop_program`, dispatched asynchronously when full
+    (the last, partial chunks by :meth:`results`)."""
+
+    def __init__(self, want: str):
+        self.want = want
+        self.buckets: dict = {}
+        self.pending: list = []
+
+    def add(self, index: int, plan, target) -> None:
+        key = _key(plan)
+        bucket = self.buckets.setdefault(key, [])
+        bucket.append((index, plan, float(target)))
+        if len(bucket) == _CHUNK:
+            self._launch(key, self.buckets.pop(key))
+
+    def _launch(self, key, chunk) -> None:
+        directions, common, n, n_freq, lattice = key[:5]
+        cap = next(c for c in _CAPACITIES if c >= len(chunk))
+        pad = chunk + [chunk[-1]] * (cap - len(chunk))
+        ps = [p for _, p, _ in pad]
+        groups = jax.tree_util.tree_map(_stack, *[p.groups for p in ps])
+        tg = np.asarray([t for _, _, t in pad], np.float64)
+        if self.want == "eps":
+            deltas, epsilons = tg, np.zeros(cap)
+        else:
+            deltas, epsilons = np.full((cap, 1), 0.5), tg
+        # Dispatched asynchronously: the host goes on planning while XLA runs it.
+        flat = _loop_program(np.int32(len(chunk)), groups, _stack(*[p.dx for p in ps]),
+                             _stack(*[p.lambdas for p in ps]), _stack(*[p.log_tau for p in ps]), deltas,
+                             epsilons, directions=directions, ms=tuple(common for _ in directions), n=n,
+                             kinds=("up",), want=self.want, n_freq=n_freq, lattice=lattice)
+        self.pending.append(([i for i, _, _ in chunk], directions, flat))
+        if len(self.pending) > _IN_FLIGHT:
+            jax.block_until_ready(self.pending[-1 - _IN_FLIGHT][2])
+
+    def results(self) -> dict:
+        """``{index: unpacked result}`` (as :func:`dpjax.pld.accountant._unpack`) of every plan added."""
+        for key, chunk in list(self.buckets.items()):
+            self._launch(key, chunk)
+        self.buckets = {}
+        out = {}
+        for indices, directions, flat in self.pending:
+            flat = np.asarray(flat)
+            for j, i in enumerate(indices):
+                out[i] = _acc._unpack(flat[j], directions, ("up",), ())
+        self.pending = []
+        return out
 
 
 def _regular(plan, res, *, want, target, options) -> float | None:
@@ -217,23 +246,22 @@ def _many(components_list, targets, *, want, options):
     comps = [_acc._as_components(c) for c in components_list]
     out = np.full(len(comps), np.nan)
     single = []
-    plans, where = [], []
+    plans = {}
+    dispatcher = _Dispatcher(want)
     for i, c in enumerate(comps):
         # One element: the accountant's own call (its compiled program, no batch program).
         special = len(comps) == 1 or (_special_epsilon(c, targets[i]) if want == "eps" else _special_delta(c))
         if special:
             single.append(i)
             continue
-        plans.append(_first_plan(c, want=want, target=targets[i], options=options))
-        where.append(i)
-    if plans:
-        results = _run_batch(plans, [targets[i] for i in where], want=want)
-        for plan, res, i in zip(plans, results, where):
-            v = _regular(plan, res, want=want, target=targets[i], options=options)
-            if v is None:
-                single.append(i)
-            else:
-                out[i] = v
+        plans[i] = _first_plan(c, want=want, target=targets[i], options=options)
+        dispatcher.add(i, plans[i], targets[i])  # runs while the next elements are planned
+    for i, res in sorted(dispatcher.results().items()):
+        v = _regular(plans[i], res, want=want, target=targets[i], options=options)
+        if v is None:
+            single.append(i)
+        else:
+            out[i] = v
     for i in single:
         if want == "eps":
             out[i] = float(np.asarray(_acc.epsilon(comps[i], targets[i], options=options, with_lower=False).epsilon))
