@@ -521,6 +521,7 @@ def render_example(d: dict) -> Rendered:
         first = runs[0] if runs else {}
         rows.append([name, " ".join(v.get("args") or []) or "(the defaults)", seconds(v.get("warmup", {}).get("seconds")),
                      seconds(v.get("median_seconds")), ", ".join(seconds(r["seconds"]) for r in runs),
+                     seconds(v.get("median_cpu_seconds")), ", ".join(num(r.get("load_average")) for r in runs),
                      num(first.get("noise_multiplier"), 5), first.get("method") or "-",
                      num(first.get("certificate_samples"))])
     body = ("Fresh processes of `python -m dpjax optimize --example --json --quiet --no-save` (plus the variant's "
@@ -528,7 +529,8 @@ def render_example(d: dict) -> Rendered:
             "private directory: the first run of each variant fills it (its time includes XLA's compilations), the "
             "runs after it find it warm.\n\n"
             + table(["variant", "arguments", "first run (empty cache)", "warm: median", "warm: every run",
-                     "certified sigma", "certificate", "certificate samples"], rows))
+                     "warm: median CPU time", "load average (1 min)", "certified sigma", "certificate",
+                     "certificate samples"], rows))
     return Rendered("The example: wall time", body, "bench_example.py")
 
 
