@@ -585,6 +585,61 @@ def render_traced(d: dict) -> Rendered:
                     "bench_traced.py", heads)
 
 
+def render_allocation(d: dict) -> Rendered:
+    """``bench_allocation.py``: random allocation against ``pld-accounting``, per configuration."""
+    rows = []
+    for r in d["rows"]:
+        c = r["config"]
+        head = [c["kind"], param(c["sigma"]), c["t"], c["k"], c["epochs"], param(c["delta"])]
+        if "error" in r:
+            rows.append(head + [r["error"]] + ["-"] * 8)
+            continue
+        rows.append(head + [num(r["dpjax_lower"], 6), num(r["dpjax_upper"], 6), num(r["pld_lower"], 6),
+                            num(r["pld_upper"], 6), num(r["width_rel"], 2), seconds(r["pld_first"]),
+                            seconds(r["dpjax_first"]), ratio(r["first_ratio"]), ratio(r["steady_ratio"])])
+    snd, spd = d["soundness"], d["speed"]
+    body = "\n\n".join([
+        "DP-SGD under random allocation (each example in k of the t steps of every epoch), dpjax's certified "
+        "bracket against pld-accounting's `gaussian_allocation_epsilon_range` (its default accuracy). "
+        "Each library runs each configuration in its own fresh process; dpjax's steady time is the faster "
+        "of its one-shot call and its jitted `epsilon_fn` on the same plan. " + d.get("note", ""),
+        f"Sound on {sum(1 for r in d['rows'] if r.get('sound'))} of {snd['configurations']} configurations "
+        f"(dpjax's upper end at or above pld-accounting's lower, its lower end at or below pld-accounting's "
+        f"upper); brackets within 0.5% (or 1e-4 where epsilon < 0.02) on {snd['widths_ok']}; widest "
+        f"{num(snd['max_width_rel'], 2)} relative. Speed set ({spd['configurations']} configurations: the "
+        f"anchors and the first 20 random ones): first call at least {ratio(spd['min_first_ratio'])} "
+        f"({spd['first_ratio_10x']} at 10x or more), steady state at least {ratio(spd['min_steady_ratio'])} "
+        f"({spd['steady_ratio_100x']} at 100x or more).",
+        table(["kind", "sigma", "t", "k", "E", "delta", "dpjax lower", "dpjax upper", "pld-accounting lower",
+               "pld-accounting upper", "dpjax width", "pld-accounting first", "dpjax first", "first-call speed-up",
+               "steady speed-up"], rows)])
+    heads = [["Random allocation, steady call (speed set)", "pld-accounting", f"{ratio(spd['min_steady_ratio'])} or more"],
+             ["Random allocation, first call (speed set)", "pld-accounting", f"{ratio(spd['min_first_ratio'])} or more"]]
+    return Rendered("Random allocation against pld-accounting", body, "bench_allocation.py", heads)
+
+
+SCHEME_NAMES = {"poisson": "Poisson (q = 1/b)", "random_allocation": "random allocation",
+                "balls_in_bins": "balls-in-bins (C = I)", "none": "no amplification"}
+
+
+def render_table_allocation(d: dict) -> Rendered:
+    """``table_allocation.py``: epsilon and the calibrated noise under four batchings."""
+    schemes = [s for s in SCHEME_NAMES if s in d["epsilon"][0]]
+    eps_rows = [[r["epochs"], r["batches_per_epoch"], param(r["noise_multiplier"])] + [num(r[s], 4) for s in schemes]
+                for r in d["epsilon"]]
+    sig_rows = [[r["epochs"], r["batches_per_epoch"], param(r["target_epsilon"])] + [num(r[s], 4) for s in schemes]
+                for r in d["noise_multiplier"]]
+    names = [SCHEME_NAMES[s] for s in schemes]
+    partial = "" if d.get("complete", True) else " (the rows the run completed within its time limit)"
+    body = "\n\n".join([
+        f"Certified epsilon at delta = {param(d['delta'])} (noise multiplier sigma, b batches per epoch, E epochs, "
+        f"T = b E steps){partial}:",
+        table(["E", "b", "sigma"] + names, eps_rows),
+        f"Smallest noise multiplier whose certified epsilon meets the target at delta = {param(d['delta'])}:",
+        table(["E", "b", "target epsilon"] + names, sig_rows)])
+    return Rendered("DP-SGD under four batchings", body, "table_allocation.py")
+
+
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "table_amplified_mf.json": render_amplified_mf,
@@ -702,6 +757,32 @@ def result_files(results: pathlib.Path = RESULTS) -> list[str]:
 
 def render(results: pathlib.Path = RESULTS) -> str:
     """The whole page for the result files in ``results`` (deterministic)."""
+    return _render(results)[0]
+
+
+def readme_table(results: pathlib.Path = RESULTS) -> str:
+    """The README's summary: the page's headline ratios, each linking to its table on the page."""
+    rows = [[what, against, value, link.replace("](#", "](docs/benchmarks.md#")]
+            for what, against, value, link in _render(results)[1]]
+    return table(["what", "against", "ratio", "table"], rows)
+
+
+README = ROOT / "README.md"
+README_BEGIN = "<!-- headline ratios: written by python benchmarks/render_docs.py -->"
+README_END = "<!-- end of headline ratios -->"
+
+
+def readme_text(results: pathlib.Path = RESULTS) -> str | None:
+    """README.md with its headline-ratio block re-rendered (None: the README has no block)."""
+    text = README.read_text() if README.exists() else ""
+    if README_BEGIN not in text or README_END not in text:
+        return None
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    return f"{head}{README_BEGIN}\n{readme_table(results)}\n{README_END}{tail}"
+
+
+def _render(results: pathlib.Path) -> tuple[str, list[list[str]]]:
     files = result_files(results)
     order = [f for f in RENDERERS if f in files]
     skipped: dict[str, list[str]] = {}
@@ -732,7 +813,7 @@ def render(results: pathlib.Path = RESULTS) -> str:
     if skipped:
         page.append("## Other records\n\nKept in `benchmarks/results/` and not tabulated here:\n\n"
                     + "\n".join(f"- {', '.join(f'`{f}`' for f in names)}: {why}" for why, names in skipped.items()))
-    return "\n\n".join(page).rstrip() + "\n"
+    return "\n\n".join(page).rstrip() + "\n", headlines
 
 
 def _anchor(title: str) -> str:
@@ -744,18 +825,22 @@ def _anchor(title: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from a fresh render")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if docs/benchmarks.md or the README's headline ratios differ from a fresh render")
     args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        current = DOC.read_text() if DOC.exists() else ""
-        if current != text:
-            print(f"{DOC.relative_to(ROOT)} is stale: run python benchmarks/render_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text)
-    print(f"wrote {DOC.relative_to(ROOT)}")
-    return 0
+    outputs = [(DOC, render()), (README, readme_text())]
+    stale = 0
+    for path, text in outputs:
+        if text is None:
+            continue
+        if args.check:
+            if (path.read_text() if path.exists() else "") != text:
+                print(f"{path.relative_to(ROOT)} is stale: run python benchmarks/render_docs.py", file=sys.stderr)
+                stale = 1
+            continue
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}")
+    return stale
 
 
 if __name__ == "__main__":
