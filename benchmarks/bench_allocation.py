@@ -108,8 +108,11 @@ print(json.dumps(out))
 
 def _child(code: str, cfg: dict, timeout: float) -> dict:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"did not finish within {timeout:g} s")
     if proc.returncode != 0:
         return dict(error=proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,10 +134,12 @@ def _load() -> dict:
     return done
 
 
-def run(count: int, which: str, timeout: float, jit: bool) -> None:
+def run(count: int, which: str, timeout: float, jit: bool, shard: tuple[int, int] = (0, 1)) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     done = _load()
-    for cfg in ANCHORS + random_configs(count):
+    for index, cfg in enumerate(ANCHORS + random_configs(count)):
+        if index % shard[1] != shard[0]:
+            continue
         # The jitted path (compile ~1 min on the shared 2 cores) is timed on the speed set only.
         jit_here = jit and cfg["kind"] in ("anchor", "random")
         key = _key(cfg)
@@ -147,7 +152,8 @@ def run(count: int, which: str, timeout: float, jit: bool) -> None:
             row["dpjax"] = _child(DPJAX_CHILD, dict(cfg, jit=jit_here), timeout)
             changed = True
         if changed:
-            row["host"] = dict(cpus=os.cpu_count(), loadavg=list(os.getloadavg()), time=time.strftime("%Y-%m-%d %H:%M"))
+            row["host"] = dict(cpus=os.cpu_count(), cores_used=len(os.sched_getaffinity(0)), shard=list(shard),
+                               loadavg=list(os.getloadavg()), time=time.strftime("%Y-%m-%d %H:%M"))
             with RAW.open("a") as f:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
@@ -156,7 +162,7 @@ def run(count: int, which: str, timeout: float, jit: bool) -> None:
             print(json.dumps(row), flush=True)
 
 
-def summary() -> dict:
+def summary(note: str | None = None) -> dict:
     rows = list(_load().values())
     out = []
     for r in rows:
@@ -196,9 +202,14 @@ def summary() -> dict:
                    min_steady_ratio_numpy=min((o["steady_ratio_numpy"] for o in speed), default=None),
                    first_ratio_10x=sum(o["first_ratio"] >= 10 for o in speed),
                    steady_ratio_100x=sum(o["steady_ratio"] >= 100 for o in speed)),
-        note="one fresh process per library and configuration; the machine's 2 cores were shared with other jobs "
-             "(loadavg recorded per row), so absolute times are contended; ratios compare runs made back to back",
+        note=note or "one fresh process per library and configuration (host and load recorded per row); ratios "
+                     "compare the two libraries' runs of the same configuration, made back to back",
     )
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from _meta import run_metadata
+
+    res["benchmark"] = "bench_allocation"
+    res["meta"] = run_metadata(__file__)
     SUMMARY.write_text(json.dumps(res, indent=1))
     return res
 
@@ -210,10 +221,17 @@ def main():
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per child process")
     ap.add_argument("--no-jit", action="store_true", help="skip the jitted path (compile is slow on 2 cores)")
     ap.add_argument("--summary", action="store_true", help="only summarize the recorded rows")
+    ap.add_argument("--shard", default="0/1",
+                    help="I/N: run only configurations whose index is I mod N (N processes, e.g. one per core, "
+                         "append to the same record)")
+    ap.add_argument("--note", default=None, help="the summary's note on the machine (default: a generic one)")
     args = ap.parse_args()
+    i, n = (int(x) for x in args.shard.split("/"))
+    if not 0 <= i < n:
+        ap.error(f"--shard I/N needs 0 <= I < N, got {args.shard}")
     if not args.summary:
-        run(args.count, args.which, args.timeout, jit=not args.no_jit)
-    print(json.dumps({k: v for k, v in summary().items() if k != "rows"}, indent=1))
+        run(args.count, args.which, args.timeout, jit=not args.no_jit, shard=(i, n))
+    print(json.dumps({k: v for k, v in summary(args.note).items() if k != "rows"}, indent=1))
 
 
 if __name__ == "__main__":
