@@ -655,6 +655,8 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_optimize_64x128x20.json": render_optimize,
     "bench_sweep_broad.json": render_sweep,
     "bench_sweep_narrow.json": render_sweep,
+    "bench_allocation.json": render_allocation,
+    "table_allocation.json": render_table_allocation,
     "bench_curve.json": render_curve,
     "bench_plancherel.json": render_plancherel,
     "bench_interop.json": render_interop,
