@@ -158,3 +158,20 @@ def test_dpsgd_tiny_delta_few_steps_tight_and_monotone(steps):
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if _one_step_remove_delta(mid, 1.0, 0.01) <= 1e-14 else (mid, hi)
     assert lower[0] <= lo and hi <= upper[0] <= hi * (1 + 1e-6), (lower[0], lo, hi, upper[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [464, 2154])
+def test_epsilon_without_lower_end_finds_small_answers(steps):
+    """``dpsgd_epsilon`` computes no lower end, so the tilted pass guesses where its window must
+    start (a fraction of the way from the mean loss to the ordinary upper end).  At sigma 1.51,
+    q 1e-5, delta 1.3e-12 the ordinary upper end is 0.18 (T = 464) and 0.37 (T = 2154) and the
+    answers 9.8e-4 and 2.0e-3, below the guesses tried, so the ordinary upper end was returned
+    (not monotone in q: q = 2e-5 gave 0.0149 at T = 464).  Now: within 1% of the certified
+    lower end computed by the call that asks for it (whose own bracket is that wide at most:
+    the lower end is loose by discretization)."""
+    args = (1.5134323549576634, 1.013180337434407e-05, steps, 1.3074454674857482e-12)
+    bracket = pld.dpsgd_accounting(*args[:3], target_delta=args[3])
+    eps = pld.dpsgd_epsilon(*args)
+    assert bracket.epsilon_lower <= eps <= bracket.epsilon_lower * (1 + 1e-2), (eps, bracket)
+    assert bracket.epsilon <= bracket.epsilon_lower * (1 + 1e-2), bracket

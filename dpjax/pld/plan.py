@@ -464,16 +464,19 @@ def coarse_shape(plan: GridPlan, options: GridOptions) -> GridPlan:
 #: ``W = n dx``) under this fraction of the smallest target delta (see :func:`tilt_parameters`).
 TILT_WRAP_FRACTION = 1e-4
 #: The top of the tilted window may use this fraction of its width above ``y_v`` (the rest is a
-#: margin for the probe-based log-MGF: the program places the window from the grid's own).
-_TILT_TOP_FIT = 0.7
+#: margin for the probe-based log-MGF: the program places the window from the grid's own); the
+#: thinner margin only where no width up to ``max_width`` serves a direction with the first.
+_TILT_TOP_FITS = (0.7, 0.95)
 
 
 def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_targets, y_from, width: float,
                     log_tau: float, *, level: float | None = None,
-                    max_width: float | None = None) -> tuple[np.ndarray, float]:
+                    max_width: float | None = None) -> tuple[np.ndarray, float, np.ndarray]:
     """Exponential tilts ``lam > 0`` (one per direction) for
-    :func:`dpjax.pld.compose.compose_directions`'s tilted mode, and the window width ``W`` (loss
-    units: ``width`` or ``width`` times a power of two up to ``max_width``) they were chosen for.
+    :func:`dpjax.pld.compose.compose_directions`'s tilted mode, the window width ``W`` (loss
+    units: ``width`` or ``width`` times a power of two up to ``max_width``) they were chosen for,
+    and per direction whether any tilt's window top fits at all (False: the smallest tilt of the
+    search is returned, a window far above ``y_v`` that serves no answer).
 
     The tilted window ``[h - W, h]`` must do two things (Koskela and Honkela, "Computing
     differential privacy guarantees for heterogeneous compositions using FFT", 2021, bound the
@@ -481,8 +484,8 @@ def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_ta
 
     * reach down to ``y_v = y_from[d]``: its top ``h``, where the untilted bound on the mass
       wrapping from above, ``exp(K(theta) - theta h + lam (h - y_v))`` (the best ``theta > lam``),
-      meets ``tau``, must lie within ``0.7 W`` of ``y_v`` (heavy right tails make ``K`` grow
-      fast beyond ``lam`` and ask for smaller tilts);
+      meets ``tau``, must lie within ``0.7 W`` of ``y_v`` (``0.95 W`` where nothing else fits;
+      heavy right tails make ``K`` grow fast beyond ``lam`` and ask for smaller tilts);
     * damp what wraps from below: every bin below the window lands ``k n`` bins higher and is
       untilted there by ``e^{-lam k W}`` relative to its own mass, so up to ``e^{-lam W}`` (the
       whole bulk of the loss, when it lies below the window) is added to the upper curve.  Unless
@@ -494,7 +497,7 @@ def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_ta
     ``eps_targets[d]`` (``K'(lam) = eps``, the tilted bulk where delta is read), else the
     smallest above it; when no ``lam`` meets both conditions at ``width``, the window is doubled
     (same spacing, more points).  A direction that no width up to ``max_width`` serves keeps the
-    largest ``lam <= lam*`` whose top fits ``width`` (the program then reports what it can).
+    largest ``lam <= lam*`` whose top fits ``W`` (the program then reports what it can).
 
     ``K`` is the composed log-MGF of the probe masses (the planner's coarse loss histogram), so
     this is approximate; only tightness depends on it (any ``lam > 0`` gives certified bounds,
@@ -541,23 +544,29 @@ def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_ta
         tops = np.where(np.isfinite(h), h - yv, np.inf)                         # (L,)
         choices.append((i_star, tops))
 
-    def pick(i_star, tops, W):
-        ok = (tops <= _TILT_TOP_FIT * W) & (grid * W >= log_wrap)
+    def pick(i_star, tops, W, fit):
+        ok = (tops <= fit * W) & (grid * W >= log_wrap)
         below = np.flatnonzero(ok[:i_star + 1])
         if below.size:
             return int(below[-1])
         above = np.flatnonzero(ok[i_star + 1:])
         return int(above[0]) + i_star + 1 if above.size else None
 
-    # The narrowest width that serves every direction some width can serve.
-    needed = [next((Wk for Wk in widths if pick(i_star, tops, Wk) is not None), None)
-              for i_star, tops in choices]
-    W = max([w for w in needed if w is not None], default=width)
-    out = []
-    for i_star, tops in choices:
-        i = pick(i_star, tops, W)
-        if i is None:   # no width serves this direction: the old rule (top fit only, lam <= lam*)
-            ok = np.flatnonzero(tops[:i_star + 1] <= _TILT_TOP_FIT * W)
-            i = int(ok[-1]) if ok.size else 0
-        out.append(grid[i])
-    return np.asarray(out, np.float64), float(W)
+    # Per direction the narrowest width served with the usual margin, else with the thin one;
+    # then the widest of those serves every direction some width can serve.
+    needed = [next(((Wk, fit) for fit in _TILT_TOP_FITS for Wk in widths if pick(i_star, tops, Wk, fit) is not None),
+                   None) for i_star, tops in choices]
+    W = max([w[0] for w in needed if w is not None], default=width)
+    out, fits = [], []
+    for (i_star, tops), w in zip(choices, needed):
+        i = None
+        for fit in (_TILT_TOP_FITS if w is not None else ()):
+            i = pick(i_star, tops, W, fit)
+            if i is not None:
+                break
+        if i is None:   # no width serves this direction: the top fit alone (lam <= lam*)
+            ok = np.flatnonzero(tops[:i_star + 1] <= _TILT_TOP_FITS[0] * W)
+            i = int(ok[-1]) if ok.size else None
+        fits.append(i is not None)
+        out.append(grid[0 if i is None else i])
+    return np.asarray(out, np.float64), float(W), np.asarray(fits)
