@@ -37,7 +37,8 @@ from dpjax.pld.convert import delta_at, table
 from dpjax.pld.convert import epsilon as eps_from_pld
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta, host_gaussian_epsilon_is_zero
-from dpjax.pld.plan import GridOptions, GridPlan, coarse_shape, plan_grid, tilt_parameters
+from dpjax.pld.plan import (MAX_WINDOW_WIDTH, GridOptions, GridPlan, coarse_shape, plan_grid, regrid, tilt_log_mgf,
+                            tilt_parameters)
 from dpjax import _xla
 
 # ------------------------------------------------------------------------------------------
@@ -465,14 +466,21 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, 
     # above the answer certifies epsilon <= valid_from (see _tilted_run) and is retried lower
     # (the fractions _TILT_GUESSES of the way from the mean to the ordinary upper end).
     plain = res
+    mgf = tilt_log_mgf(groups, directions, _support_tops(plan))   # the same for every guess
     for frac in _TILT_GUESSES:
         res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
-                                          level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
-                                          guide=plain)
+                                        level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
+                                        guide=plain, mgf=mgf)
         if valid or not retry:
             break
     return res
 
+
+#: Widest tilted window (loss units) :func:`_tilted_run` asks for on a coarser grid when
+#: ``n_max`` points at the plan's spacing cannot reach from ``y_v`` to a top where the wrap-around
+#: bounds meet their budget (DP-SGD with q T ~ 5e-6: the plan's spacing 1.9e-6 for an answer of
+#: 1.4 left a window of 3.9 at 2^21 points, and the bulk of the loss wrapped onto it).
+_TILT_MAX_WIDTH = MAX_WINDOW_WIDTH / 8
 
 #: Where :func:`_tail_pass` guesses ``y_v`` without an ordinary lower end above the mean loss:
 #: these fractions of the way from the mean to the ordinary upper end, in turn, until the tilted
@@ -484,13 +492,21 @@ def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, 
 _TILT_GUESSES = (0.5, 0.2, 0.02, 0.002, 0.0)
 
 
+def _support_tops(plan):
+    """Per direction and group, the top of each step's grid support (loss units)."""
+    return [[(np.asarray(g.offsets, np.float64) + m - 1) * plan.dx for g, m in zip(gd, md)]
+            for gd, md in zip(plan.groups, plan.ms)]
+
+
 def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac, n_max=None,
-                wrap_level=None, guide=None):
+                wrap_level=None, guide=None, mgf=None):
     """One tilted run (see :func:`_tail_pass`); returns (merged results, whether every
     direction's tilted upper end at the smallest target was an answer, whether a lower guess of
-    ``y_v`` may help: some ``y_v`` was a guess and some window fits).  ``wrap_level``: the delta against which the mass wrapping onto the tilted window
-    from below must be negligible (default ``level``); ``guide``: the results that place the
-    tilted window (default ``res``, into which the tilted results are merged).
+    ``y_v`` may help: some ``y_v`` was a guess and every direction that gave no answer has a
+    window that fits).  ``wrap_level``: the delta against which the mass wrapping onto the
+    tilted window from below must be negligible (default ``level``); ``guide``: the results
+    that place the tilted window (default ``res``, into which the tilted results are merged);
+    ``mgf``: :func:`dpjax.pld.plan.tilt_log_mgf` of ``groups`` on ``plan``'s supports, when known.
 
     A tilted upper end at or below ``valid_from`` is no answer, but it still certifies
     ``epsilon <= valid_from``: the tilted delta curve is exact-or-above the truth for every
@@ -517,17 +533,21 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     n_max = max(plan.n, GridOptions().n_max if n_max is None else n_max)
     tilt, width, fits = tilt_parameters(groups, directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau,
                                         level=level if wrap_level is None else wrap_level,
-                                        max_width=plan.dx * n_max)
+                                        max_width=max(plan.dx * n_max, _TILT_MAX_WIDTH),
+                                        support_tops=_support_tops(plan), mgf=mgf)
     if not fits.any():
         # No tilted window reaches down to y_v in any direction: nothing to gain from the run,
         # nor from a lower guess (a lower y_v only asks for a wider window).
         return res, False, False
-    # A wider window at the same spacing (offsets and supports unchanged): n times a power of two.
-    n = plan.n * max(1, round(width / (plan.n * plan.dx)))
+    # A wider window: n times a power of two at the same spacing (offsets and supports
+    # unchanged), or, beyond n_max points, n_max points at a coarser spacing.
+    scale = max(1, round(width / (plan.n * plan.dx)))
+    grid = plan if plan.n * scale <= n_max else regrid(plan, plan.dx * plan.n * scale / n_max, n_max)
+    n = plan.n * scale if grid is plan else grid.n
     thetas = tilt[:, None] * _TILT_THETA[None, :]
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-    out = _unpack(_program(plan.groups, plan.dx, thetas, plan.log_tau, deltas, epsilons, directions=directions,
-                           ms=plan.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
+    out = _unpack(_program(grid.groups, grid.dx, thetas, grid.log_tau, deltas, epsilons, directions=directions,
+                           ms=grid.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
                            tilt_from=np.asarray(y_v, np.float64), exported=True), directions, kinds, shape)
     merged, valid, retry = [], True, guessed
     for r, t, fit in zip(res, out, fits):

@@ -460,6 +460,43 @@ def coarse_shape(plan: GridPlan, options: GridOptions) -> GridPlan:
     return dataclasses.replace(plan, n=n2, ms=ms, n_freq=n_freq)
 
 
+def regrid(plan: GridPlan, dx: float, n: int) -> GridPlan:
+    """``plan`` on the coarser spacing ``dx`` (``>= plan.dx``) with ``n`` points: every group's
+    support covers at least its support on ``plan`` (new offset ``floor(o plan.dx / dx)``, top
+    ``ceil((o + m - 1) plan.dx / dx)``).  For the tilted tail pass, whose window may need to be
+    wider than ``plan``'s largest FFT holds (see :func:`tilt_parameters`).  Soundness never
+    depends on the grid (each support's truncation is bounded in the program); a coarser one
+    only widens the bracket by its discretization."""
+    groups, ms = [], []
+    for gd, md in zip(plan.groups, plan.ms):
+        gs, mm = [], []
+        for g, m in zip(gd, md):
+            off = np.asarray(g.offsets, np.int64)
+            lo = np.floor(off * plan.dx / dx).astype(np.int64)
+            top = np.ceil((off + m - 1) * plan.dx / dx).astype(np.int64)
+            c = np.asarray(g.counts)
+            need = int(np.max(np.where(c > 0, top - lo + 1, 2)))
+            gs.append(Group(mechanism=g.mechanism, counts=g.counts, offsets=lo))
+            mm.append(min(max(_fft_size(need), 64), n))
+        groups.append(tuple(gs))
+        ms.append(tuple(mm))
+    return dataclasses.replace(plan, dx=float(dx), n=int(n), groups=tuple(groups), ms=tuple(ms), n_freq=None)
+
+
+#: Probe of :func:`tilt_parameters`: the planner's probe 8 times denser (ratio 1.006 between
+#: neighbours) from a loss of 0.01 on.  The window top is ``(K(theta) - log tau - lam y_v) / (theta - lam)`` with
+#: ``theta`` close to ``lam``, so an error of ``K`` is divided by ``theta - lam``; with the
+#: planner's probe (ratio 1.05: bins 0.15 wide at a loss of 3) ``K(32)`` was off by a factor
+#: ``e^{32 * 0.07}`` and no tilt above ~8 seemed to fit, where ``lam = 32`` fits and is what a
+#: heavy-tailed loss needs (DP-SGD with sigma 0.63, q 1.4e-8, T = 353 at delta 4.8e-13: certified
+#: [1.13e-4, 1.78e-4] with it, 0.21..1.61 with the tilts that seemed to fit).
+#: (Only from |loss| = 0.01 on: below, the planner's bins are narrower than 1e-3 / lam for every
+#: tilt searched, and half as many bins halve the cost.)
+_G_TILT = np.r_[_G[_G < -2.0], np.linspace(-2.0, math.log10(MAX_WINDOW_WIDTH / 2), 1780)]
+_TILT_PROBE = np.concatenate([-(10.0 ** _G_TILT[::-1]), [0.0], 10.0 ** _G_TILT])
+#: Largest ``(L, G, B)`` temporary of :func:`tilt_parameters` (floats).
+_TILT_CHUNK = 2**23
+
 #: The tilted pass keeps the mass wrapping onto its window from below (damped by ``e^{-lam W}``,
 #: ``W = n dx``) under this fraction of the smallest target delta (see :func:`tilt_parameters`).
 TILT_WRAP_FRACTION = 1e-4
@@ -469,9 +506,55 @@ TILT_WRAP_FRACTION = 1e-4
 _TILT_TOP_FITS = (0.7, 0.95)
 
 
+#: Tilts searched by :func:`tilt_parameters`.
+TILT_GRID = np.geomspace(1e-3, 1e3, 481)
+
+
+def tilt_log_mgf(groups: Sequence[Group], directions: tuple[str, ...], support_tops=None) -> list:
+    """Per direction ``(K, K')`` on :data:`TILT_GRID`: the composed log-MGF of the loss and its
+    derivative (the tilted mean), from :data:`_TILT_PROBE` masses, each step's cut at
+    ``support_tops[d][g]`` when given (see :func:`tilt_parameters`)."""
+    counts = [np.asarray(g.counts, np.float64) for g in groups]
+    y = _TILT_PROBE
+    mid = 0.5 * (y[1:] + y[:-1])
+    probes = [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
+    grid = TILT_GRID
+    out = []
+    for di in range(len(directions)):
+        K = np.zeros_like(grid)
+        dK = np.zeros_like(grid)
+        for gi, c in enumerate(counts):
+            mass = _probe_masses(*probes[gi][di])
+            if support_tops is not None:
+                # The grid's single-step support ends at its top: the mass beyond goes to the
+                # +inf atom (P(loss = inf), added to delta) and is no part of the composed MGF.
+                top = np.broadcast_to(np.asarray(support_tops[di][gi], np.float64), (mass.shape[0],))
+                mass = np.where(y[None, 1:] <= top[:, None], mass, 0.0)
+            keep = c > 0
+            if not keep.any():
+                continue
+            mass, c = mass[keep], c[keep]
+            nz = np.any(mass > 0, axis=0)
+            mass, mid_nz = mass[:, nz], mid[nz]
+            step = max(1, _TILT_CHUNK // (len(grid) * max(1, mass.shape[1])))
+            with np.errstate(divide="ignore"):
+                log_mass = np.log(mass)                                        # -inf on empty bins
+            for j0 in range(0, len(c), step):   # bounded memory: (L, step, B) at a time
+                ck = c[j0:j0 + step]
+                with np.errstate(over="ignore", invalid="ignore"):
+                    a = log_mass[None, j0:j0 + step] + grid[:, None, None] * mid_nz    # (L, G', B)
+                    amax = np.max(a, axis=2, keepdims=True)
+                    w = np.exp(a - amax)
+                    sw = np.sum(w, axis=2)
+                    K += (np.log(sw) + amax[..., 0]) @ ck
+                    dK += ((w @ mid_nz) / sw) @ ck
+        out.append((K, dK))
+    return out
+
+
 def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_targets, y_from, width: float,
-                    log_tau: float, *, level: float | None = None,
-                    max_width: float | None = None) -> tuple[np.ndarray, float, np.ndarray]:
+                    log_tau: float, *, level: float | None = None, max_width: float | None = None,
+                    support_tops=None, mgf=None) -> tuple[np.ndarray, float, np.ndarray]:
     """Exponential tilts ``lam > 0`` (one per direction) for
     :func:`dpjax.pld.compose.compose_directions`'s tilted mode, the window width ``W`` (loss
     units: ``width`` or ``width`` times a power of two up to ``max_width``) they were chosen for,
@@ -499,15 +582,17 @@ def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_ta
     (same spacing, more points).  A direction that no width up to ``max_width`` serves keeps the
     largest ``lam <= lam*`` whose top fits ``W`` (the program then reports what it can).
 
-    ``K`` is the composed log-MGF of the probe masses (the planner's coarse loss histogram), so
-    this is approximate; only tightness depends on it (any ``lam > 0`` gives certified bounds,
-    the jitted program places and bounds the window itself).
+    ``K`` is the composed log-MGF of the probe masses (a loss histogram), each step's cut at
+    ``support_tops[d][g]`` (its grid support's top: the grid sends what lies beyond to the ``+inf`` atom,
+    so it is no part of the composed MGF; an uncut Gaussian loss tail, e.g. DP-SGD's, has
+    ``K(lam) ~ T lam^2 / (2 sigma^2)`` and let no tilt above ~8 fit), so this is approximate;
+    only tightness depends on it (any ``lam > 0`` gives certified bounds,
+    the jitted program places and bounds the window itself).  ``mgf``: :func:`tilt_log_mgf` of
+    the same arguments, when the caller has it (it does not depend on the targets).
     """
-    counts = [np.asarray(g.counts, np.float64) for g in groups]
-    y = PROBE_LOSSES
-    mid = 0.5 * (y[1:] + y[:-1])
-    probes = [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
-    grid = np.geomspace(1e-3, 1e3, 481)
+    grid = TILT_GRID
+    if mgf is None:
+        mgf = tilt_log_mgf(groups, directions, support_tops)
     max_width = width if max_width is None else max(float(max_width), width)
     widths = [width]
     while widths[-1] * 2.0 <= max_width * (1 + 1e-12):
@@ -515,24 +600,7 @@ def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_ta
     log_wrap = math.log(1.0 / (TILT_WRAP_FRACTION * level)) if level is not None and level > 0 else 0.0
     choices = []
     for di in range(len(directions)):
-        K = np.zeros_like(grid)
-        dK = np.zeros_like(grid)
-        for gi, c in enumerate(counts):
-            mass = _probe_masses(*probes[gi][di])
-            keep = c > 0
-            if not keep.any():
-                continue
-            mass, c = mass[keep], c[keep]
-            for j0 in range(0, len(c), 64):   # bounded memory: (L, 64, B) at a time
-                mk, ck = mass[j0:j0 + 64], c[j0:j0 + 64]
-                with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-                    a = np.where(mk[None] > 0, np.log(np.where(mk > 0, mk, 1.0))[None] + grid[:, None, None] * mid,
-                                 -np.inf)                                      # (L, G', B)
-                    amax = np.max(a, axis=2, keepdims=True)
-                    w = np.exp(a - amax)
-                    sw = np.sum(w, axis=2)
-                    K += (np.log(sw) + amax[..., 0]) @ ck
-                    dK += ((w @ mid) / sw) @ ck
+        K, dK = mgf[di]
         eps, yv = float(eps_targets[di]), float(y_from[di])
         K = np.where(np.isfinite(K), K, np.inf)
         i_star = min(int(np.searchsorted(dK, eps)), len(grid) - 1) if math.isfinite(eps) else 0
