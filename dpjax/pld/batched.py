@@ -42,9 +42,11 @@ compositions such as ``T = 20000``, where the discretization error itself is lar
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 from typing import Sequence
 
 import jax
@@ -116,19 +118,36 @@ def _stack(*xs):
 
 
 #: Elements per dispatched program (the smallest capacity): a chunk of plans of one static shape
-#: is dispatched as soon as it is full, so XLA:CPU runs it on a core of its own (one program runs
-#: on about one core; dispatched programs run concurrently) while the host plans the next
-#: elements.  The host's planning (~15% of an element's cost) then hides behind the programs.
+#: is dispatched as soon as it is full, while the host plans the next elements.  The host's
+#: planning (~15% of an element's cost) then hides behind the programs.
 _CHUNK = _CAPACITIES[0]
-#: Programs in flight at once (dispatched, not yet finished): one per core, so that they do not
-#: compete for the cores' caches.  (Inside a host callback, under ``jax.jit``/``vmap``, XLA runs
-#: every dispatched program inline: one at a time, whatever this says.)
+#: Programs running at once: one per usable core (one program runs on about one core), so that
+#: they do not compete for the cores' caches.
 _IN_FLIGHT = min(4, _xla.usable_cpus())
+
+
+@functools.lru_cache(maxsize=1)
+def _workers() -> concurrent.futures.ThreadPoolExecutor:
+    # Each chunk's program is run to completion by a worker thread (the GIL is released while XLA
+    # runs).  Outside a trace, JAX's asynchronous dispatch alone would overlap the programs; but
+    # inside a host callback (``jax.vmap``/``jax.jit`` of a headline function, dpjax._traced) XLA
+    # runs a dispatched program inline, one at a time, so the threads are what lets a traced
+    # batch use every core.
+    return concurrent.futures.ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="dpjax-batch")
+
+
+# A forked child has the executor but not its threads: it builds its own.
+os.register_at_fork(after_in_child=_workers.cache_clear)
+
+
+def _run_chunk(args, static):
+    out = _loop_program(*args, **static)
+    return np.asarray(out)
 
 
 class _Dispatcher:
     """Plans grouped by static shape (:func:`_key`) as they arrive; each group's chunk of
-    :data:`_CHUNK` plans runs as one :func:`_loop_program`, dispatched asynchronously when full
+    :data:`_CHUNK` plans runs as one :func:`_loop_program` on a worker thread, started when full
     (the last, partial chunks by :meth:`results`)."""
 
     def __init__(self, want: str):
@@ -154,14 +173,18 @@ class _Dispatcher:
             deltas, epsilons = tg, np.zeros(cap)
         else:
             deltas, epsilons = np.full((cap, 1), 0.5), tg
-        # Dispatched asynchronously: the host goes on planning while XLA runs it.
-        flat = _loop_program(np.int32(len(chunk)), groups, _stack(*[p.dx for p in ps]),
-                             _stack(*[p.lambdas for p in ps]), _stack(*[p.log_tau for p in ps]), deltas,
-                             epsilons, directions=directions, ms=tuple(common for _ in directions), n=n,
-                             kinds=("up",), want=self.want, n_freq=n_freq, lattice=lattice)
-        self.pending.append(([i for i, _, _ in chunk], directions, flat))
-        if len(self.pending) > _IN_FLIGHT:
-            jax.block_until_ready(self.pending[-1 - _IN_FLIGHT][2])
+        args = (np.int32(len(chunk)), groups, _stack(*[p.dx for p in ps]), _stack(*[p.lambdas for p in ps]),
+                _stack(*[p.log_tau for p in ps]), deltas, epsilons)
+        static = dict(directions=directions, ms=tuple(common for _ in directions), n=n, kinds=("up",),
+                      want=self.want, n_freq=n_freq, lattice=lattice)
+        # The worker inherits the caller's x64 setting (a thread-local JAX configuration).
+        x64 = bool(jax.config.jax_enable_x64)
+
+        def run():
+            with jax.enable_x64(x64):
+                return _run_chunk(args, static)
+
+        self.pending.append(([i for i, _, _ in chunk], directions, _workers().submit(run)))
 
     def results(self) -> dict:
         """``{index: unpacked result}`` (as :func:`dpjax.pld.accountant._unpack`) of every plan added."""
@@ -169,11 +192,11 @@ class _Dispatcher:
             self._launch(key, chunk)
         self.buckets = {}
         out = {}
-        for indices, directions, flat in self.pending:
-            flat = np.asarray(flat)
+        pending, self.pending = self.pending, []
+        for indices, directions, future in pending:
+            flat = future.result()
             for j, i in enumerate(indices):
                 out[i] = _acc._unpack(flat[j], directions, ("up",), ())
-        self.pending = []
         return out
 
 
