@@ -758,6 +758,10 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if np.isinf(upper).any():
         reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
         dir_reports, upper, reason = _fallback(components, dir_reports, deltas, mu_dom, reason)
+    floored = rare_sampling_floor(components, deltas, upper, stacked)
+    if floored is not None and np.any(floored < upper):
+        upper, lower = floored, np.minimum(lower, floored)
+        reason = ((reason + "  ") if reason else "") + _RARE_SAMPLING_REASON
     return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
                          target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -805,6 +809,43 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
         dir_reports, upper = _fallback_delta(components, dir_reports, eps, _dominating_gaussian_mu(components, stacked))
     return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
                        target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+
+
+#: The binomial-mixture bound is consulted next to the grid's answer where sampled steps are rare:
+#: ``P(some step sampled) <= _RARE_SAMPLING * delta`` (below, see :func:`rare_sampling_floor`).
+_RARE_SAMPLING = 100.0
+_RARE_SAMPLING_REASON = ("Sampled steps are rare at this delta: epsilon is the binomial mixture of Gaussians "
+                         "bound (dpjax.pld.fallback), below the grid's answer.")
+
+
+def rare_sampling_floor(components, deltas, upper, stacked=None):
+    """``min(upper, binomial mixture bound)`` for a composition of Poisson-subsampled Gaussians
+    whose chance of sampling any step, ``1 - (1 - q_max)^T``, is at most ``_RARE_SAMPLING``
+    times the smallest target delta; ``None`` otherwise (nothing to compare).  ``stacked``:
+    :func:`_stack` of the components, when the caller has it.
+
+    Why: there the truth is decided by the few sampled steps (epsilon is 0 once that chance is
+    below delta), while the grid's answer carries its spacing and its tail pass's window start
+    (a few 1e-6 at q = 1e-9), so the grid alone made epsilon non-monotone in q (3.1e-6 at
+    q = 1e-9 against 0 at q = 1e-8, where the grid failed and the mixture bound answered).  Both
+    are certified upper bounds, so their minimum is.  The condition depends only on (q, T, delta)
+    and grows with q and T, so the minimum is taken on the more private side of the boundary,
+    and monotonicity is kept across it.  Cheap there: ``K ~ Bin(T, q)`` has a handful of points."""
+    stacked = _stack(components) if stacked is None else stacked
+    q_max, steps = 0.0, 0
+    for cls, _, data, P, C in stacked:
+        if cls is not PoissonSubsampledGaussian:
+            return None
+        q_max = max(q_max, float(np.max(P[:, data.index("sampling_prob")])))
+        steps += int(np.sum(C))
+    deltas = np.asarray(deltas, np.float64)
+    p_any = -math.expm1(steps * math.log1p(-q_max)) if q_max < 1.0 else 1.0
+    if not p_any <= _RARE_SAMPLING * float(np.min(deltas)):
+        return None
+    from dpjax.pld.fallback import mixture_bound
+
+    bound = mixture_bound(_stacked(components), np.ravel(deltas)).reshape(np.shape(deltas))
+    return np.minimum(np.asarray(upper, np.float64), bound)
 
 
 def _fallback(components, dir_reports, deltas, mu_dom, reason):

@@ -283,8 +283,11 @@ def _many(components_list, targets, *, want, options):
         v = _regular(plans[i], res, want=want, target=targets[i], options=options)
         if v is None:
             single.append(i)
-        else:
-            out[i] = v
+            continue
+        if want == "eps":  # as the single call (dpjax.pld.accountant.epsilon) does
+            floored = _acc.rare_sampling_floor(comps[i], targets[i], v)
+            v = v if floored is None else float(floored)
+        out[i] = v
     for i in single:
         if want == "eps":
             out[i] = float(np.asarray(_acc.epsilon(comps[i], targets[i], options=options, with_lower=False).epsilon))

@@ -1163,6 +1163,10 @@ def _config_fields(cfg: SweepConfig, value: float) -> dict:
 def _row(p: _Planned, reports, path: str, grid: str) -> dict:
     dir_reports, upper, lower = _acc._combine(reports)
     upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
+    if p.cfg.query == "epsilon":  # as the single call (dpjax.pld.accountant.epsilon) does
+        floored = _acc.rare_sampling_floor(_components(p.cfg), p.cfg.delta, upper)
+        if floored is not None and float(floored) < upper:
+            upper, lower = float(floored), min(lower, float(floored))
     return dict(index=p.index, **_config_fields(p.cfg, upper), lower=lower, upper=upper, grid=grid,
                 n=int(dir_reports[0].n), dx=float(dir_reports[0].dx), path=path)
 
