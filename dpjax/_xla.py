@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 import jax
 
@@ -61,15 +62,52 @@ def _unknown_option(err: Exception) -> bool:
     return "No such compile option" in str(err)
 
 
+#: Compiled programs dpjax keeps alive at once, over all its jitted functions.  Each XLA:CPU
+#: executable holds ~190 memory mappings (its code and data); Linux allows a process 65,530 by
+#: default (``vm.max_map_count``), and the compile after that fails inside LLVM with a
+#: segmentation fault.  The accountant compiles one program per grid shape, so a process that
+#: accounted a few hundred random configurations (~330 shapes) crashed.  Past this many live
+#: programs the other dpjax functions' caches are dropped (a shape used again recompiles):
+#: ~36,000 mappings at most, leaving room for the caller's own programs.
+MAX_LIVE_PROGRAMS = 192
+
+_INSTANCES: "weakref.WeakSet[_Jit]" = weakref.WeakSet()
+_bounded = True
+
+
+def _bound_live_programs(keep: "_Jit") -> None:
+    """Past :data:`MAX_LIVE_PROGRAMS`, drop the programs of every dpjax function but ``keep``
+    (the one just called: its programs are in use), and ``keep``'s too if it alone is past."""
+    global _bounded
+    try:
+        live = list(_INSTANCES)
+        if sum(j.live_programs() for j in live) > MAX_LIVE_PROGRAMS:
+            for j in live:
+                if j is not keep:
+                    j.clear_cache()
+            if keep.live_programs() > MAX_LIVE_PROGRAMS:
+                keep.clear_cache()
+    except NotImplementedError:  # a JAX without the count: nothing to bound by
+        _bounded = False
+
+
 class _Jit:
-    """A ``jax.jit`` pair: with :data:`CPU_COMPILE_OPTIONS` (top-level CPU calls) and without."""
+    """A ``jax.jit`` pair: with :data:`CPU_COMPILE_OPTIONS` (top-level CPU calls) and without.
+    Every instance counts towards :data:`MAX_LIVE_PROGRAMS`."""
 
     def __init__(self, fun, **jit_kwargs):
         self._plain = jax.jit(fun, **jit_kwargs)
         self._fast = jax.jit(fun, compiler_options=CPU_COMPILE_OPTIONS, **jit_kwargs)
         functools.update_wrapper(self, fun)
+        _INSTANCES.add(self)
 
     def __call__(self, *args, **kwargs):
+        out = self._call(*args, **kwargs)
+        if _bounded:
+            _bound_live_programs(self)
+        return out
+
+    def _call(self, *args, **kwargs):
         if not _use_options():
             return self._plain(*args, **kwargs)
         try:
@@ -86,10 +124,13 @@ class _Jit:
     def trace(self, *args, **kwargs):
         return (self._fast if _use_options() else self._plain).trace(*args, **kwargs)
 
-    def _cache_size(self) -> int:
+    def live_programs(self) -> int:
+        """Programs compiled and kept for this function (both variants)."""
         from dpjax._jax_private import jit_cache_size
 
         return jit_cache_size(self._plain) + jit_cache_size(self._fast)
+
+    _cache_size = live_programs
 
     def clear_cache(self):
         self._plain.clear_cache()

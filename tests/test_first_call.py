@@ -63,12 +63,14 @@ def test_public_gaussian_functions_concrete_and_traced():
     assert np.isfinite(float(g)) and float(g) > 0
 
 
-def test_nearby_sigmas_share_one_accountant_program():
+def test_nearby_sigmas_share_one_accountant_program(monkeypatch):
     # sigma 0.90 and 0.91 (q = 0.01, T = 1000, delta = 1e-5) plan the same FFT length and kept
     # frequencies but different add-direction support lengths (32768 vs 49152); the program
     # only uses the per-group maximum, so the second call compiles nothing.
+    from dpjax import _xla
     from dpjax.pld import accountant
 
+    monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 10**9)   # counts programs: nothing dropped meanwhile
     before = accountant._program_jit._cache_size()
     e1 = dpjax.dpsgd_epsilon(0.90, 0.01, 1000, 1e-5)
     mid = accountant._program_jit._cache_size()

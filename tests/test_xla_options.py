@@ -15,7 +15,8 @@ def restore_xla(monkeypatch):
     # monkeypatch restores _enabled (and anything else the test patched)
 
 
-def test_top_level_call_uses_the_options_and_nested_calls_do_not(restore_xla):
+def test_top_level_call_uses_the_options_and_nested_calls_do_not(restore_xla, monkeypatch):
+    monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 10**9)   # counts programs: nothing dropped meanwhile
     f = _xla.jit(lambda x: jnp.sin(x) * 2.0 + 1.0)
     if jax.default_backend() == "cpu":
         assert _xla.compile_options() == _xla.CPU_COMPILE_OPTIONS
@@ -59,3 +60,21 @@ def test_switch_off_gives_identical_accountant_results(monkeypatch, restore_xla)
     off = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
     for name in ("epsilon", "epsilon_upper", "epsilon_lower"):
         np.testing.assert_allclose(float(getattr(on, name)), float(getattr(off, name)), rtol=1e-12, atol=0)
+
+
+def test_live_programs_are_bounded_and_the_numbers_unchanged(monkeypatch):
+    # Each XLA:CPU executable holds ~190 memory mappings; with one program per grid shape, a
+    # process that accounted a few hundred configurations passed Linux's 65,530 and crashed in
+    # the next compile.  Past MAX_LIVE_PROGRAMS every dpjax cache is dropped.
+    import dpjax
+    from dpjax import _xla
+
+    configs = [(0.9, 0.004, 300, 1e-5), (1.7, 0.02, 40, 1e-7), (3.1, 0.1, 7, 1e-4), (0.6, 0.001, 2000, 1e-6)]
+    before = [dpjax.dpsgd_epsilon(*c) for c in configs]
+    monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 1)
+    after = []
+    for c in configs:
+        after.append(dpjax.dpsgd_epsilon(*c))
+        # Only the function just called keeps its program (the limit is per process, not per call).
+        assert sum(j.live_programs() for j in list(_xla._INSTANCES)) <= 2
+    assert after == before
