@@ -13,7 +13,9 @@ is ``eps(more private) <= eps(less private) * (1 + TOL_REL) + TOL_ABS`` with TOL
 against was 3.1e-4 at q = 3e-8 against 0 at q = 1e-7).
 
 Each property has a small hypothesis version in the default suite and a large seeded run behind
-the ``slow`` marker (``pytest -m slow tests/test_monotonicity_properties.py``).
+the ``slow`` marker (``pytest -m slow tests/test_monotonicity_properties.py``): 600 sweep rows,
+240 ``dpsgd_epsilon`` and 120 ``PLDAccountant`` configurations, and 30 curves of 37 steps each
+(1,110 configurations), 2,070 in all.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _check_pairs(values, pairs, label):
 @pytest.mark.slow
 def test_sweep_monotone_on_random_configurations():
     rng = np.random.default_rng(20261127)
-    base = _random_configs(rng, 500)
+    base = _random_configs(rng, 150)   # 600 configurations with the partners
     configs, pairs = list(base), []
     for i, cfg in enumerate(base):
         for partner in _partners(cfg, rng).values():
