@@ -47,3 +47,28 @@ def _no_persistent_compilation_cache(monkeypatch):
     # DPJAX_COMPILATION_CACHE=0; tests calling dpjax.cli.main.main in-process must not change
     # the configuration of the rest of the session.
     monkeypatch.setenv("DPJAX_COMPILATION_CACHE", "0")
+
+
+#: Memory mappings above which a test module's end drops JAX's compiled programs.  Each XLA:CPU
+#: executable holds ~190 mappings and Linux allows a process 65,530 (``vm.max_map_count``); a
+#: single test worker that runs the whole suite compiles thousands of programs, and its next
+#: compile past the limit fails inside LLVM with a segmentation fault.  (dpjax bounds its own
+#: accountant programs, dpjax._xla.MAX_LIVE_PROGRAMS; the tests compile many other programs.)
+_MAPPINGS_LIMIT = 30000
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:  # not Linux: no such limit to keep under
+        return 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bounded_memory_mappings():
+    yield
+    if _mappings() > _MAPPINGS_LIMIT:
+        import jax
+
+        jax.clear_caches()
