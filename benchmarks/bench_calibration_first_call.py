@@ -49,7 +49,7 @@ t_import = time.perf_counter() - t0
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 c = time.process_time(); t = time.perf_counter(); s1 = dpjax.dpsgd_noise_multiplier(a[2], a[3], a[0], a[1])
 first = time.perf_counter() - t; cpu_first = time.process_time() - c
-compiles = cal._certified_epsilons._cache_size() if hasattr(cal, "_certified_epsilons") else None
+compiles = cal._certified_epsilons.live_programs() if hasattr(cal, "_certified_epsilons") else None
 t = time.perf_counter(); dpjax.dpsgd_noise_multiplier(a[2], a[3], a[0], a[1]); second = time.perf_counter() - t
 t = time.perf_counter(); s2 = dpjax.dpsgd_noise_multiplier(b[2], b[3], b[0], b[1]); other = time.perf_counter() - t
 print(json.dumps(dict(import_s=t_import, first_s=first, cpu_first_s=cpu_first, second_s=second, other_s=other,

@@ -130,8 +130,6 @@ class _Jit:
 
         return jit_cache_size(self._plain) + jit_cache_size(self._fast)
 
-    _cache_size = live_programs
-
     def clear_cache(self):
         self._plain.clear_cache()
         self._fast.clear_cache()

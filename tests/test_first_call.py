@@ -71,11 +71,11 @@ def test_nearby_sigmas_share_one_accountant_program(monkeypatch):
     from dpjax.pld import accountant
 
     monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 10**9)   # counts programs: nothing dropped meanwhile
-    before = accountant._program_jit._cache_size()
+    before = accountant._program_jit.live_programs()
     e1 = dpjax.dpsgd_epsilon(0.90, 0.01, 1000, 1e-5)
-    mid = accountant._program_jit._cache_size()
+    mid = accountant._program_jit.live_programs()
     e2 = dpjax.dpsgd_epsilon(0.91, 0.01, 1000, 1e-5)
-    assert accountant._program_jit._cache_size() == mid <= before + 1
+    assert accountant._program_jit.live_programs() == mid <= before + 1
     assert e1 > e2 > 0
 
 

@@ -13,7 +13,7 @@ with ``L_i(sigma)`` the privacy loss of draw ``i`` (the same batch assignment an
 * b > 1 (a mixture ``P``): the true delta is non-increasing in sigma (more noise is
   post-processing), but not the per-draw terms: ``L`` mixes components whose exponents
   ``(<m_j, c> - |m_j|^2 / 2) / sigma^2 + <m_j, z> / sigma`` have both signs, and a draw's loss
-  can grow with sigma while positive (found by the previous session's search).  What holds is
+  can grow with sigma while positive (a random search over mixtures finds such draws).  What holds is
   monotonicity in expectation; with common draws the estimates at two sigmas may cross only by
   Monte Carlo error, tested below at 5 standard errors (each estimate's SE; the difference's SE
   is at most their sum).

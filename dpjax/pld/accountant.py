@@ -818,6 +818,12 @@ _RARE_SAMPLING_REASON = ("Sampled steps are rare at this delta: epsilon is the b
                          "bound (dpjax.pld.fallback), below the grid's answer.")
 
 
+def sampling_is_rare(q_max: float, steps: int, delta: float) -> bool:
+    """The condition of :func:`rare_sampling_floor`: ``1 - (1 - q_max)^steps <= _RARE_SAMPLING * delta``."""
+    p_any = -math.expm1(steps * math.log1p(-q_max)) if q_max < 1.0 else 1.0
+    return p_any <= _RARE_SAMPLING * delta
+
+
 def rare_sampling_floor(components, deltas, upper, stacked=None):
     """``min(upper, binomial mixture bound)`` for a composition of Poisson-subsampled Gaussians
     whose chance of sampling any step, ``1 - (1 - q_max)^T``, is at most ``_RARE_SAMPLING``
@@ -839,8 +845,7 @@ def rare_sampling_floor(components, deltas, upper, stacked=None):
         q_max = max(q_max, float(np.max(P[:, data.index("sampling_prob")])))
         steps += int(np.sum(C))
     deltas = np.asarray(deltas, np.float64)
-    p_any = -math.expm1(steps * math.log1p(-q_max)) if q_max < 1.0 else 1.0
-    if not p_any <= _RARE_SAMPLING * float(np.min(deltas)):
+    if not sampling_is_rare(q_max, steps, float(np.min(deltas))):
         return None
     from dpjax.pld.fallback import mixture_bound
 

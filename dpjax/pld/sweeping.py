@@ -1163,7 +1163,9 @@ def _config_fields(cfg: SweepConfig, value: float) -> dict:
 def _row(p: _Planned, reports, path: str, grid: str) -> dict:
     dir_reports, upper, lower = _acc._combine(reports)
     upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
-    if p.cfg.query == "epsilon":  # as the single call (dpjax.pld.accountant.epsilon) does
+    if p.cfg.query == "epsilon" and _acc.sampling_is_rare(p.cfg.sampling_prob, p.cfg.steps, p.cfg.delta):
+        # As the single call (dpjax.pld.accountant.epsilon) does; the test first, on the row's
+        # own (q, T, delta), keeps the components off the common path.
         floored = _acc.rare_sampling_floor(_components(p.cfg), p.cfg.delta, upper)
         if floored is not None and float(floored) < upper:
             upper, lower = float(floored), min(lower, float(floored))
