@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dpjax
 from dpjax import pld
@@ -393,3 +395,57 @@ def test_parallel_planning_equals_serial(monkeypatch):
         assert (a.index, a.plan.n, a.plan.dx, a.plan.ms, a.plan.n_freq) == (b.index, b.plan.n, b.plan.dx, b.plan.ms,
                                                                              b.plan.n_freq)
         np.testing.assert_array_equal(a.plan.lambdas, b.plan.lambdas)
+
+
+def _window(n, dx, seed):
+    """A composed-PMF-like window with FFT-like round-off noise (negative bins included)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    centre, width = rng.uniform(0.3, 0.6) * n, rng.uniform(0.01, 0.04) * n
+    pmf = np.where(np.abs(t - centre) < 6 * width, np.exp(-0.5 * ((t - centre) / width) ** 2), 0.0)
+    pmf /= pmf.sum()
+    return pmf + rng.normal(0.0, 10 ** rng.uniform(-15, -11), n), int(rng.integers(-n, 0))
+
+
+@given(seed=st.integers(0, 2**31 - 1), log_delta=st.floats(-12.0, -3.0))
+@settings(max_examples=40, deadline=None)
+def test_floor_free_bound_is_below_the_floor_free_answer(seed, log_delta):
+    """The bound the sweep uses to keep a row whose round-off floor matters: for an upper row,
+    l2 <= u0 <= u, where u0 is the same conversion with no round-off allowance (the clipped bins
+    alone) and u the row's answer, on random windows with round-off noise."""
+    import jax
+    import jax.numpy as jnp
+
+    from dpjax.pld import sweep_program as sp
+
+    n, dx = 1024, 2e-3
+    raw, w_lo = _window(n, dx, seed)
+    b = sp._conversion_block(n)
+    with jax.enable_x64(True):
+        r = jnp.asarray(raw)[None, :]
+        floored, floor = sp._floor(r, jnp.zeros(1), jnp.array([True]))
+        starts = (n // 2 - jnp.arange(0, n, b)) * dx
+        weights = (jnp.exp(starts)[:, None] * jnp.exp(-jnp.arange(b) * dx)[None, :]).reshape(n)
+        args = dict(w_lo=jnp.asarray(w_lo), dx=jnp.asarray(dx), const=jnp.asarray(1e-13), fa=jnp.asarray(1 + 1e-12),
+                    fb=jnp.asarray(1 - 1e-12), is_up=jnp.asarray(True), delta=jnp.asarray([10.0 ** log_delta]),
+                    weights=weights, start_weights=jnp.exp(-starts))
+        u = float(sp._epsilon_row(floored[0], **args)[0])
+        u0 = float(sp._epsilon_row(jnp.maximum(r[0], 0.0), **args)[0])
+        l2 = float(sp._floor_free_bound(floored[0], **args, floor=floor[0], n=n)[0])
+    assert float(floor[0]) > 0
+    assert l2 <= u0 <= u, (l2, u0, u)
+
+
+def test_sweep_recomputes_a_row_only_where_the_floor_can_move_it():
+    """At delta 1e-14 the round-off floor moves the answer: the rows take the single call
+    (path "single", equal to it).  At delta 1e-8 with T = 89,381 the floor is 0.1% of delta
+    summed over the window, but it cannot move the answer by more than half of SWEEP_SLACK (the
+    floor-free bound): the row stays batched, within SWEEP_SLACK of the single call."""
+    configs = [dict(noise_multiplier=1.0, sampling_prob=0.01, steps=t, delta=1e-14) for t in (100, 1000)]
+    configs.append(dict(noise_multiplier=1.24, sampling_prob=7e-4, steps=89381, delta=1.0256e-8))
+    table = dpjax.sweep(configs)
+    assert [r["path"] for r in table.rows] == ["single", "single", "batched"]
+    for c, r in zip(configs, table.rows):
+        single = dpjax.dpsgd_epsilon(c["noise_multiplier"], c["sampling_prob"], c["steps"], c["delta"])
+        assert abs(r["epsilon"] - single) <= SWEEP_SLACK * single, (c, r["epsilon"], single)
+        assert r["lower"] <= single

@@ -244,7 +244,32 @@ def _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weight
     return jnp.maximum(eps, 0.0).reshape(delta.shape)
 
 
-def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, directions, ms, n, kinds, n_freq=None):
+def _bins_above(eps, w_lo, dx, n):
+    """How many of a window's bins ``y_t = (w_lo + t) dx`` may lie above ``eps`` (one more than
+    the exact count, against rounding in ``eps / dx``; ``n`` when ``eps`` is not finite)."""
+    first = jnp.floor(eps / dx).astype(jnp.int64) - w_lo
+    return jnp.where(jnp.isfinite(eps), n - jnp.clip(first, 0, n), n).astype(jnp.float64)
+
+
+def _floor_free_bound(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weights, floor, n):
+    """A lower bound on the epsilon an upper row would give without its round-off allowance.
+
+    The upper curve is ``delta_up(eps) = delta_0(eps) + F(eps)``: ``delta_0`` the same curve with
+    the clipped bins ``max(r, 0)``, ``F`` the per-bin allowance ``nu`` (:func:`_floor`) summed over
+    the bins above ``eps`` with weights ``fa - e^{eps - y} fb`` in ``[0, fa]``, so
+    ``0 <= F(eps) <= nu fa N(eps)``, ``N(eps)`` the bins above ``eps`` (non-increasing).  Let
+    ``u0`` be where ``delta_0`` meets ``delta``.  Then ``delta_up(u0) <= delta + nu fa n``, so
+    ``l1 = eps_up(delta + nu fa n) <= u0`` (``delta_up`` is non-increasing); then
+    ``N(u0) <= N(l1)`` and ``l2 = eps_up(delta + nu fa N(l1)) <= u0``.  ``u - l2`` bounds what
+    any smaller round-off floor (the accountant's tilted tail pass) could take off this row's
+    answer ``u`` on this grid."""
+    solve = lambda d: _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, d, weights, start_weights)
+    l1 = solve(delta + floor * fa * n)
+    return solve(delta + floor * fa * _bins_above(l1, w_lo, dx, n))
+
+
+def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, directions, ms, n, kinds, n_freq=None,
+                    floor_free=False):
     """Certified epsilon of one configuration at ``deltas`` (traceable; the sweep loops it).
 
     Same arguments and output as :func:`dpjax.pld.accountant._program_jit` with ``want="eps"``
@@ -253,7 +278,9 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
     (optional, traced, one integer per group, at most ``ms``' entries): the configuration's own
     single-step support lengths; the discretization then costs that much
     (:func:`_discretize_prefix`) while the arrays keep the static length, and the result is the
-    one of a program with ``ms`` equal to ``support``.
+    one of a program with ``ms`` equal to ``support``.  ``floor_free``: one more column at the
+    end, per upper row :func:`_floor_free_bound` at the first target (a lower row repeats its
+    value): how much the round-off allowance can cost the row.
     """
     D, K = len(directions), len(kinds)
     ms_common = tuple(max(ms[di][gi] for di in range(D)) for gi in range(len(ms[0])))
@@ -297,6 +324,13 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
     value = jax.vmap(_epsilon_row, in_axes=(0, 0, None, 0, 0, 0, 0, None, None, None))(
         r, w_lo, dx, const, fa, fb, is_up, deltas, weights, start_weights)   # (R, *targets)
     diag = [p_inf, above, below, roundoff, width, truncation, floor, jnp.full(D * K, -jnp.inf)]
-    rows = jnp.concatenate([value.reshape(D * K, -1), jnp.stack(diag, axis=1)], axis=1)   # (R, T + 8)
+    if floor_free:
+        # Upper rows only (kind-major: the first D rows when kinds[0] is "up").
+        U = D if kinds[0] == "up" else 0
+        first = deltas.reshape(-1)[:1]
+        bound = jax.vmap(_floor_free_bound, in_axes=(0, 0, None, 0, 0, 0, 0, None, None, None, 0, None))(
+            r[:U], w_lo[:U], dx, const[:U], fa[:U], fb[:U], is_up[:U], first, weights, start_weights, floor[:U], n)
+        diag.append(jnp.concatenate([bound.reshape(U), value.reshape(D * K, -1)[U:, 0]]))
+    rows = jnp.concatenate([value.reshape(D * K, -1), jnp.stack(diag, axis=1)], axis=1)   # (R, T + 8 [+ 1])
     # (R, ...) kind-major -> (D, K, ...)
     return rows.reshape(K, D, -1).transpose(1, 0, 2)

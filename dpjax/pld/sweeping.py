@@ -45,9 +45,11 @@ FFT four times its own length costs about four times as much).  The sweep theref
    behind the round's own compiles, so it overlaps the rest of the round;
 5. gives every row the single call's error accounting: a row where the single call would not
    stop at the grid's answer (a direction the grid cannot certify, or an FFT round-off floor
-   that matters at the requested delta, near 1e-12 and below) is recomputed by
-   :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` (path "single": the tilted tail pass and
-   the fallback bounds of :mod:`dpjax.pld.fallback`).
+   that matters at the requested delta) is recomputed by :func:`dpjax.pld.epsilon` /
+   :func:`dpjax.pld.delta` (path "single": the tilted tail pass and the fallback bounds of
+   :mod:`dpjax.pld.fallback`), unless the row's certified bracket or its floor-free bound shows
+   that the single call cannot move it by more than :data:`SWEEP_SLACK` (see
+   :func:`_needs_single`).
 
 Across processes.  With the persistent cache on (every CLI run; :mod:`dpjax.pld.cache`) each
 bucket program is also serialized with :mod:`jax.export` and indexed by its static sizes, and
@@ -554,6 +556,12 @@ def _pow2_plan(plan):
 # The batched program
 
 
+def _columns(want: str) -> int:
+    """Columns of a row of the bucket program's output: the value, the diagnostics, and for
+    epsilon queries the floor-free bound (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
+    return 1 + len(_acc._DIAGNOSTICS) + (want == "eps")
+
+
 @functools.lru_cache(maxsize=None)
 def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
     """One jitted program for a bucket: the per-configuration program
@@ -567,20 +575,20 @@ def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
     ``block = 1``: vmapping turns the window's dynamic slices and the conversion's lookups into
     batched gathers, measured 6x slower on CPU at n = 98304.  On an accelerator a block of
     configurations per step fills the device (see :func:`_block_size`).
-    Output ``(chunk, directions, kinds, 1 + diagnostics)``.
+    Output ``(chunk, directions, kinds, columns)``: see :func:`_columns`.
     """
     from jax.sharding import PartitionSpec as P
 
     def one(g, dx, lam, lt, d, e, support):
         if want == "eps":
             return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
-                                   n_freq=n_freq)
+                                   n_freq=n_freq, floor_free=True)
         return _acc._program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
                              n_freq=n_freq)
 
     def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
         size = dx.shape[0]
-        out0 = jnp.zeros((size, len(directions), len(kinds), 1 + len(_acc._DIAGNOSTICS)), jnp.float64)
+        out0 = jnp.zeros((size, len(directions), len(kinds), _columns(want)), jnp.float64)
         xs = (groups, dx, lambdas, log_tau, deltas, epsilons, support)
 
         def body(state):
@@ -1129,7 +1137,12 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static, fn
     results = {}
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
-            results[p.index] = _acc._unpack(out[d * per_device + j], p.directions, kinds, (1,))
+            row = out[d * per_device + j]
+            res = _acc._unpack(row[..., :1 + len(_acc._DIAGNOSTICS)], p.directions, kinds, (1,))
+            if p.want == "eps":
+                for di, r in enumerate(res):
+                    r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
+            results[p.index] = res
     return [results[p.index] for p in members], static
 
 
@@ -1174,12 +1187,18 @@ def _row(p: _Planned, reports, path: str, grid: str) -> dict:
 
 
 def _needs_single(p: _Planned, res, row: dict) -> bool:
-    """True where the single call would not stop at this grid's answer: a direction the grid
-    could not certify (the single call then falls back on the bounds of
-    :mod:`dpjax.pld.fallback`), or an FFT round-off floor that matters at the requested delta
-    (the single call then re-runs the composition tilted towards the tail).  Such rows (tiny
-    ``q T``, deltas near 1e-12 and below) are recomputed by :func:`dpjax.pld.epsilon` /
-    :func:`dpjax.pld.delta`, so every row uses the single call's error accounting."""
+    """True where the single call would not stop at this grid's answer and could give a
+    materially different one: a direction the grid could not certify (the single call then falls
+    back on the bounds of :mod:`dpjax.pld.fallback`), or an FFT round-off floor that matters at
+    the requested delta (the single call then re-runs the composition tilted towards the tail).
+    Such rows (tiny ``q T``, small deltas) are recomputed by :func:`dpjax.pld.epsilon` /
+    :func:`dpjax.pld.delta`.
+
+    An epsilon row whose floor matters is kept when the tilted pass cannot move it by more than
+    :data:`SWEEP_SLACK`: its certified bracket is that narrow (any certified answer, the single
+    call's included, is at or above the lower end), or the floor-free bound of every direction
+    (:func:`dpjax.pld.sweep_program._floor_free_bound`: no smaller round-off allowance takes the
+    row below it on this grid) is within half of it (the other half is the grid's own slack)."""
     if p.cfg.query == "epsilon":
         if not math.isfinite(row["upper"]):
             return True
@@ -1189,7 +1208,15 @@ def _needs_single(p: _Planned, res, row: dict) -> bool:
             return True
         level = min(float(np.min(r["up"]["value"])) for r in res)
     floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
-    return level > 0 and floor > _acc._TAIL_PASS_FRACTION * level
+    if not (level > 0 and floor > _acc._TAIL_PASS_FRACTION * level):
+        return False
+    if p.cfg.query != "epsilon":
+        return True
+    upper = row["upper"]
+    if upper - row["lower"] <= SWEEP_SLACK * upper:
+        return False
+    bound = max(float(r["up"].get("floor_free", -math.inf)) for r in res)
+    return not (upper - bound <= 0.5 * SWEEP_SLACK * upper)
 
 
 def _single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: bool) -> dict:
