@@ -411,8 +411,9 @@ def _window(n, dx, seed):
 @settings(max_examples=40, deadline=None)
 def test_floor_free_bound_is_below_the_floor_free_answer(seed, log_delta):
     """The bound the sweep uses to keep a row whose round-off floor matters: for an upper row,
-    l2 <= u0 <= u, where u0 is the same conversion with no round-off allowance (the clipped bins
-    alone) and u the row's answer, on random windows with round-off noise."""
+    bound <= u0 <= u, where u0 is the same conversion with no round-off allowance (the clipped
+    bins alone), u the row's answer and bound its epsilon at the floor-free target, on random
+    windows with round-off noise."""
     import jax
     import jax.numpy as jnp
 
@@ -431,9 +432,10 @@ def test_floor_free_bound_is_below_the_floor_free_answer(seed, log_delta):
                     weights=weights, start_weights=jnp.exp(-starts))
         u = float(sp._epsilon_row(floored[0], **args)[0])
         u0 = float(sp._epsilon_row(jnp.maximum(r[0], 0.0), **args)[0])
-        l2 = float(sp._floor_free_bound(floored[0], **args, floor=floor[0], n=n)[0])
+        target = sp.floor_free_target(args["delta"], floor[0], args["fa"], n)
+        bound = float(sp._epsilon_row(floored[0], **dict(args, delta=target))[0])
     assert float(floor[0]) > 0
-    assert l2 <= u0 <= u, (l2, u0, u)
+    assert bound <= u0 <= u, (bound, u0, u)
 
 
 def test_sweep_recomputes_a_row_only_where_the_floor_can_move_it():

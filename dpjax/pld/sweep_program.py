@@ -244,28 +244,18 @@ def _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weight
     return jnp.maximum(eps, 0.0).reshape(delta.shape)
 
 
-def _bins_above(eps, w_lo, dx, n):
-    """How many of a window's bins ``y_t = (w_lo + t) dx`` may lie above ``eps`` (one more than
-    the exact count, against rounding in ``eps / dx``; ``n`` when ``eps`` is not finite)."""
-    first = jnp.floor(eps / dx).astype(jnp.int64) - w_lo
-    return jnp.where(jnp.isfinite(eps), n - jnp.clip(first, 0, n), n).astype(jnp.float64)
+def floor_free_target(delta, floor, fa, n):
+    """The target at which an upper row's epsilon is a lower bound on the epsilon it would give
+    without its round-off allowance: ``delta + nu fa n``.
 
-
-def _floor_free_bound(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weights, floor, n):
-    """A lower bound on the epsilon an upper row would give without its round-off allowance.
-
-    The upper curve is ``delta_up(eps) = delta_0(eps) + F(eps)``: ``delta_0`` the same curve with
-    the clipped bins ``max(r, 0)``, ``F`` the per-bin allowance ``nu`` (:func:`_floor`) summed over
-    the bins above ``eps`` with weights ``fa - e^{eps - y} fb`` in ``[0, fa]``, so
-    ``0 <= F(eps) <= nu fa N(eps)``, ``N(eps)`` the bins above ``eps`` (non-increasing).  Let
-    ``u0`` be where ``delta_0`` meets ``delta``.  Then ``delta_up(u0) <= delta + nu fa n``, so
-    ``l1 = eps_up(delta + nu fa n) <= u0`` (``delta_up`` is non-increasing); then
-    ``N(u0) <= N(l1)`` and ``l2 = eps_up(delta + nu fa N(l1)) <= u0``.  ``u - l2`` bounds what
-    any smaller round-off floor (the accountant's tilted tail pass) could take off this row's
-    answer ``u`` on this grid."""
-    solve = lambda d: _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, d, weights, start_weights)
-    l1 = solve(delta + floor * fa * n)
-    return solve(delta + floor * fa * _bins_above(l1, w_lo, dx, n))
+    The upper curve is ``delta_up(eps) = delta_0(eps) + F(eps)``: ``delta_0`` the same conversion
+    of the clipped bins ``max(r, 0)``, ``F`` the per-bin allowance ``nu`` (:func:`_floor`) summed
+    over the bins above ``eps`` with weights ``fa - e^{eps - y} fb`` in ``[0, fa]``, so
+    ``0 <= F <= nu fa n``.  Where ``delta_0`` meets ``delta``, at ``u0``,
+    ``delta_up(u0) <= delta + nu fa n``; ``delta_up`` is non-increasing, so its epsilon at that
+    target is at most ``u0``.  The row's answer ``u`` minus that epsilon bounds what any smaller
+    round-off floor (the accountant's tilted tail pass) could take off ``u`` on this grid."""
+    return delta + floor * fa * n
 
 
 def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, directions, ms, n, kinds, n_freq=None,
@@ -279,8 +269,8 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
     single-step support lengths; the discretization then costs that much
     (:func:`_discretize_prefix`) while the arrays keep the static length, and the result is the
     one of a program with ``ms`` equal to ``support``.  ``floor_free``: one more column at the
-    end, per upper row :func:`_floor_free_bound` at the first target (a lower row repeats its
-    value): how much the round-off allowance can cost the row.
+    end: per upper row its epsilon at :func:`floor_free_target` of the first target (a lower row
+    repeats its value), which bounds how much the round-off allowance costs the row.
     """
     D, K = len(directions), len(kinds)
     ms_common = tuple(max(ms[di][gi] for di in range(D)) for gi in range(len(ms[0])))
@@ -321,16 +311,19 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
     weights = (jnp.exp(starts)[:, None] * jnp.exp(-jnp.arange(b) * dx)[None, :]).reshape(n)
     start_weights = jnp.exp(-starts)
     deltas = jnp.asarray(deltas, jnp.float64)
-    value = jax.vmap(_epsilon_row, in_axes=(0, 0, None, 0, 0, 0, 0, None, None, None))(
-        r, w_lo, dx, const, fa, fb, is_up, deltas, weights, start_weights)   # (R, *targets)
     diag = [p_inf, above, below, roundoff, width, truncation, floor, jnp.full(D * K, -jnp.inf)]
-    if floor_free:
-        # Upper rows only (kind-major: the first D rows when kinds[0] is "up").
-        U = D if kinds[0] == "up" else 0
-        first = deltas.reshape(-1)[:1]
-        bound = jax.vmap(_floor_free_bound, in_axes=(0, 0, None, 0, 0, 0, 0, None, None, None, 0, None))(
-            r[:U], w_lo[:U], dx, const[:U], fa[:U], fb[:U], is_up[:U], first, weights, start_weights, floor[:U], n)
-        diag.append(jnp.concatenate([bound.reshape(U), value.reshape(D * K, -1)[U:, 0]]))
+    if not floor_free:
+        value = jax.vmap(_epsilon_row, in_axes=(0, 0, None, 0, 0, 0, 0, None, None, None))(
+            r, w_lo, dx, const, fa, fb, is_up, deltas, weights, start_weights)   # (R, *targets)
+    else:
+        # One more target per row, in the same conversion (the other targets' values are unchanged).
+        R, first = D * K, deltas.reshape(-1)[0]
+        targets = jnp.concatenate([jnp.broadcast_to(deltas.reshape(-1), (R, deltas.size)),
+                                   floor_free_target(first, floor, fa, n)[:, None]], axis=1)
+        both = jax.vmap(_epsilon_row, in_axes=(0, 0, None, 0, 0, 0, 0, 0, None, None))(
+            r, w_lo, dx, const, fa, fb, is_up, targets, weights, start_weights)
+        value = both[:, :deltas.size].reshape((R,) + deltas.shape)
+        diag.append(jnp.where(is_up, both[:, -1], both[:, 0]))
     rows = jnp.concatenate([value.reshape(D * K, -1), jnp.stack(diag, axis=1)], axis=1)   # (R, T + 8 [+ 1])
     # (R, ...) kind-major -> (D, K, ...)
     return rows.reshape(K, D, -1).transpose(1, 0, 2)

@@ -1197,8 +1197,8 @@ def _needs_single(p: _Planned, res, row: dict) -> bool:
     An epsilon row whose floor matters is kept when the tilted pass cannot move it by more than
     :data:`SWEEP_SLACK`: its certified bracket is that narrow (any certified answer, the single
     call's included, is at or above the lower end), or the floor-free bound of every direction
-    (:func:`dpjax.pld.sweep_program._floor_free_bound`: no smaller round-off allowance takes the
-    row below it on this grid) is within half of it (the other half is the grid's own slack)."""
+    (its epsilon at :func:`dpjax.pld.sweep_program.floor_free_target`: no smaller round-off
+    allowance takes the row below it on this grid) is within half of it (the other half is the grid's own slack)."""
     if p.cfg.query == "epsilon":
         if not math.isfinite(row["upper"]):
             return True
