@@ -22,7 +22,10 @@ Rows per distribution, each measured in a fresh Python process (import included 
 * ``alternating`` (``--alternate R``): one process that runs the sweep and the single-call loop
   once (compiles), then ``R`` rounds of dp_accounting's loop, the sweep and the single-call loop,
   one after the other: the steady-state ratios from neighbouring measurements, robust to the
-  load drifting between processes.
+  load drifting between processes.  The same rounds also time the two same-work comparisons:
+  the sweep without the lower end (``with_lower=False``) against the ``dpsgd_epsilon`` loop
+  (both upper ends only), and the default sweep against a loop of ``dpsgd_accounting`` (both
+  certified brackets).
 
 Every row records wall time and CPU time (user + sys, all threads).  The machine this runs on is
 a 2-core CPU usually shared with other jobs: absolute times move with the load (recorded before
@@ -157,15 +160,27 @@ def loop():
     for c in cfg:
         dpjax.dpsgd_epsilon(c["noise_multiplier"], c["sampling_prob"], c["steps"], c["delta"])
 
+# The same work on both sides: the sweep's upper ends alone against the loop of dpsgd_epsilon
+# (upper ends), and the loop of dpsgd_accounting (certified brackets) against the default sweep.
+def sweep_upper():
+    dpjax.sweep(cfg, progress_bar=False, with_lower=False)
+
+def loop_bracket():
+    for c in cfg:
+        dpjax.pld.dpsgd_accounting(c["noise_multiplier"], c["sampling_prob"], c["steps"], target_delta=c["delta"])
+
 def timed(f):
     t, c = time.perf_counter(), time.process_time()
     f()
     return time.perf_counter() - t, time.process_time() - c
 
-sweep(); loop()   # first passes (compiles): the rows below are steady state
-out = dict(dpa=[], sweep=[], loop=[])
+parts = (("dpa", dpa_loop), ("sweep", sweep), ("loop", loop), ("sweep_upper", sweep_upper),
+         ("loop_bracket", loop_bracket))
+for name, f in parts[1:]:
+    f()   # first passes (compiles): the rows below are steady state
+out = {{name: [] for name, _ in parts}}
 for _ in range(ROUNDS):
-    for name, f in (("dpa", dpa_loop), ("sweep", sweep), ("loop", loop)):
+    for name, f in parts:
         out[name].append(timed(f))
 print(json.dumps(out))
 """
@@ -314,7 +329,9 @@ def bench_distribution(dist, n, args, roots):
                 sweep_vs_dp_accounting=[d[0] / s_[0] for d, s_ in zip(alt["dpa"], alt["sweep"])],
                 sweep_vs_loop=[l[0] / s_[0] for l, s_ in zip(alt["loop"], alt["sweep"])],
                 sweep_vs_dp_accounting_cpu=[d[1] / s_[1] for d, s_ in zip(alt["dpa"], alt["sweep"])],
-                sweep_vs_loop_cpu=[l[1] / s_[1] for l, s_ in zip(alt["loop"], alt["sweep"])])
+                sweep_vs_loop_cpu=[l[1] / s_[1] for l, s_ in zip(alt["loop"], alt["sweep"])],
+                sweep_upper_vs_loop=[l[0] / s_[0] for l, s_ in zip(alt["loop"], alt["sweep_upper"])],
+                sweep_vs_loop_bracket=[l[0] / s_[0] for l, s_ in zip(alt["loop_bracket"], alt["sweep"])])
             extra["alternating"] = dict(times=alt, ratios=ratios, **load)
         anchor = rows[0]["seconds"] if dpa is not None else None
         _table(f"{dist}: {n} configurations, round {rep + 1}/{args.repeat}"
@@ -332,6 +349,10 @@ def bench_distribution(dist, n, args, roots):
                   + "; vs the single-call loop: " + ", ".join(f"{x:.2f}x" for x in r["sweep_vs_loop"])
                   + " (CPU: " + ", ".join(f"{x:.1f}x" for x in r["sweep_vs_dp_accounting_cpu"]) + "; "
                   + ", ".join(f"{x:.2f}x" for x in r["sweep_vs_loop_cpu"]) + ")")
+            print("  same work: sweep upper ends only vs the dpsgd_epsilon loop: "
+                  + ", ".join(f"{x:.2f}x" for x in r["sweep_upper_vs_loop"])
+                  + "; sweep (brackets) vs a dpsgd_accounting loop (brackets): "
+                  + ", ".join(f"{x:.2f}x" for x in r["sweep_vs_loop_bracket"]))
         sweep2 = next(r for r in rows if r["row"] == "sweep second pass (same process)")
         loop2 = next((r for r in rows if r["row"] == "single-call loop second pass"), None)
         if loop2 is not None:

@@ -351,6 +351,11 @@ def render_sweep(d: dict) -> Rendered:
                              "dp_accounting's loop, the sweep and the single-call loop): sweep against dp_accounting "
                              + ", ".join(ratio(x) for x in r["sweep_vs_dp_accounting"])
                              + "; against the single-call loop " + ", ".join(ratio(x) for x in r["sweep_vs_loop"]))
+                if "sweep_upper_vs_loop" in r:
+                    notes.append("the same work on both sides: the sweep's upper ends alone against the "
+                                 "dpsgd_epsilon loop " + ", ".join(ratio(x) for x in r["sweep_upper_vs_loop"])
+                                 + "; the sweep's brackets against a dpsgd_accounting loop "
+                                 + ", ".join(ratio(x) for x in r["sweep_vs_loop_bracket"]))
             acc = rnd.get("accuracy")
             if acc:
                 notes.append(f"accuracy: {acc['compared']} rows against dp_accounting at 1e-4, "
