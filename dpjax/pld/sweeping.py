@@ -1414,8 +1414,12 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                 static = _static_of(members[0], m, nf)
                 parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
                 args0 = _chunk_args(parts[0], per_device, mesh)
-                jobs.append((parts, static, args0, _program_key(mesh, members[0], kinds, static, args0), struct))
-            return jobs
+                jobs.append((parts, static, args0, _program_key(mesh, members[0], kinds, static, args0), struct,
+                             len(members) * policy.cost(n, m, nf, rows_per_cfg)))
+            # The costliest bucket first: its run then overlaps the other buckets' compiles instead
+            # of ending the sweep alone (which bucket holds a row does not change, only the order).
+            jobs.sort(key=lambda job: -job[-1])
+            return [job[:-1] for job in jobs]
 
         def submit(key, first, static, args0, struct):
             if key not in inflight:
