@@ -319,6 +319,26 @@ def test_bucket_policy_caps_padding_and_fits_every_row():
                                      rows=4)) == 1
 
 
+def test_bucket_policy_without_padding_keeps_every_shape():
+    """max_padding = 1: no configuration runs at sizes other than its own (kept frequencies rounded
+    as the bucketing rounds them), one program per distinct shape.  (The cap once left no
+    feasible split when a configuration's rounded frequencies cost more than its unrounded
+    ones, and every row went into one program at the largest sizes.)"""
+    from dpjax.pld import sweeping
+
+    plans = _plans(_broad_configs(40, seed=12))
+    policy = sweeping.BucketPolicy(max_padding=1.0)
+    buckets = sweeping._bucket_plan(plans, {}, policy, rows=4)
+    assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
+    shapes = set()
+    for _, (n, m, nf), members, _ in buckets:
+        for p in members:
+            own_n, own_m, _ = sweeping._shape_of(plans[p.index])
+            assert (n, m) == (own_n, own_m) and p.plan.n == own_n
+        shapes.add((n, m, nf))
+    assert len(shapes) == len(buckets) > 3
+
+
 def test_bucketing_prefers_existing_programs():
     from dpjax.pld import sweeping
 

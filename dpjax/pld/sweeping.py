@@ -808,14 +808,16 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
         groups: list[_Group] = []
         own: dict[tuple, _Group] = {}
         for p in plist:
-            n, m, nf = _shape_of(p)
-            # The bucket's share of the row's cost may reach `limit`: the row then costs at most
-            # max_padding times its cost on its own shape.
-            limit = F * policy.cost(n, m, nf, rows) - (policy.cost(n, m, nf, rows) - cost(n, m, nf))
+            n, m, _ = _shape_of(p)
             # Kept frequencies rounded up to a power of two (>= 512): a few initial groups instead
             # of one per row; keeping more frequencies costs little and only tightens the bound.
             nf_at = {k: _round_nf(_n_freq_at(p, k), k) for k in cand_n if k >= n and (eps or k == n)}
-            key = (n, m, nf_at[n])
+            nf = nf_at[n]
+            # The bucket's share of the row's cost may reach `limit`: the row then costs at most
+            # max_padding times its cost on its own shape (kept frequencies rounded as above, so
+            # that its own group always fits, max_padding = 1 included).
+            limit = F * policy.cost(n, m, nf, rows) - (policy.cost(n, m, nf, rows) - cost(n, m, nf))
+            key = (n, m, nf)
             g = own.get(key)
             if g is None:
                 g = own[key] = _Group(struct, [], n, m, nf_at, limit, C)
@@ -922,7 +924,7 @@ def _bucket_plan(pending: list[_Planned], programs: dict, policy: BucketPolicy, 
                     rows_in += len(g.members)
                     base += len(g.members) * cost(g.n, g.m, g.nf())
                     c = cost(n, m, nf)
-                    if c > limit:
+                    if c > limit and i < j:   # (a group alone always fits: its own shape)
                         break
                     total = best[i] + C + rows_in * c
                     if total < best[j + 1]:
