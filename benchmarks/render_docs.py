@@ -645,6 +645,33 @@ def render_table_allocation(d: dict) -> Rendered:
     return Rendered("DP-SGD under four batchings", body, "table_allocation.py")
 
 
+def render_sweep_profile(d: dict) -> Rendered:
+    """``bench_sweep_profile.py``: the sweep's steady state split into the lower end and the
+    bucket padding, against the single-call loop, and the default sweep's buckets."""
+    labels = dict(sweep="sweep (default: brackets, buckets by cost)",
+                  sweep_upper="sweep, upper ends only (with_lower=False)",
+                  sweep_own_shapes="sweep, every configuration at its own sizes (max_padding=1)",
+                  sweep_upper_own_shapes="sweep, upper ends only, own sizes",
+                  loop="loop of dpsgd_epsilon (upper ends, the single call's grids)")
+    rows = []
+    for name, vals in d["times"].items():
+        walls = sorted(v[0] for v in vals)
+        shares = sorted(d["shares"][name])
+        rows.append([labels.get(name, name), seconds(walls[len(walls) // 2]), num(shares[len(shares) // 2]),
+                     d["programs"].get(name, "-")])
+    buckets = [[b["n"], b["m"], b["n_freq"] if b["n_freq"] is not None else "all", b["members"],
+                f"{b['chunk_run_s'] * 1e3 / b['chunk']:.1f} ms", num(b["modelled_cost_ms"])] for b in d["buckets"]]
+    body = "\n\n".join([
+        f"The broad distribution ({d['configs']} configurations), one process, {d['rounds']} rounds after a first "
+        "pass of each variant; median wall time per pass, and its share of the default sweep's time in the same round:",
+        table(["variant", "wall", "share of default", "programs"], rows),
+        "The default sweep's buckets (static sizes: FFT length n, support capacity m, kept frequencies), "
+        "the measured run time per configuration of one chunk, and the cost model's estimate of the bucket "
+        f"(ms; at their own sizes the configurations model to {num(d['own_shapes_modelled_cost_ms'])} ms in all):",
+        table(["n", "m", "kept frequencies", "members", "run per configuration", "modelled cost"], buckets)])
+    return Rendered("Where a sweep's steady state goes", body, "bench_sweep_profile.py")
+
+
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "table_amplified_mf.json": render_amplified_mf,
@@ -660,6 +687,7 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_optimize_64x128x20.json": render_optimize,
     "bench_sweep_broad.json": render_sweep,
     "bench_sweep_narrow.json": render_sweep,
+    "bench_sweep_profile.json": render_sweep_profile,
     "bench_allocation.json": render_allocation,
     "table_allocation.json": render_table_allocation,
     "bench_curve.json": render_curve,
