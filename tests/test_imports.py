@@ -102,12 +102,3 @@ def test_lower_layers_do_not_import_higher_ones(layer):
                 offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, offenders
 
-
-def test_static_check_sees_module_level_imports():
-    # The checker itself: it finds calibration's import of the montecarlo core (module level)
-    # and skips BallsInBins.calibrate's documented function-local import of the calibration.
-    cal = _module_level_imports(PACKAGE / "calibration" / "montecarlo.py")
-    assert any(name.startswith("dpjax.montecarlo") for name in cal)
-    acc = _module_level_imports(PACKAGE / "montecarlo" / "_accountant.py")
-    assert not any(name.startswith("dpjax.calibration") for name in acc)
-    assert "dpjax.calibration.montecarlo" in (PACKAGE / "montecarlo" / "_accountant.py").read_text()
