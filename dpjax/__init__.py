@@ -17,8 +17,8 @@ Layers (one sub-package each):
 * :mod:`dpjax.cli` -- the ``dpjax`` command.
 
 Imports run one way: ``pld``, ``matrices`` -> ``montecarlo`` -> ``calibration`` ->
-``optimization`` (``baselines`` and ``group`` build on ``pld``); any sub-package can be imported
-first.
+``optimization`` -> ``interop``, ``cli`` (``baselines`` and ``group`` build on ``pld``), inside
+function bodies too, with no cycle (docs/design.md §9); any sub-package can be imported first.
 
 All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
 :mod:`dpjax._x64`).

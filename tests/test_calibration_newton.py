@@ -119,7 +119,7 @@ def test_importance_calibration_in_slices_matches_the_whole_sample(monkeypatch):
     # _SUMMAND_SLICE_ENTRIES (bounded temporaries); the root and its implicit gradient are those of
     # the whole-sample sum up to summation order.  m = 5000 with slices of 1024 samples (b = 8)
     # also exercises the remainder slice.
-    from dpjax.calibration import montecarlo as cm
+    from dpjax.montecarlo import calibrate as cm
     from dpjax.montecarlo.importance import default_proposal
 
     m = 5000

@@ -1,8 +1,41 @@
-"""One direction of imports: pld, matrices -> montecarlo -> calibration -> optimization.
+"""One direction of imports across all of ``dpjax``, function bodies included.
 
-Two checks: every sub-package imports cleanly when it is the *first* dpjax module a fresh
-interpreter imports (a cycle hidden by import order shows up as an ImportError for one of them),
-and a static (``ast``) check that no lower layer imports a higher one at module level.
+Every module has a layer, and a module imports only from its own layer or lower ones.  From the
+bottom up:
+
+0. the foundation: dpjax's top-level private modules (``dpjax._validate``, ``dpjax._x64``,
+   ``dpjax._xla``, ``dpjax._results``, ``dpjax._root`` -- the monotone root finder and its
+   implicit adjoint, which the Monte Carlo and calibration layers both solve with -- ...);
+1. self-contained building blocks on the foundation alone: ``dpjax.matrices``, and two leaves of
+   the PLD package that import nothing else of it, ``dpjax.pld.exact`` (the closed-form
+   Gaussian curve) and ``dpjax.pld.cache`` (the persistent compiled-program cache);
+2. ``dpjax.noise`` (on matrices) and the classical baselines ``dpjax.baselines.rdp`` (on the
+   program cache) and ``dpjax.baselines.strong_composition`` (on the Gaussian curve);
+3. ``dpjax.pld``: the PLD accountant (its fallback bounds use the RDP baseline);
+4. what builds on the PLD accountant: ``dpjax.group``, ``dpjax.baselines.group_privacy`` and the
+   ``dpjax.baselines`` package that re-exports the baselines;
+5. ``dpjax.montecarlo`` (on matrices and the Gaussian curve; its calibration solvers, which
+   ``BallsInBins.calibrate`` and Estimate-Verify-Release use, live in
+   ``dpjax.montecarlo.calibrate``) and ``dpjax.sampling`` (batch schedules, accounted by the
+   Monte Carlo and PLD layers);
+6. ``dpjax.calibration`` (re-exports the root finder and the Monte Carlo solvers; adds the
+   Gaussian, PLD and group calibrations);
+7. ``dpjax.optimization``;
+8. the front ends: ``dpjax.interop``, ``dpjax.cli``, ``dpjax.__main__`` and the top package
+   ``dpjax`` itself (whose ``__init__`` re-exports names on first access; the CLI reads its
+   version from it).
+
+So pld, matrices -> montecarlo -> calibration -> optimization -> interop, cli.
+
+The import graph is read from the source (``ast``): every ``import`` and ``from ... import``
+statement counts, at module level, in a class body or inside a function (a lazy import is still
+a dependency; it only moves the failure to the first call).  ``from dpjax import x`` where ``x``
+is a submodule is an edge to ``dpjax.x``; a string that holds code (e.g. for a subprocess) is
+not an import.  Importing a submodule counts as an edge to that submodule only (its parent
+package's ``__init__`` runs too, but the packages' ``__init__`` modules re-export and import
+nothing upward).  Two checks run on the graph: it has no cycle, and no edge goes up a layer.
+A fresh interpreter also imports every sub-package first (an import-order cycle would show as
+an ImportError there), and the package installs no import hooks.
 """
 
 from __future__ import annotations
@@ -12,6 +45,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -20,6 +54,172 @@ PACKAGE = ROOT / "dpjax"
 
 SUBPACKAGES = ["dpjax.pld", "dpjax.matrices", "dpjax.montecarlo", "dpjax.calibration",
                "dpjax.optimization", "dpjax.baselines", "dpjax.group", "dpjax.cli.main"]
+
+#: Layer of each package or module (the longest matching prefix wins; ``"dpjax"`` matches only
+#: the top package itself).  The foundation (layer 0) is every top-level private module
+#: ``dpjax._*``.  See the module docstring for the reasons of the order.
+LAYERS = {
+    "dpjax.matrices": 1, "dpjax.pld.exact": 1, "dpjax.pld.cache": 1,
+    "dpjax.noise": 2, "dpjax.baselines.rdp": 2, "dpjax.baselines.strong_composition": 2,
+    "dpjax.pld": 3,
+    "dpjax.group": 4, "dpjax.baselines.group_privacy": 4, "dpjax.baselines": 4,
+    "dpjax.montecarlo": 5, "dpjax.sampling": 5,
+    "dpjax.calibration": 6,
+    "dpjax.optimization": 7,
+    "dpjax.interop": 8, "dpjax.cli": 8, "dpjax.__main__": 8, "dpjax": 8,
+}
+
+
+# ------------------------------------------------------------------------------------------
+# The checker
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def import_graph(root: pathlib.Path, package: str) -> dict[str, dict[str, list[tuple[int, bool]]]]:
+    """``{module: {imported module: [(line, in_function), ...]}}`` over every module of
+    ``package`` (a directory under ``root``); only edges between the package's own modules.
+
+    ``import a.b`` is an edge to the longest prefix of ``a.b`` that is a module;
+    ``from a import x`` is an edge to ``a.x`` where that is a module, else to ``a``; relative
+    imports are resolved against the importing module's package.
+    """
+    files = {_module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+
+    def known(name: str) -> str | None:
+        while name:
+            if name in files:
+                return name
+            name = name.rpartition(".")[0]
+        return None
+
+    graph: dict[str, dict[str, list[tuple[int, bool]]]] = {m: {} for m in files}
+    for module, path in files.items():
+        pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+        def add(target, node, in_function):
+            if target is not None and target != module:
+                graph[module].setdefault(target, []).append((node.lineno, in_function))
+
+        def visit(node, in_function):
+            for child in ast.iter_child_nodes(node):
+                inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                if isinstance(child, ast.Import):
+                    for alias in child.names:
+                        add(known(alias.name), child, inner)
+                elif isinstance(child, ast.ImportFrom):
+                    if child.level:
+                        base = pkg.split(".")[: len(pkg.split(".")) - (child.level - 1)]
+                        name = ".".join(base + ([child.module] if child.module else []))
+                    else:
+                        name = child.module or ""
+                    for alias in child.names:
+                        sub = f"{name}.{alias.name}"
+                        add(sub if sub in files else known(name), child, inner)
+                visit(child, inner)
+
+        visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return graph
+
+
+def cycles(graph) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    counter = [0]
+
+    def connect(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(found)
+
+
+def layer(module: str, layers: dict[str, int] = LAYERS) -> int | None:
+    """The layer of ``module``: 0 for a top-level private module of the package, else the
+    entry of the longest matching prefix (the top package's own entry matches only itself)."""
+    parts = module.split(".")
+    if len(parts) == 2 and parts[1].startswith("_") and not parts[1].startswith("__"):
+        return 0
+    best = None
+    for prefix, value in layers.items():
+        if module == prefix or ("." in prefix and module.startswith(prefix + ".")):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, value)
+    return None if best is None else best[1]
+
+
+def upward_imports(graph, layers: dict[str, int] = LAYERS) -> list[str]:
+    """Every edge that goes up a layer, and every module without a layer, as readable lines."""
+    problems = []
+    for module in sorted(graph):
+        if layer(module, layers) is None:
+            problems.append(f"{module} has no layer: add it to LAYERS")
+    for module in sorted(graph):
+        for target, where in sorted(graph[module].items()):
+            lo, hi = layer(module, layers), layer(target, layers)
+            if lo is not None and hi is not None and hi > lo:
+                line, in_function = where[0]
+                problems.append(f"{module} (layer {lo}, line {line}{', in a function' if in_function else ''}) "
+                                f"imports {target} (layer {hi})")
+    return problems
+
+
+def _describe(graph, component) -> str:
+    members = set(component)
+    edges = [f"{a} -> {b} (line {graph[a][b][0][0]})" for a in component for b in sorted(graph[a]) if b in members]
+    return f"cycle among {component}: " + "; ".join(edges)
+
+
+# ------------------------------------------------------------------------------------------
+# The checks on dpjax
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(ROOT, "dpjax")
+
+
+def test_import_graph_has_no_cycle(graph):
+    found = cycles(graph)
+    assert not found, "\n".join(_describe(graph, c) for c in found)
+
+
+def test_no_module_imports_a_higher_layer(graph):
+    problems = upward_imports(graph)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_layer_entry_names_a_module(graph):
+    # A stale entry (a module moved or renamed) would silently stop checking anything.
+    stale = [prefix for prefix in LAYERS
+             if not any(m == prefix or m.startswith(prefix + ".") for m in graph)]
+    assert not stale, stale
 
 
 @pytest.mark.parametrize("module", SUBPACKAGES)
@@ -42,72 +242,48 @@ def test_no_import_hooks_installed():
     assert proc.stdout.strip() == "0"
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
+# ------------------------------------------------------------------------------------------
+# The checker itself
 
 
-def _module_level_imports(path: pathlib.Path) -> list[str]:
-    """Absolute names of the dpjax modules ``path`` imports at module level (not in functions).
-
-    Module level includes ``if``/``try`` blocks at the top and class bodies (they run at import
-    time); only function bodies are skipped.
-    """
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
-    found: list[str] = []
-
-    def visit(node):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
-            if isinstance(child, ast.Import):
-                found.extend(alias.name for alias in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (child.level - 1)]
-                    name = ".".join(base + ([child.module] if child.module else []))
-                else:
-                    name = child.module or ""
-                found.append(name)
-                found.extend(f"{name}.{alias.name}" for alias in child.names)
-            visit(child)
-
-    visit(tree)
-    return [name for name in found if name == "dpjax" or name.startswith("dpjax.")]
+def test_checker_reports_an_added_upward_import(graph):
+    # One extra edge from the PLD accountant up to the calibration layer: reported as an upward
+    # import, and as a cycle (the PLD calibration reaches the accountant through pld.batched).
+    assert "dpjax.calibration.pld" not in graph["dpjax.pld.accountant"]
+    extra = {m: dict(edges) for m, edges in graph.items()}
+    extra["dpjax.pld.accountant"]["dpjax.calibration.pld"] = [(1, True)]
+    problems = upward_imports(extra)
+    assert any(p.startswith("dpjax.pld.accountant (layer 3, line 1, in a function) imports "
+                            "dpjax.calibration.pld (layer 6)") for p in problems), problems
+    assert any({"dpjax.pld.accountant", "dpjax.calibration.pld"} <= set(c) for c in cycles(extra))
+    # ... and a module outside every entry of LAYERS is reported, not skipped.
+    extra["dpjax.newmodule"] = {}
+    assert "dpjax.newmodule has no layer: add it to LAYERS" in upward_imports(extra)
 
 
-def _files(subpackage: str) -> list[pathlib.Path]:
-    return sorted((PACKAGE / subpackage).rglob("*.py"))
+def test_checker_on_a_synthetic_package(tmp_path):
+    # A lazy import is an edge; `from pkg import sub` is an edge to the submodule, not to the
+    # package; relative imports resolve; code in a string is not an import.
+    pkg = tmp_path / "pkg"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_base.py").write_text("X = 1\n")
+    (pkg / "low" / "__init__.py").write_text("from . import core\n")
+    (pkg / "low" / "core.py").write_text(textwrap.dedent("""\
+        from pkg import _base
 
+        def later():
+            from pkg import high          # lazy and upward
+            return high
 
-FORBIDDEN = {
-    "pld": ("dpjax.montecarlo", "dpjax.calibration", "dpjax.optimization"),
-    "matrices": ("dpjax.montecarlo", "dpjax.calibration", "dpjax.optimization"),
-    "montecarlo": ("dpjax.calibration", "dpjax.optimization"),
-}
-
-
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_lower_layers_do_not_import_higher_ones(layer):
-    files = _files(layer)
-    assert files, f"no modules found under dpjax/{layer}"
-    offenders = []
-    for path in files:
-        for name in _module_level_imports(path):
-            if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[layer]):
-                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
-    assert not offenders, offenders
-
-
-def test_static_check_sees_module_level_imports():
-    # The checker itself: it finds calibration's import of the montecarlo core (module level)
-    # and skips BallsInBins.calibrate's documented function-local import of the calibration.
-    cal = _module_level_imports(PACKAGE / "calibration" / "montecarlo.py")
-    assert any(name.startswith("dpjax.montecarlo") for name in cal)
-    acc = _module_level_imports(PACKAGE / "montecarlo" / "_accountant.py")
-    assert not any(name.startswith("dpjax.calibration") for name in acc)
-    assert "dpjax.calibration.montecarlo" in (PACKAGE / "montecarlo" / "_accountant.py").read_text()
+        CODE = "from pkg.high import thing; import pkg.high"   # a string, not an import
+        """))
+    (pkg / "high.py").write_text("from .low.core import later\nthing = later\n")
+    g = import_graph(tmp_path, "pkg")
+    assert g["pkg.low.core"] == {"pkg._base": [(1, False)], "pkg.high": [(4, True)]}
+    assert g["pkg.low"] == {"pkg.low.core": [(1, False)]}
+    assert g["pkg.high"] == {"pkg.low.core": [(1, False)]}
+    assert cycles(g) == [["pkg.high", "pkg.low.core"]]
+    layers = {"pkg.low": 1, "pkg.high": 2, "pkg": 2}
+    assert layer("pkg._base", layers) == 0
+    assert upward_imports(g, layers) == ["pkg.low.core (layer 1, line 4, in a function) imports pkg.high (layer 2)"]

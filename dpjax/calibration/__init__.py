@@ -5,7 +5,8 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 
 * :mod:`dpjax.calibration.root` -- the generic machinery: :func:`bisect_monotone` (fixed
   iteration count, result on the safe side), :func:`solve_monotone_root` with a named adjoint
-  (:class:`ImplicitAdjoint`, :class:`StopGradientAdjoint`).
+  (:class:`ImplicitAdjoint`, :class:`StopGradientAdjoint`).  Its code lives in the foundation
+  module ``dpjax._root``, because the Monte Carlo layer below this package solves with it too.
 * :mod:`dpjax.calibration.gaussian` -- the exact T-fold Gaussian mechanism (analytic oracle;
   the curve itself is :func:`dpjax.pld.gaussian_delta`).
 * :mod:`dpjax.calibration.pld` -- DP-SGD: :func:`dpsgd_noise_multiplier` (batched, certified
@@ -15,7 +16,9 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
   :func:`calibrated_noise` (differentiable in ``C``; its home, not re-exported by
   :mod:`dpjax.montecarlo`), :func:`calibrate_accountant` (``BallsInBins.calibrate``),
   :func:`estimate_minimum_samples`; the in-loop solver objects :class:`NewtonIllinois`,
-  :class:`Bisection` and :func:`calibrate_on_draws`.
+  :class:`Bisection` and :func:`calibrate_on_draws`.  All but :func:`calibrated_noise` live in
+  :mod:`dpjax.montecarlo.calibrate` (``BallsInBins.calibrate`` and Estimate-Verify-Release use
+  them) and are re-exported here.
 * :mod:`dpjax.calibration.screened` -- the optimisation loop's calibration
   :func:`calibrate_screened`: the full estimate's root and implicit gradient from one float32
   screen of the sample plus float64 work on the few samples that can contribute;

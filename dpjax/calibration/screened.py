@@ -53,9 +53,9 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._results import ResultMixin
-from dpjax.calibration.montecarlo import (_BRACKET_RELATIVE, NewtonIllinois, _newton_illinois,
-                                          _zero_cotangent)
-from dpjax.calibration.root import SolverStatus
+from dpjax._root import SolverStatus
+from dpjax.montecarlo.calibrate import (_BRACKET_RELATIVE, NewtonIllinois, _newton_illinois,
+                                       _zero_cotangent)
 from dpjax.montecarlo import draws as _draws
 from dpjax.montecarlo import gram_sqrt
 from dpjax.montecarlo.core import _privacy_losses, delta_from_projections, hockey_stick_terms

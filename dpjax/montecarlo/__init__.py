@@ -3,7 +3,9 @@
 Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix
 Mechanisms" (2024).  Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> this package ->
 :mod:`dpjax.calibration` -> :mod:`dpjax.optimization`; nothing here imports the calibration or
-optimization layers at import time.
+optimization layers, not even inside a function.  The solvers that ``BallsInBins.calibrate``
+and Estimate-Verify-Release need live in :mod:`dpjax.montecarlo.calibrate` (their public
+import path is :mod:`dpjax.calibration`).
 
 Public API:
 

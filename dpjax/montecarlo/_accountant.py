@@ -397,10 +397,7 @@ class BallsInBins:
         """
         if certify:
             return self.certify_noise(target_epsilon, target_delta, key, num_samples=num_samples, method=method)
-        # The one import from the calibration layer, function-local on purpose: calibration
-        # builds on this package (pld, matrices -> montecarlo -> calibration), so a module-level
-        # import here would be a cycle.
-        from dpjax.calibration.montecarlo import calibrate_accountant
+        from dpjax.montecarlo.calibrate import calibrate_accountant
 
         return calibrate_accountant(self, target_epsilon, target_delta, num_samples, key)
 

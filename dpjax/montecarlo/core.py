@@ -2,7 +2,7 @@
 
 Draws, privacy losses and estimators (Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near
 Exact Privacy Amplification for Matrix Mechanisms", 2024): the layer that
-:class:`dpjax.montecarlo.BallsInBins`, :mod:`dpjax.calibration.montecarlo` and
+:class:`dpjax.montecarlo.BallsInBins`, :mod:`dpjax.montecarlo.calibrate` and
 :mod:`dpjax.optimization` build on.  Everything here is a pure function of arrays; only
 :func:`gram_matrix` validates (through :func:`dpjax.matrices.correlation_array`), the other
 functions trust their inputs (the user-facing wrappers validate).  The exported functions follow

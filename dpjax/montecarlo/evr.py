@@ -270,8 +270,8 @@ def _certify_fixed_kl(accountant, noise_multiplier: float, epsilon: float, targe
 def _calibration_fn(num_samples: int):
     import jax
 
-    from dpjax.calibration.montecarlo import NewtonIllinois, calibrate_on_draws
-    from dpjax.calibration.root import StopGradientAdjoint
+    from dpjax._root import StopGradientAdjoint
+    from dpjax.montecarlo.calibrate import NewtonIllinois, calibrate_on_draws
 
     def run(gram, eps, base, key, sigma0):
         return calibrate_on_draws(gram, eps, base, key=key, num_samples=num_samples,
@@ -418,8 +418,8 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
 def _importance_calibration_fn(num_samples: int):
     import jax
 
-    from dpjax.calibration.montecarlo import NewtonIllinois, calibrate_on_draws
-    from dpjax.calibration.root import StopGradientAdjoint
+    from dpjax._root import StopGradientAdjoint
+    from dpjax.montecarlo.calibrate import NewtonIllinois, calibrate_on_draws
 
     def run(gram, eps, key, sigma0, proposal, scale):
         return calibrate_on_draws(gram, eps, 1.0, key=key, num_samples=num_samples,

@@ -59,8 +59,7 @@ import optax
 from dpjax import _validate
 from dpjax._progress import note as _note
 from dpjax._progress import progress as _progress
-from dpjax.calibration.montecarlo import (_MAX_PRECOMPUTED, Bisection, NewtonIllinois,
-                                          calibrate_on_draws)
+from dpjax.montecarlo.calibrate import _MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
 from dpjax.montecarlo import as_prng_key, evr, gram_matrix

@@ -14,7 +14,10 @@ Layers (one module each; docs/design.md §1-2, Koskela & Honkela 2021):
 * :mod:`~dpjax.pld.plan` -- grid choice from the requested accuracy (host side).
 * :mod:`~dpjax.pld.fixed_grid` -- a grid planned once, then jittable, differentiable
   ``delta_fn`` / ``epsilon_fn`` in the mechanism parameters.
-* :mod:`~dpjax.pld.accountant` -- the public entry points.
+* :mod:`~dpjax.pld.accountant` -- the public entry points for any mechanisms
+  (:func:`epsilon`, :func:`delta`); :mod:`~dpjax.pld.dpsgd` -- DP-SGD (:func:`dpsgd_accounting`,
+  :func:`dpsgd_epsilon`, :func:`dpsgd_delta`: Poisson sampling here, random allocation and
+  balls-in-bins routed to :mod:`~dpjax.pld.allocation_dpsgd`).
 * :mod:`~dpjax.pld.sweeping` -- many configurations in a handful of compiled programs
   (:func:`sweep`, buckets chosen by cost (:class:`BucketPolicy`), sharded over every device;
   :mod:`~dpjax.pld.sweep_store` writes and resumes; :mod:`~dpjax.pld.sweep_program` is its
@@ -72,8 +75,8 @@ These run from float32 code (float64 inside); under a user's ``jax.jit`` trace w
 and :class:`Bound`.
 """
 
-from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult, delta, dpsgd_accounting, epsilon
-from dpjax.pld.dpsgd import dpsgd_delta, dpsgd_epsilon
+from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult, delta, epsilon
+from dpjax.pld.dpsgd import dpsgd_accounting, dpsgd_delta, dpsgd_epsilon
 from dpjax.pld.compose import ComposedPLD, Composition, Group, compose
 from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.discretize import GridPMF, discretize

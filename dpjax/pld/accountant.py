@@ -950,6 +950,9 @@ def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
 
 # ------------------------------------------------------------------------------------------
 # DP-SGD
+#
+# The composition of one DP-SGD configuration; the entry points (dpsgd_accounting and the
+# one-configuration calls) are in dpjax.pld.dpsgd, which also routes random allocation.
 
 
 def _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule=None):
@@ -969,67 +972,3 @@ def _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule=Non
         raise ValueError(
             f"noise_schedule must be a 1-D array of length steps={steps}, got shape {sigma.shape}")
     return [(PoissonSubsampledGaussian(sigma, np.full_like(sigma, float(q))), 1)]
-
-
-@host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
-def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, target_epsilon=None, *,
-                     options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None,
-                     sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1, epochs=None):
-    """DP-SGD (Poisson sampling, add/remove adjacency): :class:`EpsilonResult` or :class:`DeltaResult`.
-
-    Args:
-      noise_multiplier: sigma > 0 (None with ``noise_schedule``).
-      sampling_prob: q in (0, 1].
-      steps: number of steps T >= 1.
-      target_delta / target_epsilon: exactly one of them (scalar or 1-D array: one transform
-        serves every target).
-      noise_schedule: a per-step schedule instead of ``noise_multiplier`` (1-D, length ``steps``).
-      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``:
-        ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` instead of
-        ``sampling_prob`` and ``steps`` (:func:`dpjax.pld.allocation_dpsgd.accounting`; the
-        result has the same fields, ``options`` do not apply).
-      batches_per_epoch, selections_per_epoch, epochs: see ``sampling``.
-    """
-    if (target_delta is None) == (target_epsilon is None):
-        raise ValueError("give exactly one of target_delta and target_epsilon")
-    from dpjax.pld import allocation_dpsgd
-
-    if allocation_dpsgd.is_allocation(sampling):
-        if noise_schedule is not None or options is not None:
-            raise ValueError(f"noise_schedule and options are for sampling='poisson', not {sampling!r}")
-        return allocation_dpsgd.accounting(noise_multiplier, sampling_prob, steps, target_delta, target_epsilon,
-                                           sampling=sampling, batches_per_epoch=batches_per_epoch,
-                                           selections_per_epoch=selections_per_epoch, epochs=epochs)
-    if sampling != "poisson":
-        raise ValueError(f"sampling must be 'poisson', 'random_allocation' or 'balls_in_bins' here, got {sampling!r}")
-    if epochs is not None:
-        raise ValueError("epochs is for sampling='random_allocation' / 'balls_in_bins' here (give steps)")
-    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
-    if noise_multiplier is not None and noise_schedule is not None:
-        raise ValueError("give noise_multiplier or noise_schedule, not both")
-    comps = _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
-    if target_delta is not None:
-        return epsilon(comps, target_delta, options=options, with_lower=with_lower)
-    return delta(comps, target_epsilon, options=options, with_lower=with_lower)
-
-
-# The one-configuration calls behind the public dpjax.pld.dpsgd_epsilon / dpsgd_delta
-# (dpjax.pld.dpsgd adds batches of configurations, traced calls and the argument aliases).
-@host_only("dpjax.dpsgd_epsilon (traceable)")
-def dpsgd_epsilon(noise_multiplier, sampling_prob, steps, target_delta, *, noise_schedule=None) -> float:
-    """Certified epsilon of one DP-SGD configuration (Poisson-subsampled Gaussian, add/remove
-    adjacency); see :func:`dpjax.pld.dpsgd.dpsgd_epsilon` for the public function."""
-    target_delta = _validate.probability_open("target_delta", target_delta)
-    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False,
-                           noise_schedule=noise_schedule)
-    return res.epsilon
-
-
-@host_only("dpjax.dpsgd_delta (traceable)")
-def dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon, *, noise_schedule=None) -> float:
-    """Certified delta of one DP-SGD configuration at ``target_epsilon`` (>= 0); see
-    :func:`dpjax.pld.dpsgd.dpsgd_delta` for the public function."""
-    target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
-    res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False,
-                           noise_schedule=noise_schedule)
-    return res.delta

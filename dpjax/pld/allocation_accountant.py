@@ -610,7 +610,7 @@ def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target
     Returns :class:`dpjax.pld.EpsilonCurve` with ``steps`` = steps after each entry
     (``E batches_per_epoch``).
     """
-    from dpjax.pld.curve import EpsilonCurve
+    from dpjax.pld.records import EpsilonCurve
 
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
@@ -714,7 +714,7 @@ def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise
     import time
 
     from dpjax._progress import progress as progress_meter
-    from dpjax.pld.sweeping import SweepTable
+    from dpjax.pld.records import SweepTable
 
     t0 = time.perf_counter()
     cfgs = _sweep_configs(configs, dict(noise_multiplier=noise_multiplier, batches_per_epoch=batches_per_epoch,

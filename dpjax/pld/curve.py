@@ -50,43 +50,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax._results import ResultMixin
+from dpjax.pld.records import EpsilonCurve
 
 from dpjax import _validate
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
+from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
 from dpjax import _xla
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
-
-
-@dataclasses.dataclass(frozen=True)
-class EpsilonCurve(ResultMixin):
-    """Certified epsilon after each number of steps (``to_dict`` / ``to_json`` / ``load`` from
-    :class:`dpjax._results.ResultMixin`).
-
-    Attributes:
-      steps: (K,) int64, the numbers of steps, in the order given.
-      epsilon: (K,) certified upper bounds (= ``epsilon_upper``; each the smallest certified at
-        its ``T`` or at a larger ``T`` of the list).
-      epsilon_lower: (K,) certified lower ends of the brackets (0 where not computed).
-      epsilon_upper: (K,) = ``epsilon``.
-      target_delta: the delta.
-      n, dx: the one grid (FFT length, spacing) shared by every ``T``.
-      recomputed: (K,) bool, True where that ``T`` went through the single-configuration path
-        (module docstring, step 3).
-    """
-
-    steps: np.ndarray
-    epsilon: np.ndarray
-    epsilon_lower: np.ndarray
-    epsilon_upper: np.ndarray
-    target_delta: float
-    n: int
-    dx: float
-    recomputed: np.ndarray
 
 
 @functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "batch"))
@@ -212,8 +186,8 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
                        for rd in res for kd, r in rd.items())
             if over:  # the single-configuration accountant widens the window
                 redo[i] = True
-                single = _acc.dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
-                                               with_lower=with_lower)
+                single = dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
+                                          with_lower=with_lower)
                 upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
                 continue
             if _needs_tail_pass(plan, res, delta):
@@ -229,8 +203,8 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
             if not np.isfinite(upper[i]):
                 # A direction the grid cannot certify: the single call's fallback bounds.
                 redo[i] = True
-                single = _acc.dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
-                                               with_lower=with_lower)
+                single = dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
+                                          with_lower=with_lower)
                 upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
     # Composition never gains privacy: the steps after T are a post-processing away, so a bound
     # certified after T' steps also holds after every T <= T'.  Each entry is the smallest bound

@@ -1,0 +1,510 @@
+"""Noise calibration on a Monte Carlo estimate: the solvers behind the calibration layer.
+
+Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix
+Mechanisms" (2024), §4.1, Alg. 2.  For a Gram matrix ``G`` of the modes and a fixed Monte Carlo
+sample (common random numbers from ``key``), the estimate ``delta_hat(sigma; G)`` of
+:func:`dpjax.montecarlo.delta_estimate` (max over the two directions) is a deterministic,
+continuous, decreasing function of ``sigma``; the calibrated noise multiplier is the smallest
+``sigma`` with ``delta_hat(sigma; G) <= target_delta`` at ``target_epsilon``, differentiable in
+``G`` by the implicit function theorem (:mod:`dpjax._root`).
+
+* :func:`calibrated_noise_core` -- fixed-length bisection in ``log sigma`` (jittable);
+* :func:`calibrate_accountant` -- the implementation of ``BallsInBins.calibrate``;
+* :class:`NewtonIllinois`, :class:`Bisection`, :func:`calibrate_on_draws` -- the in-loop solver
+  (a warm-started safeguarded Newton iteration: 2-4 passes over the sample instead of 50), used
+  by Estimate-Verify-Release (:mod:`dpjax.montecarlo.evr`) and the optimisation loop.
+
+This module is part of the Monte Carlo layer so that :class:`~dpjax.montecarlo.BallsInBins` and
+:mod:`dpjax.montecarlo.evr` can calibrate without importing the calibration layer; the public
+import path of every name here is :mod:`dpjax.calibration` (:mod:`dpjax.calibration.montecarlo`
+re-exports them next to the differentiable :func:`dpjax.calibration.calibrated_noise`, whose
+module documents the method and its cost).
+
+Cost.  The draws ``U`` ``(m, b)`` and ``W = U L^T`` (``L L^T = G``) do not depend on ``sigma``,
+so they are computed once per calibration, outside the solver loop; each pass is one
+``logsumexp`` over ``(m, b)`` logits.  Above ``_MAX_PRECOMPUTED`` entries ``m * b`` every pass
+instead calls the chunked :func:`dpjax.montecarlo.delta_estimate` (bounded memory, same
+numbers, slower).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax._results import ResultMixin
+
+from dpjax import _validate
+from dpjax._x64 import float64
+from dpjax._root import (ImplicitAdjoint, RootResult, SolverStatus, StopGradientAdjoint,
+                         solve_monotone_root)
+from dpjax.montecarlo.core import (as_prng_key, delta_estimate, delta_from_projections, draws,
+                                   gram_sqrt, rbg_key)
+
+__all__ = [
+    "calibrated_noise_core",
+    "calibrate_accountant",
+    "estimate_minimum_samples",
+    "DEFAULT_NUM_ITERATIONS",
+    "Bisection",
+    "NewtonIllinois",
+    "CalibrationResult",
+    "calibrate_on_draws",
+]
+
+#: Bisection length: 50 halvings of log(1e7) -> relative bracket width 1.4e-14.
+DEFAULT_NUM_ITERATIONS = 50
+#: Search range for sigma, relative to the l2-sensitivity max_i |m_i|_2 of the mechanism:
+#: amplification only lowers sigma below the unamplified Gaussian one, which for any
+#: eps >= 1e-3, delta >= 1e-300 is < 1e4 * sensitivity; 1e-3 * sensitivity makes
+#: delta_hat ~ 1 for any eps <~ 1e5.
+_BRACKET_RELATIVE = (1e-3, 1e4)
+#: Largest m * b (float64 entries) for which the projections W are materialised (128 MiB).
+_MAX_PRECOMPUTED = 1 << 24
+
+
+def estimate_minimum_samples(target_delta: float) -> int:
+    """Fewest Monte Carlo samples a calibration accepts for ``target_delta``: ``ceil(1 / delta)``.
+
+    An estimate of delta from ``m`` samples cannot resolve deltas below ~1/m (a single sample
+    contributes up to 1/m).  This is a floor for the *estimate*; certifying with
+    Estimate-Verify-Release needs more (:func:`dpjax.montecarlo.evr_minimum_samples`).
+    """
+    return int(math.ceil(1.0 / float(target_delta)))
+
+
+def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: int, *,
+                          num_iterations: int = DEFAULT_NUM_ITERATIONS,
+                          adjoint=ImplicitAdjoint(), precompute: bool | None = None) -> RootResult:
+    """Jittable core: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta`` (safe side).
+
+    Args:
+      gram: ``(b, b)`` Gram matrix (:func:`dpjax.montecarlo.gram_matrix`); gradients flow to it (and to whatever
+        produced it) through ``adjoint``.
+      target_epsilon, target_delta: scalars (differentiable).
+      key: PRNG key of the common random numbers.
+      num_samples: static ``m``.
+      num_iterations: static bisection length.
+      precompute: materialise ``W`` (default: when ``m * b <= 2^24``).
+
+    Returns:
+      :class:`~dpjax.calibration.root.RootResult` (``root`` is the upper end of the final
+      bracket: ``delta_hat(root) <= target_delta``).
+    """
+    gram = jnp.asarray(gram, jnp.float64)
+    b = gram.shape[0]
+    eps = jnp.asarray(target_epsilon, jnp.float64)
+    if precompute is None:
+        precompute = num_samples * b <= _MAX_PRECOMPUTED
+    sensitivity = jnp.sqrt(jnp.max(jnp.diagonal(gram)))
+    bracket = jax.lax.stop_gradient(
+        (_BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity))
+    if precompute:
+        mode_index, u = draws(key, b, num_samples)
+        projections = u @ gram_sqrt(gram).T  # (m, b) ~ N(0, G); no sigma dependence
+
+        def fn(sigma, theta):
+            g, w, e = theta
+            return delta_from_projections(g, w, mode_index, sigma, e)
+
+        theta = (gram, projections, eps)
+    else:
+        def fn(sigma, theta):
+            g, e = theta
+            return delta_estimate(g, sigma, e, key, num_samples)[0]
+
+        theta = (gram, eps)
+    return solve_monotone_root(fn, theta, jnp.asarray(target_delta, jnp.float64), bracket,
+                               decreasing=True, num_iterations=num_iterations, log_scale=True,
+                               adjoint=adjoint)
+
+
+def _check_targets(target_epsilon, target_delta, m):
+    # Estimate mode: any m >= 1 is accepted.  With m < 1/delta the hockey-stick terms are still
+    # continuous in sigma, so delta_hat(sigma) = target_delta has a solution; it is a noisy
+    # estimate (Choquette-Choo et al. 2024, §5.1.4 optimise with ~2^9 samples per step).  Only
+    # certification (Estimate-Verify-Release) demands enough samples.
+    _validate.positive("target_epsilon", target_epsilon)
+    _validate.probability_open("target_delta", target_delta)
+
+
+def _raise_on_status(res: RootResult, target_epsilon, target_delta):
+    status = int(res.status)
+    if status == SolverStatus.UNREACHABLE:
+        raise ValueError(
+            f"target (epsilon={float(target_epsilon):g}, delta={float(target_delta):g}) is "
+            f"not reached by any noise multiplier up to {_BRACKET_RELATIVE[1]:g} x "
+            "sensitivity; increase target_epsilon or target_delta")
+    if status == SolverStatus.MET_AT_BRACKET_END:
+        raise ValueError(
+            f"target (epsilon={float(target_epsilon):g}, delta={float(target_delta):g}) is met "
+            f"even at noise multiplier {float(res.root):g} = {_BRACKET_RELATIVE[0]:g} x "
+            "sensitivity (the bottom of the search range): the target is vacuous; lower "
+            "target_epsilon")
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _calibrate_gram_jit(gram, target_epsilon, target_delta, key, num_samples, num_iterations):
+    return calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples,
+                                 num_iterations=num_iterations, adjoint=StopGradientAdjoint())
+
+
+@float64
+def calibrate_accountant(accountant, target_epsilon, target_delta, num_samples, key, *,
+                         num_iterations: int = DEFAULT_NUM_ITERATIONS) -> float:
+    """Noise multiplier calibrated on the estimate of a :class:`~dpjax.montecarlo.BallsInBins`.
+
+    The implementation of ``BallsInBins.calibrate``: ``delta_hat(sigma) = target_delta`` at
+    ``target_epsilon`` with ``num_samples`` common random numbers from ``key`` (JAX key or int
+    seed), solved to ~1e-14 relative; the upper end of the final bracket is returned.  The
+    same draws as ``accountant.delta(sigma, target_epsilon, num_samples, key)``, so that call
+    at the returned sigma gives ``<= target_delta``.  An estimate, not a certificate: follow
+    with ``accountant.certify(sigma, ...)`` (more samples, and ``target_delta`` above the
+    calibration delta to leave room for the Estimate-Verify-Release slack).
+
+    Raises:
+      ValueError: bad input; ``num_samples < ceil(1/target_delta)`` (says the minimum);
+        unreachable or vacuous targets.
+    """
+    m = _validate.positive_int("num_samples", num_samples)
+    _check_targets(target_epsilon, target_delta, m)
+    res = _calibrate_gram_jit(jnp.asarray(accountant.gram, jnp.float64),
+                              float(target_epsilon), float(target_delta), as_prng_key(key), m,
+                              num_iterations)
+    _raise_on_status(res, target_epsilon, target_delta)
+    return float(res.root)
+
+
+# --------------------------------------------------------------------------- Newton / Illinois
+#
+# The in-loop solver (Choquette-Choo et al. 2024, §4, Alg. 2 spends 50 bisection passes over the
+# sample per optimisation step; a warm-started Newton iteration needs 2-4).  With common random
+# numbers, delta_hat(sigma) is a smooth (piecewise C^1: a sample's term has a kink where its loss
+# crosses epsilon, invisible at m >~ 100), decreasing function of sigma, and log delta_hat is
+# nearly linear in log sigma over the range a step moves.  One forward-mode pass (jax.jvp)
+# gives delta_hat and d delta_hat/d sigma together, so each Newton step is one pass.
+
+
+@dataclasses.dataclass(frozen=True)
+class Bisection:
+    """Fixed-length bisection in ``log sigma`` (the paper's Algorithm 2 as written).
+
+    ``num_iterations`` passes over the sample; robust, no warm start.  The root is the upper
+    (feasible) end of the final bracket.
+    """
+
+    num_iterations: int = DEFAULT_NUM_ITERATIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class NewtonIllinois:
+    """Safeguarded Newton iteration on ``g(t) = log delta_hat(e^t) - log target_delta``.
+
+    ``t = log sigma``.  Each step is one pass over the sample (``jax.jvp`` gives the value and
+    the slope together).  Every evaluated point updates a bracket ``[lo, hi]`` (``g(lo) > 0 >=
+    g(hi)``); a Newton point outside the bracket (or undefined: ``delta_hat = 0``, a
+    non-negative slope) is replaced by the Illinois secant of the bracket ends (the value kept
+    at an end that survives twice is halved) or, without a two-sided bracket yet, by a step of
+    ``max_log_step`` towards the root.  Newton steps are also clipped to ``max_log_step``.
+
+    Attributes:
+      max_steps: static cap on passes (each pass is one Newton/Illinois step).
+      xtol: stop when the step in ``log sigma`` is below this (relative accuracy of sigma; the
+        error after the last quadratic step is ~``step^2``).
+      max_log_step: largest step in ``log sigma`` (``log 4`` by default).
+
+    Warm start: ``initial_noise`` of :func:`calibrate_on_draws` (the previous optimisation
+    step's sigma); from within a few percent of the root 2-4 passes reach ``xtol = 1e-12``.
+    """
+
+    max_steps: int = 40
+    xtol: float = 1e-12
+    max_log_step: float = math.log(4.0)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult(ResultMixin):
+    """Outcome of :func:`calibrate_on_draws`.
+
+    Attributes:
+      root: the noise multiplier ``sigma*`` with ``delta_hat(sigma*) = target_delta`` (an
+        estimate; differentiable through the chosen adjoint).
+      lower, upper: the tightest bracket evaluated (``delta_hat(lower) > target >=
+        delta_hat(upper)``; ``-inf``/``inf`` logs mean "not yet bracketed" -> 0 / inf).
+      status: int32 :class:`~dpjax.calibration.SolverStatus`.
+      num_passes: int32, passes over the sample spent by the solver (forward only).
+    """
+
+    root: jax.Array
+    lower: jax.Array
+    upper: jax.Array
+    status: jax.Array
+    num_passes: jax.Array
+
+
+def _newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: NewtonIllinois):
+    """Raw safeguarded Newton/Illinois loop in ``t = log sigma``; see :class:`NewtonIllinois`.
+
+    ``value_and_slope(sigma) -> (delta, d delta / d sigma)``.  Returns
+    ``(t_root, t_lo, t_hi, status, passes)``.
+    """
+    inf = jnp.asarray(jnp.inf, jnp.float64)
+    step_cap = solver.max_log_step
+
+    def cond(state):
+        return (state["k"] < solver.max_steps) & ~state["done"]
+
+    def body(state):
+        t = state["t"]
+        sigma = jnp.exp(t)
+        d, dd = value_and_slope(sigma)
+        g = jnp.log(d) - log_target  # -inf at d = 0; NaN d is infeasible (conservative)
+        feasible = d <= jnp.exp(log_target)
+        lo = jnp.where(feasible, state["lo"], jnp.maximum(state["lo"], t))
+        hi = jnp.where(feasible, jnp.minimum(state["hi"], t), state["hi"])
+        # Illinois bookkeeping: g at the bracket ends; an end kept twice has its g halved.
+        g_lo = jnp.where(feasible, jnp.where(state["last"] == 1, 0.5 * state["g_lo"], state["g_lo"]), g)
+        g_hi = jnp.where(feasible, g, jnp.where(state["last"] == -1, 0.5 * state["g_hi"], state["g_hi"]))
+        last = jnp.where(feasible, 1, -1).astype(jnp.int32)
+        slope = dd * sigma / d  # d log delta / d log sigma, < 0
+        newton = t - jnp.clip(g / slope, -step_cap, step_cap)
+        bracketed = jnp.isfinite(lo) & jnp.isfinite(hi)
+        newton_ok = jnp.isfinite(newton) & (slope < 0) & (newton > lo) & (newton < hi)
+        secant = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+        secant_ok = bracketed & jnp.isfinite(secant) & (secant > lo) & (secant < hi)
+        fallback = jnp.where(secant_ok, secant,
+                             jnp.where(bracketed, 0.5 * (lo + hi),
+                                       jnp.where(feasible, t - step_cap, t + step_cap)))
+        t_new = jnp.clip(jnp.where(newton_ok, newton, fallback), t_min, t_max)
+        step = jnp.abs(t_new - t)
+        at_top = (t >= t_max) & ~feasible
+        at_bottom = (t <= t_min) & feasible
+        # Quadratic regime (a Newton step at least 10x shorter than the previous one): the error
+        # of t_new is ~step^2, so accept it once 100 step^2 <= xtol instead of paying one more
+        # pass to see a step below xtol.
+        quadratic = newton_ok & state["prev_newton"] & (step <= 0.1 * state["prev_step"])
+        converged = ((step <= solver.xtol) | (quadratic & (100.0 * step * step <= solver.xtol))
+                     | (bracketed & (hi - lo <= solver.xtol)))
+        status = jnp.where(at_top, int(SolverStatus.UNREACHABLE),
+                           jnp.where(at_bottom, int(SolverStatus.MET_AT_BRACKET_END),
+                                     int(SolverStatus.CONVERGED))).astype(jnp.int32)
+        done = converged | at_top | at_bottom
+        return dict(t=jnp.where(done & ~converged, t, t_new), lo=lo, hi=hi, g_lo=g_lo, g_hi=g_hi,
+                    last=last, k=state["k"] + 1, done=done, status=status, prev_step=step,
+                    prev_newton=newton_ok)
+
+    t0 = jnp.clip(jnp.asarray(t0, jnp.float64), t_min, t_max)
+    init = dict(t=t0, lo=-inf, hi=inf, g_lo=inf, g_hi=-inf, last=jnp.zeros((), jnp.int32),
+                k=jnp.zeros((), jnp.int32), done=jnp.zeros((), bool),
+                status=jnp.asarray(int(SolverStatus.CONVERGED), jnp.int32), prev_step=inf,
+                prev_newton=jnp.zeros((), bool))
+    out = jax.lax.while_loop(cond, body, init)
+    # Not converged within max_steps: answer the feasible end if there is one (safe side).
+    status = jnp.where(out["done"], out["status"], int(SolverStatus.CONVERGED)).astype(jnp.int32)
+    t_root = jnp.where(out["done"] | ~jnp.isfinite(out["hi"]), out["t"], out["hi"])
+    t_root = jnp.where(status == int(SolverStatus.UNREACHABLE), jnp.nan, t_root)
+    return t_root, out["lo"], out["hi"], status, out["k"]
+
+
+def _value_and_slope(fn, theta, consts):
+    def vs(sigma):
+        return jax.jvp(lambda s: fn(s, theta, consts), (sigma,), (jnp.ones_like(sigma),))
+    return vs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _newton_implicit(fn, solver, theta, consts, log_target, t0, t_min, t_max):
+    return _newton_illinois(_value_and_slope(fn, theta, consts), log_target, t0, t_min, t_max,
+                            solver)
+
+
+def _newton_implicit_fwd(fn, solver, theta, consts, log_target, t0, t_min, t_max):
+    out = _newton_implicit(fn, solver, theta, consts, log_target, t0, t_min, t_max)
+    return out, (out[0], theta, consts, log_target, t0, t_min, t_max)
+
+
+def _newton_implicit_bwd(fn, solver, residuals, cotangents):
+    t_root, theta, consts, log_target, t0, t_min, t_max = residuals
+    t_bar = cotangents[0]
+    with jax.enable_x64(True):
+        sigma = jnp.exp(t_root)
+        # One reverse pass gives d delta/d sigma and d delta/d theta together (implicit function
+        # theorem, Choquette-Choo et al. 2024, §4.2):  d t*/d theta = -(d delta/d theta) /
+        # (sigma d delta/d sigma),  d t*/d log target = delta / (sigma d delta/d sigma).
+        d, vjp = jax.vjp(lambda s, th: fn(s, th, consts), sigma, theta)
+        f_sigma, f_theta = vjp(jnp.ones_like(d))
+        w = t_bar / (sigma * f_sigma)
+        theta_bar = jax.tree_util.tree_map(lambda x: -w * x, f_theta)
+        log_target_bar = w * d
+    consts_bar = jax.tree_util.tree_map(_zero_cotangent, consts)
+    return (theta_bar, consts_bar, jnp.asarray(log_target_bar, jnp.result_type(log_target)),
+            jnp.zeros_like(t0), jnp.zeros_like(t_min), jnp.zeros_like(t_max))
+
+
+def _zero_cotangent(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
+
+
+_newton_implicit.defvjp(_newton_implicit_fwd, _newton_implicit_bwd)
+
+
+def _delta_on_projections(sigma, theta, consts):
+    gram, projections, eps = theta
+    (mode_index,) = consts
+    return delta_from_projections(gram, projections, mode_index, sigma, eps)
+
+
+def _delta_chunked(num_samples, sigma, theta, consts):
+    gram, eps = theta
+    (key_data,) = consts
+    key = jax.random.wrap_key_data(key_data, impl="rbg")
+    return delta_estimate(gram, sigma, eps, key, num_samples)[0]
+
+
+def _scaled_max(mean_f, mean_r, scale):
+    return jnp.maximum(scale[0] * mean_f, scale[1] * mean_r)
+
+
+#: Samples per slice of the variance-reduced estimate on materialised projections: a pass
+#: holds about two dozen ``(slice, b)`` float64 temporaries per proposal component, so the
+#: slice keeps ``slice * b`` at this many entries (about 12 MiB of temporaries at ``b = 8``)
+#: instead of the whole sample's (185 MiB for ``2^17`` samples at ``b = 8``).
+_SUMMAND_SLICE_ENTRIES = 1 << 16
+
+
+def _importance_slice(num_samples: int, b: int) -> int:
+    """Samples per slice of :func:`_importance_on_projections` (the whole sample when small)."""
+    return max(256, _SUMMAND_SLICE_ENTRIES // max(b, 1)) if num_samples * b > _SUMMAND_SLICE_ENTRIES \
+        else num_samples
+
+
+def _importance_on_projections(sigma, theta, consts):
+    from dpjax.montecarlo.importance import importance_summands
+
+    gram, projections, eps = theta
+    mode_index, comp_uniform, proposal, scale = consts
+    m, b = projections.shape
+    eps1 = jnp.reshape(eps, (1,))
+
+    def sums(w, idx, cu):
+        x_f, x_r = importance_summands(gram, w, idx, cu, sigma, eps1, proposal)
+        return jnp.sum(x_f), jnp.sum(x_r)
+
+    size = _importance_slice(m, b)
+    full = (m // size) * size
+    if full == m and size == m:  # one slice: the whole sample at once
+        total_f, total_r = sums(projections, mode_index, comp_uniform)
+    else:
+        # Slices in a loop (the draws stay materialised; only one slice's temporaries are live):
+        # the same summands, summed slice by slice.
+        parts = jax.lax.map(lambda a: sums(*a), (projections[:full].reshape(-1, size, b),
+                                                   mode_index[:full].reshape(-1, size),
+                                                   comp_uniform[:full].reshape(-1, size)))
+        total_f, total_r = jnp.sum(parts[0]), jnp.sum(parts[1])
+        if full < m:
+            tail_f, tail_r = sums(projections[full:], mode_index[full:], comp_uniform[full:])
+            total_f, total_r = total_f + tail_f, total_r + tail_r
+    return _scaled_max(total_f / m, total_r / m, scale)
+
+
+def _importance_chunked(num_samples, sigma, theta, consts):
+    from dpjax.montecarlo.importance import importance_sums
+
+    gram, eps = theta
+    key_data, proposal, scale = consts
+    key = jax.random.wrap_key_data(key_data, impl="rbg")
+    sums = importance_sums(gram, sigma, jnp.reshape(eps, (1,)), key, num_samples, proposal)
+    return _scaled_max(sums.total[0, 0] / num_samples, sums.total[1, 0] / num_samples, scale)
+
+
+def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samples: int | None = None,
+                       draws_=None, solver=NewtonIllinois(), adjoint=ImplicitAdjoint(),
+                       initial_noise=None, precompute: bool | None = None, proposal=None,
+                       direction_scale=None) -> CalibrationResult:
+    """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
+
+    Args:
+      gram: ``(b, b)`` Gram matrix of the modes; gradients flow to it through ``adjoint``.
+      target_epsilon, target_delta: scalars (differentiable).
+      key, num_samples: the common random numbers (the sampler's stream of
+        :mod:`dpjax.montecarlo.core`; ``num_samples`` static, any ``>= 1``).
+      draws_: optional precomputed ``(mode_index (m,), U (m, b))`` (:func:`dpjax.montecarlo.draws`
+        of the same key), e.g. drawn once per optimisation step.
+      solver: :class:`NewtonIllinois` (default) or :class:`Bisection`.
+      adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` (one extra reverse pass at the root)
+        or :class:`~dpjax.calibration.StopGradientAdjoint`.
+      initial_noise: warm start for :class:`NewtonIllinois` (default: the geometric middle of
+        the search range is *not* used; the unamplified Gaussian-ish guess ``sensitivity``).
+      precompute: materialise ``W = U L^T`` (default when ``m * b <= 2^24``); else every pass
+        re-draws chunk by chunk (bounded memory, same numbers).
+      proposal: ``None`` (the plain estimator) or a
+        :class:`dpjax.montecarlo.importance.Proposal`: solve the variance-reduced estimate
+        (:mod:`dpjax.montecarlo.importance`; ``draws_`` then holds ``(mode_index, U,
+        component_uniform)`` of :func:`~dpjax.montecarlo.importance.importance_draws`).  The
+        proposal is a constant of the solve (no gradient flows to it).
+      direction_scale: ``(2,)`` factors of the two directions' estimates before their max
+        (default ``(1, 1)``; a certificate aims the directions at different levels with it;
+        importance estimator only).
+
+    Returns:
+      :class:`CalibrationResult`.  An *estimate*: certify with many samples
+      (:meth:`dpjax.montecarlo.BallsInBins.certify`).
+    """
+    gram = jnp.asarray(gram, jnp.float64)
+    b = gram.shape[0]
+    eps = jnp.asarray(target_epsilon, jnp.float64)
+    target = jnp.asarray(target_delta, jnp.float64)
+    sensitivity = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
+    lo_b, hi_b = _BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity
+    if draws_ is not None:
+        num_samples = draws_[1].shape[0]
+    if precompute is None:
+        precompute = draws_ is not None or num_samples * b <= _MAX_PRECOMPUTED
+    if proposal is not None:
+        from dpjax.montecarlo.importance import _as_proposal, importance_draws
+
+        proposal = jax.lax.stop_gradient(_as_proposal(proposal))
+        scale = jnp.ones(2) if direction_scale is None else jnp.asarray(direction_scale, jnp.float64)
+        if precompute:
+            mode_index, u, cu = draws_ if draws_ is not None else importance_draws(key, b, num_samples)
+            projections = u @ gram_sqrt(gram).T
+            fn, theta = _importance_on_projections, (gram, projections, eps)
+            consts = (mode_index, cu, proposal, scale)
+        else:
+            fn = functools.partial(_importance_chunked, num_samples)
+            theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)), proposal, scale)
+    elif precompute:
+        mode_index, u = draws_ if draws_ is not None else draws(key, b, num_samples)
+        projections = u @ gram_sqrt(gram).T
+        fn, theta, consts = _delta_on_projections, (gram, projections, eps), (mode_index,)
+    else:
+        fn = functools.partial(_delta_chunked, num_samples)
+        theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)),)
+    if isinstance(solver, Bisection):
+        res = solve_monotone_root(lambda s, th: fn(s, th, consts), theta, target, (lo_b, hi_b),
+                                  decreasing=True, num_iterations=solver.num_iterations,
+                                  log_scale=True, adjoint=adjoint)
+        return CalibrationResult(res.root, res.lower, res.upper, res.status,
+                                 jnp.asarray(solver.num_iterations + 2, jnp.int32))
+    if not isinstance(solver, NewtonIllinois):
+        raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
+    t0 = jnp.log(sensitivity if initial_noise is None else
+                 jax.lax.stop_gradient(jnp.asarray(initial_noise, jnp.float64)))
+    args = (theta, consts, jnp.log(target), t0, jnp.log(lo_b), jnp.log(hi_b))
+    if isinstance(adjoint, StopGradientAdjoint):
+        args = jax.lax.stop_gradient(args)
+        t_root, t_lo, t_hi, status, passes = _newton_illinois(
+            _value_and_slope(fn, args[0], args[1]), *args[2:], solver)
+    else:
+        t_root, t_lo, t_hi, status, passes = _newton_implicit(fn, solver, *args)
+    t_lo, t_hi, status, passes = jax.lax.stop_gradient((t_lo, t_hi, status, passes))
+    return CalibrationResult(jnp.exp(t_root), jnp.exp(t_lo), jnp.exp(t_hi), status, passes)
