@@ -32,13 +32,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-SNIPPET = r"""
+from bench_sweep import CONFIGS  # noqa: E402  (the broad distribution, drawn as bench_sweep draws it)
+
+SNIPPET = CONFIGS + r"""
 import json, time
-import numpy as np
 N, ROUNDS = {n}, {rounds}
-rng = np.random.default_rng(1)
-cfg = [dict(noise_multiplier=float(rng.uniform(0.5, 4.0)), sampling_prob=float(10 ** rng.uniform(-3.5, -1)),
-            steps=int(10 ** rng.uniform(2, 5)), delta=float(10 ** rng.uniform(-8, -4))) for _ in range(N)]
+cfg = configs("broad", N)
 import jax
 import dpjax
 from dpjax.pld import BucketPolicy

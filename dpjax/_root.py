@@ -14,10 +14,9 @@ import functools
 from typing import Any, Callable, Tuple
 
 import jax
-
-from dpjax._results import ResultMixin
 import jax.numpy as jnp
 
+from dpjax._results import ResultMixin
 from dpjax._x64 import float64
 
 __all__ = [
