@@ -61,14 +61,22 @@ from dpjax import _validate
 from dpjax._root import ImplicitAdjoint
 from dpjax._x64 import float64
 from dpjax.matrices import correlation_array
-from dpjax.montecarlo import calibrate as _mc_calibrate
 from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, CalibrationResult, NewtonIllinois,
                                         _check_targets, _raise_on_status, calibrate_accountant,
                                         calibrate_on_draws, calibrated_noise_core, estimate_minimum_samples)
 from dpjax.montecarlo.core import as_prng_key, gram_matrix
 
-# The Monte Carlo solvers' names, and the one defined here.
-__all__ = [*_mc_calibrate.__all__, "calibrated_noise"]
+__all__ = [
+    "calibrated_noise_core",
+    "calibrated_noise",
+    "calibrate_accountant",
+    "estimate_minimum_samples",
+    "DEFAULT_NUM_ITERATIONS",
+    "Bisection",
+    "NewtonIllinois",
+    "CalibrationResult",
+    "calibrate_on_draws",
+]
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9))

@@ -44,8 +44,14 @@ Usage::
 
 # The code lives in dpjax._root (a foundation module: the Monte Carlo layer, below this one,
 # solves with it too); this module is its public import path.
-from dpjax import _root
 from dpjax._root import (ImplicitAdjoint, RootResult, SolverStatus, StopGradientAdjoint, bisect_monotone,
                          solve_monotone_root)
 
-__all__ = list(_root.__all__)
+__all__ = [
+    "SolverStatus",
+    "RootResult",
+    "bisect_monotone",
+    "ImplicitAdjoint",
+    "StopGradientAdjoint",
+    "solve_monotone_root",
+]
