@@ -27,7 +27,7 @@ import numpy as np
 
 from dpjax._x64 import float64
 from dpjax.pld.compose import ComposedPLD
-from dpjax.pld.mechanisms import StrEnum
+from dpjax._enums import StrEnum
 
 
 class Bound(StrEnum):

@@ -55,7 +55,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import NamedTuple
 
 import jax
@@ -63,28 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
-
-
-
-class StrEnum(str, enum.Enum):
-    """A string flag with meaning: ``Member == "value"`` with the same hash as the string, so
-    plain strings are accepted wherever a member is expected (dict keys, static ``jit``
-    arguments) and :meth:`parse` validates them at the boundary."""
-
-    __hash__ = str.__hash__
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, value, name: str | None = None):
-        """``value`` as a member; a ``ValueError`` naming the argument ``name`` (default: the
-        class name in lower case) and the valid values otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"{name or cls.__name__.lower()} must be one of "
-                             f"{[m.value for m in cls]}, got {value!r}") from None
+from dpjax._enums import StrEnum
 
 
 class Direction(StrEnum):
