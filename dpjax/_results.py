@@ -10,7 +10,8 @@ Every public result type of dpjax (:class:`dpjax.pld.EpsilonResult`, :class:`~dp
   tuples become lists.  Non-finite floats stay floats (``inf``, ``nan``).
 * ``result.to_json(path=None, **json_kwargs)`` -- strict JSON text (RFC 8259 has no ``Infinity``
   or ``NaN``, so non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``,
-  the convention of the ``dpjax`` command's ``--json``); also written to ``path`` when given.
+  the convention of the ``dpjax`` command's ``--json``; :func:`dpjax._io.dumps`); also written
+  to ``path`` when given, atomically (:func:`dpjax._io.atomic_write`).
 * ``Type.from_dict(d)`` / ``Type.load(path_or_json_text)`` -- the inverse: ``"inf"``-style
   strings become floats again, lists in array-valued fields become ``np.ndarray`` (float64,
   or the integer / bool dtype of the values), nested results are rebuilt.  Round trip:
@@ -31,16 +32,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
+import enum
 import os
 import pathlib
 from typing import Any, ClassVar
 
 import numpy as np
 
-_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan, "Infinity": math.inf,
-              "-Infinity": -math.inf, "NaN": math.nan}
+from dpjax._io import atomic_write, dumps, loads, restore_nonfinite
 
 
 def to_plain(value: Any) -> Any:
@@ -49,7 +48,9 @@ def to_plain(value: Any) -> Any:
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {str(k): to_plain(v) for k, v in value.items()}
-    if isinstance(value, (str, bytes)) or value is None:
+    if isinstance(value, str):  # a StrEnum mode as its plain string
+        return value.value if isinstance(value, enum.Enum) else value
+    if isinstance(value, bytes) or value is None:
         return value.decode() if isinstance(value, bytes) else value
     if isinstance(value, bool):
         return value
@@ -65,27 +66,8 @@ def to_plain(value: Any) -> Any:
     raise TypeError(f"cannot convert {type(value).__name__} to JSON data")
 
 
-def strict_json_data(value: Any) -> Any:
-    """Plain data with non-finite floats replaced by ``"inf"`` / ``"-inf"`` / ``"nan"``."""
-    if isinstance(value, dict):
-        return {k: strict_json_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json_data(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def _restore_floats(value: Any) -> Any:
-    if isinstance(value, str) and value in _NONFINITE:
-        return _NONFINITE[value]
-    if isinstance(value, list):
-        return [_restore_floats(v) for v in value]
-    return value
-
-
 def _as_array_or_scalar(value: Any) -> Any:
-    value = _restore_floats(value)
+    value = restore_nonfinite(value)
     if isinstance(value, list):
         arr = np.asarray(value)
         if arr.dtype == object:
@@ -134,11 +116,24 @@ class ResultMixin:
     """``to_dict`` / ``to_json`` / ``from_dict`` / ``load`` for a (frozen) result dataclass, and
     a concise ``repr`` (floats, not 0-d arrays; arrays summarized; nested results counted).
 
-    Subclasses may set ``_nested = {"field": ResultClass}`` for fields holding a result or a
-    tuple of results, so that :meth:`from_dict` rebuilds them.
+    Subclasses may set
+
+    * ``_nested = {"field": ResultClass}`` for fields holding a result or a tuple of results, so
+      that :meth:`from_dict` rebuilds them;
+    * ``_plain = frozenset({"field", ...})`` for fields of plain data (lists of dicts, ragged or
+      string lists) that :meth:`from_dict` keeps as lists instead of making arrays of them;
+    * ``_format = "name-1"``: :meth:`to_dict` adds ``"format": "name-1"`` and :meth:`from_dict`
+      refuses data without it (a file of another kind);
+    * ``_derived = ("name", ...)``: properties that :meth:`to_dict` adds for readers of the
+      file and :meth:`from_dict` ignores (they follow from the fields);
+    * ``_json_kwargs = {"indent": 1}``: the default ``json.dumps`` options of :meth:`to_json`.
     """
 
     _nested: ClassVar[dict] = {}
+    _plain: ClassVar[frozenset] = frozenset()
+    _format: ClassVar[str | None] = None
+    _derived: ClassVar[tuple] = ()
+    _json_kwargs: ClassVar[dict] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -152,13 +147,19 @@ class ResultMixin:
 
     def to_dict(self) -> dict:
         """The fields as plain Python data (arrays -> lists; non-finite floats kept)."""
-        return to_plain(self)
+        data = to_plain(self)
+        if self._format is not None:
+            data["format"] = self._format
+        for name in self._derived:
+            data[name] = to_plain(getattr(self, name))
+        return data
 
     def to_json(self, path: str | os.PathLike | None = None, **json_kwargs) -> str:
-        """Strict JSON text of :meth:`to_dict` (``inf`` / ``nan`` as strings); written to ``path`` if given."""
-        text = json.dumps(strict_json_data(self.to_dict()), **json_kwargs)
+        """Strict JSON text of :meth:`to_dict` (``inf`` / ``nan`` as strings); written to ``path``
+        (atomically: a temp file renamed over it) if given."""
+        text = dumps(self.to_dict(), **{**self._json_kwargs, **json_kwargs})
         if path is not None:
-            pathlib.Path(path).write_text(text + "\n")
+            atomic_write(path, text + "\n")
         return text
 
     @classmethod
@@ -166,6 +167,9 @@ class ResultMixin:
         """Rebuild a result from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k not in cls._derived}
+        if cls._format is not None and data.pop("format", None) != cls._format:
+            raise ValueError(f"not a {cls.__name__} (format {cls._format!r} expected)")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:
@@ -178,6 +182,8 @@ class ResultMixin:
                     kwargs[name] = tuple(nested.from_dict(v) for v in value)
                 else:
                     kwargs[name] = nested.from_dict(value) if value is not None else None
+            elif name in cls._plain:
+                kwargs[name] = restore_nonfinite(value)
             else:
                 kwargs[name] = _as_array_or_scalar(value)
         return cls(**kwargs)
@@ -188,4 +194,4 @@ class ResultMixin:
         text = str(source)
         if not text.lstrip().startswith("{"):
             text = pathlib.Path(source).read_text()
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(loads(text))

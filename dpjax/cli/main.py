@@ -36,7 +36,6 @@ import csv
 import difflib
 import importlib
 import itertools
-import json
 import math
 import os
 import re
@@ -44,6 +43,7 @@ import sys
 import warnings
 from typing import Any, Sequence
 
+from dpjax import _io
 from dpjax.cli import _args
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -62,22 +62,6 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Matrix mechanisms under balls-in-bins batching (Monte Carlo)",
      ("mc-delta", "mc-epsilon", "mc-certify", "mc-calibrate")),
 )
-
-
-def _jsonable(obj: Any) -> Any:
-    """Replace non-finite floats by strings so the output is strict JSON."""
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-    return obj
 
 
 def _nan_fields(obj: Any, prefix: str = "") -> list[str]:
@@ -138,9 +122,9 @@ def _flat(obj: Any, prefix: str = "") -> dict:
         if isinstance(v, dict):
             out.update(_flat(v, key + "."))
         elif isinstance(v, (list, tuple)):
-            out[key] = json.dumps(_jsonable(v))
+            out[key] = _io.dumps(v)
         else:
-            out[key] = _jsonable(v)
+            out[key] = _io.strict_json_data(v)
     return out
 
 
@@ -158,7 +142,7 @@ def write_out(path: str, result: dict) -> None:
             writer.writerows(rows)
         return
     with open(path, "w") as fh:
-        fh.write(json.dumps(_jsonable(result)) + "\n")
+        fh.write(_io.dumps(result) + "\n")
 
 
 #: Spellings that changed meaning or name: an unknown option names its replacement.
@@ -345,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"dpjax {args.command}: error: the computation gave NaN for {', '.join(nans)} "
                          "at these inputs (outside the range this command handles)\n")
         return 2
-    text = json.dumps(_jsonable(result))
+    text = _io.dumps(result)
     if args.out is not None and not getattr(args, "owns_out", False):
         try:
             write_out(args.out, result)

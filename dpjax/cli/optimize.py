@@ -256,16 +256,13 @@ def save(result: dict, args, text: str | None = None) -> dict:
     ``out_replaced``.  ``--no-save``: nothing is written."""
     if args.no_save:
         return result
+    from dpjax import _io
+
     if text is None:
-        from dpjax.cli.main import _jsonable
-        import json
-
-        text = json.dumps(_jsonable(result), indent=1)
+        text = _io.dumps(result, indent=1)
     if args.out is not None:
-        from dpjax.optimization.loop import _atomic_write
-
         replaced = os.path.lexists(args.out)
-        _atomic_write(args.out, text)
+        _io.atomic_write(args.out, text)
         path = args.out
     else:
         path, replaced = write_new(default_out_name(args), text), False

@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+from dpjax import _io
 from dpjax.cli import _args
 
 
@@ -104,7 +105,7 @@ def _run_allocation(args, store) -> tuple:
 def _read_grid(path: str) -> list:
     try:
         with open(path) as f:
-            data = json.load(f)
+            data = _io.loads(f.read())
     except OSError as exc:
         raise ValueError(f"grid: cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:

@@ -27,7 +27,6 @@ plans) are kept as pickles (:func:`store_object` / :func:`load_object`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pathlib
 import pickle
@@ -36,7 +35,7 @@ from typing import Any, Callable
 
 import jax
 
-from dpjax import _xla
+from dpjax import _io, _xla
 
 DEFAULT_DIR = pathlib.Path(os.path.expanduser("~")) / ".cache" / "dpjax" / "xla"
 
@@ -236,10 +235,7 @@ def store_object(name: str, key: str, obj: Any) -> None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        _io.atomic_write(path, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:
         pass
 
@@ -265,7 +261,7 @@ def exported_index(name: str) -> list[dict]:
     out = []
     for line in lines:
         try:
-            rec = json.loads(line)
+            rec = _io.loads(line)
             if (export_dir / f"{name}-{rec['key']}.jaxexport").exists():
                 out.append(rec["meta"])
         except (ValueError, KeyError, TypeError):
@@ -293,14 +289,12 @@ def _load_or_export(export_dir, name, key, fn, leaves, treedef, static, meta=Non
             return None
         try:
             export_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(exp.serialize())
-            os.replace(tmp, path)
+            _io.atomic_write(path, exp.serialize())
             if meta is not None:
                 # One line per artifact, appended (a concurrent writer's line stays whole: a single
                 # small write to a file opened for appending).
                 with open(_index_path(export_dir, name), "a") as f:
-                    f.write(json.dumps(dict(key=key, meta=meta)) + "\n")
+                    f.write(_io.dumps(dict(key=key, meta=meta)) + "\n")
         except Exception:  # read-only cache: run it anyway, this process only
             pass
     return exp

@@ -97,9 +97,9 @@ class SweepTable(ResultMixin):
     @classmethod
     def from_dict(cls, data: dict) -> "SweepTable":
         """Rebuild a table from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
-        from dpjax._results import _restore_floats
+        from dpjax._io import restore_nonfinite
 
-        rows = tuple({k: _restore_floats(v) for k, v in r.items()} for r in data["rows"])
+        rows = tuple({k: restore_nonfinite(v) for k, v in r.items()} for r in data["rows"])
         return cls(rows=rows, programs=int(data.get("programs", 0)), seconds=float(data.get("seconds", 0.0)),
                    devices=int(data.get("devices", 1)), compiled=int(data.get("compiled", 0)),
                    loaded=int(data.get("loaded", 0)))

@@ -10,7 +10,7 @@ run pick up where the last one stopped:
   ``index``, so a row recorded twice counts once;
 * the **CSV** (``out``) is appended alongside for people watching a long sweep; on resume it is
   rebuilt from the journal (it may end in a partial line too);
-* at the end both are rewritten atomically (temporary file + ``os.replace``) in input order, one
+* at the end both are rewritten atomically (:func:`dpjax._io.atomic_write`) in input order, one
   row per configuration, and ``<out stem>.parquet`` is written if ``pyarrow`` is installed.
 
 Without ``resume`` an existing file is overwritten.
@@ -20,36 +20,14 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 import pathlib
 from typing import Iterable, Sequence
 
-__all__ = ["SweepStore", "jsonable", "read_rows"]
+from dpjax import _io
 
-
-def jsonable(obj):
-    """Strict JSON: non-finite floats become the strings "inf", "-inf", "nan"."""
-    if isinstance(obj, dict):
-        return {k: jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    return obj
-
-
-def _from_json(v):
-    if v == "inf":
-        return math.inf
-    if v == "-inf":
-        return -math.inf
-    if v == "nan":
-        return math.nan
-    return v
+__all__ = ["SweepStore", "read_rows"]
 
 
 def _paths(out) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
@@ -71,11 +49,11 @@ def read_rows(path) -> dict[int, dict]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = _io.loads(line)
         except ValueError:  # a partial line from a killed writer
             continue
         if isinstance(obj, dict) and "index" in obj:
-            rows[int(obj["index"])] = {k: _from_json(v) for k, v in obj.items()}
+            rows[int(obj["index"])] = obj
     return rows
 
 
@@ -117,20 +95,11 @@ class SweepStore:
         return buf.getvalue()
 
     def _jsonl_text(self, rows: Iterable[dict]) -> str:
-        return "".join(json.dumps(jsonable({f: r.get(f) for f in self.fields})) + "\n" for r in rows)
-
-    @staticmethod
-    def _atomic_write(path: pathlib.Path, text: str) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        return "".join(_io.dumps({f: r.get(f) for f in self.fields}) + "\n" for r in rows)
 
     def _rewrite(self, rows: list[dict]) -> None:
-        self._atomic_write(self.jsonl_path, self._jsonl_text(rows))
-        self._atomic_write(self.csv_path, self._csv_text(rows, header=True))
+        _io.atomic_write(self.jsonl_path, self._jsonl_text(rows))
+        _io.atomic_write(self.csv_path, self._csv_text(rows, header=True))
 
     def append(self, rows: list[dict]) -> None:
         """Record finished rows durably (journal first, then CSV)."""
