@@ -23,24 +23,23 @@ public entry points (:mod:`dpjax.group`, the group baselines, calibration) and
 
 from __future__ import annotations
 
-import enum
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import StrEnum
 
 __all__ = ["Sampling", "GroupSpec", "validate_group_spec", "SAMPLINGS"]
 
 
-class Sampling(str, enum.Enum):
-    """How DP-SGD forms its batches (a ``str`` enum: ``"poisson"`` and ``"fixed_batch"`` still work)."""
+class Sampling(StrEnum):
+    """How DP-SGD forms its batches (a :class:`~dpjax._enums.StrEnum`: ``"poisson"`` and
+    ``"fixed_batch"`` still work; :meth:`~dpjax._enums.StrEnum.parse` names ``sampling`` and the
+    valid values in its error)."""
 
     POISSON = "poisson"
     FIXED_BATCH = "fixed_batch"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def adjacency(self) -> str:
@@ -53,14 +52,6 @@ class Sampling(str, enum.Enum):
         """Largest change of the clipped gradient sum (in clip norms) from one example under
         :attr:`adjacency`: 1 for add/remove, 2 for replace-one."""
         return 1.0 if self is Sampling.POISSON else 2.0
-
-    @classmethod
-    def parse(cls, value: Any) -> "Sampling":
-        """``Sampling(value)`` with a ``ValueError`` naming ``sampling`` and the valid values."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {value!r}") from None
 
 
 SAMPLINGS = tuple(s.value for s in Sampling)
