@@ -118,15 +118,28 @@ def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_
     return v
 
 
-def prng_seed(name: str, value: Any) -> int:
-    """An integer PRNG seed usable by ``jax.random.key``: in ``[0, 2**64)`` (wrapped to the
-    int64 JAX takes)."""
+#: Largest PRNG seed.  ``jax.random.key`` without x64 keeps only the low 32 bits of an integer
+#: seed (``2**32`` gives the key of ``0``; ``2**63`` and above raise ``OverflowError``), so the
+#: seeds in ``[0, 2**32 - 1]`` are exactly the ones that name distinct keys.  One rule for every
+#: seed of dpjax: the ``key`` of the Monte Carlo entry points, the samplers' ``seed`` and the
+#: command's ``--seed``.
+MAX_SEED = 2**32 - 1
+
+#: Largest Monte Carlo sample count of one estimate (the library's and the command's ``--samples``).
+MAX_SAMPLES = 2**40
+
+
+def prng_seed(name: str, value: Any, *, key_allowed: bool = True) -> int:
+    """An integer seed in ``[0, MAX_SEED]`` (:data:`MAX_SEED`), usable by ``jax.random.key``
+    with or without x64.  ``key_allowed``: the argument may also be a JAX PRNG key (the error
+    message then says so)."""
+    what = f"{'a JAX PRNG key or ' if key_allowed else ''}an integer seed in [0, 2**32 - 1]"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be a JAX PRNG key or an integer seed in [0, 2**64), got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     v = int(value)
-    if not 0 <= v < 2**64:
-        raise ValueError(f"{name} must be a JAX PRNG key or an integer seed in [0, 2**64), got {value!r}")
-    return v - 2**64 if v >= 2**63 else v
+    if not 0 <= v <= MAX_SEED:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return v
 
 
 def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:

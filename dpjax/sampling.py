@@ -67,7 +67,7 @@ __all__ = ["BallsInBinsSampler", "PoissonSampler"]
 
 
 def _check_seed(seed) -> int:
-    return _validate.positive_int("seed", seed, minimum=0)
+    return _validate.prng_seed("seed", seed, key_allowed=False)
 
 
 def _binomial_excess_mean(n: int, p: float, cap: int) -> float:
@@ -113,7 +113,7 @@ class BallsInBinsSampler:
       epochs: ``E``; ``num_steps = b * E``.
       batch_size: ``B``, the fixed (physical) batch shape; bins are padded or truncated to it.
         The expected bin size is ``N / b``.
-      seed: non-negative integer; the whole schedule is a function of it.
+      seed: an integer in ``[0, 2**32 - 1]``; the whole schedule is a function of it.
 
     Iterating yields ``num_steps`` pairs ``(indices, mask)`` of shape ``(B,)`` (int32, bool),
     epoch after epoch; :meth:`batch` gives step ``t`` directly.  Attributes ``bin_sizes``
@@ -249,7 +249,7 @@ class PoissonSampler:
       sampling_prob: ``q`` in ``(0, 1]``; expected batch ``q N``.
       steps: number of steps ``T``.
       batch_size: ``B``, fixed shape (pad / truncate, as :class:`BallsInBinsSampler`).
-      seed: non-negative integer; step ``t`` uses ``PCG64([seed, t])`` (random access, streaming).
+      seed: an integer in ``[0, 2**32 - 1]``; step ``t`` uses ``PCG64([seed, t])`` (random access, streaming).
 
     Step ``t``: ``K ~ Binomial(N, q)``, then ``K`` distinct examples uniformly at random (the law
     of independent inclusions).  Memory ``O(B)`` per step beyond NumPy's sampler (at most

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import math
 
+# The library's limits (one definition each): seeds jax.random.key tells apart without x64,
+# Monte Carlo sample counts.
+from dpjax._validate import MAX_SAMPLES, MAX_SEED
+
 MAX_STEPS = 2**31 - 1        # ~2e9 steps: far beyond any training run, exact in float64
 MAX_COUNT = 2**53            # dataset / batch sizes: integers exact in float64
 MAX_GROUP_SIZE = 2**31 - 1
-MAX_SEED = 2**32 - 1         # jax.random.key takes a 32-bit seed without x64
-MAX_SAMPLES = 2**40          # dpjax.montecarlo's limit
 
 
 def _interval(lo, hi, lo_open, hi_open) -> str:
@@ -142,7 +144,7 @@ def seed_help(default: int = 0, why: str = "") -> str:
 
 
 SEED_HELP = seed_help()
-SAMPLES_HELP = f"Monte Carlo sample count m, an integer in [1, 2^40] (1e6 accepted)"
+SAMPLES_HELP = f"Monte Carlo sample count m, an integer in [1, 2^{MAX_SAMPLES.bit_length() - 1}] (1e6 accepted)"
 
 
 def add_target_delta(p, *, required=True, default=None, help_prefix="target ", extra=""):

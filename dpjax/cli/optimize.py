@@ -335,7 +335,8 @@ def baseline_rows(param, args) -> list[dict]:
     kw = {} if args.certify_samples is None else {"certify_samples": int(args.certify_samples)}
     try:
         rows.append(bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), eps, delta, b, epochs,
-                                               name="dpsgd_balls_in_bins", key=args.seed + 1,
+                                               name="dpsgd_balls_in_bins",
+                                               key=(args.seed + 1) % (_args.MAX_SEED + 1),
                                                method=args.certify_method, **kw))
     except ValueError as exc:
         raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {delta:g}: "

@@ -17,8 +17,6 @@ from dpjax.montecarlo import core, evr
 from dpjax.montecarlo.evr import Certificate
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon
 
-MAX_SAMPLES = 1 << 40
-
 
 # --------------------------------------------------------------------------- results
 
@@ -122,7 +120,7 @@ def _kl_bounds(mean, m: int, level: float):
 
 def _validate_samples(num_samples) -> int:
     m = _validate.positive_int("num_samples", num_samples)
-    if m > MAX_SAMPLES:
+    if m > _validate.MAX_SAMPLES:
         raise ValueError(f"num_samples must be <= 2^40, got {m}")
     return m
 
