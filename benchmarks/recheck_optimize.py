@@ -58,7 +58,7 @@ def main() -> None:
                                key=0, progress=False)
     t_opt = time.perf_counter() - t0
     sigma = res.noise_multiplier
-    assert res.certificate["verified"], res.certificate["reason"]
+    assert res.certificate.verified, res.certificate.reason
     m, chunk = 1 << args.log2_samples, 1 << args.chunk_log2
     t1 = time.perf_counter()
     d, se, (d_remove, d_add) = direct_delta(res.first_column, b, e, sigma, args.epsilon, m, chunk)
@@ -67,7 +67,7 @@ def main() -> None:
                    "target_delta": args.delta, "steps": args.steps},
         "certified_noise_multiplier": sigma,
         "noise_multiplier_estimate": res.noise_multiplier_estimate,
-        "certificate": res.certificate,
+        "certificate": res.certificate.to_dict(),
         "recheck": {"sampler": "direct n-dimensional (dpjax.montecarlo.core.direct_monte_carlo_sums)",
                     "num_samples": m, "delta_remove": d_remove, "delta_add": d_add,
                     "delta": d, "standard_error": se, "delta_plus_3se": d + 3 * se,
@@ -124,7 +124,7 @@ def recheck_table(args) -> None:
         rows = [r for r in rows if r["row"] != os.path.basename(path)]
         with open(path) as f:
             row = json.load(f)
-        cert = row["extra"]["certificate"]
+        cert = row.get("certificate") or row["extra"]["certificate"]  # older rows: under extra
         b, e = row["batches_per_epoch"], row["epochs"]
         t0 = time.perf_counter()
         d, se, per_dir = direct_delta(row["first_column"], b, e, row["noise_multiplier"], row["epsilon"],

@@ -174,7 +174,7 @@ def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
                                 f"{d['estimator']} samples/step), EVR-certified sigma "
                                 f"({d['certificate']['method']}, {d['certificate']['num_samples']} samples)",
                                 column=col, noise_multiplier_estimate=d.get("noise_multiplier_estimate"),
-                                certificate=d.get("certificate"), seconds=secs, timings=d.get("timings"),
+                                certificate=res.certificate, seconds=secs, timings=d.get("timings"),
                                 family=par.to_dict()))
             _write(RESULTS.replace(".json", f".optimized_{family}_eps{eps:g}.json"),
                    {**rows[-1].to_dict(), "meta": run_metadata(__file__)})

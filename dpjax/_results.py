@@ -84,10 +84,10 @@ def _short(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, ResultMixin) for v in value):
         return f"<{len(value)} {type(value[0]).__name__}>"
-    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, str):
-        return repr(value.item() if isinstance(value, np.bool_) else value)
     if hasattr(value, "value") and isinstance(getattr(value, "value"), str):  # str enums
         return repr(value.value)
+    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, str):
+        return repr(value.item() if isinstance(value, np.bool_) else value)
     if hasattr(value, "__array__") or isinstance(value, (int, float, np.generic)):
         arr = np.asarray(value)
         if arr.ndim == 0:

@@ -66,8 +66,8 @@ def test_balls_in_bins_certified_identity():
     from dpjax.matrices import Toeplitz
 
     r = bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), 2.0, 1e-5, B, E, certify_samples=1 << 22)
-    cert = r.extra["certificate"]
-    assert cert["verified"] and cert["delta"] <= 1e-5
+    cert = r.certificate
+    assert cert.verified and cert.delta <= 1e-5
     # Amplified sigma is below the unamplified one and at least the estimate.
     assert r.noise_multiplier < bl.dpsgd_unamplified(2.0, 1e-5, B, E).noise_multiplier
     assert r.noise_multiplier >= r.extra["noise_multiplier_estimate"]

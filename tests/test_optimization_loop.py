@@ -192,9 +192,9 @@ def test_bad_input_names_the_argument_and_writes_nothing(tmp_path):
 def test_result_round_trip_and_certificate(tmp_path):
     res = optimize_correlation(_param(), num_steps=4, certify=True, certify_samples=1 << 16, **KW)
     cert = res.certificate
-    assert cert["verified"] and res.noise_multiplier == cert["noise_multiplier"]
-    assert cert["delta"] <= 1e-3 and 0 < cert["failure_probability"] < 1e-3
-    assert cert["num_samples"] == 1 << 16 and cert["delta_estimate"] <= cert["base_delta"]
+    assert cert.verified and res.noise_multiplier == cert.noise_multiplier
+    assert cert.delta <= 1e-3 and 0 < cert.failure_probability < 1e-3
+    assert cert.num_samples == 1 << 16 and cert.delta_estimate <= cert.base_delta
     assert res.rmse == pytest.approx(res.noise_multiplier * res.error, rel=1e-15)
     path = tmp_path / "r.json"
     res.to_json(path)
@@ -215,7 +215,7 @@ def test_certified_sigma_rechecked_by_direct_sampler():
                                        modes_from_column)
 
     res = optimize_correlation(_param(), num_steps=10, certify=True, certify_samples=1 << 18, **KW)
-    assert res.certificate["verified"]
+    assert res.certificate.verified
     m, chunk = 1 << 22, 1 << 19
     with jax.enable_x64(True):
         modes = modes_from_column(jnp.asarray(res.first_column), B, E)
@@ -230,4 +230,4 @@ def test_certified_sigma_rechecked_by_direct_sampler():
     assert float(mean[worst, 0]) < KW["target_delta"]
     # The certificate is not loose by orders of magnitude: the true delta sits within the
     # verified base_delta's neighbourhood (EVR slack tau ~ 1.1 at 2^18 samples, delta 1e-3).
-    assert float(mean[worst, 0]) > 0.3 * res.certificate["base_delta"]
+    assert float(mean[worst, 0]) > 0.3 * res.certificate.base_delta

@@ -179,8 +179,8 @@ def check_practitioner_text(text: str, cwd) -> dict:
     # The certificate in one sentence: method, verification samples, failure probability.
     sentence = _paragraph(text, "Certificate: ")
     assert _sentences(sentence) == 1 and sentence.endswith(".")
-    assert cert["method"] in sentence and f"{cert['num_samples']:,} fresh samples" in sentence
-    assert f"failure probability at most {cert['failure_probability']:.2g}" in sentence
+    assert cert.method in sentence and f"{cert.num_samples:,} fresh samples" in sentence
+    assert f"failure probability at most {cert.failure_probability:.2g}" in sentence
     # What was optimised and for what, in words.
     head = _paragraph(text, "Optimized ")
     for words in ("prefix-sum RMSE", f"n = {res.batches_per_epoch * res.epochs} rounds",
@@ -195,7 +195,7 @@ def test_text_names_the_certified_sigma_the_certificate_and_the_saved_file(tmp_p
     text = capsys.readouterr().out
     got = check_practitioner_text(text, tmp_path)
     assert got["path"] == "dpjax-optimize-blt2-b4-E2-eps2-delta0.001.json"
-    assert got["result"].certificate["num_samples"] == 65536
+    assert got["result"].certificate.num_samples == 65536
     assert "Details" not in text  # --verbose only
 
 

@@ -115,7 +115,7 @@ def _optimization_result():
         target_epsilon=2.0, target_delta=1e-3, params={"theta": [0.1], "omega": [-0.3]},
         first_column=[1.0, 0.5, 0.25, 0.125], noise_multiplier=1.5, noise_multiplier_estimate=1.4,
         error=1.1, rmse=1.65, rmse_estimate=1.54,
-        certificate={"epsilon": 2.0, "delta": 1e-3, "num_samples": 1024, "failure_probability": 1e-6},
+        certificate=_certificate(),
         history=[{"step": 0, "loss": 0.5, "rmse": 1.6, "noise_multiplier": 1.4, "solver_passes": 5}],
         num_steps=1, num_samples=1024, seed=0, timings={"steps": 0.1})
 
@@ -214,6 +214,55 @@ def test_infinite_fields_are_strings_in_json_and_floats_again():
     r = _group_lemma()
     assert json.loads(r.to_json())["epsilon"] == "inf"
     assert type(r).load(r.to_json()).epsilon == math.inf
+
+
+def test_optimization_result_status_is_a_mode_and_its_json_keeps_its_format():
+    from dpjax.optimization import OptimizationResult
+    from dpjax.optimization.loop import OptimizationStatus
+
+    r = dataclasses.replace(_optimization_result(), status="stopped", stop_reason="step 0: non-finite loss",
+                            noise_multiplier=math.inf, certificate=None)
+    assert r.status is OptimizationStatus.STOPPED and r.status == "stopped"
+    d = json.loads(r.to_json())
+    assert d["format"] == "dpjax-optimize-result-1" and d["status"] == "stopped"
+    assert d["noise_multiplier"] == "inf" and d["gap_to_estimate"] == "inf" and d["certificate"] is None
+    back = OptimizationResult.load(r.to_json())
+    assert back == r and back.status is OptimizationStatus.STOPPED
+    with pytest.raises(ValueError, match="status must be one of"):
+        dataclasses.replace(r, status="done")
+    with pytest.raises(ValueError, match="format"):
+        OptimizationResult.from_dict({k: v for k, v in r.to_dict().items() if k != "format"})
+
+
+def test_baseline_row_round_trip_is_strict_json(tmp_path):
+    from dpjax.optimization.baselines import BaselineRow
+
+    row = BaselineRow(name="balls_in_bins", epsilon=2.0, delta=1e-5, batches_per_epoch=2, epochs=2,
+                      noise_multiplier=math.inf, error=1.1, rmse=math.inf, rmse_jax_privacy=math.inf,
+                      accounting="test", first_column=[1.0, 0.5],
+                      extra={"per_bands": [{"bands": 1, "rmse": math.inf}]}, certificate=_certificate())
+    text = row.to_json()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert BaselineRow.load(text) == row
+    path = tmp_path / "row.json"
+    assert row.to_json(path) == text and BaselineRow.load(path) == row
+
+
+def test_io_strict_json_and_atomic_write(tmp_path):
+    from dpjax import _io
+
+    data = {"a": [1.0, math.inf, -math.inf], "b": np.float64(math.nan), "c": np.arange(3), "d": ("x", None)}
+    text = _io.dumps(data)
+    assert text == '{"a": [1.0, "inf", "-inf"], "b": "nan", "c": [0, 1, 2], "d": ["x", null]}'
+    back = _io.loads(text)
+    assert back["a"] == [1.0, math.inf, -math.inf] and math.isnan(back["b"]) and back["c"] == [0, 1, 2]
+    path = tmp_path / "f.json"
+    path.write_text("old")
+    _io.atomic_write(path, text)
+    assert path.read_text() == text
+    _io.atomic_write(path, b"\x00\x01")
+    assert path.read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]  # no temp file left
 
 
 def test_as_dict_alias():

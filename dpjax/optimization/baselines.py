@@ -42,7 +42,6 @@ Rows (each a :class:`BaselineRow`):
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 
@@ -51,7 +50,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
+from dpjax._results import ResultMixin
 from dpjax.matrices import Toeplitz
+from dpjax.montecarlo import Certificate
 from dpjax.optimization.objectives import prefix_sum_error
 
 __all__ = [
@@ -73,7 +74,7 @@ NORMALIZATION = ("rmse = sigma * |A C^-1|_F / sqrt(n), C lower-triangular with c
 
 
 @dataclasses.dataclass(frozen=True)
-class BaselineRow:
+class BaselineRow(ResultMixin):
     """One row of the table.
 
     Attributes:
@@ -85,7 +86,12 @@ class BaselineRow:
       rmse_jax_privacy: ``rmse / epochs``.
       accounting: how ``sigma`` was obtained (one line).
       first_column: ``C``'s first column (truncated to its support for banded ``C``), or None.
-      extra: row-specific details (bands, certificate, timings, ...).
+      extra: row-specific details (bands, timings, ...).
+      certificate: the Estimate-Verify-Release :class:`~dpjax.montecarlo.Certificate` of a
+        Monte Carlo row (:func:`balls_in_bins_certified`), ``None`` for the other rows.
+
+    ``to_dict()`` / ``to_json(path)`` (strict JSON) / ``BaselineRow.load(path)``: see
+    :mod:`dpjax._results`.
     """
 
     name: str
@@ -100,21 +106,20 @@ class BaselineRow:
     accounting: str
     first_column: list | None = None
     extra: dict = dataclasses.field(default_factory=dict)
+    certificate: Certificate | None = None
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+    _nested = {"certificate": Certificate}
+    _plain = frozenset({"first_column", "extra"})
 
 
-def _row(name, eps, delta, b, epochs, sigma, error, accounting, column=None, **extra) -> BaselineRow:
+def _row(name, eps, delta, b, epochs, sigma, error, accounting, column=None, certificate=None,
+         **extra) -> BaselineRow:
     rmse = float(sigma) * float(error)
     col = None if column is None else [float(x) for x in np.asarray(column, np.float64)]
     return BaselineRow(name=name, epsilon=float(eps), delta=float(delta), batches_per_epoch=int(b),
                        epochs=int(epochs), noise_multiplier=float(sigma), error=float(error),
                        rmse=rmse, rmse_jax_privacy=rmse / epochs, accounting=accounting,
-                       first_column=col, extra=extra)
+                       first_column=col, extra=extra, certificate=certificate)
 
 
 def _check(eps, delta, b, epochs):
@@ -168,7 +173,7 @@ def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epoc
     verified on ``certify_samples`` independent draws (default: the method's), the first passing
     rung released; the stated failure probability is the union bound over the rungs.  ``method``:
     ``"importance_betting"`` (default) or ``"bernoulli_kl"`` (:mod:`dpjax.montecarlo.evr`).  The
-    certificate is in the row (``extra["certificate"]``).
+    certificate is in the row (``certificate``).
 
     Raises ValueError if ``certify_samples`` cannot certify ``delta`` or no rung verifies.
     """
@@ -197,7 +202,7 @@ def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epoc
                 method=cert.method,
                 column=None if col is None else np.trim_zeros(col, "b"),
                 noise_multiplier_estimate=cert.noise_multiplier_estimate, base_delta=cert.base_delta,
-                calibration_samples=cert.calibration_samples, certificate=cert.to_dict(),
+                calibration_samples=cert.calibration_samples, certificate=cert,
                 seconds=t_total)
 
 

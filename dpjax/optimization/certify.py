@@ -4,8 +4,9 @@ Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy amplifica
 mechanisms", §5.2, with the Estimate-Verify-Release bound of Wang et al. 2023 (Thm 9).  The
 procedure and its proof live in :func:`dpjax.montecarlo.evr.certify_noise` (calibrate on one
 sample, verify a pre-committed ladder of noise multipliers on an independent one, union bound over
-the rungs); this module adapts it to correlation-matrix input and the JSON-able dict that
-:class:`~dpjax.optimization.OptimizationResult` stores.
+the rungs); this module adapts it to correlation-matrix input and returns the certificate as a
+JSON-able dict (:class:`~dpjax.optimization.OptimizationResult` stores it as the
+:class:`~dpjax.montecarlo.Certificate` record).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ err(C))`` (``err`` the noise-free objective, by default :func:`prefix_sum_error`
 
 The jitted step is cached on its static configuration (parameterization, ``b``, ``E``,
 ``num_samples``, optimizer, objective, solver), so repeated calls and resumed runs reuse one
-compiled program.  Checkpoints (JSON, written atomically: temp file + ``os.replace``) hold the
+compiled program.  Checkpoints (strict JSON, written atomically: :func:`dpjax._io.atomic_write`) hold the
 parameters, the optimizer state, the step, the warm-start sigma and the history, with the
 screen state in a binary sidecar ``<checkpoint>.screen-<step>.npz``, so a killed run resumes to
 the identical result.  A non-finite loss or parameter stops the run, keeps the
@@ -34,7 +34,7 @@ Usage::
     p = make_parameterization("blt", 64, num_buffers=2)
     res = optimize_correlation(p, batches_per_epoch=16, epochs=4, target_epsilon=2.0,
                                target_delta=1e-5, num_steps=50, num_samples=1 << 10)
-    res.noise_multiplier, res.rmse, res.certificate["failure_probability"]
+    res.noise_multiplier, res.rmse, res.certificate.failure_probability
     res.to_json("result.json")
 """
 
@@ -42,10 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
-import tempfile
 import time
 import warnings
 import zipfile
@@ -56,13 +54,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpjax import _validate
+from dpjax import _io, _validate
+from dpjax._enums import StrEnum
+from dpjax._results import ResultMixin
 from dpjax._progress import note as _note
 from dpjax._progress import progress as _progress
 from dpjax.montecarlo.calibrate import _MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
-from dpjax.montecarlo import as_prng_key, evr, gram_matrix
+from dpjax.montecarlo import Certificate, as_prng_key, evr, gram_matrix
 from dpjax.montecarlo.importance import default_proposal
 from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, certify_noise,
                                         default_certify_samples, ladder_base_delta,
@@ -71,15 +71,12 @@ from dpjax.optimization.objectives import prefix_sum_error
 from dpjax.optimization.parameterizations import (_Parameterization, make_parameterization,
                                                   params_from_list, params_to_list)
 
-__all__ = ["optimize_correlation", "OptimizationResult", "default_optimizer",
-           "DEFAULT_LEARNING_RATE", "CHECKPOINT_FORMAT"]
+__all__ = ["optimize_correlation", "OptimizationResult", "OptimizationStatus", "Estimator",
+           "default_optimizer", "DEFAULT_LEARNING_RATE", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = "dpjax-optimize-checkpoint-1"
 RESULT_FORMAT = "dpjax-optimize-result-1"
 DEFAULT_LEARNING_RATE = 0.05
-#: In-loop estimators and their default samples per step.
-ESTIMATORS = ("importance", "plain")
-DEFAULT_NUM_SAMPLES = {"importance": 1 << 11, "plain": 1 << 13}
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,30 +88,29 @@ def default_optimizer(learning_rate: float = DEFAULT_LEARNING_RATE) -> optax.Gra
 # --------------------------------------------------------------------------- result
 
 
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.generic,)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    return obj
+class OptimizationStatus(StrEnum):
+    """How a run ended: every step ran (``"completed"``) or a non-finite loss or parameter
+    stopped it (``"stopped"``, the last good parameters kept; ``stop_reason`` says why)."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"
 
 
-def _unjson(obj):
-    if isinstance(obj, dict):
-        return {k: _unjson(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_unjson(v) for v in obj]
-    if obj in ("inf", "-inf", "nan"):
-        return float(obj)
-    return obj
+class Estimator(StrEnum):
+    """The in-loop Monte Carlo estimate of ``delta_hat(sigma; C)``: ``"importance"`` (the
+    variance-reduced estimate of :mod:`dpjax.montecarlo.importance`) or ``"plain"``."""
+
+    IMPORTANCE = "importance"
+    PLAIN = "plain"
+
+
+#: In-loop estimators and their default samples per step.
+ESTIMATORS = tuple(e.value for e in Estimator)
+DEFAULT_NUM_SAMPLES = {Estimator.IMPORTANCE: 1 << 11, Estimator.PLAIN: 1 << 13}
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizationResult:
+class OptimizationResult(ResultMixin):
     """Outcome of :func:`optimize_correlation` (all fields JSON-able; floats in float64).
 
     Attributes:
@@ -129,13 +125,18 @@ class OptimizationResult:
       error: the noise-free objective ``err(C)`` (prefix sums: ``|A C^-1|_F / sqrt(n)``).
       rmse: ``noise_multiplier * error`` (at the certified sigma).
       rmse_estimate: ``noise_multiplier_estimate * error``.
-      certificate: :func:`~dpjax.optimization.certify.certify_noise`'s dict or ``None``.
+      certificate: the :class:`~dpjax.montecarlo.Certificate` of
+        :func:`~dpjax.optimization.certify.certify_noise`, or ``None`` (not requested).
       history: one row per completed step: ``step``, ``loss`` (log RMSE before the update),
         ``rmse``, ``noise_multiplier``, ``solver_passes``.
       num_steps, num_samples, seed, estimator: the run's configuration (``estimator``: the
-        in-loop Monte Carlo estimate, ``"importance"`` or ``"plain"``).
-      status: ``"completed"`` or ``"stopped"``; ``stop_reason`` says why.
+        in-loop Monte Carlo estimate, an :class:`Estimator`).
+      status: an :class:`OptimizationStatus`; ``stop_reason`` says why a run stopped.
       timings: seconds (``compile``, ``steps``, ``certify``).
+
+    ``to_dict()`` / ``to_json(path)`` / ``OptimizationResult.load(path)``: see
+    :mod:`dpjax._results`; the JSON also holds ``format`` (``"dpjax-optimize-result-1"``) and
+    ``gap_to_estimate`` (certified over estimated sigma, minus 1) for its readers.
     """
 
     parameterization: dict
@@ -150,48 +151,35 @@ class OptimizationResult:
     error: float
     rmse: float
     rmse_estimate: float
-    certificate: dict | None
+    certificate: Certificate | None
     history: list
     num_steps: int
     num_samples: int
     seed: int
-    status: str = "completed"
+    status: OptimizationStatus = OptimizationStatus.COMPLETED
     stop_reason: str = ""
     timings: dict = dataclasses.field(default_factory=dict)
-    estimator: str = "plain"
+    estimator: Estimator = Estimator.PLAIN
 
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["format"] = RESULT_FORMAT
-        d["gap_to_estimate"] = (self.noise_multiplier / self.noise_multiplier_estimate - 1.0
-                                if self.noise_multiplier_estimate else math.nan)
-        return d
+    _nested = {"certificate": Certificate}
+    # Lists of numbers and of dicts, read back as lists (the parameters' own format).
+    _plain = frozenset({"parameterization", "params", "first_column", "history", "timings"})
+    _format = RESULT_FORMAT
+    _derived = ("gap_to_estimate",)
+    _json_kwargs = {"indent": 1}
 
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        """The result as strict JSON (non-finite floats as "inf"/"nan"); written atomically to
-        ``path`` if given."""
-        text = json.dumps(_jsonable(self.to_dict()), indent=1)
-        if path is not None:
-            _atomic_write(path, text)
-        return text
+    def __post_init__(self):
+        object.__setattr__(self, "status", OptimizationStatus.parse(self.status, "status"))
+        object.__setattr__(self, "estimator", Estimator.parse(self.estimator, "estimator"))
+        if isinstance(self.certificate, dict):
+            object.__setattr__(self, "certificate", Certificate.from_dict(self.certificate))
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "OptimizationResult":
-        """Rebuild a result from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
-        d = _unjson(dict(data))
-        if d.pop("format", None) != RESULT_FORMAT:
-            raise ValueError(f"not a dpjax optimize result (format {RESULT_FORMAT!r} expected)")
-        d.pop("gap_to_estimate", None)
-        return cls(**d)
-
-    @classmethod
-    def load(cls, source: str | os.PathLike) -> "OptimizationResult":
-        """Rebuild a result from a JSON file path or JSON text written by :meth:`to_json`."""
-        text = str(source)
-        if not text.lstrip().startswith("{"):
-            with open(source) as f:
-                text = f.read()
-        return cls.from_dict(json.loads(text))
+    @property
+    def gap_to_estimate(self) -> float:
+        """``noise_multiplier / noise_multiplier_estimate - 1`` (``nan`` without an estimate)."""
+        if not self.noise_multiplier_estimate:
+            return math.nan
+        return self.noise_multiplier / self.noise_multiplier_estimate - 1.0
 
     def correlation(self):
         """``C`` as the family's structured matrix (Toeplitz / BLT) or dense array."""
@@ -199,23 +187,6 @@ class OptimizationResult:
                                      **{k: v for k, v in self.parameterization.items()
                                         if k != "family"}})
         return p.correlation(params_from_list(self.params))
-
-
-def _atomic_write(path, text: str | bytes) -> None:
-    """Write ``text`` (str or bytes) to a temp file beside ``path``, fsync, ``os.replace``."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
-    try:
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- compiled step
@@ -326,7 +297,7 @@ def _write_checkpoint(path, config, step, params, opt_state, sigma, history) -> 
     data = {"format": CHECKPOINT_FORMAT, "config": config, "step": step,
             "params": params_to_list(params), "opt_state": _state_to_json(opt_state),
             "sigma": sigma, "history": history}
-    _atomic_write(path, json.dumps(_jsonable(data)))
+    _io.atomic_write(path, _io.dumps(data))
 
 
 def _screen_path(path, step: int) -> str:
@@ -346,7 +317,7 @@ def _write_screen_state(path, step: int, state) -> None:
 
     buffer = io.BytesIO()
     np.savez(buffer, **{name: np.asarray(x) for name, x in zip(state._fields, state)})
-    _atomic_write(_screen_path(path, step), buffer.getvalue())
+    _io.atomic_write(_screen_path(path, step), buffer.getvalue())
 
 
 def _drop_old_screen_states(path, keep_step: int) -> None:
@@ -382,21 +353,21 @@ def _read_screen_state(path, step: int, template):
     if why is not None:
         warnings.warn(f"resume: the screen-state sidecar {sidecar!r} {why}; the run resumes with a fresh screen "
                       f"(agrees with an uninterrupted run to the solver's tolerance, not bit for bit)",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)  # the caller of optimize_correlation
         return None
     return type(template)(*[jnp.asarray(a) for a in leaves])
 
 
 def _read_checkpoint(path, config):
     try:
-        with open(path) as f:
-            data = _unjson(json.load(f))
-    except (OSError, json.JSONDecodeError) as exc:
+        with open(path, "rb") as f:
+            data = _io.loads(f.read())
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
         raise ValueError(f"checkpoint_path: cannot read checkpoint {os.fspath(path)!r}: {exc}") from exc
     if data.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint_path: {os.fspath(path)!r} is not a dpjax optimize checkpoint")
     stored = data["config"]
-    if stored != _unjson(json.loads(json.dumps(_jsonable(config)))):
+    if stored != _io.loads(_io.dumps(config)):
         diff = sorted(k for k in set(stored) | set(config) if stored.get(k) != config.get(k))
         raise ValueError(f"checkpoint_path: {os.fspath(path)!r} was written by a different "
                          f"configuration (differs in {diff}); use another path or resume=False")
@@ -504,8 +475,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
         checkpoint).  Nothing is written before the inputs are validated.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    estimator = Estimator.parse(estimator, "estimator")
     if num_samples is None:
         num_samples = DEFAULT_NUM_SAMPLES[estimator]
     (b, epochs, eps, delta, num_steps, num_samples, checkpoint_every,
@@ -517,7 +487,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     resample_every = _validate.positive_int("resample_every", resample_every)
     if num_candidates is not None:
         num_candidates = _validate.positive_int("num_candidates", num_candidates)
-    importance = estimator == "importance"
+    importance = estimator == Estimator.IMPORTANCE
     screened = (not importance and isinstance(solver, NewtonIllinois) and precompute is not False
                 and (precompute or num_samples * b <= _MAX_PRECOMPUTED))
     if not screened:
@@ -537,111 +507,163 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
 
     t_start = time.perf_counter()
     with jax.enable_x64(True):
-        opt_state = optimizer.init(params)
-        step_fn, eval_fn, draw_fn, no_screen_fn = _compiled(parameterization, b, epochs, num_samples, optimizer,
-                                              objective, solver, precompute, screened,
-                                              num_candidates, importance)
-        start, sigma, history = 0, math.nan, []
-        no_screen = no_screen_fn()
-        screen_state, restored = no_screen, False
-        if resume and os.path.exists(checkpoint_path):
-            ck = _read_checkpoint(checkpoint_path, config)
-            params = params_from_list(ck["params"])
-            opt_state = _state_from_json(opt_state, ck["opt_state"])
-            start, sigma, history = int(ck["step"]), float(ck["sigma"]), list(ck["history"])
-            restored_state = _read_screen_state(checkpoint_path, start, no_screen)
-            if restored_state is not None:
-                screen_state, restored = restored_state, True
-            if start > num_steps:
-                raise ValueError(f"num_steps = {num_steps} is below the checkpoint's step {start}")
-        status, reason = "completed", ""
-        compile_s, draw_s, draw_first_s = 0.0, 0.0, 0.0
-        sample, period = jkey, None
-        t_steps = time.perf_counter()
-        with _progress(num_steps, "optimize", enabled=progress, initial=start) as bar:
-            for k in range(start, num_steps):
-                t0 = time.perf_counter()
-                if screened and period != k // resample_every:
-                    # The sample depends only on (key, k // R): a resumed run redraws it exactly.
-                    period = k // resample_every
-                    sample = jax.block_until_ready(draw_fn(jkey, period))
-                    if k == start:
-                        draw_first_s = time.perf_counter() - t0  # includes its compilation
-                    draw_s += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                if k % resample_every == 0 or (k == start and not restored):
-                    # A screen is reused only on the sample it was computed on.  A resumed run
-                    # restores the state from the checkpoint's sidecar, so it computes exactly
-                    # the steps of an uninterrupted run (same screens, same summation order).
-                    screen_state = no_screen
-                new_params, new_state, loss, aux, params_finite = step_fn(params, opt_state, eps, delta, sample, k,
-                                                                          sigma, screen_state)
-                # One device-to-host transfer for the step's scalars (the state stays on device).
-                loss, scalars, params_finite = jax.device_get((loss, aux[:6], params_finite))
-                loss = float(loss)
-                s_k, rmse_k, passes, solver_status, was_screened, was_reused = (
-                    float(scalars[0]), float(scalars[1]), int(scalars[2]), int(scalars[3]),
-                    bool(scalars[4]), bool(scalars[5]))
-                if k == start:
-                    compile_s = time.perf_counter() - t0
-                finite = math.isfinite(loss) and bool(params_finite)
-                if not finite or solver_status != 0:
-                    status = "stopped"
-                    reason = (f"step {k}: non-finite loss or parameters (loss={loss}, sigma={s_k}, "
-                              f"solver status {solver_status}); kept the parameters of step {k}")
-                    break
-                history.append({"step": k, "loss": loss, "rmse": rmse_k, "noise_multiplier": s_k,
-                                "solver_passes": passes, "screened": was_screened,
-                                "screen_reused": was_reused})
-                params, opt_state, sigma, screen_state = new_params, new_state, s_k, aux[6]
-                bar.update(1, rmse=f"{rmse_k:.5g}", sigma=f"{s_k:.5g}")
-                if checkpoint_path is not None and ((k + 1) % checkpoint_every == 0):
-                    _write_screen_state(checkpoint_path, k + 1, screen_state)
-                    _write_checkpoint(checkpoint_path, config, k + 1, params, opt_state, sigma, history)
-                    _drop_old_screen_states(checkpoint_path, k + 1)
-        steps_s = time.perf_counter() - t_steps
-        done = history[-1]["step"] + 1 if history else start
+        fns = _compiled(parameterization, b, epochs, num_samples, optimizer, objective, solver, precompute,
+                        screened, num_candidates, importance)
+        run = _start(params, optimizer.init(params), fns, checkpoint_path if resume else None, config,
+                     num_steps)
+        _run_steps(run, fns, jkey, eps, delta, num_steps, resample_every if screened else None,
+                   checkpoint_path, checkpoint_every, config, progress)
+        done = run.history[-1]["step"] + 1 if run.history else run.start
         if checkpoint_path is not None:
-            _write_screen_state(checkpoint_path, done, screen_state)
-            _write_checkpoint(checkpoint_path, config, done, params, opt_state, sigma, history)
-            _drop_old_screen_states(checkpoint_path, done)
+            _save(checkpoint_path, config, done, run)
         # The estimate at the final parameters (fresh draws of index `done`).
+        _, eval_fn, draw_fn, _ = fns
         eval_sample = draw_fn(jkey, done) if screened else jkey
-        loss_f, aux_f, err_f = eval_fn(params, eps, delta, eval_sample, done, sigma, no_screen)
+        _, aux_f, err_f = eval_fn(run.params, eps, delta, eval_sample, done, run.sigma, run.no_screen)
         sigma_est, err = float(aux_f[0]), float(err_f)
-        corr = parameterization.correlation(params)
-        first_column = np.asarray(parameterization.first_column(params)).tolist()
-    certificate, sigma_cert, certify_s = None, math.nan, 0.0
+        corr = parameterization.correlation(run.params)
+        first_column = np.asarray(parameterization.first_column(run.params)).tolist()
+    certificate, certify_s = None, 0.0
     if certify:
-        _note(f"certify: the noise multiplier of the optimized C by Estimate-Verify-Release ({certify_method}) on "
-              "fresh Monte Carlo samples", enabled=progress)
         t_c = time.perf_counter()
         ckey = jax.random.fold_in(jkey, 2**31 - 1) if certify_key is None else as_prng_key(certify_key)
-        try:
-            certificate = certify_noise(corr, b, epochs, target_epsilon=eps, target_delta=delta,
-                                        num_samples=certify_samples, key=ckey,
-                                        initial_noise=sigma_est if math.isfinite(sigma_est) else None,
-                                        max_attempts=max_attempts, growth=growth, method=certify_method)
-        except ValueError as exc:
-            if certify_method != "importance_betting":
-                raise
-            # The variance-reduced certificate learns only from its calibration sample whether its
-            # sample count can certify this C (the summands' range depends on C): the optimised C
-            # is kept (and checkpointed) and the result says why nothing was certified.
-            certificate = {"verified": False, "method": certify_method, "noise_multiplier": math.inf,
-                           "epsilon": eps, "delta": math.inf, "target_delta": delta,
-                           "num_samples": certify_samples, "failure_probability": math.nan,
-                           "reason": f"not certified: {exc}"}
-        sigma_cert = certificate["noise_multiplier"]
+        certificate = _certify_result(corr, b, epochs, eps, delta, certify_samples, ckey, sigma_est,
+                                      max_attempts, growth, certify_method, progress)
         certify_s = time.perf_counter() - t_c
+    sigma_cert = math.nan if certificate is None else certificate.noise_multiplier
     return OptimizationResult(
         parameterization=parameterization.to_dict(), batches_per_epoch=b, epochs=epochs,
-        target_epsilon=eps, target_delta=delta, params=params_to_list(params),
+        target_epsilon=eps, target_delta=delta, params=params_to_list(run.params),
         first_column=first_column, noise_multiplier=sigma_cert, noise_multiplier_estimate=sigma_est,
         error=err, rmse=sigma_cert * err, rmse_estimate=sigma_est * err, certificate=certificate,
-        history=history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=status,
-        stop_reason=reason, estimator=estimator,
-        timings={"compile_and_first_step": compile_s, "steps": steps_s, "draws": draw_s,
-                 "first_draw": draw_first_s,
+        history=run.history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=run.status,
+        stop_reason=run.reason, estimator=estimator,
+        timings={"compile_and_first_step": run.compile_s, "steps": run.steps_s, "draws": run.draw_s,
+                 "first_draw": run.draw_first_s,
                  "certify": certify_s,
                  "total": time.perf_counter() - t_start})
+
+
+@dataclasses.dataclass
+class _Run:
+    """The loop's mutable state: what a checkpoint stores and what the result reports."""
+
+    params: Any
+    opt_state: Any
+    start: int
+    sigma: float
+    history: list
+    no_screen: Any
+    screen_state: Any
+    restored: bool
+    status: OptimizationStatus = OptimizationStatus.COMPLETED
+    reason: str = ""
+    compile_s: float = 0.0
+    steps_s: float = 0.0
+    draw_s: float = 0.0
+    draw_first_s: float = 0.0
+
+
+def _start(params, opt_state, fns, resume_path, config, num_steps) -> _Run:
+    """The state at the first step: fresh, or restored from the checkpoint at ``resume_path``
+    (when it exists) with its screen-state sidecar."""
+    no_screen = fns[3]()
+    run = _Run(params=params, opt_state=opt_state, start=0, sigma=math.nan, history=[], no_screen=no_screen,
+               screen_state=no_screen, restored=False)
+    if resume_path is not None and os.path.exists(resume_path):
+        ck = _read_checkpoint(resume_path, config)
+        run.params = params_from_list(ck["params"])
+        run.opt_state = _state_from_json(opt_state, ck["opt_state"])
+        run.start, run.sigma, run.history = int(ck["step"]), float(ck["sigma"]), list(ck["history"])
+        restored_state = _read_screen_state(resume_path, run.start, no_screen)
+        if restored_state is not None:
+            run.screen_state, run.restored = restored_state, True
+        if run.start > num_steps:
+            raise ValueError(f"num_steps = {num_steps} is below the checkpoint's step {run.start}")
+    return run
+
+
+def _save(checkpoint_path, config, step: int, run: _Run) -> None:
+    """Checkpoint ``run`` at ``step``: the screen-state sidecar first, then the JSON, then the
+    older sidecars removed (whatever a kill leaves, the checkpoint's step has its sidecar)."""
+    _write_screen_state(checkpoint_path, step, run.screen_state)
+    _write_checkpoint(checkpoint_path, config, step, run.params, run.opt_state, run.sigma, run.history)
+    _drop_old_screen_states(checkpoint_path, step)
+
+
+def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, checkpoint_path,
+               checkpoint_every, config, progress) -> None:
+    """Steps ``run.start .. num_steps - 1`` (fewer if one gives a non-finite loss or parameter),
+    updating ``run`` in place.  ``resample_every``: steps per shared sample on the screened
+    path, ``None`` on the unscreened one (each step draws its own)."""
+    step_fn, _, draw_fn, _ = fns
+    screened = resample_every is not None
+    every = resample_every if screened else 1
+    sample, period = jkey, None
+    t_steps = time.perf_counter()
+    with _progress(num_steps, "optimize", enabled=progress, initial=run.start) as bar:
+        for k in range(run.start, num_steps):
+            t0 = time.perf_counter()
+            if screened and period != k // every:
+                # The sample depends only on (key, k // R): a resumed run redraws it exactly.
+                period = k // every
+                sample = jax.block_until_ready(draw_fn(jkey, period))
+                if k == run.start:
+                    run.draw_first_s = time.perf_counter() - t0  # includes its compilation
+                run.draw_s += time.perf_counter() - t0
+                t0 = time.perf_counter()
+            if k % every == 0 or (k == run.start and not run.restored):
+                # A screen is reused only on the sample it was computed on.  A resumed run
+                # restores the state from the checkpoint's sidecar, so it computes exactly
+                # the steps of an uninterrupted run (same screens, same summation order).
+                run.screen_state = run.no_screen
+            new_params, new_state, loss, aux, params_finite = step_fn(run.params, run.opt_state, eps, delta,
+                                                                      sample, k, run.sigma, run.screen_state)
+            # One device-to-host transfer for the step's scalars (the state stays on device).
+            loss, scalars, params_finite = jax.device_get((loss, aux[:6], params_finite))
+            loss = float(loss)
+            s_k, rmse_k, passes, solver_status, was_screened, was_reused = (
+                float(scalars[0]), float(scalars[1]), int(scalars[2]), int(scalars[3]),
+                bool(scalars[4]), bool(scalars[5]))
+            if k == run.start:
+                run.compile_s = time.perf_counter() - t0
+            if not (math.isfinite(loss) and bool(params_finite)) or solver_status != 0:
+                run.status = OptimizationStatus.STOPPED
+                run.reason = (f"step {k}: non-finite loss or parameters (loss={loss}, sigma={s_k}, "
+                              f"solver status {solver_status}); kept the parameters of step {k}")
+                break
+            run.history.append({"step": k, "loss": loss, "rmse": rmse_k, "noise_multiplier": s_k,
+                                "solver_passes": passes, "screened": was_screened,
+                                "screen_reused": was_reused})
+            run.params, run.opt_state, run.sigma, run.screen_state = new_params, new_state, s_k, aux[6]
+            bar.update(1, rmse=f"{rmse_k:.5g}", sigma=f"{s_k:.5g}")
+            if checkpoint_path is not None and ((k + 1) % checkpoint_every == 0):
+                _save(checkpoint_path, config, k + 1, run)
+    run.steps_s = time.perf_counter() - t_steps
+
+
+def _certify_result(corr, b, epochs, eps, delta, certify_samples, ckey, sigma_est, max_attempts, growth,
+                    certify_method, progress) -> Certificate:
+    """The certificate of the optimised ``C`` (:func:`certify_noise`), or, when the
+    variance-reduced method finds from its calibration sample that its sample count cannot
+    certify this ``C``, an unverified certificate that says why (the optimised ``C`` is kept)."""
+    _note(f"certify: the noise multiplier of the optimized C by Estimate-Verify-Release ({certify_method}) on "
+          "fresh Monte Carlo samples", enabled=progress)
+    try:
+        return Certificate.from_dict(certify_noise(
+            corr, b, epochs, target_epsilon=eps, target_delta=delta, num_samples=certify_samples, key=ckey,
+            initial_noise=sigma_est if math.isfinite(sigma_est) else None, max_attempts=max_attempts,
+            growth=growth, method=certify_method))
+    except ValueError as exc:
+        if certify_method != "importance_betting":
+            raise
+        # The variance-reduced certificate learns only from its calibration sample whether its
+        # sample count can certify this C (the summands' range depends on C).
+        nan = math.nan
+        return Certificate(verified=False, method=certify_method, procedure="ladder", epsilon=eps,
+                           delta=math.inf, target_delta=delta, base_delta=nan, tau=nan,
+                           failure_probability=nan, num_tests=int(max_attempts), num_samples=certify_samples,
+                           calibration_samples=0, noise_multiplier=math.inf,
+                           noise_multiplier_estimate=sigma_est, delta_estimate=nan, standard_error=nan,
+                           delta_remove=nan, delta_add=nan, tests_run=0, growth=nan, range_remove=nan,
+                           range_add=nan, reason=f"not certified: {exc}")
