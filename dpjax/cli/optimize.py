@@ -154,11 +154,9 @@ def _stage(text: str) -> None:
     note(f"dpjax optimize: {text}")
 
 
-def _run(args) -> dict:
-    from dpjax._progress import set_progress
-    from dpjax.optimization import make_parameterization, optimize_correlation
-    from dpjax.optimization.loop import default_optimizer
-
+def check_args(args) -> None:
+    """Every option and their combinations, before any work (fills the defaults that depend on
+    others: ``--example``'s values, ``--buffers``, ``--baselines``)."""
     apply_example(args)
 
     if args.family != "blt" and args.buffers is not None:
@@ -206,6 +204,14 @@ def _run(args) -> dict:
                              f"with {count} samples; pass --certify-samples >= "
                              f"{evr.minimum_samples(float(args.delta), num_tests=rungs)} "
                              f"(more, e.g. 10x, to leave room for the estimate) or --no-baselines")
+
+
+def _run(args) -> dict:
+    from dpjax._progress import set_progress
+    from dpjax.optimization import make_parameterization, optimize_correlation
+    from dpjax.optimization.loop import default_optimizer
+
+    check_args(args)
     n = args.batches_per_epoch * args.epochs
     param = make_parameterization(args.family, n, bands=args.bands,
                                   num_buffers=args.buffers if args.family == "blt" else None)
@@ -227,6 +233,16 @@ def _run(args) -> dict:
         checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
         certify=not args.no_certify, certify_samples=args.certify_samples, estimator=args.estimator,
         certify_method=args.certify_method)
+    out = balls_in_bins_output(res, rows, args)
+    if args.amplification == "auto":
+        return save(best_of(out, cyclic_poisson_result(args)), args)
+    return save(out, args, text=res.to_json())
+
+
+def balls_in_bins_output(res, rows, args) -> dict:
+    """The printed / ``--json`` object of an optimised ``res`` (an :class:`OptimizationResult`):
+    its main fields, ``null`` for what ``--no-certify`` left uncertified, and the baselines'
+    ``rows`` with their ``gain``."""
     d = res.to_dict()
     out = {k: d[k] for k in ("noise_multiplier", "noise_multiplier_estimate", "gap_to_estimate",
                              "rmse", "rmse_estimate", "error", "first_column", "certificate",
@@ -245,9 +261,7 @@ def _run(args) -> dict:
         mine = res.rmse if res.certificate else res.rmse_estimate
         out["baselines"] = [dict(r, gain=r["rmse"] / mine - 1.0 if math.isfinite(mine) and mine > 0 else None)
                             for r in rows]
-    if args.amplification == "auto":
-        return save(best_of(out, cyclic_poisson_result(args)), args)
-    return save(out, args, text=res.to_json())
+    return out
 
 
 def save(result: dict, args, text: str | None = None) -> dict:
@@ -543,6 +557,17 @@ def register(subparsers) -> None:
                     "  dpjax optimize --family blt --buffers 4 --batches-per-epoch 128 --epochs 16 \\\n"
                     "      --epsilon 2 --delta 1e-5 --optimizer-steps 300 --samples 131072 --out result.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_problem_arguments(p)
+    _add_method_arguments(p)
+    _add_output_arguments(p)
+    # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
+    # superset of the --json object; main() must not overwrite it.  render takes the arguments
+    # (--verbose).
+    p.set_defaults(run=_run, render=_render, render_takes_args=True, owns_out=True)
+
+
+def _add_problem_arguments(p) -> None:
+    """What to optimise for: the family of ``C``, ``b``, ``E`` and the privacy target."""
     p.add_argument("--family", type=_args.choice("blt", "toeplitz", "banded"), default=None,
                    help="parameterization of C: blt (buffered linear Toeplitz), toeplitz (full), "
                         "banded (Toeplitz with --bands bands); default blt")
@@ -557,6 +582,10 @@ def register(subparsers) -> None:
                    help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
     _args.add_target_epsilon(p, required=False, extra="; required unless --example")
     _args.add_target_delta(p, required=False, extra="; required unless --example")
+
+
+def _add_method_arguments(p) -> None:
+    """How: the optimiser, its Monte Carlo estimate, the certificate, the amplification."""
     # Not --steps: elsewhere that is the number of DP-SGD training steps.
     p.add_argument("--optimizer-steps", type=_args.integer(0, 10**7), default=None,
                    help="optimizer (Adam) steps on the correlation matrix, an integer >= 0 (default 300)")
@@ -584,6 +613,11 @@ def register(subparsers) -> None:
     p.add_argument("--learning-rate", type=_args.real(0, lo_open=True), default=0.05,
                    help="Adam learning rate > 0 (default 0.05)")
     p.add_argument("--seed", type=_args.integer(0, _args.MAX_SEED), default=0, help=_args.SEED_HELP)
+
+
+def _add_output_arguments(p) -> None:
+    """Where the result goes (file, checkpoint, resume), the built-in example, the baselines and
+    what is printed (in the order ``--help`` lists them)."""
     p.add_argument("--out", default=None, metavar="FILE",
                    help="write the loadable result JSON (OptimizationResult.load) to FILE, replacing it; the "
                         "checkpoint is FILE.checkpoint.json (with its binary screen-state sidecar "
@@ -607,7 +641,3 @@ def register(subparsers) -> None:
                    help="also print every detail of the certificate, the first column of C and the timings")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
-    # superset of the --json object; main() must not overwrite it.  render takes the arguments
-    # (--verbose).
-    p.set_defaults(run=_run, render=_render, render_takes_args=True, owns_out=True)
