@@ -23,7 +23,8 @@ import os
 import tempfile
 from typing import Any
 
-__all__ = ["NONFINITE_STRINGS", "strict_json_data", "restore_nonfinite", "dumps", "loads", "atomic_write"]
+__all__ = ["NONFINITE_STRINGS", "strict_json_data", "restore_nonfinite", "dumps", "loads", "write_temp",
+           "atomic_write"]
 
 #: The strings that stand for non-finite floats in dpjax's JSON (written: the first three;
 #: read: all, so that ``Infinity`` spelled as a string by another writer is understood too).
@@ -72,14 +73,10 @@ def loads(text: str | bytes) -> Any:
     return restore_nonfinite(json.loads(text))
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically.
-
-    A temp file in the target's directory (``os.replace`` is atomic only within one file
-    system) is written, flushed and ``fsync``-ed, then renamed over ``path``: readers, and a run
-    killed at any instant, see the old file or the new one, never a partial one.  The temp file
-    is removed if anything fails.
-    """
+def write_temp(path: str | os.PathLike, data: str | bytes) -> str:
+    """A new temp file beside ``path`` (same directory, hence same file system) holding ``data``
+    (text as UTF-8, or bytes), flushed and ``fsync``-ed; returns its path.  The caller renames
+    or links it into place and removes it if that fails."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
@@ -88,8 +85,23 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically.
+
+    A temp file in the target's directory (``os.replace`` is atomic only within one file
+    system) is written, flushed and ``fsync``-ed (:func:`write_temp`), then renamed over
+    ``path``: readers, and a run killed at any instant, see the old file or the new one, never a
+    partial one.  The temp file is removed if anything fails.
+    """
+    tmp = write_temp(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise

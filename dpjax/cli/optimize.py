@@ -36,7 +36,20 @@ import argparse
 import math
 import os
 
+from dpjax._enums import StrEnum
 from dpjax.cli import _args
+
+
+class Amplification(StrEnum):
+    """``--amplification``: how batches amplify privacy, hence which matrix and accountant.
+
+    ``balls_in_bins`` optimises ``C`` under balls-in-bins batching with a Monte Carlo
+    certificate; ``cyclic_poisson`` takes dpjax's banded ``C`` under cyclic Poisson sampling,
+    PLD-accounted; ``auto`` runs both and keeps the smaller certified rmse."""
+
+    BALLS_IN_BINS = "balls_in_bins"
+    CYCLIC_POISSON = "cyclic_poisson"
+    AUTO = "auto"
 
 
 # ``--example``: the built-in problem of the README's first command.  Small enough to finish in
@@ -89,11 +102,11 @@ def default_out_name(args) -> str:
     """The result file's name when ``--out`` is not given: the configuration in a few tokens,
     ``dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json`` for the example (``cyclic-poisson`` /
     ``auto`` appended for those amplifications)."""
-    if args.amplification == "cyclic_poisson":  # a banded C, its bands chosen unless --bands
+    if args.amplification == Amplification.CYCLIC_POISSON:  # a banded C, its bands chosen unless --bands
         family = "banded" if args.bands is None else f"banded{args.bands}"
     else:
         family = {"blt": f"blt{args.buffers}", "banded": f"banded{args.bands}"}.get(args.family, args.family)
-    amp = "" if args.amplification == "balls_in_bins" else "-" + args.amplification.replace("_", "-")
+    amp = "" if args.amplification == Amplification.BALLS_IN_BINS else "-" + args.amplification.replace("_", "-")
     return (f"dpjax-optimize-{family}-b{args.batches_per_epoch}-E{args.epochs}-eps{args.epsilon:g}-"
             f"delta{args.delta:g}{amp}.json")
 
@@ -112,15 +125,10 @@ def write_new(path: str, text: str) -> str:
     """Write ``text`` to ``path`` or, if that name is taken by the time of writing, to the next
     free name (:func:`free_path`); never replaces a file.  The file appears complete (a hard link
     of a finished temporary file).  Returns the path written."""
-    import tempfile
+    from dpjax import _io
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-dpjax-", suffix=".json", dir=directory)
+    tmp = _io.write_temp(path, text)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
         for _ in range(1000):
             path = free_path(path)
             try:
@@ -218,7 +226,7 @@ def _run(args) -> dict:
     if args.quiet or args.json:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
-    if args.amplification == "cyclic_poisson":
+    if args.amplification == Amplification.CYCLIC_POISSON:
         return save(cyclic_poisson_result(args), args)
     # The baselines first: they do not depend on the optimised C, and a baseline that cannot be
     # certified is refused before minutes of optimisation and before anything is written.
@@ -234,7 +242,7 @@ def _run(args) -> dict:
         certify=not args.no_certify, certify_samples=args.certify_samples, estimator=args.estimator,
         certify_method=args.certify_method)
     out = balls_in_bins_output(res, rows, args)
-    if args.amplification == "auto":
+    if args.amplification == Amplification.AUTO:
         return save(best_of(out, cyclic_poisson_result(args)), args)
     return save(out, args, text=res.to_json())
 
@@ -249,7 +257,7 @@ def balls_in_bins_output(res, rows, args) -> dict:
                              "status", "stop_reason", "parameterization", "batches_per_epoch",
                              "epochs", "target_epsilon", "target_delta", "num_steps",
                              "num_samples", "estimator", "timings")}
-    out["amplification"] = "balls_in_bins"
+    out["amplification"] = Amplification.BALLS_IN_BINS.value
     if not res.certificate and args.no_certify:
         # Not certified on request: say so with null rather than a NaN (a NaN is never an answer).
         for key in ("noise_multiplier", "rmse", "gap_to_estimate"):
@@ -298,7 +306,7 @@ def cyclic_poisson_result(args) -> dict:
     row = bl.banded_cyclic_poisson_pld([args.epsilon], args.delta, args.batches_per_epoch, args.epochs,
                                        bands_list=bands)[0]
     e = row.extra
-    return {"amplification": "cyclic_poisson", "noise_multiplier": row.noise_multiplier,
+    return {"amplification": Amplification.CYCLIC_POISSON.value, "noise_multiplier": row.noise_multiplier,
             "noise_multiplier_estimate": row.noise_multiplier, "gap_to_estimate": 0.0, "rmse": row.rmse,
             "rmse_estimate": row.rmse, "error": row.error, "first_column": row.first_column,
             "certificate": {"method": "pld", "epsilon": row.epsilon, "delta": row.delta, "num_samples": None,
@@ -437,7 +445,7 @@ def certificate_sentence(result: dict) -> str:
 
 def _render(result: dict, args=None) -> str:
     verbose = bool(getattr(args, "verbose", False))
-    if result.get("amplification") == "cyclic_poisson":
+    if result.get("amplification") == Amplification.CYCLIC_POISSON:
         return _render_cyclic(result, verbose)
     fam = result["parameterization"]
     b, epochs = result["batches_per_epoch"], result["epochs"]
@@ -487,7 +495,7 @@ def _saved_lines(result: dict) -> list[str]:
     if "out" not in result:
         return ["Not saved (--no-save)."]
     what = ("the optimized C, this sigma and its certificate; dpjax.optimization.OptimizationResult.load reads it"
-            if result.get("amplification") == "balls_in_bins" and "candidates" not in result
+            if result.get("amplification") == Amplification.BALLS_IN_BINS and "candidates" not in result
             else "the JSON object --json prints")
     return _wrap(f"Saved to {result['out']} ({what}){'; it replaced the file that was there' if result.get('out_replaced') else ''}.")
 
@@ -603,8 +611,8 @@ def _add_method_arguments(p) -> None:
                    default="importance_betting",
                    help="certificate of the result: importance_betting (variance-reduced draws and a betting "
                         "test, default) or bernoulli_kl (plain draws, Hoeffding's bound)")
-    p.add_argument("--amplification", type=_args.choice("balls_in_bins", "cyclic_poisson", "auto"),
-                   default="balls_in_bins",
+    p.add_argument("--amplification", type=_args.choice(*Amplification),
+                   default=Amplification.BALLS_IN_BINS.value,
                    help="balls_in_bins (default: optimise C, Monte Carlo certificate), cyclic_poisson (banded C "
                         "under cyclic Poisson sampling, bands chosen and sigma certified by the PLD accountant) or "
                         "auto (both; the smaller certified rmse, every candidate printed)")
