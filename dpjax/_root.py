@@ -26,6 +26,7 @@ __all__ = [
     "ImplicitAdjoint",
     "StopGradientAdjoint",
     "solve_monotone_root",
+    "bisect_integer",
 ]
 
 class SolverStatus(enum.IntEnum):
@@ -312,3 +313,23 @@ def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, t
                                          method=method)
     lo, hi, status = jax.lax.stop_gradient((lo, hi, status))
     return RootResult(root=root, lower=lo, upper=hi, status=status.astype(jnp.int32))
+
+
+def bisect_integer(predicate: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Smallest integer ``n`` in ``(lo, hi]`` with ``predicate(n)`` true; host-side, exact.
+
+    ``predicate`` is monotone (false below some ``n``, true from it on; e.g. "``n`` samples
+    certify the target", or the negation of "``n`` steps stay within the budget").  The caller
+    guarantees ``predicate(hi)`` and that ``predicate(lo)`` is false (or ``lo`` lies below the
+    range); neither end is evaluated, so a caller that found ``hi`` by doubling pays nothing
+    twice.  ``ceil(log2(hi - lo))`` evaluations.  The *largest* ``n`` with a non-increasing
+    ``feasible(n)`` is ``bisect_integer(lambda n: not feasible(n), lo, hi) - 1``.
+    """
+    lo, hi = int(lo), int(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if predicate(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

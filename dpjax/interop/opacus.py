@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 from dpjax import _validate, pld
+from dpjax._root import bisect_integer
 from dpjax._x64 import float64
 
 __all__ = ["RunningAccountant", "get_noise_multiplier", "calibrate_steps", "calibrate_batch_size", "steps_from_epochs"]
@@ -115,14 +116,8 @@ def _largest_feasible(lo: int, hi: int, feasible) -> int | None:
         return None
     if feasible(hi):
         return hi
-    # Invariant: feasible(lo), not feasible(hi).
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # feasible(lo), not feasible(hi): the largest feasible is one below the first infeasible.
+    return bisect_integer(lambda n: not feasible(n), lo, hi) - 1
 
 
 def calibrate_steps(*, noise_multiplier, sample_rate, target_epsilon, target_delta, max_steps: int = 10**7) -> int:
