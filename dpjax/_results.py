@@ -3,7 +3,7 @@
 Every public result type of dpjax (:class:`dpjax.pld.EpsilonResult`, :class:`~dpjax.pld.DeltaResult`,
 :class:`~dpjax.pld.DirectionReport`, :class:`dpjax.montecarlo.DeltaEstimate`,
 :class:`~dpjax.montecarlo.Certificate`, :class:`dpjax.baselines.GroupLemmaResult`,
-:class:`dpjax.calibration.RootResult`) is a frozen dataclass that inherits :class:`ResultMixin`:
+:class:`dpjax.calibration.Solution`) is a frozen dataclass that inherits :class:`ResultMixin`:
 
 * ``result.to_dict()`` -- a dict of plain Python values: NumPy / JAX arrays become (nested)
   lists, NumPy / JAX scalars become ``float`` / ``int`` / ``bool``, nested results become dicts,

@@ -33,28 +33,28 @@ import importlib as _importlib
 _ATTRS = {
     **dict.fromkeys(("gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
                     "dpjax.calibration.gaussian"),
-    **dict.fromkeys(("Bisection", "CalibrationResult", "NewtonIllinois", "calibrate_accountant",
+    **dict.fromkeys(("Bisection", "NewtonIllinois", "calibrate_accountant",
                      "calibrate_on_draws", "calibrated_noise", "estimate_minimum_samples"),
                     "dpjax.calibration.montecarlo"),
     **dict.fromkeys(("DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
                      "dpsgd_noise_multiplier_core", "epsilon_fn"), "dpjax.calibration.pld"),
-    **dict.fromkeys(("ScreenedDraws", "ScreenedResult", "calibrate_screened", "screened_draws",
+    **dict.fromkeys(("ScreenedDraws", "calibrate_screened", "screened_draws",
                      "ScreenState", "ScreenedStep", "calibrate_screened_reusing",
                      "empty_screen_state"),
                     "dpjax.calibration.screened"),
-    **dict.fromkeys(("ImplicitAdjoint", "RootResult", "SolverStatus", "StopGradientAdjoint", "bisect_monotone",
+    **dict.fromkeys(("ImplicitAdjoint", "Solution", "SolverStats", "SolverStatus", "StopGradientAdjoint", "bisect_monotone",
                      "solve_monotone_root"), "dpjax.calibration.root"),
 }
 
 __all__ = [
-    "SolverStatus", "ImplicitAdjoint", "RootResult", "StopGradientAdjoint", "bisect_monotone",
+    "SolverStatus", "ImplicitAdjoint", "Solution", "SolverStats", "StopGradientAdjoint", "bisect_monotone",
     "solve_monotone_root",
     "gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
     "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
     "dpsgd_noise_multiplier_core", "epsilon_fn",
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",
-    "Bisection", "NewtonIllinois", "CalibrationResult", "calibrate_on_draws",
-    "calibrate_screened", "screened_draws", "ScreenedDraws", "ScreenedResult",
+    "Bisection", "NewtonIllinois", "calibrate_on_draws",
+    "calibrate_screened", "screened_draws", "ScreenedDraws",
     "calibrate_screened_reusing", "empty_screen_state", "ScreenState", "ScreenedStep",
 ]
 

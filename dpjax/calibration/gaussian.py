@@ -67,7 +67,7 @@ def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                    num_iterations: int = 64, adjoint=ImplicitAdjoint()):
     """Jittable core: smallest sigma with ``gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.
 
-    Scalars in, a :class:`~dpjax.calibration.root.RootResult` out (``vmap`` for batches).
+    Scalars in, a :class:`~dpjax.calibration.root.Solution` out (``vmap`` for batches).
     Differentiable in ``target_epsilon``, ``target_delta`` and ``steps`` through ``adjoint``.
     """
     steps = jnp.asarray(steps, jnp.float64)

@@ -208,7 +208,7 @@ def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, ste
                                 adjoint=ImplicitAdjoint()):
     """Jittable core: smallest sigma in ``bracket`` with ``delta_up(target_epsilon; sigma) <= target_delta``.
 
-    Returns a :class:`~dpjax.calibration.root.RootResult`; ``root`` differentiable in
+    Returns a :class:`~dpjax.calibration.root.Solution`; ``root`` differentiable in
     ``target_epsilon``, ``target_delta`` and ``sampling_prob`` (implicit adjoint).  The
     comparison is made on ``log delta`` (relative resolution down to tiny deltas).
     """
