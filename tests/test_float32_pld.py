@@ -56,7 +56,7 @@ def grids():
 
 
 def _log_delta_gauss(sigma, eps):
-    return jnp.log(calibration.gaussian_delta(eps, sigma, 4))
+    return jnp.log(calibration.composed_gaussian_delta(eps, sigma, 4))
 
 
 # name -> (builder(grids) -> f(x) scalar, x0): f is differentiable in its one float argument.
@@ -224,8 +224,8 @@ def test_host_entry_point_values_are_float64_resolution():
     its delta is <= target and the sigma 1e-12 below it misses the target."""
     s = calibration.gaussian_noise_multiplier(1.5, DELTA, 4)
     with jax.enable_x64(True):
-        assert float(calibration.gaussian_delta(1.5, s, 4)) <= DELTA
-        assert float(calibration.gaussian_delta(1.5, s * (1 - 1e-12), 4)) > DELTA
+        assert float(calibration.composed_gaussian_delta(1.5, s, 4)) <= DELTA
+        assert float(calibration.composed_gaussian_delta(1.5, s * (1 - 1e-12), 4)) > DELTA
 
 
 # The headline functions (dpsgd_epsilon, dpsgd_delta, dpsgd_noise_multiplier) are traceable:

@@ -31,7 +31,7 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 import importlib as _importlib
 
 _ATTRS = {
-    **dict.fromkeys(("gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
+    **dict.fromkeys(("composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
                     "dpjax.calibration.gaussian"),
     **dict.fromkeys(("Bisection", "NewtonIllinois", "calibrate_accountant",
                      "calibrate_on_draws", "calibrated_noise", "estimate_minimum_samples"),
@@ -49,7 +49,7 @@ _ATTRS = {
 __all__ = [
     "SolverStatus", "ImplicitAdjoint", "Solution", "SolverStats", "StopGradientAdjoint", "bisect_monotone",
     "solve_monotone_root",
-    "gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
+    "composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
     "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
     "dpsgd_noise_multiplier_core", "epsilon_fn",
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",

@@ -64,6 +64,7 @@ from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
 from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
 from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import epsilon as eps_from_pld
+from dpjax.pld.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
 from dpjax import _xla
@@ -471,16 +472,13 @@ def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds
 
 def _gdp_mu(eps, delta):
     """mu of the mu-GDP (Gaussian) trade-off curve meeting ``(eps, delta)`` exactly (host, no
-    compile): ``delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` increases in mu.
-    Plain bisection in ``log mu`` with :func:`math.erfc` (scipy.optimize would add ~0.4 s of
-    import to a cold calibration, for a starting point)."""
-    def ndtr(x):
-        return 0.5 * math.erfc(-x / math.sqrt(2.0))
+    compile): ``delta(eps; mu)`` of the Gaussian mechanism (:func:`dpjax.pld.gaussian_delta`,
+    evaluated by its host twin) increases in mu.  Plain bisection in ``log mu`` (scipy.optimize
+    would add ~0.4 s of import to a cold calibration, for a starting point)."""
+    log_delta = math.log(delta)
 
     def f(log_mu):
-        mu = math.exp(log_mu)
-        return math.log(max(ndtr(-eps / mu + mu / 2) - math.exp(eps) * ndtr(-eps / mu - mu / 2), 1e-300)) \
-            - math.log(delta)
+        return float(host_gaussian_log_delta(eps, math.exp(log_mu))) - log_delta
 
     lo, hi = math.log(1e-4), math.log(1e3)
     if f(lo) > 0:
