@@ -106,8 +106,8 @@ def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     Raises:
       ValueError: bad input, or a target no sigma in ``[1e-4, 1e7] * sqrt(steps)`` reaches.
     """
-    eps = _validate.positive("target_epsilon", target_epsilon)
-    delta = _validate.probability_open("target_delta", target_delta)
+    target = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, delta = target.epsilon, target.delta
     steps_arr = _validate.positive("steps", steps)
     if np.any(steps_arr < 1) or np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")

@@ -63,8 +63,8 @@ from dpjax._x64 import float64
 from dpjax.matrices import correlation_array
 from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, NewtonIllinois,
                                         calibrate_accountant, calibrate_on_draws,
-                                        calibrated_noise_core, check_targets,
-                                        estimate_minimum_samples, raise_on_status)
+                                        calibrated_noise_core, estimate_minimum_samples,
+                                        raise_on_status)
 from dpjax.montecarlo.core import as_prng_key, gram_matrix
 
 __all__ = [
@@ -146,7 +146,7 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     correlation = correlation_array(correlation, b * epochs)
     concrete = not _is_tracer((target_epsilon, target_delta))
     if concrete:
-        check_targets(target_epsilon, target_delta, m)
+        _validate.PrivacyTarget(target_epsilon, target_delta)
     key = as_prng_key(key)
     if solver is not None and not isinstance(solver, (Bisection, NewtonIllinois)):
         raise ValueError(f"solver must be None, Bisection(...) or NewtonIllinois(...), got {solver!r}")

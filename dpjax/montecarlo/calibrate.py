@@ -51,7 +51,6 @@ __all__ = [
     "Bisection",
     "NewtonIllinois",
     "calibrate_on_draws",
-    "check_targets",
     "raise_on_status",
     "BRACKET_RELATIVE",
     "newton_illinois",
@@ -125,16 +124,6 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
                                adjoint=adjoint)
 
 
-def check_targets(target_epsilon, target_delta, m):
-    """``ValueError`` for a target epsilon outside ``(0, inf)`` or a delta outside ``(0, 1)``."""
-    # Estimate mode: any m >= 1 is accepted.  With m < 1/delta the hockey-stick terms are still
-    # continuous in sigma, so delta_hat(sigma) = target_delta has a solution; it is a noisy
-    # estimate (Choquette-Choo et al. 2024, §5.1.4 optimise with ~2^9 samples per step).  Only
-    # certification (Estimate-Verify-Release) demands enough samples.
-    _validate.positive("target_epsilon", target_epsilon)
-    _validate.probability_open("target_delta", target_delta)
-
-
 def raise_on_status(res: Solution, target_epsilon, target_delta):
     """``ValueError`` naming the target when a calibration did not converge (unreachable target,
     or one already met at the bottom of the search range); nothing when it did."""
@@ -176,7 +165,11 @@ def calibrate_accountant(accountant, target_epsilon, target_delta, num_samples, 
         unreachable or vacuous targets.
     """
     m = _validate.positive_int("num_samples", num_samples)
-    check_targets(target_epsilon, target_delta, m)
+    # Estimate mode: any m >= 1 is accepted.  With m < 1/delta the hockey-stick terms are still
+    # continuous in sigma, so delta_hat(sigma) = target_delta has a solution; it is a noisy
+    # estimate (Choquette-Choo et al. 2024, §5.1.4 optimise with ~2^9 samples per step).  Only
+    # certification (Estimate-Verify-Release) demands enough samples.
+    _validate.PrivacyTarget(target_epsilon, target_delta)
     res = _calibrate_gram_jit(jnp.asarray(accountant.gram, jnp.float64),
                               float(target_epsilon), float(target_delta), as_prng_key(key), m,
                               num_iterations)
