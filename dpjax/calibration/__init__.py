@@ -10,7 +10,7 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 * :mod:`dpjax.calibration.gaussian` -- the exact T-fold Gaussian mechanism (analytic oracle;
   the curve itself is :func:`dpjax.pld.gaussian_delta`).
 * :mod:`dpjax.calibration.pld` -- DP-SGD: :func:`dpsgd_noise_multiplier` (batched, certified
-  on the PLD accountant's grid), the differentiable :func:`epsilon_fn` and the jittable
+  on the PLD accountant's grid), the differentiable :func:`dpsgd_epsilon_fn` and the jittable
   :func:`dpsgd_noise_multiplier_core`.
 * :mod:`dpjax.calibration.montecarlo` -- matrix mechanisms under balls-in-bins batching:
   :func:`calibrated_noise` (differentiable in ``C``; its home, not re-exported by
@@ -37,7 +37,7 @@ _ATTRS = {
                      "calibrate_on_draws", "calibrated_noise", "estimate_minimum_samples"),
                     "dpjax.calibration.montecarlo"),
     **dict.fromkeys(("DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
-                     "dpsgd_noise_multiplier_core", "epsilon_fn"), "dpjax.calibration.pld"),
+                     "dpsgd_noise_multiplier_core", "dpsgd_epsilon_fn"), "dpjax.calibration.pld"),
     **dict.fromkeys(("ScreenedDraws", "calibrate_screened", "screened_draws",
                      "ScreenState", "ScreenedStep", "calibrate_screened_reusing",
                      "empty_screen_state"),
@@ -51,7 +51,7 @@ __all__ = [
     "solve_monotone_root",
     "composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
     "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
-    "dpsgd_noise_multiplier_core", "epsilon_fn",
+    "dpsgd_noise_multiplier_core", "dpsgd_epsilon_fn",
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",
     "Bisection", "NewtonIllinois", "calibrate_on_draws",
     "calibrate_screened", "screened_draws", "ScreenedDraws",
