@@ -10,7 +10,7 @@ set) with batches per epoch t in [10, 300] (log-uniform) and 1-8 epochs, the res
   lower bound, the first call's time, and a second call's time where the first took < 60 s
   (it has no warm-up: no JIT is installed with it);
 * dpjax: ``allocation_accounting`` -- the first call in the process (NumPy, nothing to compile),
-  the steady state of repeated one-shot calls, and the jitted ``epsilon_fn`` on the same plan:
+  the steady state of repeated one-shot calls, and the jitted ``allocation_epsilon_fn`` on the same plan:
   its compile (first call) and its steady state.
 
 Results are appended to ``benchmarks/results/bench_allocation.jsonl`` as they arrive (a killed run
@@ -95,7 +95,7 @@ if cfg.get("jit", True):
     import jax
     plan, _ = R._account(cfg["sigma"], R.allocation_blocks(cfg["t"], cfg["k"], cfg["epochs"]),
                          target_delta=cfg["delta"])
-    f = jax.jit(lambda s: R.epsilon_fn(plan, cfg["delta"], s))
+    f = jax.jit(lambda s: R.allocation_epsilon_fn(plan, cfg["delta"], s))
     with jax.enable_x64(True):
         t0 = time.perf_counter(); e = float(f(cfg["sigma"])); jit_first = time.perf_counter() - t0
         js = []

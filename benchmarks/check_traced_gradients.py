@@ -7,7 +7,7 @@ and a fixed grid's looseness flag against the accountant, on random DP-SGD confi
   the point; the eager calls re-plan their grid at every sigma, so the difference is the
   change of the discretization error with the plan (docs/design.md §5).
 * ``looseness``: for random (planned sigma, evaluated sigma, q, T, delta), the fixed grid's
-  ``calibration.epsilon_fn(..., with_report=True)`` against ``dpjax.dpsgd_epsilon`` at the
+  ``calibration.dpsgd_epsilon_fn(..., with_report=True)`` against ``dpjax.dpsgd_epsilon`` at the
   evaluated sigma: the actual relative excess, the estimate, and the flag.  The claim: no
   unflagged answer more than 1% above the accountant's.
 
@@ -64,7 +64,7 @@ def main():
         se = float(sp * np.exp(rng.uniform(-0.5, 0.7)))
         t0 = time.perf_counter()
         grid = cal.dpsgd_grid(sp, q, t, target_delta=d)
-        rep = cal.epsilon_fn(se, q, t, d, grid=grid, with_report=True)
+        rep = cal.dpsgd_epsilon_fn(se, q, t, d, grid=grid, with_report=True)
         fresh = dpjax.dpsgd_epsilon(se, q, t, d)
         eps = float(rep.epsilon)
         actual = eps / fresh - 1 if fresh > 0 else (0.0 if eps == 0 else math.inf)

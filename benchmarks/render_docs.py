@@ -607,7 +607,7 @@ def render_allocation(d: dict) -> Rendered:
         "DP-SGD under random allocation (each example in k of the t steps of every epoch), dpjax's certified "
         "bracket against pld-accounting's `gaussian_allocation_epsilon_range` (its default accuracy). "
         "Each library runs each configuration in its own fresh process; dpjax's steady time is the faster "
-        "of its one-shot call and its jitted `epsilon_fn` on the same plan. " + d.get("note", ""),
+        "of its one-shot call and its jitted `allocation_epsilon_fn` on the same plan. " + d.get("note", ""),
         f"Sound on {sum(1 for r in d['rows'] if r.get('sound'))} of {snd['configurations']} configurations "
         f"(dpjax's upper end at or above pld-accounting's lower, its lower end at or below pld-accounting's "
         f"upper); brackets within 0.5% (or 1e-4 where epsilon < 0.02) on {snd['widths_ok']}; widest "

@@ -34,15 +34,15 @@ import importlib as _importlib
 
 _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
                "sampling", "noise", "interop")
-# name -> module that defines it.  Group privacy: dpjax.dpsgd_epsilon gains group_size /
+# name -> module that defines it ("module:attribute" where the defining name differs).  Group privacy: dpjax.dpsgd_epsilon gains group_size /
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
-# unchanged (see dpjax.group.dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
+# unchanged (see dpjax.group.group_dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
 # (batches_per_epoch=, selections_per_epoch=, epochs=) work in dpsgd_epsilon, dpsgd_delta,
 # dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation_dpsgd).
 _ATTRS = {
     "dpsgd_delta": "dpjax.pld",
     "dpsgd_noise_multiplier": "dpjax.calibration",
-    "dpsgd_epsilon": "dpjax.group",
+    "dpsgd_epsilon": "dpjax.group:group_dpsgd_epsilon",
     "group_accounting": "dpjax.group",
     "group_delta": "dpjax.group",
     "group_epsilon": "dpjax.group",
@@ -55,7 +55,8 @@ __all__ = sorted(set(_ATTRS) | set(_SUBMODULES))
 
 def __getattr__(name):
     if name in _ATTRS:
-        value = getattr(_importlib.import_module(_ATTRS[name]), name)
+        module, _, attribute = _ATTRS[name].partition(":")
+        value = getattr(_importlib.import_module(module), attribute or name)
     elif name in _SUBMODULES:
         value = _importlib.import_module(f"dpjax.{name}")
     else:

@@ -3,7 +3,7 @@
 Every public result type of dpjax (:class:`dpjax.pld.EpsilonResult`, :class:`~dpjax.pld.DeltaResult`,
 :class:`~dpjax.pld.DirectionReport`, :class:`dpjax.montecarlo.DeltaEstimate`,
 :class:`~dpjax.montecarlo.Certificate`, :class:`dpjax.baselines.GroupLemmaResult`,
-:class:`dpjax.calibration.RootResult`, :class:`dpjax.optimization.OptimizationResult`,
+:class:`dpjax.calibration.Solution`, :class:`dpjax.optimization.OptimizationResult`,
 :class:`dpjax.optimization.baselines.BaselineRow`, ...) is a frozen dataclass that inherits
 :class:`ResultMixin`:
 

@@ -15,24 +15,29 @@ from typing import Any, Callable, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax._results import ResultMixin
 from dpjax._x64 import float64
 
 __all__ = [
     "SolverStatus",
-    "RootResult",
+    "Solution",
+    "SolverStats",
     "bisect_monotone",
     "ImplicitAdjoint",
     "StopGradientAdjoint",
     "solve_monotone_root",
+    "bisect_integer",
 ]
 
 class SolverStatus(enum.IntEnum):
-    """Outcome of a monotone bisection, stored as an int32 in :attr:`RootResult.status`.
+    """Outcome of a root solve, stored as an int32 array in :attr:`Solution.status`.
 
-    An ``IntEnum``, so ``int(result.status) == SolverStatus.CONVERGED`` and
-    ``SolverStatus(int(result.status))`` work on the array values.
+    An ``IntEnum`` rather than a string enum because the status is computed *inside* traced
+    code (``jit``, ``vmap``: one status per batch element, chosen by ``jnp.where`` in the
+    solver loop), where only numeric arrays exist; ``int(solution.status) ==
+    SolverStatus.CONVERGED`` and ``SolverStatus(int(solution.status))`` work on the values.
     """
 
     #: The feasible boundary lies inside the bracket; ``root`` is feasible.
@@ -44,28 +49,61 @@ class SolverStatus(enum.IntEnum):
     MET_AT_BRACKET_END = 2
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SolverStats(ResultMixin):
+    """Solver-specific extras of a :class:`Solution` (``None`` where a solver has no such number).
+
+    Attributes:
+      num_passes: int32, evaluations of the level function (for the Monte Carlo calibrations:
+        passes over the sample; bisection: ``num_iterations + 2``, the two bracket ends
+        included; screened calibration: candidate passes plus the full passes of a fallback).
+      screened: bool, screened calibration only: ``True`` when the screened candidates
+        sufficed (no full float64 solve).
+    """
+
+    num_passes: jax.Array | None = None
+    screened: jax.Array | None = None
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class RootResult(ResultMixin):
-    """Outcome of a monotone bisection (all fields have the batch shape of the inputs).
+class Solution(ResultMixin):
+    """Outcome of every root solve and calibration of dpjax (fields have the batch shape of the
+    inputs).
 
     Attributes:
-      root: the end of the final bracket inside the feasible set ``{x: f(x) <= target}``
-        (the *upper* end when ``f`` decreases in ``x``, the *lower* end when it increases);
-        NaN when ``status == SolverStatus.UNREACHABLE``.  Differentiable through the chosen
-        adjoint.
-      lower, upper: the final bracket (``lower <= boundary <= upper``), no gradient.
+      root: the solution, the end of the final bracket inside the feasible set ``{x: f(x) <=
+        target}`` (the *upper* end when ``f`` decreases in ``x``, the *lower* end when it
+        increases); NaN when ``status == SolverStatus.UNREACHABLE``.  Differentiable through
+        the chosen adjoint (the only field that is).
+      lower, upper: the final bracket (``lower <= boundary <= upper``; ``0`` / ``inf`` where a
+        solver that starts from a point has not bracketed that side), no gradient.
       status: int32, a :class:`SolverStatus` value.
+      stats: :class:`SolverStats` (number of passes, screening outcome).
 
-    ``to_dict()`` / ``to_json(path)`` / ``RootResult.load(path)`` (arrays as lists; loaded
-    back as NumPy arrays): see :mod:`dpjax._results`.
+    ``num_passes`` and ``screened`` read the same fields of ``stats``.  ``to_dict()`` /
+    ``to_json(path)`` / ``Solution.load(path)`` (arrays as lists; loaded back as NumPy
+    arrays): see :mod:`dpjax._results`.
     """
+
+    _nested = {"stats": SolverStats}
 
     root: jax.Array
     lower: jax.Array
     upper: jax.Array
     status: jax.Array
+    stats: SolverStats = SolverStats()
+
+    @property
+    def num_passes(self):
+        """``stats.num_passes``: evaluations of the level function (passes over a sample)."""
+        return self.stats.num_passes
+
+    @property
+    def screened(self):
+        """``stats.screened``: the screened candidates sufficed (screened calibration only)."""
+        return self.stats.screened
 
 
 def _feasible(value, target):
@@ -142,7 +180,7 @@ def _bisect(fn: Callable, target, lower, upper, *, decreasing: bool, num_iterati
 
 def bisect_monotone(fn: Callable[[jax.Array], jax.Array], target, bracket, *,
                     decreasing: bool = True, num_iterations: int = 64,
-                    log_scale: bool = False, method: str = "bisection") -> RootResult:
+                    log_scale: bool = False, method: str = "bisection") -> Solution:
     """Bisection for the boundary of ``{x in bracket : fn(x) <= target}``, ``fn`` monotone.
 
     No gradients (see :func:`solve_monotone_root` for the differentiable version).
@@ -158,12 +196,19 @@ def bisect_monotone(fn: Callable[[jax.Array], jax.Array], target, bracket, *,
         superlinear for smooth ``fn``: ~10 steps instead of ~40 for 1e-10 relative).
 
     Returns:
-      :class:`RootResult`.
+      :class:`Solution`.
     """
     root, lo, hi, status = _bisect(fn, target, bracket[0], bracket[1], decreasing=decreasing,
                                    num_iterations=num_iterations, log_scale=log_scale,
                                    method=method)
-    return RootResult(root=root, lower=lo, upper=hi, status=status.astype(jnp.int32))
+    return _solution(root, lo, hi, status, num_iterations)
+
+
+def _solution(root, lo, hi, status, num_iterations) -> Solution:
+    """A bisection's :class:`Solution`: ``num_iterations`` midpoints plus the two bracket ends."""
+    passes = jnp.full(jnp.shape(root), num_iterations + 2, jnp.int32)
+    return Solution(root=root, lower=lo, upper=hi, status=status.astype(jnp.int32),
+                    stats=SolverStats(num_passes=passes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +220,27 @@ class ImplicitAdjoint:
         theta_bar  = -(x_bar / f_x) * (df/dtheta)^T     (one VJP of f at (x*, theta))
         target_bar =   x_bar / f_x,       f_x = df/dx (x*, theta)
 
-    Values closed over by ``f`` that are JAX tracers (e.g. arrays from an enclosing ``jit`` or
-    ``grad``, of any dtype) are hoisted into explicit arguments (like ``jax.closure_convert``,
-    which however leaves integer tracers closed over and so breaks under ``jit``), and receive
-    their gradients the same way.
-    The bracket gets a zero gradient (the root does not depend on it while it is interior).
+    Both derivatives of ``f`` come from the same reverse pass, whatever the number of solver
+    steps; the forward solver (bisection, Newton/Illinois, a screened solve) only has to
+    return a root.
 
-    Accuracy: exact up to how close ``x*`` is to the true boundary (the bisection tolerance) and
+    Two entry points, shared with :class:`StopGradientAdjoint`:
+
+    * :meth:`solve` -- bracketing search (:func:`bisect_monotone`) on ``fn(x, theta)``.
+      Values closed over by ``fn`` that are JAX tracers (e.g. arrays from an enclosing ``jit``
+      or ``grad``, of any dtype) are hoisted into explicit arguments (like
+      ``jax.closure_convert``, which however leaves integer tracers closed over and so breaks
+      under ``jit``), and receive their gradients the same way.  The bracket gets a zero
+      gradient (the root does not depend on it while it is interior).
+    * :meth:`apply` -- any forward solver: ``forward(theta, target, consts) -> (outputs,
+      aux)`` with ``outputs[0]`` the root, and the level function ``level(x, theta, consts,
+      aux)`` whose value equals ``target`` at the root.  ``consts`` (draws, warm starts,
+      search ranges) get zero gradients; ``aux`` is what the backward pass needs from the
+      forward one.  ``level`` may be a tuple of functions, one per way the forward solver can
+      end: ``aux[0]`` (int32) then selects the one that held at the root (``lax.switch``: only
+      that one is differentiated).
+
+    Accuracy: exact up to how close ``x*`` is to the true boundary (the solver tolerance) and
     to the smoothness of ``f``.  The derivative is undefined where ``f_x = 0`` (a flat ``f``;
     gives inf/NaN, never a silently wrong finite number) and meaningless when the status is
     not ``SolverStatus.CONVERGED``.
@@ -189,14 +248,28 @@ class ImplicitAdjoint:
 
     def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale,
               method="bisection"):
+        """``_bisect``'s ``(root, lower, upper, status)`` on ``fn(x, theta) <= target``."""
         dtype = jnp.result_type(float)
         lower, upper = jnp.asarray(bracket[0], dtype), jnp.asarray(bracket[1], dtype)
         target = jnp.asarray(target, dtype)
         theta = jax.tree_util.tree_map(jnp.asarray, theta)
-        fn_conv, consts = _hoist_closure(fn, lower, theta)
-        solver = functools.partial(_implicit_solve, fn_conv, decreasing, num_iterations, log_scale,
-                                   method)
-        return solver(theta, target, lower, upper, *consts)
+        fn_conv, hoisted = _hoist_closure(fn, lower, theta)
+
+        def forward(th, tgt, bracket_):
+            th0, hs = th
+            out = _bisect(lambda x: fn_conv(x, th0, *hs), tgt, *bracket_, decreasing=decreasing,
+                          num_iterations=num_iterations, log_scale=log_scale, method=method)
+            return out, ()
+
+        def level(x, th, bracket_, aux):
+            th0, hs = th
+            return fn_conv(x, th0, *hs)
+
+        return self.apply(forward, level, (theta, tuple(hoisted)), target, (lower, upper))
+
+    def apply(self, forward, level, theta, target, consts=()):
+        """``forward(theta, target, consts)[0]``, its first output differentiable implicitly."""
+        return _implicit(forward, level, theta, target, consts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,16 +277,23 @@ class StopGradientAdjoint:
     """No derivative: the root is returned under ``lax.stop_gradient`` (gradients are zero).
 
     For code paths that only need the value (the final certificate, CLI, benchmarks): it skips
-    tracing the backward pass.
+    tracing the backward pass.  The entry points of :class:`ImplicitAdjoint`.
     """
 
     def solve(self, fn, theta, target, bracket, *, decreasing, num_iterations, log_scale,
               method="bisection"):
-        theta, target = jax.lax.stop_gradient((theta, target))
-        out = _bisect(lambda x: fn(x, theta), target, bracket[0], bracket[1],
-                      decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale,
-                      method=method)
-        return jax.lax.stop_gradient(out)
+        """``_bisect``'s ``(root, lower, upper, status)`` on ``fn(x, theta) <= target``."""
+        def forward(th, tgt, bracket_):
+            out = _bisect(lambda x: fn(x, th), tgt, *bracket_, decreasing=decreasing,
+                          num_iterations=num_iterations, log_scale=log_scale, method=method)
+            return out, ()
+
+        return self.apply(forward, None, theta, target, (bracket[0], bracket[1]))
+
+    def apply(self, forward, level, theta, target, consts=()):
+        """``forward(theta, target, consts)[0]`` on stopped-gradient inputs; ``level`` unused."""
+        theta, target, consts = jax.lax.stop_gradient((theta, target, consts))
+        return jax.lax.stop_gradient(forward(theta, target, consts)[0])
 
 
 def _hoist_closure(fn, x_example, theta):
@@ -233,31 +313,47 @@ def _hoist_closure(fn, x_example, theta):
     return fn_conv, hoisted
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _implicit_solve(fn_conv, decreasing, num_iterations, log_scale, method, theta, target, lower,
-                    upper, *consts):
-    return _bisect(lambda x: fn_conv(x, theta, *consts), target, lower, upper,
-                   decreasing=decreasing, num_iterations=num_iterations, log_scale=log_scale,
-                   method=method)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _implicit(forward, level, theta, target, consts):
+    return forward(theta, target, consts)[0]
 
 
-def _implicit_solve_fwd(fn_conv, decreasing, num_iterations, log_scale, method, theta, target,
-                        lower, upper, *consts):
-    out = _implicit_solve(fn_conv, decreasing, num_iterations, log_scale, method, theta, target,
-                          lower, upper, *consts)
-    return out, (out[0], theta, target, lower, upper, consts)
+def _implicit_fwd(forward, level, theta, target, consts):
+    out, aux = forward(theta, target, consts)
+    return out, (out[0], aux, theta, target, consts)
 
 
-def _implicit_solve_bwd(fn_conv, decreasing, num_iterations, log_scale, method, residuals,
-                        cotangents):
+def _implicit_bwd(forward, level, residuals, cotangents):
     # JAX runs a custom VJP's backward rule when the *caller's* transpose runs, i.e. after the
     # public function's float64 scope (dpjax._x64.float64) has exited.  Re-enter it here, so that
     # a float32 caller (jax_enable_x64 off) gets the float64 derivative instead of a
     # float64/float32 dtype clash; cotangents are then cast to the primal dtypes JAX expects.
+    root, aux, theta, target, consts = residuals
     with jax.enable_x64(True):
-        out = _implicit_solve_bwd_x64(fn_conv, residuals, cotangents)
-    primals = (residuals[1], residuals[2], residuals[3], residuals[4], *residuals[5])
-    return jax.tree_util.tree_map(_cast_like, tuple(out), primals)
+        theta_bar, target_bar = _implicit_cotangents(level, root, aux, theta, target, consts,
+                                                     cotangents[0])
+    theta_bar = jax.tree_util.tree_map(_cast_like, theta_bar, theta)
+    return (theta_bar, _cast_like(target_bar, target),
+            jax.tree_util.tree_map(_zero_cotangent, consts))
+
+
+def _implicit_cotangents(level, root, aux, theta, target, consts, root_bar):
+    """Implicit function theorem (Choquette-Choo et al. 2024, §4.2) at the root ``x*``:
+    ``d x*/d theta = -(df/dtheta) / (df/dx)``, ``d x*/d target = 1 / (df/dx)``; one reverse
+    pass of ``level`` gives both partial derivatives.  The other outputs of the solver (bracket,
+    status, counters) carry no gradient (documented)."""
+    def partials(f):
+        value, vjp = jax.vjp(lambda x, th: f(x, th, consts, aux), root, theta)
+        return vjp(jnp.ones_like(value))
+
+    if isinstance(level, (tuple, list)):
+        f_x, f_theta = jax.lax.switch(aux[0], [functools.partial(partials, f) for f in level])
+    else:
+        f_x, f_theta = partials(level)
+    w = root_bar / f_x
+    theta_bar = jax.tree_util.tree_map(
+        lambda g: g if g.dtype == jax.dtypes.float0 else -w * g, f_theta)
+    return theta_bar, jnp.broadcast_to(w, jnp.shape(target))
 
 
 def _cast_like(cotangent, primal):
@@ -267,19 +363,16 @@ def _cast_like(cotangent, primal):
     return jnp.asarray(cotangent).astype(dtype)
 
 
-def _implicit_solve_bwd_x64(fn_conv, residuals, cotangents):
-    root, theta, target, lower, upper, consts = residuals
-    root_bar = cotangents[0]  # bracket ends and status carry no gradient (documented)
-    f_x = jax.grad(lambda x: fn_conv(x, theta, *consts))(root)
-    # Implicit function theorem, Choquette-Choo et al. (2024), §4.2: dx*/dtheta = -(df/dtheta)/(df/dx).
-    w = root_bar / f_x
-    _, vjp = jax.vjp(lambda th, cs: fn_conv(root, th, *cs), theta, tuple(consts))
-    theta_bar, consts_bar = vjp(-w)
-    target_bar = jnp.broadcast_to(w, jnp.shape(target)).astype(jnp.result_type(target))
-    return (theta_bar, target_bar, jnp.zeros_like(lower), jnp.zeros_like(upper), *consts_bar)
+def _zero_cotangent(x):
+    """The zero cotangent of a primal ``x``: zeros of its dtype, ``float0`` for integer / bool
+    arrays (what a ``jax.custom_vjp`` backward rule returns for a non-differentiated input)."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
 
 
-_implicit_solve.defvjp(_implicit_solve_fwd, _implicit_solve_bwd)
+_implicit.defvjp(_implicit_fwd, _implicit_bwd)
 
 
 @float64
@@ -287,7 +380,7 @@ def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, t
                         *, decreasing: bool = True, num_iterations: int = 64,
                         log_scale: bool = False, method: str = "bisection",
                         adjoint: ImplicitAdjoint | StopGradientAdjoint = ImplicitAdjoint(),
-                        ) -> RootResult:
+                        ) -> Solution:
     """Differentiable boundary of ``{x : fn(x, theta) <= target}`` for ``fn`` monotone in ``x``.
 
     Args:
@@ -303,7 +396,7 @@ def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, t
       adjoint: :class:`ImplicitAdjoint` (default) or :class:`StopGradientAdjoint`.
 
     Returns:
-      :class:`RootResult`; only ``root`` carries gradients.
+      :class:`Solution`; only ``root`` carries gradients.
 
     Works under ``jit`` and ``vmap`` (call it inside the mapped function).
     """
@@ -311,4 +404,24 @@ def solve_monotone_root(fn: Callable[[jax.Array, Any], jax.Array], theta: Any, t
                                          num_iterations=num_iterations, log_scale=log_scale,
                                          method=method)
     lo, hi, status = jax.lax.stop_gradient((lo, hi, status))
-    return RootResult(root=root, lower=lo, upper=hi, status=status.astype(jnp.int32))
+    return _solution(root, lo, hi, status, num_iterations)
+
+
+def bisect_integer(predicate: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Smallest integer ``n`` in ``(lo, hi]`` with ``predicate(n)`` true; host-side, exact.
+
+    ``predicate`` is monotone (false below some ``n``, true from it on; e.g. "``n`` samples
+    certify the target", or the negation of "``n`` steps stay within the budget").  The caller
+    guarantees ``predicate(hi)`` and that ``predicate(lo)`` is false (or ``lo`` lies below the
+    range); neither end is evaluated, so a caller that found ``hi`` by doubling pays nothing
+    twice.  ``ceil(log2(hi - lo))`` evaluations.  The *largest* ``n`` with a non-increasing
+    ``feasible(n)`` is ``bisect_integer(lambda n: not feasible(n), lo, hi) - 1``.
+    """
+    lo, hi = int(lo), int(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if predicate(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

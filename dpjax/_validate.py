@@ -146,3 +146,33 @@ def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
+
+
+import dataclasses  # noqa: E402  (the target record below is the one dataclass of this module)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyTarget:
+    """A validated privacy target ``(epsilon, delta)``: the one check of target arguments.
+
+    Either part may be ``None`` (a query that computes it).  Construction validates what is
+    given, with the messages of :func:`positive` / :func:`nonnegative` /
+    :func:`probability_open` naming ``target_epsilon`` / ``target_delta``: ``epsilon`` finite and
+    ``> 0`` (``>= 0`` with ``allow_zero_epsilon=True``, for delta queries), ``delta`` in
+    ``(0, 1)``.  The fields then hold the validated float64 arrays (any shape: a batch of
+    targets is validated element by element).
+
+    Raises:
+      ValueError: a target outside its range, naming the argument and the range.
+    """
+
+    epsilon: Any = None
+    delta: Any = None
+    allow_zero_epsilon: bool = False
+
+    def __post_init__(self):
+        if self.epsilon is not None:
+            check = nonnegative if self.allow_zero_epsilon else positive
+            object.__setattr__(self, "epsilon", check("target_epsilon", self.epsilon))
+        if self.delta is not None:
+            object.__setattr__(self, "delta", probability_open("target_delta", self.delta))

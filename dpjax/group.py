@@ -39,7 +39,8 @@ from dpjax._x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
 
-__all__ = ["Sampling", "GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon", "group_delta", "dpsgd_epsilon"]
+__all__ = ["Sampling", "GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon", "group_delta", "group_dpsgd_epsilon",
+           "group_components"]
 
 # The one validator of group arguments lives in the lowest layer (dpjax.pld.group_spec); this
 # is the same function under the name the group API has always exported.
@@ -58,7 +59,13 @@ def group_mechanism(noise_multiplier: float, spec: GroupSpec) -> GroupSubsampled
     return mech.validate()
 
 
-def _components(noise_multiplier, steps, spec: GroupSpec):
+def group_components(noise_multiplier, steps, spec: GroupSpec):
+    """``[(mechanism, steps)]``: the composition :func:`dpjax.pld.epsilon` accounts for a group
+    (the per-step mechanism of ``spec`` at scalar ``noise_multiplier``, ``steps`` times).
+
+    Raises:
+      ValueError: ``noise_multiplier`` not a scalar > 0, or ``steps`` not an integer >= 1.
+    """
     from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 
     sigma = _validate.positive("noise_multiplier", noise_multiplier)
@@ -110,7 +117,7 @@ def group_accounting(
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
     spec = validate_group_args(sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size)
-    comps = _components(noise_multiplier, steps, spec)
+    comps = group_components(noise_multiplier, steps, spec)
     if target_delta is not None:
         res = pld.epsilon(comps, target_delta, options=options, with_lower=with_lower)
     else:
@@ -141,7 +148,7 @@ def _dispatch(query, name, noise_multiplier, sampling_prob, steps, target, *, gr
 
     def components(sigma, q, t):
         spec = validate_group_args(q, **kw)
-        return _components(sigma, t, spec)
+        return group_components(sigma, t, spec)
 
     def scalar(sigma, q, t, tg):
         target_kw = {"target_delta": tg} if query == "epsilon" else {"target_epsilon": tg}
@@ -193,13 +200,10 @@ def group_epsilon(
         >>> group_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8)   # doctest: +SKIP
         32.035...   (the group-privacy lemma gives inf here)
     """
-    name = "group_epsilon"
-    a = resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
-                        dict(sample_rate=sample_rate, delta=delta))
-    q = a["sampling_prob"]
-    steps = steps_from_epochs(name, q, steps, epochs)
-    return _dispatch("epsilon", name, noise_multiplier, q, steps, a["target_delta"], group_size=group_size,
-                     sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options)
+    return _group_query("epsilon", "group_epsilon", noise_multiplier, sampling_prob, steps,
+                        ("target_delta", target_delta), ("delta", delta), sample_rate=sample_rate,
+                        epochs=epochs, group_size=group_size, sampling=sampling,
+                        dataset_size=dataset_size, batch_size=batch_size, options=options)
 
 
 def group_delta(
@@ -219,16 +223,27 @@ def group_delta(
 ):
     """Certified delta of group-level DP-SGD at ``target_epsilon`` (>= 0; alias ``epsilon=``):
     as :func:`group_epsilon` (batches and traced calls included)."""
-    name = "group_delta"
-    a = resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
-                        dict(sample_rate=sample_rate, epsilon=epsilon))
+    return _group_query("delta", "group_delta", noise_multiplier, sampling_prob, steps,
+                        ("target_epsilon", target_epsilon), ("epsilon", epsilon),
+                        sample_rate=sample_rate, epochs=epochs, group_size=group_size,
+                        sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
+                        options=options)
+
+
+def _group_query(query, name, noise_multiplier, sampling_prob, steps, target, alias, *, sample_rate,
+                 epochs, **kw):
+    """The argument handling :func:`group_epsilon` and :func:`group_delta` share: the aliases
+    (``sample_rate=``, and ``delta=`` / ``epsilon=`` for the ``target = (name, value)``),
+    ``epochs=`` -> steps, then :func:`_dispatch`."""
+    (target_name, target_value), (alias_name, alias_value) = target, alias
+    a = resolve_aliases(name, {"sampling_prob": sampling_prob, target_name: target_value},
+                        {"sample_rate": sample_rate, alias_name: alias_value})
     q = a["sampling_prob"]
     steps = steps_from_epochs(name, q, steps, epochs)
-    return _dispatch("delta", name, noise_multiplier, q, steps, a["target_epsilon"], group_size=group_size,
-                     sampling=sampling, dataset_size=dataset_size, batch_size=batch_size, options=options)
+    return _dispatch(query, name, noise_multiplier, q, steps, a[target_name], **kw)
 
 
-def dpsgd_epsilon(
+def group_dpsgd_epsilon(
     noise_multiplier=None,
     sampling_prob=None,
     steps=None,
@@ -246,6 +261,9 @@ def dpsgd_epsilon(
     selections_per_epoch=1,
 ):
     """Certified epsilon of DP-SGD, example-level or for groups of ``group_size`` examples.
+
+    Public as :func:`dpjax.dpsgd_epsilon` (the top-level name); named apart from
+    :func:`dpjax.pld.dpsgd_epsilon`, the example-level accountant it extends.
 
     With the defaults (``group_size=1``, ``sampling="poisson"``) this is exactly
     :func:`dpjax.pld.dpsgd_epsilon` (batches, traced calls and ``noise_schedule=`` included);

@@ -163,8 +163,8 @@ def test_numpy_and_jax_paths_agree():
     plan, _ = R._account(1.0, R.allocation_blocks(40, 1, 3), target_delta=1e-6)
     host = A.eps_of(A.NUMPY, R._run_numpy(plan, 1.0), np.asarray([1e-6, 1e-4]))
     with jax.enable_x64(True):
-        up = R.epsilon_fn(plan, np.asarray([1e-6, 1e-4]), 1.0)
-        lo = R.epsilon_fn(plan, np.asarray([1e-6, 1e-4]), 1.0, bound="lower")
+        up = R.allocation_epsilon_fn(plan, np.asarray([1e-6, 1e-4]), 1.0)
+        lo = R.allocation_epsilon_fn(plan, np.asarray([1e-6, 1e-4]), 1.0, bound="lower")
     # (XLA's and SciPy's erfc differ in the last bits.)
     np.testing.assert_allclose(np.asarray(up), host[:2].max(0), rtol=1e-9)
     np.testing.assert_allclose(np.asarray(lo), host[2:].max(0), rtol=1e-9)
@@ -178,13 +178,13 @@ def test_float32_contract_grad_and_vmap():
 
     assert not jax.config.jax_enable_x64
     plan, _ = R._account(1.0, R.allocation_blocks(16, 1, 2), target_delta=1e-5)
-    e = R.epsilon_fn(plan, 1e-5, 1.0)
-    vals = jax.vmap(lambda s: R.epsilon_fn(plan, 1e-5, s))(jnp.asarray([1.0, 1.1], jnp.float32))
+    e = R.allocation_epsilon_fn(plan, 1e-5, 1.0)
+    vals = jax.vmap(lambda s: R.allocation_epsilon_fn(plan, 1e-5, s))(jnp.asarray([1.0, 1.1], jnp.float32))
     assert vals.dtype == jnp.float32 and float(vals[0]) == pytest.approx(float(e), rel=1e-6)
     assert float(vals[1]) < float(vals[0])
-    g = jax.grad(lambda s: R.epsilon_fn(plan, 1e-5, s))(jnp.float32(1.0))
+    g = jax.grad(lambda s: R.allocation_epsilon_fn(plan, 1e-5, s))(jnp.float32(1.0))
     h = 1e-4
-    fd = (float(R.epsilon_fn(plan, 1e-5, 1.0 + h)) - float(R.epsilon_fn(plan, 1e-5, 1.0 - h))) / (2 * h)
+    fd = (float(R.allocation_epsilon_fn(plan, 1e-5, 1.0 + h)) - float(R.allocation_epsilon_fn(plan, 1e-5, 1.0 - h))) / (2 * h)
     assert float(g) == pytest.approx(fd, rel=2e-2)
     with pytest.raises(ValueError, match="jax_enable_x64"):
-        jax.jit(lambda s: R.epsilon_fn(plan, 1e-5, s))(jnp.float32(1.0))
+        jax.jit(lambda s: R.allocation_epsilon_fn(plan, 1e-5, s))(jnp.float32(1.0))

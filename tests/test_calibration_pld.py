@@ -1,4 +1,4 @@
-"""PLD backend of the calibration: dpsgd_noise_multiplier, epsilon_fn and their gradients.
+"""PLD backend of the calibration: dpsgd_noise_multiplier, dpsgd_epsilon_fn and their gradients.
 
 Pinned values: family F of tests/data/reference.json (dp_accounting 0.6.0 PLD at a 1e-5 grid,
 itself within 1e-4 relative of the true minimal sigma, see its tolerance_note).
@@ -13,7 +13,7 @@ import pytest
 import dpjax
 from dpjax.pld import GridOptions
 from dpjax.calibration import (dpsgd_delta_fn, dpsgd_grid, dpsgd_noise_multiplier,
-                               dpsgd_noise_multiplier_core, epsilon_fn)
+                               dpsgd_noise_multiplier_core, dpsgd_epsilon_fn)
 
 # 0.1% is the required bound.  Our answer is the upper end of a bracket < 1e-9 wide on a
 # certified (pessimistic) delta curve whose epsilon discretization error is <= 1e-5 relative
@@ -93,7 +93,7 @@ def test_epsilon_fn_gradient_vs_finite_differences_and_reference(reference_cases
     sigma = case["value"]
     with jax.enable_x64(True):
         grid = dpsgd_grid(sigma, 0.01, 1000, target_delta=1e-5)
-        f = jax.jit(lambda s, q: epsilon_fn(s, q, 1000, 1e-5, grid=grid))
+        f = jax.jit(lambda s, q: dpsgd_epsilon_fn(s, q, 1000, 1e-5, grid=grid))
         eps = float(f(sigma, 0.01))
         # Certified epsilon on our grid at the reference sigma: the reference solved
         # eps = 2 on a 1e-5 grid; our grid's discretization error is <= 1e-5 relative.
@@ -134,7 +134,7 @@ def test_calibrated_sigma_gradients_vs_finite_differences():
         hq = 1e-6
         fd_q = (value(2.0, 0.01 + hq) - value(2.0, 0.01 - hq)) / (2 * hq)
         # Inverse-function consistency: d sigma*/d eps = 1 / (d eps/d sigma) at the root.
-        g_inv = jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(s0)
+        g_inv = jax.grad(lambda s: dpsgd_epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(s0)
     assert float(g_eps) == pytest.approx(fd_eps, rel=1e-3)
     assert float(g_q) == pytest.approx(fd_q, rel=1e-3)
     assert float(g_eps) == pytest.approx(1.0 / float(g_inv), rel=1e-3)
@@ -161,9 +161,9 @@ def test_bad_input():
         dpsgd_noise_multiplier(0.01, 1000, float("nan"), 1e-5)
     with pytest.raises(ValueError, match="steps"):
         dpsgd_noise_multiplier(0.01, 0, 2.0, 1e-5)
-    # epsilon_fn under grad without a grid: a clear error, not a tracer leak.
+    # dpsgd_epsilon_fn under grad without a grid: a clear error, not a tracer leak.
     with pytest.raises(ValueError, match="needs a fixed grid"):
-        jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5))(1.0)
+        jax.grad(lambda s: dpsgd_epsilon_fn(s, 0.01, 1000, 1e-5))(1.0)
     # Unreachable: epsilon so small that only sigma ~ 4e4 would do.
     with pytest.raises(ValueError, match="outside the supported range"):
         dpsgd_noise_multiplier(1.0, 1, 1e-4, 1e-10)

@@ -18,7 +18,7 @@ from hypothesis import given, strategies as st
 from scipy import optimize, stats
 
 from dpjax.calibration import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint, bisect_monotone,
-                               gaussian_delta, gaussian_noise_multiplier,
+                               composed_gaussian_delta, gaussian_noise_multiplier,
                                gaussian_noise_multiplier_core, solve_monotone_root)
 
 
@@ -112,7 +112,7 @@ def test_gaussian_calibration_matches_brentq_and_meets_target(eps, log10_delta, 
     # evaluation; re-evaluating delta outside jit may round differently.  The float64 formula
     # loses ~|log Phi(a)| ulps in eps + log Phi(b) - log Phi(a) (~1e-12 relative at delta=1e-12,
     # small eps), hence the 1e-10 slack.
-    assert float(gaussian_delta(eps, sigma, steps)) <= delta * (1 + 1e-10)
+    assert float(composed_gaussian_delta(eps, sigma, steps)) <= delta * (1 + 1e-10)
 
 
 def test_gaussian_calibration_reproduces_pinned_family_a(reference_cases):

@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXPECTED = {
     "pld": ["dpjax.pld.dpsgd_epsilon", "dpjax.pld.GridOptions", "dpjax.pld.sweep",
             "dpjax.pld.allocation_accountant.allocation_accounting", "dpjax.pld.allocation_dpsgd.query"],
-    "group": ["dpjax.group.dpsgd_epsilon", "dpjax.group.Sampling"],
+    "group": ["dpjax.group.group_dpsgd_epsilon", "dpjax.group.Sampling"],
     "baselines": ["dpjax.baselines.rdp_epsilon"],
     "montecarlo": ["dpjax.montecarlo.BallsInBins", "dpjax.montecarlo.Certificate"],
     "matrices": ["dpjax.matrices.BLT", "dpjax.matrices.Toeplitz"],

@@ -56,15 +56,15 @@ def grids():
 
 
 def _log_delta_gauss(sigma, eps):
-    return jnp.log(calibration.gaussian_delta(eps, sigma, 4))
+    return jnp.log(calibration.composed_gaussian_delta(eps, sigma, 4))
 
 
 # name -> (builder(grids) -> f(x) scalar, x0): f is differentiable in its one float argument.
 CASES = {
     "pld.delta_fn": (lambda g: lambda s: pld.delta_fn(g["generic"], EPS, _psg(s)), 1.0),
-    "pld.epsilon_fn": (lambda g: lambda s: pld.epsilon_fn(g["generic"], DELTA, _psg(s)), 1.0),
-    "calibration.epsilon_fn": (
-        lambda g: lambda s: calibration.epsilon_fn(s, 0.01, T, DELTA, grid=g["dpsgd"]), 1.0),
+    "pld.grid_epsilon_fn": (lambda g: lambda s: pld.grid_epsilon_fn(g["generic"], DELTA, _psg(s)), 1.0),
+    "calibration.dpsgd_epsilon_fn": (
+        lambda g: lambda s: calibration.dpsgd_epsilon_fn(s, 0.01, T, DELTA, grid=g["dpsgd"]), 1.0),
     "calibration.dpsgd_delta_fn": (
         lambda g: lambda s: calibration.dpsgd_delta_fn(EPS, s, 0.01, T, grid=g["dpsgd"]), 1.0),
     "calibration.dpsgd_noise_multiplier_core": (
@@ -84,7 +84,7 @@ CASES = {
 # the DP-SGD epsilon, a differentiable calibration through the implicit
 # adjoint, the closed-form conversion); the slow tier (-m slow) runs every row.  Each row costs
 # several XLA compilations, which is what the 10-minute budget of the default suite is spent on.
-DEFAULT_TIER = ("pld.delta_fn", "calibration.epsilon_fn",
+DEFAULT_TIER = ("pld.delta_fn", "calibration.dpsgd_epsilon_fn",
                 "calibration.gaussian_noise_multiplier_core", "pld.eps_at")
 NAMES = [n if n in DEFAULT_TIER else pytest.param(n, marks=pytest.mark.slow) for n in CASES]
 
@@ -151,8 +151,8 @@ def test_jit_without_x64_raises_naming_the_fix(name, grids):
 JIT_TOL = {
     "pld.delta_fn": dict(rel=1e-12, abs=1e-12),
     "calibration.dpsgd_delta_fn": dict(rel=1e-12, abs=1e-12),
-    "pld.epsilon_fn": dict(rel=1e-8),
-    "calibration.epsilon_fn": dict(rel=1e-8),
+    "pld.grid_epsilon_fn": dict(rel=1e-8),
+    "calibration.dpsgd_epsilon_fn": dict(rel=1e-8),
     "calibration.dpsgd_noise_multiplier_core": dict(rel=1e-8),
 }
 
@@ -165,11 +165,11 @@ def test_jit_with_x64_works(name, reference):
 
 
 def test_calibration_epsilon_fn_docstring_example_from_float32(grids):
-    """calibration.epsilon_fn as its docstring shows, outside enable_x64, used
+    """calibration.dpsgd_epsilon_fn as its docstring shows, outside enable_x64, used
     to return inf with a NaN gradient."""
     grid = grids["dpsgd"]
-    eps = calibration.epsilon_fn(1.0, 0.01, T, DELTA, grid=grid)
-    g = jax.grad(lambda s: calibration.epsilon_fn(s, 0.01, T, DELTA, grid=grid))(1.0)
+    eps = calibration.dpsgd_epsilon_fn(1.0, 0.01, T, DELTA, grid=grid)
+    g = jax.grad(lambda s: calibration.dpsgd_epsilon_fn(s, 0.01, T, DELTA, grid=grid))(1.0)
     assert np.isfinite(float(eps)) and np.isfinite(float(g)) and float(g) < 0
     # Against central finite differences of the float64 eager values.  On this coarse grid
     # (dx = 1.6e-3) the slope of the certified delta curve jumps at every grid point by about
@@ -177,8 +177,8 @@ def test_calibration_epsilon_fn_docstring_example_from_float32(grids):
     # slope while the secant (h = 2e-2 spans ~50 segments) averages them: 2e-2 relative.  The
     # tight check (1e-3, default grid) is in test_calibration_pld.py.
     h = 2e-2
-    fd = (float(calibration.epsilon_fn(1.0 + h, 0.01, T, DELTA, grid=grid))
-          - float(calibration.epsilon_fn(1.0 - h, 0.01, T, DELTA, grid=grid))) / (2 * h)
+    fd = (float(calibration.dpsgd_epsilon_fn(1.0 + h, 0.01, T, DELTA, grid=grid))
+          - float(calibration.dpsgd_epsilon_fn(1.0 - h, 0.01, T, DELTA, grid=grid))) / (2 * h)
     assert float(g) == pytest.approx(fd, rel=2e-2)
     # and the value is tight: the accountant's own certified epsilon at sigma = 1 (its own
     # grid, default accuracy) is within 1e-3 relative
@@ -224,8 +224,8 @@ def test_host_entry_point_values_are_float64_resolution():
     its delta is <= target and the sigma 1e-12 below it misses the target."""
     s = calibration.gaussian_noise_multiplier(1.5, DELTA, 4)
     with jax.enable_x64(True):
-        assert float(calibration.gaussian_delta(1.5, s, 4)) <= DELTA
-        assert float(calibration.gaussian_delta(1.5, s * (1 - 1e-12), 4)) > DELTA
+        assert float(calibration.composed_gaussian_delta(1.5, s, 4)) <= DELTA
+        assert float(calibration.composed_gaussian_delta(1.5, s * (1 - 1e-12), 4)) > DELTA
 
 
 # The headline functions (dpsgd_epsilon, dpsgd_delta, dpsgd_noise_multiplier) are traceable:

@@ -33,7 +33,7 @@ def test_plan_is_typed_and_matches_accountant(grid):
     assert isinstance(grid, pld.FixedGrid)
     assert grid.directions == (pld.Direction.REMOVE, pld.Direction.ADD)
     with jax.enable_x64(True):
-        eps = float(pld.epsilon_fn(grid, DELTA))
+        eps = float(pld.grid_epsilon_fn(grid, DELTA))
     ref = pld.epsilon(COMPONENTS, DELTA, options=OPTS)
     # Both are certified upper bounds (never below the accountant's certified lower bound);
     # the accountant plans with the same rules, so they agree to its discretization error
@@ -45,7 +45,7 @@ def test_plan_is_typed_and_matches_accountant(grid):
 def test_closed_form_epsilon_inverts_delta(grid):
     with jax.enable_x64(True):
         mechs = _mechs(7.0, 1.1)
-        eps = float(pld.epsilon_fn(grid, DELTA, mechs))
+        eps = float(pld.grid_epsilon_fn(grid, DELTA, mechs))
         # delta_fn at the closed-form epsilon meets the target (to the round-off of
         # A - e^(eps - y) B with A ~ 1: 1e-13 absolute), and a hair below it does not.
         assert float(pld.delta_fn(grid, eps, mechs)) <= DELTA + 1e-13
@@ -54,7 +54,7 @@ def test_closed_form_epsilon_inverts_delta(grid):
 
 def test_epsilon_gradient_vs_finite_differences(grid):
     with jax.enable_x64(True):
-        f = jax.jit(lambda a, b, q: pld.epsilon_fn(grid, DELTA, _mechs(a, b, q)))
+        f = jax.jit(lambda a, b, q: pld.grid_epsilon_fn(grid, DELTA, _mechs(a, b, q)))
         x0 = (8.0, 1.0, 0.05)
         g = jax.jit(jax.grad(lambda *x: f(*x), argnums=(0, 1, 2)))(*x0)
         # The certified delta curve has kinks at the grid points: its slope in epsilon jumps by
@@ -71,8 +71,8 @@ def test_epsilon_gradient_vs_finite_differences(grid):
     assert float(g[0]) < 0 and float(g[1]) < 0 and float(g[2]) > 0
     # d eps / d delta by the closed form, against finite differences in the target.
     with jax.enable_x64(True):
-        gd = float(jax.grad(lambda d: pld.epsilon_fn(grid, d))(DELTA))
-        fd = (float(pld.epsilon_fn(grid, DELTA * 1.01)) - float(pld.epsilon_fn(grid, DELTA / 1.01))) \
+        gd = float(jax.grad(lambda d: pld.grid_epsilon_fn(grid, d))(DELTA))
+        fd = (float(pld.grid_epsilon_fn(grid, DELTA * 1.01)) - float(pld.grid_epsilon_fn(grid, DELTA / 1.01))) \
             / (DELTA * (1.01 - 1 / 1.01))
     assert gd == pytest.approx(fd, rel=2e-2) and gd < 0   # secant over a 2% change of delta
 
@@ -84,7 +84,7 @@ def test_sound_far_from_the_planning_point(grid):
     for s_gauss, s_sub in [(4.0, 0.6), (20.0, 3.0)]:
         comps = [(pld.Gaussian(s_gauss), 20), (pld.PoissonSubsampledGaussian(s_sub, 0.05), 200)]
         with jax.enable_x64(True):
-            eps = float(pld.epsilon_fn(grid, DELTA, _mechs(s_gauss, s_sub)))
+            eps = float(pld.grid_epsilon_fn(grid, DELTA, _mechs(s_gauss, s_sub)))
         ref = pld.epsilon(comps, DELTA, options=OPTS)
         assert eps >= ref.epsilon_lower, (s_gauss, s_sub, eps, ref.epsilon_lower)
 
@@ -97,9 +97,9 @@ def test_stacked_grids_vmap_like_single_calls():
     stacked = pld.stack_grids(grids)
     sig = jnp.asarray([0.9, 1.3])
     with jax.enable_x64(True):
-        both = jax.vmap(lambda g, s: pld.epsilon_fn(g, DELTA, [pld.PoissonSubsampledGaussian(s, 0.01)]))(stacked, sig)
+        both = jax.vmap(lambda g, s: pld.grid_epsilon_fn(g, DELTA, [pld.PoissonSubsampledGaussian(s, 0.01)]))(stacked, sig)
         padded = [jax.tree_util.tree_map(lambda a, i=i: a[i], stacked) for i in range(2)]
-        one = [float(pld.epsilon_fn(g, DELTA, [pld.PoissonSubsampledGaussian(s, 0.01)]))
+        one = [float(pld.grid_epsilon_fn(g, DELTA, [pld.PoissonSubsampledGaussian(s, 0.01)]))
                for g, s in zip(padded, (0.9, 1.3))]
     # Batched and single FFTs round differently; the round-off allowance follows the realized
     # noise (~1e-12 absolute in delta), which moves epsilon by ~1e-12 / |d delta / d eps|,

@@ -124,13 +124,10 @@ def group_lemma_epsilon(
         >>> group_lemma_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8).epsilon       # doctest: +SKIP
         inf
     """
-    from dpjax import group as group_mod
     from dpjax import pld
 
-    spec = group_mod.validate_group_args(
-        sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size
-    )
-    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    spec, sigma = _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling,
+                                        dataset_size, batch_size)
     t = _validate.positive_int("steps", steps)
     delta_k = float(_validate.probability_open("target_delta", target_delta))
     m = _validate.positive_int("grid_points", grid_points, minimum=16)
@@ -142,56 +139,97 @@ def group_lemma_epsilon(
     if k == 1:
         eps = float(pld.epsilon(comps, delta_k, options=options, with_lower=False).epsilon)
         return GroupLemmaResult(eps, eps, delta_k, delta_k, adjacency=spec.adjacency)
-    log_target = math.log(delta_k)
-    # Lower end: delta_1 <= delta_k / k is necessary.
-    eps_lo = float(pld.epsilon(comps, delta_k / k, options=options, with_lower=False).epsilon)
-    # Upper end: with delta_1 >= 1e-300 (or the PLD floor without the RDP tail), beyond this
-    # eps_1 the factor e^{(k-1) eps_1} alone exceeds the budget.
-    floor = 1e-300 if rdp_tail else 1e-16
-    eps_hi = (log_target - math.log(k) - math.log(floor)) / (k - 1)
     rdp_curve = _rdp_log_delta_curve(sigma_unit, float(spec.sampling_prob), t) if rdp_tail else None
-    inf_result = GroupLemmaResult(
-        math.inf, math.nan, math.nan, math.nan,
-        reason=(f"no eps_1 satisfies k e^((k-1) eps_1) delta_1(eps_1) <= {delta_k:g} with a certified delta_1 "
-                f"(PLD{' or RDP' if rdp_tail else ''} upper bound; the PLD cannot certify below its "
-                f"float64 error floor, ~1e-12)"),
-        adjacency=spec.adjacency,
-    )
-    if not math.isfinite(eps_lo) or eps_hi <= eps_lo:
-        return inf_result
+    search = _LemmaSearch(comps, k, math.log(delta_k), m, options, rdp_curve)
+    eps_lo, eps_hi = _lemma_bracket(search, delta_k)
+    found = None
+    if math.isfinite(eps_lo) and eps_hi > eps_lo:
+        found = search.first_feasible(eps_lo, _rdp_upper_end(search, eps_lo, eps_hi))
+    if found is None:
+        return GroupLemmaResult(
+            math.inf, math.nan, math.nan, math.nan,
+            reason=(f"no eps_1 satisfies k e^((k-1) eps_1) delta_1(eps_1) <= {delta_k:g} with a certified "
+                    f"delta_1 (PLD{' or RDP' if rdp_tail else ''} upper bound; the PLD cannot certify "
+                    f"below its float64 error floor, ~1e-12)"),
+            adjacency=spec.adjacency)
+    eps1, delta1 = _refine(search, *found)
+    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1, adjacency=spec.adjacency)
 
-    def first_feasible(lo, hi):
-        grid = np.linspace(lo, hi, m)
-        d1 = np.asarray(pld.delta(comps, grid, options=options, with_lower=False).delta, np.float64)
-        if rdp_curve is not None:
-            d1 = np.minimum(d1, np.exp(rdp_curve(grid)))
-        ok = _log_h(k, grid, d1) <= log_target
+
+def _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling, dataset_size,
+                          batch_size):
+    """The validated group (:func:`dpjax.group.validate_group_args`) and noise multiplier."""
+    from dpjax import group as group_mod
+
+    spec = group_mod.validate_group_args(
+        sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size
+    )
+    return spec, float(_validate.positive("noise_multiplier", noise_multiplier))
+
+
+@dataclasses.dataclass(frozen=True)
+class _LemmaSearch:
+    """The search for the smallest feasible ``eps_1``: ``k e^{(k-1) eps_1} delta_1(eps_1) <=
+    delta_k``, ``delta_1`` the certified PLD bound of the k = 1 composition ``comps`` (or the
+    RDP curve where smaller), on grids of ``grid_points`` values."""
+
+    comps: list
+    k: int
+    log_target: float
+    grid_points: int
+    options: object
+    rdp_curve: object
+
+    def first_feasible(self, lo, hi):
+        """``(grid, delta_1 on it, index of the first feasible point)`` on ``linspace(lo, hi)``,
+        or ``None`` when no point is feasible."""
+        from dpjax import pld
+
+        grid = np.linspace(lo, hi, self.grid_points)
+        d1 = np.asarray(pld.delta(self.comps, grid, options=self.options, with_lower=False).delta,
+                        np.float64)
+        if self.rdp_curve is not None:
+            d1 = np.minimum(d1, np.exp(self.rdp_curve(grid)))
+        ok = _log_h(self.k, grid, d1) <= self.log_target
         if not ok.any():
             return None
-        i = int(np.argmax(ok))
-        return grid, d1, i
+        return grid, d1, int(np.argmax(ok))
 
-    if rdp_curve is not None:
-        # The RDP curve alone (cheap, NumPy) already gives a feasible eps_1: search below it.
-        fine = np.linspace(eps_lo, eps_hi, 200_001)
-        ok = _log_h(k, fine, np.exp(rdp_curve(fine))) <= log_target
-        if ok.any():
-            eps_hi = float(fine[int(np.argmax(ok))])
-    found = first_feasible(eps_lo, eps_hi)
-    if found is None:
-        return inf_result
-    grid, d1, i = found
-    # Refine between the last infeasible and the first feasible point until the eps_1 spacing
-    # is below 1e-7 relative (each stage shrinks it by grid_points - 1).
+
+def _lemma_bracket(search: _LemmaSearch, delta_k: float) -> tuple[float, float]:
+    """``(eps_lo, eps_hi)``: ``delta_1 <= delta_k / k`` is necessary (lower end); with
+    ``delta_1 >= 1e-300`` (or the PLD floor without the RDP tail), beyond ``eps_hi`` the factor
+    ``e^{(k-1) eps_1}`` alone exceeds the budget."""
+    from dpjax import pld
+
+    k = search.k
+    eps_lo = float(pld.epsilon(search.comps, delta_k / k, options=search.options,
+                               with_lower=False).epsilon)
+    floor = 1e-300 if search.rdp_curve is not None else 1e-16
+    return eps_lo, (search.log_target - math.log(k) - math.log(floor)) / (k - 1)
+
+
+def _rdp_upper_end(search: _LemmaSearch, eps_lo: float, eps_hi: float) -> float:
+    """The RDP curve alone (cheap, NumPy) may already give a feasible ``eps_1``: search below it."""
+    if search.rdp_curve is None:
+        return eps_hi
+    fine = np.linspace(eps_lo, eps_hi, 200_001)
+    ok = _log_h(search.k, fine, np.exp(search.rdp_curve(fine))) <= search.log_target
+    return float(fine[int(np.argmax(ok))]) if ok.any() else eps_hi
+
+
+def _refine(search: _LemmaSearch, grid, d1, i) -> tuple[float, float]:
+    """Refine between the last infeasible and the first feasible point until the ``eps_1``
+    spacing is below 1e-7 relative (each stage shrinks it by ``grid_points - 1``); returns
+    ``(eps_1, delta_1)``."""
     for _ in range(4):
         if i == 0 or grid[i] - grid[i - 1] <= 1e-7 * max(grid[i], 1e-3):
             break
-        refined = first_feasible(grid[i - 1], grid[i])
+        refined = search.first_feasible(grid[i - 1], grid[i])
         if refined is None:
             break
         grid, d1, i = refined
-    eps1, delta1 = float(grid[i]), float(d1[i])
-    return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1, adjacency=spec.adjacency)
+    return float(grid[i]), float(d1[i])
 
 
 def group_rdp_epsilon(
@@ -218,12 +256,8 @@ def group_rdp_epsilon(
 
         >>> group_rdp_epsilon(1.0, 0.01, 2000, 1e-5, group_size=4)    # doctest: +SKIP
     """
-    from dpjax import group as group_mod
-
-    spec = group_mod.validate_group_args(
-        sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size
-    )
-    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    spec, sigma = _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling,
+                                        dataset_size, batch_size)
     k = spec.group_size
     if spec.sampling is Sampling.POISSON:
         q_eff = -math.expm1(k * math.log1p(-spec.sampling_prob)) if spec.sampling_prob < 1 else 1.0

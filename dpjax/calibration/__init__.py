@@ -10,7 +10,7 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 * :mod:`dpjax.calibration.gaussian` -- the exact T-fold Gaussian mechanism (analytic oracle;
   the curve itself is :func:`dpjax.pld.gaussian_delta`).
 * :mod:`dpjax.calibration.pld` -- DP-SGD: :func:`dpsgd_noise_multiplier` (batched, certified
-  on the PLD accountant's grid), the differentiable :func:`epsilon_fn` and the jittable
+  on the PLD accountant's grid), the differentiable :func:`dpsgd_epsilon_fn` and the jittable
   :func:`dpsgd_noise_multiplier_core`.
 * :mod:`dpjax.calibration.montecarlo` -- matrix mechanisms under balls-in-bins batching:
   :func:`calibrated_noise` (differentiable in ``C``; its home, not re-exported by
@@ -31,30 +31,30 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 import importlib as _importlib
 
 _ATTRS = {
-    **dict.fromkeys(("gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
+    **dict.fromkeys(("composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
                     "dpjax.calibration.gaussian"),
-    **dict.fromkeys(("Bisection", "CalibrationResult", "NewtonIllinois", "calibrate_accountant",
+    **dict.fromkeys(("Bisection", "NewtonIllinois", "calibrate_accountant",
                      "calibrate_on_draws", "calibrated_noise", "estimate_minimum_samples"),
                     "dpjax.calibration.montecarlo"),
     **dict.fromkeys(("DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
-                     "dpsgd_noise_multiplier_core", "epsilon_fn"), "dpjax.calibration.pld"),
-    **dict.fromkeys(("ScreenedDraws", "ScreenedResult", "calibrate_screened", "screened_draws",
+                     "dpsgd_noise_multiplier_core", "dpsgd_epsilon_fn"), "dpjax.calibration.pld"),
+    **dict.fromkeys(("ScreenedDraws", "calibrate_screened", "screened_draws",
                      "ScreenState", "ScreenedStep", "calibrate_screened_reusing",
                      "empty_screen_state"),
                     "dpjax.calibration.screened"),
-    **dict.fromkeys(("ImplicitAdjoint", "RootResult", "SolverStatus", "StopGradientAdjoint", "bisect_monotone",
+    **dict.fromkeys(("ImplicitAdjoint", "Solution", "SolverStats", "SolverStatus", "StopGradientAdjoint", "bisect_monotone",
                      "solve_monotone_root"), "dpjax.calibration.root"),
 }
 
 __all__ = [
-    "SolverStatus", "ImplicitAdjoint", "RootResult", "StopGradientAdjoint", "bisect_monotone",
+    "SolverStatus", "ImplicitAdjoint", "Solution", "SolverStats", "StopGradientAdjoint", "bisect_monotone",
     "solve_monotone_root",
-    "gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
+    "composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core",
     "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
-    "dpsgd_noise_multiplier_core", "epsilon_fn",
+    "dpsgd_noise_multiplier_core", "dpsgd_epsilon_fn",
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",
-    "Bisection", "NewtonIllinois", "CalibrationResult", "calibrate_on_draws",
-    "calibrate_screened", "screened_draws", "ScreenedDraws", "ScreenedResult",
+    "Bisection", "NewtonIllinois", "calibrate_on_draws",
+    "calibrate_screened", "screened_draws", "ScreenedDraws",
     "calibrate_screened_reusing", "empty_screen_state", "ScreenState", "ScreenedStep",
 ]
 

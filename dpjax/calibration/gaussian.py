@@ -31,7 +31,7 @@ from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientA
                                     solve_monotone_root)
 from dpjax import _xla
 
-__all__ = ["gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
+__all__ = ["composed_gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
 
 # Search range for the per-composition-normalised s = sigma/sqrt(T).  delta(eps; s) -> 1 as
 # s -> 0 and <= exp(-(eps*s)^2/2)-ish as s grows, so every (eps >= 1e-4, delta >= 1e-300) target
@@ -40,7 +40,7 @@ _S_BRACKET = (1e-4, 1e7)
 
 
 @float64
-def gaussian_delta(epsilon, noise_multiplier, steps=1):
+def composed_gaussian_delta(epsilon, noise_multiplier, steps=1):
     """Tight delta(epsilon) of ``steps`` Gaussian mechanisms; pure, jittable, differentiable.
 
     The calibration's parametrisation of :func:`dpjax.pld.gaussian_delta` (the one definition
@@ -65,9 +65,9 @@ def _log_delta(epsilon, noise_multiplier, steps):
 @float64
 def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                    num_iterations: int = 64, adjoint=ImplicitAdjoint()):
-    """Jittable core: smallest sigma with ``gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.
+    """Jittable core: smallest sigma with ``composed_gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.
 
-    Scalars in, a :class:`~dpjax.calibration.root.RootResult` out (``vmap`` for batches).
+    Scalars in, a :class:`~dpjax.calibration.root.Solution` out (``vmap`` for batches).
     Differentiable in ``target_epsilon``, ``target_delta`` and ``steps`` through ``adjoint``.
     """
     steps = jnp.asarray(steps, jnp.float64)
@@ -106,8 +106,8 @@ def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     Raises:
       ValueError: bad input, or a target no sigma in ``[1e-4, 1e7] * sqrt(steps)`` reaches.
     """
-    eps = _validate.positive("target_epsilon", target_epsilon)
-    delta = _validate.probability_open("target_delta", target_delta)
+    target = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, delta = target.epsilon, target.delta
     steps_arr = _validate.positive("steps", steps)
     if np.any(steps_arr < 1) or np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")

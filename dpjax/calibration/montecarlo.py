@@ -61,9 +61,10 @@ from dpjax import _validate
 from dpjax._root import ImplicitAdjoint
 from dpjax._x64 import float64
 from dpjax.matrices import correlation_array
-from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, CalibrationResult, NewtonIllinois,
-                                        _check_targets, _raise_on_status, calibrate_accountant,
-                                        calibrate_on_draws, calibrated_noise_core, estimate_minimum_samples)
+from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, NewtonIllinois,
+                                        calibrate_accountant, calibrate_on_draws,
+                                        calibrated_noise_core, estimate_minimum_samples,
+                                        raise_on_status)
 from dpjax.montecarlo.core import as_prng_key, gram_matrix
 
 __all__ = [
@@ -74,7 +75,6 @@ __all__ = [
     "DEFAULT_NUM_ITERATIONS",
     "Bisection",
     "NewtonIllinois",
-    "CalibrationResult",
     "calibrate_on_draws",
 ]
 
@@ -146,12 +146,12 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     correlation = correlation_array(correlation, b * epochs)
     concrete = not _is_tracer((target_epsilon, target_delta))
     if concrete:
-        _check_targets(target_epsilon, target_delta, m)
+        _validate.PrivacyTarget(target_epsilon, target_delta)
     key = as_prng_key(key)
     if solver is not None and not isinstance(solver, (Bisection, NewtonIllinois)):
         raise ValueError(f"solver must be None, Bisection(...) or NewtonIllinois(...), got {solver!r}")
     res = _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, m,
                          num_iterations, adjoint, solver)
     if concrete and not _is_tracer((correlation, key)):
-        _raise_on_status(res, target_epsilon, target_delta)
+        raise_on_status(res, target_epsilon, target_delta)
     return res.root

@@ -29,8 +29,8 @@ Guarantees for Heterogeneous Compositions Using FFT", 2021):
   bracket's lower end, or the answer is loose.  Differentiable in ``(target_epsilon,
   target_delta, sampling_prob)`` by the implicit function theorem
   (``d sigma/d theta = -(d delta_up/d theta) / (d delta_up/d sigma)``).
-* :func:`epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}`` in closed form on
-  the bracketing grid segment (:func:`dpjax.pld.epsilon_fn`), differentiable in
+* :func:`dpsgd_epsilon_fn`: ``eps(delta*) = min{eps : delta_up(eps) <= delta*}`` in closed form on
+  the bracketing grid segment (:func:`dpjax.pld.grid_epsilon_fn`), differentiable in
   ``(noise_multiplier, sampling_prob, target_delta)`` through the delta-curve table.
 
 All of them follow the float64 contract of :mod:`dpjax._x64`: eager, ``grad`` and ``vmap`` calls
@@ -43,7 +43,7 @@ Usage::
 
     dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)          # 0.9591...
     grid = cal.dpsgd_grid(0.9591, 0.01, 1000, target_delta=1e-5)  # host-side plan
-    deps = jax.grad(lambda s: cal.epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(0.9591)  # ~ -4.61
+    deps = jax.grad(lambda s: cal.dpsgd_epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(0.9591)  # ~ -4.61
 """
 
 from __future__ import annotations
@@ -61,15 +61,16 @@ from dpjax._x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
 from dpjax.pld.cache import exported_call
 from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
-from dpjax.pld.fixed_grid import epsilon_fn as pld_epsilon_fn
+from dpjax.pld.fixed_grid import grid_epsilon_fn
 from dpjax.pld.compose import Group, compose_directions
 from dpjax.pld.convert import epsilon as eps_from_pld
+from dpjax.pld.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
 from dpjax import _xla
 
 __all__ = [
-    "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "epsilon_fn",
+    "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "dpsgd_epsilon_fn",
     "dpsgd_noise_multiplier_core", "dpsgd_noise_multiplier", "CALIBRATION_OPTIONS",
     "NUM_ITERATIONS", "RELATIVE_TOLERANCE", "SIGMA_RANGE",
 ]
@@ -138,7 +139,7 @@ def _plan(mech, steps, *, options, **targets) -> FixedGrid:
     return plan_fixed_grid([(mech, int(steps))], options=options, **targets)
 
 
-@host_only("dpjax.calibration.dpsgd_delta_fn / epsilon_fn with a grid planned outside the transformation")
+@host_only("dpjax.calibration.dpsgd_delta_fn / dpsgd_epsilon_fn with a grid planned outside the transformation")
 @float64
 def dpsgd_grid(noise_multiplier, sampling_prob, steps, *, target_delta=None, target_epsilon=None,
                options: GridOptions | None = None) -> DPSGDGrid:
@@ -171,13 +172,13 @@ def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPS
 
 
 @float64
-def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None,
+def dpsgd_epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None,
                with_report: bool = False, warn: bool = True):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
 
     ``eps = min{eps >= 0 : delta_up(eps) <= target_delta}`` on the fixed ``grid``
     (:func:`dpsgd_grid`), in closed form on the bracketing grid segment
-    (:func:`dpjax.pld.epsilon_fn`; no search).  Differentiable in ``noise_multiplier``,
+    (:func:`dpjax.pld.grid_epsilon_fn`; no search).  Differentiable in ``noise_multiplier``,
     ``sampling_prob`` and ``target_delta`` through the delta-curve table (on a segment the
     curve is ``A - e^{eps - y} B``, so this is the implicit-function derivative
     ``-(d delta/d theta) / (d delta/d eps)``).  ``inf`` if the target is not reachable on the
@@ -187,18 +188,18 @@ def epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DP
     Example::
 
         grid = dpsgd_grid(1.0, 0.01, 1000, target_delta=1e-5)
-        jax.grad(lambda s: epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(1.0)
+        jax.grad(lambda s: dpsgd_epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(1.0)
     """
     if grid is None:
         leaves = jax.tree_util.tree_leaves((noise_multiplier, sampling_prob, steps, target_delta))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             raise ValueError(
-                "epsilon_fn under jit/grad/vmap needs a fixed grid: pass "
+                "dpsgd_epsilon_fn under jit/grad/vmap needs a fixed grid: pass "
                 "grid=dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=...) "
                 "planned on concrete values")
         grid = dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=target_delta)
     mech = _with(grid.mechanisms[0], noise_multiplier, sampling_prob)
-    return pld_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),), with_report=with_report,
+    return grid_epsilon_fn(grid, target_delta, (mech,), counts=(jnp.reshape(steps, (1,)),), with_report=with_report,
                           warn=warn)
 
 
@@ -208,7 +209,7 @@ def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, ste
                                 adjoint=ImplicitAdjoint()):
     """Jittable core: smallest sigma in ``bracket`` with ``delta_up(target_epsilon; sigma) <= target_delta``.
 
-    Returns a :class:`~dpjax.calibration.root.RootResult`; ``root`` differentiable in
+    Returns a :class:`~dpjax.calibration.root.Solution`; ``root`` differentiable in
     ``target_epsilon``, ``target_delta`` and ``sampling_prob`` (implicit adjoint).  The
     comparison is made on ``log delta`` (relative resolution down to tiny deltas).
     """
@@ -373,7 +374,8 @@ class _Search:
         xl, xh = self.bracket()
         return xh - xl <= math.log1p(self.rtol)
 
-    def _y(self, x):
+    def y(self, x):
+        """``log g - log target`` recorded at ``x = log sigma`` (a probed point of ``points``)."""
         return dict(self.points)[x]
 
     def _slope(self):
@@ -396,7 +398,7 @@ class _Search:
         tiny = 0.45 * math.log1p(self.rtol)
         if math.isfinite(xl) and math.isfinite(xh):
             w = xh - xl
-            yl, yh = self._y(xl), self._y(xh)
+            yl, yh = self.y(xl), self.y(xh)
             if self.stalled or not (math.isfinite(yl) and math.isfinite(yh)) or yl == yh:
                 xs = 0.5 * (xl + xh)
             else:
@@ -411,7 +413,7 @@ class _Search:
         # Not bracketed yet: extrapolate from the point nearest the target.
         feasible_side = math.isfinite(xh)
         x_near = xh if feasible_side else xl
-        y_near = self._y(x_near)
+        y_near = self.y(x_near)
         if not math.isfinite(y_near):
             step = -math.log(2.0) if feasible_side else math.log(2.0)
         else:
@@ -471,16 +473,13 @@ def _calibrate(eps, delta, steps, templates, guess, *, options, rtol, max_rounds
 
 def _gdp_mu(eps, delta):
     """mu of the mu-GDP (Gaussian) trade-off curve meeting ``(eps, delta)`` exactly (host, no
-    compile): ``delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` increases in mu.
-    Plain bisection in ``log mu`` with :func:`math.erfc` (scipy.optimize would add ~0.4 s of
-    import to a cold calibration, for a starting point)."""
-    def ndtr(x):
-        return 0.5 * math.erfc(-x / math.sqrt(2.0))
+    compile): ``delta(eps; mu)`` of the Gaussian mechanism (:func:`dpjax.pld.gaussian_delta`,
+    evaluated by its host twin) increases in mu.  Plain bisection in ``log mu`` (scipy.optimize
+    would add ~0.4 s of import to a cold calibration, for a starting point)."""
+    log_delta = math.log(delta)
 
     def f(log_mu):
-        mu = math.exp(log_mu)
-        return math.log(max(ndtr(-eps / mu + mu / 2) - math.exp(eps) * ndtr(-eps / mu - mu / 2), 1e-300)) \
-            - math.log(delta)
+        return float(host_gaussian_log_delta(eps, math.exp(log_mu))) - log_delta
 
     lo, hi = math.log(1e-4), math.log(1e3)
     if f(lo) > 0:
@@ -518,7 +517,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
     adjacency, PLD accounting (:mod:`dpjax.pld`).
 
     **Guarantee.**  Let ``g(sigma)`` be the accountant's certified epsilon at ``target_delta``
-    (:func:`dpjax.dpsgd_epsilon`, or :func:`dpjax.group.dpsgd_epsilon` for groups): a sound
+    (:func:`dpjax.dpsgd_epsilon`, or :func:`dpjax.group.group_dpsgd_epsilon` for groups): a sound
     upper bound on the true epsilon, on the grid the accountant plans at that sigma.  The
     returned ``sigma`` satisfies ``g(sigma) <= target_epsilon``, evaluated by the public
     accountant at this very sigma (with the default ``options``), so
@@ -692,13 +691,13 @@ def _traced_noise_multiplier(q, steps, eps, dlt, **kw):
 
 def _sigma_partials(sigma, q, steps, delta, *, group_size, sampling, dataset_size, batch_size, options):
     """Implicit derivatives of the calibrated ``sigma`` on the accountant's grid at ``sigma``."""
-    from dpjax.group import _components
+    from dpjax.group import group_components
     from dpjax.pld.batched import grid_partials
     from dpjax.pld.group_spec import validate_group_spec
 
     spec = validate_group_spec(q, group_size=group_size, sampling=sampling, dataset_size=dataset_size,
                                batch_size=batch_size)
-    comps = _components(sigma, steps, spec)
+    comps = group_components(sigma, steps, spec)
     g = grid_partials(comps, noise_multiplier=sigma, sampling_prob=None if sampling == "fixed_batch" else q,
                       target_delta=delta, options=options)
     ds = g["d_delta_d_sigma"]
@@ -717,8 +716,8 @@ def _noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, gro
                                dataset_size=dataset_size, batch_size=batch_size)
     k, sampling, n_data, b_size = spec.group_size, spec.sampling, spec.dataset_size, spec.batch_size
     q = np.asarray(spec.sampling_prob)
-    eps = _validate.positive("target_epsilon", target_epsilon)
-    delta = _validate.probability_open("target_delta", target_delta)
+    target = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, delta = target.epsilon, target.delta
     steps_arr = _validate.positive("steps", steps)
     if np.any(steps_arr < 1) or np.any(steps_arr != np.floor(steps_arr)):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
@@ -793,8 +792,8 @@ def _evaluate_on_accountant(sigmas, deltas, steps, templates, options, *, k, sam
     :func:`dpjax.pld.batched.epsilon_many` (each value equal to its single call).  ``templates``
     give the sampling probabilities; ``options`` is unused (the accountant plans the default
     grid at each sigma)."""
-    from dpjax.group import _components
-    from dpjax.group import dpsgd_epsilon as accountant_epsilon
+    from dpjax.group import group_components
+    from dpjax.group import group_dpsgd_epsilon as accountant_epsilon
     from dpjax.pld.batched import epsilon_many
     from dpjax.pld.group_spec import validate_group_spec
 
@@ -803,7 +802,7 @@ def _evaluate_on_accountant(sigmas, deltas, steps, templates, options, *, k, sam
     if len(sigmas) <= 2:
         return np.asarray([float(accountant_epsilon(float(s), q, int(t), float(d), **kw))
                            for s, d, t, q in zip(sigmas, deltas, steps, qs)])
-    comps = [_components(float(s), int(t), validate_group_spec(q, **kw)) for s, t, q in zip(sigmas, steps, qs)]
+    comps = [group_components(float(s), int(t), validate_group_spec(q, **kw)) for s, t, q in zip(sigmas, steps, qs)]
     return epsilon_many(comps, np.asarray(deltas, np.float64))
 
 
@@ -828,7 +827,7 @@ def _polish(searches, out, delta, steps, templates, *, options, evaluate):
             xl, xh = sr.bracket()
             if not (math.isfinite(xl) and math.isfinite(xh)):
                 continue
-            yl, yh = sr._y(xl), sr._y(xh)
+            yl, yh = sr.y(xl), sr.y(xh)
             if not (math.isfinite(yl) and math.isfinite(yh)) or not yl > 0 >= yh:
                 continue
             x = xh - yh * (xh - xl) / (yh - yl) + math.log1p(_POLISH_MARGIN)

@@ -44,12 +44,13 @@ Usage::
 
 # The code lives in dpjax._root (a foundation module: the Monte Carlo layer, below this one,
 # solves with it too); this module is its public import path.
-from dpjax._root import (ImplicitAdjoint, RootResult, SolverStatus, StopGradientAdjoint, bisect_monotone,
-                         solve_monotone_root)
+from dpjax._root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
+                         bisect_monotone, solve_monotone_root)
 
 __all__ = [
     "SolverStatus",
-    "RootResult",
+    "Solution",
+    "SolverStats",
     "bisect_monotone",
     "ImplicitAdjoint",
     "StopGradientAdjoint",

@@ -43,7 +43,6 @@ Usage (inside a jitted optimisation step, x64 on)::
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -52,15 +51,14 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _validate
-from dpjax._results import ResultMixin
-from dpjax._root import SolverStatus
-from dpjax.montecarlo.calibrate import (_BRACKET_RELATIVE, NewtonIllinois, _newton_illinois,
-                                       _zero_cotangent)
+from dpjax._root import ImplicitAdjoint, Solution, SolverStats, SolverStatus
+from dpjax.montecarlo.calibrate import (BRACKET_RELATIVE, NewtonIllinois, newton_illinois,
+                                       value_and_slope)
 from dpjax.montecarlo import draws as _draws
 from dpjax.montecarlo import gram_sqrt
 from dpjax.montecarlo.core import _privacy_losses, delta_from_projections, hockey_stick_terms
 
-__all__ = ["ScreenedDraws", "ScreenedResult", "screened_draws", "calibrate_screened",
+__all__ = ["ScreenedDraws", "screened_draws", "calibrate_screened",
            "default_num_candidates", "ScreenState", "ScreenedStep", "empty_screen_state",
            "calibrate_screened_reusing"]
 
@@ -143,24 +141,6 @@ def empty_screen_state(num_samples: int, batches_per_epoch: int,
     return ScreenState(jnp.zeros((), bool), f(()), f((b, b)), f((b, b)), f((m,)), f((m,)), f((m,)),
                        f((m,)), f((m,)), f((m,)), jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool),
                        jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class ScreenedResult(ResultMixin):
-    """Outcome of :func:`calibrate_screened`.
-
-    Attributes:
-      root: ``sigma*`` (float64; differentiable in the Gram matrix, eps and delta).
-      status: int32 :class:`~dpjax.calibration.SolverStatus`.
-      num_passes: int32, solver passes (candidate passes plus full passes of the fallback).
-      screened: bool, ``True`` when the candidates sufficed (no full float64 solve).
-    """
-
-    root: jax.Array
-    status: jax.Array
-    num_passes: jax.Array
-    screened: jax.Array
 
 
 # --------------------------------------------------------------------------- pieces
@@ -251,12 +231,6 @@ def _delta_full(sigma, theta, consts):
     return delta_from_projections(gram, u @ sqrt_gram.T, mode_index, sigma, eps)
 
 
-def _value_and_slope(fn, theta, consts):
-    def vs(sigma):
-        return jax.jvp(lambda s: fn(s, theta, consts), (sigma,), (jnp.ones_like(sigma),))
-    return vs
-
-
 def _drift(st: ScreenState, gram, sqrt_gram, mode_index, u_norm, s):
     """Per-sample bounds on ``|Y_j(G, L, s) - y_j|`` for both directions, ``y_j`` the screen's.
 
@@ -282,145 +256,150 @@ def _drift(st: ScreenState, gram, sqrt_gram, mode_index, u_norm, s):
     return drift_p, drift_q
 
 
-def _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state):
+class _Problem(NamedTuple):
+    """One screened solve, as the pieces of :func:`_forward` see it (trace-time container)."""
+
+    solver: NewtonIllinois
+    k: int
+    theta: tuple  # (gram, sqrt_gram, eps): differentiated
+    log_target: jax.Array
+    t0: jax.Array
+    t_min: jax.Array
+    t_max: jax.Array
+    draws: ScreenedDraws
+
+
+def _candidate_consts(draws_: ScreenedDraws, idx_p, v_p, idx_q, v_q):
+    """The constants of :func:`_delta_candidates` for candidates ``idx_p``, ``idx_q``."""
+    u, mode_index = draws_.u, draws_.mode_index
+    return (u[idx_p], mode_index[idx_p], v_p, u[idx_q], mode_index[idx_q], v_q, u.shape[0])
+
+
+def _solve_on(p: _Problem, st: ScreenState, t_start):
+    """Newton/Illinois on the candidates of ``st``: ``(t, t_lo, t_hi, status, passes)``."""
+    consts = _candidate_consts(p.draws, st.idx_p, st.v_p, st.idx_q, st.v_q)
+    return newton_illinois(value_and_slope(_delta_candidates, p.theta, consts), p.log_target,
+                           t_start, p.t_min, p.t_max, p.solver)
+
+
+def _check(p: _Problem, st: ScreenState, t, status):
+    """``True`` when the candidates of ``st`` provably hold every contributing sample at ``t``."""
+    gram, sqrt_gram, eps = p.theta
+    drift_p, drift_q = _drift(st, gram, sqrt_gram, p.draws.mode_index, p.draws.u_norm, jnp.exp(-t))
+    return ((status == int(SolverStatus.CONVERGED)) & jnp.isfinite(t)
+            & _excluded_ok(st.y_pq, st.idx_p, st.v_p, drift_p, eps)
+            & _excluded_ok(st.y_qp, st.idx_q, st.v_q, drift_q, eps))
+
+
+def _no_solve(p: _Problem):
+    """The solver tuple of "nothing solved yet": the warm start, no bracket, zero passes."""
+    inf = jnp.asarray(jnp.inf, jnp.float64)
+    return (p.t0, -inf, inf, jnp.asarray(int(SolverStatus.CONVERGED), jnp.int32),
+            jnp.zeros((), jnp.int32))
+
+
+def _try_reuse(p: _Problem, state: ScreenState):
+    """0. The previous screen of this sample (a valid ``state``), checked with the bound of
+    :func:`_drift` at the current ``(G, L, sigma*)``.  No pass over the ``m x b`` sample.
+    Returns ``(solve, reused)``."""
+    def reuse():
+        sol = _solve_on(p, state, p.t0)
+        return sol, _check(p, state, sol[0], sol[3])
+
+    return jax.lax.cond(state.valid, reuse, lambda: (_no_solve(p), jnp.zeros((), bool)))
+
+
+def _screen_at(p: _Problem, w32, t_start) -> ScreenState:
+    """1. The float32 screen at ``sigma_0 = e^t_start`` and its candidates."""
+    gram, sqrt_gram, _ = p.theta
+    s0 = jnp.exp(-t_start)
+    (y_pq, y_qp), (w_max, a_p, _, tol_p, tol_q) = _screen(w32, gram, p.draws.mode_index,
+                                                          p.draws.u_norm, s0)
+    (ip, vp), (iq, vq) = _select(y_pq, p.k), _select(y_qp, p.k)
+    return ScreenState(jnp.ones((), bool), s0, gram, sqrt_gram, y_pq, y_qp, w_max, a_p, tol_p,
+                       tol_q, ip, vp, iq, vq)
+
+
+def _fresh_screens(p: _Problem, state: ScreenState, reuse_solve):
+    """1-3. Up to two screens (one traced body): a failed first screen (sigma or C moved further
+    than the margin, e.g. right after the sample was refreshed) is repeated at the candidates'
+    root, which is close to the full root.  Returns ``(solve, ok, screen)``."""
+    w32 = p.draws.u32 @ p.theta[1].astype(jnp.float32).T
+
+    def cond(c):
+        return (c[0] < 2) & ~c[2]
+
+    def body(c):
+        n_try, sol_prev, _, _ = c
+        t_start = jnp.where(jnp.isfinite(sol_prev[0]), sol_prev[0], p.t0)
+        st = _screen_at(p, w32, t_start)
+        sol = _solve_on(p, st, t_start)
+        sol = sol[:4] + (sol_prev[4] + sol[4],)
+        return n_try + 1, sol, _check(p, st, sol[0], sol[3]), st
+
+    # Start from the failed reuse's root when there was one (closer than the warm start).
+    t_r = reuse_solve[0]
+    start = (jnp.where(state.valid & jnp.isfinite(t_r), t_r, p.t0),) + _no_solve(p)[1:4] \
+        + (reuse_solve[4],)
+    _, sol, ok, st = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), start,
+                                                     jnp.zeros((), bool), state))
+    return sol, ok, st
+
+
+def _full_solve(p: _Problem, sol):
+    """The fallback: Newton/Illinois on the full float64 estimate, from the candidates' root."""
+    gram, sqrt_gram, eps = p.theta
+    w = p.draws.u @ sqrt_gram.T
+    fn = lambda s, th, c: delta_from_projections(th[0], w, p.draws.mode_index, s, th[2])  # noqa: E731
+    t, lo, hi, status, passes = newton_illinois(
+        value_and_slope(fn, p.theta, ()), p.log_target,
+        jnp.where(jnp.isfinite(sol[0]), sol[0], p.t0), p.t_min, p.t_max, p.solver)
+    return t, lo, hi, status, passes + sol[4]
+
+
+def _forward(cfg, theta, log_target, consts):
+    """The screened solve: ``(outputs, aux)`` for :meth:`dpjax._root.ImplicitAdjoint.apply`.
+
+    ``outputs = (t, t_lo, t_hi, status, passes, screened, reused, new_state)``; ``aux =
+    (level index, candidates)``: 0 when the candidates suffice (their estimate equals the full
+    one near the root), 1 when the full float64 solve ran.
+    """
     solver, k = cfg
-    mode_index, u, u32, u_norm = draws_
-    m = u.shape[0]
-    theta = (gram, sqrt_gram, eps)
-    converged = int(SolverStatus.CONVERGED)
-
-    def solve_on(st: ScreenState, t_start):
-        consts = (u[st.idx_p], mode_index[st.idx_p], st.v_p, u[st.idx_q], mode_index[st.idx_q],
-                  st.v_q, m)
-        t, _, _, status, passes = _newton_illinois(
-            _value_and_slope(_delta_candidates, theta, consts), log_target, t_start, t_min, t_max,
-            solver)
-        return t, status, passes
-
-    def check(st: ScreenState, t, status):
-        drift_p, drift_q = _drift(st, gram, sqrt_gram, mode_index, u_norm, jnp.exp(-t))
-        return ((status == converged) & jnp.isfinite(t)
-                & _excluded_ok(st.y_pq, st.idx_p, st.v_p, drift_p, eps)
-                & _excluded_ok(st.y_qp, st.idx_q, st.v_q, drift_q, eps))
-
-    reused = jnp.zeros((), bool)
+    t0, t_min, t_max, draws_, state = consts
+    p = _Problem(solver, k, theta, log_target, t0, t_min, t_max, draws_)
+    m = draws_.u.shape[0]
     if k >= m:
+        # Every sample is a candidate: no screen, and no state to carry over.
         everything = jnp.arange(m, dtype=jnp.int32)
-        st_all = state._replace(idx_p=everything, v_p=jnp.ones((m,), bool), idx_q=everything,
-                                v_q=jnp.ones((m,), bool))
-        t, status, passes = solve_on(st_all, t0)
-        ok = status == converged
-        new_state = state
-        idx_p, idx_q = (st_all.idx_p, st_all.v_p), (st_all.idx_q, st_all.v_q)
+        screen = state._replace(idx_p=everything, v_p=jnp.ones((m,), bool),
+                                idx_q=everything, v_q=jnp.ones((m,), bool))
+        sol = _solve_on(p, screen, t0)
+        ok, reused, new_state = sol[3] == int(SolverStatus.CONVERGED), jnp.zeros((), bool), state
     else:
-        # 0. Reuse: the previous screen of this sample (a valid `state`), checked with the bound
-        #    of _drift at the current (G, L, sigma*).  No pass over the m x b sample at all.
-        def try_reuse():
-            t_r, st_r, p_r = solve_on(state, t0)
-            return t_r, st_r, p_r, check(state, t_r, st_r)
-
-        def no_reuse():
-            return (t0, jnp.asarray(converged, jnp.int32), jnp.zeros((), jnp.int32),
-                    jnp.zeros((), bool))
-
-        t_r, status_r, passes_r, reused = jax.lax.cond(state.valid, try_reuse, no_reuse)
-
-        def fresh():
-            # Up to two screens (one traced body): a failed first screen (sigma or C moved
-            # further than the margin, e.g. right after the sample was refreshed) is repeated
-            # at the candidates' root, which is close to the full root.
-            w32 = u32 @ sqrt_gram.astype(jnp.float32).T
-
-            def screen_at(t_start):
-                s0 = jnp.exp(-t_start)
-                (y_pq, y_qp), (w_max, a_p, _, tol_p, tol_q) = _screen(w32, gram, mode_index, u_norm, s0)
-                (ip, vp), (iq, vq) = _select(y_pq, k), _select(y_qp, k)
-                return ScreenState(jnp.ones((), bool), s0, gram, sqrt_gram, y_pq, y_qp, w_max, a_p,
-                                   tol_p, tol_q, ip, vp, iq, vq)
-
-            def cond(c):
-                return (c[0] < 2) & ~c[4]
-
-            def body(c):
-                n_try, t_prev, _, passes_prev, _, _ = c
-                t_start = jnp.where(jnp.isfinite(t_prev), t_prev, t0)
-                st = screen_at(t_start)
-                t_a, status_a, p_a = solve_on(st, t_start)
-                return (n_try + 1, t_a, status_a, passes_prev + p_a, check(st, t_a, status_a), st)
-
-            # Start from the failed reuse's root when there was one (closer than the warm start).
-            t_init = jnp.where(state.valid & jnp.isfinite(t_r), t_r, t0)
-            init = (jnp.zeros((), jnp.int32), t_init, jnp.asarray(converged, jnp.int32), passes_r,
-                    jnp.zeros((), bool), state)
-            _, t_f, status_f, passes_f, ok_f, st_f = jax.lax.while_loop(cond, body, init)
-            return t_f, status_f, passes_f, ok_f, st_f
-
-        t, status, passes, ok, new_state = jax.lax.cond(
-            reused, lambda: (t_r, status_r, passes_r, reused, state), fresh)
-        idx_p, idx_q = (new_state.idx_p, new_state.v_p), (new_state.idx_q, new_state.v_q)
-
-    def full():
-        w = u @ sqrt_gram.T
-        tf, _, _, sf, pf = _newton_illinois(
-            _value_and_slope(lambda s, th, c: delta_from_projections(th[0], w, mode_index, s, th[2]),
-                             theta, ()),
-            log_target, jnp.where(jnp.isfinite(t), t, t0), t_min, t_max, solver)
-        return tf, sf, pf + passes
-
-    t, status, passes = jax.lax.cond(ok, lambda: (t, status, passes), full)
-    return (t, status, passes, ok, reused, new_state), (idx_p, idx_q)
+        reuse_solve, reused = _try_reuse(p, state)
+        sol, ok, screen = jax.lax.cond(
+            reused, lambda: (reuse_solve, reused, state),
+            lambda: _fresh_screens(p, state, reuse_solve))
+        new_state = screen
+    candidates = (screen.idx_p, screen.v_p, screen.idx_q, screen.v_q)
+    sol = jax.lax.cond(ok, lambda: sol, lambda: _full_solve(p, sol))
+    return sol + (ok, reused, new_state), (jnp.where(ok, 0, 1).astype(jnp.int32), candidates)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _screened_root(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state):
-    return _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state)[0]
+def _log_delta_candidates(t, theta, consts, aux):
+    """Level function of a screened solve's root: ``log delta_S(e^t)`` on the candidates."""
+    return jnp.log(_delta_candidates(jnp.exp(t), theta, _candidate_consts(consts[3], *aux[1])))
 
 
-def _screened_root_fwd(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_, state):
-    out, (idx_p, idx_q) = _forward(cfg, gram, sqrt_gram, eps, log_target, t0, t_min, t_max, draws_,
-                                   state)
-    return out, (out[0], out[3], idx_p, idx_q, gram, sqrt_gram, eps, log_target, t0, t_min, t_max,
-                 draws_, state)
-
-
-def _screened_root_bwd(cfg, residuals, cotangents):
-    (t_root, ok, idx_p, idx_q, gram, sqrt_gram, eps, log_target, t0, t_min, t_max,
-     draws_, state) = residuals
-    mode_index, u, _, _ = draws_
-    m = u.shape[0]
-    t_bar = cotangents[0]
-    sigma = jnp.exp(t_root)
-    theta = (gram, sqrt_gram, eps)
-
-    def vjp_of(fn, consts):
-        # Implicit function theorem (Choquette-Choo et al. 2024, §4.2), one reverse pass:
-        # d t*/d theta = -(d delta/d theta) / (sigma d delta/d sigma).
-        d, vjp = jax.vjp(lambda s, th: fn(s, th, consts), sigma, theta)
-        f_sigma, f_theta = vjp(jnp.ones_like(d))
-        return d, f_sigma, f_theta
-
-    def on_candidates():
-        (ip, vp), (iq, vq) = idx_p, idx_q
-        return vjp_of(_delta_candidates, (u[ip], mode_index[ip], vp, u[iq], mode_index[iq], vq, m))
-
-    def on_full():
-        return vjp_of(_delta_full, (mode_index, u))
-
-    d, f_sigma, f_theta = jax.lax.cond(ok, on_candidates, on_full)
-    w = t_bar / (sigma * f_sigma)
-    g_bar, l_bar, e_bar = jax.tree_util.tree_map(lambda x: -w * x, f_theta)
-    draws_bar = jax.tree_util.tree_map(_zero_cotangent, draws_)
-    state_bar = jax.tree_util.tree_map(_zero_cotangent, state)
-    return (g_bar, l_bar, e_bar, jnp.asarray(w * d, jnp.result_type(log_target)),
-            jnp.zeros_like(t0), jnp.zeros_like(t_min), jnp.zeros_like(t_max), draws_bar, state_bar)
-
-
-_screened_root.defvjp(_screened_root_fwd, _screened_root_bwd)
+def _log_delta_full(t, theta, consts, aux):
+    """Level function of the fallback's root: ``log delta_hat(e^t)`` on the whole sample."""
+    draws_ = consts[3]
+    return jnp.log(_delta_full(jnp.exp(t), theta, (draws_.mode_index, draws_.u)))
 
 
 def calibrate_screened(gram, target_epsilon, target_delta, draws_: ScreenedDraws, *,
                        solver: NewtonIllinois = NewtonIllinois(), initial_noise=None,
-                       num_candidates: int | None = None) -> ScreenedResult:
+                       num_candidates: int | None = None) -> Solution:
     """Jittable, differentiable ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
 
     The same root and implicit gradient as
@@ -440,7 +419,11 @@ def calibrate_screened(gram, target_epsilon, target_delta, draws_: ScreenedDraws
       num_candidates: static ``K`` per direction (default :func:`default_num_candidates`).
 
     Returns:
-      :class:`ScreenedResult`.  An estimate for optimisation, not a certificate.
+      :class:`~dpjax.calibration.Solution`: ``root`` is ``sigma*`` (float64; differentiable
+      in the Gram matrix, eps and delta), ``lower``/``upper`` the last solve's bracket,
+      ``stats.num_passes`` the solver passes (candidate passes plus full passes of the
+      fallback), ``stats.screened`` ``True`` when the candidates sufficed.  An estimate for
+      optimisation, not a certificate.
     """
     m = draws_.u.shape[0]
     k = _num_candidates(m, num_candidates)
@@ -463,24 +446,29 @@ def _calibrate(gram, target_epsilon, target_delta, draws_, solver, initial_noise
     eps = jnp.asarray(target_epsilon, jnp.float64)
     target = jnp.asarray(target_delta, jnp.float64)
     sensitivity = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
-    lo_b, hi_b = _BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity
+    lo_b, hi_b = BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity
     t0 = jnp.log(sensitivity if initial_noise is None else
                  jax.lax.stop_gradient(jnp.asarray(initial_noise, jnp.float64)))
     t0 = jnp.clip(t0, jnp.log(lo_b), jnp.log(hi_b))
     sqrt_gram = gram_sqrt(gram)
-    t, status, passes, ok, reused, new_state = _screened_root(
-        (solver, k), gram, sqrt_gram, eps, jnp.log(target), t0, jnp.log(lo_b), jnp.log(hi_b),
-        draws_, state)
-    status, passes, ok, reused, new_state = jax.lax.stop_gradient(
-        (status, passes, ok, reused, new_state))
-    return ScreenedResult(jnp.exp(t), status, passes, ok), new_state, reused
+    # 4. The gradient: the implicit function theorem on the level function that held at the
+    #    root (the candidates' estimate, or the full one after a fallback), one reverse pass.
+    t, t_lo, t_hi, status, passes, ok, reused, new_state = ImplicitAdjoint().apply(
+        functools.partial(_forward, (solver, k)), (_log_delta_candidates, _log_delta_full),
+        (gram, sqrt_gram, eps), jnp.log(target),
+        (t0, jnp.log(lo_b), jnp.log(hi_b), draws_, state))
+    t_lo, t_hi, status, passes, ok, reused, new_state = jax.lax.stop_gradient(
+        (t_lo, t_hi, status, passes, ok, reused, new_state))
+    res = Solution(jnp.exp(t), jnp.exp(t_lo), jnp.exp(t_hi), status,
+                   SolverStats(num_passes=passes, screened=ok))
+    return res, new_state, reused
 
 
 class ScreenedStep(NamedTuple):
     """:func:`calibrate_screened_reusing`'s output: the result, the state for the next call on
     the same sample, and whether this call reused the previous screen (no pass over ``m x b``)."""
 
-    result: ScreenedResult
+    result: Solution
     state: ScreenState
     reused: jax.Array
 

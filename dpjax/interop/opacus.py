@@ -22,7 +22,7 @@ The history is kept as one count per distinct ``(noise_multiplier, sample_rate)`
 until the next ``step``.  Given ``horizon`` (the planned total number of steps, which a training
 loop knows), the accountant plans one :class:`dpjax.pld.FixedGrid` per distinct phase set at
 that horizon and then answers every query with the jitted closed-form
-:func:`dpjax.pld.epsilon_fn` at the current counts: a certified upper bound for any counts
+:func:`dpjax.pld.grid_epsilon_fn` at the current counts: a certified upper bound for any counts
 (the grid's wrap-around and truncation bounds are evaluated at the counts queried), tight to the
 grid's discretization error (default ``1e-3`` relative), with no planning and no recompilation
 per query.  ``get_epsilon(delta, exact=True)`` always takes the first path.
@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 from dpjax import _validate, pld
+from dpjax._root import bisect_integer
 from dpjax._x64 import float64
 
 __all__ = ["RunningAccountant", "get_noise_multiplier", "calibrate_steps", "calibrate_batch_size", "steps_from_epochs"]
@@ -115,14 +116,8 @@ def _largest_feasible(lo: int, hi: int, feasible) -> int | None:
         return None
     if feasible(hi):
         return hi
-    # Invariant: feasible(lo), not feasible(hi).
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # feasible(lo), not feasible(hi): the largest feasible is one below the first infeasible.
+    return bisect_integer(lambda n: not feasible(n), lo, hi) - 1
 
 
 def calibrate_steps(*, noise_multiplier, sample_rate, target_epsilon, target_delta, max_steps: int = 10**7) -> int:
@@ -133,8 +128,8 @@ def calibrate_steps(*, noise_multiplier, sample_rate, target_epsilon, target_del
     """
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sample_rate", sample_rate))
-    eps = float(_validate.positive("target_epsilon", target_epsilon))
-    delta = float(_validate.probability_open("target_delta", target_delta))
+    target = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, delta = float(target.epsilon), float(target.delta)
     max_steps = _validate.positive_int("max_steps", max_steps)
     ok = lambda t: pld.dpsgd_epsilon(sigma, q, t, delta) <= eps  # noqa: E731
     if not ok(1):
@@ -156,8 +151,8 @@ def calibrate_batch_size(*, noise_multiplier, num_examples, steps, target_epsilo
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     n = _validate.positive_int("num_examples", num_examples)
     t = _validate.positive_int("steps", steps)
-    eps = float(_validate.positive("target_epsilon", target_epsilon))
-    delta = float(_validate.probability_open("target_delta", target_delta))
+    target = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, delta = float(target.epsilon), float(target.delta)
     ok = lambda b: pld.dpsgd_epsilon(sigma, b / n, t, delta) <= eps  # noqa: E731
     best = _largest_feasible(1, n, ok)
     if best is None:
@@ -169,7 +164,7 @@ def calibrate_batch_size(*, noise_multiplier, num_examples, steps, target_epsilo
 # One jitted program for every accountant: the grid is a pytree whose static part (FFT length,
 # support lengths, directions) keys the compilation cache, so a new accountant with the same
 # grid shape (a restarted loop, a restored checkpoint) reuses the compiled program.
-_epsilon_on_grid = jax.jit(float64(lambda grid, delta, counts: pld.epsilon_fn(grid, delta, counts=counts)))
+_epsilon_on_grid = jax.jit(float64(lambda grid, delta, counts: pld.grid_epsilon_fn(grid, delta, counts=counts)))
 
 
 class RunningAccountant:

@@ -35,14 +35,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-
-from dpjax._results import ResultMixin
 
 from dpjax import _validate
-from dpjax._x64 import float64
-from dpjax._root import (ImplicitAdjoint, RootResult, SolverStatus, StopGradientAdjoint,
+from dpjax._root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
                          solve_monotone_root)
+from dpjax._x64 import float64
 from dpjax.montecarlo.core import (as_prng_key, delta_estimate, delta_from_projections, draws,
                                    gram_sqrt, rbg_key)
 
@@ -53,8 +50,11 @@ __all__ = [
     "DEFAULT_NUM_ITERATIONS",
     "Bisection",
     "NewtonIllinois",
-    "CalibrationResult",
     "calibrate_on_draws",
+    "raise_on_status",
+    "BRACKET_RELATIVE",
+    "newton_illinois",
+    "value_and_slope",
 ]
 
 #: Bisection length: 50 halvings of log(1e7) -> relative bracket width 1.4e-14.
@@ -63,7 +63,7 @@ DEFAULT_NUM_ITERATIONS = 50
 #: amplification only lowers sigma below the unamplified Gaussian one, which for any
 #: eps >= 1e-3, delta >= 1e-300 is < 1e4 * sensitivity; 1e-3 * sensitivity makes
 #: delta_hat ~ 1 for any eps <~ 1e5.
-_BRACKET_RELATIVE = (1e-3, 1e4)
+BRACKET_RELATIVE = (1e-3, 1e4)
 #: Largest m * b (float64 entries) for which the projections W are materialised (128 MiB).
 _MAX_PRECOMPUTED = 1 << 24
 
@@ -80,7 +80,7 @@ def estimate_minimum_samples(target_delta: float) -> int:
 
 def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: int, *,
                           num_iterations: int = DEFAULT_NUM_ITERATIONS,
-                          adjoint=ImplicitAdjoint(), precompute: bool | None = None) -> RootResult:
+                          adjoint=ImplicitAdjoint(), precompute: bool | None = None) -> Solution:
     """Jittable core: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta`` (safe side).
 
     Args:
@@ -93,7 +93,7 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
       precompute: materialise ``W`` (default: when ``m * b <= 2^24``).
 
     Returns:
-      :class:`~dpjax.calibration.root.RootResult` (``root`` is the upper end of the final
+      :class:`~dpjax.calibration.Solution` (``root`` is the upper end of the final
       bracket: ``delta_hat(root) <= target_delta``).
     """
     gram = jnp.asarray(gram, jnp.float64)
@@ -103,7 +103,7 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
         precompute = num_samples * b <= _MAX_PRECOMPUTED
     sensitivity = jnp.sqrt(jnp.max(jnp.diagonal(gram)))
     bracket = jax.lax.stop_gradient(
-        (_BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity))
+        (BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity))
     if precompute:
         mode_index, u = draws(key, b, num_samples)
         projections = u @ gram_sqrt(gram).T  # (m, b) ~ N(0, G); no sigma dependence
@@ -124,26 +124,19 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
                                adjoint=adjoint)
 
 
-def _check_targets(target_epsilon, target_delta, m):
-    # Estimate mode: any m >= 1 is accepted.  With m < 1/delta the hockey-stick terms are still
-    # continuous in sigma, so delta_hat(sigma) = target_delta has a solution; it is a noisy
-    # estimate (Choquette-Choo et al. 2024, §5.1.4 optimise with ~2^9 samples per step).  Only
-    # certification (Estimate-Verify-Release) demands enough samples.
-    _validate.positive("target_epsilon", target_epsilon)
-    _validate.probability_open("target_delta", target_delta)
-
-
-def _raise_on_status(res: RootResult, target_epsilon, target_delta):
+def raise_on_status(res: Solution, target_epsilon, target_delta):
+    """``ValueError`` naming the target when a calibration did not converge (unreachable target,
+    or one already met at the bottom of the search range); nothing when it did."""
     status = int(res.status)
     if status == SolverStatus.UNREACHABLE:
         raise ValueError(
             f"target (epsilon={float(target_epsilon):g}, delta={float(target_delta):g}) is "
-            f"not reached by any noise multiplier up to {_BRACKET_RELATIVE[1]:g} x "
+            f"not reached by any noise multiplier up to {BRACKET_RELATIVE[1]:g} x "
             "sensitivity; increase target_epsilon or target_delta")
     if status == SolverStatus.MET_AT_BRACKET_END:
         raise ValueError(
             f"target (epsilon={float(target_epsilon):g}, delta={float(target_delta):g}) is met "
-            f"even at noise multiplier {float(res.root):g} = {_BRACKET_RELATIVE[0]:g} x "
+            f"even at noise multiplier {float(res.root):g} = {BRACKET_RELATIVE[0]:g} x "
             "sensitivity (the bottom of the search range): the target is vacuous; lower "
             "target_epsilon")
 
@@ -172,11 +165,15 @@ def calibrate_accountant(accountant, target_epsilon, target_delta, num_samples, 
         unreachable or vacuous targets.
     """
     m = _validate.positive_int("num_samples", num_samples)
-    _check_targets(target_epsilon, target_delta, m)
+    # Estimate mode: any m >= 1 is accepted.  With m < 1/delta the hockey-stick terms are still
+    # continuous in sigma, so delta_hat(sigma) = target_delta has a solution; it is a noisy
+    # estimate (Choquette-Choo et al. 2024, §5.1.4 optimise with ~2^9 samples per step).  Only
+    # certification (Estimate-Verify-Release) demands enough samples.
+    _validate.PrivacyTarget(target_epsilon, target_delta)
     res = _calibrate_gram_jit(jnp.asarray(accountant.gram, jnp.float64),
                               float(target_epsilon), float(target_delta), as_prng_key(key), m,
                               num_iterations)
-    _raise_on_status(res, target_epsilon, target_delta)
+    raise_on_status(res, target_epsilon, target_delta)
     return float(res.root)
 
 
@@ -227,28 +224,7 @@ class NewtonIllinois:
     max_log_step: float = math.log(4.0)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class CalibrationResult(ResultMixin):
-    """Outcome of :func:`calibrate_on_draws`.
-
-    Attributes:
-      root: the noise multiplier ``sigma*`` with ``delta_hat(sigma*) = target_delta`` (an
-        estimate; differentiable through the chosen adjoint).
-      lower, upper: the tightest bracket evaluated (``delta_hat(lower) > target >=
-        delta_hat(upper)``; ``-inf``/``inf`` logs mean "not yet bracketed" -> 0 / inf).
-      status: int32 :class:`~dpjax.calibration.SolverStatus`.
-      num_passes: int32, passes over the sample spent by the solver (forward only).
-    """
-
-    root: jax.Array
-    lower: jax.Array
-    upper: jax.Array
-    status: jax.Array
-    num_passes: jax.Array
-
-
-def _newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: NewtonIllinois):
+def newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: NewtonIllinois):
     """Raw safeguarded Newton/Illinois loop in ``t = log sigma``; see :class:`NewtonIllinois`.
 
     ``value_and_slope(sigma) -> (delta, d delta / d sigma)``.  Returns
@@ -312,49 +288,11 @@ def _newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: Newt
     return t_root, out["lo"], out["hi"], status, out["k"]
 
 
-def _value_and_slope(fn, theta, consts):
+def value_and_slope(fn, theta, consts):
+    """``sigma -> (fn(sigma, theta, consts), d fn / d sigma)`` in one forward-mode pass."""
     def vs(sigma):
         return jax.jvp(lambda s: fn(s, theta, consts), (sigma,), (jnp.ones_like(sigma),))
     return vs
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _newton_implicit(fn, solver, theta, consts, log_target, t0, t_min, t_max):
-    return _newton_illinois(_value_and_slope(fn, theta, consts), log_target, t0, t_min, t_max,
-                            solver)
-
-
-def _newton_implicit_fwd(fn, solver, theta, consts, log_target, t0, t_min, t_max):
-    out = _newton_implicit(fn, solver, theta, consts, log_target, t0, t_min, t_max)
-    return out, (out[0], theta, consts, log_target, t0, t_min, t_max)
-
-
-def _newton_implicit_bwd(fn, solver, residuals, cotangents):
-    t_root, theta, consts, log_target, t0, t_min, t_max = residuals
-    t_bar = cotangents[0]
-    with jax.enable_x64(True):
-        sigma = jnp.exp(t_root)
-        # One reverse pass gives d delta/d sigma and d delta/d theta together (implicit function
-        # theorem, Choquette-Choo et al. 2024, §4.2):  d t*/d theta = -(d delta/d theta) /
-        # (sigma d delta/d sigma),  d t*/d log target = delta / (sigma d delta/d sigma).
-        d, vjp = jax.vjp(lambda s, th: fn(s, th, consts), sigma, theta)
-        f_sigma, f_theta = vjp(jnp.ones_like(d))
-        w = t_bar / (sigma * f_sigma)
-        theta_bar = jax.tree_util.tree_map(lambda x: -w * x, f_theta)
-        log_target_bar = w * d
-    consts_bar = jax.tree_util.tree_map(_zero_cotangent, consts)
-    return (theta_bar, consts_bar, jnp.asarray(log_target_bar, jnp.result_type(log_target)),
-            jnp.zeros_like(t0), jnp.zeros_like(t_min), jnp.zeros_like(t_max))
-
-
-def _zero_cotangent(x):
-    x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        return jnp.zeros_like(x)
-    return np.zeros(x.shape, dtype=jax.dtypes.float0)
-
-
-_newton_implicit.defvjp(_newton_implicit_fwd, _newton_implicit_bwd)
 
 
 def _delta_on_projections(sigma, theta, consts):
@@ -429,7 +367,7 @@ def _importance_chunked(num_samples, sigma, theta, consts):
 def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samples: int | None = None,
                        draws_=None, solver=NewtonIllinois(), adjoint=ImplicitAdjoint(),
                        initial_noise=None, precompute: bool | None = None, proposal=None,
-                       direction_scale=None) -> CalibrationResult:
+                       direction_scale=None) -> Solution:
     """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
 
     Args:
@@ -456,7 +394,8 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
         importance estimator only).
 
     Returns:
-      :class:`CalibrationResult`.  An *estimate*: certify with many samples
+      :class:`~dpjax.calibration.Solution` (``stats.num_passes``: passes over the sample).
+      An *estimate*: certify with many samples
       (:meth:`dpjax.montecarlo.BallsInBins.certify`).
     """
     gram = jnp.asarray(gram, jnp.float64)
@@ -464,7 +403,7 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
     eps = jnp.asarray(target_epsilon, jnp.float64)
     target = jnp.asarray(target_delta, jnp.float64)
     sensitivity = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
-    lo_b, hi_b = _BRACKET_RELATIVE[0] * sensitivity, _BRACKET_RELATIVE[1] * sensitivity
+    lo_b, hi_b = BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity
     if draws_ is not None:
         num_samples = draws_[1].shape[0]
     if precompute is None:
@@ -490,21 +429,26 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
         fn = functools.partial(_delta_chunked, num_samples)
         theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)),)
     if isinstance(solver, Bisection):
-        res = solve_monotone_root(lambda s, th: fn(s, th, consts), theta, target, (lo_b, hi_b),
-                                  decreasing=True, num_iterations=solver.num_iterations,
-                                  log_scale=True, adjoint=adjoint)
-        return CalibrationResult(res.root, res.lower, res.upper, res.status,
-                                 jnp.asarray(solver.num_iterations + 2, jnp.int32))
+        return solve_monotone_root(lambda s, th: fn(s, th, consts), theta, target, (lo_b, hi_b),
+                                   decreasing=True, num_iterations=solver.num_iterations,
+                                   log_scale=True, adjoint=adjoint)
     if not isinstance(solver, NewtonIllinois):
         raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
     t0 = jnp.log(sensitivity if initial_noise is None else
                  jax.lax.stop_gradient(jnp.asarray(initial_noise, jnp.float64)))
-    args = (theta, consts, jnp.log(target), t0, jnp.log(lo_b), jnp.log(hi_b))
-    if isinstance(adjoint, StopGradientAdjoint):
-        args = jax.lax.stop_gradient(args)
-        t_root, t_lo, t_hi, status, passes = _newton_illinois(
-            _value_and_slope(fn, args[0], args[1]), *args[2:], solver)
-    else:
-        t_root, t_lo, t_hi, status, passes = _newton_implicit(fn, solver, *args)
+
+    def forward(th, log_target, c):
+        fn_consts, t_start, t_min, t_max = c
+        return newton_illinois(value_and_slope(fn, th, fn_consts), log_target, t_start, t_min,
+                               t_max, solver), ()
+
+    def level(t, th, c, aux):
+        # The Newton iteration solves log delta_hat(e^t) = log target_delta; differentiating
+        # the same equation keeps d t*/d log target = delta / (sigma d delta / d sigma).
+        return jnp.log(fn(jnp.exp(t), th, c[0]))
+
+    t_root, t_lo, t_hi, status, passes = adjoint.apply(
+        forward, level, theta, jnp.log(target), (consts, t0, jnp.log(lo_b), jnp.log(hi_b)))
     t_lo, t_hi, status, passes = jax.lax.stop_gradient((t_lo, t_hi, status, passes))
-    return CalibrationResult(jnp.exp(t_root), jnp.exp(t_lo), jnp.exp(t_hi), status, passes)
+    return Solution(jnp.exp(t_root), jnp.exp(t_lo), jnp.exp(t_hi), status,
+                    SolverStats(num_passes=passes))

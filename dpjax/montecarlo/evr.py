@@ -132,14 +132,9 @@ def minimum_samples(target_delta: float, base_delta: float | None = None, num_te
         hi *= 2
         if hi > 1 << 62:
             raise ValueError("no sample count certifies this target_delta with this base_delta")
-    lo = hi // 2 if hi > 1 else 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    from dpjax._root import bisect_integer
+
+    return bisect_integer(ok, hi // 2 if hi > 1 else 0, hi)
 
 
 def default_samples(target_delta: float, num_tests: int = DEFAULT_LADDER_RUNGS,

@@ -13,7 +13,7 @@ Layers (one module each; docs/design.md §1-2, Koskela & Honkela 2021):
   vectorized over targets.
 * :mod:`~dpjax.pld.plan` -- grid choice from the requested accuracy (host side).
 * :mod:`~dpjax.pld.fixed_grid` -- a grid planned once, then jittable, differentiable
-  ``delta_fn`` / ``epsilon_fn`` in the mechanism parameters.
+  ``delta_fn`` / ``grid_epsilon_fn`` in the mechanism parameters.
 * :mod:`~dpjax.pld.accountant` -- the public entry points for any mechanisms
   (:func:`epsilon`, :func:`delta`); :mod:`~dpjax.pld.dpsgd` -- DP-SGD (:func:`dpsgd_accounting`,
   :func:`dpsgd_epsilon`, :func:`dpsgd_delta`: Poisson sampling here, random allocation and
@@ -54,7 +54,7 @@ A jittable, differentiable ``delta(eps; params)`` / ``eps(delta; params)`` on a 
 on the host for any mechanisms with counts, then evaluate inside your own ``jit`` / ``grad`` /
 ``vmap`` with the mechanism parameters traced.  The result is a certified upper bound for
 *any* parameters (mass leaving the grid goes to the ``+inf`` atom or is covered by the
-wrap-around bound); it is tight near the planning point.  ``epsilon_fn`` is closed-form per
+wrap-around bound); it is tight near the planning point.  ``grid_epsilon_fn`` is closed-form per
 grid segment (no search)::
 
     import jax, jax.numpy as jnp
@@ -63,13 +63,13 @@ grid segment (no search)::
     grid = pld.plan_fixed_grid([(pld.PoissonSubsampledGaussian(1.0, 0.01), 1000)],
                                target_delta=1e-5)                     # host side, once
     mech = lambda s, q: [pld.PoissonSubsampledGaussian(s, q)]
-    pld.epsilon_fn(grid, 1e-5, mech(1.0, 0.01))                        # certified eps
+    pld.grid_epsilon_fn(grid, 1e-5, mech(1.0, 0.01))                        # certified eps
     jax.grad(lambda s, q: pld.delta_fn(grid, 2.0, mech(s, q)), argnums=(0, 1))(1.0, 0.01)
-    jax.vmap(lambda s: pld.epsilon_fn(grid, 1e-5, mech(s, 0.01)))(jnp.linspace(0.9, 1.2, 8))
+    jax.vmap(lambda s: pld.grid_epsilon_fn(grid, 1e-5, mech(s, 0.01)))(jnp.linspace(0.9, 1.2, 8))
 
 These run from float32 code (float64 inside); under a user's ``jax.jit`` trace with
 ``jax.enable_x64(True)``.  :mod:`dpjax.calibration.pld` specialises this to DP-SGD
-(``dpsgd_grid``, ``dpsgd_delta_fn``, ``epsilon_fn``, noise calibration).  The lower layers
+(``dpsgd_grid``, ``dpsgd_delta_fn``, ``dpsgd_epsilon_fn``, noise calibration).  The lower layers
 (:func:`compose` returning a :class:`Composition`, :func:`table`, :func:`delta_at`,
 :func:`eps_at`) stay available; directions and bounds are the string enums :class:`Direction`
 and :class:`Bound`.
@@ -81,7 +81,7 @@ from dpjax.pld.compose import ComposedPLD, Composition, Group, compose
 from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.discretize import GridPMF, discretize
 from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
-from dpjax.pld.fixed_grid import FixedGrid, delta_fn, epsilon_fn, plan_fixed_grid, stack_grids
+from dpjax.pld.fixed_grid import FixedGrid, delta_fn, grid_epsilon_fn, plan_fixed_grid, stack_grids
 from dpjax.pld.mechanisms import (
     DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
 )
@@ -94,7 +94,7 @@ __all__ = [
     "EpsilonResult", "FixedGrid", "Gaussian", "GridOptions", "GridPMF", "GridPlan", "Group",
     "HockeyStickTable", "Laplace", "LossCDFs", "PoissonSubsampledGaussian", "RandomizedResponse",
     "compose", "delta", "delta_at", "delta_fn", "discretize", "dpsgd_accounting", "dpsgd_delta",
-    "dpsgd_epsilon", "epsilon", "epsilon_fn", "eps_at", "plan_fixed_grid", "plan_grid", "stack_grids",
+    "dpsgd_epsilon", "epsilon", "grid_epsilon_fn", "eps_at", "plan_fixed_grid", "plan_grid", "stack_grids",
     "table",
     "gaussian_delta", "gaussian_epsilon", "gaussian_log_delta",
     "BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "EpsilonCurve", "epsilon_curve",

@@ -709,7 +709,7 @@ def _without_lossless(components) -> list:
     return out
 
 
-@host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
+@host_only("dpjax.pld.grid_epsilon_fn on a grid from dpjax.pld.plan_fixed_grid")
 @float64
 def epsilon(components, target_delta, *, options: GridOptions | None = None, with_lower: bool = True,
             exact_gaussian: bool = True) -> EpsilonResult:

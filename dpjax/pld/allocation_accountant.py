@@ -20,7 +20,7 @@ Example::
     0.6215...
     >>> ra.balls_in_bins_epsilon(1.0, 128, 4, 1e-5)                 # doctest: +SKIP
 
-One-shot calls run the numerics on the host (NumPy: no compilation); :func:`epsilon_fn` /
+One-shot calls run the numerics on the host (NumPy: no compilation); :func:`allocation_epsilon_fn` /
 :func:`delta_fn` run the same code in JAX on a fixed :class:`AllocationPlan` (jittable,
 ``vmap`` over noise multipliers, ``grad``).
 """
@@ -41,7 +41,7 @@ from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult
 __all__ = [
     "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
     "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
-    "balls_in_bins_delta", "epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
+    "balls_in_bins_delta", "allocation_epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
     "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS",
 ]
 
@@ -101,7 +101,7 @@ class AllocationPlan:
       noise_multiplier: the noise multiplier the plan was made for (any other is sound; the grid
         is tight near this one and above).
       block_sigmas: each block's noise multiplier at that point (equal unless a schedule of noise
-        multipliers was planned); :func:`epsilon_fn` scales them all by ``sigma / noise_multiplier``.
+        multipliers was planned); :func:`allocation_epsilon_fn` scales them all by ``sigma / noise_multiplier``.
     """
 
     shape: A.Shape
@@ -282,7 +282,7 @@ def _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections
     return float(sigma), t, k, E
 
 
-@host_only("dpjax.pld.allocation_accountant.epsilon_fn / delta_fn on a plan from plan_allocation")
+@host_only("dpjax.pld.allocation_accountant.allocation_epsilon_fn / delta_fn on a plan from plan_allocation")
 @float64
 def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=None, target_epsilon=None, *,
                           selections_per_epoch: int = 1, options: AllocationOptions | None = None):
@@ -477,7 +477,7 @@ _DELTA_FN = None
 
 
 @float64
-def epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
+def allocation_epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
     """Epsilon at ``target_delta`` on a fixed plan, as a JAX function of ``noise_multiplier`` (and
     ``target_delta``): ``jit`` and ``vmap`` run the lattice program in JAX; any noise multiplier
     gives a sound bound, tight near ``plan.noise_multiplier`` and above.  ``grad`` gives the
@@ -494,7 +494,7 @@ def epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str 
 @float64
 def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str = "upper"):
     """Delta at ``target_epsilon`` on a fixed plan, as a JAX function of ``noise_multiplier`` (as
-    :func:`epsilon_fn`)."""
+    :func:`allocation_epsilon_fn`)."""
     import jax.numpy as jnp
 
     global _DELTA_FN
@@ -563,7 +563,7 @@ def _search_sigma(f, target: float, guess: float, tol: float = CALIBRATION_TOLER
     return hi, lo, f_hi
 
 
-@host_only("dpjax.pld.allocation_accountant.epsilon_fn on a plan from plan_allocation")
+@host_only("dpjax.pld.allocation_accountant.allocation_epsilon_fn on a plan from plan_allocation")
 def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch, epochs, *,
                                 selections_per_epoch: int = 1, balls_in_bins: bool = False,
                                 options: AllocationOptions | None = None) -> float:
@@ -597,7 +597,7 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
 # Epsilon after every epoch, and sweeps
 
 
-@host_only("dpjax.pld.allocation_accountant.epsilon_fn on a plan from plan_allocation")
+@host_only("dpjax.pld.allocation_accountant.allocation_epsilon_fn on a plan from plan_allocation")
 def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target_delta, *,
                              selections_per_epoch: int = 1, balls_in_bins: bool = False,
                              options: AllocationOptions | None = None):

@@ -111,7 +111,7 @@ def _plan_at(plan, t: int, t_max: int):
                                sigma_composed=tuple(s * r**0.5 for s in plan.sigma_composed))
 
 
-@host_only("dpjax.pld.epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
+@host_only("dpjax.pld.grid_epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
 def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, *,
                   options: GridOptions | None = None, with_lower: bool = True, batch: int = DEFAULT_BATCH,
                   sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1,

@@ -174,7 +174,7 @@ def _components(sigma, q, steps):
     return accountant._dpsgd_components(sigma, q, steps)
 
 
-@host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
+@host_only("dpjax.calibration.dpsgd_epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, target_epsilon=None, *,
                      options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None,
                      sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1, epochs=None):

@@ -3,7 +3,7 @@
 For calibration, sweeps and optimization loops the grid is planned once on the host
 (:func:`plan_fixed_grid`, for any mechanisms of :mod:`dpjax.pld.mechanisms` /
 :mod:`dpjax.pld.mog` with their counts) and then held fixed, so that :func:`delta_fn` and
-:func:`epsilon_fn` are pure fixed-shape JAX functions of the mechanism parameters: jittable,
+:func:`grid_epsilon_fn` are pure fixed-shape JAX functions of the mechanism parameters: jittable,
 vmappable (over parameters, or over a batch of grids from :func:`stack_grids`) and
 differentiable in every numeric mechanism parameter, ``epsilon`` / ``target_delta`` included.
 
@@ -14,11 +14,11 @@ Guarantees for Heterogeneous Compositions Using FFT", 2021): single-step mass ab
 goes to the ``+inf`` atom, mass below is lumped onto the first grid point (dominating), the
 wrap-around of the circular convolution is bounded by Chernoff bounds on the discretized
 log-MGF and added, and the FFT round-off allowance is added.  So ``delta_fn`` is a certified
-upper bound on the true delta and ``epsilon_fn`` a certified upper bound on the true epsilon at
+upper bound on the true delta and ``grid_epsilon_fn`` a certified upper bound on the true epsilon at
 every parameter value; the plan only decides how *tight* they are (tight near the planning
 point and for parameters that shrink the loss distribution, e.g. larger noise).
 
-``epsilon_fn`` needs no search: on a grid segment the delta curve is exactly
+``grid_epsilon_fn`` needs no search: on a grid segment the delta curve is exactly
 ``A_j - e^{eps - y_ref} B_j``, so ``eps(delta)`` is ``y_ref + log((A_j - delta) / B_j)`` in the
 bracketing segment (:func:`dpjax.pld.convert.eps_at`); its derivative flows through the table
 ``(A_j, B_j)``, which is the implicit-function derivative of the root on that segment.  With
@@ -33,8 +33,8 @@ Example::
     grid = pld.plan_fixed_grid([(pld.PoissonSubsampledGaussian(1.0, 0.01), 1000)],
                                target_delta=1e-5)                       # host side, once
     mech = lambda s: [pld.PoissonSubsampledGaussian(s, 0.01)]
-    pld.epsilon_fn(grid, 1e-5, mech(1.0))                                # ~ 1.83
-    jax.grad(lambda s: pld.epsilon_fn(grid, 1e-5, mech(s)))(1.0)         # d eps / d sigma
+    pld.grid_epsilon_fn(grid, 1e-5, mech(1.0))                                # ~ 1.83
+    jax.grad(lambda s: pld.grid_epsilon_fn(grid, 1e-5, mech(s)))(1.0)         # d eps / d sigma
     jax.vmap(lambda s: pld.delta_fn(grid, 2.0, mech(s)))(jnp.linspace(0.9, 1.2, 8))
 
 All of these work from float32 code (the float64 contract of :mod:`dpjax._x64`); inside a
@@ -58,7 +58,7 @@ from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
 from dpjax.pld.mechanisms import DIRECTIONS, Direction
 from dpjax.pld.plan import GridOptions, plan_grid
 
-__all__ = ["FixedGrid", "plan_fixed_grid", "stack_grids", "delta_fn", "epsilon_fn", "tables", "EpsilonReport",
+__all__ = ["FixedGrid", "plan_fixed_grid", "stack_grids", "delta_fn", "grid_epsilon_fn", "tables", "EpsilonReport",
            "LooseBoundWarning", "LOOSE_FRACTION"]
 
 
@@ -131,7 +131,7 @@ def _as_stacked(mech, shape=None):
     return jax.tree_util.tree_unflatten(tree, leaves)
 
 
-@host_only("dpjax.pld.delta_fn / dpjax.pld.epsilon_fn on a grid planned outside the transformation")
+@host_only("dpjax.pld.delta_fn / dpjax.pld.grid_epsilon_fn on a grid planned outside the transformation")
 @float64
 def plan_fixed_grid(components, *, target_delta=None, target_epsilon=None,
                     options: GridOptions | None = None) -> FixedGrid:
@@ -298,7 +298,7 @@ def delta_fn(grid: FixedGrid, epsilon, mechanisms=None, *, counts=None) -> jax.A
     return out[0] if len(out) == 1 else jnp.maximum(*out) if len(out) == 2 else jnp.max(jnp.stack(out), 0)
 
 
-#: :func:`epsilon_fn` flags (``EpsilonReport.loose``, and a :class:`LooseBoundWarning`) an answer
+#: :func:`grid_epsilon_fn` flags (``EpsilonReport.loose``, and a :class:`LooseBoundWarning`) an answer
 #: whose estimated excess over the bound of a grid planned at the same parameters is above this
 #: fraction of epsilon (half of the 1% promised: the discretization term is an estimate).
 LOOSE_FRACTION = 5e-3
@@ -308,17 +308,17 @@ _DISCRETIZATION_LAW = 0.3
 
 
 class LooseBoundWarning(UserWarning):
-    """An :func:`epsilon_fn` answer is sound but looser than a grid planned at its parameters
+    """An :func:`grid_epsilon_fn` answer is sound but looser than a grid planned at its parameters
     would give (the parameters left the range the fixed grid was planned for)."""
 
 
 class EpsilonReport(NamedTuple):
-    """:func:`epsilon_fn`'s answer with the terms of its bound (``with_report=True``).
+    """:func:`grid_epsilon_fn`'s answer with the terms of its bound (``with_report=True``).
 
     Fields (arrays of the target's shape; for add/remove adjacency, the direction that sets
     epsilon):
 
-    * ``epsilon``: the certified epsilon (the value ``epsilon_fn`` returns);
+    * ``epsilon``: the certified epsilon (the value ``grid_epsilon_fn`` returns);
     * ``error_terms``: the mass added to delta for the grid's truncations:
       ``p_inf`` (single-step mass beyond the planned support, at loss ``+inf``) +
       ``tail_above`` (wrap-around bound) + ``roundoff`` (FFT round-off and frequency
@@ -377,14 +377,14 @@ def _warn_loose(loose, excess):
     if loose.any():
         worst = float(np.max(np.where(loose, excess, 0.0)))
         warnings.warn(
-            f"epsilon_fn: the fixed grid was planned for other parameters; this epsilon is sound but an estimated "
+            f"grid_epsilon_fn: the fixed grid was planned for other parameters; this epsilon is sound but an estimated "
             f"{'inf' if not np.isfinite(worst) else f'{100 * worst:.3g}%'} above the bound of a grid planned at "
             f"these parameters (with_report=True gives the terms; re-plan with plan_fixed_grid / "
             f"dpjax.calibration.dpsgd_grid at them)", LooseBoundWarning, stacklevel=2)
 
 
 @float64
-def epsilon_fn(grid: FixedGrid, target_delta, mechanisms=None, *, counts=None, with_report: bool = False,
+def grid_epsilon_fn(grid: FixedGrid, target_delta, mechanisms=None, *, counts=None, with_report: bool = False,
                warn: bool = True):
     """Certified epsilon (upper bound) at ``target_delta`` (any array shape), in closed form.
 

@@ -1204,7 +1204,7 @@ DEFAULT_PER_DEVICE = {"cpu": 32}
 DEFAULT_PER_DEVICE_ACCELERATOR = 256
 
 
-@host_only("dpjax.pld.epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
+@host_only("dpjax.pld.grid_epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
 def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
           group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
           with_lower: bool = True, devices: Sequence | None = None, per_device: int | None = None,
