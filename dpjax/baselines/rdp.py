@@ -38,6 +38,7 @@ import numpy as np
 from jax.scipy.special import gammaln, log_ndtr, logsumexp
 
 from dpjax import _validate
+from dpjax._enums import StrEnum
 from dpjax._x64 import float64
 
 # The default order grid of the moments accountant (the same orders the reference rows
@@ -45,6 +46,15 @@ from dpjax._x64 import float64
 DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple(
     [1.0 + x / 10.0 for x in range(1, 100)] + [float(x) for x in range(11, 64)] + [128.0, 256.0, 512.0, 1024.0]
 )
+
+
+class Conversion(StrEnum):
+    """RDP-to-(epsilon, delta) conversion: Mironov (2017), Prop. 3 (``STANDARD``) or Canonne,
+    Kamath & Steinke (2020), Prop. 12 (``IMPROVED``, tighter)."""
+
+    STANDARD = "standard"
+    IMPROVED = "improved"
+
 
 # Terms kept in each series.  Integer orders need alpha + 1 <= 1025 terms (the largest default
 # order is 1024); the fractional series decays polynomially (~ i^-(alpha+2)), and its tail is
@@ -216,7 +226,7 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], target_delta: 
     if np.isnan(rdp_arr).any() or (rdp_arr < 0).any():
         raise ValueError(f"rdp must be >= 0 and not NaN, got {rdp!r}")
     delta = float(_validate.probability_open("target_delta", target_delta))
-    _validate.one_of("conversion", conversion, ("standard", "improved"))
+    conversion = Conversion.parse(conversion, "conversion").value
     eps, order = rdp_to_epsilon_core(jnp.asarray(arr), jnp.asarray(rdp_arr), delta, conversion=conversion)
     return float(eps), float(order)
 
@@ -252,7 +262,7 @@ def rdp_epsilon(
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
     t = _validate.positive_int("steps", steps)
     delta = float(_validate.probability_open("target_delta", target_delta))
-    _validate.one_of("conversion", conversion, ("standard", "improved"))
+    conversion = Conversion.parse(conversion, "conversion").value
     from dpjax.pld.cache import exported_call
 
     # One program (not three, plus an op-by-op multiply), through a serialized artifact when

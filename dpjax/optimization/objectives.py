@@ -47,13 +47,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import StrEnum
 from dpjax._x64 import float64
 from dpjax.matrices import BLT, Toeplitz, correlation_array, inverse_toeplitz_column, toeplitz_dense
 from dpjax.matrices._structured import _truncated_product
 
-__all__ = ["prefix_sum_error", "max_error", "workload_error", "sgd_workload", "REDUCTIONS"]
+__all__ = ["prefix_sum_error", "max_error", "workload_error", "sgd_workload", "REDUCTIONS", "Reduction"]
 
-REDUCTIONS = ("rms", "max")
+class Reduction(StrEnum):
+    """How the per-query errors of a workload reduce to one number: root mean square or max."""
+
+    RMS = "rms"
+    MAX = "max"
+
+
+REDUCTIONS = tuple(r.value for r in Reduction)
 
 
 # --------------------------------------------------------------------------- pure cores
@@ -177,7 +185,7 @@ def workload_error(correlation, workload, n: int, *, reduction: str = "rms"):
       n: number of rounds.
       reduction: ``"rms"`` (root mean over the ``m`` queries of the squared error) or ``"max"``.
     """
-    _validate.one_of("reduction", reduction, REDUCTIONS)
+    reduction = Reduction.parse(reduction, "reduction").value
     correlation, n = _validated(correlation, n)
     if workload is None or isinstance(workload, (str, bytes)):
         raise ValueError(f"workload must be an (m, n) array, a Toeplitz or a callable, got {workload!r}")

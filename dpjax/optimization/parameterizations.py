@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import StrEnum
 from dpjax._x64 import float64
 from dpjax.matrices import BLT, Toeplitz
 
@@ -74,6 +75,7 @@ __all__ = [
     "unamplified_sensitivity",
     "unamplified_loss",
     "FAMILIES",
+    "Family",
     "DENSE_MAX_N",
     "DECAY_LOGIT_MIN",
     "DECAY_LOGIT_MIN_GAP",
@@ -81,7 +83,16 @@ __all__ = [
 
 #: Largest ``n`` the dense family accepts (``n (n - 1) / 2`` parameters and O(n^3) solves).
 DENSE_MAX_N = 512
-FAMILIES = ("toeplitz", "banded", "blt", "dense")
+class Family(StrEnum):
+    """The correlation-matrix families that :func:`make_parameterization` builds."""
+
+    TOEPLITZ = "toeplitz"
+    BANDED = "banded"
+    BLT = "blt"
+    DENSE = "dense"
+
+
+FAMILIES = tuple(f.value for f in Family)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -515,7 +526,7 @@ def make_parameterization(family: str, n: int, *, bands: int | None = None,
     ``bands`` is required for (and only for) ``"banded"``; ``num_buffers`` for ``"blt"``.
     Raises ValueError naming the argument otherwise.
     """
-    _validate.one_of("family", family, FAMILIES)
+    family = Family.parse(family, "family").value
     n = _validate.positive_int("n", n)
     if family != "banded" and bands is not None:
         raise ValueError(f"bands is only used by family 'banded', got bands={bands!r} for {family!r}")
