@@ -8,6 +8,7 @@ Validation runs on concrete values only: inside ``jit`` the public wrappers are 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -147,8 +148,6 @@ def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
 
-
-import dataclasses  # noqa: E402  (the target record below is the one dataclass of this module)
 
 
 @dataclasses.dataclass(frozen=True)
