@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from dpjax import pld
 from dpjax.pld import convert
-from dpjax.pld.accountant import _prepare
+from dpjax.pld.engine import prepare
 from dpjax.pld.compose import ComposedPLD, _log_mgf, compose, compose_directions
 from dpjax.pld.mechanisms import _np_erfc_nonneg
 
@@ -93,7 +93,7 @@ def test_batched_directions_equal_single_direction_compose():
     comps = [(pld.PoissonSubsampledGaussian(1.0, 0.02), 300)]
     dirs = ("remove", "add")
     with jax.enable_x64(True):
-        up, _, _, _ = _prepare(comps, 256)
+        up, _, _, _ = prepare(comps, 256)
         plan = pld.plan_grid(up, dirs, tail_mass=1e-11, eps_hint=None, target_delta=1e-5,
                              options=pld.GridOptions())
         ms = tuple(max(plan.ms[d][g] for d in range(2)) for g in range(len(plan.ms[0])))
@@ -164,12 +164,12 @@ def test_shared_lattice_cdfs_equal_per_direction_cdfs():
 def test_accountant_program_with_and_without_the_shared_lattice(sigma, q, steps, delta):
     # The accountant's program on its plan: the shared lattice (its default where it fits) and
     # one CDF evaluation per direction give the same epsilon and diagnostics, bit for bit.
-    from dpjax.pld import accountant as acc
+    from dpjax.pld import engine
     from dpjax.pld.compose import lattice_groups
     from dpjax.pld.plan import GridOptions, coarse_shape
 
     opts = GridOptions()
-    groups, _, _, _ = acc._prepare(acc._dpsgd_components(sigma, q, steps), opts.max_distinct)
+    groups, _, _, _ = engine.prepare(engine.dpsgd_components(sigma, q, steps), opts.max_distinct)
     dirs = ("remove", "add")
     plan = coarse_shape(pld.plan_grid(groups, dirs, tail_mass=opts.tail_fraction * delta, eps_hint=None,
                                       target_delta=delta, options=opts), opts)
@@ -177,7 +177,7 @@ def test_accountant_program_with_and_without_the_shared_lattice(sigma, q, steps,
     lattice = lattice_groups(plan.groups, dirs, plan.dx, ms)
     assert lattice == (True,)
     with jax.enable_x64(True):
-        out = [np.asarray(acc._program_jit(plan.groups, plan.dx, plan.lambdas, plan.log_tau, np.asarray([delta]),
+        out = [np.asarray(engine.program_jit(plan.groups, plan.dx, plan.lambdas, plan.log_tau, np.asarray([delta]),
                                            np.zeros(()), directions=dirs, ms=(ms, ms), n=plan.n,
                                            kinds=("up", "down"), want="eps", n_freq=plan.n_freq, lattice=flag))
                for flag in (lattice, None)]

@@ -255,7 +255,7 @@ def test_sweep_program_equals_accountant_program():
     gives the same numbers as on its own shape."""
     import jax
 
-    from dpjax.pld import accountant, sweeping
+    from dpjax.pld import engine, sweeping
     from dpjax.pld.sweep_program import epsilon_program
 
     for c in _broad_configs(3, seed=11):
@@ -264,7 +264,7 @@ def test_sweep_program_equals_accountant_program():
         kw = dict(directions=p.directions, ms=pl.ms, n=pl.n, kinds=("up", "down"), n_freq=pl.n_freq)
         deltas = np.array([c["delta"], 10 * c["delta"]])
         with jax.enable_x64(True):
-            ref = np.asarray(accountant._program_jit._plain(pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas,
+            ref = np.asarray(engine.program_jit._plain(pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas,
                                                              np.zeros(1), want="eps", **kw))
             new = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **kw))(pl.groups, pl.dx, pl.lambdas, pl.log_tau,
                                                                           deltas))

@@ -36,7 +36,8 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
 from dpjax.pld import allocation as A
-from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult
+from dpjax.pld.engine import exact_epsilon, exact_report, scalar
+from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 
 __all__ = [
     "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
@@ -238,19 +239,18 @@ def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=N
 
 
 def _gaussian_result(mu, target_delta=None, target_epsilon=None):
-    from dpjax.pld.accountant import _exact_epsilon, _exact_report, _scalar
     from dpjax.pld.exact import gaussian_delta
 
     if target_delta is not None:
         deltas = np.asarray(target_delta, np.float64)
-        upper, lower = _exact_epsilon(deltas, mu)
-        return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
-                             target_delta=_scalar(deltas), directions=(_exact_report(upper, lower),))
+        upper, lower = exact_epsilon(deltas, mu)
+        return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
+                             target_delta=scalar(deltas), directions=(exact_report(upper, lower),))
     eps = np.asarray(target_epsilon, np.float64)
     d = np.asarray(gaussian_delta(eps, mu), np.float64)
     upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
-    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                       target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
+    return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
+                       target_epsilon=scalar(eps), directions=(exact_report(upper, lower),))
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
@@ -259,15 +259,10 @@ def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
         u = np.where(np.isnan(up[i]), np.inf, up[i])
         l = np.where(np.isnan(lo[i]), 0.0, lo[i])
         out.append(DirectionReport(
-            direction=d, upper=_scalar(u), lower=_scalar(l), n=int(plan.shape.n_comp), dx=float(plan.dx),
+            direction=d, upper=scalar(u), lower=scalar(l), n=int(plan.shape.n_comp), dx=float(plan.dx),
             p_inf=float(comp.p_inf[i]), tail_above=float(comp.tail_above[i]), tail_below=float(comp.tail_below[2 + i]),
             roundoff=0.0, truncation_budget=float(plan.tau * sum(plan.counts)), noise_floor=float(comp.noise_floor[i])))
     return tuple(out)
-
-
-def _scalar(a):
-    a = np.asarray(a, np.float64)
-    return float(a) if a.ndim == 0 else a
 
 
 def _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch):
@@ -321,15 +316,15 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
             if np.isinf(upper).any():
                 reason = (f"target_delta below what the grid certifies: P(loss=+inf) {float(np.max(comp.p_inf[:2])):.3g}, "
                           f"wrap-around {float(np.max(comp.tail_above[:2])):.3g}")
-            return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
-                                 target_delta=_scalar(target_delta), directions=_reports(plan, comp, up, lo),
+            return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
+                                 target_delta=scalar(target_delta), directions=_reports(plan, comp, up, lo),
                                  reason=reason)
         vals = np.asarray(A.delta_of(A.NUMPY, comp, np.asarray(target_epsilon, np.float64)))
         up, lo = vals[:2], vals[2:]
         upper = np.where(np.isnan(up), 1.0, up).max(0)
         lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
-        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                           target_epsilon=_scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
+        return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
+                           target_epsilon=scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
 
 
 def allocation_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, selections_per_epoch: int = 1,

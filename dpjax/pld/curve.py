@@ -54,7 +54,7 @@ from dpjax.pld.records import EpsilonCurve
 
 from dpjax import _validate
 from dpjax._x64 import host_only
-from dpjax.pld import accountant as _acc
+from dpjax.pld import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
@@ -71,7 +71,7 @@ def _curve_program(groups, counts, dx, lambdas, log_tau, deltas, *, directions, 
 
     def one(c):
         gs = tuple(tuple(g._replace(counts=jnp.reshape(c, (1,))) for g in gd) for gd in groups)
-        return _acc._program(gs, dx, lambdas, log_tau, deltas, zero, directions=directions, ms=ms, n=n,
+        return engine.program(gs, dx, lambdas, log_tau, deltas, zero, directions=directions, ms=ms, n=n,
                              kinds=kinds, want="eps", n_freq=None)
 
     return jax.lax.map(one, counts, batch_size=batch)
@@ -95,10 +95,10 @@ def _batch_that_fits(batch: int, k: int, n: int, directions: int, kinds: int) ->
 
 
 def _needs_tail_pass(plan, res, delta: float) -> bool:
-    """The single call's rule (:func:`dpjax.pld.accountant._tail_pass`): the FFT round-off floor
+    """The single call's rule (:func:`dpjax.pld.engine.tail_pass`): the FFT round-off floor
     summed over the window is not negligible at ``delta``."""
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
-    return floor > _acc._TAIL_PASS_FRACTION * delta
+    return floor > engine.TAIL_PASS_FRACTION * delta
 
 
 def _plan_at(plan, t: int, t_max: int):
@@ -150,7 +150,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
                                         balls_in_bins=sampling == "balls_in_bins")
     if sampling_prob is None or steps is None or target_delta is None:
         raise ValueError("epsilon_curve needs sampling_prob, steps and target_delta (Poisson sampling)")
-    options = _acc._options(options)
+    options = engine.grid_options(options)
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
     delta = float(_validate.probability_open("target_delta", target_delta))
@@ -162,7 +162,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
     t_max = int(t_list.max())
     kinds = ("up", "down") if with_lower else ("up",)
     with jax.enable_x64(True):
-        groups, _lo, _sym, _blocked = _acc._prepare([(PoissonSubsampledGaussian(sigma, q), t_max)],
+        groups, _lo, _sym, _blocked = engine.prepare([(PoissonSubsampledGaussian(sigma, q), t_max)],
                                                     options.max_distinct)
         directions = ("remove", "add")
         tail_mass = options.tail_fraction * delta
@@ -181,7 +181,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
         redo = np.zeros(k, bool)
         budget = 10.0 * plan.tau_wrap
         for i in range(k):
-            res = _acc._unpack(flat[i], directions, kinds, (1,))
+            res = engine.unpack(flat[i], directions, kinds, (1,))
             over = any((kd == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
                        for rd in res for kd, r in rd.items())
             if over:  # the single-configuration accountant widens the window
@@ -196,9 +196,9 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
                 # (one compiled program for every T).
                 t = int(uniq[i])
                 groups_t = [g._replace(counts=np.asarray([t], np.int64)) for g in groups]
-                res = _acc._tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
+                res = engine.tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
                                       _plan_at(plan, t, t_max), res, want="eps", n_max=options.n_max)
-            _, up, lo = _acc._combine([(d, plan, r) for d, r in zip(directions, res)])
+            _, up, lo = engine.combine([(d, plan, r) for d, r in zip(directions, res)])
             upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
             if not np.isfinite(upper[i]):
                 # A direction the grid cannot certify: the single call's fallback bounds.

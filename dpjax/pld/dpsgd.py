@@ -169,9 +169,9 @@ def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Call
 
 
 def _components(sigma, q, steps):
-    from dpjax.pld import accountant
+    from dpjax.pld import engine
 
-    return accountant._dpsgd_components(sigma, q, steps)
+    return engine.dpsgd_components(sigma, q, steps)
 
 
 @host_only("dpjax.calibration.epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
@@ -196,7 +196,7 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
-    from dpjax.pld import accountant, allocation_dpsgd
+    from dpjax.pld import accountant, allocation_dpsgd, engine
 
     if allocation_dpsgd.is_allocation(sampling):
         if noise_schedule is not None or options is not None:
@@ -211,7 +211,7 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     if noise_multiplier is not None and noise_schedule is not None:
         raise ValueError("give noise_multiplier or noise_schedule, not both")
-    comps = accountant._dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
+    comps = engine.dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
     if target_delta is not None:
         return accountant.epsilon(comps, target_delta, options=options, with_lower=with_lower)
     return accountant.delta(comps, target_epsilon, options=options, with_lower=with_lower)

@@ -271,7 +271,7 @@ def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid, fa
         if i == 0 and factors is _LAMBDA_GRID:
             return _chernoff_search(masses_d, counts, lam_gauss, log_tau, mid, factors=_LAMBDA_GRID_LOW)
         # The width at the program's retry threshold (mass 10 tau outside each side, see
-        # dpjax.pld.accountant._run): h - l = h + (-l).
+        # dpjax.pld.engine.run): h - l = h + (-l).
         with np.errstate(invalid="ignore"):
             q10 = sign * (K[sl] - log_tau - math.log(10.0)) / lam[sl]
         width += float(np.min(np.where(np.isfinite(q10), q10, np.inf)))

@@ -1,7 +1,7 @@
 """The sweep's per-configuration program: one epsilon query, both discretizations as one batch.
 
 :func:`epsilon_program` computes exactly what the accountant's program does for an epsilon query
-(:func:`dpjax.pld.accountant._program` with ``want="eps"``: :func:`dpjax.pld.compose.compose_directions`
+(:func:`dpjax.pld.engine.program` with ``want="eps"``: :func:`dpjax.pld.compose.compose_directions`
 followed by :func:`dpjax.pld.convert.epsilon` per direction and discretization), with the same
 error terms and the same packed output, arranged for a program that runs thousands of
 configurations (:mod:`dpjax.pld.sweeping`):
@@ -38,7 +38,7 @@ from dpjax.pld.compose import _U, _chernoff_quantiles, _log_mgf, _tails, _window
 from dpjax.pld.convert import _suffix_sums_small
 from dpjax.pld.discretize import _FLUSH, _materialize, grid_pmf
 
-#: Diagnostics after the values, as in :data:`dpjax.pld.accountant._DIAGNOSTICS`.
+#: Diagnostics after the values, as in :data:`dpjax.pld.engine.DIAGNOSTICS`.
 DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
                "valid_from")
 
@@ -262,7 +262,7 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
                     floor_free=False):
     """Certified epsilon of one configuration at ``deltas`` (traceable; the sweep loops it).
 
-    Same arguments and output as :func:`dpjax.pld.accountant._program_jit` with ``want="eps"``
+    Same arguments and output as :func:`dpjax.pld.engine.program_jit` with ``want="eps"``
     (``groups`` per direction, ``lambdas`` (D, L)): a float64 array ``(directions, kinds,
     targets + len(DIAGNOSTICS))`` of the converted values and the diagnostics.  ``support``
     (optional, traced, one integer per group, at most ``ms``' entries): the configuration's own

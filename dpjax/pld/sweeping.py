@@ -140,6 +140,8 @@ from dpjax._progress import progress as _progress_bar
 from dpjax._x64 import host_only
 from dpjax.pld import accountant as _acc
 from dpjax.pld import cache as _cache
+from dpjax.pld import engine
+from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
 from dpjax.pld.sweep_program import epsilon_program
 
@@ -275,7 +277,7 @@ def _as_configs(configs) -> list[SweepConfig]:
 
 def _components(cfg: SweepConfig):
     if cfg.group_size == 1:
-        return _acc._dpsgd_components(cfg.noise_multiplier, cfg.sampling_prob, cfg.steps)
+        return engine.dpsgd_components(cfg.noise_multiplier, cfg.sampling_prob, cfg.steps)
     # Poisson sampling, add/remove-k adjacency: the mixture-of-Gaussians step of Ganesh (2024),
     # Thm 3.1, as dpjax.group builds it (from the pld layer's own modules: no upward import).
     from dpjax.pld.group_spec import validate_group_spec
@@ -458,7 +460,7 @@ def _plan_memo_put(p: _Planned, options: GridOptions | None) -> None:
 def _plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width: float = 0.0, attempt: int = 0,
                    groups=None) -> _Planned:
     if groups is None:
-        groups, _lo, symmetric, _blocked = _acc._prepare(_components(cfg), options.max_distinct)
+        groups, _lo, symmetric, _blocked = engine.prepare(_components(cfg), options.max_distinct)
     directions = ("remove",) if all(getattr(type(g.mechanism), "symmetric", False) for g in groups) \
         else ("remove", "add")
     want, kw = _query(cfg, options)
@@ -494,14 +496,14 @@ def _pow2_plan(plan):
 def _columns(want: str) -> int:
     """Columns of a row of the bucket program's output: the value, the diagnostics, and for
     epsilon queries the floor-free bound (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
-    return 1 + len(_acc._DIAGNOSTICS) + (want == "eps")
+    return 1 + len(engine.DIAGNOSTICS) + (want == "eps")
 
 
 @functools.lru_cache(maxsize=None)
 def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
     """One jitted program for a bucket: the per-configuration program
     (:func:`dpjax.pld.sweep_program.epsilon_program` for epsilon queries, the accountant's
-    :func:`dpjax.pld.accountant._program` for delta queries) looped over the configurations of a
+    :func:`dpjax.pld.engine.program` for delta queries) looped over the configurations of a
     chunk, the chunk's leading axis sharded over ``mesh``.
 
     Each device runs a ``lax.while_loop`` over its own part of the chunk, ``block`` configurations
@@ -518,7 +520,7 @@ def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
         if want == "eps":
             return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
                                    n_freq=n_freq, floor_free=True)
-        return _acc._program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
+        return engine.program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
                              n_freq=n_freq)
 
     def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
@@ -1075,7 +1077,7 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static, fn
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
             row = out[d * per_device + j]
-            res = _acc._unpack(row[..., :1 + len(_acc._DIAGNOSTICS)], p.directions, kinds, (1,))
+            res = engine.unpack(row[..., :1 + len(engine.DIAGNOSTICS)], p.directions, kinds, (1,))
             if p.want == "eps":
                 for di, r in enumerate(res):
                     r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
@@ -1084,7 +1086,7 @@ def _run_chunk(members: list[_Planned], per_device: int, kinds, mesh, static, fn
 
 
 def _retry(p: _Planned, res, n_freq, options) -> _Planned | None:
-    """The accountant's own retry rules (:func:`dpjax.pld.accountant._run`), for the next round:
+    """The accountant's own retry rules (:func:`dpjax.pld.engine.run`), for the next round:
     a frequency truncation that is not negligible -> the same plan with every frequency; a
     wrap-around bound over budget -> a wider window at the same ``dx`` (up to four plans).
     None: the row is final."""
@@ -1111,7 +1113,7 @@ def _config_fields(cfg: SweepConfig, value: float) -> dict:
 
 
 def _row(p: _Planned, reports, path: str, grid: str) -> dict:
-    dir_reports, upper, lower = _acc._combine(reports)
+    dir_reports, upper, lower = engine.combine(reports)
     upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
     if p.cfg.query == "epsilon" and _acc.sampling_is_rare(p.cfg.sampling_prob, p.cfg.steps, p.cfg.delta):
         # As the single call (dpjax.pld.accountant.epsilon) does; the test first, on the row's
@@ -1145,7 +1147,7 @@ def _needs_single(p: _Planned, res, row: dict) -> bool:
             return True
         level = min(float(np.min(r["up"]["value"])) for r in res)
     floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
-    if not (level > 0 and floor > _acc._TAIL_PASS_FRACTION * level):
+    if not (level > 0 and floor > engine.TAIL_PASS_FRACTION * level):
         return False
     if p.cfg.query != "epsilon":
         return True
@@ -1172,7 +1174,7 @@ def _single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: 
 
 def _exact_row(index: int, cfg: SweepConfig) -> dict:
     """The row of a q = 1 configuration from the closed form (as :func:`dpjax.pld.dpsgd_epsilon`)."""
-    mech = _acc.PoissonSubsampledGaussian(cfg.noise_multiplier, 1.0)
+    mech = PoissonSubsampledGaussian(cfg.noise_multiplier, 1.0)
     if cfg.query == "epsilon":
         res = _acc.epsilon([(mech, cfg.steps)], cfg.delta)
         value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
@@ -1260,7 +1262,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                                 epochs=epochs, delta=delta, epsilon=epsilon, out=out, resume=resume,
                                 with_lower=with_lower, progress=progress if progress_bar is None else progress_bar)
     t0 = time.perf_counter()
-    options = None if options is None else _acc._options(options)
+    options = None if options is None else engine.grid_options(options)
     if configs is None:
         if noise_multiplier is None or sampling_prob is None or steps is None:
             raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
