@@ -123,7 +123,7 @@ def _account(blocks, *, target_delta=None, target_epsilon=None):
         for tb, c in ra.allocation_blocks(t, k, e):
             sub.append((tb, c))
             sig.append(sigma)
-    plan, comp = ra._account(sig, sub, target_delta=target_delta, target_epsilon=target_epsilon)
+    plan, comp = ra.account_blocks(sig, sub, target_delta=target_delta, target_epsilon=target_epsilon)
     from dpjax.pld import allocation as A
 
     with np.errstate(all="ignore"):

@@ -44,6 +44,7 @@ __all__ = [
     "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
     "balls_in_bins_delta", "epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
     "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS",
+    "account_blocks", "plan_partials",
 ]
 
 DIRECTIONS = ("remove", "add")
@@ -214,8 +215,14 @@ def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
                  plan.log_tau, plan.shape, room=plan.room)
 
 
-def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
-    """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget."""
+def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
+    """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget.
+
+    ``sigma``: one noise multiplier, or one per block; ``blocks``: ``[(batches t_b, epochs c_b)]``
+    (:func:`allocation_blocks`).  Returns ``(plan, composed)``: the final :class:`AllocationPlan`
+    and the composition on it (:class:`dpjax.pld.allocation.Composed`, rows ``[upper remove,
+    upper add, lower remove, lower add]``), from which :func:`dpjax.pld.allocation.eps_of` /
+    ``delta_of`` read the bracket (what :func:`allocation_accounting` reports)."""
     options = options or AllocationOptions()
     budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
               else options.delta_tail_mass)
@@ -305,7 +312,7 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
     if all(tb == 1 for tb, _ in blocks):
         # Every step selected: the run is E t Gaussian steps, exactly one Gaussian mechanism.
         return _gaussian_result(math.sqrt(E * t) / sigma, target_delta, target_epsilon)
-    plan, comp = _account(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
+    plan, comp = account_blocks(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
     with np.errstate(all="ignore"):
         if target_delta is not None:
             vals = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
@@ -382,8 +389,8 @@ def _frozen(plan: AllocationPlan, sigma: float) -> list:
     return frozen
 
 
-def _partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
-              rel_step: float = 1e-5):
+def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
+                  rel_step: float = 1e-5):
     """``(d value / d sigma, d value / d target)`` of ``eps(target = delta)`` (``query="epsilon"``)
     or ``delta(target = eps)`` on ``plan`` (host; ``target`` any shape; see :func:`epsilon_partials`)."""
     sigma = float(noise_multiplier)
@@ -418,7 +425,7 @@ def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta
     (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
     ~1e-12 / rel_step).  The ``delta`` partial is the difference quotient of the closed-form
     per-segment conversion on the same composition."""
-    return _partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
+    return plan_partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
 
 
 def _rows(plan: AllocationPlan, noise_multiplier):
@@ -432,7 +439,7 @@ def _rows(plan: AllocationPlan, noise_multiplier):
 
 
 def _with_host_derivative(query: str):
-    """The JAX value of ``query`` on a plan, with its derivatives from :func:`_partials` (a host
+    """The JAX value of ``query`` on a plan, with its derivatives from :func:`plan_partials` (a host
     callback): the discretized bound is differentiated at a fixed discretization without
     differentiating (and compiling the transpose of) the whole lattice program."""
     import functools
@@ -457,7 +464,7 @@ def _with_host_derivative(query: str):
         out = f(plan, bound, target, sigma)
 
         def host(tg, sg):
-            a, b = _partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
+            a, b = plan_partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
             return np.asarray(a, np.float64).reshape(np.shape(tg)), np.asarray(b, np.float64).reshape(np.shape(tg))
 
         spec = jax.ShapeDtypeStruct(jnp.shape(target), jnp.float64)
@@ -628,7 +635,7 @@ def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target
         return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(),
                             target_delta=delta, n=0, dx=0.0, recomputed=np.ones(len(e_list), bool))
     e_max = int(e_list.max())
-    plan, _ = _account(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
+    plan, _ = account_blocks(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
     with np.errstate(all="ignore"):
         stack = A.epoch_stack(A.NUMPY, plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape,
                               plan.room)
