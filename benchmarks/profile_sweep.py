@@ -128,7 +128,7 @@ def main(argv=None):
     cfg = ns["configs"](args.dist, args.configs)
     import jax
     import dpjax
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_run
 
     t0 = time.perf_counter()
     first = dpjax.sweep(cfg, progress_bar=False)
@@ -137,7 +137,7 @@ def main(argv=None):
     dpjax.sweep(cfg, progress_bar=False)
     t_second = time.perf_counter() - t0
     texts = {}
-    for fn in sweeping._COMPILED.values():
+    for fn in sweep_run.COMPILED.values():
         if hasattr(fn, "as_text"):
             text = fn.as_text()
             m = re.match(r"HloModule (\S+?),", text)
