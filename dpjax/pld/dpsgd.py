@@ -300,9 +300,17 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
     name = "dpsgd_epsilon"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
                                dict(sample_rate=sample_rate, delta=delta))
-    q, d = a["sampling_prob"], a["target_delta"]
+    return _query("epsilon", name, noise_multiplier, a["sampling_prob"], steps, a["target_delta"], noise_schedule,
+                  sampling, batches_per_epoch, selections_per_epoch, epochs)
+
+
+def _query(query, name, sigma, q, steps, target, noise_schedule, sampling, batches_per_epoch, selections_per_epoch,
+           epochs):
+    """:func:`dpsgd_epsilon` (``query="epsilon"``, ``target`` a delta) or :func:`dpsgd_delta`
+    (``"delta"``, ``target`` an epsilon) once the aliases are resolved: random allocation, a
+    noise schedule, or the one-configuration / batched / traced dispatch."""
     if _allocation(sampling):
-        return _allocation_query("epsilon", name, noise_multiplier, q, steps, d, noise_schedule, sampling,
+        return _allocation_query(query, name, sigma, q, steps, target, noise_schedule, sampling,
                                  batches_per_epoch, selections_per_epoch, epochs)
     if batches_per_epoch is not None or selections_per_epoch != 1:
         from dpjax.pld import allocation_dpsgd
@@ -310,9 +318,8 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
         allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     steps = _names.steps_from_epochs(name, q, steps, epochs)
     if noise_schedule is not None:
-        return _schedule("epsilon", name, noise_multiplier, q, steps, d, noise_schedule)
-    return dispatch("epsilon", name, noise_multiplier, q, steps, d, components=_components,
-                    scalar=_scalar("epsilon"))
+        return _schedule(query, name, sigma, q, steps, target, noise_schedule)
+    return dispatch(query, name, sigma, q, steps, target, components=_components, scalar=_scalar(query))
 
 
 def _allocation(sampling) -> bool:
@@ -347,16 +354,5 @@ def dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_ep
     name = "dpsgd_delta"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
                                dict(sample_rate=sample_rate, epsilon=epsilon))
-    q, e = a["sampling_prob"], a["target_epsilon"]
-    if _allocation(sampling):
-        return _allocation_query("delta", name, noise_multiplier, q, steps, e, noise_schedule, sampling,
-                                 batches_per_epoch, selections_per_epoch, epochs)
-    if batches_per_epoch is not None or selections_per_epoch != 1:
-        from dpjax.pld import allocation_dpsgd
-
-        allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
-    steps = _names.steps_from_epochs(name, q, steps, epochs)
-    if noise_schedule is not None:
-        return _schedule("delta", name, noise_multiplier, q, steps, e, noise_schedule)
-    return dispatch("delta", name, noise_multiplier, q, steps, e, components=_components,
-                    scalar=_scalar("delta"))
+    return _query("delta", name, noise_multiplier, a["sampling_prob"], steps, a["target_epsilon"], noise_schedule,
+                  sampling, batches_per_epoch, selections_per_epoch, epochs)
