@@ -233,28 +233,42 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     sums = jnp.concatenate([incl[..., 1:], jnp.zeros(incl.shape[:-1] + (1,), incl.dtype)], axis=-1)
     sr = sums[0] + jnp.where(after, s_r[nxt], 0.0)[:, None]
     sw = sums[1] + jnp.where(after, s_w[nxt], 0.0)[:, None]
-    A_blk = sr * fa + const
-    B_blk = sw * fb
-    y_blk = (pld.w_lo + start + np.arange(b)[None, :]) * pld.dx                # = y[start + t]
+    eps = segment_epsilon(sr * fa + const, sw * fb, s_r[0] * fa + const, s_w[0] * fb, blk, any_above, start, flat,
+                          y_ref, pld.w_lo, pld.dx, n, jnp.inf if bound is Bound.UPPER else -jnp.inf)
+    # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
+    broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
+    eps = jnp.where(broken, jnp.inf if bound is Bound.UPPER else 0.0, eps)
+    return jnp.maximum(eps, 0.0).reshape(delta.shape)
+
+
+def segment_epsilon(A_blk, B_blk, A0, B0, blk, any_above, start, flat, y_ref, w_lo, dx, n: int, a_bad):
+    """The last step of :func:`epsilon` (and of :func:`dpjax.pld.sweep_program.epsilon_program`,
+    which rearranges the sums before it): per target, the segment whose delta curve crosses it
+    and the epsilon there, clipped to the segment.
+
+    ``A_blk``, ``B_blk``: (K, b) the coefficients ``delta(eps) = A - e^{eps - y_ref} B`` at every
+    point of the located block (starting at grid index ``start``, (K, 1)); ``A0``, ``B0``: those
+    of the whole window (no point above the target, ``any_above`` False); ``blk``: (K,) the block;
+    ``flat``: (K,) the targets; ``a_bad``: what a NaN coefficient becomes (``inf`` for the upper
+    bound, ``-inf`` for the lower).  Returns (K,) epsilons (``inf`` when the last segment is
+    reached)."""
+    b = A_blk.shape[-1]
+    y_blk = (w_lo + start + np.arange(b)[None, :]) * dx                       # = y[start + t]
     hit = (A_blk - jnp.exp(y_blk - y_ref) * B_blk) > flat[:, None]
     # (The block start itself was found above delta; should round-off disagree here, keep it.)
     last = jnp.maximum(jnp.max(jnp.where(hit, np.arange(b)[None, :], -1), axis=1), 0)
     # Segment j = the last grid point above delta (-1: none): coefficients of the sums over t > j.
     j = jnp.where(any_above, blk * b + last, -1)
     at_last = np.arange(b)[None, :] == last[:, None]
-    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), s_r[0] * fa + const)
-    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), s_w[0] * fb)
+    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), A0)
+    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), B0)
     bad = jnp.isnan(A) | jnp.isnan(B)
-    A = jnp.where(bad, jnp.inf if bound is Bound.UPPER else -jnp.inf, A)
+    A = jnp.where(bad, a_bad, A)
     B = jnp.where(bad, 0.0, B)
     ratio = (A - flat) / B
     eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
-    # Segment [y_j, y_{j+1}] (y_j = (w_lo + j) dx, as in ``pld.losses``).
-    lo_end = jnp.where(j >= 0, (pld.w_lo + j) * pld.dx, -jnp.inf)
-    hi_end = jnp.where(j + 1 <= n - 1, (pld.w_lo + j + 1) * pld.dx, jnp.inf)
+    # Segment [y_j, y_{j+1}] (y_j = (w_lo + j) dx, as in ``ComposedPLD.losses``).
+    lo_end = jnp.where(j >= 0, (w_lo + j) * dx, -jnp.inf)
+    hi_end = jnp.where(j + 1 <= n - 1, (w_lo + j + 1) * dx, jnp.inf)
     eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
-    eps = jnp.where(j >= n - 1, jnp.inf, eps)
-    # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
-    broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
-    eps = jnp.where(broken, jnp.inf if bound is Bound.UPPER else 0.0, eps)
-    return jnp.maximum(eps, 0.0).reshape(delta.shape)
+    return jnp.where(j >= n - 1, jnp.inf, eps)

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax.pld.compose import _U, _chernoff_quantiles, _log_mgf, _tails, _window_start
-from dpjax.pld.convert import _suffix_sums_small
+from dpjax.pld.convert import _suffix_sums_small, segment_epsilon
 from dpjax.pld.discretize import _FLUSH, _materialize, grid_pmf
 
 #: Diagnostics after the values, as in :data:`dpjax.pld.engine.DIAGNOSTICS`.
@@ -220,25 +220,9 @@ def _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weight
     sums = jnp.sum(jnp.where(later, rw[..., :, None], 0.0), axis=-2)
     sr = sums[0] + jnp.where(after, s_r[nxt], 0.0)[:, None]
     sw = sums[1] + jnp.where(after, s_w[nxt], 0.0)[:, None]
-    A_blk = sr * fa + const
-    B_blk = sw * fb
     y_ref = (w_lo + n // 2) * dx
-    y_blk = (w_lo + start + np.arange(b)[None, :]) * dx
-    hit = (A_blk - jnp.exp(y_blk - y_ref) * B_blk) > flat[:, None]
-    last = jnp.maximum(jnp.max(jnp.where(hit, np.arange(b)[None, :], -1), axis=1), 0)
-    j = jnp.where(any_above, blk * b + last, -1)
-    at_last = np.arange(b)[None, :] == last[:, None]
-    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), s_r[0] * fa + const)
-    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), s_w[0] * fb)
-    bad = jnp.isnan(A) | jnp.isnan(B)
-    A = jnp.where(bad, jnp.where(is_up, jnp.inf, -jnp.inf), A)
-    B = jnp.where(bad, 0.0, B)
-    ratio = (A - flat) / B
-    eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
-    lo_end = jnp.where(j >= 0, (w_lo + j) * dx, -jnp.inf)
-    hi_end = jnp.where(j + 1 <= n - 1, (w_lo + j + 1) * dx, jnp.inf)
-    eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
-    eps = jnp.where(j >= n - 1, jnp.inf, eps)
+    eps = segment_epsilon(sr * fa + const, sw * fb, s_r[0] * fa + const, s_w[0] * fb, blk, any_above, start, flat,
+                          y_ref, w_lo, dx, n, jnp.where(is_up, jnp.inf, -jnp.inf))
     broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
     eps = jnp.where(broken, jnp.where(is_up, jnp.inf, 0.0), eps)
     return jnp.maximum(eps, 0.0).reshape(delta.shape)
