@@ -16,6 +16,12 @@ PMF dominates the mechanism, and the single-step truncation (``+inf`` atom), wra
 (Chernoff) and FFT round-off terms are added to delta before converting.  ``epsilon_lower`` is
 certified from below (optimistic grid, wrap-around from below subtracted); it is loose by about
 ``T dx / 2`` for long compositions.
+
+This module holds the entry points and what only they do (dropping lossless mechanisms, the
+rare-sampling floor, the fallback bounds and the refusal reason when the grid cannot certify);
+the steps they share with every other FFT path (stacking, the jitted program, runs, the tilted
+tail pass, the Gaussian shortcut) are in :mod:`dpjax.pld.engine`, and the result records in
+:mod:`dpjax.pld.records` (re-exported here).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
-from dpjax.pld.engine import (account, as_components, combine, dominating_gaussian_mu, exact_epsilon,
-                              exact_gaussian_mu, exact_report, grid_options, scalar, stack, stacked_mechanisms)
+from dpjax.pld.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
+                              exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
+                              stacked_mechanisms)
 from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions
@@ -76,21 +83,18 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     components = _without_lossless(components)
     if not components:
         zero = np.zeros_like(np.asarray(deltas, np.float64))
-        return EpsilonResult(epsilon=scalar(zero), epsilon_lower=scalar(zero), epsilon_upper=scalar(zero),
-                             target_delta=scalar(deltas), directions=(exact_report(zero, zero),))
+        return exact_epsilon_result(deltas, zero, zero)
     stacked = stack(components)  # validates every mechanism; shared by the checks and the plan below
     mu_dom = dominating_gaussian_mu(components, stacked)
     if exact_gaussian and mu_dom is not None and np.all(host_gaussian_epsilon_is_zero(deltas, mu_dom)):
         # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
         # answer is exactly 0 (the grid would need dx ~ 1e-600 and failed with a NaN size).
         zero = np.zeros_like(np.asarray(deltas, np.float64))
-        return EpsilonResult(epsilon=scalar(zero), epsilon_lower=scalar(zero), epsilon_upper=scalar(zero),
-                             target_delta=scalar(deltas), directions=(exact_report(zero, zero),))
+        return exact_epsilon_result(deltas, zero, zero)
     mu = exact_gaussian_mu(components, stacked) if exact_gaussian else None
     if mu is not None:
         upper, lower = exact_epsilon(np.asarray(deltas, np.float64), mu)
-        return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
-                             target_delta=scalar(deltas), directions=(exact_report(upper, lower),))
+        return exact_epsilon_result(deltas, upper, lower)
     tail_mass = options.tail_fraction * float(np.min(deltas))
     # NumPy inputs go straight into the jitted program (jnp.asarray outside a trace compiles a
     # staging program of its own: ~50 ms of every cold start).
@@ -127,8 +131,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     components = _without_lossless(components)
     if not components:
         zero = np.zeros_like(np.asarray(eps, np.float64))
-        return DeltaResult(delta=scalar(zero), delta_lower=scalar(zero), delta_upper=scalar(zero),
-                           target_epsilon=scalar(eps), directions=(exact_report(zero, zero),))
+        return exact_delta_result(eps, zero, zero)
     stacked = stack(components)  # validates every mechanism; shared by the checks and the plan below
     mu = exact_gaussian_mu(components, stacked) if exact_gaussian else None
     mu_dom = dominating_gaussian_mu(components, stacked) if exact_gaussian else None
@@ -137,14 +140,12 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
         # bound, ~mu_dom) and 0 as the lower end.
         d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)
         upper, lower = np.minimum(d * (1 + 1e-9), 1.0), np.zeros_like(d)
-        return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
-                           target_epsilon=scalar(eps), directions=(exact_report(upper, lower),))
+        return exact_delta_result(eps, upper, lower)
     if mu is not None:
         # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side.
         d = np.asarray(gaussian_delta(eps, mu), np.float64)
         upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
-        return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
-                           target_epsilon=scalar(eps), directions=(exact_report(upper, lower),))
+        return exact_delta_result(eps, upper, lower)
     reports, blocked = account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass, stacked=stacked)

@@ -36,7 +36,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
 from dpjax.pld import allocation as A
-from dpjax.pld.engine import exact_epsilon, exact_report, scalar
+from dpjax.pld.engine import exact_delta_result, exact_epsilon, exact_epsilon_result, scalar
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 
 __all__ = [
@@ -251,13 +251,11 @@ def _gaussian_result(mu, target_delta=None, target_epsilon=None):
     if target_delta is not None:
         deltas = np.asarray(target_delta, np.float64)
         upper, lower = exact_epsilon(deltas, mu)
-        return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
-                             target_delta=scalar(deltas), directions=(exact_report(upper, lower),))
+        return exact_epsilon_result(deltas, upper, lower)
     eps = np.asarray(target_epsilon, np.float64)
     d = np.asarray(gaussian_delta(eps, mu), np.float64)
     upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
-    return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
-                       target_epsilon=scalar(eps), directions=(exact_report(upper, lower),))
+    return exact_delta_result(eps, upper, lower)
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:

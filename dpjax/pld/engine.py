@@ -16,7 +16,8 @@ single call and compiles the same programs:
    ``(stacked mechanism, counts)`` pairs for the fallback bounds.
 3. **Gaussian shortcut.**  :func:`exact_gaussian_mu` (the composition *is* one Gaussian),
    :func:`dominating_gaussian_mu` (one Gaussian dominates it), :func:`exact_epsilon` and
-   :func:`exact_report` (the closed-form answer and its report), :func:`scalar`.
+   :func:`exact_report` (the closed-form answer and its report), :func:`exact_epsilon_result` /
+   :func:`exact_delta_result` (the whole result of such an answer), :func:`scalar`.
 4. **The program.**  :func:`program` (host calls) / :func:`program_jit` (the jitted program,
    one per direction set and static shapes) / :func:`tilted_program_jit` compose every
    direction and convert, returning one packed float64 array ``(directions, kinds, targets +
@@ -52,12 +53,13 @@ from dpjax.pld.exact import gaussian_epsilon, gaussian_log_delta
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.plan import (MAX_WINDOW_WIDTH, GridOptions, GridPlan, coarse_shape, plan_grid, regrid, tilt_log_mgf,
                             tilt_parameters)
-from dpjax.pld.records import DirectionReport
+from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 
 __all__ = [
     "grid_options", "as_components", "dpsgd_components",
     "stack", "prepare", "stacked_mechanisms",
-    "exact_gaussian_mu", "dominating_gaussian_mu", "exact_epsilon", "exact_report", "scalar",
+    "exact_gaussian_mu", "dominating_gaussian_mu", "exact_epsilon", "exact_report", "exact_epsilon_result",
+    "exact_delta_result", "scalar",
     "DIAGNOSTICS", "program", "program_jit", "tilted_program_jit", "unpack",
     "MAX_MIXTURE_BYTES", "check_memory",
     "TAIL_PASS_FRACTION", "tail_pass", "run", "account", "combine",
@@ -329,7 +331,6 @@ def run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, tar
         needed = max([w for w in needed if math.isfinite(w)], default=0.0)
         min_width = max(1.05 * needed, 1.5 * plan.n * plan.dx)
     return plan, res
-
 
 
 # ------------------------------------------------------------------------------------------
@@ -612,6 +613,19 @@ def exact_report(upper, lower) -> DirectionReport:
     # No grid: n = 0 and every truncation / round-off term is 0 (the closed form has none).
     return DirectionReport(direction="remove", upper=upper, lower=lower, n=0, dx=0.0, p_inf=0.0, tail_above=0.0,
                            tail_below=0.0, roundoff=0.0, truncation_budget=0.0)
+
+
+def exact_epsilon_result(deltas, upper, lower) -> EpsilonResult:
+    """The :class:`~dpjax.pld.records.EpsilonResult` of a bracket ``[lower, upper]`` found without
+    a grid (a closed form, or 0): one :func:`exact_report`."""
+    return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
+                         target_delta=scalar(deltas), directions=(exact_report(upper, lower),))
+
+
+def exact_delta_result(eps, upper, lower) -> DeltaResult:
+    """:func:`exact_epsilon_result` for delta queries (a :class:`~dpjax.pld.records.DeltaResult`)."""
+    return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
+                       target_epsilon=scalar(eps), directions=(exact_report(upper, lower),))
 
 
 def exact_epsilon(deltas, mu):
