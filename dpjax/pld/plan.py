@@ -297,6 +297,17 @@ def _n_freq(n: int, dx: float, sigma_c: float, total: int) -> int | None:
     return k if k < half // 2 else None
 
 
+def n_freq_at(plan: GridPlan, n: int) -> int | None:
+    """The kept frequencies of ``plan`` on an FFT of length ``n`` (same ``dx``, a wider window):
+    the planner's rule (:func:`_n_freq`) at the new length, an int (every frequency) where the
+    rule keeps all; None when ``plan`` keeps every frequency; ``plan.n_freq`` at its own ``n``."""
+    if plan.n_freq is None:
+        return None
+    if n == plan.n:
+        return plan.n_freq
+    return _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+
+
 # The per-step target never asks for more than this fraction of the relative target: a predicted
 # discretization error of 1e-6 * epsilon is negligible against ``relative_accuracy`` (1e-3), and
 # finer grids only cost time.  Binds only where ``epsilon > 8e-3 * steps`` at the defaults (large

@@ -28,7 +28,7 @@ import numpy as np
 from dpjax import _xla
 from dpjax.pld import cache as _cache
 from dpjax.pld import engine
-from dpjax.pld.plan import GridOptions, _n_freq, plan_grid
+from dpjax.pld.plan import GridOptions, n_freq_at, plan_grid
 from dpjax.pld.sweep_config import SweepConfig, config_components, options_for
 
 __all__ = ["Planned", "plan_config", "plan_configs", "join_stores", "PARALLEL_PLANNING_MIN", "plan_worker_main",
@@ -47,7 +47,7 @@ class Planned:
     attempt: int = 0
     groups: Any = None
 
-    def _signed(self) -> "Planned":
+    def signed(self) -> "Planned":
         self.signature = (self.want, self.directions, self.plan.n, self.plan.n_freq is None, _signature(self.groups))
         return self
 
@@ -206,7 +206,7 @@ def plan_uncached(index: int, cfg: SweepConfig, options: GridOptions, min_width:
     plan = plan_grid(groups, directions, options=options, min_width=min_width, **kw)
     if _ROUND_N_POW2 and want == "eps":
         plan = _pow2_plan(plan)
-    return Planned(index, cfg, plan, directions, want, (), attempt, groups)._signed()
+    return Planned(index, cfg, plan, directions, want, (), attempt, groups).signed()
 
 
 #: Round every planned FFT length of an epsilon query up to a power of two (``3 * 2^k`` ->
@@ -222,10 +222,7 @@ def _pow2_plan(plan):
     n = 1 << max(0, (int(plan.n) - 1).bit_length())
     if n == plan.n:
         return plan
-    n_freq = plan.n_freq
-    if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
-        n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
-    return dataclasses.replace(plan, n=n, n_freq=n_freq)
+    return dataclasses.replace(plan, n=n, n_freq=n_freq_at(plan, n))
 
 
 def shape_of(p: Planned) -> tuple[int, int, int | None]:
@@ -241,14 +238,9 @@ def struct_of(p: Planned) -> tuple:
 
 
 def _n_freq_at(p: Planned, n: int) -> int | None:
-    """The kept frequencies of ``p`` on an FFT of length ``n`` (the planner's rule, as in
-    :func:`_with_n`); None: all."""
-    plan = p.plan
-    if plan.n_freq is None:
-        return None
-    if n == plan.n:
-        return plan.n_freq
-    return _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
+    """The kept frequencies of ``p`` on an FFT of length ``n`` (:func:`dpjax.pld.plan.n_freq_at`);
+    None: all."""
+    return n_freq_at(p.plan, n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,10 +360,7 @@ def _with_n(p: Planned, n: int) -> Planned:
     if n == p.plan.n:
         return p
     plan = p.plan
-    n_freq = plan.n_freq
-    if n_freq is not None:  # the planner's rule at the new length (an int: all kept if it says None)
-        n_freq = _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
-    return dataclasses.replace(p, plan=dataclasses.replace(plan, n=n, n_freq=n_freq))._signed()
+    return dataclasses.replace(p, plan=dataclasses.replace(plan, n=n, n_freq=n_freq_at(plan, n))).signed()
 
 
 def bucket_plan(pending: list[Planned], programs: dict, policy: BucketPolicy, rows: int):

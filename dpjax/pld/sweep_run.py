@@ -306,7 +306,7 @@ def retry(p: Planned, res, n_freq, options) -> Planned | None:
     None: the row is final."""
     if n_freq is not None and any(float(r["truncation"]) > 1e-3 * p.plan.tau_wrap for rd in res for r in rd.values()):
         q = dataclasses.replace(p, plan=dataclasses.replace(p.plan, n_freq=None))
-        return q._signed()
+        return q.signed()
     budget = 10.0 * p.plan.tau_wrap
     over = any((k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
                for rd in res for k, r in rd.items())
