@@ -14,10 +14,9 @@ imports nothing else of :mod:`dpjax.pld`, so that the random-allocation accounta
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
-
-from typing import Any
 
 from dpjax._results import ResultMixin
 
