@@ -57,7 +57,7 @@ from dpjax import _xla
 from dpjax.pld import accountant as _acc
 from dpjax.pld import engine
 from dpjax.pld.compose import Group, compose_directions, lattice_groups
-from dpjax.pld.convert import _curve_terms
+from dpjax.pld.convert import curve_terms
 from dpjax.pld.exact import host_gaussian_epsilon
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, coarse_shape, plan_grid
@@ -319,7 +319,7 @@ def _curve_at(comp, eps):
     """``(delta(eps), slope)`` of one direction's upper curve (:func:`dpjax.pld.convert.table`
     terms, summed for the one segment holding ``eps`` only: masked sums instead of the full
     table, cheap to compile and to differentiate)."""
-    r, y, w, y_ref, const, fa, fb = _curve_terms(comp, "upper")
+    r, y, w, y_ref, const, fa, fb = curve_terms(comp, "upper")
     n = r.shape[-1]
     dx = comp.dx
     t = jnp.arange(n)

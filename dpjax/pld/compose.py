@@ -50,7 +50,7 @@ from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
 from dpjax.pld.mechanisms import Direction
 from dpjax import _xla
 
-_U = 2.0**-52
+UNIT_ROUNDOFF = 2.0**-52
 
 
 class Group(NamedTuple):
@@ -164,11 +164,11 @@ def _check_kinds(kinds) -> tuple[str, ...]:
     return kinds
 
 
-# Block length of the log-MGF evaluation (see ``_log_mgf``; the largest of these dividing m).
+# Block length of the log-MGF evaluation (see ``pmf_log_mgf``; the largest of these dividing m).
 _MGF_BLOCKS = (64, 32, 16)
 
 
-def _log_mgf(pmf, y, lambdas):
+def pmf_log_mgf(pmf, y, lambdas):
     """``K(lam) = log sum_i pmf_i e^{lam y_i}`` for every ``lam`` in one pass (``y`` a grid).
 
     The sum is split by blocks of ``b = 64`` (or 32, 16) consecutive grid points, ``y_i = y_b + j dx``:
@@ -198,7 +198,7 @@ def _log_mgf(pmf, y, lambdas):
     return jnp.where(inner_ok, lambdas * ref + jnp.log(s), jnp.inf)
 
 
-def _chernoff_quantiles(log_mgf, lambdas, log_tau):
+def chernoff_quantiles(log_mgf, lambdas, log_tau):
     """``(l, h)``: the Chernoff bounds put mass <= exp(log_tau) below ``l`` and above ``h``."""
     pos = lambdas > 0
     h = jnp.min(jnp.where(pos, (log_mgf - log_tau) / jnp.where(pos, lambdas, 1.0), jnp.inf))
@@ -206,7 +206,7 @@ def _chernoff_quantiles(log_mgf, lambdas, log_tau):
     return l, h
 
 
-def _window_start(l, h, dx, n):
+def window_start(l, h, dx, n):
     """Centre the window between the Chernoff quantiles."""
     centre = 0.5 * (h + l)
     centre = jnp.where(jnp.isfinite(centre), centre, 0.0)
@@ -220,7 +220,7 @@ def _largest_negative_excursion(r):
     return jnp.maximum(-jnp.min(r), 0.0)
 
 
-def _tails(log_mgf, lambdas, w_lo, dx, n):
+def wrap_tails(log_mgf, lambdas, w_lo, dx, n):
     pos = lambdas > 0
     hi = (w_lo + n) * dx
     lo = (w_lo - 1) * dx
@@ -416,10 +416,10 @@ def _compose_step(carry, xs, *, m, lattice, dx, directions, kinds, lambdas, tilt
         pmf = g.pmf_up if kind == "up" else g.pmf_down    # (D, m)
         a = acc[kind]
         Kt, rel_t = a["Kt"], a["rel_t"]
-        K_acc = a["K"] + jnp.where(c > 0, c * jax.vmap(_log_mgf)(pmf, y, lambdas), 0.0)
+        K_acc = a["K"] + jnp.where(c > 0, c * jax.vmap(pmf_log_mgf)(pmf, y, lambdas), 0.0)
         if tilted:
             # p~ = p e^{tilt y - K_k(tilt)} in log space (no overflow; empty bins stay 0).
-            Kk = jax.vmap(_log_mgf)(pmf, y, tilt[:, None])[:, 0]           # (D,)
+            Kk = jax.vmap(pmf_log_mgf)(pmf, y, tilt[:, None])[:, 0]           # (D,)
             # An overflowed K_k (not expected for tilts <= 1e3) voids the tilted result.
             bad = a["bad"] | ((c > 0) & ~jnp.isfinite(Kk))
             Kk = jnp.where(jnp.isfinite(Kk), Kk, 0.0)
@@ -460,11 +460,11 @@ def _compose_step(carry, xs, *, m, lattice, dx, directions, kinds, lambdas, tilt
 
 def _window(circ, K, lam, offset, truncation, floor_prior, is_up, *, log_tau, dx, n):
     """Place one direction's window and bound what lies outside it."""
-    l, h = _chernoff_quantiles(K, lam, log_tau)
-    w_lo = _window_start(l, h, dx, n)
+    l, h = chernoff_quantiles(K, lam, log_tau)
+    w_lo = window_start(l, h, dx, n)
     idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
     r = circ[idx]
-    above, below = _tails(K, lam, w_lo, dx, n)
+    above, below = wrap_tails(K, lam, w_lo, dx, n)
     # Per-bin noise floor (see the module docstring): every bin may carry the largest
     # negative excursion seen, and, for the lower bound, the a-priori positive bias
     # ``floor_prior`` (errors of the low frequencies spread over every bin as an offset
@@ -507,7 +507,7 @@ def _window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v, abs
     nu = _largest_negative_excursion(r)
     r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
     # exp(Kt - lam y): Kt = fl(sum_k c_k K_k) carries an absolute error <= num_terms u sum |c_k K_k|.
-    rel_untilt = 2.0 * _U * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
+    rel_untilt = 2.0 * UNIT_ROUNDOFF * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
     # Aliased mass from above is amplified by the untilt, so for the lower curve it is
     # subtracted too (reported in tail_below).
     below = jnp.where(is_up, below, jnp.minimum(below + above, 1.0))
@@ -529,7 +529,7 @@ def _composed(a, kind, carry, *, dx, lambdas, log_tau, n, nf, tilted, tilt, tilt
     else:
         truncation = jnp.zeros(D)
     circ = jnp.fft.irfft(F, n, axis=-1)
-    roundoff_rel = jnp.full(D, 8.0 * _U) * (jnp.log2(n) + carry["total"])
+    roundoff_rel = jnp.full(D, 8.0 * UNIT_ROUNDOFF) * (jnp.log2(n) + carry["total"])
     # A-priori per-bin error of the composed PMF from relative errors ``roundoff_rel`` of
     # every kept coefficient of ``F``: ``(2/n) sum_k roundoff_rel |F_k|`` (inverse real FFT).
     # Only the lower bound needs it (see ``_window``): on q = 1, T = 1022, sigma = 2.17 a
@@ -542,7 +542,7 @@ def _composed(a, kind, carry, *, dx, lambdas, log_tau, n, nf, tilted, tilt, tilt
         window = functools.partial(_window_tilted, log_tau=log_tau, dx=dx, n=n, num_terms=num_terms)
         r, w_lo, above, below, roundoff, width, floor, valid_from, rel_untilt = jax.vmap(window)(
             circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from, a["absK"], a["bad"])
-        roundoff_rel = roundoff_rel + 2.0 * _U * a["rel_t"] + rel_untilt
+        roundoff_rel = roundoff_rel + 2.0 * UNIT_ROUNDOFF * a["rel_t"] + rel_untilt
     else:
         window = functools.partial(_window, log_tau=log_tau, dx=dx, n=n)
         r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(

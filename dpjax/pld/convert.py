@@ -73,7 +73,7 @@ def _suffix_sums(x):
     return (within + after[:, None]).reshape(-1)[:n]
 
 
-def _curve_terms(pld: ComposedPLD, bound: str):
+def curve_terms(pld: ComposedPLD, bound: str):
     """``(r, y, w, y_ref, const, fa, fb)`` of the ``"upper"`` or ``"lower"`` delta curve:
     ``delta(eps) = fa sum_{t > j} r_t + const - e^{eps - y_ref} fb sum_{t > j} w_t`` on segment
     ``j``, with ``w_t = r_t e^{y_ref - y_t}`` (see the module docstring)."""
@@ -95,7 +95,7 @@ def _curve_terms(pld: ComposedPLD, bound: str):
 def table(pld: ComposedPLD, bound: Bound | str = Bound.UPPER) -> HockeyStickTable:
     """Build the segment table for the upper or lower delta curve (:class:`Bound`)."""
     bound = Bound.parse(bound)
-    r, y, w, y_ref, const, fa, fb = _curve_terms(pld, bound)
+    r, y, w, y_ref, const, fa, fb = curve_terms(pld, bound)
     # Suffix sums over t > j, accumulated from the top (small terms first).
     sa = _suffix_sums(r)
     sb = _suffix_sums(w)
@@ -163,11 +163,11 @@ def _block_len(n: int) -> int:
     return b
 
 
-# Chunk length of :func:`_suffix_sums_small`'s two-level form.
+# Chunk length of :func:`suffix_sums_small`'s two-level form.
 _SUFFIX_CHUNK = 32
 
 
-def _suffix_sums_small(x):
+def suffix_sums_small(x):
     """``s_i = sum_{i' >= i} x_i'`` along the last axis of a short array, as triangular
     multiply-reduces (cheap to compile).
 
@@ -178,8 +178,8 @@ def _suffix_sums_small(x):
     k = x.shape[-1]
     if k > _SUFFIX_CHUNK and k % _SUFFIX_CHUNK == 0:
         xb = x.reshape(x.shape[:-1] + (k // _SUFFIX_CHUNK, _SUFFIX_CHUNK))
-        within = _suffix_sums_small(xb)                        # inside each chunk
-        after = _suffix_sums_small(within[..., 0])             # chunks r' >= r
+        within = suffix_sums_small(xb)                        # inside each chunk
+        after = suffix_sums_small(within[..., 0])             # chunks r' >= r
         after = jnp.concatenate([after[..., 1:], jnp.zeros(after.shape[:-1] + (1,), x.dtype)], axis=-1)
         return (within + after[..., None]).reshape(x.shape)    # + chunks r' > r
     i = jax.lax.iota(jnp.int32, k)
@@ -200,7 +200,7 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     """
     bound = Bound.parse(bound)
     delta = jnp.asarray(delta, jnp.float64)
-    r, y, _, y_ref, const, fa, fb = _curve_terms(pld, bound)
+    r, y, _, y_ref, const, fa, fb = curve_terms(pld, bound)
     n = r.shape[-1]
     b = _block_len(n)
     nb = n // b
@@ -211,8 +211,8 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     w_out = jnp.exp((n // 2 - b * jnp.arange(nb)) * pld.dx)                 # (nb,)
     w_in = jnp.exp(-jnp.arange(b) * pld.dx)                                  # (b,)
     # Suffix sums from block starts: s_r[i] = sum_{t >= i b} r_t (and likewise for w).
-    s_r = _suffix_sums_small(jnp.sum(rb, axis=1))
-    s_w = _suffix_sums_small(w_out * jnp.sum(rb * w_in, axis=1))
+    s_r = suffix_sums_small(jnp.sum(rb, axis=1))
+    s_w = suffix_sums_small(w_out * jnp.sum(rb * w_in, axis=1))
     # delta at the block starts y_{ib}: terms t > ib, i.e. the suffix from ib minus r_{ib}.
     D_start = (s_r - rb[:, 0]) * fa + const - jnp.exp(y[::b] - y_ref) * (s_w - rb[:, 0] * w_out) * fb
     flat = delta.reshape(-1)
@@ -229,7 +229,7 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     after = nxt < nb
     nxt = jnp.minimum(nxt, nb - 1)
     # Sums over t > j inside the block: the suffix sums from t = j + 1 (the same terms).
-    incl = _suffix_sums_small(rw)                                               # (2, K, b)
+    incl = suffix_sums_small(rw)                                               # (2, K, b)
     sums = jnp.concatenate([incl[..., 1:], jnp.zeros(incl.shape[:-1] + (1,), incl.dtype)], axis=-1)
     sr = sums[0] + jnp.where(after, s_r[nxt], 0.0)[:, None]
     sw = sums[1] + jnp.where(after, s_w[nxt], 0.0)[:, None]
