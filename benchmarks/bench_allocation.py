@@ -93,7 +93,7 @@ out = dict(epsilon=r.epsilon, epsilon_lower=r.epsilon_lower, first=first, steady
            import_seconds=t_import)
 if cfg.get("jit", True):
     import jax
-    plan, _ = R._account(cfg["sigma"], R.allocation_blocks(cfg["t"], cfg["k"], cfg["epochs"]),
+    plan, _ = R.account_blocks(cfg["sigma"], R.allocation_blocks(cfg["t"], cfg["k"], cfg["epochs"]),
                          target_delta=cfg["delta"])
     f = jax.jit(lambda s: R.allocation_epsilon_fn(plan, cfg["delta"], s))
     with jax.enable_x64(True):

@@ -53,7 +53,7 @@ def main(argv=None):
     for n, m, nf, support in SHAPES:
         p = sw._with_n(base, n)
         ms = tuple(tuple(support for _ in r) for r in p.plan.ms)
-        p = dataclasses.replace(p, plan=dataclasses.replace(p.plan, n_freq=nf, ms=ms))._signed()
+        p = dataclasses.replace(p, plan=dataclasses.replace(p.plan, n_freq=nf, ms=ms)).signed()
         members = [dataclasses.replace(p, index=i) for i in range(args.chunk)]
         static = sw._static_of(p, m, nf)
         xs = sw._chunk_args(members, args.chunk, mesh)

@@ -39,10 +39,10 @@ PARTS = (
                           "_mixture_cdf_sf", "mog_inverse_privacy_loss", "_newton_h", "_phi_neg_abs",
                           "host_loss_cdfs"}),
     ("grid PMF (split, matching)", {"grid_pmf", "_bin_masses", "grid_pmf.<locals>.<genexpr>"}),
-    ("log-MGF", {"_log_mgf"}),
-    ("window, tail bounds", {"_window", "window", "compose_directions.<locals>.window", "_chernoff_quantiles",
-                             "_tails", "_window_start"}),
-    ("conversion to epsilon", {"_epsilon_row", "epsilon", "_curve_terms", "_suffix_sums_small", "eps_at",
+    ("log-MGF", {"pmf_log_mgf"}),
+    ("window, tail bounds", {"_window", "window", "chernoff_quantiles",
+                             "wrap_tails", "window_start"}),
+    ("conversion to epsilon", {"_epsilon_row", "epsilon", "curve_terms", "suffix_sums_small", "eps_at",
                                "delta_at", "table", "_suffix_sums"}),
     ("transform: modulus, phase, power", {"_compose.<locals>.body", "compose_directions.<locals>.body"}),
     ("inverse: exp, cos, sin; weights", {"epsilon_program", "compose_directions", "_program_jit"}),
@@ -128,7 +128,7 @@ def main(argv=None):
     cfg = ns["configs"](args.dist, args.configs)
     import jax
     import dpjax
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_run
 
     t0 = time.perf_counter()
     first = dpjax.sweep(cfg, progress_bar=False)
@@ -137,7 +137,7 @@ def main(argv=None):
     dpjax.sweep(cfg, progress_bar=False)
     t_second = time.perf_counter() - t0
     texts = {}
-    for fn in sweeping._COMPILED.values():
+    for fn in sweep_run.COMPILED.values():
         if hasattr(fn, "as_text"):
             text = fn.as_text()
             m = re.match(r"HloModule (\S+?),", text)

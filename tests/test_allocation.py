@@ -160,7 +160,7 @@ def test_balls_in_bins_agrees_with_monte_carlo(b, E, sigma):
 def test_numpy_and_jax_paths_agree():
     import jax
 
-    plan, _ = R._account(1.0, R.allocation_blocks(40, 1, 3), target_delta=1e-6)
+    plan, _ = R.account_blocks(1.0, R.allocation_blocks(40, 1, 3), target_delta=1e-6)
     host = A.eps_of(A.NUMPY, R._run_numpy(plan, 1.0), np.asarray([1e-6, 1e-4]))
     with jax.enable_x64(True):
         up = R.allocation_epsilon_fn(plan, np.asarray([1e-6, 1e-4]), 1.0)
@@ -177,7 +177,7 @@ def test_float32_contract_grad_and_vmap():
     import jax.numpy as jnp
 
     assert not jax.config.jax_enable_x64
-    plan, _ = R._account(1.0, R.allocation_blocks(16, 1, 2), target_delta=1e-5)
+    plan, _ = R.account_blocks(1.0, R.allocation_blocks(16, 1, 2), target_delta=1e-5)
     e = R.allocation_epsilon_fn(plan, 1e-5, 1.0)
     vals = jax.vmap(lambda s: R.allocation_epsilon_fn(plan, 1e-5, s))(jnp.asarray([1.0, 1.1], jnp.float32))
     assert vals.dtype == jnp.float32 and float(vals[0]) == pytest.approx(float(e), rel=1e-6)

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from dpjax import pld
-from dpjax.pld import accountant as acc
+from dpjax.pld import engine
 from dpjax.pld.plan import GridOptions, coarse_shape, plan_grid
 
 
 def _plan(sigma, q, steps, delta):
-    groups, _, symmetric, _ = acc._prepare(acc._dpsgd_components(sigma, q, steps), GridOptions().max_distinct)
+    groups, _, symmetric, _ = engine.prepare(engine.dpsgd_components(sigma, q, steps), GridOptions().max_distinct)
     directions = ("remove",) if symmetric else ("remove", "add")
     return plan_grid(groups, directions, tail_mass=GridOptions().tail_fraction * delta, eps_hint=None,
                      target_delta=delta, options=GridOptions()), directions
@@ -66,10 +66,10 @@ def test_rounded_plan_is_at_least_as_tight(sigma, q, steps, delta):
     values = []
     for p in (plan, coarse_shape(plan, GridOptions())):
         with jax.enable_x64(True):  # the private program, called directly: the public API does this
-            flat = acc._program(p.groups, p.dx, p.lambdas, p.log_tau, np.asarray([delta]), np.zeros(()),
+            flat = engine.program(p.groups, p.dx, p.lambdas, p.log_tau, np.asarray([delta]), np.zeros(()),
                                 directions=directions, ms=p.ms, n=p.n, kinds=("up",), want="eps",
                                 n_freq=p.n_freq)
-            res = acc._unpack(flat, directions, ("up",), (1,))
+            res = engine.unpack(flat, directions, ("up",), (1,))
         values.append(max(float(np.asarray(r["up"]["value"]).reshape(-1)[0]) for r in res))
     assert values[1] <= values[0] * (1 + 1e-8)
     assert values[1] >= values[0] * (1 - 1e-3)  # and the same bound, to the grid's accuracy

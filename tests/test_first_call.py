@@ -68,14 +68,14 @@ def test_nearby_sigmas_share_one_accountant_program(monkeypatch):
     # frequencies but different add-direction support lengths (32768 vs 49152); the program
     # only uses the per-group maximum, so the second call compiles nothing.
     from dpjax import _xla
-    from dpjax.pld import accountant
+    from dpjax.pld import engine
 
     monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 10**9)   # counts programs: nothing dropped meanwhile
-    before = accountant._program_jit.live_programs()
+    before = engine.program_jit.live_programs()
     e1 = dpjax.dpsgd_epsilon(0.90, 0.01, 1000, 1e-5)
-    mid = accountant._program_jit.live_programs()
+    mid = engine.program_jit.live_programs()
     e2 = dpjax.dpsgd_epsilon(0.91, 0.01, 1000, 1e-5)
-    assert accountant._program_jit.live_programs() == mid <= before + 1
+    assert engine.program_jit.live_programs() == mid <= before + 1
     assert e1 > e2 > 0
 
 

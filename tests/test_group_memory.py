@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.pld import accountant
+from dpjax.pld import engine
 from dpjax.pld.mog import GroupSubsampledGaussian
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def test_pruning_changes_no_number():
 
 
 def test_refused_before_allocating(monkeypatch):
-    monkeypatch.setattr(accountant, "MAX_MIXTURE_BYTES", 2**20)
+    monkeypatch.setattr(engine, "MAX_MIXTURE_BYTES", 2**20)
     with pytest.raises(ValueError, match="group_size too large.*GiB"):
         dpjax.group_epsilon(2.0, 0.01, 100, 1e-5, group_size=64)
 

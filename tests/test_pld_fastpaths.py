@@ -3,7 +3,7 @@
 * ``convert.epsilon`` (block search, only one block's suffix sums) equals ``eps_at(table(...))``
   (all suffix sums) on random PMFs: same segment, same closed form, so agreement to round-off;
   a broken PMF gives ``inf`` (upper) / ``0`` (lower), never a finite number.
-* ``compose._log_mgf`` (blocked: 64 exponentials shared per block) equals the direct sum: the
+* ``compose.pmf_log_mgf`` (blocked: 64 exponentials shared per block) equals the direct sum: the
   wrap-around bounds are built on it, so it must not drop below the exact value beyond rounding.
 * ``compose_directions`` (both directions batched) equals ``compose`` run per direction.
 * The planner's vectorized erfc (probe only, never a reported bound) is within 1.2e-7 relative
@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from dpjax import pld
 from dpjax.pld import convert
-from dpjax.pld.accountant import _prepare
-from dpjax.pld.compose import ComposedPLD, _log_mgf, compose, compose_directions
+from dpjax.pld.engine import prepare
+from dpjax.pld.compose import ComposedPLD, pmf_log_mgf, compose, compose_directions
 from dpjax.pld.mechanisms import _np_erfc_nonneg
 
 
@@ -80,7 +80,7 @@ def test_blocked_log_mgf_matches_direct_sum():
     p /= p.sum()
     lam = np.r_[np.geomspace(1.0, 1e3, 7), -np.geomspace(1.0, 1e3, 7)]
     with jax.enable_x64(True):
-        K = np.asarray(_log_mgf(jnp.asarray(p), jnp.asarray(y), jnp.asarray(lam)))
+        K = np.asarray(pmf_log_mgf(jnp.asarray(p), jnp.asarray(y), jnp.asarray(lam)))
     # Direct sum, with the largest exponent factored out (float64 is enough at these sizes).
     a = lam[:, None] * y[None, :]
     amax = a.max(axis=1, keepdims=True)
@@ -93,7 +93,7 @@ def test_batched_directions_equal_single_direction_compose():
     comps = [(pld.PoissonSubsampledGaussian(1.0, 0.02), 300)]
     dirs = ("remove", "add")
     with jax.enable_x64(True):
-        up, _, _, _ = _prepare(comps, 256)
+        up, _, _, _ = prepare(comps, 256)
         plan = pld.plan_grid(up, dirs, tail_mass=1e-11, eps_hint=None, target_delta=1e-5,
                              options=pld.GridOptions())
         ms = tuple(max(plan.ms[d][g] for d in range(2)) for g in range(len(plan.ms[0])))
@@ -164,12 +164,12 @@ def test_shared_lattice_cdfs_equal_per_direction_cdfs():
 def test_accountant_program_with_and_without_the_shared_lattice(sigma, q, steps, delta):
     # The accountant's program on its plan: the shared lattice (its default where it fits) and
     # one CDF evaluation per direction give the same epsilon and diagnostics, bit for bit.
-    from dpjax.pld import accountant as acc
+    from dpjax.pld import engine
     from dpjax.pld.compose import lattice_groups
     from dpjax.pld.plan import GridOptions, coarse_shape
 
     opts = GridOptions()
-    groups, _, _, _ = acc._prepare(acc._dpsgd_components(sigma, q, steps), opts.max_distinct)
+    groups, _, _, _ = engine.prepare(engine.dpsgd_components(sigma, q, steps), opts.max_distinct)
     dirs = ("remove", "add")
     plan = coarse_shape(pld.plan_grid(groups, dirs, tail_mass=opts.tail_fraction * delta, eps_hint=None,
                                       target_delta=delta, options=opts), opts)
@@ -177,7 +177,7 @@ def test_accountant_program_with_and_without_the_shared_lattice(sigma, q, steps,
     lattice = lattice_groups(plan.groups, dirs, plan.dx, ms)
     assert lattice == (True,)
     with jax.enable_x64(True):
-        out = [np.asarray(acc._program_jit(plan.groups, plan.dx, plan.lambdas, plan.log_tau, np.asarray([delta]),
+        out = [np.asarray(engine.program_jit(plan.groups, plan.dx, plan.lambdas, plan.log_tau, np.asarray([delta]),
                                            np.zeros(()), directions=dirs, ms=(ms, ms), n=plan.n,
                                            kinds=("up", "down"), want="eps", n_freq=plan.n_freq, lattice=flag))
                for flag in (lattice, None)]
@@ -193,7 +193,7 @@ def test_suffix_sums_small_equals_reversed_cumsum(k):
     x = rng.random((2, 3, k)) * np.exp(rng.uniform(-30, 0, (2, 3, k)))
     ref = np.flip(np.cumsum(np.flip(x, -1), -1), -1)
     with jax.enable_x64(True):
-        got = np.asarray(jax.jit(convert._suffix_sums_small)(jnp.asarray(x)))
+        got = np.asarray(jax.jit(convert.suffix_sums_small)(jnp.asarray(x)))
     assert got.shape == x.shape
     np.testing.assert_allclose(got, ref, rtol=(32 + k / 32) * 2.0 ** -52, atol=0.0)
 
@@ -234,7 +234,7 @@ def test_blocked_log_mgf_gives_inf_outside_the_shared_exponentials_range():
     p /= p.sum()
     lam = np.array([1.0, -1.0, 500.0, -500.0, 575.0, -575.0])
     with jax.enable_x64(True):
-        K = np.asarray(_log_mgf(jnp.asarray(p), jnp.asarray(y), jnp.asarray(lam)))
+        K = np.asarray(pmf_log_mgf(jnp.asarray(p), jnp.asarray(y), jnp.asarray(lam)))
     a = lam[:4, None] * y[None, :]
     amax = a.max(axis=1, keepdims=True)
     direct = np.log(np.sum(p[None, :] * np.exp(a - amax), axis=1)) + amax[:, 0]

@@ -32,10 +32,10 @@ def test_300_distinct_sigmas_member_by_member_tight():
 def test_many_distinct_padding_and_blocking_threshold():
     """Groups of > 256 mechanisms pad to a multiple of 256 (not the next power of two), and a
     schedule is blocked only beyond max_distinct."""
-    from dpjax.pld.accountant import _prepare
+    from dpjax.pld.engine import prepare
     sched = np.linspace(2.0, 1.5, 300)
     comps = [(pld.PoissonSubsampledGaussian(sched, np.full(300, 0.01)), 1)]
-    up, lo, _, blocked = _prepare(comps, 4096)
+    up, lo, _, blocked = prepare(comps, 4096)
     assert not blocked and len(up[0].counts) == 512 and int(np.sum(up[0].counts)) == 300
-    up, lo, _, blocked = _prepare(comps, 256)
+    up, lo, _, blocked = prepare(comps, 256)
     assert blocked and int(np.sum(up[0].counts)) == 300

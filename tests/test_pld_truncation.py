@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from dpjax import pld
-from dpjax.pld.accountant import _prepare, _program, _unpack
+from dpjax.pld.engine import prepare, program, unpack
 
 
 def _plan(components, target_delta=1e-5):
-    up, _, symmetric, _ = _prepare(components, 256)
+    up, _, symmetric, _ = prepare(components, 256)
     directions = ("remove",) if symmetric else ("remove", "add")
     plan = pld.plan_grid(up, directions, tail_mass=1e-6 * target_delta, eps_hint=None,
                          target_delta=target_delta, options=pld.GridOptions())
@@ -29,7 +29,7 @@ def _plan(components, target_delta=1e-5):
 
 
 def _eps(plan, n_freq, target_delta=1e-5):
-    res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([target_delta]),
+    res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([target_delta]),
                            jnp.zeros(()), directions=plan.directions, ms=plan.ms, n=plan.n, kinds=("up",),
                            want="eps", n_freq=n_freq), plan.directions, ("up",), (1,))
     return max(float(r["up"]["value"][0]) for r in res), max(float(r["up"]["truncation"]) for r in res)

@@ -135,12 +135,12 @@ def _subprocess_sweep(configs, devices, per_device):
 
 
 def test_sweep_eight_devices_same_table(monkeypatch):
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_run
 
     configs = _random_configs(6, seed=3, t_max=2000)
     # Bucket as the fresh 8-device process does: without the programs earlier tests left in this
     # process (a row may otherwise join a larger one: a longer FFT, another certified value).
-    monkeypatch.setattr(sweeping, "_SHAPES", {})
+    monkeypatch.setattr(sweep_run, "_SHAPES", {})
     one = dpjax.sweep(configs, devices=dpjax_devices()[:1])
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
@@ -255,16 +255,16 @@ def test_sweep_program_equals_accountant_program():
     gives the same numbers as on its own shape."""
     import jax
 
-    from dpjax.pld import accountant, sweeping
+    from dpjax.pld import engine, sweep_plan, sweeping
     from dpjax.pld.sweep_program import epsilon_program
 
     for c in _broad_configs(3, seed=11):
-        p = sweeping._plan(0, sweeping.SweepConfig.from_mapping(c), None)
+        p = sweep_plan.plan_config(0, sweeping.SweepConfig.from_mapping(c), None)
         pl = p.plan
         kw = dict(directions=p.directions, ms=pl.ms, n=pl.n, kinds=("up", "down"), n_freq=pl.n_freq)
         deltas = np.array([c["delta"], 10 * c["delta"]])
         with jax.enable_x64(True):
-            ref = np.asarray(accountant._program_jit._plain(pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas,
+            ref = np.asarray(engine.program_jit._plain(pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas,
                                                              np.zeros(1), want="eps", **kw))
             new = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **kw))(pl.groups, pl.dx, pl.lambdas, pl.log_tau,
                                                                           deltas))
@@ -285,23 +285,23 @@ def test_sweep_program_equals_accountant_program():
 
 
 def _plans(configs):
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_plan, sweeping
 
-    return [sweeping._plan(i, sweeping.SweepConfig.from_mapping(c), None) for i, c in enumerate(configs)]
+    return [sweep_plan.plan_config(i, sweeping.SweepConfig.from_mapping(c), None) for i, c in enumerate(configs)]
 
 
 def test_bucket_policy_caps_padding_and_fits_every_row():
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_plan, sweeping
 
     plans = _plans(_broad_configs(40, seed=12))
     for policy in (sweeping.BucketPolicy(), sweeping.BucketPolicy(max_padding=1.5),
                    sweeping.BucketPolicy(max_padding=10.0, compile_cost=1e9)):
-        buckets = sweeping._bucket_plan(plans, {}, policy, rows=4)
+        buckets = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
         assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
         for struct, (n, m, nf), members, new in buckets:
             assert new
             for p in members:
-                own_n, own_m, own_nf = sweeping._shape_of(plans[p.index])
+                own_n, own_m, own_nf = sweep_plan.shape_of(plans[p.index])
                 # An epsilon row's program discretizes its own support: padding costs FFT length
                 # and capacity only.
                 padded = policy.cost(n, m, nf, 4, support=own_m)
@@ -311,11 +311,11 @@ def test_bucket_policy_caps_padding_and_fits_every_row():
                 if nf is not None:
                     assert own_nf is not None and p.plan.n_freq is not None and p.plan.n_freq <= nf
     # Free compiles: every distinct own shape is its own program (no padding beyond nf rounding).
-    free = sweeping._bucket_plan(plans, {}, sweeping.BucketPolicy(compile_cost=0.0), rows=4)
-    assert all(p.plan.n == plans[p.index].plan.n and m == max(sweeping._shape_of(plans[q.index])[1] for q in members)
+    free = sweep_plan.bucket_plan(plans, {}, sweeping.BucketPolicy(compile_cost=0.0), rows=4)
+    assert all(p.plan.n == plans[p.index].plan.n and m == max(sweep_plan.shape_of(plans[q.index])[1] for q in members)
                for _, (n, m, nf), members, _ in free for p in members)
     # Expensive compiles and no cap: one program.
-    assert len(sweeping._bucket_plan(plans, {}, sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12),
+    assert len(sweep_plan.bucket_plan(plans, {}, sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12),
                                      rows=4)) == 1
 
 
@@ -324,50 +324,50 @@ def test_bucket_policy_without_padding_keeps_every_shape():
     as the bucketing rounds them), one program per distinct shape.  (The cap once left no
     feasible split when a configuration's rounded frequencies cost more than its unrounded
     ones, and every row went into one program at the largest sizes.)"""
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_plan, sweeping
 
     plans = _plans(_broad_configs(40, seed=12))
     policy = sweeping.BucketPolicy(max_padding=1.0)
-    buckets = sweeping._bucket_plan(plans, {}, policy, rows=4)
+    buckets = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
     assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
     shapes = set()
     for _, (n, m, nf), members, _ in buckets:
         for p in members:
-            own_n, own_m, _ = sweeping._shape_of(plans[p.index])
+            own_n, own_m, _ = sweep_plan.shape_of(plans[p.index])
             assert (n, m) == (own_n, own_m) and p.plan.n == own_n
         shapes.add((n, m, nf))
     assert len(shapes) == len(buckets) > 3
 
 
 def test_bucketing_prefers_existing_programs():
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_plan, sweeping
 
     plans = _plans(_broad_configs(30, seed=13))
     policy = sweeping.BucketPolicy()
-    first = sweeping._bucket_plan(plans, {}, policy, rows=4)
+    first = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
     known = {}
     for struct, (n, m, nf), members, new in first:
         known.setdefault(struct, []).append((n, m, nf, 0.0))
-    again = sweeping._bucket_plan(_plans(_broad_configs(30, seed=13)), known, policy, rows=4)
+    again = sweep_plan.bucket_plan(_plans(_broad_configs(30, seed=13)), known, policy, rows=4)
     assert not any(new for *_, new in again)
     # A delta query keeps its own FFT length (a longer FFT raises the round-off floor of small deltas).
     delta_plans = _plans([dict(c, delta=None, epsilon=1.0) for c in _broad_configs(12, seed=14)])
-    for _, (n, m, nf), members, _ in sweeping._bucket_plan(delta_plans, {}, policy, rows=4):
+    for _, (n, m, nf), members, _ in sweep_plan.bucket_plan(delta_plans, {}, policy, rows=4):
         assert all(p.plan.n == delta_plans[p.index].plan.n == n for p in members)
 
 
 def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
     """The accelerator layout (``block`` configurations vmapped per loop step) gives the loop's
     table on CPU."""
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_run, sweeping
 
     configs = _broad_configs(5, seed=15)
     policy = sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12)       # one program
     loop = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False)
-    monkeypatch.setattr(sweeping, "_block_size", lambda mesh, n, rows, per_device: 2)
-    sweeping._COMPILED.clear()
+    monkeypatch.setattr(sweep_run, "_block_size", lambda mesh, n, rows, per_device: 2)
+    sweep_run.COMPILED.clear()
     blocks = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False)
-    sweeping._COMPILED.clear()
+    sweep_run.COMPILED.clear()
     # Batched transforms round differently, which moves the measured FFT round-off floor (the
     # per-bin allowance, docs/design.md section 2.4) and hence the small-delta end of a row by
     # ~1e-7 relative; both are certified under the same error model.
@@ -406,11 +406,11 @@ def test_cli_second_process_loads_programs_and_plans(tmp_path):
 
 @pytest.mark.slow  # spawns planning processes (an import of dpjax each)
 def test_parallel_planning_equals_serial(monkeypatch):
-    from dpjax.pld import sweeping
+    from dpjax.pld import sweep_config, sweep_plan, sweeping
 
     configs = [sweeping.SweepConfig.from_mapping(c) for c in _broad_configs(6, seed=16)]
-    serial = [sweeping._plan_uncached(i, c, sweeping._options_for(c, None)) for i, c in enumerate(configs)]
-    parallel = sweeping._plan_parallel(list(range(len(configs))), configs, None, workers=2)
+    serial = [sweep_plan.plan_uncached(i, c, sweep_config.options_for(c, None)) for i, c in enumerate(configs)]
+    parallel = sweep_plan.plan_parallel(list(range(len(configs))), configs, None, workers=2)
     for a, b in zip(serial, parallel):
         assert (a.index, a.plan.n, a.plan.dx, a.plan.ms, a.plan.n_freq) == (b.index, b.plan.n, b.plan.dx, b.plan.ms,
                                                                              b.plan.n_freq)

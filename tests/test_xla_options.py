@@ -52,10 +52,10 @@ def test_other_errors_are_not_swallowed(restore_xla):
 def test_switch_off_gives_identical_accountant_results(monkeypatch, restore_xla):
     # The options change code generation, not arithmetic semantics: same epsilon, same bracket.
     import dpjax
-    from dpjax.pld import accountant
+    from dpjax.pld import engine
 
     on = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
-    accountant._program_jit.clear_cache()
+    engine.program_jit.clear_cache()
     monkeypatch.setattr(_xla, "_enabled", False)
     off = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
     for name in ("epsilon", "epsilon_upper", "epsilon_lower"):

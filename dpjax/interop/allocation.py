@@ -123,7 +123,7 @@ def _account(blocks, *, target_delta=None, target_epsilon=None):
         for tb, c in ra.allocation_blocks(t, k, e):
             sub.append((tb, c))
             sig.append(sigma)
-    plan, comp = ra._account(sig, sub, target_delta=target_delta, target_epsilon=target_epsilon)
+    plan, comp = ra.account_blocks(sig, sub, target_delta=target_delta, target_epsilon=target_epsilon)
     from dpjax.pld import allocation as A
 
     with np.errstate(all="ignore"):
@@ -242,21 +242,20 @@ class RunningAllocationAccountant:
     def get_epsilon(self, delta) -> float:
         """Certified epsilon of the epochs so far at ``delta`` (0 before the first epoch)."""
         delta = float(_validate.probability_open("delta", delta))
-        if not self._phases:
-            return 0.0
-        key = ("eps", delta)
-        if key not in self._cache:
-            self._cache[key] = _value(self._result(target_delta=delta), "epsilon")
-        return self._cache[key]
+        return self._cached("epsilon", ("eps", delta), target_delta=delta)
 
     def get_delta(self, epsilon) -> float:
         """Certified delta of the epochs so far at ``epsilon``."""
         eps = float(_validate.nonnegative("epsilon", epsilon))
+        return self._cached("delta", ("delta", eps), target_epsilon=eps)
+
+    def _cached(self, quantity: str, key: tuple, **target) -> float:
+        """``quantity`` ("epsilon" / "delta") of the epochs so far at ``target``, cached under
+        ``key`` (0 before the first epoch)."""
         if not self._phases:
             return 0.0
-        key = ("delta", eps)
         if key not in self._cache:
-            self._cache[key] = _value(self._result(target_epsilon=eps), "delta")
+            self._cache[key] = _value(self._result(**target), quantity)
         return self._cache[key]
 
     def state_dict(self) -> dict:

@@ -109,7 +109,10 @@ def _need(event, rel, allowed):
 
 
 def _walk(event, count: int, rel, out: list) -> None:
-    """Append ``(mechanism, count)`` pairs of ``event`` composed ``count`` times to ``out``."""
+    """Append ``(mechanism, count)`` pairs of ``event`` composed ``count`` times to ``out``.
+
+    Compositions recurse; every other event is a leaf whose mechanism comes from its entry of
+    :data:`_LEAVES` (None: the event composes to nothing, e.g. sampling probability 0)."""
     if isinstance(event, _dpa.NoOpDpEvent):
         return
     if isinstance(event, _dpa.NonPrivateDpEvent):
@@ -123,105 +126,122 @@ def _walk(event, count: int, rel, out: list) -> None:
         for e in event.events:
             _walk(e, count, rel, out)
         return
-    if isinstance(event, _dpa.GaussianDpEvent):
-        _need(event, rel, (_ADD_REMOVE, _REPLACE))
-        sigma = float(event.noise_multiplier)
-        if sigma < 0 or math.isnan(sigma):
-            raise UnsupportedDpEventError(event, f"noise_multiplier must be >= 0, got {sigma}")
-        if sigma == 0:
-            raise _NonPrivate()
-        if count:
-            out.append((pld.Gaussian(sigma, 2.0 if rel == _REPLACE else 1.0), count))
-        return
-    if isinstance(event, _dpa.LaplaceDpEvent):
-        _need(event, rel, (_ADD_REMOVE,))
-        b = float(event.noise_multiplier)
-        if b < 0 or math.isnan(b):
-            raise UnsupportedDpEventError(event, f"noise_multiplier must be >= 0, got {b}")
-        if b == 0:
-            raise _NonPrivate()
-        if count:
-            out.append((pld.Laplace(b), count))
-        return
-    if isinstance(event, _dpa.MixtureOfGaussiansDpEvent):
-        _need(event, rel, (_ADD_REMOVE,))
-        sens = tuple(float(c) for c in event.sensitivities)
-        probs = tuple(float(p) for p in event.sampling_probs)
-        if all(c == 0 for c in sens):
+    for cls, leaf in _LEAVES:
+        if isinstance(event, cls):
+            mech = leaf(event, rel, count)
+            if mech is not None:
+                out.append((mech, count))
             return
-        if float(event.standard_deviation) == 0:
-            raise _NonPrivate()
-        mech = MixtureOfGaussians(float(event.standard_deviation), sens, probs)
-        try:
-            mech.validate()
-        except ValueError as exc:
-            raise UnsupportedDpEventError(event, str(exc)) from None
-        if count:
-            out.append((mech, count))
-        return
-    if isinstance(event, _dpa.PoissonSampledDpEvent):
-        q = float(event.sampling_probability)
-        if not 0 <= q <= 1:
-            raise UnsupportedDpEventError(event, f"sampling_probability must be in [0, 1], got {q}")
-        inner = event.event
-        if rel != _ADD_REMOVE:
-            raise UnsupportedDpEventError(
-                event, "Poisson sampling is supported under `ADD_OR_REMOVE_ONE` only (under replace-one "
-                       "dpjax has no certified dominating pair for it yet)")
-        if isinstance(inner, _dpa.GaussianDpEvent):
-            sigma = float(inner.noise_multiplier)
-            if q == 0:
-                return
-            if sigma == 0:
-                raise _NonPrivate()
-            if count:
-                out.append((pld.PoissonSubsampledGaussian(sigma, q), count))
-            return
-        if isinstance(inner, _dpa.MixtureOfGaussiansDpEvent):
-            if q == 0:
-                return
-            if float(inner.standard_deviation) == 0:
-                raise _NonPrivate()
-            # Poisson sampling of a MoG is the MoG that adds sensitivity 0 with weight 1 - q.
-            sens = (0.0,) + tuple(float(c) for c in inner.sensitivities)
-            probs = (1.0 - q,) + tuple(q * float(p) for p in inner.sampling_probs)
-            if count:
-                out.append((MixtureOfGaussians(float(inner.standard_deviation), sens, probs).validate(),
-                            count))
-            return
-        raise UnsupportedDpEventError(
-            event, f"the sub-event of PoissonSampledDpEvent must be a GaussianDpEvent or a "
-                   f"MixtureOfGaussiansDpEvent, found {type(inner).__name__}")
-    if isinstance(event, _dpa.SampledWithoutReplacementDpEvent):
-        _need(event, rel, (_REPLACE,))
-        n, m = int(event.source_dataset_size), int(event.sample_size)
-        if not 0 <= m <= n or n <= 0:
-            raise UnsupportedDpEventError(event, f"need 0 <= sample_size <= source_dataset_size, got {m}, {n}")
-        inner = event.event
-        if not isinstance(inner, _dpa.GaussianDpEvent):
-            raise UnsupportedDpEventError(
-                event, f"the sub-event of SampledWithoutReplacementDpEvent must be a GaussianDpEvent, "
-                       f"found {type(inner).__name__}")
-        if m == 0:
-            return
-        sigma = float(inner.noise_multiplier)
-        if sigma == 0:
-            raise _NonPrivate()
-        # Zhu, Dong & Wang (2022), Thm 10: (q P + (1-q) Q, Q) with P = N(1), Q = N(-1); see module doc.
-        if count:
-            out.append((pld.PoissonSubsampledGaussian(sigma / 2.0, m / n), count))
-        return
-    if isinstance(event, _dpa.RandomizedResponseDpEvent):
-        _need(event, rel, (_REPLACE,))
-        k, p = int(event.num_buckets), float(event.noise_parameter)
-        if k == 1:
-            return
-        if p == 0:
-            raise _NonPrivate()
-        if count:
-            out.append((pld.RandomizedResponse(p, k).validate(), count))
-        return
     raise UnsupportedDpEventError(event, f"{type(event).__name__} is not supported by dpjax's PLD accountant")
+
+
+def _noise(event, value) -> float:
+    """A leaf's noise parameter: refused when negative or NaN, non-private when 0."""
+    v = float(value)
+    if v < 0 or math.isnan(v):
+        raise UnsupportedDpEventError(event, f"noise_multiplier must be >= 0, got {v}")
+    if v == 0:
+        raise _NonPrivate()
+    return v
+
+
+def _gaussian(event, rel, count):
+    _need(event, rel, (_ADD_REMOVE, _REPLACE))
+    sigma = _noise(event, event.noise_multiplier)
+    return pld.Gaussian(sigma, 2.0 if rel == _REPLACE else 1.0) if count else None
+
+
+def _laplace(event, rel, count):
+    _need(event, rel, (_ADD_REMOVE,))
+    b = _noise(event, event.noise_multiplier)
+    return pld.Laplace(b) if count else None
+
+
+def _mixture(event, rel, count):
+    _need(event, rel, (_ADD_REMOVE,))
+    sens = tuple(float(c) for c in event.sensitivities)
+    probs = tuple(float(p) for p in event.sampling_probs)
+    if all(c == 0 for c in sens):
+        return None
+    if float(event.standard_deviation) == 0:
+        raise _NonPrivate()
+    mech = MixtureOfGaussians(float(event.standard_deviation), sens, probs)
+    try:
+        mech.validate()
+    except ValueError as exc:
+        raise UnsupportedDpEventError(event, str(exc)) from None
+    return mech if count else None
+
+
+def _poisson_sampled(event, rel, count):
+    q = float(event.sampling_probability)
+    if not 0 <= q <= 1:
+        raise UnsupportedDpEventError(event, f"sampling_probability must be in [0, 1], got {q}")
+    inner = event.event
+    if rel != _ADD_REMOVE:
+        raise UnsupportedDpEventError(
+            event, "Poisson sampling is supported under `ADD_OR_REMOVE_ONE` only (under replace-one "
+                   "dpjax has no certified dominating pair for it yet)")
+    if isinstance(inner, _dpa.GaussianDpEvent):
+        sigma = float(inner.noise_multiplier)
+        if q == 0:
+            return None
+        if sigma == 0:
+            raise _NonPrivate()
+        return pld.PoissonSubsampledGaussian(sigma, q) if count else None
+    if isinstance(inner, _dpa.MixtureOfGaussiansDpEvent):
+        if q == 0:
+            return None
+        if float(inner.standard_deviation) == 0:
+            raise _NonPrivate()
+        # Poisson sampling of a MoG is the MoG that adds sensitivity 0 with weight 1 - q.
+        sens = (0.0,) + tuple(float(c) for c in inner.sensitivities)
+        probs = (1.0 - q,) + tuple(q * float(p) for p in inner.sampling_probs)
+        return MixtureOfGaussians(float(inner.standard_deviation), sens, probs).validate() if count else None
+    raise UnsupportedDpEventError(
+        event, f"the sub-event of PoissonSampledDpEvent must be a GaussianDpEvent or a "
+               f"MixtureOfGaussiansDpEvent, found {type(inner).__name__}")
+
+
+def _sampled_without_replacement(event, rel, count):
+    _need(event, rel, (_REPLACE,))
+    n, m = int(event.source_dataset_size), int(event.sample_size)
+    if not 0 <= m <= n or n <= 0:
+        raise UnsupportedDpEventError(event, f"need 0 <= sample_size <= source_dataset_size, got {m}, {n}")
+    inner = event.event
+    if not isinstance(inner, _dpa.GaussianDpEvent):
+        raise UnsupportedDpEventError(
+            event, f"the sub-event of SampledWithoutReplacementDpEvent must be a GaussianDpEvent, "
+                   f"found {type(inner).__name__}")
+    if m == 0:
+        return None
+    sigma = float(inner.noise_multiplier)
+    if sigma == 0:
+        raise _NonPrivate()
+    # Zhu, Dong & Wang (2022), Thm 10: (q P + (1-q) Q, Q) with P = N(1), Q = N(-1); see module doc.
+    return pld.PoissonSubsampledGaussian(sigma / 2.0, m / n) if count else None
+
+
+def _randomized_response(event, rel, count):
+    _need(event, rel, (_REPLACE,))
+    k, p = int(event.num_buckets), float(event.noise_parameter)
+    if k == 1:
+        return None
+    if p == 0:
+        raise _NonPrivate()
+    return pld.RandomizedResponse(p, k).validate() if count else None
+
+
+#: The leaf events :func:`_walk` accounts, in the order they are tested, each with the function
+#: ``(event, relation, count) -> mechanism or None`` that checks it and builds its mechanism.
+_LEAVES = (
+    (_dpa.GaussianDpEvent, _gaussian),
+    (_dpa.LaplaceDpEvent, _laplace),
+    (_dpa.MixtureOfGaussiansDpEvent, _mixture),
+    (_dpa.PoissonSampledDpEvent, _poisson_sampled),
+    (_dpa.SampledWithoutReplacementDpEvent, _sampled_without_replacement),
+    (_dpa.RandomizedResponseDpEvent, _randomized_response),
+)
 
 
 def events_to_components(event, neighboring_relation=_ADD_REMOVE, count: int = 1):

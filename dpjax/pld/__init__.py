@@ -75,7 +75,8 @@ These run from float32 code (float64 inside); under a user's ``jax.jit`` trace w
 and :class:`Bound`.
 """
 
-from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult, delta, epsilon
+from dpjax.pld.accountant import delta, epsilon
+from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 from dpjax.pld.dpsgd import dpsgd_accounting, dpsgd_delta, dpsgd_epsilon
 from dpjax.pld.compose import ComposedPLD, Composition, Group, compose
 from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table

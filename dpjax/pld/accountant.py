@@ -16,679 +16,30 @@ PMF dominates the mechanism, and the single-step truncation (``+inf`` atom), wra
 (Chernoff) and FFT round-off terms are added to delta before converting.  ``epsilon_lower`` is
 certified from below (optimistic grid, wrap-around from below subtracted); it is loose by about
 ``T dx / 2`` for long compositions.
+
+This module holds the entry points and what only they do (dropping lossless mechanisms, the
+rare-sampling floor, the fallback bounds and the refusal reason when the grid cannot certify);
+the steps they share with every other FFT path (stacking, the jitted program, runs, the tilted
+tail pass, the Gaussian shortcut) are in :mod:`dpjax.pld.engine`, and the result records in
+:mod:`dpjax.pld.records` (re-exported here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
-from dpjax.pld.compose import Group, compose_directions, lattice_groups
-from dpjax._results import ResultMixin
-from dpjax.pld.convert import delta_at, table
-from dpjax.pld.convert import epsilon as eps_from_pld
-from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
-from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta, host_gaussian_epsilon_is_zero
-from dpjax.pld.plan import (MAX_WINDOW_WIDTH, GridOptions, GridPlan, coarse_shape, plan_grid, regrid, tilt_log_mgf,
-                            tilt_parameters)
-from dpjax import _xla
-
-# ------------------------------------------------------------------------------------------
-# Results
-
-
-@dataclasses.dataclass(frozen=True)
-class DirectionReport(ResultMixin):
-    """Per-direction diagnostics (floats; arrays when several targets were asked).
-
-    ``to_dict()`` / ``to_json(path)`` / ``DirectionReport.load(path)``: see :mod:`dpjax._results`.
-    """
-
-    direction: str
-    upper: Any
-    lower: Any
-    n: int
-    dx: float
-    p_inf: float
-    tail_above: float
-    tail_below: float
-    roundoff: float
-    truncation_budget: float
-    noise_floor: float = 0.0
-
-    def as_dict(self, quantity: str) -> dict:
-        """JSON-ready diagnostics; ``quantity`` names the bracket (``"epsilon"`` or ``"delta"``)."""
-        return {f"{quantity}_upper": _py(self.upper), f"{quantity}_lower": _py(self.lower),
-                "n": self.n, "dx": self.dx, "p_inf": self.p_inf, "tail_above": self.tail_above,
-                "tail_below": self.tail_below, "roundoff": self.roundoff,
-                "noise_floor": self.noise_floor}
-
-
-@dataclasses.dataclass(frozen=True)
-class EpsilonResult(ResultMixin):
-    """``epsilon(target_delta)``: certified ``epsilon_upper`` (= ``epsilon``) and ``epsilon_lower``.
-
-    ``epsilon`` is ``inf`` when the upper bound cannot certify ``target_delta`` (``reason`` says
-    why).  ``directions`` holds the add/remove (or single symmetric) reports; ``blocked`` is True
-    when a long heterogeneous schedule was bracketed by blocks (see :class:`GridOptions`).
-    ``adjacency`` names the neighbouring relation: ``"add_or_remove"`` (the max over the add and
-    remove directions; Poisson sampling) or ``"replace"`` (fixed batches, :mod:`dpjax.group`).
-
-    ``to_dict()`` / ``to_json(path)`` / ``EpsilonResult.load(path)`` keep every field (arrays as
-    lists; see :mod:`dpjax._results`); ``as_dict()`` is the compact report keyed by direction.
-    """
-
-    _nested = {"directions": DirectionReport}
-
-    epsilon: Any
-    epsilon_lower: Any
-    epsilon_upper: Any
-    target_delta: Any
-    directions: tuple[DirectionReport, ...]
-    blocked: bool = False
-    reason: str | None = None
-    adjacency: str = "add_or_remove"
-
-    def as_dict(self) -> dict:
-        return dict(
-            epsilon=_py(self.epsilon), epsilon_lower=_py(self.epsilon_lower),
-            epsilon_upper=_py(self.epsilon_upper), target_delta=_py(self.target_delta),
-            blocked=self.blocked, reason=self.reason,
-            directions={str(d.direction): d.as_dict("epsilon") for d in self.directions},
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class DeltaResult(ResultMixin):
-    """``delta(target_epsilon)``: certified ``delta_upper`` (= ``delta``) and ``delta_lower``.
-
-    ``adjacency``, ``to_dict()`` / ``to_json(path)`` / ``DeltaResult.load(path)``: as for
-    :class:`EpsilonResult`.
-    """
-
-    _nested = {"directions": DirectionReport}
-
-    delta: Any
-    delta_lower: Any
-    delta_upper: Any
-    target_epsilon: Any
-    directions: tuple[DirectionReport, ...]
-    blocked: bool = False
-    adjacency: str = "add_or_remove"
-
-    def as_dict(self) -> dict:
-        return dict(
-            delta=_py(self.delta), delta_lower=_py(self.delta_lower), delta_upper=_py(self.delta_upper),
-            target_epsilon=_py(self.target_epsilon), blocked=self.blocked,
-            directions={str(d.direction): d.as_dict("delta") for d in self.directions},
-        )
-
-
-def _py(x):
-    a = np.asarray(x, np.float64)
-    return float(a) if a.ndim == 0 else a.tolist()
-
-
-# ------------------------------------------------------------------------------------------
-# Components -> stacked groups
-
-
-def _fields(mech):
-    data, static = [], []
-    for f in dataclasses.fields(mech):
-        (static if f.metadata.get("static", False) else data).append(f.name)
-    return data, static
-
-
-def _stack(components) -> list[tuple[type, dict, list[str], np.ndarray, np.ndarray]]:
-    """Group components by (class, static fields); returns per group the parameter matrix."""
-    groups: dict = {}
-    for item in components:
-        if isinstance(item, tuple):
-            mech, count = item
-        else:
-            mech, count = item, 1
-        if hasattr(mech, "validate"):
-            mech.validate()
-        data, static = _fields(mech)
-        cols = [np.atleast_1d(np.asarray(getattr(mech, f), np.float64)) for f in data]
-        G = int(np.broadcast_shapes(*[c.shape for c in cols])[0]) if cols else 1
-        if any(c.ndim != 1 for c in cols):
-            raise ValueError(f"mechanism parameters must be scalars or 1-D arrays, got {mech!r}")
-        cols = [np.broadcast_to(c, (G,)) for c in cols]
-        cnt = np.atleast_1d(np.asarray(count))
-        if cnt.ndim != 1 or cnt.shape[0] not in (1, G):
-            raise ValueError(f"count must be a positive integer or a 1-D array of length {G}, got {count!r}")
-        cnt = np.broadcast_to(cnt, (G,))
-        cnt = np.array([_validate.positive_int("count", c) for c in cnt], np.int64)
-        key = (type(mech), tuple((s, getattr(mech, s)) for s in static))
-        entry = groups.setdefault(key, (type(mech), {s: getattr(mech, s) for s in static}, data, [], []))
-        entry[3].append(np.stack(cols, axis=1))
-        entry[4].append(cnt)
-    out = []
-    for cls, static, data, params, counts in groups.values():
-        P = np.concatenate(params, axis=0)
-        C = np.concatenate(counts)
-        uniq, inv = np.unique(P, axis=0, return_inverse=True)
-        C = np.bincount(inv.reshape(-1), weights=C, minlength=len(uniq)).astype(np.int64)
-        out.append((cls, static, data, uniq, C))
-    return out
-
-
-# Schedules of Gaussian mechanisms with more distinct values than this are merged into their one
-# exact Gaussian (see _composes_as_one_gaussian) whatever ``max_distinct`` is: exact and cheap.
-_MERGE_GAUSSIANS_ABOVE = 256
-
-
-def _block(cls, data, P, C, max_distinct):
-    """Bracket a long schedule by blocks: returns (upper params, lower params, counts) or None.
-
-    Only for mechanisms declaring ``privacy_parameter`` (a field where larger means more
-    private, all else equal), varying in that field alone.  Sorted by it, consecutive values
-    are grouped into ``max_distinct`` blocks of (nearly) equal total count; the upper bound uses
-    each block's smallest value (it dominates every member, by post-processing), the lower bound
-    its largest.  Schedules that compose exactly as one Gaussian are merged into that Gaussian
-    instead (upper params == lower params, one block): no bracket.
-    """
-    name = getattr(cls, "privacy_parameter", None)
-    if name is None or len(P) <= min(max_distinct, _MERGE_GAUSSIANS_ABOVE):
-        return None
-    j = data.index(name)
-    others = np.delete(P, j, axis=1)
-    if len(others.T) and not np.all(others == others[0]):
-        return None
-    if len(P) <= max_distinct and not _composes_as_one_gaussian(cls, data, P):
-        return None
-    if _composes_as_one_gaussian(cls, data, P):
-        # Exact, not a bracket: the whole schedule is one Gaussian (see _composes_as_one_gaussian).
-        merged = P[:1].copy()
-        merged[0, j] = float(np.sum(C / P[:, j] ** 2)) ** -0.5
-        return merged, merged, np.ones(1, np.int64)
-    order = np.argsort(P[:, j])
-    P, C = P[order], C[order]
-    cum = np.cumsum(C)
-    block = np.minimum((cum - 1) * max_distinct // cum[-1], max_distinct - 1)
-    starts = np.r_[0, np.flatnonzero(np.diff(block)) + 1]
-    ends = np.r_[starts[1:], len(P)]
-    up = P[starts].copy()
-    lo = P[ends - 1].copy()
-    cnt = np.add.reduceat(C, starts)
-    return up, lo, cnt
-
-
-def _composes_as_one_gaussian(cls, data, P) -> bool:
-    """True for a schedule of Gaussian mechanisms varying in the noise multiplier only:
-    :class:`Gaussian`, or :class:`PoissonSubsampledGaussian` with every ``sampling_prob == 1``
-    (then ``P = N(1, s^2)``, ``Q = N(0, s^2)`` in both directions).
-
-    Such a composition is *exactly* one Gaussian mechanism: with ``mu_i = sensitivity /
-    sigma_i``, the composition of ``c_i`` copies of each has the trade-off function ``G_mu`` with
-    ``mu = sqrt(sum_i c_i mu_i^2)`` (Dong, Roth and Su, "Gaussian Differential Privacy", 2022,
-    Cor. 3.3: ``G_mu1 (x) G_mu2 = G_sqrt(mu1^2 + mu2^2)``, an equality of trade-off functions,
-    hence of every hockey-stick divergence).  Directly: the pair ``(N(m, I), N(0, I))`` with
-    ``m_i = mu_i`` is, up to the invertible rotation sending ``m / |m|`` to the first axis and
-    the independent pure-noise coordinates it leaves, the pair ``(N(|m|, 1), N(0, 1))``.  So
-    replacing such a schedule by the single mechanism with noise multiplier
-    ``(sum_i c_i / sigma_i^2)^(-1/2)`` (same sensitivity) changes no privacy-loss distribution:
-    the bound stays certified and the bracket of blocking (each block at its least private
-    member) disappears.  On ``numpy.linspace(4.7, 1.3, 2197)`` at delta 1e-6 that bracket put the
-    certified epsilon 0.49% above the truth.
-    """
-    if cls is Gaussian:
-        return True
-    if cls is PoissonSubsampledGaussian:
-        return bool(np.all(P[:, data.index("sampling_prob")] == 1.0))
-    return False
-
-
-def _to_group(cls, static, data, P, C) -> Group:
-    G = len(C)
-    # Powers of two up to 256, then multiples of 256 (a schedule of 10^4 distinct values would
-    # otherwise scan 6384 padding steps, each a full transform).
-    Gp = 1 << max(0, math.ceil(math.log2(G))) if G <= 256 else 256 * -(-G // 256)
-    if Gp > G:  # pad with copies of the first row and count 0 (no recompiles for every G)
-        P = np.concatenate([P, np.repeat(P[:1], Gp - G, axis=0)])
-        C = np.concatenate([C, np.zeros(Gp - G, np.int64)])
-    # NumPy leaves: the jitted program takes them as they are (no eager device_put per field).
-    kwargs = {f: np.ascontiguousarray(P[:, i], np.float64) for i, f in enumerate(data)}
-    kwargs.update(static)
-    return Group(mechanism=cls(**kwargs), counts=C, offsets=np.zeros(len(C), np.int64))
-
-
-def _prepare(components, max_distinct, stacked=None):
-    """Returns (upper_groups, lower_groups, symmetric, blocked).  ``stacked``: ``_stack(components)``
-    when the caller already has it."""
-    stacked = _stack(components) if stacked is None else stacked
-    up, lo, blocked = [], [], False
-    for cls, static, data, P, C in stacked:
-        b = _block(cls, data, P, C, max_distinct)
-        if b is not None and np.array_equal(b[0], b[1]):  # an exact merge, not a bracket
-            P, C, b = b[0], b[2], None
-        if b is None:
-            g = _to_group(cls, static, data, P, C)
-            up.append(g)
-            lo.append(g)
-        else:
-            blocked = True
-            Pu, Pl, Cb = b
-            up.append(_to_group(cls, static, data, Pu, Cb))
-            lo.append(_to_group(cls, static, data, Pl, Cb))
-    symmetric = all(getattr(cls, "symmetric", False) for cls, *_ in stacked)
-    return up, lo, symmetric, blocked
-
-
-# ------------------------------------------------------------------------------------------
-# The jitted program (one per direction and static shape set)
-
-
-_DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
-                "valid_from")
-
-
-def _program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-             exported=False, tilted=False, tilt=None, tilt_from=None):
-    """:func:`_program_jit` with the per-direction support lengths ``ms`` replaced by their
-    per-group maximum in every direction (the only thing the program uses of them).  Plans
-    differing only in a direction's support length (e.g. ``((49152,), (32768,))`` and
-    ``((49152,), (49152,))`` from two nearby noise multipliers) then share one compiled program
-    instead of compiling the same computation twice.  ``exported=True`` (host calls only) goes
-    through :func:`dpjax.pld.cache.exported_call` (a serialized program when the persistent
-    cache is on), the tilted tail pass included."""
-    common = tuple(max(m[gi] for m in ms) for gi in range(len(ms[0])))
-    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq,
-                  lattice=lattice_groups(groups, directions, dx, common))
-    args = (groups, dx, lambdas, log_tau, deltas, epsilons)
-    if tilted:
-        if exported:
-            from dpjax.pld.cache import exported_call
-
-            return exported_call("pld_program_tilted", _tilted_program_jit, args + (tilt, tilt_from), static)
-        return _program_jit(*args, **static, tilted=True, tilt=tilt, tilt_from=tilt_from)
-    if exported:
-        from dpjax.pld.cache import exported_call
-
-        return exported_call("pld_program", _program_jit, args, static)
-    return _program_jit(*args, **static)
-
-
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted", "lattice"))
-def _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-                 tilted=False, tilt=None, tilt_from=None, lattice=None):
-    """All directions in one XLA program (one compile): compose, then convert (``want`` is
-    "eps" or "delta": only that conversion is compiled).
-
-    Returns one float64 array of shape ``(directions, kinds, targets + 6)``: the converted
-    values, then the diagnostics of ``_DIAGNOSTICS`` (a single device-to-host transfer).
-    """
-    # All directions batched along a leading axis (one copy of the composition and conversion
-    # code in the compiled program, batched FFTs); each group's support length is the largest
-    # any direction asked for (a longer support only moves mass from the +inf atom onto the grid).
-    ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
-    outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
-                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt,
-                              tilt_from=tilt_from, lattice=lattice)
-    per_kind = []
-    for kind in kinds:
-        stacked = getattr(outs, kind)
-        bound = "upper" if kind == "up" else "lower"
-        if want == "eps":
-            value = jax.vmap(lambda p: eps_from_pld(p, deltas, bound))(stacked)
-        else:
-            value = jax.vmap(lambda p: delta_at(table(p, bound), epsilons))(stacked)
-        diag = [getattr(stacked, name) for name in _DIAGNOSTICS]
-        per_kind.append(jnp.concatenate([jnp.reshape(value, (len(directions), -1)), jnp.stack(diag, axis=1)], axis=1))
-    return jnp.stack(per_kind, axis=1)
-
-
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "lattice"))
-def _tilted_program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, tilt, tilt_from, *, directions, ms, n, kinds,
-                        want, n_freq=None, lattice=None):
-    """:func:`_program_jit` in its tilted mode with ``tilt``/``tilt_from`` positional (the form
-    :func:`dpjax.pld.cache.exported_call` serializes)."""
-    return _program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, directions=directions, ms=ms, n=n,
-                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from,
-                        lattice=lattice)
-
-
-def _unpack(flat, directions, kinds, shape):
-    """Host side of ``_program``'s packed output: ``[{kind: {value, p_inf, ...}}]`` per direction."""
-    flat = np.asarray(flat)
-    size = int(np.prod(shape, dtype=np.int64))
-    res = []
-    for di in range(len(directions)):
-        r = {}
-        for ki, kind in enumerate(kinds):
-            row = flat[di, ki]
-            r[kind] = dict(value=row[:size].reshape(shape), **{name: row[size + i] for i, name in enumerate(_DIAGNOSTICS)})
-        res.append(r)
-    return res
-
-
-def _run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, target_delta, options):
-    """Plan, run, and widen the window (keeping dx) while a wrap-around bound is over budget."""
-    min_width = 0.0
-    for _ in range(4):
-        plan = coarse_shape(plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
-                                      target_delta=target_delta, options=options, min_width=min_width),
-                            options)
-        _check_memory(plan, directions)
-        want = "eps" if eps_hint is None else "delta"
-        shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want, exported=True)
-        res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                               n_freq=plan.n_freq, **kw), directions, kinds, shape)
-        # Frequency truncation is always sound, but only free when the dropped part is
-        # negligible (smooth, near-Gaussian composed loss); otherwise keep every frequency.
-        if plan.n_freq is not None and any(float(r["truncation"]) > 1e-3 * plan.tau_wrap
-                                           for rd in res for r in rd.values()):
-            plan = dataclasses.replace(plan, n_freq=None)
-            res = _unpack(_program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                                   n_freq=None, **kw), directions, kinds, shape)
-        budget = 10.0 * plan.tau_wrap
-        over = any(
-            (k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
-            for rd in res for k, r in rd.items()
-        )
-        if not over or plan.n >= options.n_max:
-            break
-        needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
-        needed = max([w for w in needed if math.isfinite(w)], default=0.0)
-        min_width = max(1.05 * needed, 1.5 * plan.n * plan.dx)
-    return plan, res
-
-
-#: Refuse a program whose mixture-CDF evaluation would need more than this (bytes).
-MAX_MIXTURE_BYTES = 8 * 2**30
-#: Live float64 (points x components) arrays of a mixture-CDF evaluation (differences, erfc
-#: values, both tails, Newton temporaries): the factor of the estimate below.
-_MIXTURE_ARRAYS = 6
-
-
-def _check_memory(plan, directions):
-    """ValueError, before anything is allocated, when evaluating the loss CDFs of a mixture
-    mechanism (``num_components`` > 1, e.g. group privacy) on the planned grid would need more
-    than :data:`MAX_MIXTURE_BYTES`: ``8 bytes x directions x grid points x components x 6``.
-    (``group_epsilon(2.0, 0.01, 100, 1e-5, group_size=1000)`` asked XLA for 51.7 GB and died.)"""
-    for gi, g in enumerate(plan.groups[0]):
-        k = int(getattr(g.mechanism, "num_components", 1) or 1)
-        if k <= 1:
-            continue
-        m = max(plan.ms[d][gi] for d in range(len(plan.ms)))
-        need = 8 * len(directions) * m * k * _MIXTURE_ARRAYS
-        if need > MAX_MIXTURE_BYTES:
-            raise ValueError(
-                f"group_size too large for this accountant: the mixture has {k} components and the grid "
-                f"{m} points per step, about {need / 2**30:.1f} GiB to evaluate (limit "
-                f"{MAX_MIXTURE_BYTES / 2**30:.0f} GiB, dpjax.pld.accountant.MAX_MIXTURE_BYTES).  Use a smaller "
-                f"group_size, or more noise; group privacy via the group-size-k RDP/Poisson bound "
-                f"(dpjax.baselines) needs no mixture")
-    return None
-
-
-#: The tilted tail pass runs when the round-off floor summed over the window exceeds this
-#: fraction of the smallest target delta (eps queries) or of the smallest delta found (delta queries).
-_TAIL_PASS_FRACTION = 1e-3
-# Candidate Chernoff parameters of the tilted pass, as multiples of the tilt (all > 1).
-_TILT_THETA = np.array([1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0])
-
-
-def _tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n_max=None):
-    """Re-run the composition exponentially tilted towards the tail (compose_directions'
-    ``tilted`` mode) when the FFT round-off floor matters at the requested delta, and keep, per
-    target, the better of the two certified bounds (each is a valid bound on its own: the min of
-    the upper ends, the max of the lower ends; the tilted upper end only where it lies at or above
-    the tilted window's ``valid_from``).  Ordinary deltas never get here (the floor over the
-    whole window is far below them), so their results are unchanged.  The tilted run may use a
-    wider window than ``plan`` (same spacing, up to ``n_max`` points; see
-    :func:`dpjax.pld.plan.tilt_parameters`).
-    """
-    if want == "eps":
-        level = wrap_level = float(np.min(deltas))
-    else:
-        level = min(float(np.min(r["up"]["value"])) for r in res)
-        # The answer is the larger direction's delta: what wraps onto the tilted window need only
-        # be small against that (a direction with delta 1e-25 must not ask for a wider window).
-        wrap_level = float(np.min(np.max([np.asarray(r["up"]["value"], np.float64) for r in res], axis=0)))
-    floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
-    if not (level > 0) or floor <= _TAIL_PASS_FRACTION * level:
-        return res
-    # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target; the
-    # tilted curves must serve epsilons from y_v on: the ordinary lower end (a lower bound of the
-    # answer), or, without one, a guess halfway from the mean loss to the upper end.  A guess
-    # above the answer certifies epsilon <= valid_from (see _tilted_run) and is retried lower
-    # (the fractions _TILT_GUESSES of the way from the mean to the ordinary upper end).
-    plain = res
-    mgf = tilt_log_mgf(groups, directions, _support_tops(plan))   # the same for every guess
-    for frac in _TILT_GUESSES:
-        res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
-                                        level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
-                                        guide=plain, mgf=mgf)
-        if valid or not retry:
-            break
-    return res
-
-
-#: Widest tilted window (loss units) :func:`_tilted_run` asks for on a coarser grid when
-#: ``n_max`` points at the plan's spacing cannot reach from ``y_v`` to a top where the wrap-around
-#: bounds meet their budget (DP-SGD with q T ~ 5e-6: the plan's spacing 1.9e-6 for an answer of
-#: 1.4 left a window of 3.9 at 2^21 points, and the bulk of the loss wrapped onto it).
-_TILT_MAX_WIDTH = MAX_WINDOW_WIDTH / 8
-
-#: Where :func:`_tail_pass` guesses ``y_v`` without an ordinary lower end above the mean loss:
-#: these fractions of the way from the mean to the ordinary upper end, in turn, until the tilted
-#: answer lies above its ``valid_from`` (each miss still certifies ``epsilon <= valid_from``); the
-#: last, the mean itself, serves any answer above it when a window from there fits.  DP-SGD with
-#: sigma 1.51, q 1e-5 at delta 1.3e-12 has ordinary upper ends 0.18 (T = 464) and 0.37 (T = 2154)
-#: and answers 9.8e-4 and 2.0e-3, below the first two guesses (both were reported as the ordinary
-#: upper end); the fourth serves both (from the mean, the second window does not fit).
-_TILT_GUESSES = (0.5, 0.2, 0.02, 0.002, 0.0)
-
-
-def _support_tops(plan):
-    """Per direction and group, the top of each step's grid support (loss units)."""
-    return [[(np.asarray(g.offsets, np.float64) + m - 1) * plan.dx for g, m in zip(gd, md)]
-            for gd, md in zip(plan.groups, plan.ms)]
-
-
-def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac, n_max=None,
-                wrap_level=None, guide=None, mgf=None):
-    """One tilted run (see :func:`_tail_pass`); returns (merged results, whether every
-    direction's tilted upper end at the smallest target was an answer, whether a lower guess of
-    ``y_v`` may help: some ``y_v`` was a guess and every direction that gave no answer has a
-    window that fits).  ``wrap_level``: the delta against which the mass wrapping onto the
-    tilted window from below must be negligible (default ``level``); ``guide``: the results
-    that place the tilted window (default ``res``, into which the tilted results are merged);
-    ``mgf``: :func:`dpjax.pld.plan.tilt_log_mgf` of ``groups`` on ``plan``'s supports, when known.
-
-    A tilted upper end at or below ``valid_from`` is no answer, but it still certifies
-    ``epsilon <= valid_from``: the tilted delta curve is exact-or-above the truth for every
-    ``eps >= valid_from`` and non-increasing in ``eps``, and it reached the target at or below
-    ``valid_from``, so its value at ``valid_from`` is within the target."""
-    eps_t, y_v, guessed = [], [], False
-    means = plan.mean_composed
-    for di, r in enumerate(res if guide is None else guide):
-        if want == "eps":
-            i = int(np.argmin(deltas))
-            up = float(np.asarray(r["up"]["value"]).reshape(-1)[i])
-            lo = float(np.asarray(r["down"]["value"]).reshape(-1)[i]) if "down" in r else float("nan")
-            if not math.isfinite(up):
-                up = 2.0 * lo if lo > 0 else means[di] + 2.0 * plan.sigma_composed[di] * math.sqrt(
-                    2.0 * math.log(1.0 / level))
-            if not (lo > means[di]):
-                lo = means[di] + (frac if frac is not None else 0.5) * (up - means[di])
-                guessed = True
-            eps_t.append(0.5 * (up + lo))
-            y_v.append(lo)
-        else:
-            eps_t.append(float(np.max(epsilons)))
-            y_v.append(float(np.min(epsilons)))
-    n_max = max(plan.n, GridOptions().n_max if n_max is None else n_max)
-    tilt, width, fits = tilt_parameters(groups, directions, eps_t, y_v, plan.n * plan.dx, plan.log_tau,
-                                        level=level if wrap_level is None else wrap_level,
-                                        max_width=max(plan.dx * n_max, _TILT_MAX_WIDTH),
-                                        support_tops=_support_tops(plan), mgf=mgf)
-    if not fits.any():
-        # No tilted window reaches down to y_v in any direction: nothing to gain from the run,
-        # nor from a lower guess (a lower y_v only asks for a wider window).
-        return res, False, False
-    # A wider window: n times a power of two at the same spacing (offsets and supports
-    # unchanged), or, beyond n_max points, n_max points at a coarser spacing.
-    scale = max(1, round(width / (plan.n * plan.dx)))
-    grid = plan if plan.n * scale <= n_max else regrid(plan, plan.dx * plan.n * scale / n_max, n_max)
-    n = plan.n * scale if grid is plan else grid.n
-    thetas = tilt[:, None] * _TILT_THETA[None, :]
-    shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-    out = _unpack(_program(grid.groups, grid.dx, thetas, grid.log_tau, deltas, epsilons, directions=directions,
-                           ms=grid.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
-                           tilt_from=np.asarray(y_v, np.float64), exported=True), directions, kinds, shape)
-    merged, valid, retry = [], True, guessed
-    for r, t, fit in zip(res, out, fits):
-        m = {}
-        for kind in r:
-            a, b = dict(r[kind]), t.get(kind)
-            if b is None:
-                m[kind] = a
-                continue
-            va, vb = np.asarray(a["value"], np.float64), np.asarray(b["value"], np.float64)
-            vf = float(b["valid_from"])
-            # An answer at or below valid_from is no answer (the curves miss the bins below it).
-            if want == "eps":
-                ok = ~np.isnan(vb) & (vb > vf)
-            else:
-                ok = ~np.isnan(vb) & (np.asarray(epsilons, np.float64) >= vf)
-            if kind == "up":
-                # Not an answer, but epsilon <= valid_from is certified (see the docstring).
-                below = (want == "eps") & ~np.isnan(vb) & (vb <= vf) & np.isfinite(vf)
-                a["value"] = np.where(ok & np.isfinite(vb), np.minimum(va, vb),
-                                      np.where(below, np.minimum(va, vf), va))
-                # (A tilted answer well above the ordinary one is no help either: a lower guess
-                # may be.  "Well": beyond the grid's default relative accuracy, 1e-3.)
-                answered = bool(np.asarray(ok & (vb <= va * (1 + 1e-3))).reshape(-1)[int(np.argmin(deltas))]
-                                if want == "eps" else True)
-                valid = valid and answered
-                # A direction with no window reaching y_v will not fit a lower one either.
-                retry = retry and (answered or bool(fit))
-            else:
-                a["value"] = np.where(ok, np.maximum(va, vb), va)
-            m[kind] = a
-        merged.append(m)
-    return merged, valid, retry
-
-
-def _account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass, stacked=None):
-    up_groups, lo_groups, symmetric, blocked = _prepare(components, options.max_distinct, stacked)
-    directions = ("remove",) if symmetric else ("remove", "add")
-    kinds = ("up", "down") if (with_lower and not blocked) else ("up",)
-    kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
-    plan, res = _run(up_groups, directions, kinds, deltas, epsilons, **kw)
-    res = _tail_pass(up_groups, directions, kinds, deltas, epsilons, plan, res,
-                     want="eps" if eps_hint is None else "delta", n_max=options.n_max)
-    if with_lower and blocked:
-        _, res_lo = _run(lo_groups, directions, ("down",), deltas, epsilons, **kw)
-        for r, rl in zip(res, res_lo):
-            r["down"] = rl["down"]
-    return [(d, plan, r) for d, r in zip(directions, res)], blocked
-
-
-def _dominating_gaussian_mu(components, stacked=None) -> float | None:
-    """``mu`` of a Gaussian mechanism dominating the composition, when every component is a
-    :class:`Gaussian` or a :class:`PoissonSubsampledGaussian` (whose hockey-stick divergences,
-    by joint convexity, are at most ``q`` times those of its ``q = 1`` pair): else None."""
-    mu2 = 0.0
-    for cls, static, data, P, C in (_stack(components) if stacked is None else stacked):
-        if cls is Gaussian:
-            r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
-        elif cls is PoissonSubsampledGaussian:
-            r = 1.0 / P[:, data.index("noise_multiplier")]
-        else:
-            return None
-        mu2 += float(np.sum(C.astype(np.float64) * r * r))
-    return math.sqrt(mu2)
-
-
-def _exact_gaussian_mu(components, stacked=None) -> float | None:
-    """``mu`` when the whole composition is exactly one Gaussian mechanism, else None.
-
-    True for any mix of :class:`Gaussian` and :class:`PoissonSubsampledGaussian` with
-    ``sampling_prob == 1`` (see :func:`_composes_as_one_gaussian`): ``mu^2 = sum_i c_i
-    (sensitivity_i / sigma_i)^2`` (Dong, Roth and Su 2022, Cor. 3.3).  Such compositions are
-    answered from the closed form (:mod:`dpjax.pld.exact`) instead of the FFT: exact, and free
-    of the FFT round-off floor (q = 1, sigma 30.07, T = 12005 at delta 1.11e-12 was inf on the
-    grid; the exact value is 31.67).
-    """
-    mu2 = 0.0
-    for cls, static, data, P, C in (_stack(components) if stacked is None else stacked):
-        if cls is Gaussian:
-            r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
-        elif cls is PoissonSubsampledGaussian and np.all(P[:, data.index("sampling_prob")] == 1.0):
-            r = 1.0 / P[:, data.index("noise_multiplier")]
-        else:
-            return None
-        mu2 += float(np.sum(C.astype(np.float64) * r * r))
-    mu = math.sqrt(mu2)
-    return mu if math.isfinite(mu) else None
-
-
-def _exact_report(upper, lower) -> DirectionReport:
-    # No grid: n = 0 and every truncation / round-off term is 0 (the closed form has none).
-    return DirectionReport(direction="remove", upper=upper, lower=lower, n=0, dx=0.0, p_inf=0.0, tail_above=0.0,
-                           tail_below=0.0, roundoff=0.0, truncation_budget=0.0)
-
-
-def _exact_epsilon(deltas, mu):
-    """(upper, lower) epsilon of the Gaussian mechanism ``mu`` at ``deltas``: the upper end is
-    :func:`gaussian_epsilon` (delta there <= target, with its log-margin), the lower end moves
-    down until delta there is > target (checked with the same closed form)."""
-    upper = np.asarray(gaussian_epsilon(deltas, mu), np.float64)
-    log_t = np.log(deltas)
-    lower = np.maximum(upper - np.maximum(1e-9 * upper, 1e-12), 0.0)
-    for _ in range(60):
-        bad = (lower > 0) & ~(np.asarray(gaussian_log_delta(lower, mu)) > log_t)
-        if not bad.any():
-            break
-        lower = np.where(bad, np.maximum(upper - 2.0 * (upper - lower), 0.0), lower)
-    return upper, lower
-
-
-def _options(options):
-    if options is None:
-        return GridOptions()
-    if not isinstance(options, GridOptions):
-        raise ValueError(f"options must be a dpjax.pld.GridOptions, got {options!r}")
-    return options
-
-
-def _is_mechanism(x) -> bool:
-    return hasattr(x, "loss_cdfs") and dataclasses.is_dataclass(x)
-
-
-def _as_components(components) -> list:
-    """A mechanism, a ``(mechanism, count)`` pair, or a sequence of either."""
-    if _is_mechanism(components):
-        return [components]
-    if isinstance(components, tuple) and len(components) == 2 and _is_mechanism(components[0]) \
-            and not _is_mechanism(components[1]):
-        return [components]
-    try:
-        items = list(components)
-    except TypeError:
-        raise ValueError(f"components must be a mechanism or a sequence of mechanisms / (mechanism, count) "
-                         f"pairs, got {components!r}") from None
-    if not items:
-        raise ValueError("components must not be empty")
-    for item in items:
-        mech = item[0] if isinstance(item, tuple) and len(item) == 2 else item
-        if not _is_mechanism(mech):
-            raise ValueError(f"not a mechanism (needs loss_cdfs, see dpjax.pld.mechanisms): {mech!r}")
-    return items
+from dpjax.pld.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
+                              exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
+                              stacked_mechanisms)
+from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero
+from dpjax.pld.mechanisms import PoissonSubsampledGaussian
+from dpjax.pld.plan import GridOptions
+from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult  # noqa: F401 (re-exported)
 
 
 def _without_lossless(components) -> list:
@@ -726,34 +77,31 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     Returns:
       :class:`EpsilonResult`.
     """
-    options = _options(options)
-    components = _as_components(components)
+    options = grid_options(options)
+    components = as_components(components)
     deltas = _validate.probability_open("target_delta", target_delta)
     components = _without_lossless(components)
     if not components:
         zero = np.zeros_like(np.asarray(deltas, np.float64))
-        return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
-                             target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
-    stacked = _stack(components)  # validates every mechanism; shared by the checks and the plan below
-    mu_dom = _dominating_gaussian_mu(components, stacked)
+        return exact_epsilon_result(deltas, zero, zero)
+    stacked = stack(components)  # validates every mechanism; shared by the checks and the plan below
+    mu_dom = dominating_gaussian_mu(components, stacked)
     if exact_gaussian and mu_dom is not None and np.all(host_gaussian_epsilon_is_zero(deltas, mu_dom)):
         # Noise so large (sigma = 1e300) that even the dominating Gaussian has epsilon 0: the
         # answer is exactly 0 (the grid would need dx ~ 1e-600 and failed with a NaN size).
         zero = np.zeros_like(np.asarray(deltas, np.float64))
-        return EpsilonResult(epsilon=_scalar(zero), epsilon_lower=_scalar(zero), epsilon_upper=_scalar(zero),
-                             target_delta=_scalar(deltas), directions=(_exact_report(zero, zero),))
-    mu = _exact_gaussian_mu(components, stacked) if exact_gaussian else None
+        return exact_epsilon_result(deltas, zero, zero)
+    mu = exact_gaussian_mu(components, stacked) if exact_gaussian else None
     if mu is not None:
-        upper, lower = _exact_epsilon(np.asarray(deltas, np.float64), mu)
-        return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
-                             target_delta=_scalar(deltas), directions=(_exact_report(upper, lower),))
+        upper, lower = exact_epsilon(np.asarray(deltas, np.float64), mu)
+        return exact_epsilon_result(deltas, upper, lower)
     tail_mass = options.tail_fraction * float(np.min(deltas))
     # NumPy inputs go straight into the jitted program (jnp.asarray outside a trace compiles a
     # staging program of its own: ~50 ms of every cold start).
-    reports, blocked = _account(components, np.asarray(deltas, np.float64), np.zeros(()), with_lower=with_lower,
+    reports, blocked = account(components, np.asarray(deltas, np.float64), np.zeros(()), with_lower=with_lower,
                                 options=options, eps_hint=None, target_delta=float(np.min(deltas)),
                                 tail_mass=tail_mass, stacked=stacked)
-    dir_reports, upper, lower = _combine(reports)
+    dir_reports, upper, lower = combine(reports)
     reason = None
     if np.isinf(upper).any():
         reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
@@ -762,8 +110,8 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if floored is not None and np.any(floored < upper):
         upper, lower = floored, np.minimum(lower, floored)
         reason = ((reason + "  ") if reason else "") + _RARE_SAMPLING_REASON
-    return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
-                         target_delta=_scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
+    return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
+                         target_delta=scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
 
 
@@ -777,38 +125,35 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     below it are reported as about that value (an upper bound, never below the truth).
     ``exact_gaussian`` as in :func:`epsilon` (closed form for Gaussian-only compositions).
     """
-    options = _options(options)
-    components = _as_components(components)
+    options = grid_options(options)
+    components = as_components(components)
     eps = _validate.nonnegative("target_epsilon", target_epsilon)
     components = _without_lossless(components)
     if not components:
         zero = np.zeros_like(np.asarray(eps, np.float64))
-        return DeltaResult(delta=_scalar(zero), delta_lower=_scalar(zero), delta_upper=_scalar(zero),
-                           target_epsilon=_scalar(eps), directions=(_exact_report(zero, zero),))
-    stacked = _stack(components)  # validates every mechanism; shared by the checks and the plan below
-    mu = _exact_gaussian_mu(components, stacked) if exact_gaussian else None
-    mu_dom = _dominating_gaussian_mu(components, stacked) if exact_gaussian else None
+        return exact_delta_result(eps, zero, zero)
+    stacked = stack(components)  # validates every mechanism; shared by the checks and the plan below
+    mu = exact_gaussian_mu(components, stacked) if exact_gaussian else None
+    mu_dom = dominating_gaussian_mu(components, stacked) if exact_gaussian else None
     if mu is None and mu_dom is not None and mu_dom < 1e-100:
         # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
         # bound, ~mu_dom) and 0 as the lower end.
         d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)
         upper, lower = np.minimum(d * (1 + 1e-9), 1.0), np.zeros_like(d)
-        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                           target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
+        return exact_delta_result(eps, upper, lower)
     if mu is not None:
         # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side.
         d = np.asarray(gaussian_delta(eps, mu), np.float64)
         upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
-        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                           target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
-    reports, blocked = _account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
+        return exact_delta_result(eps, upper, lower)
+    reports, blocked = account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass, stacked=stacked)
-    dir_reports, upper, lower = _combine(reports)
+    dir_reports, upper, lower = combine(reports)
     if (np.asarray(upper) >= 1.0).any():
-        dir_reports, upper = _fallback_delta(components, dir_reports, eps, _dominating_gaussian_mu(components, stacked))
-    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                       target_epsilon=_scalar(eps), directions=tuple(dir_reports), blocked=blocked)
+        dir_reports, upper = _fallback_delta(components, dir_reports, eps, dominating_gaussian_mu(components, stacked))
+    return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
+                       target_epsilon=scalar(eps), directions=tuple(dir_reports), blocked=blocked)
 
 
 #: The binomial-mixture bound is consulted next to the grid's answer where sampled steps are rare:
@@ -828,7 +173,7 @@ def rare_sampling_floor(components, deltas, upper, stacked=None):
     """``min(upper, binomial mixture bound)`` for a composition of Poisson-subsampled Gaussians
     whose chance of sampling any step, ``1 - (1 - q_max)^T``, is at most ``_RARE_SAMPLING``
     times the smallest target delta; ``None`` otherwise (nothing to compare).  ``stacked``:
-    :func:`_stack` of the components, when the caller has it.
+    :func:`stack` of the components, when the caller has it.
 
     Why: there the truth is decided by the few sampled steps (epsilon is 0 once that chance is
     below delta), while the grid's answer carries its spacing and its tail pass's window start
@@ -837,7 +182,7 @@ def rare_sampling_floor(components, deltas, upper, stacked=None):
     are certified upper bounds, so their minimum is.  The condition depends only on (q, T, delta)
     and grows with q and T, so the minimum is taken on the more private side of the boundary,
     and monotonicity is kept across it.  Cheap there: ``K ~ Bin(T, q)`` has a handful of points."""
-    stacked = _stack(components) if stacked is None else stacked
+    stacked = stack(components) if stacked is None else stacked
     q_max, steps = 0.0, 0
     for cls, _, data, P, C in stacked:
         if cls is not PoissonSubsampledGaussian:
@@ -849,7 +194,7 @@ def rare_sampling_floor(components, deltas, upper, stacked=None):
         return None
     from dpjax.pld.fallback import mixture_bound
 
-    bound = mixture_bound(_stacked(components), np.ravel(deltas)).reshape(np.shape(deltas))
+    bound = mixture_bound(stacked_mechanisms(components), np.ravel(deltas)).reshape(np.shape(deltas))
     return np.minimum(np.asarray(upper, np.float64), bound)
 
 
@@ -860,7 +205,7 @@ def _fallback(components, dir_reports, deltas, mu_dom, reason):
     un-sampled mechanism's epsilon.  Directions the grid certified keep their values."""
     from dpjax.pld.fallback import direction_epsilon
 
-    stacked = _stacked(components)
+    stacked = stacked_mechanisms(components)
     shape = np.shape(deltas)
     used, out = [], []
     for r in dir_reports:
@@ -885,7 +230,7 @@ def _fallback_delta(components, dir_reports, eps, mu_dom):
     certified) gets the smallest bound of :func:`dpjax.pld.fallback.direction_delta`."""
     from dpjax.pld.fallback import direction_delta
 
-    stacked = _stacked(components)
+    stacked = stacked_mechanisms(components)
     out = []
     for r in dir_reports:
         up = np.asarray(r.upper, np.float64)
@@ -894,11 +239,6 @@ def _fallback_delta(components, dir_reports, eps, mu_dom):
             r = dataclasses.replace(r, upper=np.minimum(up, fb.reshape(np.shape(eps))))
         out.append(r)
     return out, np.max([r.upper for r in out], axis=0)
-
-
-def _stacked(components):
-    """Components as ``(stacked mechanism, counts)`` pairs (one per class and static fields)."""
-    return [(cls(**{f: P[:, i] for i, f in enumerate(data)}, **static), C) for cls, static, data, P, C in _stack(components)]
 
 
 def _refusal_reason(dir_reports, target, options) -> str:
@@ -917,58 +257,3 @@ def _refusal_reason(dir_reports, target, options) -> str:
     return (f"target_delta {target:.3g} is below what the grid can certify in direction '{worst.direction}' "
             f"({terms}).  Either the true epsilon is very large (loss beyond the widest window) or the "
             f"composition is too long for GridOptions.n_max={options.n_max} (raise it)")
-
-
-def _combine(reports):
-    """Per-direction reports and the add/remove guarantee: the max over directions of each end
-    of the bracket (the lower end clipped to the upper)."""
-    dir_reports = []
-    for d, plan, res in reports:
-        up = np.asarray(res["up"]["value"])
-        lo = np.asarray(res["down"]["value"]) if "down" in res else np.zeros_like(up)
-        dir_reports.append(_report(d, plan, res, up, lo))
-    upper = np.max([r.upper for r in dir_reports], axis=0)
-    lower = np.minimum(np.max([r.lower for r in dir_reports], axis=0), upper)
-    return dir_reports, upper, lower
-
-
-def _scalar(a):
-    a = np.asarray(a, np.float64)
-    return float(a) if a.ndim == 0 else a
-
-
-def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
-    # Last line of defence of the laws: no NaN leaves the accountant.
-    up = np.where(np.isnan(up), np.inf, up)
-    lo = np.where(np.isnan(lo), 0.0, lo)
-    r = res["up"]
-    tb = float(res["down"]["tail_below"]) if "down" in res else float("nan")
-    return DirectionReport(direction=d, upper=up, lower=lo, n=plan.n, dx=plan.dx, p_inf=float(r["p_inf"]),
-                           tail_above=float(r["tail_above"]), tail_below=tb, roundoff=float(r["roundoff"]),
-                           truncation_budget=plan.tau_inf, noise_floor=float(r["noise_floor"]))
-
-
-# ------------------------------------------------------------------------------------------
-# DP-SGD
-#
-# The composition of one DP-SGD configuration; the entry points (dpsgd_accounting and the
-# one-configuration calls) are in dpjax.pld.dpsgd, which also routes random allocation.
-
-
-def _dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule=None):
-    steps = _validate.positive_int("steps", steps)
-    q = _validate.probability_open_closed("sampling_prob", sampling_prob)
-    if q.ndim != 0:
-        raise ValueError(f"sampling_prob must be a scalar in (0, 1], got {sampling_prob!r}")
-    if noise_schedule is None:
-        sigma = _validate.positive("noise_multiplier", noise_multiplier)
-        if sigma.ndim != 0:
-            raise ValueError(
-                f"noise_multiplier must be a scalar here, got shape {sigma.shape}: give a per-step schedule as "
-                f"noise_schedule=..., or many noise multipliers to dpjax.dpsgd_epsilon / dpsgd_delta (a batch)")
-        return [(PoissonSubsampledGaussian(float(sigma), float(q)), steps)]
-    sigma = _validate.positive("noise_schedule", noise_schedule)
-    if sigma.ndim != 1 or sigma.shape[0] != steps:
-        raise ValueError(
-            f"noise_schedule must be a 1-D array of length steps={steps}, got shape {sigma.shape}")
-    return [(PoissonSubsampledGaussian(sigma, np.full_like(sigma, float(q))), 1)]

@@ -372,6 +372,24 @@ def _contract(ops, s, t, g, limit, origin, u0):
     return u, masses, index
 
 
+def _bottom_atom(ops, s, t, g, bl):
+    """The lower laws' bottom atom of :func:`_lattice_laws`: ``(theta, P(X <= theta), mu, delta)``.
+
+    ``X <= theta = min(g, b_{k-1})`` is merged into one atom at ``mu = E[X | X <= theta]``, on the
+    lattice ``delta + j g`` with ``delta = mu mod g`` (so the atom is a lattice point: where the
+    bulk of X is finer than g, nothing else could put it on the lattice exactly); the exact
+    interval contraction then runs from theta on.  Each (K,)."""
+    xp = ops.xp
+    theta = xp.minimum(g, bl)
+    w_th = _w_of(xp, theta, s, t)
+    t_th, t_ths = _small_tails(ops, w_th, w_th - s)
+    f_th = xp.where(w_th <= 0.0, t_th, 1.0 - t_th)                         # P(X <= theta)
+    m_th = xp.where(w_th - s <= 0.0, t_ths, 1.0 - t_ths) / t               # E[X; X <= theta]
+    mu = xp.where(f_th > 0, m_th / xp.maximum(f_th, _TINY), 0.5 * theta)
+    delta = ops.stop(mu - g * xp.floor(mu / g))
+    return theta, f_th, mu, delta
+
+
 def _lattice_laws(ops, s, t, g, bl, bh, m: int):
     """``X`` restricted to ``[0, b_{k-1}]`` ("A") and ``(b_{k-1}, b_k]`` ("B") on the lattice
     ``j g_k`` (``m`` points), three ways: (3, K, 2, m) masses and (3, K) lattice origins (0).
@@ -384,17 +402,7 @@ def _lattice_laws(ops, s, t, g, bl, bh, m: int):
     """
     xp = ops.xp
     K = g.shape[0]
-    # Lower laws: X <= theta = min(g, b_{k-1}) merged into one atom at mu = E[X | X <= theta], on the
-    # lattice delta + j g with delta = mu mod g (so the atom is a lattice point: where the bulk of X
-    # is finer than g, nothing else could put it on the lattice exactly); then the exact interval
-    # contraction from theta on.
-    theta = xp.minimum(g, bl)
-    w_th = _w_of(xp, theta, s, t)
-    t_th, t_ths = _small_tails(ops, w_th, w_th - s)
-    f_th = xp.where(w_th <= 0.0, t_th, 1.0 - t_th)                         # P(X <= theta)
-    m_th = xp.where(w_th - s <= 0.0, t_ths, 1.0 - t_ths) / t               # E[X; X <= theta]
-    mu = xp.where(f_th > 0, m_th / xp.maximum(f_th, _TINY), 0.5 * theta)
-    delta = ops.stop(mu - g * xp.floor(mu / g))
+    theta, f_th, mu, delta = _bottom_atom(ops, s, t, g, bl)
     # Contract up to where the density of X changes by less than kappa over one cell (|d log f /
     # dx| g = (g / x) |1 + (log(t x) + s^2 / 2) / s^2|, one fixed-point step from x = g / kappa):
     # beyond it the neighbour matching leaves little unmatched, and contraction loses variance.
@@ -648,8 +656,20 @@ def _window_tails(ops, laws, origins, w0, geo, s, t, n: int):
     none_above = t * x_top < h
     q_above = xp.where(none_above, 0.0, xp.minimum(xp.minimum(q_union, Fq), 1.0))
     p_above = xp.where(none_above, 0.0, xp.minimum(xp.minimum(p_union, Fe), 1.0))
-    # Below the window: (a) the band's split value is >= beta = floor(b_{k-1} / g) g, so the
-    # others sum to at most lo - beta; (b) the whole sum is at most lo.
+    # Below the window (see _below_window).
+    q_below, p_below = _below_window(ops, S, origins, w0, g, bl, lam, pband, t)
+    return xp.minimum(q_above + q_below, 1.0), xp.minimum(p_above + p_below, 1.0)
+
+
+def _below_window(ops, S, origins, w0, g, bl, lam, pband, t):
+    """The part of :func:`_window_tails` below each window: (Q-mass, P-mass), each (3, K).
+
+    (a) the band's split value is >= ``beta = floor(b_{k-1} / g) g``, so the others sum to at
+    most ``lo - beta``; (b) the whole sum is at most ``lo``: Chernoff with ``-lam`` on the full
+    lattice laws ``S`` (3, K, m)."""
+    xp = ops.xp
+    V, K, m = S.shape
+    nb = m // _BLOCK
     beta = origins + xp.floor((bl - origins) / g) * g                     # (V, K)
     lo_w = t * origins + w0 * g
     gap = lo_w - beta
@@ -659,8 +679,7 @@ def _window_tails(ops, laws, origins, w0, geo, s, t, n: int):
     tf = xp.min(xp.exp(xp.minimum(t * logKn + lam[None] * lo_w[..., None], 0.0)), axis=-1)
     # (gap - (t - 1) origin is a whole number of lattice steps: compare with half a step.)
     q_below = xp.where(gap > (t - 1.0) * origins + 0.5 * g, xp.minimum(xp.minimum(t * pband[None] * tb, tf), 1.0), 0.0)
-    p_below = lo_w * q_below
-    return xp.minimum(q_above + q_below, 1.0), xp.minimum(p_above + p_below, 1.0)
+    return q_below, lo_w * q_below
 
 
 def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0, geometry=None) -> EpochAtoms:

@@ -36,13 +36,15 @@ import numpy as np
 from dpjax import _validate
 from dpjax._x64 import float64, host_only
 from dpjax.pld import allocation as A
-from dpjax.pld.accountant import DeltaResult, DirectionReport, EpsilonResult
+from dpjax.pld.engine import exact_delta_result, exact_epsilon, exact_epsilon_result, scalar
+from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 
 __all__ = [
     "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
     "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
     "balls_in_bins_delta", "allocation_epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
     "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS",
+    "account_blocks", "plan_partials",
 ]
 
 DIRECTIONS = ("remove", "add")
@@ -213,8 +215,14 @@ def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
                  plan.log_tau, plan.shape, room=plan.room)
 
 
-def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
-    """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget."""
+def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
+    """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget.
+
+    ``sigma``: one noise multiplier, or one per block; ``blocks``: ``[(batches t_b, epochs c_b)]``
+    (:func:`allocation_blocks`).  Returns ``(plan, composed)``: the final :class:`AllocationPlan`
+    and the composition on it (:class:`dpjax.pld.allocation.Composed`, rows ``[upper remove,
+    upper add, lower remove, lower add]``), from which :func:`dpjax.pld.allocation.eps_of` /
+    ``delta_of`` read the bracket (what :func:`allocation_accounting` reports)."""
     options = options or AllocationOptions()
     budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
               else options.delta_tail_mass)
@@ -238,19 +246,16 @@ def _account(sigma, blocks, *, target_delta=None, target_epsilon=None, options=N
 
 
 def _gaussian_result(mu, target_delta=None, target_epsilon=None):
-    from dpjax.pld.accountant import _exact_epsilon, _exact_report, _scalar
     from dpjax.pld.exact import gaussian_delta
 
     if target_delta is not None:
         deltas = np.asarray(target_delta, np.float64)
-        upper, lower = _exact_epsilon(deltas, mu)
-        return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
-                             target_delta=_scalar(deltas), directions=(_exact_report(upper, lower),))
+        upper, lower = exact_epsilon(deltas, mu)
+        return exact_epsilon_result(deltas, upper, lower)
     eps = np.asarray(target_epsilon, np.float64)
     d = np.asarray(gaussian_delta(eps, mu), np.float64)
     upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
-    return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                       target_epsilon=_scalar(eps), directions=(_exact_report(upper, lower),))
+    return exact_delta_result(eps, upper, lower)
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
@@ -259,15 +264,10 @@ def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
         u = np.where(np.isnan(up[i]), np.inf, up[i])
         l = np.where(np.isnan(lo[i]), 0.0, lo[i])
         out.append(DirectionReport(
-            direction=d, upper=_scalar(u), lower=_scalar(l), n=int(plan.shape.n_comp), dx=float(plan.dx),
+            direction=d, upper=scalar(u), lower=scalar(l), n=int(plan.shape.n_comp), dx=float(plan.dx),
             p_inf=float(comp.p_inf[i]), tail_above=float(comp.tail_above[i]), tail_below=float(comp.tail_below[2 + i]),
             roundoff=0.0, truncation_budget=float(plan.tau * sum(plan.counts)), noise_floor=float(comp.noise_floor[i])))
     return tuple(out)
-
-
-def _scalar(a):
-    a = np.asarray(a, np.float64)
-    return float(a) if a.ndim == 0 else a
 
 
 def _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch):
@@ -310,7 +310,7 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
     if all(tb == 1 for tb, _ in blocks):
         # Every step selected: the run is E t Gaussian steps, exactly one Gaussian mechanism.
         return _gaussian_result(math.sqrt(E * t) / sigma, target_delta, target_epsilon)
-    plan, comp = _account(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
+    plan, comp = account_blocks(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
     with np.errstate(all="ignore"):
         if target_delta is not None:
             vals = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
@@ -321,15 +321,15 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
             if np.isinf(upper).any():
                 reason = (f"target_delta below what the grid certifies: P(loss=+inf) {float(np.max(comp.p_inf[:2])):.3g}, "
                           f"wrap-around {float(np.max(comp.tail_above[:2])):.3g}")
-            return EpsilonResult(epsilon=_scalar(upper), epsilon_lower=_scalar(lower), epsilon_upper=_scalar(upper),
-                                 target_delta=_scalar(target_delta), directions=_reports(plan, comp, up, lo),
+            return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
+                                 target_delta=scalar(target_delta), directions=_reports(plan, comp, up, lo),
                                  reason=reason)
         vals = np.asarray(A.delta_of(A.NUMPY, comp, np.asarray(target_epsilon, np.float64)))
         up, lo = vals[:2], vals[2:]
         upper = np.where(np.isnan(up), 1.0, up).max(0)
         lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
-        return DeltaResult(delta=_scalar(upper), delta_lower=_scalar(lower), delta_upper=_scalar(upper),
-                           target_epsilon=_scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
+        return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
+                           target_epsilon=scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
 
 
 def allocation_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, selections_per_epoch: int = 1,
@@ -387,8 +387,8 @@ def _frozen(plan: AllocationPlan, sigma: float) -> list:
     return frozen
 
 
-def _partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
-              rel_step: float = 1e-5):
+def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
+                  rel_step: float = 1e-5):
     """``(d value / d sigma, d value / d target)`` of ``eps(target = delta)`` (``query="epsilon"``)
     or ``delta(target = eps)`` on ``plan`` (host; ``target`` any shape; see :func:`epsilon_partials`)."""
     sigma = float(noise_multiplier)
@@ -423,7 +423,7 @@ def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta
     (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
     ~1e-12 / rel_step).  The ``delta`` partial is the difference quotient of the closed-form
     per-segment conversion on the same composition."""
-    return _partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
+    return plan_partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
 
 
 def _rows(plan: AllocationPlan, noise_multiplier):
@@ -437,7 +437,7 @@ def _rows(plan: AllocationPlan, noise_multiplier):
 
 
 def _with_host_derivative(query: str):
-    """The JAX value of ``query`` on a plan, with its derivatives from :func:`_partials` (a host
+    """The JAX value of ``query`` on a plan, with its derivatives from :func:`plan_partials` (a host
     callback): the discretized bound is differentiated at a fixed discretization without
     differentiating (and compiling the transpose of) the whole lattice program."""
     import functools
@@ -462,7 +462,7 @@ def _with_host_derivative(query: str):
         out = f(plan, bound, target, sigma)
 
         def host(tg, sg):
-            a, b = _partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
+            a, b = plan_partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
             return np.asarray(a, np.float64).reshape(np.shape(tg)), np.asarray(b, np.float64).reshape(np.shape(tg))
 
         spec = jax.ShapeDtypeStruct(jnp.shape(target), jnp.float64)
@@ -633,7 +633,7 @@ def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target
         return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(),
                             target_delta=delta, n=0, dx=0.0, recomputed=np.ones(len(e_list), bool))
     e_max = int(e_list.max())
-    plan, _ = _account(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
+    plan, _ = account_blocks(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
     with np.errstate(all="ignore"):
         stack = A.epoch_stack(A.NUMPY, plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape,
                               plan.room)

@@ -144,8 +144,8 @@ def _one_partials(q: str, sampling, sigma: float, target: float, t, k, E, option
                - _one(q, sampling, sigma, lo_t, t, k, E, options)) / (target + ht - lo_t)
         return {"noise_multiplier": float(d_s), "target": float(d_t)}
     kw = {"target_delta": target} if q == "epsilon" else {"target_epsilon": target}
-    plan, _ = ra._account(s_eff, blocks, options=options, **kw)
-    d_s, d_t = ra._partials(plan, s_eff, np.asarray(target, np.float64), query=q)
+    plan, _ = ra.account_blocks(s_eff, blocks, options=options, **kw)
+    d_s, d_t = ra.plan_partials(plan, s_eff, np.asarray(target, np.float64), query=q)
     return {"noise_multiplier": float(d_s) * scale, "target": float(d_t)}
 
 

@@ -55,8 +55,9 @@ import numpy as np
 
 from dpjax import _xla
 from dpjax.pld import accountant as _acc
+from dpjax.pld import engine
 from dpjax.pld.compose import Group, compose_directions, lattice_groups
-from dpjax.pld.convert import _curve_terms
+from dpjax.pld.convert import curve_terms
 from dpjax.pld.exact import host_gaussian_epsilon
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, coarse_shape, plan_grid
@@ -73,10 +74,10 @@ _STATIC = ("directions", "ms", "n", "kinds", "want", "n_freq", "lattice")
 @functools.partial(_xla.jit, static_argnames=_STATIC)
 def _loop_program(count, groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want,
                   n_freq, lattice=None):
-    """The accountant's program (:func:`dpjax.pld.accountant._program_jit`) for the first
+    """The accountant's program (:func:`dpjax.pld.engine.program_jit`) for the first
     ``count`` of a batch of plans of one static shape (leading axis on every array); ``lattice``
     as the accountant passes it (both directions' loss CDFs from one lattice evaluation)."""
-    raw = _acc._program_jit.__wrapped__
+    raw = engine.program_jit.__wrapped__
     static = dict(directions=directions, ms=ms, n=n, kinds=kinds, want=want, n_freq=n_freq, lattice=lattice)
     data = (groups, dx, lambdas, log_tau, deltas, epsilons)
 
@@ -91,23 +92,23 @@ def _loop_program(count, groups, dx, lambdas, log_tau, deltas, epsilons, *, dire
 
 
 def _first_plan(components, *, want, target, options):
-    """The accountant's first plan for one element (what :func:`dpjax.pld.accountant._run`
+    """The accountant's first plan for one element (what :func:`dpjax.pld.engine.run`
     plans before any retry), or None when the element takes a path of its own."""
-    up, _, symmetric, _ = _acc._prepare(components, options.max_distinct)
+    up, _, symmetric, _ = engine.prepare(components, options.max_distinct)
     directions = ("remove",) if symmetric else ("remove", "add")
     if want == "eps":
         kw = dict(tail_mass=options.tail_fraction * float(target), eps_hint=None, target_delta=float(target))
     else:
         kw = dict(tail_mass=options.delta_tail_mass, eps_hint=float(target), target_delta=None)
     plan = coarse_shape(plan_grid(up, directions, options=options, **kw), options)
-    _acc._check_memory(plan, directions)
+    engine.check_memory(plan, directions)
     return plan
 
 
 def _key(plan):
     common = tuple(max(m[gi] for m in plan.ms) for gi in range(len(plan.ms[0])))
     leaves, tree = jax.tree_util.tree_flatten(plan.groups)
-    # The accountant's static lattice flags (dpjax.pld.accountant._program): the same work sharing
+    # The accountant's static lattice flags (dpjax.pld.engine.program): the same work sharing
     # between the directions, so the same numbers as the single call.
     lattice = lattice_groups(plan.groups, plan.directions, plan.dx, common)
     return (plan.directions, common, plan.n, plan.n_freq, lattice, tree, tuple(np.shape(x) for x in leaves))
@@ -187,7 +188,7 @@ class _Dispatcher:
         self.pending.append(([i for i, _, _ in chunk], directions, _workers().submit(run)))
 
     def results(self) -> dict:
-        """``{index: unpacked result}`` (as :func:`dpjax.pld.accountant._unpack`) of every plan added."""
+        """``{index: unpacked result}`` (as :func:`dpjax.pld.engine.unpack`) of every plan added."""
         for key, chunk in list(self.buckets.items()):
             self._launch(key, chunk)
         self.buckets = {}
@@ -196,13 +197,13 @@ class _Dispatcher:
         for indices, directions, future in pending:
             flat = future.result()
             for j, i in enumerate(indices):
-                out[i] = _acc._unpack(flat[j], directions, ("up",), ())
+                out[i] = engine.unpack(flat[j], directions, ("up",), ())
         return out
 
 
 def _regular(plan, res, *, want, target, options) -> float | None:
     """The element's value when the accountant would stop after this first run, else None
-    (conditions of :func:`dpjax.pld.accountant._run` and ``_tail_pass``)."""
+    (conditions of :func:`dpjax.pld.engine.run` and :func:`~dpjax.pld.engine.tail_pass`)."""
     rs = [r["up"] for r in res]
     if plan.n_freq is not None and any(float(r["truncation"]) > 1e-3 * plan.tau_wrap for r in rs):
         return None
@@ -213,7 +214,7 @@ def _regular(plan, res, *, want, target, options) -> float | None:
     values = [float(np.asarray(r["value"])) for r in rs]
     level = float(target) if want == "eps" else min(values)
     floor = max(float(r["noise_floor"]) for r in rs) * plan.n
-    if level > 0 and floor > _acc._TAIL_PASS_FRACTION * level:
+    if level > 0 and floor > engine.TAIL_PASS_FRACTION * level:
         return None
     if any(math.isnan(v) for v in values):
         return None
@@ -224,7 +225,7 @@ def _regular(plan, res, *, want, target, options) -> float | None:
 
 
 def _options(options):
-    return _acc._options(options)
+    return engine.grid_options(options)
 
 
 def _one_dpsgd_step(components):
@@ -246,10 +247,10 @@ def _special_epsilon(components, target):
         sigma, q, count = one
         mu_dom, exact = math.sqrt(count) / sigma, q == 1.0
     else:
-        mu_dom = _acc._dominating_gaussian_mu(components)
+        mu_dom = engine.dominating_gaussian_mu(components)
         if mu_dom is None:
             return False
-        exact = _acc._exact_gaussian_mu(components) is not None
+        exact = engine.exact_gaussian_mu(components) is not None
     return exact or not float(host_gaussian_epsilon(np.float64(target), mu_dom)) > 0
 
 
@@ -258,15 +259,15 @@ def _special_delta(components):
     if one is not None:
         sigma, q, count = one
         return q == 1.0 or math.sqrt(count) / sigma < 1e-100
-    mu = _acc._exact_gaussian_mu(components)
-    mu_dom = _acc._dominating_gaussian_mu(components)
+    mu = engine.exact_gaussian_mu(components)
+    mu_dom = engine.dominating_gaussian_mu(components)
     return mu is not None or (mu_dom is not None and mu_dom < 1e-100)
 
 
 def _many(components_list, targets, *, want, options):
     options = _options(options)
     targets = np.asarray(targets, np.float64).reshape(-1)
-    comps = [_acc._as_components(c) for c in components_list]
+    comps = [engine.as_components(c) for c in components_list]
     out = np.full(len(comps), np.nan)
     single = []
     plans = {}
@@ -318,7 +319,7 @@ def _curve_at(comp, eps):
     """``(delta(eps), slope)`` of one direction's upper curve (:func:`dpjax.pld.convert.table`
     terms, summed for the one segment holding ``eps`` only: masked sums instead of the full
     table, cheap to compile and to differentiate)."""
-    r, y, w, y_ref, const, fa, fb = _curve_terms(comp, "upper")
+    r, y, w, y_ref, const, fa, fb = curve_terms(comp, "upper")
     n = r.shape[-1]
     dx = comp.dx
     t = jnp.arange(n)
@@ -379,7 +380,7 @@ def grid_partials(components, *, noise_multiplier: float, sampling_prob: float |
     epsilon).
     """
     options = _options(options)
-    comps = _acc._as_components(components)
+    comps = engine.as_components(components)
     if target_delta is not None:
         plan = _first_plan(comps, want="eps", target=target_delta, options=options)
         if epsilon is None:

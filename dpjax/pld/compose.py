@@ -50,7 +50,7 @@ from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
 from dpjax.pld.mechanisms import Direction
 from dpjax import _xla
 
-_U = 2.0**-52
+UNIT_ROUNDOFF = 2.0**-52
 
 
 class Group(NamedTuple):
@@ -164,11 +164,11 @@ def _check_kinds(kinds) -> tuple[str, ...]:
     return kinds
 
 
-# Block length of the log-MGF evaluation (see ``_log_mgf``; the largest of these dividing m).
+# Block length of the log-MGF evaluation (see ``pmf_log_mgf``; the largest of these dividing m).
 _MGF_BLOCKS = (64, 32, 16)
 
 
-def _log_mgf(pmf, y, lambdas):
+def pmf_log_mgf(pmf, y, lambdas):
     """``K(lam) = log sum_i pmf_i e^{lam y_i}`` for every ``lam`` in one pass (``y`` a grid).
 
     The sum is split by blocks of ``b = 64`` (or 32, 16) consecutive grid points, ``y_i = y_b + j dx``:
@@ -198,7 +198,7 @@ def _log_mgf(pmf, y, lambdas):
     return jnp.where(inner_ok, lambdas * ref + jnp.log(s), jnp.inf)
 
 
-def _chernoff_quantiles(log_mgf, lambdas, log_tau):
+def chernoff_quantiles(log_mgf, lambdas, log_tau):
     """``(l, h)``: the Chernoff bounds put mass <= exp(log_tau) below ``l`` and above ``h``."""
     pos = lambdas > 0
     h = jnp.min(jnp.where(pos, (log_mgf - log_tau) / jnp.where(pos, lambdas, 1.0), jnp.inf))
@@ -206,7 +206,7 @@ def _chernoff_quantiles(log_mgf, lambdas, log_tau):
     return l, h
 
 
-def _window_start(l, h, dx, n):
+def window_start(l, h, dx, n):
     """Centre the window between the Chernoff quantiles."""
     centre = 0.5 * (h + l)
     centre = jnp.where(jnp.isfinite(centre), centre, 0.0)
@@ -220,7 +220,7 @@ def _largest_negative_excursion(r):
     return jnp.maximum(-jnp.min(r), 0.0)
 
 
-def _tails(log_mgf, lambdas, w_lo, dx, n):
+def wrap_tails(log_mgf, lambdas, w_lo, dx, n):
     pos = lambdas > 0
     hi = (w_lo + n) * dx
     lo = (w_lo - 1) * dx
@@ -359,78 +359,12 @@ def compose_directions(
         tilt = jnp.asarray(tilt, jnp.float64).reshape(D)
         tilt_from = jnp.asarray(tilt_from, jnp.float64).reshape(D)
 
-    def zero_acc():
-        # logabs/angle: log-modulus and phase of the kept frequencies; log_hi: log of the bound
-        # prod_k max_{f >= nf} |F_k(f)|^{c_k} on every dropped frequency (see compose).
-        # Kt: sum_k c_k K_k(tilt); rel_t: sum_k c_k (tilt max|y_k| + |K_k(tilt)| + 2) (tilted only).
-        return dict(logabs=jnp.zeros((D, nf)), angle=jnp.zeros((D, nf)), K=jnp.zeros((D, L)),
-                    log_fin=jnp.zeros(D), log_hi=jnp.zeros(D), Kt=jnp.zeros(D), rel_t=jnp.zeros(D),
-                    absK=jnp.zeros(D), bad=jnp.zeros(D, bool))
-
-    carry = dict(acc={k: zero_acc() for k in kinds}, offset=jnp.zeros(D, jnp.int64), total=jnp.zeros(()))
+    carry = dict(acc={k: _zero_acc(D, nf, L) for k in kinds}, offset=jnp.zeros(D, jnp.int64), total=jnp.zeros(()))
     for gi, m in enumerate(ms):
         group = groups_by_direction[0][gi]
-
-        def body(carry, xs, m=m, gi=gi):
-            mech, c_int, o = xs                                   # o: (D,) offsets
-            c = c_int.astype(jnp.float64)
-            y = (o[:, None] + jnp.arange(m)[None, :]) * dx        # (D, m)
-            if lattice is not None and lattice[gi]:
-                # Both directions from one lattice evaluation (see the mechanism's method).
-                cdfs = _materialize(lambda: mech.loss_cdfs_lattice(o, dx, m, lattice_length(m)), dx > 0)
-            elif hasattr(mech, "loss_cdfs_directions"):
-                # One evaluation for every direction (optional mechanism method): less code.
-                cdfs = _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
-            else:
-                cdfs = [grid_cdfs(mech, d, o[di], dx, m) for di, d in enumerate(directions)]
-                cdfs = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
-            g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(cdfs, y, dx)
-            acc = dict(carry["acc"])
-            for kind in kinds:
-                pmf = g.pmf_up if kind == "up" else g.pmf_down    # (D, m)
-                a = acc[kind]
-                Kt, rel_t = a["Kt"], a["rel_t"]
-                K_acc = a["K"] + jnp.where(c > 0, c * jax.vmap(_log_mgf)(pmf, y, lambdas), 0.0)
-                if tilted:
-                    # p~ = p e^{tilt y - K_k(tilt)} in log space (no overflow; empty bins stay 0).
-                    Kk = jax.vmap(_log_mgf)(pmf, y, tilt[:, None])[:, 0]           # (D,)
-                    # An overflowed K_k (not expected for tilts <= 1e3) voids the tilted result.
-                    bad = a["bad"] | ((c > 0) & ~jnp.isfinite(Kk))
-                    Kk = jnp.where(jnp.isfinite(Kk), Kk, 0.0)
-                    logp = jnp.log(jnp.where(pmf > 0, pmf, 1.0))
-                    x = logp + tilt[:, None] * y - Kk[:, None]                      # <= 0 up to rounding
-                    bad = bad | ((c > 0) & jnp.any(x > 700.0, axis=-1))
-                    pmf = jnp.where(pmf > 0, jnp.exp(jnp.minimum(x, 700.0)), 0.0)
-                    Kt = Kt + jnp.where(c > 0, c * Kk, 0.0)
-                    # exp(x) with x carrying an absolute error ~u (|log p| + lam |y| + |K_k|):
-                    # a relative error of every tilted bin (|log p| <= 745 for float64).
-                    rel_t = rel_t + jnp.where(
-                        c > 0, c * (tilt * jnp.max(jnp.abs(y), axis=-1) + jnp.abs(Kk) + 750.0), 0.0)
-                    absK = a["absK"] + jnp.where(c > 0, c * jnp.abs(Kk), 0.0)
-                else:
-                    bad, absK = a["bad"], a["absK"]
-                F = jnp.fft.rfft(pmf, n, axis=-1)
-                sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
-                log_fin = a["log_fin"]
-                if kind == "up":
-                    log_fin = log_fin + jnp.where(c > 0, c * jnp.log1p(-g.p_inf_up), 0.0)
-                # Dropped frequencies only need a bound on |F^c|: the largest |F_k| among them,
-                # raised to c (one max-reduction instead of a log and an exp per frequency).
-                log_hi = (0.5 * jnp.log(jnp.maximum(jnp.max(sq[:, nf:], axis=-1), 1e-300)) if nf < half
-                          else jnp.zeros(D))
-                F = F[:, :nf]
-                acc[kind] = dict(
-                    logabs=a["logabs"] + c * 0.5 * jnp.log(jnp.maximum(sq[:, :nf], 1e-300)),
-                    angle=a["angle"] + c * jnp.arctan2(jnp.imag(F), jnp.real(F)),
-                    K=K_acc,
-                    log_fin=log_fin,
-                    log_hi=a["log_hi"] + jnp.where(c > 0, c * log_hi, 0.0),
-                    Kt=Kt, rel_t=rel_t, absK=absK, bad=bad,
-                )
-            # Only O mod n matters (circular index); reduce first so huge counts cannot overflow.
-            off = jnp.mod(carry["offset"] + jnp.mod(c_int, n) * jnp.mod(o, n), n)
-            return dict(acc=acc, offset=off, total=carry["total"] + c), None
-
+        body = functools.partial(_compose_step, m=m, lattice=lattice is not None and lattice[gi], dx=dx,
+                                 directions=directions, kinds=kinds, lambdas=lambdas, tilted=tilted, tilt=tilt,
+                                 n=n, nf=nf)
         offsets = jnp.stack([jnp.asarray(gd[gi].offsets, jnp.int64) for gd in groups_by_direction], axis=-1)
         xs = (group.mechanism, jnp.asarray(group.counts, jnp.int64), offsets)
         if xs[1].shape[0] == 1:  # one mechanism: no loop (lets XLA fuse across the body)
@@ -438,94 +372,184 @@ def compose_directions(
         else:
             carry, _ = jax.lax.scan(body, carry, xs)
 
-    def window(circ, K, lam, offset, truncation, floor_prior, is_up):
-        """Place one direction's window and bound what lies outside it."""
-        l, h = _chernoff_quantiles(K, lam, log_tau)
-        w_lo = _window_start(l, h, dx, n)
-        idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
-        r = circ[idx]
-        above, below = _tails(K, lam, w_lo, dx, n)
-        # Per-bin noise floor (see the module docstring): every bin may carry the largest
-        # negative excursion seen, and, for the lower bound, the a-priori positive bias
-        # ``floor_prior`` (errors of the low frequencies spread over every bin as an offset
-        # of either sign; a positive offset is invisible in the negative bins).  Applied per
-        # bin rather than as ``n`` times the floor on delta: only bins above epsilon then
-        # count (a tail-aware allowance, what makes deltas of 1e-12 certifiable).
-        nu = _largest_negative_excursion(r)
-        r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0))
-        # (Negative bins need no extra term: the clipped bin plus nu is >= the computed value.)
-        roundoff = truncation
-        return r, w_lo, above, below, roundoff, h - l, jnp.where(is_up, nu, jnp.maximum(nu, floor_prior))
-
     num_terms = sum(int(jnp.shape(g.counts)[0]) if jnp.ndim(g.counts) else 1 for g in groups_by_direction[0])
-
-    def window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v, absK, bad):
-        """Place one direction's window over the tilted distribution's upper part, untilt, and
-        bound the wrap-around (see the docstring: ``theta`` are candidates ``> lam``; the result
-        serves ``eps >= y_v`` only)."""
-        ok = (theta > lam) & jnp.isfinite(K)
-        # Top h: smallest with exp(K(theta) - theta h + lam (h - y_v)) <= tau for some candidate.
-        h = jnp.min(jnp.where(ok, (K - log_tau - lam * y_v) / jnp.where(ok, theta - lam, 1.0), jnp.inf))
-        # (Capped so the index stays in int64; a capped top only makes tail_above larger.)
-        h = jnp.clip(jnp.where(jnp.isfinite(h), h, y_v + n * dx), y_v, y_v + 1e4)
-        w_lo = jnp.ceil(h / dx).astype(jnp.int64) - n
-        idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
-        r = circ[idx]
-        y = (w_lo + jnp.arange(n)) * dx
-        hi = (w_lo + n) * dx
-        above = jnp.min(jnp.where(ok, K - theta * hi + lam * (hi - jnp.minimum(y_v, hi)), jnp.inf))
-        above = jnp.where(jnp.isnan(above), 1.0, jnp.minimum(jnp.exp(above), 1.0))
-        below = jnp.minimum(jnp.exp(-lam * n * dx), 1.0)
-        # Untilt factor e^{Kt - lam y}: bins where it would exceed e^600 are dropped; the curves
-        # serve eps >= valid_from only (the bins below it are set to 0).
-        log_s = Kt - lam * y
-        valid_from = jnp.maximum(jnp.maximum(w_lo * dx, (Kt - 600.0) / lam), y_v)
-        valid_from = jnp.where(bad, jnp.inf, valid_from)
-        s = jnp.where((log_s <= 600.0) & (y >= valid_from), jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
-        # Per-bin noise floor, as in ``window``, in the tilted domain (relative to the tilted
-        # PMF's largest bins), then untilted with the bin: tiny in the tail.
-        nu = _largest_negative_excursion(r)
-        r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
-        # exp(Kt - lam y): Kt = fl(sum_k c_k K_k) carries an absolute error <= num_terms u sum |c_k K_k|.
-        rel_untilt = 2.0 * _U * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
-        # Aliased mass from above is amplified by the untilt, so for the lower curve it is
-        # subtracted too (reported in tail_below).
-        below = jnp.where(is_up, below, jnp.minimum(below + above, 1.0))
-        return (r, w_lo, above, below, jnp.zeros(()), hi - w_lo * dx,
-                jnp.where(is_up, nu, jnp.maximum(nu, floor_prior)), valid_from, rel_untilt)
-
-    out = {}
-    for kind in kinds:
-        a = carry["acc"][kind]
-        mag = jnp.exp(a["logabs"])
-        F = mag * (jnp.cos(a["angle"]) + 1j * jnp.sin(a["angle"]))
-        if nf < half:
-            F = jnp.concatenate([F, jnp.zeros((D, half - nf), F.dtype)], axis=-1)
-            # sum over the dropped k of prod_g |F_g(k)|^{c_g} <= (half - nf) prod_g max_k |F_g(k)|^{c_g}
-            truncation = 2.0 * (half - nf) * jnp.exp(a["log_hi"])
-        else:
-            truncation = jnp.zeros(D)
-        circ = jnp.fft.irfft(F, n, axis=-1)
-        roundoff_rel = jnp.full(D, 8.0 * _U) * (jnp.log2(n) + carry["total"])
-        # A-priori per-bin error of the composed PMF from relative errors ``roundoff_rel`` of
-        # every kept coefficient of ``F``: ``(2/n) sum_k roundoff_rel |F_k|`` (inverse real FFT).
-        # Only the lower bound needs it (see ``window``): on q = 1, T = 1022, sigma = 2.17 a
-        # positive offset of ~1e-18 per bin, with no negative bin at all, put delta_lower at
-        # 5.2e-15 where the truth is 1.8e-17.
-        floor_prior = roundoff_rel * (2.0 / n) * jnp.sum(mag, axis=-1)
-        is_up = jnp.full(D, kind == "up")
-        valid_from = jnp.full(D, -jnp.inf)
-        if tilted:
-            r, w_lo, above, below, roundoff, width, floor, valid_from, rel_untilt = jax.vmap(window_tilted)(
-                circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from, a["absK"], a["bad"])
-            roundoff_rel = roundoff_rel + 2.0 * _U * a["rel_t"] + rel_untilt
-        else:
-            r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(
-                circ, a["K"], lambdas, carry["offset"], truncation, floor_prior, is_up)
-        p_inf = -jnp.expm1(a["log_fin"]) if kind == "up" else jnp.zeros(D)
-        out[kind] = ComposedPLD(
-            pmf=r, w_lo=w_lo, dx=jnp.full(D, dx), p_inf=p_inf, tail_above=above, tail_below=below,
-            roundoff=roundoff, roundoff_rel=roundoff_rel, log_mgf=a["K"], needed_width=width,
-            truncation=truncation, noise_floor=floor, valid_from=valid_from,
-        )
+    out = {kind: _composed(carry["acc"][kind], kind, carry, dx=dx, lambdas=lambdas, log_tau=log_tau, n=n, nf=nf,
+                           tilted=tilted, tilt=tilt, tilt_from=tilt_from, num_terms=num_terms)
+           for kind in kinds}
     return Composition(**out)
+
+
+def _zero_acc(D: int, nf: int, L: int) -> dict:
+    """The empty accumulator of one kind (``"up"`` / ``"down"``) of :func:`compose_directions`.
+
+    logabs/angle: log-modulus and phase of the kept frequencies ``(D, nf)``; log_hi: log of the
+    bound ``prod_k max_{f >= nf} |F_k(f)|^{c_k}`` on every dropped frequency (see compose);
+    K: the composed log-MGF at the Chernoff parameters ``(D, L)``; log_fin: log of the finite
+    mass; Kt: ``sum_k c_k K_k(tilt)``; rel_t: ``sum_k c_k (tilt max|y_k| + |K_k(tilt)| + 2)``;
+    absK: ``sum_k c_k |K_k(tilt)|`` (tilted only); bad: an overflowed tilted log-MGF."""
+    return dict(logabs=jnp.zeros((D, nf)), angle=jnp.zeros((D, nf)), K=jnp.zeros((D, L)),
+                log_fin=jnp.zeros(D), log_hi=jnp.zeros(D), Kt=jnp.zeros(D), rel_t=jnp.zeros(D),
+                absK=jnp.zeros(D), bad=jnp.zeros(D, bool))
+
+
+def _compose_step(carry, xs, *, m, lattice, dx, directions, kinds, lambdas, tilted, tilt, n, nf):
+    """One step of :func:`compose_directions`: discretize one mechanism ``xs = (mechanism,
+    count, (D,) offsets)`` on its ``m`` grid points in every direction, and multiply its
+    transform, raised to its count, into each kind's accumulator (a ``lax.scan`` body)."""
+    D = len(directions)
+    half = n // 2 + 1
+    mech, c_int, o = xs                                   # o: (D,) offsets
+    c = c_int.astype(jnp.float64)
+    y = (o[:, None] + jnp.arange(m)[None, :]) * dx        # (D, m)
+    if lattice:
+        # Both directions from one lattice evaluation (see the mechanism's method).
+        cdfs = _materialize(lambda: mech.loss_cdfs_lattice(o, dx, m, lattice_length(m)), dx > 0)
+    elif hasattr(mech, "loss_cdfs_directions"):
+        # One evaluation for every direction (optional mechanism method): less code.
+        cdfs = _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
+    else:
+        cdfs = [grid_cdfs(mech, d, o[di], dx, m) for di, d in enumerate(directions)]
+        cdfs = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
+    g = jax.vmap(grid_pmf, in_axes=(0, 0, None))(cdfs, y, dx)
+    acc = dict(carry["acc"])
+    for kind in kinds:
+        pmf = g.pmf_up if kind == "up" else g.pmf_down    # (D, m)
+        a = acc[kind]
+        Kt, rel_t = a["Kt"], a["rel_t"]
+        K_acc = a["K"] + jnp.where(c > 0, c * jax.vmap(pmf_log_mgf)(pmf, y, lambdas), 0.0)
+        if tilted:
+            # p~ = p e^{tilt y - K_k(tilt)} in log space (no overflow; empty bins stay 0).
+            Kk = jax.vmap(pmf_log_mgf)(pmf, y, tilt[:, None])[:, 0]           # (D,)
+            # An overflowed K_k (not expected for tilts <= 1e3) voids the tilted result.
+            bad = a["bad"] | ((c > 0) & ~jnp.isfinite(Kk))
+            Kk = jnp.where(jnp.isfinite(Kk), Kk, 0.0)
+            logp = jnp.log(jnp.where(pmf > 0, pmf, 1.0))
+            x = logp + tilt[:, None] * y - Kk[:, None]                      # <= 0 up to rounding
+            bad = bad | ((c > 0) & jnp.any(x > 700.0, axis=-1))
+            pmf = jnp.where(pmf > 0, jnp.exp(jnp.minimum(x, 700.0)), 0.0)
+            Kt = Kt + jnp.where(c > 0, c * Kk, 0.0)
+            # exp(x) with x carrying an absolute error ~u (|log p| + lam |y| + |K_k|):
+            # a relative error of every tilted bin (|log p| <= 745 for float64).
+            rel_t = rel_t + jnp.where(
+                c > 0, c * (tilt * jnp.max(jnp.abs(y), axis=-1) + jnp.abs(Kk) + 750.0), 0.0)
+            absK = a["absK"] + jnp.where(c > 0, c * jnp.abs(Kk), 0.0)
+        else:
+            bad, absK = a["bad"], a["absK"]
+        F = jnp.fft.rfft(pmf, n, axis=-1)
+        sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
+        log_fin = a["log_fin"]
+        if kind == "up":
+            log_fin = log_fin + jnp.where(c > 0, c * jnp.log1p(-g.p_inf_up), 0.0)
+        # Dropped frequencies only need a bound on |F^c|: the largest |F_k| among them,
+        # raised to c (one max-reduction instead of a log and an exp per frequency).
+        log_hi = (0.5 * jnp.log(jnp.maximum(jnp.max(sq[:, nf:], axis=-1), 1e-300)) if nf < half
+                  else jnp.zeros(D))
+        F = F[:, :nf]
+        acc[kind] = dict(
+            logabs=a["logabs"] + c * 0.5 * jnp.log(jnp.maximum(sq[:, :nf], 1e-300)),
+            angle=a["angle"] + c * jnp.arctan2(jnp.imag(F), jnp.real(F)),
+            K=K_acc,
+            log_fin=log_fin,
+            log_hi=a["log_hi"] + jnp.where(c > 0, c * log_hi, 0.0),
+            Kt=Kt, rel_t=rel_t, absK=absK, bad=bad,
+        )
+    # Only O mod n matters (circular index); reduce first so huge counts cannot overflow.
+    off = jnp.mod(carry["offset"] + jnp.mod(c_int, n) * jnp.mod(o, n), n)
+    return dict(acc=acc, offset=off, total=carry["total"] + c), None
+
+
+def _window(circ, K, lam, offset, truncation, floor_prior, is_up, *, log_tau, dx, n):
+    """Place one direction's window and bound what lies outside it."""
+    l, h = chernoff_quantiles(K, lam, log_tau)
+    w_lo = window_start(l, h, dx, n)
+    idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
+    r = circ[idx]
+    above, below = wrap_tails(K, lam, w_lo, dx, n)
+    # Per-bin noise floor (see the module docstring): every bin may carry the largest
+    # negative excursion seen, and, for the lower bound, the a-priori positive bias
+    # ``floor_prior`` (errors of the low frequencies spread over every bin as an offset
+    # of either sign; a positive offset is invisible in the negative bins).  Applied per
+    # bin rather than as ``n`` times the floor on delta: only bins above epsilon then
+    # count (a tail-aware allowance, what makes deltas of 1e-12 certifiable).
+    nu = _largest_negative_excursion(r)
+    r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0))
+    # (Negative bins need no extra term: the clipped bin plus nu is >= the computed value.)
+    roundoff = truncation
+    return r, w_lo, above, below, roundoff, h - l, jnp.where(is_up, nu, jnp.maximum(nu, floor_prior))
+
+
+def _window_tilted(circ, K, theta, offset, floor_prior, is_up, lam, Kt, y_v, absK, bad, *, log_tau, dx, n,
+                   num_terms):
+    """Place one direction's window over the tilted distribution's upper part, untilt, and
+    bound the wrap-around (see :func:`compose_directions`: ``theta`` are candidates ``> lam``;
+    the result serves ``eps >= y_v`` only)."""
+    ok = (theta > lam) & jnp.isfinite(K)
+    # Top h: smallest with exp(K(theta) - theta h + lam (h - y_v)) <= tau for some candidate.
+    h = jnp.min(jnp.where(ok, (K - log_tau - lam * y_v) / jnp.where(ok, theta - lam, 1.0), jnp.inf))
+    # (Capped so the index stays in int64; a capped top only makes tail_above larger.)
+    h = jnp.clip(jnp.where(jnp.isfinite(h), h, y_v + n * dx), y_v, y_v + 1e4)
+    w_lo = jnp.ceil(h / dx).astype(jnp.int64) - n
+    idx = jnp.mod(jnp.arange(n, dtype=jnp.int64) + w_lo - offset, n)
+    r = circ[idx]
+    y = (w_lo + jnp.arange(n)) * dx
+    hi = (w_lo + n) * dx
+    above = jnp.min(jnp.where(ok, K - theta * hi + lam * (hi - jnp.minimum(y_v, hi)), jnp.inf))
+    above = jnp.where(jnp.isnan(above), 1.0, jnp.minimum(jnp.exp(above), 1.0))
+    below = jnp.minimum(jnp.exp(-lam * n * dx), 1.0)
+    # Untilt factor e^{Kt - lam y}: bins where it would exceed e^600 are dropped; the curves
+    # serve eps >= valid_from only (the bins below it are set to 0).
+    log_s = Kt - lam * y
+    valid_from = jnp.maximum(jnp.maximum(w_lo * dx, (Kt - 600.0) / lam), y_v)
+    valid_from = jnp.where(bad, jnp.inf, valid_from)
+    s = jnp.where((log_s <= 600.0) & (y >= valid_from), jnp.exp(jnp.minimum(log_s, 600.0)), 0.0)
+    # Per-bin noise floor, as in ``_window``, in the tilted domain (relative to the tilted
+    # PMF's largest bins), then untilted with the bin: tiny in the tail.
+    nu = _largest_negative_excursion(r)
+    r = jnp.where(is_up, jnp.maximum(r, 0.0) + nu, jnp.maximum(r - jnp.maximum(nu, floor_prior), 0.0)) * s
+    # exp(Kt - lam y): Kt = fl(sum_k c_k K_k) carries an absolute error <= num_terms u sum |c_k K_k|.
+    rel_untilt = 2.0 * UNIT_ROUNDOFF * ((num_terms + 1) * absK + lam * jnp.max(jnp.abs(y)) + 2.0)
+    # Aliased mass from above is amplified by the untilt, so for the lower curve it is
+    # subtracted too (reported in tail_below).
+    below = jnp.where(is_up, below, jnp.minimum(below + above, 1.0))
+    return (r, w_lo, above, below, jnp.zeros(()), hi - w_lo * dx,
+            jnp.where(is_up, nu, jnp.maximum(nu, floor_prior)), valid_from, rel_untilt)
+
+
+def _composed(a, kind, carry, *, dx, lambdas, log_tau, n, nf, tilted, tilt, tilt_from, num_terms) -> ComposedPLD:
+    """One kind's composed PLD from its accumulator ``a``: back from the frequency domain,
+    windowed (:func:`_window`, or :func:`_window_tilted` untilting), with its error terms."""
+    D = a["K"].shape[0]
+    half = n // 2 + 1
+    mag = jnp.exp(a["logabs"])
+    F = mag * (jnp.cos(a["angle"]) + 1j * jnp.sin(a["angle"]))
+    if nf < half:
+        F = jnp.concatenate([F, jnp.zeros((D, half - nf), F.dtype)], axis=-1)
+        # sum over the dropped k of prod_g |F_g(k)|^{c_g} <= (half - nf) prod_g max_k |F_g(k)|^{c_g}
+        truncation = 2.0 * (half - nf) * jnp.exp(a["log_hi"])
+    else:
+        truncation = jnp.zeros(D)
+    circ = jnp.fft.irfft(F, n, axis=-1)
+    roundoff_rel = jnp.full(D, 8.0 * UNIT_ROUNDOFF) * (jnp.log2(n) + carry["total"])
+    # A-priori per-bin error of the composed PMF from relative errors ``roundoff_rel`` of
+    # every kept coefficient of ``F``: ``(2/n) sum_k roundoff_rel |F_k|`` (inverse real FFT).
+    # Only the lower bound needs it (see ``_window``): on q = 1, T = 1022, sigma = 2.17 a
+    # positive offset of ~1e-18 per bin, with no negative bin at all, put delta_lower at
+    # 5.2e-15 where the truth is 1.8e-17.
+    floor_prior = roundoff_rel * (2.0 / n) * jnp.sum(mag, axis=-1)
+    is_up = jnp.full(D, kind == "up")
+    valid_from = jnp.full(D, -jnp.inf)
+    if tilted:
+        window = functools.partial(_window_tilted, log_tau=log_tau, dx=dx, n=n, num_terms=num_terms)
+        r, w_lo, above, below, roundoff, width, floor, valid_from, rel_untilt = jax.vmap(window)(
+            circ, a["K"], lambdas, carry["offset"], floor_prior, is_up, tilt, a["Kt"], tilt_from, a["absK"], a["bad"])
+        roundoff_rel = roundoff_rel + 2.0 * UNIT_ROUNDOFF * a["rel_t"] + rel_untilt
+    else:
+        window = functools.partial(_window, log_tau=log_tau, dx=dx, n=n)
+        r, w_lo, above, below, roundoff, width, floor = jax.vmap(window)(
+            circ, a["K"], lambdas, carry["offset"], truncation, floor_prior, is_up)
+    p_inf = -jnp.expm1(a["log_fin"]) if kind == "up" else jnp.zeros(D)
+    return ComposedPLD(
+        pmf=r, w_lo=w_lo, dx=jnp.full(D, dx), p_inf=p_inf, tail_above=above, tail_below=below,
+        roundoff=roundoff, roundoff_rel=roundoff_rel, log_mgf=a["K"], needed_width=width,
+        truncation=truncation, noise_floor=floor, valid_from=valid_from,
+    )

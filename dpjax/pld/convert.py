@@ -73,7 +73,7 @@ def _suffix_sums(x):
     return (within + after[:, None]).reshape(-1)[:n]
 
 
-def _curve_terms(pld: ComposedPLD, bound: str):
+def curve_terms(pld: ComposedPLD, bound: str):
     """``(r, y, w, y_ref, const, fa, fb)`` of the ``"upper"`` or ``"lower"`` delta curve:
     ``delta(eps) = fa sum_{t > j} r_t + const - e^{eps - y_ref} fb sum_{t > j} w_t`` on segment
     ``j``, with ``w_t = r_t e^{y_ref - y_t}`` (see the module docstring)."""
@@ -95,7 +95,7 @@ def _curve_terms(pld: ComposedPLD, bound: str):
 def table(pld: ComposedPLD, bound: Bound | str = Bound.UPPER) -> HockeyStickTable:
     """Build the segment table for the upper or lower delta curve (:class:`Bound`)."""
     bound = Bound.parse(bound)
-    r, y, w, y_ref, const, fa, fb = _curve_terms(pld, bound)
+    r, y, w, y_ref, const, fa, fb = curve_terms(pld, bound)
     # Suffix sums over t > j, accumulated from the top (small terms first).
     sa = _suffix_sums(r)
     sb = _suffix_sums(w)
@@ -163,11 +163,11 @@ def _block_len(n: int) -> int:
     return b
 
 
-# Chunk length of :func:`_suffix_sums_small`'s two-level form.
+# Chunk length of :func:`suffix_sums_small`'s two-level form.
 _SUFFIX_CHUNK = 32
 
 
-def _suffix_sums_small(x):
+def suffix_sums_small(x):
     """``s_i = sum_{i' >= i} x_i'`` along the last axis of a short array, as triangular
     multiply-reduces (cheap to compile).
 
@@ -178,8 +178,8 @@ def _suffix_sums_small(x):
     k = x.shape[-1]
     if k > _SUFFIX_CHUNK and k % _SUFFIX_CHUNK == 0:
         xb = x.reshape(x.shape[:-1] + (k // _SUFFIX_CHUNK, _SUFFIX_CHUNK))
-        within = _suffix_sums_small(xb)                        # inside each chunk
-        after = _suffix_sums_small(within[..., 0])             # chunks r' >= r
+        within = suffix_sums_small(xb)                        # inside each chunk
+        after = suffix_sums_small(within[..., 0])             # chunks r' >= r
         after = jnp.concatenate([after[..., 1:], jnp.zeros(after.shape[:-1] + (1,), x.dtype)], axis=-1)
         return (within + after[..., None]).reshape(x.shape)    # + chunks r' > r
     i = jax.lax.iota(jnp.int32, k)
@@ -200,7 +200,7 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     """
     bound = Bound.parse(bound)
     delta = jnp.asarray(delta, jnp.float64)
-    r, y, _, y_ref, const, fa, fb = _curve_terms(pld, bound)
+    r, y, _, y_ref, const, fa, fb = curve_terms(pld, bound)
     n = r.shape[-1]
     b = _block_len(n)
     nb = n // b
@@ -211,8 +211,8 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     w_out = jnp.exp((n // 2 - b * jnp.arange(nb)) * pld.dx)                 # (nb,)
     w_in = jnp.exp(-jnp.arange(b) * pld.dx)                                  # (b,)
     # Suffix sums from block starts: s_r[i] = sum_{t >= i b} r_t (and likewise for w).
-    s_r = _suffix_sums_small(jnp.sum(rb, axis=1))
-    s_w = _suffix_sums_small(w_out * jnp.sum(rb * w_in, axis=1))
+    s_r = suffix_sums_small(jnp.sum(rb, axis=1))
+    s_w = suffix_sums_small(w_out * jnp.sum(rb * w_in, axis=1))
     # delta at the block starts y_{ib}: terms t > ib, i.e. the suffix from ib minus r_{ib}.
     D_start = (s_r - rb[:, 0]) * fa + const - jnp.exp(y[::b] - y_ref) * (s_w - rb[:, 0] * w_out) * fb
     flat = delta.reshape(-1)
@@ -229,32 +229,46 @@ def epsilon(pld: ComposedPLD, delta, bound: Bound | str = Bound.UPPER) -> jax.Ar
     after = nxt < nb
     nxt = jnp.minimum(nxt, nb - 1)
     # Sums over t > j inside the block: the suffix sums from t = j + 1 (the same terms).
-    incl = _suffix_sums_small(rw)                                               # (2, K, b)
+    incl = suffix_sums_small(rw)                                               # (2, K, b)
     sums = jnp.concatenate([incl[..., 1:], jnp.zeros(incl.shape[:-1] + (1,), incl.dtype)], axis=-1)
     sr = sums[0] + jnp.where(after, s_r[nxt], 0.0)[:, None]
     sw = sums[1] + jnp.where(after, s_w[nxt], 0.0)[:, None]
-    A_blk = sr * fa + const
-    B_blk = sw * fb
-    y_blk = (pld.w_lo + start + np.arange(b)[None, :]) * pld.dx                # = y[start + t]
+    eps = segment_epsilon(sr * fa + const, sw * fb, s_r[0] * fa + const, s_w[0] * fb, blk, any_above, start, flat,
+                          y_ref, pld.w_lo, pld.dx, n, jnp.inf if bound is Bound.UPPER else -jnp.inf)
+    # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
+    broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
+    eps = jnp.where(broken, jnp.inf if bound is Bound.UPPER else 0.0, eps)
+    return jnp.maximum(eps, 0.0).reshape(delta.shape)
+
+
+def segment_epsilon(A_blk, B_blk, A0, B0, blk, any_above, start, flat, y_ref, w_lo, dx, n: int, a_bad):
+    """The last step of :func:`epsilon` (and of :func:`dpjax.pld.sweep_program.epsilon_program`,
+    which rearranges the sums before it): per target, the segment whose delta curve crosses it
+    and the epsilon there, clipped to the segment.
+
+    ``A_blk``, ``B_blk``: (K, b) the coefficients ``delta(eps) = A - e^{eps - y_ref} B`` at every
+    point of the located block (starting at grid index ``start``, (K, 1)); ``A0``, ``B0``: those
+    of the whole window (no point above the target, ``any_above`` False); ``blk``: (K,) the block;
+    ``flat``: (K,) the targets; ``a_bad``: what a NaN coefficient becomes (``inf`` for the upper
+    bound, ``-inf`` for the lower).  Returns (K,) epsilons (``inf`` when the last segment is
+    reached)."""
+    b = A_blk.shape[-1]
+    y_blk = (w_lo + start + np.arange(b)[None, :]) * dx                       # = y[start + t]
     hit = (A_blk - jnp.exp(y_blk - y_ref) * B_blk) > flat[:, None]
     # (The block start itself was found above delta; should round-off disagree here, keep it.)
     last = jnp.maximum(jnp.max(jnp.where(hit, np.arange(b)[None, :], -1), axis=1), 0)
     # Segment j = the last grid point above delta (-1: none): coefficients of the sums over t > j.
     j = jnp.where(any_above, blk * b + last, -1)
     at_last = np.arange(b)[None, :] == last[:, None]
-    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), s_r[0] * fa + const)
-    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), s_w[0] * fb)
+    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), A0)
+    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), B0)
     bad = jnp.isnan(A) | jnp.isnan(B)
-    A = jnp.where(bad, jnp.inf if bound is Bound.UPPER else -jnp.inf, A)
+    A = jnp.where(bad, a_bad, A)
     B = jnp.where(bad, 0.0, B)
     ratio = (A - flat) / B
     eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
-    # Segment [y_j, y_{j+1}] (y_j = (w_lo + j) dx, as in ``pld.losses``).
-    lo_end = jnp.where(j >= 0, (pld.w_lo + j) * pld.dx, -jnp.inf)
-    hi_end = jnp.where(j + 1 <= n - 1, (pld.w_lo + j + 1) * pld.dx, jnp.inf)
+    # Segment [y_j, y_{j+1}] (y_j = (w_lo + j) dx, as in ``ComposedPLD.losses``).
+    lo_end = jnp.where(j >= 0, (w_lo + j) * dx, -jnp.inf)
+    hi_end = jnp.where(j + 1 <= n - 1, (w_lo + j + 1) * dx, jnp.inf)
     eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
-    eps = jnp.where(j >= n - 1, jnp.inf, eps)
-    # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
-    broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
-    eps = jnp.where(broken, jnp.inf if bound is Bound.UPPER else 0.0, eps)
-    return jnp.maximum(eps, 0.0).reshape(delta.shape)
+    return jnp.where(j >= n - 1, jnp.inf, eps)

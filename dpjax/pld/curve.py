@@ -54,7 +54,7 @@ from dpjax.pld.records import EpsilonCurve
 
 from dpjax import _validate
 from dpjax._x64 import host_only
-from dpjax.pld import accountant as _acc
+from dpjax.pld import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
@@ -71,7 +71,7 @@ def _curve_program(groups, counts, dx, lambdas, log_tau, deltas, *, directions, 
 
     def one(c):
         gs = tuple(tuple(g._replace(counts=jnp.reshape(c, (1,))) for g in gd) for gd in groups)
-        return _acc._program(gs, dx, lambdas, log_tau, deltas, zero, directions=directions, ms=ms, n=n,
+        return engine.program(gs, dx, lambdas, log_tau, deltas, zero, directions=directions, ms=ms, n=n,
                              kinds=kinds, want="eps", n_freq=None)
 
     return jax.lax.map(one, counts, batch_size=batch)
@@ -95,10 +95,10 @@ def _batch_that_fits(batch: int, k: int, n: int, directions: int, kinds: int) ->
 
 
 def _needs_tail_pass(plan, res, delta: float) -> bool:
-    """The single call's rule (:func:`dpjax.pld.accountant._tail_pass`): the FFT round-off floor
+    """The single call's rule (:func:`dpjax.pld.engine.tail_pass`): the FFT round-off floor
     summed over the window is not negligible at ``delta``."""
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
-    return floor > _acc._TAIL_PASS_FRACTION * delta
+    return floor > engine.TAIL_PASS_FRACTION * delta
 
 
 def _plan_at(plan, t: int, t_max: int):
@@ -135,22 +135,12 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
       :class:`EpsilonCurve`.
     """
     if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
-        from dpjax.pld.allocation_accountant import allocation_epsilon_curve
-
-        if sampling not in ("random_allocation", "balls_in_bins"):
-            raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
-                             f"{sampling!r}")
-        if sampling_prob is not None or steps is not None:
-            raise ValueError(f"sampling_prob and steps are for sampling='poisson' (give batches_per_epoch and "
-                             f"epochs for {sampling!r})")
-        if batches_per_epoch is None or epochs is None or target_delta is None:
-            raise ValueError(f"sampling={sampling!r} needs batches_per_epoch, epochs and target_delta")
-        return allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target_delta,
-                                        selections_per_epoch=selections_per_epoch,
-                                        balls_in_bins=sampling == "balls_in_bins")
+        return _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, sampling=sampling,
+                                 batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
+                                 epochs=epochs)
     if sampling_prob is None or steps is None or target_delta is None:
         raise ValueError("epsilon_curve needs sampling_prob, steps and target_delta (Poisson sampling)")
-    options = _acc._options(options)
+    options = engine.grid_options(options)
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
     delta = float(_validate.probability_open("target_delta", target_delta))
@@ -161,51 +151,17 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
     t_list = np.asarray([_validate.positive_int("steps", t) for t in t_list], np.int64)
     t_max = int(t_list.max())
     kinds = ("up", "down") if with_lower else ("up",)
+    directions = ("remove", "add")
+    uniq = np.unique(t_list)
     with jax.enable_x64(True):
-        groups, _lo, _sym, _blocked = _acc._prepare([(PoissonSubsampledGaussian(sigma, q), t_max)],
+        groups, _lo, _sym, _blocked = engine.prepare([(PoissonSubsampledGaussian(sigma, q), t_max)],
                                                     options.max_distinct)
-        directions = ("remove", "add")
         tail_mass = options.tail_fraction * delta
         plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=None, target_delta=delta, options=options)
-        uniq = np.unique(t_list)
-        k = len(uniq)
-        batch = _batch_that_fits(batch, k, plan.n, len(directions), len(kinds))
-        size = -(-k // batch) * batch
-        counts = np.concatenate([uniq, np.full(size - k, uniq[-1])]).astype(np.int64)
-        ms = tuple(tuple(m for m in plan.ms[di]) for di in range(len(directions)))
-        flat = np.asarray(_curve_program(tuple(tuple(g) for g in plan.groups), counts, plan.dx, plan.lambdas,
-                                         plan.log_tau, np.asarray([delta]), directions=directions, ms=ms,
-                                         n=plan.n, kinds=kinds, batch=min(batch, size)))
-        upper = np.empty(k)
-        lower = np.zeros(k)
-        redo = np.zeros(k, bool)
-        budget = 10.0 * plan.tau_wrap
-        for i in range(k):
-            res = _acc._unpack(flat[i], directions, kinds, (1,))
-            over = any((kd == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
-                       for rd in res for kd, r in rd.items())
-            if over:  # the single-configuration accountant widens the window
-                redo[i] = True
-                single = dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
-                                          with_lower=with_lower)
-                upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
-                continue
-            if _needs_tail_pass(plan, res, delta):
-                # The single call's error accounting where the FFT round-off floor matters (small
-                # delta): the composition re-run tilted towards the tail, on this grid at this T
-                # (one compiled program for every T).
-                t = int(uniq[i])
-                groups_t = [g._replace(counts=np.asarray([t], np.int64)) for g in groups]
-                res = _acc._tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
-                                      _plan_at(plan, t, t_max), res, want="eps", n_max=options.n_max)
-            _, up, lo = _acc._combine([(d, plan, r) for d, r in zip(directions, res)])
-            upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
-            if not np.isfinite(upper[i]):
-                # A direction the grid cannot certify: the single call's fallback bounds.
-                redo[i] = True
-                single = dpsgd_accounting(sigma, q, int(uniq[i]), target_delta=delta, options=options,
-                                          with_lower=with_lower)
-                upper[i], lower[i] = float(single.epsilon_upper), float(single.epsilon_lower)
+        flat = _run_curve(plan, uniq, delta, directions, kinds, batch)
+        single = functools.partial(dpsgd_accounting, sigma, q, target_delta=delta, options=options,
+                                   with_lower=with_lower)
+        upper, lower, redo = _brackets(flat, plan, groups, uniq, t_max, delta, directions, kinds, options, single)
     # Composition never gains privacy: the steps after T are a post-processing away, so a bound
     # certified after T' steps also holds after every T <= T'.  Each entry is the smallest bound
     # certified at its T or at any larger T of the list (a curve that is monotone in T).
@@ -214,3 +170,71 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
     pos = np.searchsorted(uniq, t_list)
     return EpsilonCurve(steps=t_list, epsilon=upper[pos], epsilon_lower=lower[pos], epsilon_upper=upper[pos],
                         target_delta=delta, n=int(plan.n), dx=float(plan.dx), recomputed=redo[pos])
+
+
+def _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, *, sampling, batches_per_epoch,
+                      selections_per_epoch, epochs) -> EpsilonCurve:
+    """``epsilon_curve(sampling="random_allocation" | "balls_in_bins")``: epsilon after each epoch
+    (:func:`dpjax.pld.allocation_accountant.allocation_epsilon_curve`)."""
+    from dpjax.pld.allocation_accountant import allocation_epsilon_curve
+
+    if sampling not in ("random_allocation", "balls_in_bins"):
+        raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
+                         f"{sampling!r}")
+    if sampling_prob is not None or steps is not None:
+        raise ValueError(f"sampling_prob and steps are for sampling='poisson' (give batches_per_epoch and "
+                         f"epochs for {sampling!r})")
+    if batches_per_epoch is None or epochs is None or target_delta is None:
+        raise ValueError(f"sampling={sampling!r} needs batches_per_epoch, epochs and target_delta")
+    return allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target_delta,
+                                    selections_per_epoch=selections_per_epoch,
+                                    balls_in_bins=sampling == "balls_in_bins")
+
+
+def _run_curve(plan, uniq, delta, directions, kinds, batch):
+    """The packed program output ``(K, directions, kinds, 1 + diagnostics)`` at every distinct
+    ``T`` of ``uniq`` (``K = len(uniq)``, padded to whole batches by repeating the last ``T``)."""
+    k = len(uniq)
+    batch = _batch_that_fits(batch, k, plan.n, len(directions), len(kinds))
+    size = -(-k // batch) * batch
+    counts = np.concatenate([uniq, np.full(size - k, uniq[-1])]).astype(np.int64)
+    ms = tuple(tuple(m for m in plan.ms[di]) for di in range(len(directions)))
+    return np.asarray(_curve_program(tuple(tuple(g) for g in plan.groups), counts, plan.dx, plan.lambdas,
+                                     plan.log_tau, np.asarray([delta]), directions=directions, ms=ms,
+                                     n=plan.n, kinds=kinds, batch=min(batch, size)))
+
+
+def _brackets(flat, plan, groups, uniq, t_max, delta, directions, kinds, options, single):
+    """``(upper, lower, recomputed)`` per distinct ``T``: the program's bracket with the single
+    call's rules applied (a window over budget or a direction the grid cannot certify: the
+    single call ``single(T)``; an FFT round-off floor that matters: the tilted tail pass)."""
+    k = len(uniq)
+    upper = np.empty(k)
+    lower = np.zeros(k)
+    redo = np.zeros(k, bool)
+    budget = 10.0 * plan.tau_wrap
+    for i in range(k):
+        res = engine.unpack(flat[i], directions, kinds, (1,))
+        over = any((kd == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
+                   for rd in res for kd, r in rd.items())
+        if over:  # the single-configuration accountant widens the window
+            redo[i] = True
+            s = single(int(uniq[i]))
+            upper[i], lower[i] = float(s.epsilon_upper), float(s.epsilon_lower)
+            continue
+        if _needs_tail_pass(plan, res, delta):
+            # The single call's error accounting where the FFT round-off floor matters (small
+            # delta): the composition re-run tilted towards the tail, on this grid at this T
+            # (one compiled program for every T).
+            t = int(uniq[i])
+            groups_t = [g._replace(counts=np.asarray([t], np.int64)) for g in groups]
+            res = engine.tail_pass(groups_t, directions, kinds, np.asarray([delta]), np.zeros(()),
+                                   _plan_at(plan, t, t_max), res, want="eps", n_max=options.n_max)
+        _, up, lo = engine.combine([(d, plan, r) for d, r in zip(directions, res)])
+        upper[i], lower[i] = float(np.ravel(up)[0]), float(np.ravel(lo)[0])
+        if not np.isfinite(upper[i]):
+            # A direction the grid cannot certify: the single call's fallback bounds.
+            redo[i] = True
+            s = single(int(uniq[i]))
+            upper[i], lower[i] = float(s.epsilon_upper), float(s.epsilon_lower)
+    return upper, lower, redo

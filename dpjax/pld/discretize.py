@@ -38,7 +38,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-_FLUSH = 1e-290
+FLUSH = 1e-290
 
 
 # Rounds of neighbour matching in the optimistic discretization (each round matches what the
@@ -112,7 +112,7 @@ def grid_pmf(c, y, dx) -> GridPMF:
     # Flush values below 1e-290 to 0: denormal arithmetic is ~100x slower on x86 and made the
     # far tails dominate the run time.  The P-mass this can remove (< 2 m 1e-290) is put on the
     # +inf atom below, so the pessimistic PMF stays an upper bound.
-    c = type(c)(*(jnp.where(v < _FLUSH, 0.0, v) for v in c))
+    c = type(c)(*(jnp.where(v < FLUSH, 0.0, v) for v in c))
     p_bin = _bin_masses(c.p_le, c.p_gt)
     q_bin = _bin_masses(c.q_le, c.q_gt)
     # Split bin j: a at y_j, b at y_{j+1};  a = (q e^{y_{j+1}} - p) / (e^{dx} - 1).
@@ -153,4 +153,4 @@ def grid_pmf(c, y, dx) -> GridPMF:
         f = jnp.maximum(f - jnp.pad(up, (0, 1)) - jnp.pad(dn, (1, 0)), 0.0)
     u = jnp.clip(u, 0.0, 1.0)
     pmf_down = jnp.zeros(m).at[:-1].set(p_bin * (1.0 - u)).at[1:].add(p_bin * u).at[-1].add(c.p_gt[-1])
-    return GridPMF(pmf_up=pmf_up, p_inf_up=c.p_gt[-1] + 2 * m * _FLUSH, pmf_down=pmf_down)
+    return GridPMF(pmf_up=pmf_up, p_inf_up=c.p_gt[-1] + 2 * m * FLUSH, pmf_down=pmf_down)

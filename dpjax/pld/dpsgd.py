@@ -169,9 +169,9 @@ def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Call
 
 
 def _components(sigma, q, steps):
-    from dpjax.pld import accountant
+    from dpjax.pld import engine
 
-    return accountant._dpsgd_components(sigma, q, steps)
+    return engine.dpsgd_components(sigma, q, steps)
 
 
 @host_only("dpjax.calibration.dpsgd_epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
@@ -196,7 +196,7 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
-    from dpjax.pld import accountant, allocation_dpsgd
+    from dpjax.pld import accountant, allocation_dpsgd, engine
 
     if allocation_dpsgd.is_allocation(sampling):
         if noise_schedule is not None or options is not None:
@@ -211,7 +211,7 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     if noise_multiplier is not None and noise_schedule is not None:
         raise ValueError("give noise_multiplier or noise_schedule, not both")
-    comps = accountant._dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
+    comps = engine.dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
     if target_delta is not None:
         return accountant.epsilon(comps, target_delta, options=options, with_lower=with_lower)
     return accountant.delta(comps, target_epsilon, options=options, with_lower=with_lower)
@@ -300,9 +300,17 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
     name = "dpsgd_epsilon"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
                                dict(sample_rate=sample_rate, delta=delta))
-    q, d = a["sampling_prob"], a["target_delta"]
+    return _query("epsilon", name, noise_multiplier, a["sampling_prob"], steps, a["target_delta"], noise_schedule,
+                  sampling, batches_per_epoch, selections_per_epoch, epochs)
+
+
+def _query(query, name, sigma, q, steps, target, noise_schedule, sampling, batches_per_epoch, selections_per_epoch,
+           epochs):
+    """:func:`dpsgd_epsilon` (``query="epsilon"``, ``target`` a delta) or :func:`dpsgd_delta`
+    (``"delta"``, ``target`` an epsilon) once the aliases are resolved: random allocation, a
+    noise schedule, or the one-configuration / batched / traced dispatch."""
     if _allocation(sampling):
-        return _allocation_query("epsilon", name, noise_multiplier, q, steps, d, noise_schedule, sampling,
+        return _allocation_query(query, name, sigma, q, steps, target, noise_schedule, sampling,
                                  batches_per_epoch, selections_per_epoch, epochs)
     if batches_per_epoch is not None or selections_per_epoch != 1:
         from dpjax.pld import allocation_dpsgd
@@ -310,9 +318,8 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
         allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     steps = _names.steps_from_epochs(name, q, steps, epochs)
     if noise_schedule is not None:
-        return _schedule("epsilon", name, noise_multiplier, q, steps, d, noise_schedule)
-    return dispatch("epsilon", name, noise_multiplier, q, steps, d, components=_components,
-                    scalar=_scalar("epsilon"))
+        return _schedule(query, name, sigma, q, steps, target, noise_schedule)
+    return dispatch(query, name, sigma, q, steps, target, components=_components, scalar=_scalar(query))
 
 
 def _allocation(sampling) -> bool:
@@ -347,16 +354,5 @@ def dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_ep
     name = "dpsgd_delta"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
                                dict(sample_rate=sample_rate, epsilon=epsilon))
-    q, e = a["sampling_prob"], a["target_epsilon"]
-    if _allocation(sampling):
-        return _allocation_query("delta", name, noise_multiplier, q, steps, e, noise_schedule, sampling,
-                                 batches_per_epoch, selections_per_epoch, epochs)
-    if batches_per_epoch is not None or selections_per_epoch != 1:
-        from dpjax.pld import allocation_dpsgd
-
-        allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
-    steps = _names.steps_from_epochs(name, q, steps, epochs)
-    if noise_schedule is not None:
-        return _schedule("delta", name, noise_multiplier, q, steps, e, noise_schedule)
-    return dispatch("delta", name, noise_multiplier, q, steps, e, components=_components,
-                    scalar=_scalar("delta"))
+    return _query("delta", name, noise_multiplier, a["sampling_prob"], steps, a["target_epsilon"], noise_schedule,
+                  sampling, batches_per_epoch, selections_per_epoch, epochs)

@@ -271,7 +271,7 @@ def _chernoff_search(masses_d, counts, lam_gauss: float, log_tau: float, mid, fa
         if i == 0 and factors is _LAMBDA_GRID:
             return _chernoff_search(masses_d, counts, lam_gauss, log_tau, mid, factors=_LAMBDA_GRID_LOW)
         # The width at the program's retry threshold (mass 10 tau outside each side, see
-        # dpjax.pld.accountant._run): h - l = h + (-l).
+        # dpjax.pld.engine.run): h - l = h + (-l).
         with np.errstate(invalid="ignore"):
             q10 = sign * (K[sl] - log_tau - math.log(10.0)) / lam[sl]
         width += float(np.min(np.where(np.isfinite(q10), q10, np.inf)))
@@ -295,6 +295,17 @@ def _n_freq(n: int, dx: float, sigma_c: float, total: int) -> int | None:
     k_cut = 40.0 * n * dx / (2.0 * math.pi * sigma_c)
     k = 64 * int(math.ceil(4.0 * k_cut / 64.0))
     return k if k < half // 2 else None
+
+
+def n_freq_at(plan: GridPlan, n: int) -> int | None:
+    """The kept frequencies of ``plan`` on an FFT of length ``n`` (same ``dx``, a wider window):
+    the planner's rule (:func:`_n_freq`) at the new length, an int (every frequency) where the
+    rule keeps all; None when ``plan`` keeps every frequency; ``plan.n_freq`` at its own ``n``."""
+    if plan.n_freq is None:
+        return None
+    if n == plan.n:
+        return plan.n_freq
+    return _n_freq(n, plan.dx, min(plan.sigma_composed), plan.total_count) or (n // 2 + 1)
 
 
 # The per-step target never asks for more than this fraction of the relative target: a predicted
@@ -350,7 +361,31 @@ def plan_grid(
     tau_wrap = 0.5 * tail_mass
     tau_single = tau_inf / max(total, 1)
     z = math.sqrt(2.0 * math.log(1.0 / tau_wrap))
+    probe_y, probes = _probe_groups(groups, directions, counts, tau_single)
+    probe_mid = 0.5 * (probe_y[1:] + probe_y[:-1])
+    masses = [[_probe_masses(*probes[gi][di]) for gi in range(len(groups))] for di in range(len(directions))]
+    per_dir = [_direction_needs(probes, masses[di], di, counts, total, z, tau_single, tau_wrap, probe_y, probe_mid,
+                                eps_hint=eps_hint, target_delta=target_delta, options=options)
+               for di in range(len(directions))]
+    n, dx = _common_grid(per_dir, options, min_width)
+    all_groups, all_ms = [], []
+    for stats, *_ in per_dir:
+        new_groups, ms = _placed_groups(groups, counts, stats, n, dx)
+        all_groups.append(new_groups)
+        all_ms.append(ms)
+    return GridPlan(
+        n_freq=_n_freq(n, dx, min(p[1] for p in per_dir), total),
+        directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
+        lambdas=np.stack([p[5] for p in per_dir]), log_tau=math.log(tau_wrap), tau_wrap=tau_wrap, tau_inf=tau_inf,
+        sigma_composed=tuple(p[1] for p in per_dir), total_count=total,
+        mean_composed=tuple(p[4] for p in per_dir),
+    )
 
+
+def _probe_groups(groups, directions, counts, tau_single):
+    """``(probe_y, probes)``: every group's loss masses at the probe losses, ``probes[group][direction]
+    = (p_le, p_gt)``; probed again further out (:data:`PROBE_LOSSES_EXTENDED`) when a used group
+    has more than ``tau_single`` beyond the ordinary probes."""
     def probe_all(y):  # [group][direction] -> (p_le, p_gt)
         return [_host_probe(g.mechanism, directions, y) or _probe(g.mechanism, directions, y) for g in groups]
 
@@ -361,32 +396,41 @@ def plan_grid(
            for pr, cnt in zip(probes, counts) for le, gt in pr):
         probe_y = PROBE_LOSSES_EXTENDED
         probes = probe_all(probe_y)
-    probe_mid = 0.5 * (probe_y[1:] + probe_y[:-1])
-    per_dir = []
-    masses = [[_probe_masses(*probes[gi][di]) for gi in range(len(groups))] for di in range(len(directions))]
-    for di in range(len(directions)):
-        stats = [_probe_stats(*probes[gi][di], masses[di][gi], tau_single, probe_y) for gi in range(len(groups))]
-        V = sum(float((c * s[3]).sum()) for c, s in zip(counts, stats))
-        K3 = sum(float((c * s[4]).sum()) for c, s in zip(counts, stats))
-        M = sum(float((c * s[2]).sum()) for c, s in zip(counts, stats))
-        support = max(float(np.max(np.where(c > 0, s[1] - s[0], 0.0))) for c, s in zip(counts, stats))
-        sigma_c = math.sqrt(max(V, 1e-30))
-        hint = eps_hint
-        if hint is None:
-            hint = M + sigma_c * math.sqrt(2.0 * math.log(1.0 / target_delta))
-        eps_scale = max(hint, sigma_c, 1e-6)
-        target = _discretization_target(options, eps_scale, total)
-        dx_acc = math.sqrt(target * sigma_c / (0.3 * max(total, 1)))
-        # Cornish-Fisher: skewness gamma moves both Chernoff quantiles by ~gamma (z^2 - 1) / 6;
-        # the window must hold [M - z_lo sigma_c, M + z_hi sigma_c].
-        gamma = K3 / sigma_c**3
-        spread = (2.0 * z + abs(gamma) * (z * z - 1.0) / 3.0) * sigma_c
-        width = min(1.05 * max(support, 1.1 * spread), MAX_WINDOW_WIDTH)
-        lams, chernoff = _chernoff_search(masses[di], counts, z / sigma_c, math.log(tau_wrap), probe_mid)
-        if math.isfinite(chernoff):
-            width = max(width, min(chernoff, MAX_WINDOW_WIDTH))
-        per_dir.append((stats, sigma_c, dx_acc, width, M, lams))
-    # Common grid: the finest spacing any direction asks for, the widest window.
+    return probe_y, probes
+
+
+def _direction_needs(probes, masses, di, counts, total, z, tau_single, tau_wrap, probe_y, probe_mid, *, eps_hint,
+                     target_delta, options):
+    """What direction ``di`` asks of the grid: ``(stats, sigma_c, dx, width, mean, lambdas)``:
+    per-group probe statistics, the composed loss's std and mean, the spacing of the
+    discretization target, the window width (support, Cornish-Fisher spread, Chernoff
+    quantiles at the retry threshold) and the Chernoff parameters."""
+    stats = [_probe_stats(*probes[gi][di], masses[gi], tau_single, probe_y) for gi in range(len(counts))]
+    V = sum(float((c * s[3]).sum()) for c, s in zip(counts, stats))
+    K3 = sum(float((c * s[4]).sum()) for c, s in zip(counts, stats))
+    M = sum(float((c * s[2]).sum()) for c, s in zip(counts, stats))
+    support = max(float(np.max(np.where(c > 0, s[1] - s[0], 0.0))) for c, s in zip(counts, stats))
+    sigma_c = math.sqrt(max(V, 1e-30))
+    hint = eps_hint
+    if hint is None:
+        hint = M + sigma_c * math.sqrt(2.0 * math.log(1.0 / target_delta))
+    eps_scale = max(hint, sigma_c, 1e-6)
+    target = _discretization_target(options, eps_scale, total)
+    dx_acc = math.sqrt(target * sigma_c / (0.3 * max(total, 1)))
+    # Cornish-Fisher: skewness gamma moves both Chernoff quantiles by ~gamma (z^2 - 1) / 6;
+    # the window must hold [M - z_lo sigma_c, M + z_hi sigma_c].
+    gamma = K3 / sigma_c**3
+    spread = (2.0 * z + abs(gamma) * (z * z - 1.0) / 3.0) * sigma_c
+    width = min(1.05 * max(support, 1.1 * spread), MAX_WINDOW_WIDTH)
+    lams, chernoff = _chernoff_search(masses, counts, z / sigma_c, math.log(tau_wrap), probe_mid)
+    if math.isfinite(chernoff):
+        width = max(width, min(chernoff, MAX_WINDOW_WIDTH))
+    return stats, sigma_c, dx_acc, width, M, lams
+
+
+def _common_grid(per_dir, options: GridOptions, min_width: float) -> tuple[int, float]:
+    """``(n, dx)`` of the one grid of every direction: the finest spacing any direction asks
+    for, the widest window (wider at the same ``dx`` for a retry's ``min_width``)."""
     dx_acc = min(p[2] for p in per_dir)
     width = max(p[3] for p in per_dir)
     n = _fft_size(width / dx_acc + 2)
@@ -397,25 +441,20 @@ def plan_grid(
     dx = max(dx, y_abs / 2.0**40, 1e-12)
     if min_width > width:  # retry: same dx, wider window
         n = min(_fft_size(min_width / dx + 2), max(options.n_max, n))
-    all_groups, all_ms, all_lams = [], [], []
-    for di, (stats, sigma_c, *_, lams) in enumerate(per_dir):
-        new_groups, ms = [], []
-        for g, c, (y_lo, y_hi, *_) in zip(groups, counts, stats):
-            off = np.floor(y_lo / dx).astype(np.int64)
-            top = np.ceil(y_hi / dx).astype(np.int64)
-            need = int(np.max(np.where(c > 0, top - off + 1, 2)))
-            ms.append(min(max(_fft_size(need), 64), n))
-            new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
-        all_groups.append(tuple(new_groups))
-        all_ms.append(tuple(ms))
-        all_lams.append(lams)
-    return GridPlan(
-        n_freq=_n_freq(n, dx, min(p[1] for p in per_dir), total),
-        directions=tuple(directions), n=n, dx=dx, ms=tuple(all_ms), groups=tuple(all_groups),
-        lambdas=np.stack(all_lams), log_tau=math.log(tau_wrap), tau_wrap=tau_wrap, tau_inf=tau_inf,
-        sigma_composed=tuple(p[1] for p in per_dir), total_count=total,
-        mean_composed=tuple(p[4] for p in per_dir),
-    )
+    return n, dx
+
+
+def _placed_groups(groups, counts, stats, n: int, dx: float):
+    """One direction's groups on the grid: offsets from each step's lowest loss, and per group
+    the support length (a power of two >= 64, at most ``n``)."""
+    new_groups, ms = [], []
+    for g, c, (y_lo, y_hi, *_) in zip(groups, counts, stats):
+        off = np.floor(y_lo / dx).astype(np.int64)
+        top = np.ceil(y_hi / dx).astype(np.int64)
+        need = int(np.max(np.where(c > 0, top - off + 1, 2)))
+        ms.append(min(max(_fft_size(need), 64), n))
+        new_groups.append(Group(mechanism=g.mechanism, counts=c, offsets=off))
+    return tuple(new_groups), tuple(ms)
 
 
 def coarse_shape(plan: GridPlan, options: GridOptions) -> GridPlan:

@@ -1,7 +1,10 @@
-"""Result records of the PLD layer's many-configuration entry points.
+"""Result records of the PLD layer.
 
-:class:`EpsilonCurve` (returned by :func:`dpjax.pld.epsilon_curve`) and :class:`SweepTable`
-(returned by :func:`dpjax.pld.sweep`) are plain records.  They live in this module, which
+:class:`EpsilonResult` / :class:`DeltaResult` with their per-direction
+:class:`DirectionReport` (returned by :func:`dpjax.pld.epsilon` / :func:`dpjax.pld.delta` and
+everything built on them; :mod:`dpjax.pld.accountant` re-exports them), :class:`EpsilonCurve`
+(returned by :func:`dpjax.pld.epsilon_curve`) and :class:`SweepTable` (returned by
+:func:`dpjax.pld.sweep`) are plain records.  They live in this module, which
 imports nothing else of :mod:`dpjax.pld`, so that the random-allocation accountant
 (:mod:`dpjax.pld.allocation_accountant`) can return them while :mod:`dpjax.pld.curve` and
 :mod:`dpjax.pld.sweeping` dispatch to it; both modules re-export them, so
@@ -11,12 +14,105 @@ imports nothing else of :mod:`dpjax.pld`, so that the random-allocation accounta
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from dpjax._results import ResultMixin
 
-__all__ = ["EpsilonCurve", "SweepTable"]
+__all__ = ["DirectionReport", "EpsilonResult", "DeltaResult", "EpsilonCurve", "SweepTable"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectionReport(ResultMixin):
+    """Per-direction diagnostics (floats; arrays when several targets were asked).
+
+    ``to_dict()`` / ``to_json(path)`` / ``DirectionReport.load(path)``: see :mod:`dpjax._results`.
+    """
+
+    direction: str
+    upper: Any
+    lower: Any
+    n: int
+    dx: float
+    p_inf: float
+    tail_above: float
+    tail_below: float
+    roundoff: float
+    truncation_budget: float
+    noise_floor: float = 0.0
+
+    def as_dict(self, quantity: str) -> dict:
+        """JSON-ready diagnostics; ``quantity`` names the bracket (``"epsilon"`` or ``"delta"``)."""
+        return {f"{quantity}_upper": _py(self.upper), f"{quantity}_lower": _py(self.lower),
+                "n": self.n, "dx": self.dx, "p_inf": self.p_inf, "tail_above": self.tail_above,
+                "tail_below": self.tail_below, "roundoff": self.roundoff,
+                "noise_floor": self.noise_floor}
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonResult(ResultMixin):
+    """``epsilon(target_delta)``: certified ``epsilon_upper`` (= ``epsilon``) and ``epsilon_lower``.
+
+    ``epsilon`` is ``inf`` when the upper bound cannot certify ``target_delta`` (``reason`` says
+    why).  ``directions`` holds the add/remove (or single symmetric) reports; ``blocked`` is True
+    when a long heterogeneous schedule was bracketed by blocks (see :class:`GridOptions`).
+    ``adjacency`` names the neighbouring relation: ``"add_or_remove"`` (the max over the add and
+    remove directions; Poisson sampling) or ``"replace"`` (fixed batches, :mod:`dpjax.group`).
+
+    ``to_dict()`` / ``to_json(path)`` / ``EpsilonResult.load(path)`` keep every field (arrays as
+    lists; see :mod:`dpjax._results`); ``as_dict()`` is the compact report keyed by direction.
+    """
+
+    _nested = {"directions": DirectionReport}
+
+    epsilon: Any
+    epsilon_lower: Any
+    epsilon_upper: Any
+    target_delta: Any
+    directions: tuple[DirectionReport, ...]
+    blocked: bool = False
+    reason: str | None = None
+    adjacency: str = "add_or_remove"
+
+    def as_dict(self) -> dict:
+        return dict(
+            epsilon=_py(self.epsilon), epsilon_lower=_py(self.epsilon_lower),
+            epsilon_upper=_py(self.epsilon_upper), target_delta=_py(self.target_delta),
+            blocked=self.blocked, reason=self.reason,
+            directions={str(d.direction): d.as_dict("epsilon") for d in self.directions},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaResult(ResultMixin):
+    """``delta(target_epsilon)``: certified ``delta_upper`` (= ``delta``) and ``delta_lower``.
+
+    ``adjacency``, ``to_dict()`` / ``to_json(path)`` / ``DeltaResult.load(path)``: as for
+    :class:`EpsilonResult`.
+    """
+
+    _nested = {"directions": DirectionReport}
+
+    delta: Any
+    delta_lower: Any
+    delta_upper: Any
+    target_epsilon: Any
+    directions: tuple[DirectionReport, ...]
+    blocked: bool = False
+    adjacency: str = "add_or_remove"
+
+    def as_dict(self) -> dict:
+        return dict(
+            delta=_py(self.delta), delta_lower=_py(self.delta_lower), delta_upper=_py(self.delta_upper),
+            target_epsilon=_py(self.target_epsilon), blocked=self.blocked,
+            directions={str(d.direction): d.as_dict("delta") for d in self.directions},
+        )
+
+
+def _py(x):
+    a = np.asarray(x, np.float64)
+    return float(a) if a.ndim == 0 else a.tolist()
 
 
 @dataclasses.dataclass(frozen=True)

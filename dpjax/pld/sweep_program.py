@@ -1,7 +1,7 @@
 """The sweep's per-configuration program: one epsilon query, both discretizations as one batch.
 
 :func:`epsilon_program` computes exactly what the accountant's program does for an epsilon query
-(:func:`dpjax.pld.accountant._program` with ``want="eps"``: :func:`dpjax.pld.compose.compose_directions`
+(:func:`dpjax.pld.engine.program` with ``want="eps"``: :func:`dpjax.pld.compose.compose_directions`
 followed by :func:`dpjax.pld.convert.epsilon` per direction and discretization), with the same
 error terms and the same packed output, arranged for a program that runs thousands of
 configurations (:mod:`dpjax.pld.sweeping`):
@@ -34,11 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax.pld.compose import _U, _chernoff_quantiles, _log_mgf, _tails, _window_start
-from dpjax.pld.convert import _suffix_sums_small
-from dpjax.pld.discretize import _FLUSH, _materialize, grid_pmf
+from dpjax.pld.compose import UNIT_ROUNDOFF, chernoff_quantiles, pmf_log_mgf, wrap_tails, window_start
+from dpjax.pld.convert import segment_epsilon, suffix_sums_small
+from dpjax.pld.discretize import FLUSH, _materialize, grid_pmf
 
-#: Diagnostics after the values, as in :data:`dpjax.pld.accountant._DIAGNOSTICS`.
+#: Diagnostics after the values, as in :data:`dpjax.pld.engine.DIAGNOSTICS`.
 DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
                "valid_from")
 
@@ -114,10 +114,10 @@ def _discretize_prefix(mech, directions, o, dx, m, support, kinds):
         return jax.lax.dynamic_update_slice_in_dim(buf, keep, k * B, axis=1), gt_last
 
     pmf, gt_last = jax.lax.fori_loop(0, (support + B - 1) // B, body, (jnp.zeros((D * K, m)), jnp.zeros(D)))
-    gt_last = jnp.where(gt_last < _FLUSH, 0.0, gt_last)                  # (D,) flushed as grid_pmf
+    gt_last = jnp.where(gt_last < FLUSH, 0.0, gt_last)                  # (D,) flushed as grid_pmf
     is_down = jnp.asarray(np.repeat([kind == "down" for kind in kinds], D))
     pmf = pmf.at[:, last].add(jnp.where(is_down, jnp.concatenate([gt_last] * K), 0.0))
-    p_inf_up = gt_last + 2 * support * _FLUSH
+    p_inf_up = gt_last + 2 * support * FLUSH
     y = (o[:, None] + jnp.arange(m)[None, :]) * dx
     return pmf, jnp.concatenate([y] * K, axis=0), p_inf_up
 
@@ -141,7 +141,7 @@ def _compose(groups_by_direction, dx, lambdas, *, directions, ms, n, kinds, n_fr
                 pmf, y, p_inf_up = _discretize(mech, directions, o, dx, m, kinds)
             else:
                 pmf, y, p_inf_up = _discretize_prefix(mech, directions, o, dx, m, support[gi], kinds)
-            K_acc = carry["K"] + jnp.where(c > 0, c * jax.vmap(_log_mgf)(pmf, y, lam_rows), 0.0)
+            K_acc = carry["K"] + jnp.where(c > 0, c * jax.vmap(pmf_log_mgf)(pmf, y, lam_rows), 0.0)
             F = jnp.fft.rfft(pmf, n, axis=-1)
             sq = jnp.real(F) ** 2 + jnp.imag(F) ** 2
             log_hi = (0.5 * jnp.log(jnp.maximum(jnp.max(sq[:, nf:], axis=-1), 1e-300)) if nf < half
@@ -169,9 +169,9 @@ def _compose(groups_by_direction, dx, lambdas, *, directions, ms, n, kinds, n_fr
 def _placement(K, lam, log_tau, dx, n):
     """One row's window start ``w_lo`` (centred between the Chernoff quantiles, as
     ``compose_directions``' ``window``), its tail bounds and the width they ask for."""
-    l, h = _chernoff_quantiles(K, lam, log_tau)
-    w_lo = _window_start(l, h, dx, n)
-    above, below = _tails(K, lam, w_lo, dx, n)
+    l, h = chernoff_quantiles(K, lam, log_tau)
+    w_lo = window_start(l, h, dx, n)
+    above, below = wrap_tails(K, lam, w_lo, dx, n)
     return w_lo, above, below, h - l
 
 
@@ -203,8 +203,8 @@ def _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weight
     nb = n // b
     w = r * weights
     rb, wb = r.reshape(nb, b), w.reshape(nb, b)
-    s_r = _suffix_sums_small(jnp.sum(rb, axis=1))
-    s_w = _suffix_sums_small(jnp.sum(wb, axis=1))
+    s_r = suffix_sums_small(jnp.sum(rb, axis=1))
+    s_w = suffix_sums_small(jnp.sum(wb, axis=1))
     D_start = (s_r - rb[:, 0]) * fa + const - start_weights * (s_w - wb[:, 0]) * fb
     flat = delta.reshape(-1)
     blk = jnp.max(jnp.where(D_start[None, :] > flat[:, None], jnp.arange(nb)[None, :], -1), axis=1)
@@ -220,25 +220,9 @@ def _epsilon_row(r, w_lo, dx, const, fa, fb, is_up, delta, weights, start_weight
     sums = jnp.sum(jnp.where(later, rw[..., :, None], 0.0), axis=-2)
     sr = sums[0] + jnp.where(after, s_r[nxt], 0.0)[:, None]
     sw = sums[1] + jnp.where(after, s_w[nxt], 0.0)[:, None]
-    A_blk = sr * fa + const
-    B_blk = sw * fb
     y_ref = (w_lo + n // 2) * dx
-    y_blk = (w_lo + start + np.arange(b)[None, :]) * dx
-    hit = (A_blk - jnp.exp(y_blk - y_ref) * B_blk) > flat[:, None]
-    last = jnp.maximum(jnp.max(jnp.where(hit, np.arange(b)[None, :], -1), axis=1), 0)
-    j = jnp.where(any_above, blk * b + last, -1)
-    at_last = np.arange(b)[None, :] == last[:, None]
-    A = jnp.where(any_above, jnp.sum(jnp.where(at_last, A_blk, 0.0), axis=1), s_r[0] * fa + const)
-    B = jnp.where(any_above, jnp.sum(jnp.where(at_last, B_blk, 0.0), axis=1), s_w[0] * fb)
-    bad = jnp.isnan(A) | jnp.isnan(B)
-    A = jnp.where(bad, jnp.where(is_up, jnp.inf, -jnp.inf), A)
-    B = jnp.where(bad, 0.0, B)
-    ratio = (A - flat) / B
-    eps = y_ref + jnp.log(jnp.where(ratio > 0, ratio, 1.0))
-    lo_end = jnp.where(j >= 0, (w_lo + j) * dx, -jnp.inf)
-    hi_end = jnp.where(j + 1 <= n - 1, (w_lo + j + 1) * dx, jnp.inf)
-    eps = jnp.where((ratio > 0) & (B > 0), jnp.clip(eps, lo_end, hi_end), hi_end)
-    eps = jnp.where(j >= n - 1, jnp.inf, eps)
+    eps = segment_epsilon(sr * fa + const, sw * fb, s_r[0] * fa + const, s_w[0] * fb, blk, any_above, start, flat,
+                          y_ref, w_lo, dx, n, jnp.where(is_up, jnp.inf, -jnp.inf))
     broken = ~(jnp.isfinite(s_r[0]) & jnp.isfinite(s_w[0]) & jnp.isfinite(const) & jnp.isfinite(fa))
     eps = jnp.where(broken, jnp.where(is_up, jnp.inf, 0.0), eps)
     return jnp.maximum(eps, 0.0).reshape(delta.shape)
@@ -262,7 +246,7 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
                     floor_free=False):
     """Certified epsilon of one configuration at ``deltas`` (traceable; the sweep loops it).
 
-    Same arguments and output as :func:`dpjax.pld.accountant._program_jit` with ``want="eps"``
+    Same arguments and output as :func:`dpjax.pld.engine.program_jit` with ``want="eps"``
     (``groups`` per direction, ``lambdas`` (D, L)): a float64 array ``(directions, kinds,
     targets + len(DIAGNOSTICS))`` of the converted values and the diagnostics.  ``support``
     (optional, traced, one integer per group, at most ``ms``' entries): the configuration's own
@@ -296,7 +280,7 @@ def epsilon_program(groups, dx, lambdas, log_tau, deltas, support=None, *, direc
     # program's time).
     window = jnp.stack([jax.lax.dynamic_slice_in_dim(jnp.concatenate([circ[i], circ[i]]), start[i], n)
                         for i in range(D * K)])
-    roundoff_rel = 8.0 * _U * (jnp.log2(n) + carry["total"])
+    roundoff_rel = 8.0 * UNIT_ROUNDOFF * (jnp.log2(n) + carry["total"])
     floor_prior = roundoff_rel * (2.0 / n) * jnp.sum(mag, axis=-1)
     is_up = jnp.asarray(np.repeat([k == "up" for k in kinds], D))
     r, floor = _floor(window, floor_prior, is_up)

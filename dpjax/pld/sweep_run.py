@@ -1,0 +1,503 @@
+"""The bucket programs of a sweep: compile pool, chunks, retries, rows (:mod:`dpjax.pld.sweeping`, step 3).
+
+:func:`compile_program` compiles (or loads a serialized) bucket program for a chunk's static
+sizes (kept in :data:`COMPILED`, their origin in :data:`ORIGIN`); :func:`known_programs` /
+:func:`disk_programs` list the shapes already available, for the bucketing;
+:func:`chunk_args` lays a chunk's plans out over the devices and :func:`run_chunk` runs it
+(``[{direction results}]`` per member, as :func:`dpjax.pld.engine.unpack`).  A row whose
+wrap-around or truncation term is over budget is re-planned by :func:`retry` (the
+accountant's own rules); :func:`grid_row` turns a finished member into a row,
+:func:`needs_single` decides when the single call must answer instead (:func:`single_row`),
+and :func:`exact_row` answers the ``q = 1`` configurations from the closed form.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax import _xla
+from dpjax.pld import accountant as _acc
+from dpjax.pld import cache as _cache
+from dpjax.pld import engine
+from dpjax.pld.mechanisms import PoissonSubsampledGaussian
+from dpjax.pld.plan import GridOptions
+from dpjax.pld.sweep_config import (SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
+                                    options_for)
+from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
+from dpjax.pld.sweep_program import epsilon_program
+
+__all__ = ["BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args", "COMPILED", "ORIGIN", "static_of",
+           "known_programs", "disk_programs", "program_key", "compile_program", "run_chunk", "retry", "grid_row",
+           "needs_single", "single_row", "exact_row", "BucketRunner"]
+
+
+def _columns(want: str) -> int:
+    """Columns of a row of the bucket program's output: the value, the diagnostics, and for
+    epsilon queries the floor-free bound (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
+    return 1 + len(engine.DIAGNOSTICS) + (want == "eps")
+
+
+@functools.lru_cache(maxsize=None)
+def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
+    """One jitted program for a bucket: the per-configuration program
+    (:func:`dpjax.pld.sweep_program.epsilon_program` for epsilon queries, the accountant's
+    :func:`dpjax.pld.engine.program` for delta queries) looped over the configurations of a
+    chunk, the chunk's leading axis sharded over ``mesh``.
+
+    Each device runs a ``lax.while_loop`` over its own part of the chunk, ``block`` configurations
+    per iteration (``jax.vmap`` inside a block), stopping after its ``count`` real configurations
+    (padding costs nothing beyond the last block, so one chunk size serves every bucket).  On CPU
+    ``block = 1``: vmapping turns the window's dynamic slices and the conversion's lookups into
+    batched gathers, measured 6x slower on CPU at n = 98304.  On an accelerator a block of
+    configurations per step fills the device (see :func:`_block_size`).
+    Output ``(chunk, directions, kinds, columns)``: see :func:`_columns`.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    def one(g, dx, lam, lt, d, e, support):
+        if want == "eps":
+            return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
+                                   n_freq=n_freq, floor_free=True)
+        return engine.program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
+                             n_freq=n_freq)
+
+    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
+        size = dx.shape[0]
+        out0 = jnp.zeros((size, len(directions), len(kinds), _columns(want)), jnp.float64)
+        xs = (groups, dx, lambdas, log_tau, deltas, epsilons, support)
+
+        def body(state):
+            i, out = state
+            if block == 1:
+                take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
+                val = one(*jax.tree_util.tree_map(take, xs))
+                return i + 1, jax.lax.dynamic_update_index_in_dim(out, val, i, 0)
+            take = lambda x: jax.lax.dynamic_slice_in_dim(x, i, block)
+            val = jax.vmap(one)(*jax.tree_util.tree_map(take, xs))
+            return i + block, jax.lax.dynamic_update_slice_in_dim(out, val, i, 0)
+
+        _, out = jax.lax.while_loop(lambda st: st[0] < count[0], body, (jnp.zeros((), count.dtype), out0))
+        return out
+
+    spec = P("configs")
+    # A name per static shape: the XLA module (and a profile's events) say which bucket ran.
+    local.__name__ = local.__qualname__ = (f"sweep_{want}_n{n}_m{max(max(r) for r in ms)}_"
+                                           f"f{'all' if n_freq is None else n_freq}_b{block}")
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    return jax.jit(sharded)
+
+
+#: Working memory of one vmapped block of configurations on an accelerator (bytes).
+BLOCK_BYTES = 2**31
+
+
+def _block_size(mesh, n: int, rows: int, per_device: int) -> int:
+    """Configurations per loop step of a bucket program (:func:`_batched`): 1 on CPU; on an
+    accelerator the largest power of two dividing ``per_device`` whose working set (about 32
+    float64 arrays of ``rows x n`` per configuration) fits :data:`BLOCK_BYTES`."""
+    platform = mesh.devices.flat[0].platform
+    if platform == "cpu":
+        return 1
+    fit = max(1, BLOCK_BYTES // (32 * 8 * rows * n))
+    b = 1
+    while b * 2 <= min(fit, per_device) and per_device % (b * 2) == 0:
+        b *= 2
+    return b
+
+
+def make_mesh(devices):
+    from jax.sharding import Mesh
+
+    return Mesh(np.asarray(devices), ("configs",))
+
+
+def _global_array(x: np.ndarray, sharding):
+    """A global array sharded along axis 0 (each process supplies its own shards; the same call
+    on one host)."""
+    x = np.ascontiguousarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def _gather(out) -> np.ndarray:
+    if jax.process_count() > 1:  # pragma: no cover - multi-host only
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+    return np.asarray(out)
+
+
+#: Background compile threads of a sweep (XLA compiles each program on one core).
+COMPILE_WORKERS = 2
+
+
+def chunk_args(members: list[Planned], per_device: int, mesh):
+    """The global input arrays of one chunk (``len(members) <= per_device * devices``).
+
+    Layout: device ``d`` gets ``members[d::devices]`` first in its block, then padding (copies of
+    the first member, never computed: each device loops over its real count only).
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    ndev = mesh.devices.size
+    first = members[0]
+    slots, counts = [], []
+    for d in range(ndev):
+        mine = members[d::ndev]
+        counts.append(len(mine))
+        slots.extend(mine + [first] * (per_device - len(mine)))
+    # Stack every leaf of the per-direction groups along a new leading axis.
+    groups = jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
+                                    *[tuple(tuple(g) for g in p.plan.groups) for p in slots])
+    dx = np.asarray([p.plan.dx for p in slots], np.float64)
+    lambdas = np.stack([np.asarray(p.plan.lambdas, np.float64) for p in slots])
+    log_tau = np.asarray([p.plan.log_tau for p in slots], np.float64)
+    deltas = np.asarray([[p.cfg.delta if p.cfg.delta is not None else 0.5] for p in slots], np.float64)
+    epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
+    # Each row's own single-step support per group (the longest over directions, as the
+    # accountant's program uses): the bucket program discretizes that much (sweep_program).
+    support = np.asarray([[max(r[gi] for r in p.plan.ms) for gi in range(len(p.plan.ms[0]))] for p in slots],
+                         np.int64)
+    count = np.asarray(counts, np.int32)
+    sharding = NamedSharding(mesh, PartitionSpec("configs"))
+    return jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
+                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons, support))
+
+
+#: Compiled bucket programs of this process, by static sizes and input shapes (a second sweep
+#: of the same shapes compiles nothing).
+COMPILED: dict = {}
+
+
+#: How each was made: "compiled" (traced here) or "loaded" (a serialized program of an earlier process).
+ORIGIN: dict = {}
+
+
+#: The static sizes of those programs, for the bucketing of later sweeps:
+#: ``{(devices, chunk, kinds): {struct: {(n, m, n_freq), ...}}}``.
+_SHAPES: dict = {}
+
+
+def static_of(first: Planned, m: int, n_freq: int | None):
+    """A bucket's static sizes ``(ms, n_freq)``: support ``m`` for every direction and group."""
+    G = len(first.plan.groups[0])
+    return tuple(tuple(m for _ in range(G)) for _ in first.directions), n_freq
+
+
+def _mesh_id(mesh) -> tuple:
+    return tuple(str(d) for d in mesh.devices.flat)
+
+
+def known_programs(mesh, chunk: int, kinds) -> dict:
+    """``{struct: [(n, m, n_freq), ...]}``: bucket programs compiled by earlier sweeps of this process."""
+    return {k: sorted(v, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
+            for k, v in _SHAPES.get((_mesh_id(mesh), chunk, kinds), {}).items()}
+
+
+def _struct_id(struct) -> str:
+    """A string naming a program structure the same way in every process (mechanism classes by
+    their qualified names)."""
+    def name(x):
+        if isinstance(x, type):
+            return f"{x.__module__}.{x.__qualname__}"
+        if isinstance(x, tuple):
+            return "(" + ",".join(name(v) for v in x) + ")"
+        return repr(x)
+    return name(struct)
+
+
+def disk_programs(mesh, chunk: int, kinds, structs) -> dict:
+    """``{struct: [(n, m, n_freq), ...]}`` for the given program structures: bucket programs
+    serialized by earlier processes for this device count, chunk size and discretizations
+    (persistent cache on; else empty)."""
+    if mesh.devices.size != 1:
+        return {}
+    ids = {_struct_id(st): st for st in structs}
+    by_id: dict = {}
+    for meta in _cache.exported_index("sweep_program"):
+        try:
+            if meta["chunk"] != chunk or tuple(meta["kinds"]) != tuple(kinds) or meta["devices"] != 1:
+                continue
+            by_id.setdefault(meta["struct"], set()).add((int(meta["n"]), int(meta["m"]),
+                                                         None if meta["n_freq"] is None else int(meta["n_freq"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return {ids[ident]: sorted(shapes, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
+            for ident, shapes in by_id.items() if ident in ids}
+
+
+def program_key(mesh, first: Planned, kinds, static, args):
+    ms, n_freq = static
+    shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
+    return (mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq,
+            str(jax.tree_util.tree_structure(args)), shapes)
+
+
+def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None, chunk=None):
+    """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
+    background compile pool while other buckets run)."""
+    fn = COMPILED.get(key)
+    ms, n_freq = static
+    m = max(max(r) for r in ms)
+    if fn is None:
+        block = _block_size(mesh, first.plan.n, len(first.directions) * len(kinds), _per_device_of(args, mesh))
+        with jax.enable_x64(True):
+            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq, block)
+            # With the persistent cache on (every CLI run), a serialized program from an earlier
+            # process skips tracing and lowering (~0.4 s a program on 2 cores) and its XLA compile
+            # is a persistent-cache hit; its static sizes are indexed so that later processes can
+            # bucket configurations onto it (disk_programs).  Else compile here.
+            meta = None
+            if struct is not None and chunk is not None:
+                meta = dict(struct=_struct_id(struct), n=int(first.plan.n), m=int(m),
+                            n_freq=None if n_freq is None else int(n_freq), kinds=list(kinds), chunk=int(chunk),
+                            devices=int(mesh.devices.size))
+            fn = _cache.exported_compiled(
+                "sweep_program", program, args,
+                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size, block)),
+                meta=meta,
+                compile_options=_xla.compile_options())
+            if fn is None:
+                fn = program.lower(*args).compile(_xla.compile_options())
+        ORIGIN[key] = "loaded" if getattr(fn, "loaded", False) else "compiled"
+        COMPILED[key] = fn
+    if struct is not None and chunk is not None:
+        _SHAPES.setdefault((_mesh_id(mesh), chunk, kinds), {}).setdefault(struct, set()).add((first.plan.n, m, n_freq))
+    return fn
+
+
+def _per_device_of(args, mesh) -> int:
+    """Configurations per device of a chunk's inputs (``args[2]`` is ``dx``, one per slot)."""
+    return int(args[2].shape[0]) // mesh.devices.size
+
+
+def run_chunk(members: list[Planned], per_device: int, kinds, mesh, static, fn=None, args=None):
+    """Run one chunk of a bucket with the bucket's static sizes ``static = (ms, n_freq)`` (one
+    program for every chunk of the bucket); ``fn`` the compiled program (compiled here if None),
+    ``args`` the chunk's inputs (built here if None)."""
+    ndev = mesh.devices.size
+    if args is None:
+        args = chunk_args(members, per_device, mesh)
+    if fn is None:
+        fn = compile_program(program_key(mesh, members[0], kinds, static, args), mesh, members[0], kinds, static, args)
+    out = _gather(fn(*args))
+    results = {}
+    for d in range(ndev):
+        for j, p in enumerate(members[d::ndev]):
+            row = out[d * per_device + j]
+            res = engine.unpack(row[..., :1 + len(engine.DIAGNOSTICS)], p.directions, kinds, (1,))
+            if p.want == "eps":
+                for di, r in enumerate(res):
+                    r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
+            results[p.index] = res
+    return [results[p.index] for p in members], static
+
+
+def retry(p: Planned, res, n_freq, options) -> Planned | None:
+    """The accountant's own retry rules (:func:`dpjax.pld.engine.run`), for the next round:
+    a frequency truncation that is not negligible -> the same plan with every frequency; a
+    wrap-around bound over budget -> a wider window at the same ``dx`` (up to four plans).
+    None: the row is final."""
+    if n_freq is not None and any(float(r["truncation"]) > 1e-3 * p.plan.tau_wrap for rd in res for r in rd.values()):
+        q = dataclasses.replace(p, plan=dataclasses.replace(p.plan, n_freq=None))
+        return q.signed()
+    budget = 10.0 * p.plan.tau_wrap
+    over = any((k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
+               for rd in res for k, r in rd.items())
+    if not over or p.plan.n >= options_for(p.cfg, options).n_max or p.attempt >= 3:
+        return None
+    needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
+    needed = max([w for w in needed if math.isfinite(w)], default=0.0)
+    min_width = max(1.05 * needed, 1.5 * p.plan.n * p.plan.dx)
+    return plan_config(p.index, p.cfg, options, min_width=min_width, attempt=p.attempt + 1, groups=p.groups)
+
+
+def grid_row(p: Planned, reports, path: str, grid: str) -> dict:
+    dir_reports, upper, lower = engine.combine(reports)
+    upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
+    if p.cfg.query == "epsilon" and _acc.sampling_is_rare(p.cfg.sampling_prob, p.cfg.steps, p.cfg.delta):
+        # As the single call (dpjax.pld.accountant.epsilon) does; the test first, on the row's
+        # own (q, T, delta), keeps the components off the common path.
+        floored = _acc.rare_sampling_floor(config_components(p.cfg), p.cfg.delta, upper)
+        if floored is not None and float(floored) < upper:
+            upper, lower = float(floored), min(lower, float(floored))
+    return dict(index=p.index, **config_fields(p.cfg, upper), lower=lower, upper=upper, grid=grid,
+                n=int(dir_reports[0].n), dx=float(dir_reports[0].dx), path=path)
+
+
+def needs_single(p: Planned, res, row: dict) -> bool:
+    """True where the single call would not stop at this grid's answer and could give a
+    materially different one: a direction the grid could not certify (the single call then falls
+    back on the bounds of :mod:`dpjax.pld.fallback`), or an FFT round-off floor that matters at
+    the requested delta (the single call then re-runs the composition tilted towards the tail).
+    Such rows (tiny ``q T``, small deltas) are recomputed by :func:`dpjax.pld.epsilon` /
+    :func:`dpjax.pld.delta`.
+
+    An epsilon row whose floor matters is kept when the tilted pass cannot move it by more than
+    :data:`SWEEP_SLACK`: its certified bracket is that narrow (any certified answer, the single
+    call's included, is at or above the lower end), or the floor-free bound of every direction
+    (its epsilon at :func:`dpjax.pld.sweep_program.floor_free_target`: no smaller round-off
+    allowance takes the row below it on this grid) is within half of it (the other half is the grid's own slack)."""
+    if p.cfg.query == "epsilon":
+        if not math.isfinite(row["upper"]):
+            return True
+        level = p.cfg.delta
+    else:
+        if row["upper"] >= 1.0:
+            return True
+        level = min(float(np.min(r["up"]["value"])) for r in res)
+    floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
+    if not (level > 0 and floor > engine.TAIL_PASS_FRACTION * level):
+        return False
+    if p.cfg.query != "epsilon":
+        return True
+    upper = row["upper"]
+    if upper - row["lower"] <= SWEEP_SLACK * upper:
+        return False
+    bound = max(float(r["up"].get("floor_free", -math.inf)) for r in res)
+    return not (upper - bound <= 0.5 * SWEEP_SLACK * upper)
+
+
+def single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: bool) -> dict:
+    """The row from the single-configuration accountant (path "single")."""
+    comps = config_components(cfg)
+    if cfg.query == "epsilon":
+        res = _acc.epsilon(comps, cfg.delta, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
+    else:
+        res = _acc.delta(comps, cfg.epsilon, options=options, with_lower=with_lower)
+        value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
+    rep = res.directions[0]
+    return dict(index=index, **config_fields(cfg, value), lower=lower, upper=upper, grid=grid_name(options),
+                n=int(rep.n), dx=float(rep.dx), path="single")
+
+
+def exact_row(index: int, cfg: SweepConfig) -> dict:
+    """The row of a q = 1 configuration from the closed form (as :func:`dpjax.pld.dpsgd_epsilon`)."""
+    mech = PoissonSubsampledGaussian(cfg.noise_multiplier, 1.0)
+    if cfg.query == "epsilon":
+        res = _acc.epsilon([(mech, cfg.steps)], cfg.delta)
+        value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
+    else:
+        res = _acc.delta([(mech, cfg.steps)], cfg.epsilon)
+        value, lower, upper = float(res.delta), float(res.delta_lower), float(res.delta_upper)
+    return dict(index=index, **config_fields(cfg, value), lower=lower, upper=upper, grid="closed_form", n=0,
+                dx=0.0, path="exact")
+
+
+class BucketRunner:
+    """Runs a sweep's planned configurations in bucket programs, round after round (a retried
+    row, rare, goes to the next round's buckets), filling ``rows`` (``{index: row}``).
+
+    One per sweep.  ``known``: ``struct -> [(n, m, n_freq, pay)]``, the programs the sweep can
+    use without compiling (those of earlier sweeps in this process, those of this sweep,
+    serialized ones from earlier processes, ``pay`` their load cost); ``programs``: the keys of
+    the programs it ran; ``made``: those it compiled or loaded itself."""
+
+    def __init__(self, mesh, per_device: int, chunk: int, kinds, policy: BucketPolicy, options, with_lower: bool,
+                 structs):
+        self.mesh, self.per_device, self.chunk, self.kinds = mesh, per_device, chunk, kinds
+        self.policy, self.options, self.with_lower = policy, options, with_lower
+        self.rows_per_cfg = 0  # directions x kinds, from the first row (the cost model's unit is per row)
+        self.known: dict[tuple, list] = {}
+        for struct, shapes in known_programs(mesh, chunk, kinds).items():
+            self.known[struct] = [tuple(sh) + (0.0,) for sh in shapes]
+        for struct, shapes in disk_programs(mesh, chunk, kinds, structs).items():
+            have = {sh[:3] for sh in self.known.get(struct, [])}
+            self.known.setdefault(struct, []).extend(
+                tuple(sh) + (policy.load_cost,) for sh in shapes if tuple(sh) not in have)
+        self.inflight: dict = {}    # program key -> compile future (this sweep)
+        self.made: set = set()      # program keys this sweep compiled or loaded
+        self.programs: set = set()  # program keys this sweep ran
+
+    def jobs(self, pending: list[Planned], only_new: bool = False) -> list:
+        """The buckets of ``pending`` (:class:`BucketPolicy`) as ``(parts, static, args0, key,
+        struct)``: chunks, static sizes, first-chunk inputs, program key; ``only_new``: just
+        those needing a new program."""
+        policy, chunk = self.policy, self.chunk
+        self.rows_per_cfg = self.rows_per_cfg or len(pending[0].directions) * len(self.kinds)
+        jobs = []
+        # Buckets depend on the configurations only, not on which programs happen to exist:
+        # the same sweep then gives the same rows (the same grids) in a fresh process, in a
+        # warm one and after other sweeps.  A bucket whose program exists (compiled in this
+        # process, or serialized by an earlier one) loads it instead of compiling.
+        for struct, (n, m, nf), members, _ in bucket_plan(pending, {}, policy, self.rows_per_cfg):
+            new = not any(sh[:3] == (n, m, nf) for sh in self.known.get(struct, []))
+            if only_new and not new:
+                continue
+            entry = self.known.setdefault(struct, [])
+            for i, sh in enumerate(entry):
+                if sh[:3] == (n, m, nf):
+                    entry[i] = (n, m, nf, 0.0)   # used now: no further cost to this sweep
+                    break
+            else:
+                entry.append((n, m, nf, 0.0))
+            static = static_of(members[0], m, nf)
+            parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
+            args0 = chunk_args(parts[0], self.per_device, self.mesh)
+            jobs.append((parts, static, args0, program_key(self.mesh, members[0], self.kinds, static, args0), struct,
+                         len(members) * policy.cost(n, m, nf, self.rows_per_cfg)))
+        # The costliest bucket first: its run then overlaps the other buckets' compiles instead
+        # of ending the sweep alone (which bucket holds a row does not change, only the order).
+        jobs.sort(key=lambda job: -job[-1])
+        return [job[:-1] for job in jobs]
+
+    def submit(self, pool, key, first: Planned, static, args0, struct):
+        """The compile future of program ``key`` (submitted to ``pool`` once per sweep)."""
+        if key not in self.inflight:
+            if key not in COMPILED:
+                self.made.add(key)
+            self.inflight[key] = pool.submit(compile_program, key, self.mesh, first, self.kinds, static, args0,
+                                             struct, self.chunk)
+        return self.inflight[key]
+
+    def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
+        """Every round of ``pending`` until no row is retried; rows go to ``rows``, ``store``
+        (when not None) and the progress ``bar``."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
+            while pending:
+                jobs = []
+                for parts, static, args0, key, struct in self.jobs(pending):
+                    self.programs.add(key)
+                    # Compile every bucket's program in the background, in run order: compiling
+                    # bucket k + 1 overlaps running bucket k.
+                    jobs.append((parts, static, args0, self.submit(pool, key, parts[0][0], static, args0, struct)))
+                pending = []
+                for parts, static, args0, fut in jobs:
+                    fn = fut.result()
+                    for k, part in enumerate(parts):
+                        new = self._run_part(pool, part, static, fn, args0 if k == 0 else None, pending)
+                        for row in new:
+                            rows[row["index"]] = row
+                        if store is not None:
+                            store.append(new)
+                        bar.update(len(new), programs=len(self.programs))
+
+    def _run_part(self, pool, part: list[Planned], static, fn, args, pending: list[Planned]) -> list[dict]:
+        """Run one chunk; returns its finished rows and appends its retried plans to ``pending``."""
+        results, _ = run_chunk(part, self.per_device, self.kinds, self.mesh, static, fn, args=args)
+        new = []
+        retried = len(pending)
+        for p, res in zip(part, results):
+            again = retry(p, res, static[1], self.options)
+            if again is not None:
+                pending.append(again)
+                continue
+            options = options_for(p.cfg, self.options)
+            row = grid_row(p, [(d, p.plan, r) for d, r in zip(p.directions, res)], "batched", grid_name(options))
+            if needs_single(p, res, row):
+                row = single_row(p.index, p.cfg, options, self.with_lower)
+            new.append(row)
+        if len(pending) > retried:
+            # Retried rows that no program holds: compile their program now, behind this
+            # round's, so it overlaps the rest of the round instead of running alone at its end
+            # (the next round reuses it).
+            for r_parts, r_static, r_args0, r_key, r_struct in self.jobs(pending, only_new=True):
+                self.submit(pool, r_key, r_parts[0][0], r_static, r_args0, r_struct)
+        return new
