@@ -51,7 +51,7 @@ def _procedures(method):
 
     def baseline_row():
         row = bl.balls_in_bins_certified(corr, 2.0, 1e-2, 2, 2, certify_samples=m, key=3, method=method)
-        return row.extra["certificate"]
+        return row.certificate
 
     def ladder():
         return certify_noise(corr, 2, 2, target_epsilon=2.0, target_delta=1e-2, num_samples=m, key=3,
