@@ -41,7 +41,7 @@ cfg = configs("broad", N)
 import jax
 import dpjax
 from dpjax.pld import BucketPolicy
-from dpjax.pld import sweeping as S
+from dpjax.pld import sweeping as S, sweep_plan as SP, sweep_run as SR
 
 own = BucketPolicy(max_padding=1.0)
 variants = dict(
@@ -68,23 +68,23 @@ configs = [S.SweepConfig.from_mapping(c) for c in cfg]
 policy = BucketPolicy()
 buckets = []
 with jax.enable_x64(True):
-    pending = S._plan_all(list(range(N)), configs, None)
-    mesh = S._mesh(jax.devices())
+    pending = SP.plan_configs(list(range(N)), configs, None)
+    mesh = SR.make_mesh(jax.devices())
     kinds = ("up", "down")
-    for struct, (n, m, nf), members, _ in S._bucket_plan(pending, {{}}, policy, 4):
-        static = S._static_of(members[0], m, nf)
+    for struct, (n, m, nf), members, _ in SP.bucket_plan(pending, {{}}, policy, 4):
+        static = SR.static_of(members[0], m, nf)
         chunk = members[:32]
-        args = S._chunk_args(chunk, 32, mesh)
-        fn = S._compile(S._program_key(mesh, chunk[0], kinds, static, args), mesh, chunk[0], kinds, static, args)
+        args = SR.chunk_args(chunk, 32, mesh)
+        fn = SR.compile_program(SR.program_key(mesh, chunk[0], kinds, static, args), mesh, chunk[0], kinds, static, args)
         runs = []
         for _ in range(3):
             t = time.perf_counter()
             jax.block_until_ready(fn(*args))
             runs.append(time.perf_counter() - t)
         buckets.append(dict(n=n, m=m, n_freq=nf, members=len(members), chunk=len(chunk),
-                            chunk_run_s=min(runs), modelled_cost_ms=sum(policy.cost(n, m, nf, 4, support=S._shape_of(p)[1])
+                            chunk_run_s=min(runs), modelled_cost_ms=sum(policy.cost(n, m, nf, 4, support=SP.shape_of(p)[1])
                                                                      for p in members)))
-own_model = sum(policy.cost(*S._shape_of(p), 4) for p in pending)
+own_model = sum(policy.cost(*SP.shape_of(p), 4) for p in pending)
 print(json.dumps(dict(times=times, programs=programs, buckets=buckets, own_shapes_modelled_cost_ms=own_model,
                       jax=jax.__version__)))
 """

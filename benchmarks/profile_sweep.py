@@ -45,7 +45,7 @@ PARTS = (
     ("conversion to epsilon", {"_epsilon_row", "epsilon", "curve_terms", "suffix_sums_small", "eps_at",
                                "delta_at", "table", "_suffix_sums"}),
     ("transform: modulus, phase, power", {"_compose.<locals>.body", "compose_directions.<locals>.body"}),
-    ("inverse: exp, cos, sin; weights", {"epsilon_program", "compose_directions", "_program_jit"}),
+    ("inverse: exp, cos, sin; weights", {"epsilon_program", "compose_directions", "program_jit"}),
 )
 CONTAINERS = {"while", "conditional", "call", "async-start", "async-done", "parameter", "tuple",
               "get-tuple-element", "constant"}
