@@ -42,22 +42,22 @@ def main(argv=None):
     import jax
     import numpy as np
     from dpjax import _xla
-    from dpjax.pld import sweeping as sw
+    from dpjax.pld import sweep_plan as sp, sweep_run as sr, sweeping as sw
 
     jax.config.update("jax_enable_x64", True)
-    mesh = sw._mesh(jax.devices()[:1])
+    mesh = sr.make_mesh(jax.devices()[:1])
     kinds = ("up", "down")
     cfg = sw.SweepConfig.from_mapping(dict(noise_multiplier=1.0, sampling_prob=0.01, steps=3000, delta=1e-6))
-    base = sw._plan(0, cfg, None)
+    base = sp.plan_config(0, cfg, None)
     rows = []
     for n, m, nf, support in SHAPES:
-        p = sw._with_n(base, n)
+        p = sp._with_n(base, n)
         ms = tuple(tuple(support for _ in r) for r in p.plan.ms)
         p = dataclasses.replace(p, plan=dataclasses.replace(p.plan, n_freq=nf, ms=ms)).signed()
         members = [dataclasses.replace(p, index=i) for i in range(args.chunk)]
-        static = sw._static_of(p, m, nf)
-        xs = sw._chunk_args(members, args.chunk, mesh)
-        program = sw._batched(mesh, p.directions, static[0], n, kinds, "eps", nf)
+        static = sr.static_of(p, m, nf)
+        xs = sr.chunk_args(members, args.chunk, mesh)
+        program = sr._batched(mesh, p.directions, static[0], n, kinds, "eps", nf)
         c0 = time.process_time()
         lowered = program.lower(*xs)
         c1 = time.process_time()
