@@ -43,7 +43,7 @@ PARTS = (
     ("window, tail bounds", {"_window", "window", "chernoff_quantiles",
                              "wrap_tails", "window_start"}),
     ("conversion to epsilon", {"_epsilon_row", "epsilon", "curve_terms", "suffix_sums_small", "eps_at",
-                               "delta_at", "table", "_suffix_sums"}),
+                               "delta_at", "table", "suffix_sums"}),
     ("transform: modulus, phase, power", {"_compose.<locals>.body", "compose_directions.<locals>.body"}),
     ("inverse: exp, cos, sin; weights", {"epsilon_program", "compose_directions", "_program_jit"}),
 )

@@ -109,19 +109,19 @@ def _make_numpy() -> Ops:
 def _make_jax() -> Ops:
     import jax
     import jax.numpy as jnp
-    from dpjax.pld.convert import _suffix_sums
-    from dpjax.pld.discretize import _materialize
+    from dpjax.pld.convert import suffix_sums
+    from dpjax.pld.discretize import materialize_once
 
     def scatter_add(n, idx, vals):
         return jnp.zeros(n, jnp.float64).at[idx.reshape(-1)].add(vals.reshape(-1), mode="drop")
 
     def materialize(fn):
-        return _materialize(fn, jnp.asarray(True))
+        return materialize_once(fn, jnp.asarray(True))
 
     def suffix_sum(a):
         # Blocked triangular products (dpjax.pld.convert): XLA:CPU's cumsum compiles slowly.
         flat = a.reshape(-1, a.shape[-1])
-        return jax.vmap(_suffix_sums)(flat).reshape(a.shape)
+        return jax.vmap(suffix_sums)(flat).reshape(a.shape)
 
     def fori_loop(lo, hi, body, init, stop=None):
         return jax.lax.fori_loop(lo, hi, body, init)

@@ -125,7 +125,8 @@ def _np_normal_cdf_sf(z):
     return np.where(neg, small, big), np.where(neg, big, small)
 
 
-def _check_direction(direction: str) -> None:
+def check_direction(direction: str) -> None:
+    """Raise ``ValueError`` unless ``direction`` is ``"remove"`` or ``"add"``."""
     Direction.parse(direction)
 
 
@@ -157,7 +158,7 @@ class Gaussian:
         return self
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         y = _f64(y)
         r = _f64(self.sensitivity) / _f64(self.noise_multiplier)  # std of the loss
         mu = 0.5 * r * r
@@ -166,7 +167,7 @@ class Gaussian:
         return LossCDFs(p_le, p_gt, q_le, q_gt)
 
     def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         r = (np.asarray(self.sensitivity, np.float64) / np.asarray(self.noise_multiplier, np.float64))[..., None]
         mu = 0.5 * r * r
         y = np.asarray(y, np.float64)
@@ -226,7 +227,7 @@ class PoissonSubsampledGaussian:
         ``d`` in ``directions[d]``.  One inverse-loss and one erfc evaluation for all rows (less
         code for XLA to compile: the erfc expansion is the largest part of the discretizer)."""
         for d in directions:
-            _check_direction(d)
+            check_direction(d)
         y = _f64(y)
         shape = (len(directions),) + (1,) * (y.ndim - 1)
         remove = np.array([d == "remove" for d in directions]).reshape(shape)
@@ -244,7 +245,7 @@ class PoissonSubsampledGaussian:
                         jnp.where(remove, a_le, mix_gt), jnp.where(remove, a_gt, mix_le))
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         return LossCDFs(*(v[0] for v in self.loss_cdfs_directions((direction,), _f64(y)[None])))
 
     # ----------------------------------------------------------------------------------------
@@ -306,7 +307,7 @@ class PoissonSubsampledGaussian:
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss: ``-log(1 - q)`` under "add" (``inf`` at ``q = 1``), ``inf`` under "remove"."""
-        _check_direction(direction)
+        check_direction(direction)
         q = np.asarray(self.sampling_prob, np.float64)
         if direction == "remove":
             return np.full(q.shape, np.inf)
@@ -315,7 +316,7 @@ class PoissonSubsampledGaussian:
 
     def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
         """NumPy :meth:`loss_cdfs` for concrete parameters ``(G,)`` and losses ``(L,)`` -> ``(G, L)``."""
-        _check_direction(direction)
+        check_direction(direction)
         s = np.asarray(self.noise_multiplier, np.float64)[..., None]
         q = np.asarray(self.sampling_prob, np.float64)[..., None]
         y = np.asarray(y, np.float64)
@@ -360,11 +361,11 @@ class Laplace:
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss, ``Delta / b`` (either direction)."""
-        _check_direction(direction)
+        check_direction(direction)
         return np.asarray(self.sensitivity, np.float64) / np.asarray(self.scale, np.float64)
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         y = _f64(y)
         a = _f64(self.sensitivity) / _f64(self.scale)
         below = y < -a
@@ -414,12 +415,12 @@ class RandomizedResponse:
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss, ``log(1 + k (1 - p) / p)`` (0 at ``p = 1``: the answer is uniform)."""
-        _check_direction(direction)
+        check_direction(direction)
         p = np.asarray(self.noise_parameter, np.float64)
         return np.log1p(self.num_buckets * (1.0 - p) / p)
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         y = _f64(y)
         p = _f64(self.noise_parameter)
         k = float(self.num_buckets)

@@ -43,7 +43,7 @@ from jax.scipy.special import gammaln, logsumexp
 
 from dpjax import _validate
 from dpjax.pld.group_spec import SAMPLINGS, Sampling, validate_group_spec
-from dpjax.pld.mechanisms import LossCDFs, _check_direction
+from dpjax.pld.mechanisms import LossCDFs, check_direction
 
 # Newton steps for z(y).  The start is within log(K) / min c_j of the root and convergence is
 # quadratic from there: on the family-C mixtures 4-6 steps reach float64 round-off; 8 leaves a
@@ -176,7 +176,7 @@ def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array,
       :class:`~dpjax.pld.mechanisms.LossCDFs` ``P(Y<=y), P(Y>y), Q(Y<=y), Q(Y>y)``, shape of ``y``.
       Vmappable over padded ``(scaled_sensitivities, probabilities)``.
     """
-    _check_direction(direction)
+    check_direction(direction)
     c = jnp.asarray(scaled_sensitivities, jnp.float64)
     probs = jnp.asarray(probabilities, jnp.float64)
     # log 0 = -inf for padding, without the 0/0 its derivative would be (same values; finite
