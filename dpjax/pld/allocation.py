@@ -148,14 +148,12 @@ def jax_ops() -> Ops:
 # Normal helpers
 
 
-def _small_tail(ops, w):
-    """``min(Phi(w), 1 - Phi(w))``: the tail of ``W`` beyond ``w`` on the side below 1/2."""
-    return 0.5 * ops.erfc(ops.xp.abs(w) * _SQRT1_2)
-
-
 def _small_tails(ops, *ws):
-    """``_small_tail`` of several arrays with one ``erfc`` call (each call site of XLA's float64
-    ``erfc`` is a large expansion to compile)."""
+    """``min(Phi(w), 1 - Phi(w))`` (the tail of ``W`` beyond ``w`` on the side below 1/2) of
+    several arrays ``ws``, with one ``erfc`` call (each call site of XLA's float64 ``erfc`` is a
+    large expansion to compile).  The formula of :func:`dpjax.pld.mechanisms.normal_small_tail`
+    over this module's backends (:class:`Ops`: NumPy with SciPy's ``erfc`` or ``jax.numpy``),
+    which keeps this module free of a jax import."""
     xp = ops.xp
     shapes = [xp.shape(w) for w in ws]
     flat = xp.concatenate([xp.reshape(xp.asarray(w, dtype=np.float64), (-1,)) for w in ws])
@@ -174,13 +172,10 @@ def _interval_from_tails(xp, wl, tl, wh, th):
     return xp.maximum(xp.where(wl > 0.0, tl - th, cdf_hi - tl), 0.0)
 
 
-def _interval(ops, wl, wh):
-    return _interval_from_tails(ops.xp, wl, _small_tail(ops, wl), wh, _small_tail(ops, wh))
-
-
 def _log_ndtr_from_tail(xp, w, tail):
     """``log Phi(w)`` from the small tail at ``w`` (``w`` above about -37; below, ``log 1e-300``:
-    only used where that is harmless, see the callers)."""
+    only used where that is harmless, see the callers).  Not :func:`dpjax.pld.exact.py_log_ndtr`:
+    it reuses a tail already computed (no second ``erfc``) and runs on either backend."""
     return xp.where(w < 0.0, xp.log(xp.maximum(tail, 1e-300)), xp.log1p(-tail))
 
 
