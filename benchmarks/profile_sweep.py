@@ -35,15 +35,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 #: (part, function names): an op belongs to the innermost frame of its source stack that names
 #: one of these functions (FFT ops by their opcode).
 PARTS = (
-    ("loss CDFs (erfc)", {"_normal_cdf_sf", "_x_of_loss", "loss_cdfs_directions", "loss_cdfs", "mog_loss_cdfs",
-                          "_mixture_cdf_sf", "mog_inverse_privacy_loss", "_newton_h", "_phi_neg_abs",
+    ("loss CDFs (erfc)", {"normal_cdf_sf", "normal_small_tail", "_x_of_loss", "loss_cdfs_directions", "loss_cdfs", "mog_loss_cdfs",
+                          "_mixture_cdf_sf", "mog_inverse_privacy_loss", "_newton_h",
                           "host_loss_cdfs"}),
     ("grid PMF (split, matching)", {"grid_pmf", "_bin_masses", "grid_pmf.<locals>.<genexpr>"}),
     ("log-MGF", {"pmf_log_mgf"}),
     ("window, tail bounds", {"_window", "window", "chernoff_quantiles",
                              "wrap_tails", "window_start"}),
     ("conversion to epsilon", {"_epsilon_row", "epsilon", "curve_terms", "suffix_sums_small", "eps_at",
-                               "delta_at", "table", "_suffix_sums"}),
+                               "delta_at", "table", "suffix_sums"}),
     ("transform: modulus, phase, power", {"_compose.<locals>.body", "compose_directions.<locals>.body"}),
     ("inverse: exp, cos, sin; weights", {"epsilon_program", "compose_directions", "program_jit"}),
 )

@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax.matrices._structured import _check_1d_nonnegative
+from dpjax.matrices._structured import check_1d_nonnegative
 
 __all__ = ["StreamingNoise", "BLTNoiseState", "ToeplitzNoiseState", "blt_noise", "toeplitz_noise",
            "streaming_noise", "tree_normal"]
@@ -149,7 +149,7 @@ def toeplitz_noise(correlation) -> StreamingNoise:
         raise ValueError(f"correlation must be a Toeplitz or a non-empty 1-D first column, got shape {coeffs.shape}")
     if not isinstance(coeffs, jax.core.Tracer):
         # The checks dpjax.matrices.Toeplitz (hence the accountants) apply to the same C.
-        _check_1d_nonnegative("correlation", np.asarray(coeffs))
+        check_1d_nonnegative("correlation", np.asarray(coeffs))
     if not isinstance(coeffs, jax.core.Tracer) and not float(np.asarray(coeffs)[0]) > 0:
         raise ValueError(f"the first coefficient (diagonal of C) must be > 0, got {float(np.asarray(coeffs)[0])!r}")
     k = coeffs.shape[0]

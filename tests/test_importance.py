@@ -319,6 +319,6 @@ def test_range_bound_is_attained_in_the_limit():
             # The sampled component (theta = 2, mode 0) adds (1 + theta) G[0]: remove it from W.
             w = (proj - 3.0 * acc.gram[0]) / sigma
             x_f, _ = imp._summands(jnp.asarray(acc.gram), jnp.asarray(w), jnp.zeros(1, jnp.int32),
-                                   jnp.array([0.5]), jnp.asarray(1.0), jnp.array([eps]), imp._as_proposal(prop))
+                                   jnp.array([0.5]), jnp.asarray(1.0), jnp.array([eps]), imp.as_proposal(prop))
             best = max(best, float(x_f[0, 0]))
     assert best <= r_f and best >= r_f / 1.01

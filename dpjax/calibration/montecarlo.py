@@ -23,7 +23,7 @@ modes) do not depend on ``sigma``, so they are computed once per calibration, ou
 bisection loop; each bisection step is one pass of ``logsumexp`` over ``(m, b)`` logits.  The
 draws are exactly those of :func:`dpjax.montecarlo.delta_estimate` for the same key (its stream
 depends only on ``(key, b, sample index)``), so the calibrated sigma reproduces
-``delta_estimate(...) == target_delta``.  Above ``_MAX_PRECOMPUTED`` entries ``m * b`` the
+``delta_estimate(...) == target_delta``.  Above ``MAX_PRECOMPUTED`` entries ``m * b`` the
 calibration instead calls the chunked :func:`dpjax.montecarlo.delta_estimate` at every step
 (bounded memory, same numbers, slower).
 

@@ -56,7 +56,7 @@ from dpjax.montecarlo.calibrate import (BRACKET_RELATIVE, NewtonIllinois, newton
                                        value_and_slope)
 from dpjax.montecarlo import draws as _draws
 from dpjax.montecarlo import gram_sqrt
-from dpjax.montecarlo.core import _privacy_losses, delta_from_projections, hockey_stick_terms
+from dpjax.montecarlo.core import scaled_privacy_losses, delta_from_projections, hockey_stick_terms
 
 __all__ = ["ScreenedDraws", "screened_draws", "calibrate_screened",
            "default_num_candidates", "ScreenState", "ScreenedStep", "empty_screen_state",
@@ -216,8 +216,8 @@ def _delta_candidates(sigma, theta, consts):
     gram, sqrt_gram, eps = theta
     u_p, i_p, v_p, u_q, i_q, v_q, m = consts
     scale = sqrt_gram.T / sigma
-    y_pq, _ = _privacy_losses(gram, u_p @ scale, sigma, i_p)
-    _, y_qp = _privacy_losses(gram, u_q @ scale, sigma, i_q)
+    y_pq, _ = scaled_privacy_losses(gram, u_p @ scale, sigma, i_p)
+    _, y_qp = scaled_privacy_losses(gram, u_q @ scale, sigma, i_q)
     e = jnp.reshape(eps, (1,))
     # Unused slots (v = False) hold a copy of sample 0: masked out, never counted twice.
     sum_pq = jnp.sum(jnp.where(v_p, hockey_stick_terms(y_pq, e)[:, 0], 0.0))

@@ -35,7 +35,9 @@ def _is_concrete(x) -> bool:
     return isinstance(x, (np.ndarray, jax.Array, list, tuple, float, int, np.floating))
 
 
-def _check_1d_nonnegative(name: str, value, *, allow_empty=False) -> None:
+def check_1d_nonnegative(name: str, value, *, allow_empty=False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite, non-negative 1-D array (non-empty unless
+    ``allow_empty``); ``name`` is the argument name in the message."""
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim != 1 or (arr.size == 0 and not allow_empty):
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
@@ -64,7 +66,7 @@ def _next_pow2(m: int) -> int:
     return 1 << max(0, (m - 1).bit_length())
 
 
-def _truncated_product(a, b, length: int):
+def truncated_product(a, b, length: int):
     """First ``length`` coefficients of the power-series product ``a * b`` (FFT convolution)."""
     size = _next_pow2(a.shape[0] + b.shape[0] - 1)
     prod = jnp.fft.irfft(jnp.fft.rfft(a, size) * jnp.fft.rfft(b, size), size)
@@ -87,8 +89,8 @@ def inverse_toeplitz_column(column):
     k = 1
     while k < n:
         k2 = min(2 * k, n)
-        cv = _truncated_product(c[:k2], v, k2)
-        correction = _truncated_product(v, cv, k2)
+        cv = truncated_product(c[:k2], v, k2)
+        correction = truncated_product(v, cv, k2)
         v = 2.0 * jnp.pad(v, (0, k2 - v.shape[0])) - correction
         k = k2
     return v
@@ -140,7 +142,7 @@ class Toeplitz(_LowerTriangularToeplitz):
 
     def __post_init__(self):
         if _is_concrete(self.coeffs):
-            _check_1d_nonnegative("coeffs", self.coeffs)
+            check_1d_nonnegative("coeffs", self.coeffs)
             if float(np.asarray(self.coeffs, dtype=np.float64)[0]) <= 0:
                 raise ValueError(f"coeffs[0] must be > 0 (the diagonal of C; convention 1), got {self.coeffs!r}")
 

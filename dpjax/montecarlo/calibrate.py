@@ -22,7 +22,7 @@ module documents the method and its cost).
 
 Cost.  The draws ``U`` ``(m, b)`` and ``W = U L^T`` (``L L^T = G``) do not depend on ``sigma``,
 so they are computed once per calibration, outside the solver loop; each pass is one
-``logsumexp`` over ``(m, b)`` logits.  Above ``_MAX_PRECOMPUTED`` entries ``m * b`` every pass
+``logsumexp`` over ``(m, b)`` logits.  Above ``MAX_PRECOMPUTED`` entries ``m * b`` every pass
 instead calls the chunked :func:`dpjax.montecarlo.delta_estimate` (bounded memory, same
 numbers, slower).
 """
@@ -55,6 +55,7 @@ __all__ = [
     "BRACKET_RELATIVE",
     "newton_illinois",
     "value_and_slope",
+    "MAX_PRECOMPUTED",
 ]
 
 #: Bisection length: 50 halvings of log(1e7) -> relative bracket width 1.4e-14.
@@ -65,7 +66,7 @@ DEFAULT_NUM_ITERATIONS = 50
 #: delta_hat ~ 1 for any eps <~ 1e5.
 BRACKET_RELATIVE = (1e-3, 1e4)
 #: Largest m * b (float64 entries) for which the projections W are materialised (128 MiB).
-_MAX_PRECOMPUTED = 1 << 24
+MAX_PRECOMPUTED = 1 << 24
 
 
 def estimate_minimum_samples(target_delta: float) -> int:
@@ -100,7 +101,7 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
     b = gram.shape[0]
     eps = jnp.asarray(target_epsilon, jnp.float64)
     if precompute is None:
-        precompute = num_samples * b <= _MAX_PRECOMPUTED
+        precompute = num_samples * b <= MAX_PRECOMPUTED
     sensitivity = jnp.sqrt(jnp.max(jnp.diagonal(gram)))
     bracket = jax.lax.stop_gradient(
         (BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity))
@@ -407,11 +408,11 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
     if draws_ is not None:
         num_samples = draws_[1].shape[0]
     if precompute is None:
-        precompute = draws_ is not None or num_samples * b <= _MAX_PRECOMPUTED
+        precompute = draws_ is not None or num_samples * b <= MAX_PRECOMPUTED
     if proposal is not None:
-        from dpjax.montecarlo.importance import _as_proposal, importance_draws
+        from dpjax.montecarlo.importance import as_proposal, importance_draws
 
-        proposal = jax.lax.stop_gradient(_as_proposal(proposal))
+        proposal = jax.lax.stop_gradient(as_proposal(proposal))
         scale = jnp.ones(2) if direction_scale is None else jnp.asarray(direction_scale, jnp.float64)
         if precompute:
             mode_index, u, cu = draws_ if draws_ is not None else importance_draws(key, b, num_samples)

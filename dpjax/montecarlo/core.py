@@ -214,7 +214,7 @@ def cholesky_xla(gram):
 
 
 @functools.lru_cache(maxsize=None)
-def _block_words_fn(words_per_sample: int, block_size: int):
+def block_words_fn(words_per_sample: int, block_size: int):
     """``(key_data uint32[4], block_index) -> uint64[block_size, words_per_sample]``, vmap-safe.
 
     XLA's ``RngBitGenerator`` batching rule draws a batch from the *first* key only, so a plain
@@ -252,20 +252,20 @@ def draw_block(key, block_index, b: int):
     block ``j`` never depends on the batch it is computed in.
     """
     half = -(-b // 2)
-    words = _block_words_fn(2 * half + 1, BLOCK_SIZE)(jax.random.key_data(key), block_index)
+    words = block_words_fn(2 * half + 1, BLOCK_SIZE)(jax.random.key_data(key), block_index)
     u = normal_from_bits(words[:, : 2 * half], b)
     mode_index = jnp.minimum(jnp.floor(uniform_open(words[:, 2 * half]) * b), b - 1).astype(jnp.int32)
     return mode_index, u
 
 
-def _logsumexp_rows(x):
+def logsumexp_rows(x):
     # Plain max-shifted logsumexp over the last axis: jax.nn.logsumexp adds inf/NaN handling
     # passes that cost ~15% of a sample here, and our logits are always finite.
     m = jax.lax.stop_gradient(jnp.max(x, axis=-1))
     return m + jnp.log(jnp.sum(jnp.exp(x - m[..., None]), axis=-1))
 
 
-def _privacy_losses(gram, scaled_projections, noise_multiplier, mode_index):
+def scaled_privacy_losses(gram, scaled_projections, noise_multiplier, mode_index):
     """Both directions' losses from ``W / sigma`` ``(S, b)`` (``W ~ N(0, G)``); the one formula."""
     b = gram.shape[0]
     sigma = noise_multiplier
@@ -273,8 +273,8 @@ def _privacy_losses(gram, scaled_projections, noise_multiplier, mode_index):
     logits_q = scaled_projections - half_norms[None, :]
     logits_p = logits_q + jnp.take(gram, mode_index, axis=0) / sigma**2
     log_b = math.log(b)
-    y_pq = _logsumexp_rows(logits_p) - log_b
-    y_qp = -(_logsumexp_rows(logits_q) - log_b)
+    y_pq = logsumexp_rows(logits_p) - log_b
+    y_qp = -(logsumexp_rows(logits_q) - log_b)
     return _nan_to_plus_inf(y_pq), _nan_to_plus_inf(y_qp)
 
 
@@ -295,7 +295,7 @@ def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
     ``X ~ P`` and ``y_qp = log Q/P (X)`` with ``X ~ Q`` (formulas in the module docstring).
     """
     # w / sigma with w = L U ~ N(0, G): fold 1/sigma into the (b, b) factor, not the (S, b) array.
-    return _privacy_losses(gram, u @ (sqrt_gram.T / noise_multiplier), noise_multiplier, mode_index)
+    return scaled_privacy_losses(gram, u @ (sqrt_gram.T / noise_multiplier), noise_multiplier, mode_index)
 
 
 @float64
@@ -304,7 +304,7 @@ def privacy_losses_from_projections(gram, projections, noise_multiplier, mode_in
 
     ``W`` does not depend on ``sigma``: a calibration over ``sigma`` computes it once.
     """
-    return _privacy_losses(gram, projections / noise_multiplier, noise_multiplier, mode_index)
+    return scaled_privacy_losses(gram, projections / noise_multiplier, noise_multiplier, mode_index)
 
 
 def hockey_stick_terms(losses, epsilon):

@@ -65,14 +65,14 @@ import numpy as np
 
 from dpjax._x64 import float64
 from dpjax.montecarlo._normal import normal_from_bits, uniform_open
-from dpjax.montecarlo.core import (BLOCK_SIZE, _block_words_fn, _logsumexp_rows, chunk_plan, gram_sqrt,
+from dpjax.montecarlo.core import (BLOCK_SIZE, block_words_fn, logsumexp_rows, chunk_plan, gram_sqrt,
                                    rbg_key)
 
 __all__ = ["Proposal", "ImportanceSums", "importance_draws", "importance_summands",
            "importance_sums", "sharded_importance_sums", "importance_delta_estimate",
            "importance_delta_from_projections", "summand_range", "default_proposal",
            "tilt_log_normalizers", "tilt_draw_block", "tilt_key", "NUM_COMPONENTS", "TILT_ORDERS",
-           "NUM_TILTS"]
+           "NUM_TILTS", "as_proposal"]
 
 #: Components per direction (fixed, so that compiled programs do not depend on the proposal).
 NUM_COMPONENTS = 3
@@ -119,7 +119,8 @@ class ImportanceSums(NamedTuple):
     log_wealth: jax.Array
 
 
-def _as_proposal(proposal) -> Proposal:
+def as_proposal(proposal) -> Proposal:
+    """``proposal`` (any 4-sequence of arrays) as a float64 :class:`Proposal` pytree, ready to trace."""
     return Proposal(*(jnp.asarray(x, jnp.float64) for x in proposal))
 
 
@@ -139,7 +140,7 @@ def draw_block(key, block_index, b: int):
     component uniforms ``(BLOCK_SIZE,)`` in ``(0, 1)``: ``2 ceil(b/2) + 2`` uint64 words per
     sample from ``fold_in(key, block_index)`` (vmap-safe, see :func:`dpjax.montecarlo.core.draw_block`)."""
     half = -(-b // 2)
-    words = _block_words_fn(2 * half + 2, BLOCK_SIZE)(jax.random.key_data(key), block_index)
+    words = block_words_fn(2 * half + 2, BLOCK_SIZE)(jax.random.key_data(key), block_index)
     u = normal_from_bits(words[:, : 2 * half], b)
     mode_index = jnp.minimum(jnp.floor(uniform_open(words[:, 2 * half]) * b), b - 1).astype(jnp.int32)
     return mode_index, u, uniform_open(words[:, 2 * half + 1])
@@ -149,7 +150,7 @@ def tilt_draw_block(tilt_key, block_index):
     """The tilt uniforms of one block: ``(BLOCK_SIZE, TILT_WORDS)`` in ``(0, 1)`` from
     ``fold_in(tilt_key, block_index)`` (``tilt_key``: :func:`tilt_key` of the sampler's key).
     Drawn from their own stream, so the other draws of a sample do not depend on them."""
-    words = _block_words_fn(TILT_WORDS, BLOCK_SIZE)(jax.random.key_data(tilt_key), block_index)
+    words = block_words_fn(TILT_WORDS, BLOCK_SIZE)(jax.random.key_data(tilt_key), block_index)
     return uniform_open(words)
 
 
@@ -278,20 +279,20 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
                            _tilt_centres(gram, tilt_tables, order_index, tilt_uniforms), centre)
     proj = centre + sw
     ell = (proj - 0.5 * d[None, :]) / s2
-    log_p = _logsumexp_rows(ell) - log_b                      # log P/Q (X) = Y
+    log_p = logsumexp_rows(ell) - log_b                      # log P/Q (X) = Y
     xbar = jnp.mean(proj, axis=1)                              # <X, vbar>
     terms = []
     for k in range(proposal.fwd_weight.shape[0]):
         a, t = 1.0 + proposal.fwd_theta[k], proposal.fwd_shift[k]
         norm = 0.5 * (a * a * d + 2.0 * a * t * g + t * t * v)
         logits = (a * proj + t * xbar[:, None] - norm[None, :]) / s2
-        terms.append(_log(proposal.fwd_weight[k]) + _logsumexp_rows(logits) - log_b)
+        terms.append(_log(proposal.fwd_weight[k]) + logsumexp_rows(logits) - log_b)
     if tilted:   # log (Q (P/Q)^k / Z_k) / Q = k Y - log Z_k
         log_z = tilt_tables[1]
         for j, order in enumerate(TILT_ORDERS):
             terms.append(jnp.where(proposal.fwd_tilt[j] > 0,
                                    _log(proposal.fwd_tilt[j]) + order * log_p - log_z[j], -jnp.inf))
-    log_r = _logsumexp_rows(jnp.stack(terms, axis=-1))        # log R/Q (X)
+    log_r = logsumexp_rows(jnp.stack(terms, axis=-1))        # log R/Q (X)
     w_f = jnp.exp(log_p - log_r)
     x_f = w_f[:, None] * _hockey(log_p, eps)
 
@@ -300,10 +301,10 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
     ss = proposal.rev_shift[kr]
     proj_r = -ss[:, None] * g[None, :] + sw
     ell_r = (proj_r - 0.5 * d[None, :]) / s2
-    y_r = -(_logsumexp_rows(ell_r) - log_b)                   # log Q/P (X)
+    y_r = -(logsumexp_rows(ell_r) - log_b)                   # log Q/P (X)
     xbar_r = jnp.mean(proj_r, axis=1)
     s = proposal.rev_shift
-    log_rr = _logsumexp_rows(_log(proposal.rev_weight)[None, :]
+    log_rr = logsumexp_rows(_log(proposal.rev_weight)[None, :]
                              + (-s[None, :] * xbar_r[:, None] - 0.5 * s[None, :] ** 2 * v) / s2)
     x_r = jnp.exp(-log_rr)[:, None] * _hockey(y_r, eps)
     # A summand that cannot be evaluated counts as the worst case (+inf): never as 0.
@@ -321,7 +322,7 @@ def importance_summands(gram, projections, mode_index, comp_uniform, noise_multi
     Differentiable in ``gram``, ``projections``, ``noise_multiplier`` and ``epsilon``.
     """
     eps = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
-    proposal = _as_proposal(proposal)
+    proposal = as_proposal(proposal)
     _check_untilted(proposal)
     return _summands(jnp.asarray(gram, jnp.float64), jnp.asarray(projections, jnp.float64), mode_index,
                      jnp.asarray(comp_uniform, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64),
@@ -390,7 +391,7 @@ def _prepare(gram, noise_multiplier, epsilon, key, proposal, bets, levels):
     if bets is None:
         bets = jnp.zeros((2, k, 0))
         levels = jnp.zeros((k,))
-    return (gram, jnp.asarray(noise_multiplier, jnp.float64), eps, rbg_key(key), _as_proposal(proposal),
+    return (gram, jnp.asarray(noise_multiplier, jnp.float64), eps, rbg_key(key), as_proposal(proposal),
             jnp.asarray(bets, jnp.float64), jnp.broadcast_to(jnp.asarray(levels, jnp.float64), (k,)))
 
 

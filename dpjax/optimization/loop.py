@@ -59,7 +59,7 @@ from dpjax._enums import StrEnum
 from dpjax._results import ResultMixin
 from dpjax._progress import note as _note
 from dpjax._progress import progress as _progress
-from dpjax.montecarlo.calibrate import _MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
+from dpjax.montecarlo.calibrate import MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
 from dpjax.montecarlo import Certificate, as_prng_key, evr, gram_matrix
@@ -68,7 +68,7 @@ from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, ce
                                         default_certify_samples, ladder_base_delta,
                                         ladder_minimum_samples)
 from dpjax.optimization.objectives import prefix_sum_error
-from dpjax.optimization.parameterizations import (_Parameterization, make_parameterization,
+from dpjax.optimization.parameterizations import (Parameterization, make_parameterization,
                                                   params_from_list, params_to_list)
 
 __all__ = ["optimize_correlation", "OptimizationResult", "OptimizationStatus", "Estimator",
@@ -379,7 +379,7 @@ def _read_checkpoint(path, config):
 
 def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_samples,
                      checkpoint_every, certify, certify_samples, max_attempts, certify_method="bernoulli_kl"):
-    if not isinstance(parameterization, _Parameterization):
+    if not isinstance(parameterization, Parameterization):
         raise ValueError("parameterization must be a dpjax.optimization parameterization "
                          f"(make_parameterization(...)), got {type(parameterization).__name__}")
     b = _validate.positive_int("batches_per_epoch", b)
@@ -489,7 +489,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         num_candidates = _validate.positive_int("num_candidates", num_candidates)
     importance = estimator == Estimator.IMPORTANCE
     screened = (not importance and isinstance(solver, NewtonIllinois) and precompute is not False
-                and (precompute or num_samples * b <= _MAX_PRECOMPUTED))
+                and (precompute or num_samples * b <= MAX_PRECOMPUTED))
     if not screened:
         resample_every = 1  # the unscreened step draws fresh samples every step
     seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1

@@ -50,9 +50,10 @@ from dpjax import _validate
 from dpjax._enums import StrEnum
 from dpjax._x64 import float64
 from dpjax.matrices import BLT, Toeplitz, correlation_array, inverse_toeplitz_column, toeplitz_dense
-from dpjax.matrices._structured import _truncated_product
+from dpjax.matrices._structured import truncated_product
 
-__all__ = ["prefix_sum_error", "max_error", "workload_error", "sgd_workload", "REDUCTIONS", "Reduction"]
+__all__ = ["prefix_sum_error", "max_error", "workload_error", "sgd_workload", "REDUCTIONS", "Reduction",
+           "prefix_sum_error_pure"]
 
 class Reduction(StrEnum):
     """How the per-query errors of a workload reduce to one number: root mean square or max."""
@@ -99,7 +100,10 @@ def _structure(correlation, n: int):
     return "dense", arr
 
 
-def _prefix_sum_error_pure(correlation, n: int, reduction: str = "rms"):
+def prefix_sum_error_pure(correlation, n: int, reduction: str = "rms"):
+    """Prefix-sum workload error of ``correlation`` (column ``(n,)`` or dense ``(n, n)``), no
+    validation or host conversion: traceable, for use inside ``jit`` / ``grad``.  ``reduction``:
+    ``"rms"`` or ``"max"`` over the ``n`` rows of ``A C^{-1}``."""
     kind, c = _structure(correlation, n)
     if kind == "column":
         return _toeplitz_errors(jnp.cumsum(inverse_toeplitz_column(c)), reduction)
@@ -110,7 +114,7 @@ def _prefix_sum_error_pure(correlation, n: int, reduction: str = "rms"):
 def _workload_error_pure(correlation, workload, n: int, reduction: str):
     kind, c = _structure(correlation, n)
     if isinstance(workload, Toeplitz) and kind == "column":
-        u = _truncated_product(workload.column(n), inverse_toeplitz_column(c), n)
+        u = truncated_product(workload.column(n), inverse_toeplitz_column(c), n)
         return _toeplitz_errors(u, reduction)
     if kind == "column":
         inv = toeplitz_dense(inverse_toeplitz_column(c))
@@ -159,7 +163,7 @@ def prefix_sum_error(correlation, n: int):
       n: number of rounds.
     """
     correlation, n = _validated(correlation, n)
-    return _prefix_sum_error_pure(correlation, n, "rms")
+    return prefix_sum_error_pure(correlation, n, "rms")
 
 
 @float64
@@ -170,7 +174,7 @@ def max_error(correlation, n: int):
     ``C^{-1}``.  Arguments as :func:`prefix_sum_error`.
     """
     correlation, n = _validated(correlation, n)
-    return _prefix_sum_error_pure(correlation, n, "max")
+    return prefix_sum_error_pure(correlation, n, "max")
 
 
 @float64

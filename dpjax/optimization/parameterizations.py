@@ -64,6 +64,7 @@ from dpjax._x64 import float64
 from dpjax.matrices import BLT, Toeplitz
 
 __all__ = [
+    "Parameterization",
     "ToeplitzParameterization",
     "BandedToeplitzParameterization",
     "BLTParameterization",
@@ -148,18 +149,18 @@ def unamplified_loss(parameterization, params, batches_per_epoch: int, epochs: i
     """``sensitivity(C)^2 * prefix_sum_error(C)^2``: the squared RMSE per unit Gaussian noise
     multiplier of the unamplified mechanism (``E`` participations ``b`` rounds apart).
 
-    Pure and differentiable; minimised by :meth:`_Parameterization.init` when a participation
+    Pure and differentiable; minimised by :meth:`Parameterization.init` when a participation
     pattern is given.  The unamplified RMSE at ``(eps, delta)`` is
     ``gaussian_noise_multiplier(eps, delta) * sqrt(unamplified_loss)``.
     """
-    from dpjax.optimization.objectives import _prefix_sum_error_pure
+    from dpjax.optimization.objectives import prefix_sum_error_pure
 
     corr = parameterization._correlation(params)
     if isinstance(corr, (Toeplitz, BLT)):
         sens = unamplified_sensitivity(corr.column(parameterization.n), batches_per_epoch, epochs)
     else:
         sens = _dense_unamplified_sensitivity(corr, batches_per_epoch)
-    err = _prefix_sum_error_pure(corr, parameterization.n)
+    err = prefix_sum_error_pure(corr, parameterization.n)
     return (sens * err) ** 2
 
 
@@ -187,7 +188,7 @@ def _as_params(params) -> dict:
 # --------------------------------------------------------------------------- base class
 
 
-class _Parameterization(abc.ABC):
+class Parameterization(abc.ABC):
     """Shared behaviour; subclasses are frozen dataclasses of static configuration and must
     implement ``_correlation`` and ``_closed_form_init`` (abstract: the base is never built)."""
 
@@ -279,9 +280,9 @@ class _Parameterization(abc.ABC):
     def from_dict(cls, d: dict):
         d = dict(d)
         family = d.pop("family", None)
-        if family is not None and cls is not _Parameterization and family != cls.name:
+        if family is not None and cls is not Parameterization and family != cls.name:
             raise ValueError(f"family must be {cls.name!r} for {cls.__name__}, got {family!r}")
-        if cls is _Parameterization:
+        if cls is Parameterization:
             return make_parameterization(family, **d)
         return cls(**d)
 
@@ -302,7 +303,7 @@ def _toeplitz_from_raw(raw):
 
 
 @_frozen
-class ToeplitzParameterization(_Parameterization):
+class ToeplitzParameterization(Parameterization):
     """Full lower-triangular Toeplitz ``C``: ``c_0 = 1``, ``c_k = softplus(params["coeffs"][k-1])``.
 
     Attributes:
@@ -325,7 +326,7 @@ class ToeplitzParameterization(_Parameterization):
 
 
 @_frozen
-class BandedToeplitzParameterization(_Parameterization):
+class BandedToeplitzParameterization(Parameterization):
     """``bands``-banded Toeplitz ``C``: ``c_0 = 1``, ``c_1..c_{bands-1} = softplus(params)``, zero beyond.
 
     ``bands = 1`` is ``C = I`` (no parameters); ``bands = n`` is the full Toeplitz family.
@@ -443,7 +444,7 @@ def _fit_blt_to_column(target, num_buffers: int):
 
 
 @_frozen
-class BLTParameterization(_Parameterization):
+class BLTParameterization(Parameterization):
     """Buffered linear Toeplitz ``C`` with ``num_buffers = d`` buffers.
 
     ``c_0 = 1``, ``c_k = sum_j omega_j theta_j^(k-1)`` (Dvijotham et al. 2024; the convention of
@@ -487,7 +488,7 @@ class BLTParameterization(_Parameterization):
 
 
 @_frozen
-class DenseParameterization(_Parameterization):
+class DenseParameterization(Parameterization):
     """Dense lower-triangular ``C`` (small ``n`` only): diagonal 1, strictly-lower entries softplus.
 
     Params: ``{"lower": (n (n - 1) / 2,)}`` in ``np.tril_indices(n, -1)`` order.

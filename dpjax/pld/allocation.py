@@ -109,19 +109,19 @@ def _make_numpy() -> Ops:
 def _make_jax() -> Ops:
     import jax
     import jax.numpy as jnp
-    from dpjax.pld.convert import _suffix_sums
-    from dpjax.pld.discretize import _materialize
+    from dpjax.pld.convert import suffix_sums
+    from dpjax.pld.discretize import materialize_once
 
     def scatter_add(n, idx, vals):
         return jnp.zeros(n, jnp.float64).at[idx.reshape(-1)].add(vals.reshape(-1), mode="drop")
 
     def materialize(fn):
-        return _materialize(fn, jnp.asarray(True))
+        return materialize_once(fn, jnp.asarray(True))
 
     def suffix_sum(a):
         # Blocked triangular products (dpjax.pld.convert): XLA:CPU's cumsum compiles slowly.
         flat = a.reshape(-1, a.shape[-1])
-        return jax.vmap(_suffix_sums)(flat).reshape(a.shape)
+        return jax.vmap(suffix_sums)(flat).reshape(a.shape)
 
     def fori_loop(lo, hi, body, init, stop=None):
         return jax.lax.fori_loop(lo, hi, body, init)
@@ -148,14 +148,12 @@ def jax_ops() -> Ops:
 # Normal helpers
 
 
-def _small_tail(ops, w):
-    """``min(Phi(w), 1 - Phi(w))``: the tail of ``W`` beyond ``w`` on the side below 1/2."""
-    return 0.5 * ops.erfc(ops.xp.abs(w) * _SQRT1_2)
-
-
 def _small_tails(ops, *ws):
-    """``_small_tail`` of several arrays with one ``erfc`` call (each call site of XLA's float64
-    ``erfc`` is a large expansion to compile)."""
+    """``min(Phi(w), 1 - Phi(w))`` (the tail of ``W`` beyond ``w`` on the side below 1/2) of
+    several arrays ``ws``, with one ``erfc`` call (each call site of XLA's float64 ``erfc`` is a
+    large expansion to compile).  The formula of :func:`dpjax.pld.mechanisms.normal_small_tail`
+    over this module's backends (:class:`Ops`: NumPy with SciPy's ``erfc`` or ``jax.numpy``),
+    which keeps this module free of a jax import."""
     xp = ops.xp
     shapes = [xp.shape(w) for w in ws]
     flat = xp.concatenate([xp.reshape(xp.asarray(w, dtype=np.float64), (-1,)) for w in ws])
@@ -174,13 +172,10 @@ def _interval_from_tails(xp, wl, tl, wh, th):
     return xp.maximum(xp.where(wl > 0.0, tl - th, cdf_hi - tl), 0.0)
 
 
-def _interval(ops, wl, wh):
-    return _interval_from_tails(ops.xp, wl, _small_tail(ops, wl), wh, _small_tail(ops, wh))
-
-
 def _log_ndtr_from_tail(xp, w, tail):
     """``log Phi(w)`` from the small tail at ``w`` (``w`` above about -37; below, ``log 1e-300``:
-    only used where that is harmless, see the callers)."""
+    only used where that is harmless, see the callers).  Not :func:`dpjax.pld.exact.py_log_ndtr`:
+    it reuses a tail already computed (no second ``erfc``) and runs on either backend."""
     return xp.where(w < 0.0, xp.log(xp.maximum(tail, 1e-300)), xp.log1p(-tail))
 
 

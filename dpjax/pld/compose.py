@@ -46,7 +46,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from dpjax.pld.discretize import _materialize, grid_cdfs, grid_pmf
+from dpjax.pld.discretize import materialize_once, grid_cdfs, grid_pmf
 from dpjax.pld.mechanisms import Direction
 from dpjax import _xla
 
@@ -403,10 +403,10 @@ def _compose_step(carry, xs, *, m, lattice, dx, directions, kinds, lambdas, tilt
     y = (o[:, None] + jnp.arange(m)[None, :]) * dx        # (D, m)
     if lattice:
         # Both directions from one lattice evaluation (see the mechanism's method).
-        cdfs = _materialize(lambda: mech.loss_cdfs_lattice(o, dx, m, lattice_length(m)), dx > 0)
+        cdfs = materialize_once(lambda: mech.loss_cdfs_lattice(o, dx, m, lattice_length(m)), dx > 0)
     elif hasattr(mech, "loss_cdfs_directions"):
         # One evaluation for every direction (optional mechanism method): less code.
-        cdfs = _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
+        cdfs = materialize_once(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
     else:
         cdfs = [grid_cdfs(mech, d, o[di], dx, m) for di, d in enumerate(directions)]
         cdfs = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)

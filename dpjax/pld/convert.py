@@ -50,7 +50,7 @@ class HockeyStickTable(NamedTuple):
 _BLOCK = 64
 
 
-def _suffix_sums(x):
+def suffix_sums(x):
     """``s_j = sum_{t >= j} x_t`` of a 1-D array, as blocked triangular matrix products.
 
     Same values as ``jnp.cumsum(x[::-1])[::-1]`` (every ``s_j`` sums only terms ``t >= j``, so
@@ -68,7 +68,7 @@ def _suffix_sums(x):
     tri = jnp.tril(jnp.ones((_BLOCK, _BLOCK), x.dtype))
     within = jnp.dot(xb, tri, precision=jax.lax.Precision.HIGHEST)     # suffix sums inside a block
     totals = within[:, 0]
-    after = _suffix_sums(totals)                                        # blocks r' >= r
+    after = suffix_sums(totals)                                        # blocks r' >= r
     after = jnp.concatenate([after[1:], jnp.zeros((1,), x.dtype)])     # blocks r' > r
     return (within + after[:, None]).reshape(-1)[:n]
 
@@ -97,8 +97,8 @@ def table(pld: ComposedPLD, bound: Bound | str = Bound.UPPER) -> HockeyStickTabl
     bound = Bound.parse(bound)
     r, y, w, y_ref, const, fa, fb = curve_terms(pld, bound)
     # Suffix sums over t > j, accumulated from the top (small terms first).
-    sa = _suffix_sums(r)
-    sb = _suffix_sums(w)
+    sa = suffix_sums(r)
+    sb = suffix_sums(w)
     zero = jnp.zeros((1,))
     A = jnp.concatenate([sa, zero]) * fa + const     # index j+1 <-> segment j (j = -1..n-1)
     B = jnp.concatenate([sb, zero]) * fb

@@ -67,7 +67,7 @@ def _bin_masses(le, gt):
     return jnp.maximum(m, 0.0)
 
 
-def _materialize(fn, ok):
+def materialize_once(fn, ok):
     """``fn()`` computed once into buffers (``NaN`` where ``ok`` is False: never for a valid grid).
 
     Without a buffer XLA fuses (duplicates) the erfc expansions of the CDFs into every consumer
@@ -99,9 +99,9 @@ def discretize(mechanism, direction: str, offset, dx, m: int) -> GridPMF:
 
 def grid_cdfs(mechanism, direction: str, offset, dx, m: int):
     """The mechanism-specific half of :func:`discretize`: its :class:`LossCDFs` at the ``m`` grid
-    points ``(offset + j) dx``, materialized (see ``_materialize``)."""
+    points ``(offset + j) dx``, materialized (see ``materialize_once``)."""
     y = (offset + jnp.arange(m)) * dx
-    return _materialize(lambda: mechanism.loss_cdfs(direction, y), jnp.asarray(dx) > 0)
+    return materialize_once(lambda: mechanism.loss_cdfs(direction, y), jnp.asarray(dx) > 0)
 
 
 def grid_pmf(c, y, dx) -> GridPMF:

@@ -42,7 +42,7 @@ from jax.scipy.special import log_ndtr
 from dpjax._x64 import float64
 from dpjax import _xla
 
-__all__ = ["gaussian_delta", "gaussian_log_delta", "gaussian_epsilon"]
+__all__ = ["gaussian_delta", "gaussian_log_delta", "gaussian_epsilon", "np_gaussian_log_delta"]
 
 #: Doublings of the upper end of the epsilon search, from 1: up to 2^70 ~ 1e21.
 _GROW_STEPS = 70
@@ -56,15 +56,38 @@ _BISECTION_STEPS = 200
 _LOG_DELTA_MARGIN = 1e-12
 
 
-def _log_delta(eps, mu):
-    """``log delta(eps; mu)`` for ``mu > 0`` (float64 arrays, broadcast); see the module docstring."""
-    log_a = log_ndtr(-eps / mu + 0.5 * mu)
-    log_b = eps + log_ndtr(-eps / mu - 0.5 * mu)
+def _log_delta_xp(xp, log_phi, eps, mu):
+    """``log delta(eps; mu)`` for ``mu > 0`` with array namespace ``xp`` and ``log Phi`` function
+    ``log_phi`` (float64 arrays, broadcast); see the module docstring.  The one array form of the
+    formula: :func:`_log_delta` (``jax.numpy``) and :func:`np_gaussian_log_delta` (NumPy) call it."""
+    log_a = log_phi(-eps / mu + 0.5 * mu)
+    log_b = eps + log_phi(-eps / mu - 0.5 * mu)
     # log(1 - e^x) for x = log_b - log_a < 0; log1p(-exp(x)) is accurate for x < -log 2, -expm1
     # for x near 0.
-    x = jnp.minimum(log_b - log_a, 0.0)
-    log1mexp = jnp.where(x < -0.6931471805599453, jnp.log1p(-jnp.exp(x)), jnp.log(-jnp.expm1(x)))
+    x = xp.minimum(log_b - log_a, 0.0)
+    log1mexp = xp.where(x < -0.6931471805599453, xp.log1p(-xp.exp(x)), xp.log(-xp.expm1(x)))
     return log_a + log1mexp
+
+
+def _log_delta(eps, mu):
+    """``log delta(eps; mu)`` for ``mu > 0`` (float64 jax arrays, broadcast)."""
+    return _log_delta_xp(jnp, log_ndtr, eps, mu)
+
+
+def np_gaussian_log_delta(epsilon, mu) -> np.ndarray:
+    """``log delta(epsilon; mu)`` for ``mu > 0`` in NumPy, vectorised, with SciPy's ``log_ndtr``.
+
+    SciPy's ``log_ndtr`` is more accurate below ``-20`` than the order-3 series of
+    ``jax.scipy.special.log_ndtr`` (by up to ~1e-9 relative in the log): the bounds of
+    :mod:`dpjax.pld.fallback` use it; :func:`host_gaussian_log_delta` instead agrees with the
+    jitted path.  ``epsilon``, ``mu``: float64 arrays (broadcast); ``mu = 0`` is the caller's case.
+    """
+    import scipy.special  # on first use: importing this module stays free of SciPy
+
+    eps = np.asarray(epsilon, np.float64)
+    mu = np.asarray(mu, np.float64)
+    with np.errstate(divide="ignore"):
+        return _log_delta_xp(np, scipy.special.log_ndtr, eps, mu)
 
 
 def _safe_mu(mu):

@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.special
 import scipy.stats
+
+from dpjax.pld.exact import np_gaussian_log_delta
 
 __all__ = ["direction_epsilon"]
 
@@ -50,16 +51,6 @@ _K_EXACT = 2048
 _K_RATIO = 1e-3
 # Relative allowance for floating-point rounding of the mixture sum (float64: ~1e-13 at most).
 _ROUNDING = 1e-9
-
-
-def _log_gaussian_delta(eps, mu):
-    """``log delta_G(eps; mu)`` (Balle and Wang 2018, Thm. 8) in log space, NumPy, ``mu > 0``."""
-    log_a = scipy.special.log_ndtr(-eps / mu + 0.5 * mu)
-    log_b = eps + scipy.special.log_ndtr(-eps / mu - 0.5 * mu)
-    x = np.minimum(log_b - log_a, 0.0)
-    with np.errstate(divide="ignore"):
-        log1mexp = np.where(x < -math.log(2.0), np.log1p(-np.exp(x)), np.log(-np.expm1(x)))
-    return log_a + log1mexp
 
 
 def support_bound(components, direction: str) -> float:
@@ -127,7 +118,7 @@ def _mixture_curve(components, smallest_delta: float):
 
     def bound(eps: float) -> float:
         with np.errstate(divide="ignore"):
-            f = np.where(mu > 0, np.exp(_log_gaussian_delta(eps, np.where(mu > 0, mu, 1.0))), 0.0)
+            f = np.where(mu > 0, np.exp(np_gaussian_log_delta(eps, np.where(mu > 0, mu, 1.0))), 0.0)
         f = np.maximum.accumulate(f)  # increasing in k (guards rounding)
         inc = np.diff(np.r_[0.0, f])
         return min(1.0, float((prev_sf * inc).sum() + sf[-1] * (1.0 - f[-1])) * (1.0 + _ROUNDING))
@@ -233,7 +224,7 @@ def direction_delta(components, direction: str, epsilons, *, dominating_mu: floa
         cands["binomial mixture of Gaussians"] = np.asarray([bound(float(e)) for e in eps])
     if dominating_mu is not None:
         cands["dominating Gaussian (sampling_prob taken as 1)"] = np.minimum(
-            np.exp(_log_gaussian_delta(eps, dominating_mu)) * (1.0 + _ROUNDING), 1.0) if dominating_mu > 0 \
+            np.exp(np_gaussian_log_delta(eps, dominating_mu)) * (1.0 + _ROUNDING), 1.0) if dominating_mu > 0 \
             else np.zeros(eps.shape)
     names = list(cands)
     values = np.stack([np.where(np.isnan(cands[k]), 1.0, cands[k]) for k in names])

@@ -86,13 +86,18 @@ class LossCDFs(NamedTuple):
     q_gt: jax.Array
 
 
-def _normal_cdf_sf(z):
-    """``(Phi(z), Phi(-z))`` with the small one always computed directly (no ``1 - Phi``).
-
-    ``Phi(-|z|) = erfc(|z|/sqrt 2)/2`` via XLA's ``erfc`` primitive: relative error ~1e-15 down
-    to 1e-300 (checked against scipy) and ~15x faster on CPU than ``jax.scipy.special.ndtr``.
+def normal_small_tail(z):
+    """``Phi(-|z|) = min(Phi(z), 1 - Phi(z))`` (same shape as ``z``): the standard normal tail on
+    the side below 1/2, ``erfc(|z|/sqrt 2)/2`` via XLA's ``erfc`` primitive: relative error ~1e-15
+    down to 1e-300 (checked against scipy) and ~15x faster on CPU than ``jax.scipy.special.ndtr``.
     """
-    small = 0.5 * jax.lax.erfc(jnp.abs(z) * _SQRT1_2)
+    return 0.5 * jax.lax.erfc(jnp.abs(z) * _SQRT1_2)
+
+
+def normal_cdf_sf(z):
+    """``(Phi(z), Phi(-z))`` with the small one always computed directly (no ``1 - Phi``), from
+    :func:`normal_small_tail`."""
+    small = normal_small_tail(z)
     big = 1.0 - small
     neg = z < 0
     return jnp.where(neg, small, big), jnp.where(neg, big, small)
@@ -114,8 +119,8 @@ def _np_erfc_nonneg(x):
         return t * np.exp(-x * x + poly)
 
 
-def _np_normal_cdf_sf(z):
-    """NumPy twin of :func:`_normal_cdf_sf` for the planner: vectorized, no XLA compile, no
+def _npnormal_cdf_sf(z):
+    """NumPy twin of :func:`normal_cdf_sf` for the planner: vectorized, no XLA compile, no
     scipy import; relative error < 1.2e-7 (the jitted CDFs that build the grid PMFs are the
     accurate ones)."""
     z = np.asarray(z, np.float64)
@@ -125,7 +130,8 @@ def _np_normal_cdf_sf(z):
     return np.where(neg, small, big), np.where(neg, big, small)
 
 
-def _check_direction(direction: str) -> None:
+def check_direction(direction: str) -> None:
+    """Raise ``ValueError`` unless ``direction`` is ``"remove"`` or ``"add"``."""
     Direction.parse(direction)
 
 
@@ -157,20 +163,20 @@ class Gaussian:
         return self
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         y = _f64(y)
         r = _f64(self.sensitivity) / _f64(self.noise_multiplier)  # std of the loss
         mu = 0.5 * r * r
-        p_le, p_gt = _normal_cdf_sf((y - mu) / r)
-        q_le, q_gt = _normal_cdf_sf((y + mu) / r)
+        p_le, p_gt = normal_cdf_sf((y - mu) / r)
+        q_le, q_gt = normal_cdf_sf((y + mu) / r)
         return LossCDFs(p_le, p_gt, q_le, q_gt)
 
     def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         r = (np.asarray(self.sensitivity, np.float64) / np.asarray(self.noise_multiplier, np.float64))[..., None]
         mu = 0.5 * r * r
         y = np.asarray(y, np.float64)
-        return LossCDFs(*_np_normal_cdf_sf((y - mu) / r), *_np_normal_cdf_sf((y + mu) / r))
+        return LossCDFs(*_npnormal_cdf_sf((y - mu) / r), *_npnormal_cdf_sf((y + mu) / r))
 
 
 # The means of the two Gaussians of a Poisson-subsampled Gaussian (sensitivity 1).
@@ -226,7 +232,7 @@ class PoissonSubsampledGaussian:
         ``d`` in ``directions[d]``.  One inverse-loss and one erfc evaluation for all rows (less
         code for XLA to compile: the erfc expansion is the largest part of the discretizer)."""
         for d in directions:
-            _check_direction(d)
+            check_direction(d)
         y = _f64(y)
         shape = (len(directions),) + (1,) * (y.ndim - 1)
         remove = np.array([d == "remove" for d in directions]).reshape(shape)
@@ -235,7 +241,7 @@ class PoissonSubsampledGaussian:
         # a: N(0, s^2), b: N(1, s^2); both normal CDFs in one erfc call.  ``x`` broadcast against
         # the two means rather than stacked: XLA fuses a stack's operands into the concatenation,
         # which evaluated the inverse loss (a log and an expm1 per point) once for each mean.
-        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf((x[None] - _MEANS.reshape((2,) + (1,) * x.ndim)) / s)
+        (a_le, b_le), (a_gt, b_gt) = normal_cdf_sf((x[None] - _MEANS.reshape((2,) + (1,) * x.ndim)) / s)
         mix_le = (1.0 - q) * a_le + q * b_le
         mix_gt = (1.0 - q) * a_gt + q * b_gt
         # remove: P is the mixture, Q = N(0, s^2).  add: the pair swapped, and the event is
@@ -244,7 +250,7 @@ class PoissonSubsampledGaussian:
                         jnp.where(remove, a_le, mix_gt), jnp.where(remove, a_gt, mix_le))
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         return LossCDFs(*(v[0] for v in self.loss_cdfs_directions((direction,), _f64(y)[None])))
 
     # ----------------------------------------------------------------------------------------
@@ -283,11 +289,11 @@ class PoissonSubsampledGaussian:
         start = self._lattice_start(offsets[0], dx)
         u = (start + jnp.arange(length)) * dx
         x, s, q = self._x_of_loss(u)
-        (a_le, b_le), (a_gt, b_gt) = _normal_cdf_sf((x[None] - _MEANS.reshape(2, 1)) / s)
+        (a_le, b_le), (a_gt, b_gt) = normal_cdf_sf((x[None] - _MEANS.reshape(2, 1)) / s)
         mix_le = (1.0 - q) * a_le + q * b_le
         mix_gt = (1.0 - q) * a_gt + q * b_gt
         # The constants below the loss bound: the same formulas at x = -1e30 (the sentinel).
-        (c_ale, c_ble), (c_agt, c_bgt) = _normal_cdf_sf((jnp.full((1,), -1e30) - _MEANS.reshape(2, 1)) / s)
+        (c_ale, c_ble), (c_agt, c_bgt) = normal_cdf_sf((jnp.full((1,), -1e30) - _MEANS.reshape(2, 1)) / s)
         c_mle = (1.0 - q) * c_ale + q * c_ble
         c_mgt = (1.0 - q) * c_agt + q * c_bgt
         j = jnp.arange(m)
@@ -306,7 +312,7 @@ class PoissonSubsampledGaussian:
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss: ``-log(1 - q)`` under "add" (``inf`` at ``q = 1``), ``inf`` under "remove"."""
-        _check_direction(direction)
+        check_direction(direction)
         q = np.asarray(self.sampling_prob, np.float64)
         if direction == "remove":
             return np.full(q.shape, np.inf)
@@ -315,7 +321,7 @@ class PoissonSubsampledGaussian:
 
     def host_loss_cdfs(self, direction: str, y) -> LossCDFs:
         """NumPy :meth:`loss_cdfs` for concrete parameters ``(G,)`` and losses ``(L,)`` -> ``(G, L)``."""
-        _check_direction(direction)
+        check_direction(direction)
         s = np.asarray(self.noise_multiplier, np.float64)[..., None]
         q = np.asarray(self.sampling_prob, np.float64)[..., None]
         y = np.asarray(y, np.float64)
@@ -327,8 +333,8 @@ class PoissonSubsampledGaussian:
             r = np.where(ok, bound - y, -1.0)
             x = s * s * (y + np.log(-np.expm1(r)) - np.log(q)) + 0.5
         x = np.where(ok, x, -1e30)
-        a_le, a_gt = _np_normal_cdf_sf(x / s)
-        b_le, b_gt = _np_normal_cdf_sf((x - 1.0) / s)
+        a_le, a_gt = _npnormal_cdf_sf(x / s)
+        b_le, b_gt = _npnormal_cdf_sf((x - 1.0) / s)
         mix_le = (1.0 - q) * a_le + q * b_le
         mix_gt = (1.0 - q) * a_gt + q * b_gt
         if direction == "remove":
@@ -360,11 +366,11 @@ class Laplace:
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss, ``Delta / b`` (either direction)."""
-        _check_direction(direction)
+        check_direction(direction)
         return np.asarray(self.sensitivity, np.float64) / np.asarray(self.scale, np.float64)
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         y = _f64(y)
         a = _f64(self.sensitivity) / _f64(self.scale)
         below = y < -a
@@ -414,12 +420,12 @@ class RandomizedResponse:
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss, ``log(1 + k (1 - p) / p)`` (0 at ``p = 1``: the answer is uniform)."""
-        _check_direction(direction)
+        check_direction(direction)
         p = np.asarray(self.noise_parameter, np.float64)
         return np.log1p(self.num_buckets * (1.0 - p) / p)
 
     def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        _check_direction(direction)
+        check_direction(direction)
         y = _f64(y)
         p = _f64(self.noise_parameter)
         k = float(self.num_buckets)

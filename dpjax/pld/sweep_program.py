@@ -36,7 +36,7 @@ import numpy as np
 
 from dpjax.pld.compose import UNIT_ROUNDOFF, chernoff_quantiles, pmf_log_mgf, wrap_tails, window_start
 from dpjax.pld.convert import segment_epsilon, suffix_sums_small
-from dpjax.pld.discretize import FLUSH, _materialize, grid_pmf
+from dpjax.pld.discretize import FLUSH, materialize_once, grid_pmf
 
 #: Diagnostics after the values, as in :data:`dpjax.pld.engine.DIAGNOSTICS`.
 DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
@@ -44,10 +44,10 @@ DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", 
 
 
 def _cdfs(mech, directions, y, dx):
-    """The loss CDFs at ``y`` (D, L) of every direction, materialized (see ``_materialize``)."""
+    """The loss CDFs at ``y`` (D, L) of every direction, materialized (see ``materialize_once``)."""
     if hasattr(mech, "loss_cdfs_directions"):
-        return _materialize(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
-    cdfs = [_materialize(lambda d=d, yd=yd: mech.loss_cdfs(d, yd), dx > 0) for d, yd in zip(directions, y)]
+        return materialize_once(lambda: mech.loss_cdfs_directions(directions, y), dx > 0)
+    cdfs = [materialize_once(lambda d=d, yd=yd: mech.loss_cdfs(d, yd), dx > 0) for d, yd in zip(directions, y)]
     return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *cdfs)
 
 
