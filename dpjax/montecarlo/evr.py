@@ -38,6 +38,7 @@ import math
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import StrEnum
 from dpjax._results import ResultMixin
 
 # scipy is imported inside the functions that use it: importing scipy.optimize costs ~0.4 s of a
@@ -45,7 +46,7 @@ from dpjax._results import ResultMixin
 
 __all__ = ["Certificate", "bernoulli_kl", "failure_probability", "overall_delta",
            "base_delta_for_target", "minimum_samples", "default_samples", "certify_noise",
-           "certify_fixed", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
+           "certify_fixed", "CertificateMethod", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
 
 #: Rungs of the verification ladder of :func:`certify_noise` (each is one test).
 DEFAULT_LADDER_RUNGS = 8
@@ -677,15 +678,22 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
 
 # --------------------------------------------------------------------------- public procedures
 
-#: Certificate methods: ``"importance_betting"`` (default) and ``"bernoulli_kl"``.
-METHODS = ("importance_betting", "bernoulli_kl")
-DEFAULT_METHOD = "importance_betting"
+class CertificateMethod(StrEnum):
+    """How a certificate bounds the true delta: ``IMPORTANCE_BETTING`` (the default: a betting
+    test on importance-weighted draws, tight for small deltas) or ``BERNOULLI_KL`` (a
+    Bernoulli-KL bound on plain draws)."""
+
+    IMPORTANCE_BETTING = "importance_betting"
+    BERNOULLI_KL = "bernoulli_kl"
 
 
-def _method(method) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return method
+#: Certificate methods: the values of :class:`CertificateMethod`.
+METHODS = tuple(m.value for m in CertificateMethod)
+DEFAULT_METHOD = CertificateMethod.IMPORTANCE_BETTING.value
+
+
+def _method(method, name: str = "method") -> CertificateMethod:
+    return CertificateMethod.parse(method, name)
 
 
 def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
@@ -700,7 +708,7 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
     ``num_samples`` draws from ``fold_in(key, 1)``; ``failure_probability``, default
     ``0.005 target_delta``, is the test's ``beta``: the level is ``target_delta - beta``).
     """
-    if _method(method) == "bernoulli_kl":
+    if _method(method) is CertificateMethod.BERNOULLI_KL:
         return _certify_fixed_kl(accountant, noise_multiplier, epsilon, target_delta, num_samples, key,
                                  chunk_size=chunk_size, devices=devices)
     import jax
@@ -791,21 +799,21 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
       ValueError: ``num_samples`` below what can certify ``target_delta`` (``"bernoulli_kl"``,
         says the minimum); a target no noise multiplier in the search range reaches.
     """
-    eps = float(_validate.positive("target_epsilon", target_epsilon))
-    target = float(_validate.probability_open("target_delta", target_delta))
+    privacy = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, target = float(privacy.epsilon), float(privacy.delta)
     rungs = _validate.positive_int("rungs", rungs)
     method = _method(method)
     if num_samples is not None:
         num_samples = _validate.positive_int("num_samples", num_samples)
     if calibration_samples is not None:
         calibration_samples = _validate.positive_int("calibration_samples", calibration_samples)
-    if growth is None and method == "bernoulli_kl":
+    if growth is None and method is CertificateMethod.BERNOULLI_KL:
         growth = DEFAULT_LADDER_GROWTH
     if growth is not None:
         growth = float(_validate.positive("growth", growth))
         if not growth > 1.0:
             raise ValueError(f"growth must be > 1, got {growth}")
-    if method == "bernoulli_kl":
+    if method is CertificateMethod.BERNOULLI_KL:
         if num_samples is None:
             num_samples = default_samples(target, rungs)
         return _certify_ladder_kl(accountant, target_epsilon=eps, target_delta=target, num_samples=num_samples,
