@@ -388,8 +388,8 @@ def _frozen(plan: AllocationPlan, sigma: float) -> list:
     return frozen
 
 
-def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: Query | str = Query.EPSILON, bound: str = "upper",
-                  rel_step: float = 1e-5):
+def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: Query | str = Query.EPSILON,
+                  bound: str = "upper", rel_step: float = 1e-5):
     """``(d value / d sigma, d value / d target)`` of ``eps(target = delta)`` (``query="epsilon"``)
     or ``delta(target = eps)`` on ``plan`` (host; ``target`` any shape; see :func:`epsilon_partials`)."""
     query = Query.parse(query, "query")
