@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["StrEnum"]
+__all__ = ["StrEnum", "Adjacency", "Query", "AllocationSampling"]
 
 
 class StrEnum(str, enum.Enum):
@@ -32,3 +32,31 @@ class StrEnum(str, enum.Enum):
         except ValueError:
             raise ValueError(f"{name or cls.__name__.lower()} must be one of "
                              f"{[m.value for m in cls]}, got {value!r}") from None
+
+
+class Adjacency(StrEnum):
+    """The neighbouring relation a privacy guarantee is stated for: ``ADD_OR_REMOVE`` (datasets
+    differ by adding or removing one example, k for a group; the max over the add and remove
+    directions, Poisson sampling) or ``REPLACE`` (one example replaced by another, k for a group;
+    fixed-size batches).  Every layer reports it, hence its place in the foundation."""
+
+    ADD_OR_REMOVE = "add_or_remove"
+    REPLACE = "replace"
+
+
+class Query(StrEnum):
+    """Which side of a privacy target is computed: ``EPSILON`` (the epsilon at a given delta)
+    or ``DELTA`` (the delta at a given epsilon)."""
+
+    EPSILON = "epsilon"
+    DELTA = "delta"
+
+
+class AllocationSampling(StrEnum):
+    """The DP-SGD batch schemes accounted by random allocation: ``RANDOM_ALLOCATION`` (every
+    example in ``k`` of the ``b`` batches of an epoch, uniformly) and ``BALLS_IN_BINS`` (every
+    example in one of ``b`` bins, independently).  Defined here because the accountants, the
+    interop layer and the command line all name them."""
+
+    RANDOM_ALLOCATION = "random_allocation"
+    BALLS_IN_BINS = "balls_in_bins"

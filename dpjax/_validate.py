@@ -143,13 +143,6 @@ def prng_seed(name: str, value: Any, *, key_allowed: bool = True) -> int:
     return v
 
 
-def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-
 @dataclasses.dataclass(frozen=True)
 class PrivacyTarget:
     """A validated privacy target ``(epsilon, delta)``: the one check of target arguments.

@@ -42,6 +42,7 @@ import math
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import Adjacency
 from dpjax._results import ResultMixin
 from dpjax._x64 import float64
 from dpjax.baselines.rdp import rdp_epsilon
@@ -69,7 +70,7 @@ class GroupLemmaResult(ResultMixin):
     delta_1: float
     group_delta: float
     reason: str | None = None
-    adjacency: str = "add_or_remove"
+    adjacency: Adjacency = Adjacency.ADD_OR_REMOVE
 
 
 def _rdp_log_delta_curve(sigma: float, q: float, steps: int):
@@ -129,7 +130,7 @@ def group_lemma_epsilon(
     spec, sigma = _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling,
                                         dataset_size, batch_size)
     t = _validate.positive_int("steps", steps)
-    delta_k = float(_validate.probability_open("target_delta", target_delta))
+    delta_k = float(_validate.PrivacyTarget(delta=target_delta).delta)
     m = _validate.positive_int("grid_points", grid_points, minimum=16)
     k = spec.group_size
     # k = 1 mechanism: the subsampled Gaussian with the adjacency's per-example sensitivity

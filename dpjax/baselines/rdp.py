@@ -225,7 +225,7 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], target_delta: 
         raise ValueError(f"rdp must have the same shape as orders {arr.shape}, got {rdp_arr.shape}")
     if np.isnan(rdp_arr).any() or (rdp_arr < 0).any():
         raise ValueError(f"rdp must be >= 0 and not NaN, got {rdp!r}")
-    delta = float(_validate.probability_open("target_delta", target_delta))
+    delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
     conversion = Conversion.parse(conversion, "conversion").value
     eps, order = rdp_to_epsilon_core(jnp.asarray(arr), jnp.asarray(rdp_arr), delta, conversion=conversion)
     return float(eps), float(order)
@@ -261,7 +261,7 @@ def rdp_epsilon(
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
     t = _validate.positive_int("steps", steps)
-    delta = float(_validate.probability_open("target_delta", target_delta))
+    delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
     conversion = Conversion.parse(conversion, "conversion").value
     from dpjax.pld.cache import exported_call
 

@@ -72,5 +72,5 @@ def strong_composition_epsilon(noise_multiplier: float, sampling_prob: float, st
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
     t = _validate.positive_int("steps", steps)
-    delta = float(_validate.probability_open("target_delta", target_delta))
+    delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
     return float(strong_composition_epsilon_core(sigma, q, float(t), delta))

@@ -16,6 +16,7 @@ import math
 
 # The library's limits (one definition each): seeds jax.random.key tells apart without x64,
 # Monte Carlo sample counts.
+from dpjax._enums import Adjacency, AllocationSampling
 from dpjax._validate import MAX_SAMPLES, MAX_SEED
 
 MAX_STEPS = 2**31 - 1        # ~2e9 steps: far beyond any training run, exact in float64
@@ -211,13 +212,13 @@ def add_allocation_args(p, *, title="random allocation / balls-in-bins (--sampli
                    help="number of epochs E, an integer >= 1 (random_allocation, balls_in_bins)")
 
 
-ALLOCATION_SAMPLINGS = ("random_allocation", "balls_in_bins")
+ALLOCATION_SAMPLINGS = tuple(s.value for s in AllocationSampling)
 
 
 def allocation_setting(args) -> dict:
     """The random-allocation part of a result's setting (batches, selections, epochs, adjacency)."""
     return {"batches_per_epoch": args.batches_per_epoch, "selections_per_epoch": args.selections_per_epoch,
-            "epochs": args.epochs, "adjacency": "add_or_remove"}
+            "epochs": args.epochs, "adjacency": Adjacency.ADD_OR_REMOVE}
 
 
 def render_fields(result: dict, sections: dict | None = None, *, skip_none: bool = False,

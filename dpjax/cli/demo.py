@@ -13,6 +13,7 @@ import argparse
 import math
 import time
 
+from dpjax._enums import Adjacency
 from dpjax.cli import _args
 
 
@@ -36,7 +37,7 @@ def _run(args) -> dict:
                          "of about 0.5 or more")
     return {
         "setting": "DP-SGD, Poisson sampling, add/remove adjacency",
-        "adjacency": "add_or_remove",
+        "adjacency": Adjacency.ADD_OR_REMOVE,
         "noise_multiplier": args.noise_multiplier,
         "sampling_prob": args.sampling_prob,
         "steps": int(args.steps),

@@ -8,9 +8,10 @@ import argparse
 
 import numpy as np
 
+from dpjax._enums import Adjacency
 from dpjax.cli import _args
 
-ADJACENCY = "add_or_remove"  # balls-in-bins Monte Carlo: max over the add and remove directions
+ADJACENCY = Adjacency.ADD_OR_REMOVE  # balls-in-bins Monte Carlo: max over the add and remove directions
 
 MC_ABOUT = """\
 The correlation matrix is a Toeplitz first column (--toeplitz), a BLT (--blt-decays with

@@ -36,7 +36,7 @@ import argparse
 import math
 import os
 
-from dpjax._enums import StrEnum
+from dpjax._enums import Adjacency, StrEnum
 from dpjax.cli import _args
 
 
@@ -262,7 +262,7 @@ def balls_in_bins_output(res, rows, args) -> dict:
         # Not certified on request: say so with null rather than a NaN (a NaN is never an answer).
         for key in ("noise_multiplier", "rmse", "gap_to_estimate"):
             out[key] = None
-    out["adjacency"] = "add_or_remove"  # balls-in-bins Monte Carlo accounting (Choquette-Choo et al. 2024)
+    out["adjacency"] = Adjacency.ADD_OR_REMOVE  # balls-in-bins Monte Carlo accounting (Choquette-Choo et al. 2024)
     out["params"] = d["params"]
     out["history_rows"] = len(d["history"])
     if rows is not None:
@@ -316,7 +316,7 @@ def cyclic_poisson_result(args) -> dict:
             "bands": e["bands"], "per_bands": e["per_bands"], "status": "completed", "stop_reason": "",
             "parameterization": {"family": "banded", "n": args.batches_per_epoch * args.epochs, "bands": e["bands"]},
             "batches_per_epoch": args.batches_per_epoch, "epochs": args.epochs, "target_epsilon": args.epsilon,
-            "target_delta": args.delta, "adjacency": "add_or_remove"}
+            "target_delta": args.delta, "adjacency": Adjacency.ADD_OR_REMOVE}
 
 
 def best_of(balls_in_bins: dict, cyclic_poisson: dict) -> dict:

@@ -10,6 +10,7 @@ import math
 import os
 
 from dpjax import _io
+from dpjax._enums import Adjacency
 from dpjax.cli import _args
 
 
@@ -139,7 +140,7 @@ def _run(args) -> dict:
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
     # Poisson-sampled DP-SGD (and its groups), random allocation, balls-in-bins: the add/remove
     # neighbouring relation.
-    out = dict(adjacency="add_or_remove", **extra, configurations=len(table), out=args.out, programs=table.programs,
+    out = dict(adjacency=Adjacency.ADD_OR_REMOVE, **extra, configurations=len(table), out=args.out, programs=table.programs,
                programs_compiled=getattr(table, "compiled", None), programs_loaded=getattr(table, "loaded", None),
                devices=table.devices, seconds=table.seconds,
                resumed=sum(r["path"] == "resumed" for r in table.rows))

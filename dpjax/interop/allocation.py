@@ -31,6 +31,7 @@ import math
 from collections import OrderedDict
 
 from dpjax import _validate
+from dpjax._enums import AllocationSampling
 
 __all__ = ["RandomAllocationDpEvent", "AllocationAccountant", "RunningAllocationAccountant", "allocation_blocks_of"]
 
@@ -171,13 +172,13 @@ class AllocationAccountant(_accountant_base()):
         return None
 
     def get_epsilon(self, target_delta: float) -> float:
-        target_delta = float(_validate.probability_open("target_delta", target_delta))
+        target_delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
         if not self._blocks:
             return 0.0
         return _value(_account(self._blocks, target_delta=target_delta), "epsilon")
 
     def get_delta(self, target_epsilon: float) -> float:
-        target_epsilon = float(_validate.nonnegative("target_epsilon", target_epsilon))
+        target_epsilon = float(_validate.PrivacyTarget(epsilon=target_epsilon, allow_zero_epsilon=True).epsilon)
         if not self._blocks:
             return 0.0
         return _value(_account(self._blocks, target_epsilon=target_epsilon), "delta")
@@ -204,8 +205,8 @@ class RunningAllocationAccountant:
         self.batches_per_epoch = _validate.positive_int("batches_per_epoch", batches_per_epoch)
         self.selections_per_epoch = _validate.positive_int("selections_per_epoch", selections_per_epoch,
                                                            maximum=self.batches_per_epoch)
-        self.sampling = _validate.one_of("sampling", sampling, ("random_allocation", "balls_in_bins"))
-        if self.sampling == "balls_in_bins" and self.selections_per_epoch != 1:
+        self.sampling = AllocationSampling.parse(sampling, "sampling")
+        if self.sampling is AllocationSampling.BALLS_IN_BINS and self.selections_per_epoch != 1:
             raise ValueError("selections_per_epoch must be 1 for sampling='balls_in_bins'")
         self._phases: "OrderedDict[float, int]" = OrderedDict()
         self._cache: dict = {}
@@ -230,7 +231,7 @@ class RunningAllocationAccountant:
         from dpjax.pld import allocation_accountant as ra
 
         t, k = self.batches_per_epoch, self.selections_per_epoch
-        if self.sampling == "balls_in_bins":
+        if self.sampling is AllocationSampling.BALLS_IN_BINS:
             if len(self._phases) == 1:
                 (sigma, e), = self._phases.items()
                 return ra.balls_in_bins_accounting(sigma, t, e, **target)
@@ -260,7 +261,7 @@ class RunningAllocationAccountant:
 
     def state_dict(self) -> dict:
         return {"version": self._VERSION, "batches_per_epoch": self.batches_per_epoch,
-                "selections_per_epoch": self.selections_per_epoch, "sampling": self.sampling,
+                "selections_per_epoch": self.selections_per_epoch, "sampling": self.sampling.value,
                 "history": [[s, int(e)] for s, e in self.history]}
 
     def load_state_dict(self, state: dict) -> "RunningAllocationAccountant":
@@ -278,5 +279,5 @@ class RunningAllocationAccountant:
         return self
 
     def __repr__(self) -> str:
-        return (f"RunningAllocationAccountant(sampling={self.sampling!r}, batches_per_epoch={self.batches_per_epoch}, "
+        return (f"RunningAllocationAccountant(sampling={self.sampling.value!r}, batches_per_epoch={self.batches_per_epoch}, "
                 f"epochs={self.epochs}, phases={self.history})")

@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 from dpjax import _validate, pld
+from dpjax._enums import StrEnum
 from dpjax._root import bisect_integer
 from dpjax._x64 import float64
 
@@ -80,6 +81,13 @@ def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     return int(math.ceil(x))
 
 
+class Accountant(StrEnum):
+    """Opacus's ``accountant`` argument: only ``PLD`` is accepted (Opacus's ``"prv"`` and
+    ``"rdp"`` are looser bounds than the certified PLD one)."""
+
+    PLD = "pld"
+
+
 def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=None, epochs=None,
                          accountant: str = "pld", **kwargs) -> float:
     """Smallest certified DP-SGD noise multiplier for ``(target_epsilon, target_delta)`` (Opacus's name).
@@ -99,7 +107,7 @@ def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=Non
     Returns:
       float sigma with certified ``epsilon(sigma) <= target_epsilon``.
     """
-    _validate.one_of("accountant", accountant, ("pld",))
+    Accountant.parse(accountant, "accountant")
     unknown = set(kwargs) - {"epsilon_tolerance"}
     if unknown:
         raise ValueError(f"unexpected keyword arguments {sorted(unknown)}")

@@ -183,7 +183,7 @@ class BallsInBins:
     def unamplified_epsilon(self, noise_multiplier, target_delta) -> float:
         """Gaussian epsilon at sensitivity :attr:`sensitivity` (:func:`dpjax.pld.gaussian_epsilon`)."""
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
-        delta = float(_validate.probability_open("target_delta", target_delta))
+        delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
         return float(gaussian_epsilon(delta, self.sensitivity / sigma))
 
     # ------------------------------------------------------------------ Monte Carlo
@@ -257,7 +257,7 @@ class BallsInBins:
             return self.epsilon_estimate(noise_multiplier, target_delta, num_samples, key, grid_size=grid_size,
                                          refinements=refinements, confidence=confidence, chunk_size=chunk_size,
                                          devices=devices)
-        delta = float(_validate.probability_open("target_delta", target_delta))
+        delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
         grid_size = _validate.positive_int("grid_size", grid_size, minimum=2)
         refinements = _validate.positive_int("refinements", refinements)
         unamp = self.unamplified_epsilon(noise_multiplier, delta)
@@ -290,7 +290,7 @@ class BallsInBins:
         bracketed on the grid like :meth:`epsilon` (``refinements`` passes of ``grid_size``),
         the upper grid end of each bracket being returned.
         """
-        delta = float(_validate.probability_open("target_delta", target_delta))
+        delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
         grid_size = _validate.positive_int("grid_size", grid_size, minimum=2)
         refinements = _validate.positive_int("refinements", refinements)
         confidence = _confidence(confidence)
@@ -356,7 +356,7 @@ class BallsInBins:
         """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         eps = float(_validate.nonnegative("epsilon", epsilon))
-        target = float(_validate.probability_open("target_delta", target_delta))
+        target = float(_validate.PrivacyTarget(delta=target_delta).delta)
         m = _validate_samples(num_samples)
         return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, devices=devices,
                                  method=method, failure_probability=failure_probability)
@@ -414,7 +414,7 @@ def evr_minimum_samples(target_delta, base_delta=None) -> int:
     ``base_delta=None``: the absolute minimum (some ``base_delta`` works, about
     ``log(m)/target_delta``); else the minimum for verifying against that ``base_delta``.
     """
-    target = float(_validate.probability_open("target_delta", target_delta))
+    target = float(_validate.PrivacyTarget(delta=target_delta).delta)
     if base_delta is not None:
         base = float(_validate.probability_open("base_delta", base_delta))
         if base >= target:

@@ -38,6 +38,7 @@ import math
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import StrEnum
 from dpjax._results import ResultMixin
 
 # scipy is imported inside the functions that use it: importing scipy.optimize costs ~0.4 s of a
@@ -45,7 +46,7 @@ from dpjax._results import ResultMixin
 
 __all__ = ["Certificate", "bernoulli_kl", "failure_probability", "overall_delta",
            "base_delta_for_target", "minimum_samples", "default_samples", "certify_noise",
-           "certify_fixed", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
+           "certify_fixed", "CertificateMethod", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
 
 #: Rungs of the verification ladder of :func:`certify_noise` (each is one test).
 DEFAULT_LADDER_RUNGS = 8
@@ -518,38 +519,35 @@ def _bets_for(ranges, level, fractions):
     return out
 
 
-def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initial_noise, rungs, growth,
-                            calibration_samples, failure_fraction, devices=None) -> Certificate:
-    import jax
+def _not_reached(eps, target):
+    return ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
+                      "multiplier in the search range")
 
-    from dpjax.montecarlo.core import as_prng_key
-    from dpjax.montecarlo.importance import summand_range
 
-    b = accountant.gram.shape[0]
-    beta_total = failure_fraction * target
-    log_inv_beta = math.log(rungs / beta_total)
-    key = as_prng_key(key)
-    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    n = num_samples
-    m_cal = calibration_samples or (max(1 << 14, n // 4) if n else 1 << 17)
-    level0 = target - beta_total
-    # 1. Calibration sample: place the proposal near the answer (two rounds: the proposal's shifts
-    #    are chosen at a noise multiplier, then the estimate is solved with it).
+def _calibration_estimate(accountant, eps, target, key_cal, m_cal, initial_noise, level0):
+    """Step 1: place the proposal near the answer on the calibration sample (two rounds from a
+    given ``initial_noise``, else three: the proposal's shifts are chosen at a noise multiplier,
+    then the estimate is solved with it).  ``(sigma estimate, the proposal it was solved with)``."""
     sigma = accountant.sensitivity if initial_noise is None else float(initial_noise)
     for _ in range(2 if initial_noise is not None else 3):
         prop = _proposal(accountant, sigma, eps, 0.3)
         sigma = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, (1 / level0, 1 / level0))
         if not math.isfinite(sigma):
-            raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
-                             "multiplier in the search range")
-    # 2. The proposal (mixture weights of the range and tilted components) and the sample count:
-    #    for each candidate, the proven range and the summands' moments on (a part of) the
-    #    calibration sample predict the largest mean the test can pass (planning only).
-    prop_cal = prop
+            raise _not_reached(eps, target)
+    return sigma, prop
+
+
+def _choose_plan(accountant, sigma, eps, target, key_cal, m_cal, n, level, log_inv_beta, devices):
+    """Step 2: the proposal (mixture weights of the range and tilted components) and the sample
+    count.  For each candidate, the proven range and the summands' moments on (a part of) the
+    calibration sample predict the largest mean the test can pass (planning only).  Returns
+    ``(n, proposal, mus)``: ``mus`` the predicted passing mean of each direction (length 2);
+    raises ``ValueError`` when not even an all-zero sample of the chosen size would pass."""
+    from dpjax.montecarlo.importance import summand_range
+
     m_screen = min(m_cal, 1 << 16)
     sizes = [n] if n else [1 << k for k in range(16, 23)]
-    plans = []   # (needed reduction of the binding direction's delta, size, proposal, mus, level)
-    level = level0 - _sampler_allowance(b)
+    plans = []   # (needed reduction of the binding direction's delta, size, proposal, mus)
     candidates = [_proposal(accountant, sigma, eps, w, t) for w, t in _candidates(accountant, sigma, eps)]
     ranges = []
     for prop_w in candidates:
@@ -562,7 +560,7 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         for size in sizes:
             mus = [_betting_margin(mean_w[d], var_w[d], rng[d], level, size, log_inv_beta) for d in range(2)]
             need = max(mean_w[d] / max(mus[d], 1e-300) for d in range(2))
-            plans.append((need, size, prop_w, mus, level))
+            plans.append((need, size, prop_w, mus))
     good = [p for p in plans if p[0] <= 1.1]
     if good:   # the smallest size predicted to release within 10% in delta, its best proposal
         size = min(p[1] for p in good)
@@ -571,8 +569,8 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         size = max(sizes)
         best = min((p for p in plans if p[1] == size), key=lambda p: p[0])
     else:
-        best = (math.inf, max(sizes), candidates[0], [0.0, 0.0], level)
-    need, n, prop, mus, level = best
+        best = (math.inf, max(sizes), candidates[0], [0.0, 0.0])
+    need, n, prop, mus = best
     if not math.isfinite(need) or min(mus) <= 0.0:
         # Not even an all-zero sample would pass: n log(1 + level / (R - level)) < log(K / beta)
         # for the smallest range any candidate gives.
@@ -583,18 +581,19 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
             f"variance-reduced summands are only proven to be <= {worst:.3g} here, and a betting test "
             f"needs about num_samples >= {required} to pass even at a zero estimate; pass more samples or "
             "method='bernoulli_kl'")
-    # 3. Aim at the predicted passing means (each direction scaled to its own): sigma_a.
-    scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
-    sigma_a = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop_cal, scale)
-    if not math.isfinite(sigma_a):
-        raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
-                         "multiplier in the search range")
-    # 4. The bet of each direction and the predicted passing point.  The calibration sample's
-    #    log-wealth for every bet of a grid, at three noise multipliers around sigma_a, scaled to
-    #    n draws, predicts the verification wealth as a function of log sigma (piecewise linear,
-    #    extrapolated at most 5% beyond); each direction takes the bet whose predicted wealth
-    #    reaches log(K / beta) at the smallest sigma.  The noise of that prediction (calibration
-    #    and verification draws) sets the rung spacing.
+    return n, prop, mus
+
+
+def _choose_bets(accountant, sigma_a, eps, key_cal, m_cal, n, prop, level, log_inv_beta, devices):
+    """Step 4: the bet of each direction and the predicted passing point.  The calibration
+    sample's log-wealth for every bet of a grid, at three noise multipliers around ``sigma_a``,
+    scaled to ``n`` draws, predicts the verification wealth as a function of log sigma (piecewise
+    linear, extrapolated at most 5% beyond); each direction takes the bet whose predicted wealth
+    reaches log(K / beta) at the smallest sigma.  The noise of that prediction (calibration and
+    verification draws) sets the rung spacing.  Returns ``(bets (2,), aim sigma, relative
+    spread)``."""
+    from dpjax.montecarlo.importance import summand_range
+
     points = sigma_a * np.array([0.99, 1.0, 1.01])
     top_range = np.max([summand_range(accountant.gram, sp, eps, prop) for sp in points], axis=0)
     grid = _bets_for(top_range, level, _BET_GRID)
@@ -626,19 +625,16 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         spreads.append(min(max(sd / slope, 1e-4), 0.02))
     if aims:
         top = int(np.argmax(aims))
-        aim, spread = aims[top], spreads[top]
-    else:
-        aim, spread = sigma_a, 0.004
-    # The ladder: rungs 0.75 predicted standard deviations apart (at least 0.05%), the first one
-    # standard deviation below the predicted passing point, so that 8 rungs cover it from -1 to
-    # +4.25 standard deviations (the prediction's noise is estimated, and the bet chosen on the
-    # same calibration sample is slightly optimistic).
-    if growth is None:
-        growth = math.exp(max(0.75 * spread, math.log(1.0005)))
-        sigma0 = aim * math.exp(-spread)
-    else:
-        sigma0 = aim
-    # 5. Verify the pre-committed ladder on the independent verification sample.
+        return bet, aims[top], spreads[top]
+    return bet, sigma_a, 0.004
+
+
+def _verify_ladder(accountant, eps, key_ver, n, prop, bet, level, log_inv_beta, sigma0, growth, rungs, devices):
+    """Step 5: verify the pre-committed ladder ``sigma0 growth^j`` on the independent
+    verification sample, stopping at the first rung that passes.  ``(released sigma or inf,
+    rungs tried, (sigma, ranges, sums) of the last rung tried)``."""
+    from dpjax.montecarlo.importance import summand_range
+
     released, tries, last = math.inf, 0, None
     for j in range(rungs):
         sig = sigma0 * growth ** j
@@ -652,7 +648,44 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         if passed:
             released = sig
             break
-    sig, rng, out = last
+    return released, tries, last
+
+
+def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initial_noise, rungs, growth,
+                            calibration_samples, failure_fraction, devices=None) -> Certificate:
+    import jax
+
+    from dpjax.montecarlo.core import as_prng_key
+
+    b = accountant.gram.shape[0]
+    beta_total = failure_fraction * target
+    log_inv_beta = math.log(rungs / beta_total)
+    key = as_prng_key(key)
+    key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    n = num_samples
+    m_cal = calibration_samples or (max(1 << 14, n // 4) if n else 1 << 17)
+    level0 = target - beta_total
+    sigma, prop_cal = _calibration_estimate(accountant, eps, target, key_cal, m_cal, initial_noise, level0)
+    level = level0 - _sampler_allowance(b)
+    n, prop, mus = _choose_plan(accountant, sigma, eps, target, key_cal, m_cal, n, level, log_inv_beta, devices)
+    # 3. Aim at the predicted passing means (each direction scaled to its own): sigma_a.
+    scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
+    sigma_a = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop_cal, scale)
+    if not math.isfinite(sigma_a):
+        raise _not_reached(eps, target)
+    bet, aim, spread = _choose_bets(accountant, sigma_a, eps, key_cal, m_cal, n, prop, level, log_inv_beta,
+                                    devices)
+    # The ladder: rungs 0.75 predicted standard deviations apart (at least 0.05%), the first one
+    # standard deviation below the predicted passing point, so that 8 rungs cover it from -1 to
+    # +4.25 standard deviations (the prediction's noise is estimated, and the bet chosen on the
+    # same calibration sample is slightly optimistic).
+    if growth is None:
+        growth = math.exp(max(0.75 * spread, math.log(1.0005)))
+        sigma0 = aim * math.exp(-spread)
+    else:
+        sigma0 = aim
+    released, tries, (sig, rng, out) = _verify_ladder(accountant, eps, key_ver, n, prop, bet, level, log_inv_beta,
+                                                      sigma0, growth, rungs, devices)
     mean, var = _moments(out, n)
     se = np.sqrt(var / n)
     top = int(np.argmax(mean))
@@ -677,15 +710,22 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
 
 # --------------------------------------------------------------------------- public procedures
 
-#: Certificate methods: ``"importance_betting"`` (default) and ``"bernoulli_kl"``.
-METHODS = ("importance_betting", "bernoulli_kl")
-DEFAULT_METHOD = "importance_betting"
+class CertificateMethod(StrEnum):
+    """How a certificate bounds the true delta: ``IMPORTANCE_BETTING`` (the default: a betting
+    test on importance-weighted draws, tight for small deltas) or ``BERNOULLI_KL`` (a
+    Bernoulli-KL bound on plain draws)."""
+
+    IMPORTANCE_BETTING = "importance_betting"
+    BERNOULLI_KL = "bernoulli_kl"
 
 
-def _method(method) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return method
+#: Certificate methods: the values of :class:`CertificateMethod`.
+METHODS = tuple(m.value for m in CertificateMethod)
+DEFAULT_METHOD = CertificateMethod.IMPORTANCE_BETTING.value
+
+
+def _method(method, name: str = "method") -> CertificateMethod:
+    return CertificateMethod.parse(method, name)
 
 
 def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_delta: float,
@@ -700,7 +740,7 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
     ``num_samples`` draws from ``fold_in(key, 1)``; ``failure_probability``, default
     ``0.005 target_delta``, is the test's ``beta``: the level is ``target_delta - beta``).
     """
-    if _method(method) == "bernoulli_kl":
+    if _method(method) is CertificateMethod.BERNOULLI_KL:
         return _certify_fixed_kl(accountant, noise_multiplier, epsilon, target_delta, num_samples, key,
                                  chunk_size=chunk_size, devices=devices)
     import jax
@@ -791,21 +831,21 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
       ValueError: ``num_samples`` below what can certify ``target_delta`` (``"bernoulli_kl"``,
         says the minimum); a target no noise multiplier in the search range reaches.
     """
-    eps = float(_validate.positive("target_epsilon", target_epsilon))
-    target = float(_validate.probability_open("target_delta", target_delta))
+    privacy = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, target = float(privacy.epsilon), float(privacy.delta)
     rungs = _validate.positive_int("rungs", rungs)
     method = _method(method)
     if num_samples is not None:
         num_samples = _validate.positive_int("num_samples", num_samples)
     if calibration_samples is not None:
         calibration_samples = _validate.positive_int("calibration_samples", calibration_samples)
-    if growth is None and method == "bernoulli_kl":
+    if growth is None and method is CertificateMethod.BERNOULLI_KL:
         growth = DEFAULT_LADDER_GROWTH
     if growth is not None:
         growth = float(_validate.positive("growth", growth))
         if not growth > 1.0:
             raise ValueError(f"growth must be > 1, got {growth}")
-    if method == "bernoulli_kl":
+    if method is CertificateMethod.BERNOULLI_KL:
         if num_samples is None:
             num_samples = default_samples(target, rungs)
         return _certify_ladder_kl(accountant, target_epsilon=eps, target_delta=target, num_samples=num_samples,

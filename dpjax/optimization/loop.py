@@ -387,13 +387,13 @@ def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_sam
     if b * epochs != parameterization.n:
         raise ValueError(f"n must equal batches_per_epoch * epochs = {b} * {epochs} = {b * epochs}, "
                          f"got parameterization.n = {parameterization.n}")
-    eps = float(_validate.positive("target_epsilon", eps))
-    delta = float(_validate.probability_open("target_delta", delta))
+    target = _validate.PrivacyTarget(eps, delta)
+    eps, delta = float(target.epsilon), float(target.delta)
     num_steps = _validate.positive_int("num_steps", num_steps, minimum=0)
     num_samples = _validate.positive_int("num_samples", num_samples)
     checkpoint_every = _validate.positive_int("checkpoint_every", checkpoint_every)
-    if certify and certify_method not in evr.METHODS:
-        raise ValueError(f"certify_method must be one of {evr.METHODS}, got {certify_method!r}")
+    if certify:
+        certify_method = evr.CertificateMethod.parse(certify_method, "certify_method")
     if certify and certify_method == "importance_betting":
         if certify_samples is not None:
             certify_samples = _validate.positive_int("certify_samples", certify_samples)

@@ -79,7 +79,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     """
     options = grid_options(options)
     components = as_components(components)
-    deltas = _validate.probability_open("target_delta", target_delta)
+    deltas = _validate.PrivacyTarget(delta=target_delta).delta
     components = _without_lossless(components)
     if not components:
         zero = np.zeros_like(np.asarray(deltas, np.float64))
@@ -127,7 +127,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     """
     options = grid_options(options)
     components = as_components(components)
-    eps = _validate.nonnegative("target_epsilon", target_epsilon)
+    eps = _validate.PrivacyTarget(epsilon=target_epsilon, allow_zero_epsilon=True).epsilon
     components = _without_lossless(components)
     if not components:
         zero = np.zeros_like(np.asarray(eps, np.float64))

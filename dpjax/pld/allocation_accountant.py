@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import Query
 from dpjax._x64 import float64, host_only
 from dpjax.pld import allocation as A
 from dpjax.pld.engine import exact_delta_result, exact_epsilon, exact_epsilon_result, scalar
@@ -387,15 +388,16 @@ def _frozen(plan: AllocationPlan, sigma: float) -> list:
     return frozen
 
 
-def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: str = "epsilon", bound: str = "upper",
-                  rel_step: float = 1e-5):
+def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: Query | str = Query.EPSILON,
+                  bound: str = "upper", rel_step: float = 1e-5):
     """``(d value / d sigma, d value / d target)`` of ``eps(target = delta)`` (``query="epsilon"``)
     or ``delta(target = eps)`` on ``plan`` (host; ``target`` any shape; see :func:`epsilon_partials`)."""
+    query = Query.parse(query, "query")
     sigma = float(noise_multiplier)
     target = np.asarray(target, np.float64)
     frozen = _frozen(plan, sigma)
     rows = slice(0, 2) if bound == "upper" else slice(2, 4)
-    conv = A.eps_of if query == "epsilon" else A.delta_of
+    conv = A.eps_of if query == Query.EPSILON else A.delta_of
 
     def comp_at(s_):
         return A.run(A.NUMPY, plan.sigmas(s_), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau,
@@ -423,7 +425,7 @@ def epsilon_partials(plan: AllocationPlan, noise_multiplier: float, target_delta
     (relative step ``rel_step``; its error is ``O(rel_step^2)`` and the round-off of the values,
     ~1e-12 / rel_step).  The ``delta`` partial is the difference quotient of the closed-form
     per-segment conversion on the same composition."""
-    return plan_partials(plan, noise_multiplier, target_delta, query="epsilon", bound=bound, rel_step=rel_step)
+    return plan_partials(plan, noise_multiplier, target_delta, query=Query.EPSILON, bound=bound, rel_step=rel_step)
 
 
 def _rows(plan: AllocationPlan, noise_multiplier):
@@ -436,7 +438,7 @@ def _rows(plan: AllocationPlan, noise_multiplier):
                  plan.dx, plan.log_tau, plan.shape, room=plan.room)
 
 
-def _with_host_derivative(query: str):
+def _with_host_derivative(query: Query):
     """The JAX value of ``query`` on a plan, with its derivatives from :func:`plan_partials` (a host
     callback): the discretized bound is differentiated at a fixed discretization without
     differentiating (and compiling the transpose of) the whole lattice program."""
@@ -447,7 +449,7 @@ def _with_host_derivative(query: str):
 
     def value(plan, bound, target, sigma):
         comp = _rows(plan, sigma)
-        conv = A.eps_of if query == "epsilon" else A.delta_of
+        conv = A.eps_of if query == Query.EPSILON else A.delta_of
         vals = conv(A.jax_ops(), comp, target)
         return jnp.max(vals[:2] if bound == "upper" else vals[2:], axis=0)
 
@@ -487,7 +489,7 @@ def allocation_epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, 
 
     global _EPS_FN
     if _EPS_FN is None:
-        _EPS_FN = _with_host_derivative("epsilon")
+        _EPS_FN = _with_host_derivative(Query.EPSILON)
     return _EPS_FN(plan, bound, jnp.asarray(target_delta, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
 
 
@@ -499,7 +501,7 @@ def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str 
 
     global _DELTA_FN
     if _DELTA_FN is None:
-        _DELTA_FN = _with_host_derivative("delta")
+        _DELTA_FN = _with_host_derivative(Query.DELTA)
     return _DELTA_FN(plan, bound, jnp.asarray(target_epsilon, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
 
 
@@ -746,7 +748,7 @@ def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise
             else:
                 res = allocation_accounting(c["noise_multiplier"], c["batches_per_epoch"], c["epochs"],
                                             selections_per_epoch=c["selections_per_epoch"], **target)
-            query = "epsilon" if c["delta"] is not None else "delta"
+            query = Query.EPSILON if c["delta"] is not None else Query.DELTA
             val = float(getattr(res, query))
             closed = int(res.directions[0].n) == 0      # every step selected: the exact Gaussian, no grid
             row = dict(index=i, sampling=c["sampling"], noise_multiplier=c["noise_multiplier"],

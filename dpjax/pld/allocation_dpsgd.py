@@ -38,12 +38,13 @@ import math
 import numpy as np
 
 from dpjax import _traced, _validate
+from dpjax._enums import AllocationSampling
 
 __all__ = ["ALLOCATION_SAMPLINGS", "is_allocation", "allocation_args", "no_allocation_args", "accounting", "query",
            "noise_multiplier", "sigma_partials"]
 
 #: The ``sampling`` values accounted here.
-ALLOCATION_SAMPLINGS = ("random_allocation", "balls_in_bins")
+ALLOCATION_SAMPLINGS = tuple(s.value for s in AllocationSampling)
 
 
 def is_allocation(sampling) -> bool:
@@ -220,17 +221,17 @@ def noise_multiplier(name: str, target_epsilon, target_delta, *, sampling, batch
                                               options=options)
 
     def values(target_epsilon, target_delta):
-        e = _validate.positive("target_epsilon", target_epsilon)
-        d = _validate.probability_open("target_delta", target_delta)
+        privacy = _validate.PrivacyTarget(target_epsilon, target_delta)
+        e, d = privacy.epsilon, privacy.delta
         e_b, d_b = np.broadcast_arrays(e, d)
         out = [one(float(x), float(y)) for x, y in zip(e_b.ravel(), d_b.ravel())]
         return np.asarray(out, np.float64).reshape(e_b.shape)
 
     if _traced.is_traced(target_epsilon, target_delta):
         if not _traced.is_traced(target_epsilon):
-            _validate.positive("target_epsilon", target_epsilon)
+            _validate.PrivacyTarget(epsilon=target_epsilon)
         if not _traced.is_traced(target_delta):
-            _validate.probability_open("target_delta", target_delta)
+            _validate.PrivacyTarget(delta=target_delta)
 
         def partials(wrt, target_epsilon, target_delta):
             sig = values(target_epsilon, target_delta)

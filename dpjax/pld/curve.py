@@ -143,7 +143,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
     options = engine.grid_options(options)
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     q = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
-    delta = float(_validate.probability_open("target_delta", target_delta))
+    delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
     batch = _validate.positive_int("batch", batch)
     t_list = np.atleast_1d(np.asarray(steps, dtype=object))
     if t_list.ndim != 1 or t_list.size == 0:

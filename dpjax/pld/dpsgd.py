@@ -53,9 +53,9 @@ def _validate_batch(query, sigma, q, steps, target):
     t = np.vectorize(lambda v: _validate.positive_int("steps", v), otypes=[np.int64])(t_raw) \
         if t_raw.ndim else np.int64(_validate.positive_int("steps", steps))
     if query == "epsilon":
-        tg = _validate.probability_open("target_delta", target)
+        tg = _validate.PrivacyTarget(delta=target).delta
     else:
-        tg = _validate.nonnegative("target_epsilon", target)
+        tg = _validate.PrivacyTarget(epsilon=target, allow_zero_epsilon=True).epsilon
     try:
         arrays = np.broadcast_arrays(s, qq, t, tg)
     except ValueError:
@@ -76,9 +76,9 @@ def _validate_concrete(query, sigma, q, steps, target) -> None:
             _validate.positive_int("steps", v)
     if not _traced.is_traced(target):
         if query == "epsilon":
-            _validate.probability_open("target_delta", target)
+            _validate.PrivacyTarget(delta=target)
         else:
-            _validate.nonnegative("target_epsilon", target)
+            _validate.PrivacyTarget(epsilon=target, allow_zero_epsilon=True)
 
 
 def _values(query, components: Callable, scalar: Callable, options, sigma, q, steps, target):
@@ -223,7 +223,7 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
 def _one_epsilon(noise_multiplier, sampling_prob, steps, target_delta, *, noise_schedule=None) -> float:
     """Certified epsilon of one DP-SGD configuration (Poisson-subsampled Gaussian, add/remove
     adjacency); :func:`dpsgd_epsilon` is the public function."""
-    target_delta = _validate.probability_open("target_delta", target_delta)
+    target_delta = _validate.PrivacyTarget(delta=target_delta).delta
     res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_delta=target_delta, with_lower=False,
                            noise_schedule=noise_schedule)
     return res.epsilon
@@ -233,7 +233,7 @@ def _one_epsilon(noise_multiplier, sampling_prob, steps, target_delta, *, noise_
 def _one_delta(noise_multiplier, sampling_prob, steps, target_epsilon, *, noise_schedule=None) -> float:
     """Certified delta of one DP-SGD configuration at ``target_epsilon`` (>= 0);
     :func:`dpsgd_delta` is the public function."""
-    target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    target_epsilon = _validate.PrivacyTarget(epsilon=target_epsilon, allow_zero_epsilon=True).epsilon
     res = dpsgd_accounting(noise_multiplier, sampling_prob, steps, target_epsilon=target_epsilon, with_lower=False,
                            noise_schedule=noise_schedule)
     return res.delta

@@ -157,8 +157,9 @@ def plan_fixed_grid(components, *, target_delta=None, target_epsilon=None,
         raise ValueError(f"options must be a dpjax.pld.GridOptions, got {options!r}")
     if target_delta is None and target_epsilon is None:
         raise ValueError("give target_delta or target_epsilon (or both)")
-    delta = None if target_delta is None else float(_validate.probability_open("target_delta", target_delta))
-    eps = None if target_epsilon is None else float(_validate.positive("target_epsilon", target_epsilon))
+    privacy = _validate.PrivacyTarget(target_epsilon, target_delta)
+    delta = None if privacy.delta is None else float(privacy.delta)
+    eps = None if privacy.epsilon is None else float(privacy.epsilon)
     kw = dict(eps_hint=eps, target_delta=delta)
     # Truncation + wrap-around budget: a fraction of the delta that matters, else absolute.
     tail_mass = options.delta_tail_mass if delta is None else options.tail_fraction * delta

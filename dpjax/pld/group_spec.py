@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpjax import _validate
-from dpjax._enums import StrEnum
+from dpjax._enums import Adjacency, StrEnum
 
 __all__ = ["Sampling", "GroupSpec", "validate_group_spec", "SAMPLINGS"]
 
@@ -42,10 +42,10 @@ class Sampling(StrEnum):
     FIXED_BATCH = "fixed_batch"
 
     @property
-    def adjacency(self) -> str:
+    def adjacency(self) -> Adjacency:
         """The neighbouring relation the guarantee is stated for (per example; a group of k
-        is add/remove-k resp. replace-k): ``"add_or_remove"`` (Poisson) or ``"replace"``."""
-        return "add_or_remove" if self is Sampling.POISSON else "replace"
+        is add/remove-k resp. replace-k): ``ADD_OR_REMOVE`` (Poisson) or ``REPLACE``."""
+        return Adjacency.ADD_OR_REMOVE if self is Sampling.POISSON else Adjacency.REPLACE
 
     @property
     def sensitivity(self) -> float:
@@ -73,8 +73,8 @@ class GroupSpec(NamedTuple):
     batch_size: int | None
 
     @property
-    def adjacency(self) -> str:
-        """``"add_or_remove"`` or ``"replace"`` (of ``group_size`` examples together)."""
+    def adjacency(self) -> Adjacency:
+        """``ADD_OR_REMOVE`` or ``REPLACE`` (of ``group_size`` examples together)."""
         return self.sampling.adjacency
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dpjax._enums import Adjacency
 from dpjax._results import ResultMixin
 
 __all__ = ["DirectionReport", "EpsilonResult", "DeltaResult", "EpsilonCurve", "SweepTable"]
@@ -57,8 +58,9 @@ class EpsilonResult(ResultMixin):
     ``epsilon`` is ``inf`` when the upper bound cannot certify ``target_delta`` (``reason`` says
     why).  ``directions`` holds the add/remove (or single symmetric) reports; ``blocked`` is True
     when a long heterogeneous schedule was bracketed by blocks (see :class:`GridOptions`).
-    ``adjacency`` names the neighbouring relation: ``"add_or_remove"`` (the max over the add and
-    remove directions; Poisson sampling) or ``"replace"`` (fixed batches, :mod:`dpjax.group`).
+    ``adjacency`` names the neighbouring relation (an :class:`~dpjax._enums.Adjacency`):
+    ``"add_or_remove"`` (the max over the add and remove directions; Poisson sampling) or
+    ``"replace"`` (fixed batches, :mod:`dpjax.group`).
 
     ``to_dict()`` / ``to_json(path)`` / ``EpsilonResult.load(path)`` keep every field (arrays as
     lists; see :mod:`dpjax._results`); ``as_dict()`` is the compact report keyed by direction.
@@ -73,7 +75,7 @@ class EpsilonResult(ResultMixin):
     directions: tuple[DirectionReport, ...]
     blocked: bool = False
     reason: str | None = None
-    adjacency: str = "add_or_remove"
+    adjacency: Adjacency = Adjacency.ADD_OR_REMOVE
 
     def as_dict(self) -> dict:
         return dict(
@@ -100,7 +102,7 @@ class DeltaResult(ResultMixin):
     target_epsilon: Any
     directions: tuple[DirectionReport, ...]
     blocked: bool = False
-    adjacency: str = "add_or_remove"
+    adjacency: Adjacency = Adjacency.ADD_OR_REMOVE
 
     def as_dict(self) -> dict:
         return dict(

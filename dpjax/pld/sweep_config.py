@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from dpjax import _validate
+from dpjax._enums import Query
 from dpjax.pld import engine
 from dpjax.pld.plan import GridOptions
 
@@ -75,8 +76,9 @@ class SweepConfig:
     group_size: int = 1
 
     @property
-    def query(self) -> str:
-        return "epsilon" if self.delta is not None else "delta"
+    def query(self) -> Query:
+        """What the row computes: ``EPSILON`` at the target ``delta``, else ``DELTA`` at ``epsilon``."""
+        return Query.EPSILON if self.delta is not None else Query.DELTA
 
     def validate(self) -> "SweepConfig":
         s = float(_validate.positive("noise_multiplier", self.noise_multiplier))
@@ -183,7 +185,7 @@ def options_for(cfg: SweepConfig, options: GridOptions | None) -> GridOptions:
     epsilon does not bound the relative error of small deltas)."""
     if options is not None:
         return options
-    return SWEEP_OPTIONS if cfg.query == "epsilon" else GridOptions()
+    return SWEEP_OPTIONS if cfg.query is Query.EPSILON else GridOptions()
 
 
 def config_fields(cfg: SweepConfig, value: float) -> dict:
@@ -191,7 +193,7 @@ def config_fields(cfg: SweepConfig, value: float) -> dict:
     certified value as ``epsilon`` / ``delta`` (the one the query computes; the other is None)."""
     return dict(noise_multiplier=cfg.noise_multiplier, sampling_prob=cfg.sampling_prob, steps=cfg.steps,
                 group_size=cfg.group_size, target_delta=cfg.delta, target_epsilon=cfg.epsilon, query=cfg.query,
-                epsilon=value if cfg.query == "epsilon" else None, delta=value if cfg.query == "delta" else None)
+                epsilon=value if cfg.query is Query.EPSILON else None, delta=value if cfg.query is Query.DELTA else None)
 
 
 def matches(row: dict, cfg: SweepConfig) -> bool:
@@ -199,7 +201,7 @@ def matches(row: dict, cfg: SweepConfig) -> bool:
         if a is None or b is None or (isinstance(a, float) and math.isnan(a)):
             return (a is None or (isinstance(a, float) and math.isnan(a))) and b is None
         return float(a) == float(b)
-    given = "delta" if cfg.query == "epsilon" else "epsilon"
+    given = "delta" if cfg.query is Query.EPSILON else "epsilon"
     # target_delta / target_epsilon; rows of earlier releases held the target in delta / epsilon.
     recorded = row.get("target_" + given, row.get(given))
     return (row.get("query") == cfg.query and same(row.get("noise_multiplier"), cfg.noise_multiplier)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _xla
+from dpjax._enums import Query
 from dpjax.pld import accountant as _acc
 from dpjax.pld import cache as _cache
 from dpjax.pld import engine
@@ -321,7 +322,7 @@ def retry(p: Planned, res, n_freq, options) -> Planned | None:
 def grid_row(p: Planned, reports, path: str, grid: str) -> dict:
     dir_reports, upper, lower = engine.combine(reports)
     upper, lower = float(np.ravel(upper)[0]), float(np.ravel(lower)[0])
-    if p.cfg.query == "epsilon" and _acc.sampling_is_rare(p.cfg.sampling_prob, p.cfg.steps, p.cfg.delta):
+    if p.cfg.query is Query.EPSILON and _acc.sampling_is_rare(p.cfg.sampling_prob, p.cfg.steps, p.cfg.delta):
         # As the single call (dpjax.pld.accountant.epsilon) does; the test first, on the row's
         # own (q, T, delta), keeps the components off the common path.
         floored = _acc.rare_sampling_floor(config_components(p.cfg), p.cfg.delta, upper)
@@ -344,7 +345,7 @@ def needs_single(p: Planned, res, row: dict) -> bool:
     call's included, is at or above the lower end), or the floor-free bound of every direction
     (its epsilon at :func:`dpjax.pld.sweep_program.floor_free_target`: no smaller round-off
     allowance takes the row below it on this grid) is within half of it (the other half is the grid's own slack)."""
-    if p.cfg.query == "epsilon":
+    if p.cfg.query is Query.EPSILON:
         if not math.isfinite(row["upper"]):
             return True
         level = p.cfg.delta
@@ -355,7 +356,7 @@ def needs_single(p: Planned, res, row: dict) -> bool:
     floor = max(float(r[k]["noise_floor"]) * p.plan.n for r in res for k in r)
     if not (level > 0 and floor > engine.TAIL_PASS_FRACTION * level):
         return False
-    if p.cfg.query != "epsilon":
+    if p.cfg.query is not Query.EPSILON:
         return True
     upper = row["upper"]
     if upper - row["lower"] <= SWEEP_SLACK * upper:
@@ -367,7 +368,7 @@ def needs_single(p: Planned, res, row: dict) -> bool:
 def single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: bool) -> dict:
     """The row from the single-configuration accountant (path "single")."""
     comps = config_components(cfg)
-    if cfg.query == "epsilon":
+    if cfg.query is Query.EPSILON:
         res = _acc.epsilon(comps, cfg.delta, options=options, with_lower=with_lower)
         value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
     else:
@@ -381,7 +382,7 @@ def single_row(index: int, cfg: SweepConfig, options: GridOptions, with_lower: b
 def exact_row(index: int, cfg: SweepConfig) -> dict:
     """The row of a q = 1 configuration from the closed form (as :func:`dpjax.pld.dpsgd_epsilon`)."""
     mech = PoissonSubsampledGaussian(cfg.noise_multiplier, 1.0)
-    if cfg.query == "epsilon":
+    if cfg.query is Query.EPSILON:
         res = _acc.epsilon([(mech, cfg.steps)], cfg.delta)
         value, lower, upper = float(res.epsilon), float(res.epsilon_lower), float(res.epsilon_upper)
     else:
