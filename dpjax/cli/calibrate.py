@@ -8,7 +8,7 @@ import argparse
 
 from dpjax.cli import _args
 from dpjax.cli.montecarlo import ADJACENCY as MC_ADJACENCY
-from dpjax.cli.montecarlo import _accountant, add_correlation_args
+from dpjax.cli.montecarlo import accountant_from_args, add_correlation_args
 from dpjax.pld.group_spec import Sampling
 
 
@@ -77,7 +77,7 @@ def _run_noise(args) -> dict:
 
 
 def _run_mc_calibrate(args) -> dict:
-    acc = _accountant(args)
+    acc = accountant_from_args(args)
     if args.certify:
         # The certified path in one command: calibrate and verify (evr.certify_noise), the
         # calibration and verification draws derived from --seed (independent streams).

@@ -55,7 +55,7 @@ Example:
 
 
 def add_correlation_args(p: argparse.ArgumentParser) -> None:
-    """The correlation matrix C and the balls-in-bins shape (read back by :func:`_accountant`)."""
+    """The correlation matrix C and the balls-in-bins shape (read back by :func:`accountant_from_args`)."""
     src = p.add_mutually_exclusive_group()
     src.add_argument("--toeplitz", type=_args.real_vector(0, None),
                      help="Toeplitz first column c0,c1,... >= 0 (banded; default: the identity, i.e. DP-SGD)")
@@ -88,7 +88,7 @@ def _add_common(p: argparse.ArgumentParser, seed_default: int = 0, seed_help: st
                    help="samples per chunk, an integer >= 1 (bounds memory; default: automatic)")
 
 
-def _accountant(args):
+def accountant_from_args(args):
     from dpjax.matrices import BLT, Toeplitz
     from dpjax.montecarlo import BallsInBins
 
@@ -111,7 +111,7 @@ def _accountant(args):
 
 
 def _run_delta(args) -> list[dict]:
-    acc = _accountant(args)
+    acc = accountant_from_args(args)
     eps = np.asarray(args.epsilon, dtype=np.float64)
     # One set of draws serves every epsilon (common random numbers): --epsilon is vectorized.
     est = acc.estimate(args.noise_multiplier, eps, args.samples, args.seed, chunk_size=args.chunk_size)
@@ -134,14 +134,14 @@ def _run_delta(args) -> list[dict]:
 
 
 def _run_certify(args) -> dict:
-    acc = _accountant(args)
+    acc = accountant_from_args(args)
     cert = acc.certify(args.noise_multiplier, args.epsilon, args.delta, args.samples, args.seed,
                        chunk_size=args.chunk_size, method=args.certify_method)
     return {**cert.to_dict(), "seed": args.seed, "adjacency": ADJACENCY}
 
 
 def _run_epsilon(args) -> dict:
-    acc = _accountant(args)
+    acc = accountant_from_args(args)
     # The point estimate with its confidence interval and sample count (never a bare number).
     est = acc.epsilon_estimate(args.noise_multiplier, args.delta, args.samples, args.seed,
                                confidence=args.confidence, chunk_size=args.chunk_size)
