@@ -137,3 +137,33 @@ def test_importance_calibration_in_slices_matches_the_whole_sample(monkeypatch):
         sliced = float(jax.jit(run)(c)), np.asarray(jax.jit(jax.grad(run))(c))
     assert sliced[0] == pytest.approx(whole[0], rel=1e-12)
     np.testing.assert_allclose(sliced[1], whole[1], rtol=1e-9)
+
+
+def test_start_at_root_takes_one_pass():
+    """Started at the root, ``g`` is round-off and the Newton point ``t - g / slope`` can round to
+    ``t`` itself, a bracket end; the solver must accept that step (below ``xtol``) rather than
+    leave the bracket by ``max_log_step`` and bisect back (~10 extra passes)."""
+    from dpjax.montecarlo.calibrate import newton_illinois
+
+    log_target = float(np.log(1e-5))
+    t0 = 1.5479897260665894
+    ulp = float(np.spacing(t0))
+
+    def value_and_slope(sigma):
+        # log delta = log_target + g0 - c (t - t0): g(t0) = g0 > 0 (just infeasible), and the
+        # Newton step g0 / c is below half an ulp of t0, so t - g / slope rounds to t0.
+        c, g0 = 20.0, 4.0 * ulp
+        t = jnp.log(sigma)
+        d = jnp.exp(log_target + g0 - c * (t - t0))
+        return d, -c * d / sigma
+
+    with jax.enable_x64(True):
+        # The premise: the Newton point rounds back onto t0 (else the test does not test it).
+        g = float(jnp.log(value_and_slope(jnp.exp(jnp.float64(t0)))[0]) - log_target)
+        assert g > 0 and t0 - g / -20.0 == t0
+        t, lo, hi, status, passes = jax.jit(lambda t: newton_illinois(
+            value_and_slope, log_target, t, jnp.float64(-10.0), jnp.float64(10.0),
+            NewtonIllinois(xtol=1e-9)))(jnp.float64(t0))
+    assert int(status) == SolverStatus.CONVERGED
+    assert abs(float(t) - t0) <= 1e-9
+    assert int(passes) <= 2

@@ -252,7 +252,12 @@ def newton_illinois(value_and_slope, log_target, t0, t_min, t_max, solver: Newto
         slope = dd * sigma / d  # d log delta / d log sigma, < 0
         newton = t - jnp.clip(g / slope, -step_cap, step_cap)
         bracketed = jnp.isfinite(lo) & jnp.isfinite(hi)
-        newton_ok = jnp.isfinite(newton) & (slope < 0) & (newton > lo) & (newton < hi)
+        # A Newton step below xtol is taken even where it does not land strictly inside the
+        # bracket: started at the root, g is round-off (|g| ~ 1e-15) and t - g/slope can round to
+        # t itself, which is then a bracket end; the safeguard would otherwise send the next point
+        # max_log_step away and spend ~10 passes coming back.
+        newton_ok = jnp.isfinite(newton) & (slope < 0) & (
+            ((newton > lo) & (newton < hi)) | (jnp.abs(newton - t) <= solver.xtol))
         secant = hi - g_hi * (hi - lo) / (g_hi - g_lo)
         secant_ok = bracketed & jnp.isfinite(secant) & (secant > lo) & (secant < hi)
         fallback = jnp.where(secant_ok, secant,
