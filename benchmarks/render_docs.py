@@ -706,6 +706,8 @@ NOT_TABULATED = {
     "bench_first_call_*.json": "a side-by-side comparison of two versions, or a repeat, of the first-call benchmark",
     "bench_calibration_first_call.json": "a side-by-side comparison of two versions of the calibration's first call",
     "bench_optimize_quick_base.json": "the optimization benchmark on a previous version (side by side)",
+    "bench_pld_side_by_side_*.json": "the PLD benchmark on two versions, one after the other in one session (one file per version)",
+    "bench_optimize_side_by_side_*.json": "the quick optimization benchmark on two versions, alternating in one session (one file per version and round)",
     "bench_optimize_cpu.json": "a CPU-time profile of the optimization loop",
     "bench_sweep_cost.json": "the fit of the sweep's run-cost model (dpjax.pld.BucketPolicy) to measured program times",
     "profile_sweep*.json": "an XLA-op profile of the sweep's programs (time per part)",
