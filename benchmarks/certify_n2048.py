@@ -4,10 +4,10 @@
 Setting (Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy amplification for
 matrix mechanisms", §5.1): b = 128 batches per epoch, E = 16 epochs, delta = 1e-5, the optimised
 BLT(4) and Toeplitz first columns at eps 1, 2, 4, 8 of the table before its regeneration
-(``benchmarks/results/certify_n2048_matrices.json``).  For each C, three parts, each its own group (``--parts``), results merged into
-``benchmarks/results/certify_n2048.json`` as they finish:
+(``benchmarks/results/certify_n2048_matrices.json``).  For each C, four parts (``--parts``), results
+merged into ``benchmarks/results/certify_n2048.json`` (or ``--out``) as they finish:
 
-* ``reference``: the plain Monte Carlo estimate with 2^24 samples: the noise multiplier where
+* ``reference``: the plain Monte Carlo estimate with 2^24 samples (``--ref-samples``): the noise multiplier where
   ``delta_hat = delta`` (both directions, common random numbers).  One pass over the 2^24
   samples evaluates ``delta_hat`` at 9 noise multipliers around a centre (the projections
   ``W = U L^T`` are shared; only the logsumexps differ), and the root is interpolated in
@@ -15,7 +15,8 @@ BLT(4) and Toeplitz first columns at eps 1, 2, 4, 8 of the table before its rege
   numbers is piecewise smooth in sigma); its standard error comes from the bracketing points.
 * ``importance``: ``evr.certify_noise(method="importance_betting")`` with at most 2^20
   verification samples (``--samples``), and its wall time.
-* ``kl``: today's certificate, ``method="bernoulli_kl"`` with 2^23 samples, and its wall time.
+* ``kl``: the Bernoulli-KL certificate, ``method="bernoulli_kl"`` with 2^23 samples
+  (``--kl-samples``), and its wall time.
 * ``small_delta``: the variance-reduced certificate at delta = 1e-7, eps = 2 (both families),
   with ``--samples`` verification draws.
 
@@ -30,7 +31,9 @@ included) and the parts run now replace theirs.
 
 Run (every part, one command; on an accelerator):
   python benchmarks/certify_n2048.py --out /tmp/certify_n2048.json
-CPU smoke test:  python benchmarks/certify_n2048.py --parts importance --families blt --epsilons 2 --samples 65536 --out /tmp/x.json
+CPU smoke test:
+  python benchmarks/certify_n2048.py --parts importance --families blt --epsilons 2 \
+      --samples 65536 --out /tmp/x.json
 """
 
 from __future__ import annotations
@@ -231,8 +234,9 @@ def main():
                     continue
                 secs = time.perf_counter() - t0
                 _save(name, part, _cert_row(cert, secs))
-                print(f"{name} {part}: sigma {cert.noise_multiplier:.5f} (estimate {cert.noise_multiplier_estimate:.5f}) "
-                      f"{cert.num_samples} samples {secs:.0f}s", flush=True)
+                print(f"{name} {part}: sigma {cert.noise_multiplier:.5f} "
+                      f"(estimate {cert.noise_multiplier_estimate:.5f}) {cert.num_samples} samples {secs:.0f}s",
+                      flush=True)
         if "kl" in parts:
             t0 = time.perf_counter()
             cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=DELTA, num_samples=args.kl_samples,
@@ -262,6 +266,42 @@ def main():
             except ValueError as exc:
                 _save(name, "small_delta_1e-7", {"error": str(exc), "seconds": time.perf_counter() - t0})
                 print(f"{name} delta=1e-7: {exc}", flush=True)
+    _summarise()
+
+
+def _summarise():
+    """Each row's certified noise multipliers against its reference root (``summary`` of the JSON)."""
+    import fcntl
+
+    with open(RESULTS + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _load()
+        summary = {}
+        for name, row in sorted(data.get("rows", {}).items()):
+            root = row.get("reference", {}).get("root")
+            entry = {"reference_root": root}
+            for part in ("importance", "kl"):
+                cert = row.get(part, {})
+                sigma = cert.get("noise_multiplier")
+                if sigma is None:
+                    continue
+                entry[part] = {"noise_multiplier": sigma, "num_samples": cert.get("num_samples"),
+                               "seconds": cert.get("seconds"), "device": cert.get("device")}
+                if root and isinstance(sigma, (int, float)) and math.isfinite(sigma):
+                    entry[part]["gap_to_reference"] = sigma / root - 1.0
+            small = row.get("small_delta_1e-7", {})
+            if "noise_multiplier" in small:
+                entry["small_delta_1e-7"] = {k: small.get(k) for k in ("noise_multiplier", "noise_multiplier_estimate",
+                                                                        "num_samples", "verified", "seconds")}
+            summary[name] = entry
+            gaps = {p: f"{100 * entry[p]['gap_to_reference']:+.2f}%" for p in ("importance", "kl")
+                    if "gap_to_reference" in entry.get(p, {})}
+            print(f"{name}: reference {root} {gaps}", flush=True)
+        data["summary"] = summary
+        tmp = RESULTS + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, RESULTS)
 
 
 if __name__ == "__main__":

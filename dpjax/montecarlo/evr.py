@@ -191,6 +191,9 @@ class Certificate(ResultMixin):
       range_remove, range_add: the proven upper bound of one summand per direction at the
         released (or last tested) noise multiplier (1 for ``"bernoulli_kl"``).
       reason: one line explaining the outcome.
+      proposal: the sampling law of the verification: ``"plain"`` (``"bernoulli_kl"``) or the
+        mixture weights of the variance-reduced proposal's P||Q components (defensive, per-mode
+        range, large-deviation shift, tilted of order k).
 
     ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`.
     """
@@ -218,6 +221,7 @@ class Certificate(ResultMixin):
     range_remove: float
     range_add: float
     reason: str
+    proposal: str = "plain"
 
     def as_dict(self) -> dict:
         """Alias of :meth:`to_dict`."""
@@ -350,6 +354,9 @@ _RANGE_WEIGHTS = (0.1, 0.3, 0.6, 0.9)
 #: by its proven range): the tilt bounds the range by a Renyi-moment (Chernoff) bound of the
 #: amplified mechanism, the large-deviations component keeps the rest of the weight.
 _TILT_MIXES = ((0.0, 0.3), (0.0, 0.5), (0.0, 0.7), (0.0, 0.95), (0.1, 0.5))
+#: Candidates of the one-test certificate (:func:`certify_fixed`).
+_FIXED_RANGE_WEIGHTS = (0.3,)
+_FIXED_TILT_MIXES = ((0.0, 0.5), (0.0, 0.95))
 #: Sample counts the variance-reduced certificate chooses from when none is given.
 DEFAULT_BETTING_SAMPLES = (1 << 16, 1 << 22)
 #: Allowance for the sampler: the total variation between the law the draws have and the ideal
@@ -489,9 +496,9 @@ def _proposal(accountant, sigma, eps, range_weight, tilt=(0.0, 0.0, 0.0)):
         return type(p)(*(np.asarray(x) for x in p))
 
 
-def _candidates(accountant, sigma, eps):
-    """Proposals the certificate chooses from: ``(range_weight, tilt_weights)``.  The tilt order is
-    the one whose pure tilted component has the smallest proven range at ``(sigma, eps)``."""
+def _tilt_order(accountant, sigma, eps):
+    """Index (into ``TILT_ORDERS``) of the tilt whose pure component has the smallest proven range
+    at ``(sigma, eps)``; ``None`` if none is finite."""
     from dpjax.montecarlo.importance import NUM_TILTS, summand_range
 
     best, order = math.inf, None
@@ -501,13 +508,31 @@ def _candidates(accountant, sigma, eps):
         r = summand_range(accountant.gram, sigma, eps, _proposal(accountant, sigma, eps, 0.0, tilt))[0]
         if r < best:
             best, order = r, j
-    out = [(w, np.zeros(NUM_TILTS)) for w in _RANGE_WEIGHTS]
+    return order
+
+
+def _candidates(accountant, sigma, eps, range_weights=None, tilt_mixes=None):
+    """Proposals the certificate chooses from: ``(range_weight, tilt_weights)``, the tilted ones at
+    the order of :func:`_tilt_order`."""
+    from dpjax.montecarlo.importance import NUM_TILTS
+
+    order = _tilt_order(accountant, sigma, eps)
+    out = [(w, np.zeros(NUM_TILTS)) for w in (_RANGE_WEIGHTS if range_weights is None else range_weights)]
     if order is not None:
-        for w, t in _TILT_MIXES:
+        for w, t in (_TILT_MIXES if tilt_mixes is None else tilt_mixes):
             tilt = np.zeros(NUM_TILTS)
             tilt[order] = t
             out.append((w, tilt))
     return out
+
+
+def _describe(proposal) -> str:
+    from dpjax.montecarlo.importance import TILT_ORDERS
+
+    w = np.asarray(proposal.fwd_weight)
+    parts = [f"defensive {w[0]:.2g}", f"per-mode range {w[1]:.2g}", f"large-deviation {w[2]:.2g}"]
+    parts += [f"tilt order {k} {t:.2g}" for k, t in zip(TILT_ORDERS, np.asarray(proposal.fwd_tilt)) if t > 0]
+    return ", ".join(parts)
 
 
 def _bets_for(ranges, level, fractions):
@@ -705,7 +730,8 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
         failure_probability=float(beta_total), num_tests=rungs, num_samples=int(n), calibration_samples=int(m_cal),
         noise_multiplier=released, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
         standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=tries,
-        growth=growth, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason)
+        growth=growth, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason,
+        proposal=_describe(prop))
 
 
 # --------------------------------------------------------------------------- public procedures
@@ -736,9 +762,10 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
     The implementation of :meth:`dpjax.montecarlo.BallsInBins.certify` (arguments validated
     there).  ``num_tests = 1``: the noise multiplier is fixed before the draws.  ``method``:
     ``"bernoulli_kl"`` (``num_samples`` plain draws from ``key``) or ``"importance_betting"``
-    (the bet chosen on ``num_samples // 4`` draws from ``fold_in(key, 0)``, the test on
-    ``num_samples`` draws from ``fold_in(key, 1)``; ``failure_probability``, default
-    ``0.005 target_delta``, is the test's ``beta``: the level is ``target_delta - beta``).
+    (the proposal -- with or without a tilted component -- and the bets chosen on
+    ``max(2^12, num_samples // 4)`` draws from ``fold_in(key, 0)``, the test on ``num_samples``
+    draws from ``fold_in(key, 1)``; ``failure_probability``, default ``0.005 target_delta``, is the
+    test's ``beta``: the level is ``target_delta - beta`` less the sampler's allowance).
     """
     if _method(method) is CertificateMethod.BERNOULLI_KL:
         return _certify_fixed_kl(accountant, noise_multiplier, epsilon, target_delta, num_samples, key,
@@ -755,13 +782,23 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
         raise ValueError(f"failure_probability must be in (0, target_delta) = (0, {target:g}), got {beta!r}")
     key = as_prng_key(key)
     key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    prop = _proposal(accountant, sigma, eps, 0.3)
-    rng = summand_range(accountant.gram, sigma, eps, prop)
     level = target - beta - _sampler_allowance(b)
-    grid = _bets_for(rng, level, _BET_GRID)
     m_cal = max(1 << 12, n // 4)
-    pilot = _sums(accountant, sigma, eps, key_cal, m_cal, prop, bets=grid, level=level, devices=devices)
-    pick = np.argmax(pilot["log_wealth"][:, 0, :], axis=1)
+    # The proposal (untilted, or with a tilted component) and each direction's bet: the pair whose
+    # calibration log-wealth (the weaker direction's best bet) is largest.
+    best = None
+    for w, tilt in _candidates(accountant, sigma, eps, _FIXED_RANGE_WEIGHTS, _FIXED_TILT_MIXES):
+        cand = _proposal(accountant, sigma, eps, w, tilt)
+        rng_c = summand_range(accountant.gram, sigma, eps, cand)
+        if not all(math.isfinite(r) for r in rng_c):
+            continue
+        grid_c = _bets_for(rng_c, level, _BET_GRID)
+        pilot = _sums(accountant, sigma, eps, key_cal, m_cal, cand, bets=grid_c, level=level, devices=devices)
+        lw = pilot["log_wealth"][:, 0, :]
+        score = min(np.max(lw[d]) if rng_c[d] > level else math.inf for d in range(2))
+        if best is None or score > best[0]:
+            best = (score, cand, rng_c, grid_c, np.argmax(lw, axis=1))
+    _, prop, rng, grid, pick = best
     lam = [grid[d, 0, pick[d]] for d in range(2)]
     verified, out = _betting_test(accountant, sigma, eps, key_ver, n, prop, lam, level, math.log(1 / beta), rng,
                                   devices=devices)
@@ -779,7 +816,8 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
         failure_probability=float(beta), num_tests=1, num_samples=n, calibration_samples=m_cal,
         noise_multiplier=sigma, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
         standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=1,
-        growth=1.0, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason)
+        growth=1.0, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason,
+        proposal=_describe(prop))
 
 
 def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num_samples: int | None = None,
