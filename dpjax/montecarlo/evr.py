@@ -584,7 +584,7 @@ def _choose_plan(accountant, sigma, eps, target, key_cal, m_cal, n, level, log_i
                                  m_screen)
         for size in sizes:
             mus = [_betting_margin(mean_w[d], var_w[d], rng[d], level, size, log_inv_beta) for d in range(2)]
-            need = max(mean_w[d] / max(mus[d], 1e-300) for d in range(2))
+            need = (max(mean_w[d] / mus[d] for d in range(2)) if min(mus) > 0 else math.inf)
             plans.append((need, size, prop_w, mus))
     good = [p for p in plans if p[0] <= 1.1]
     if good:   # the smallest size predicted to release within 10% in delta, its best proposal
@@ -798,6 +798,12 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
         score = min(np.max(lw[d]) if rng_c[d] > level else math.inf for d in range(2))
         if best is None or score > best[0]:
             best = (score, cand, rng_c, grid_c, np.argmax(lw, axis=1))
+    if best is None:
+        # No candidate has a finite range in both directions: the untilted proposal, whose test
+        # with the bets of an infinite range (0) cannot pass; the certificate says so.
+        cand = _proposal(accountant, sigma, eps, _FIXED_RANGE_WEIGHTS[0])
+        rng_c = summand_range(accountant.gram, sigma, eps, cand)
+        best = (None, cand, rng_c, _bets_for(rng_c, level, _BET_GRID), np.zeros(2, int))
     _, prop, rng, grid, pick = best
     lam = [grid[d, 0, pick[d]] for d in range(2)]
     verified, out = _betting_test(accountant, sigma, eps, key_ver, n, prop, lam, level, math.log(1 / beta), rng,
