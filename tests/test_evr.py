@@ -107,6 +107,11 @@ def test_betting_certificate_fixed_verified_and_not():
     assert 0 < allowance < 1e-10
     assert ok.delta == pytest.approx(ok.base_delta + ok.failure_probability + allowance, rel=1e-12, abs=1e-15)
     assert ok.range_remove > 0 and ok.range_add > 0
+    # The certificate names the verification's sampling law (chosen on the calibration draws),
+    # and keeps it through JSON; a plain certificate says "plain".
+    assert ok.proposal.startswith("defensive ") and "per-mode range" in ok.proposal
+    assert type(ok).from_dict(ok.to_dict()).proposal == ok.proposal
+    assert acc.certify(3.0, 4.0, 1e-3, 1 << 14, key=5, method="bernoulli_kl").proposal == "plain"
     bad = acc.certify(0.6, 1.0, 1e-3, 1 << 14, key=5, method="importance_betting")
     assert not bad.verified and bad.delta == math.inf and bad.delta_estimate > 1e-3
 
