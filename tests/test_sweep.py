@@ -471,3 +471,25 @@ def test_sweep_recomputes_a_row_only_where_the_floor_can_move_it():
         single = dpjax.dpsgd_epsilon(c["noise_multiplier"], c["sampling_prob"], c["steps"], c["delta"])
         assert abs(r["epsilon"] - single) <= SWEEP_SLACK * single, (c, r["epsilon"], single)
         assert r["lower"] <= single
+
+
+def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
+    """A sweep whose deltas are all at least FLOOR_FREE_BELOW compiles its programs without the
+    floor-free column (less to compile and run); its rows equal those of the same programs with
+    the column, to the bit."""
+    from dpjax.pld import sweep_run as sr
+    from dpjax.pld.sweep_config import as_configs
+
+    configs = [dict(noise_multiplier=s, sampling_prob=q, steps=t, delta=1e-5)
+               for s, q, t in ((0.9, 0.01, 1000), (1.7, 0.003, 20000), (2.5, 0.02, 300))]
+    assert not sr.floor_free_needed(as_configs(configs))
+    assert sr.floor_free_needed(as_configs(configs + [dict(configs[0], delta=1e-7)]))
+    assert not sr.floor_free_needed(as_configs([dict(configs[0], delta=None, epsilon=1e-3)]))
+    plain = dpjax.sweep(configs)
+    monkeypatch.setattr(sr, "FLOOR_FREE_BELOW", 1.0)
+    with_column = dpjax.sweep(configs)
+    assert [r["path"] for r in plain.rows] == ["batched"] * 3
+    for a, b in zip(plain.rows, with_column.rows):
+        assert (a["epsilon"], a["lower"], a["n"]) == (b["epsilon"], b["lower"], b["n"])
+    flags = {k[-1] for k in sr.COMPILED if k[5] == "eps"}
+    assert flags == {False, True}

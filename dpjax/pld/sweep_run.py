@@ -34,19 +34,34 @@ from dpjax.pld.sweep_config import (SWEEP_SLACK, SweepConfig, config_components,
 from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
 from dpjax.pld.sweep_program import epsilon_program
 
-__all__ = ["BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args", "COMPILED", "ORIGIN", "static_of",
+__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args", "COMPILED", "ORIGIN", "static_of",
            "known_programs", "disk_programs", "program_key", "compile_program", "run_chunk", "retry", "grid_row",
            "needs_single", "single_row", "exact_row", "BucketRunner"]
 
 
-def _columns(want: str) -> int:
+#: A sweep's epsilon programs compute the floor-free bound (:func:`needs_single`) when one of its
+#: epsilon queries has ``delta`` below this.  The FFT round-off floor is far below ``1e-3 delta``
+#: above it (the largest measured floors, ``n x floor ~ 5e-11``, mattered at ``delta ~ 5e-8``);
+#: without the bound a row whose floor does matter still gets the single call's answer
+#: (:func:`needs_single`), so this only trades compile and run time.
+FLOOR_FREE_BELOW = 1e-6
+
+
+def floor_free_needed(configs) -> bool:
+    """Whether a sweep over ``configs`` (:class:`~dpjax.pld.sweep_config.SweepConfig`) compiles the
+    floor-free bound into its epsilon programs (see :data:`FLOOR_FREE_BELOW`)."""
+    return any(c.query is Query.EPSILON and c.delta < FLOOR_FREE_BELOW for c in configs)
+
+
+def _columns(want: str, floor_free: bool = True) -> int:
     """Columns of a row of the bucket program's output: the value, the diagnostics, and for
-    epsilon queries the floor-free bound (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
-    return 1 + len(engine.DIAGNOSTICS) + (want == "eps")
+    epsilon queries with ``floor_free`` the floor-free bound
+    (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
+    return 1 + len(engine.DIAGNOSTICS) + (want == "eps" and floor_free)
 
 
 @functools.lru_cache(maxsize=None)
-def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
+def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1, floor_free=True):
     """One jitted program for a bucket: the per-configuration program
     (:func:`dpjax.pld.sweep_program.epsilon_program` for epsilon queries, the accountant's
     :func:`dpjax.pld.engine.program` for delta queries) looped over the configurations of a
@@ -58,20 +73,21 @@ def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
     ``block = 1``: vmapping turns the window's dynamic slices and the conversion's lookups into
     batched gathers, measured 6x slower on CPU at n = 98304.  On an accelerator a block of
     configurations per step fills the device (see :func:`_block_size`).
-    Output ``(chunk, directions, kinds, columns)``: see :func:`_columns`.
+    Output ``(chunk, directions, kinds, columns)``: see :func:`_columns` (``floor_free``: the
+    epsilon program's floor-free column).
     """
     from jax.sharding import PartitionSpec as P
 
     def one(g, dx, lam, lt, d, e, support):
         if want == "eps":
             return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
-                                   n_freq=n_freq, floor_free=True)
+                                   n_freq=n_freq, floor_free=floor_free)
         return engine.program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
                              n_freq=n_freq)
 
     def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
         size = dx.shape[0]
-        out0 = jnp.zeros((size, len(directions), len(kinds), _columns(want)), jnp.float64)
+        out0 = jnp.zeros((size, len(directions), len(kinds), _columns(want, floor_free)), jnp.float64)
         xs = (groups, dx, lambdas, log_tau, deltas, epsilons, support)
 
         def body(state):
@@ -90,7 +106,8 @@ def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1):
     spec = P("configs")
     # A name per static shape: the XLA module (and a profile's events) say which bucket ran.
     local.__name__ = local.__qualname__ = (f"sweep_{want}_n{n}_m{max(max(r) for r in ms)}_"
-                                           f"f{'all' if n_freq is None else n_freq}_b{block}")
+                                           f"f{'all' if n_freq is None else n_freq}_b{block}"
+                                           f"{'_floorfree' if floor_free and want == 'eps' else ''}")
     sharded = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
     return jax.jit(sharded)
 
@@ -181,7 +198,7 @@ ORIGIN: dict = {}
 
 
 #: The static sizes of those programs, for the bucketing of later sweeps:
-#: ``{(devices, chunk, kinds): {struct: {(n, m, n_freq), ...}}}``.
+#: ``{(devices, chunk, kinds, floor_free): {struct: {(n, m, n_freq), ...}}}``.
 _SHAPES: dict = {}
 
 
@@ -195,10 +212,10 @@ def _mesh_id(mesh) -> tuple:
     return tuple(str(d) for d in mesh.devices.flat)
 
 
-def known_programs(mesh, chunk: int, kinds) -> dict:
+def known_programs(mesh, chunk: int, kinds, floor_free: bool = True) -> dict:
     """``{struct: [(n, m, n_freq), ...]}``: bucket programs compiled by earlier sweeps of this process."""
     return {k: sorted(v, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
-            for k, v in _SHAPES.get((_mesh_id(mesh), chunk, kinds), {}).items()}
+            for k, v in _SHAPES.get((_mesh_id(mesh), chunk, kinds, floor_free), {}).items()}
 
 
 def _struct_id(struct) -> str:
@@ -213,17 +230,18 @@ def _struct_id(struct) -> str:
     return name(struct)
 
 
-def disk_programs(mesh, chunk: int, kinds, structs) -> dict:
+def disk_programs(mesh, chunk: int, kinds, structs, floor_free: bool = True) -> dict:
     """``{struct: [(n, m, n_freq), ...]}`` for the given program structures: bucket programs
-    serialized by earlier processes for this device count, chunk size and discretizations
-    (persistent cache on; else empty)."""
+    serialized by earlier processes for this device count, chunk size, discretizations and
+    floor-free column (persistent cache on; else empty)."""
     if mesh.devices.size != 1:
         return {}
     ids = {_struct_id(st): st for st in structs}
     by_id: dict = {}
     for meta in _cache.exported_index("sweep_program"):
         try:
-            if meta["chunk"] != chunk or tuple(meta["kinds"]) != tuple(kinds) or meta["devices"] != 1:
+            if (meta["chunk"] != chunk or tuple(meta["kinds"]) != tuple(kinds) or meta["devices"] != 1
+                    or bool(meta.get("floor_free", True)) != floor_free):
                 continue
             by_id.setdefault(meta["struct"], set()).add((int(meta["n"]), int(meta["m"]),
                                                          None if meta["n_freq"] is None else int(meta["n_freq"])))
@@ -233,23 +251,25 @@ def disk_programs(mesh, chunk: int, kinds, structs) -> dict:
             for ident, shapes in by_id.items() if ident in ids}
 
 
-def program_key(mesh, first: Planned, kinds, static, args):
+def program_key(mesh, first: Planned, kinds, static, args, floor_free: bool = True):
     ms, n_freq = static
     shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
     return (mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq,
-            str(jax.tree_util.tree_structure(args)), shapes)
+            str(jax.tree_util.tree_structure(args)), shapes, bool(floor_free) and first.want == "eps")
 
 
-def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None, chunk=None):
+def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None, chunk=None, floor_free=True):
     """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
     background compile pool while other buckets run)."""
     fn = COMPILED.get(key)
     ms, n_freq = static
+    floor_free = bool(floor_free) and first.want == "eps"   # delta programs have no such column
     m = max(max(r) for r in ms)
     if fn is None:
         block = _block_size(mesh, first.plan.n, len(first.directions) * len(kinds), _per_device_of(args, mesh))
         with jax.enable_x64(True):
-            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq, block)
+            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq, block,
+                               floor_free)
             # With the persistent cache on (every CLI run), a serialized program from an earlier
             # process skips tracing and lowering (~0.4 s a program on 2 cores) and its XLA compile
             # is a persistent-cache hit; its static sizes are indexed so that later processes can
@@ -258,10 +278,11 @@ def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None,
             if struct is not None and chunk is not None:
                 meta = dict(struct=_struct_id(struct), n=int(first.plan.n), m=int(m),
                             n_freq=None if n_freq is None else int(n_freq), kinds=list(kinds), chunk=int(chunk),
-                            devices=int(mesh.devices.size))
+                            devices=int(mesh.devices.size), floor_free=bool(floor_free))
             fn = _cache.exported_compiled(
                 "sweep_program", program, args,
-                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size, block)),
+                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size, block)
+                     + (() if floor_free else ("no_floor_free",))),
                 meta=meta,
                 compile_options=_xla.compile_options())
             if fn is None:
@@ -269,7 +290,8 @@ def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None,
         ORIGIN[key] = "loaded" if getattr(fn, "loaded", False) else "compiled"
         COMPILED[key] = fn
     if struct is not None and chunk is not None:
-        _SHAPES.setdefault((_mesh_id(mesh), chunk, kinds), {}).setdefault(struct, set()).add((first.plan.n, m, n_freq))
+        _SHAPES.setdefault((_mesh_id(mesh), chunk, kinds, floor_free), {}).setdefault(struct, set()).add(
+            (first.plan.n, m, n_freq))
     return fn
 
 
@@ -278,22 +300,25 @@ def _per_device_of(args, mesh) -> int:
     return int(args[2].shape[0]) // mesh.devices.size
 
 
-def run_chunk(members: list[Planned], per_device: int, kinds, mesh, static, fn=None, args=None):
+def run_chunk(members: list[Planned], per_device: int, kinds, mesh, static, fn=None, args=None,
+              floor_free: bool = True):
     """Run one chunk of a bucket with the bucket's static sizes ``static = (ms, n_freq)`` (one
     program for every chunk of the bucket); ``fn`` the compiled program (compiled here if None),
-    ``args`` the chunk's inputs (built here if None)."""
+    ``args`` the chunk's inputs (built here if None); ``floor_free``: the program has the
+    floor-free column (a row without it has no ``"floor_free"`` entry)."""
     ndev = mesh.devices.size
     if args is None:
         args = chunk_args(members, per_device, mesh)
     if fn is None:
-        fn = compile_program(program_key(mesh, members[0], kinds, static, args), mesh, members[0], kinds, static, args)
+        fn = compile_program(program_key(mesh, members[0], kinds, static, args, floor_free), mesh, members[0], kinds,
+                             static, args, floor_free=floor_free)
     out = _gather(fn(*args))
     results = {}
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
             row = out[d * per_device + j]
             res = engine.unpack(row[..., :1 + len(engine.DIAGNOSTICS)], p.directions, kinds, (1,))
-            if p.want == "eps":
+            if p.want == "eps" and floor_free:
                 for di, r in enumerate(res):
                     r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
             results[p.index] = res
@@ -402,14 +427,15 @@ class BucketRunner:
     the programs it ran; ``made``: those it compiled or loaded itself."""
 
     def __init__(self, mesh, per_device: int, chunk: int, kinds, policy: BucketPolicy, options, with_lower: bool,
-                 structs):
+                 structs, floor_free: bool = True):
         self.mesh, self.per_device, self.chunk, self.kinds = mesh, per_device, chunk, kinds
         self.policy, self.options, self.with_lower = policy, options, with_lower
+        self.floor_free = floor_free
         self.rows_per_cfg = 0  # directions x kinds, from the first row (the cost model's unit is per row)
         self.known: dict[tuple, list] = {}
-        for struct, shapes in known_programs(mesh, chunk, kinds).items():
+        for struct, shapes in known_programs(mesh, chunk, kinds, floor_free).items():
             self.known[struct] = [tuple(sh) + (0.0,) for sh in shapes]
-        for struct, shapes in disk_programs(mesh, chunk, kinds, structs).items():
+        for struct, shapes in disk_programs(mesh, chunk, kinds, structs, floor_free).items():
             have = {sh[:3] for sh in self.known.get(struct, [])}
             self.known.setdefault(struct, []).extend(
                 tuple(sh) + (policy.load_cost,) for sh in shapes if tuple(sh) not in have)
@@ -442,7 +468,8 @@ class BucketRunner:
             static = static_of(members[0], m, nf)
             parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
             args0 = chunk_args(parts[0], self.per_device, self.mesh)
-            jobs.append((parts, static, args0, program_key(self.mesh, members[0], self.kinds, static, args0), struct,
+            jobs.append((parts, static, args0,
+                         program_key(self.mesh, members[0], self.kinds, static, args0, self.floor_free), struct,
                          len(members) * policy.cost(n, m, nf, self.rows_per_cfg)))
         # The costliest bucket first: its run then overlaps the other buckets' compiles instead
         # of ending the sweep alone (which bucket holds a row does not change, only the order).
@@ -455,7 +482,7 @@ class BucketRunner:
             if key not in COMPILED:
                 self.made.add(key)
             self.inflight[key] = pool.submit(compile_program, key, self.mesh, first, self.kinds, static, args0,
-                                             struct, self.chunk)
+                                             struct, self.chunk, self.floor_free)
         return self.inflight[key]
 
     def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
@@ -482,7 +509,8 @@ class BucketRunner:
 
     def _run_part(self, pool, part: list[Planned], static, fn, args, pending: list[Planned]) -> list[dict]:
         """Run one chunk; returns its finished rows and appends its retried plans to ``pending``."""
-        results, _ = run_chunk(part, self.per_device, self.kinds, self.mesh, static, fn, args=args)
+        results, _ = run_chunk(part, self.per_device, self.kinds, self.mesh, static, fn, args=args,
+                               floor_free=self.floor_free)
         new = []
         retried = len(pending)
         for p, res in zip(part, results):

@@ -136,7 +136,7 @@ from dpjax.pld.records import SweepTable
 from dpjax.pld.sweep_config import (ROW_FIELDS, SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, as_configs, matches,
                                     sweep_grid)
 from dpjax.pld.sweep_plan import BucketPolicy, join_stores, plan_configs, struct_of, validate_policy
-from dpjax.pld.sweep_run import ORIGIN, BucketRunner, exact_row, make_mesh
+from dpjax.pld.sweep_run import ORIGIN, BucketRunner, exact_row, floor_free_needed, make_mesh
 
 __all__ = ["BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS",
            "SWEEP_SLACK"]
@@ -218,7 +218,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         todo = _exact_rows(todo, configs, rows, store, bar)
         pending = plan_configs(todo, configs, options)
         runner = BucketRunner(make_mesh(devices), per_device, per_device * len(devices), kinds,
-                              validate_policy(bucketing), options, with_lower, {struct_of(p) for p in pending})
+                              validate_policy(bucketing), options, with_lower, {struct_of(p) for p in pending},
+                              floor_free=floor_free_needed(configs))
         runner.run(pending, rows, store, bar)
     join_stores()
     origins = [ORIGIN.get(k) for k in runner.programs if k in runner.made]
