@@ -324,6 +324,8 @@ def render_sweep(d: dict) -> Rendered:
     if "results" not in d:
         return _render_sweep_v1(d)
     parts, heads = [], []
+    if d.get("base") and not str(d["base"]).startswith("/"):   # a named revision, not a local path
+        parts.append(f"Rows marked [base] ran from another checkout, {d['base']}, alternating with this one.")
     dists = [res["dist"] for res in d["results"]]
     for res in d["results"]:
         dist, n = res["dist"], res["configs"]
@@ -687,6 +689,7 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_optimize_64x128x20.json": render_optimize,
     "bench_sweep_broad.json": render_sweep,
     "bench_sweep_narrow.json": render_sweep,
+    "bench_sweep_narrow_side_by_side.json": render_sweep,
     "bench_sweep_profile.json": render_sweep_profile,
     "bench_allocation.json": render_allocation,
     "table_allocation.json": render_table_allocation,
