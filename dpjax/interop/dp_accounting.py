@@ -68,7 +68,7 @@ import dp_accounting as _dpa_pkg
 from dp_accounting import dp_event as _dpa
 import numpy as np
 
-from dpjax import pld
+from dpjax import _validate, pld
 from dpjax.pld.mog import MixtureOfGaussians
 
 __all__ = ["PLDAccountant", "PLDAccountantConfig", "UnsupportedDpEventError", "events_to_components"]
@@ -316,9 +316,7 @@ class PLDAccountant(_dpa_pkg.PrivacyAccountant):
         return list(self._components)
 
     def get_epsilon(self, target_delta: float) -> float:
-        delta = float(target_delta)
-        if not 0 < delta < 1:
-            raise ValueError(f"target_delta must be in (0, 1), got {target_delta!r}")
+        delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
         if self._non_private:
             return math.inf
         if not self._components:
@@ -330,9 +328,7 @@ class PLDAccountant(_dpa_pkg.PrivacyAccountant):
         return self._cache[key]
 
     def get_delta(self, target_epsilon: float) -> float:
-        eps = float(target_epsilon)
-        if not eps >= 0 or math.isinf(eps):
-            raise ValueError(f"target_epsilon must be finite and >= 0, got {target_epsilon!r}")
+        eps = float(_validate.PrivacyTarget(epsilon=target_epsilon, allow_zero_epsilon=True).epsilon)
         if self._non_private:
             return 1.0
         if not self._components:
