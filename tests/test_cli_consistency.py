@@ -245,3 +245,36 @@ def test_demo_bracket_shows_enough_digits_to_be_a_bracket():
     assert lo != hi and float(lo) < float(hi)
     assert float(lo) <= 1.8282264761240046 + 1e-12 or lo.startswith("1.82822")
     assert "width" in text
+
+
+def test_cli_mode_choices_are_the_library_modes():
+    """The command line spells its string modes as literals (importing the modules that define
+    them would slow every command's start); they must be the library's enum values, no more and
+    no fewer."""
+    import argparse
+
+    from dpjax._enums import AllocationSampling
+    from dpjax.cli.main import build_parser
+    from dpjax.montecarlo.evr import CertificateMethod
+    from dpjax.optimization.loop import Estimator
+
+    expected = {"--estimator": set(Estimator), "--certify-method": set(CertificateMethod)}
+    seen = []
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            interval = getattr(action.type, "interval", "")
+            if not interval.startswith("one of "):
+                continue
+            values = set(interval[len("one of "):].split(", "))
+            opt = action.option_strings[-1] if action.option_strings else action.dest
+            if opt in expected:
+                assert values == {str(v) for v in expected[opt]}, (name, opt, values)
+                seen.append((name, opt))
+            if opt == "--sampling" and name == "sweep":
+                assert values == {"poisson"} | {str(v) for v in AllocationSampling}, values
+                seen.append((name, opt))
+    # Every such option was found (a renamed option must not silently drop out of the check).
+    assert {o for _, o in seen} == {"--estimator", "--certify-method", "--sampling"}, seen
+    assert len([s for s in seen if s[1] == "--certify-method"]) == 3, seen
