@@ -556,9 +556,11 @@ def render_certify_n2048(d: dict) -> Rendered:
         f"b = {d.get('batches_per_epoch')}, E = {d.get('epochs')}, delta = {param(d.get('delta'))}; the optimized "
         "first columns of `certify_n2048_matrices.json`. Reference: the plain Monte Carlo estimate's root with "
         "2^24 samples (an estimate, with its own standard error in the file). Gap: certified sigma over the "
-        "reference, minus 1. Both certificates of one matrix ran in the same process, one after the other.",
-        table(["matrix", "reference sigma", "variance-reduced sigma", "gap", "draws", "time",
-               "Bernoulli-KL sigma", "gap", "draws", "time"], rows)]
+        "reference, minus 1. Both certificates of one matrix ran in the same process, one after the other. "
+        "Draws: the verification sample; each certificate also draws a calibration sample (a quarter of it) "
+        "that chooses the noise multiplier, the proposal and the bets." + (f" {d['note']}" if d.get("note") else ""),
+        table(["matrix", "reference sigma", "variance-reduced sigma", "gap", "verification draws", "time",
+               "Bernoulli-KL sigma", "gap", "verification draws", "time"], rows)]
     if small:
         parts += ["At delta = 1e-7, eps = 2 (variance-reduced certificate):",
                   table(["matrix", "certified sigma", "estimate", "draws", "verified", "time"], small)]
