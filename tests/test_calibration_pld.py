@@ -197,7 +197,7 @@ def test_group_calibration_reproduces_family_c(reference_cases, case_id):
     ((0.583, 1.2296519642684441e-05, 0.003014704296372604, 514), 0.85666),
     ((0.997, 2.1438288799726377e-09, 0.011793946091293604, 57), 1.20154),
 ])
-def test_issue14_targets_are_calibrated_to_the_smallest_sigma(target, expected):
+def test_once_refused_and_loose_targets_are_calibrated_to_the_smallest_sigma(target, expected):
     eps, delta, q, steps = target
     sigma = dpsgd_noise_multiplier(q, steps, eps, delta)
     # dp_accounting's calibrate_dp_mechanism at a 1e-4 interval: 0.856629 and 1.201499 (checked

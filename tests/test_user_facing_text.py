@@ -27,6 +27,7 @@ _LEAD = "le" + "ad"
 #: Case-insensitive patterns of development-process vocabulary.
 FORBIDDEN = [
     re.compile(r"\b" + _TRACKER + r"s? \d+\b", re.IGNORECASE),   # tracker numbers
+    re.compile(r"(?<![a-z])" + _TRACKER + r"_?\d+", re.IGNORECASE),  # ... inside identifiers
     re.compile(r"must[- ]" + _SHOW, re.IGNORECASE),               # checklist labels
     re.compile(r"closing " + _NOTE, re.IGNORECASE),               # notes to maintainers
     re.compile(r"\bthe " + _LEAD + r"\b", re.IGNORECASE),          # addressing maintainers
