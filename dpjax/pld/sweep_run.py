@@ -34,8 +34,8 @@ from dpjax.pld.sweep_config import (SWEEP_SLACK, SweepConfig, config_components,
 from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
 from dpjax.pld.sweep_program import epsilon_program
 
-__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args", "COMPILED", "ORIGIN", "static_of",
-           "known_programs", "disk_programs", "program_key", "compile_program", "run_chunk", "retry", "grid_row",
+__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args",
+           "COMPILED", "ORIGIN", "static_of", "known_programs", "disk_programs", "program_key", "compile_program", "run_chunk", "retry", "grid_row",
            "needs_single", "single_row", "exact_row", "BucketRunner"]
 
 
@@ -53,11 +53,16 @@ def floor_free_needed(configs) -> bool:
     return any(c.query is Query.EPSILON and c.delta < FLOOR_FREE_BELOW for c in configs)
 
 
+def _has_floor_free(want: str, floor_free: bool) -> bool:
+    """Whether a bucket program has the floor-free column: epsilon programs of a sweep that asks
+    for it (delta programs never have it)."""
+    return want == "eps" and bool(floor_free)
+
+
 def _columns(want: str, floor_free: bool = True) -> int:
-    """Columns of a row of the bucket program's output: the value, the diagnostics, and for
-    epsilon queries with ``floor_free`` the floor-free bound
-    (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
-    return 1 + len(engine.DIAGNOSTICS) + (want == "eps" and floor_free)
+    """Columns of a row of the bucket program's output: the value, the diagnostics, and the
+    floor-free bound where :func:`_has_floor_free` (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
+    return 1 + len(engine.DIAGNOSTICS) + _has_floor_free(want, floor_free)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +112,7 @@ def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1, floor_free=T
     # A name per static shape: the XLA module (and a profile's events) say which bucket ran.
     local.__name__ = local.__qualname__ = (f"sweep_{want}_n{n}_m{max(max(r) for r in ms)}_"
                                            f"f{'all' if n_freq is None else n_freq}_b{block}"
-                                           f"{'_floorfree' if floor_free and want == 'eps' else ''}")
+                                           f"{'_floorfree' if _has_floor_free(want, floor_free) else ''}")
     sharded = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
     return jax.jit(sharded)
 
@@ -255,7 +260,7 @@ def program_key(mesh, first: Planned, kinds, static, args, floor_free: bool = Tr
     ms, n_freq = static
     shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
     return (mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq,
-            str(jax.tree_util.tree_structure(args)), shapes, bool(floor_free) and first.want == "eps")
+            str(jax.tree_util.tree_structure(args)), shapes, _has_floor_free(first.want, floor_free))
 
 
 def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None, chunk=None, floor_free=True):
@@ -263,7 +268,7 @@ def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None,
     background compile pool while other buckets run)."""
     fn = COMPILED.get(key)
     ms, n_freq = static
-    floor_free = bool(floor_free) and first.want == "eps"   # delta programs have no such column
+    floor_free = _has_floor_free(first.want, floor_free)
     m = max(max(r) for r in ms)
     if fn is None:
         block = _block_size(mesh, first.plan.n, len(first.directions) * len(kinds), _per_device_of(args, mesh))
