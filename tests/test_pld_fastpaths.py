@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import math
 
@@ -134,6 +136,15 @@ def test_shared_lattice_cdfs_equal_per_direction_cdfs():
     # uncovered points are NaN, never a silently wrong value).
     from dpjax.pld.compose import lattice_length
 
+    # (sigma, q, dx, offsets) are arguments of two programs compiled once per support length m.
+    @jax.jit
+    def per_direction(s, q, y):
+        return pld.PoissonSubsampledGaussian(s, q).loss_cdfs_directions(("remove", "add"), y)
+
+    @functools.partial(jax.jit, static_argnums=(4, 5))
+    def lattice(s, q, o, dx, m, length):
+        return pld.PoissonSubsampledGaussian(s, q).loss_cdfs_lattice(o, dx, m, length)
+
     rng = np.random.default_rng(3)
     fitted = 0
     with jax.enable_x64(True):
@@ -146,8 +157,8 @@ def test_shared_lattice_cdfs_equal_per_direction_cdfs():
             length = lattice_length(m)
             o = jnp.asarray([o_r, o_a])
             y = (o[:, None] + jnp.arange(m)[None, :]) * dx
-            ref = jax.jit(lambda y: mech.loss_cdfs_directions(("remove", "add"), y))(y)
-            lat = jax.jit(lambda o: mech.loss_cdfs_lattice(o, dx, m, length))(o)
+            ref = per_direction(jnp.asarray(s), jnp.asarray(q), y)
+            lat = lattice(jnp.asarray(s), jnp.asarray(q), o, jnp.asarray(dx), m, length)
             fits = mech.lattice_fits(np.array([o_r]), np.array([o_a]), dx, m, length)
             fitted += fits
             for a, b in zip(ref, lat):

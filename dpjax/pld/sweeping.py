@@ -65,24 +65,21 @@ programs, deserializes them instead of tracing and lowering, and its XLA compile
 persistent-cache hit.  :attr:`SweepTable.compiled` and :attr:`SweepTable.loaded` count the
 programs each sweep compiled and loaded.
 
-Grid policy and slack.  Profiled on 1,000 random DP-SGD configurations (sigma in
-[0.6, 3], q in [1e-3, 3e-2], T in [1e2, 3e4], delta 1e-5), the run time of a bucket grows with
-the FFT length ``n`` and, about four times faster per point, with the single-step support
-length ``m`` (loss CDFs, discretization and log-MGF per point); the single call's grids
-(``GridOptions()``: the tighter of 1e-3 relative and 8e-9 per step, at least 2^16 points) put
-the median configuration at ``n = 2^16``, ``m = 12288`` (up to 393216 / 196608).  For epsilon
-queries the sweep plans with :data:`SWEEP_OPTIONS` instead: a relative target of 1e-4 on
-epsilon (the connect-the-dots law ``0.3 C dx^2 / sigma_c <= 1e-4 epsilon``) and no minimum
-length, which gives median ``n = 24576``, ``m = 3072`` (before rounding ``n`` to a power of two).
-It is as sound as any grid (soundness never depends on the plan, docs/design.md §2.4); the
-only change is tightness: each epsilon row is within :data:`SWEEP_SLACK` (1e-3) relative of
-:func:`dpjax.pld.dpsgd_epsilon` on that configuration (measured on the 1,000-row test: see
-``tests/test_sweep.py``; typically 1e-4), and the two certified brackets overlap (each value
-lies above the other's certified lower end), so neither is below the truth, the exact oracle
-(q = 1 rows are answered from the closed form) or dp_accounting's optimistic estimate.  The
-lower end of the bracket is computed on the same coarser grid: it is looser than the single
-call's (median bracket width 3e-4 relative, largest 3e-2 on 100 configurations, against
-<= 1.2e-3 for the single call).  ``options=GridOptions()`` restores the single call's grids
+Grid policy and slack.  A bucket's run time grows with the FFT length ``n`` and, faster per
+point, with the single-step support length ``m`` (loss CDFs, discretization and log-MGF per
+point).  The single call's grids (``GridOptions()``: the tighter of 1e-3 relative and 8e-9 per
+step, at least 2^16 points) are sized for one answer; for epsilon queries the sweep plans with
+:data:`SWEEP_OPTIONS` instead: a relative target of a quarter of :data:`SWEEP_SLACK` on epsilon
+(the connect-the-dots law ``0.3 C dx^2 / sigma_c <= 2.5e-4 epsilon``) and no minimum length,
+which shortens ``n`` and ``m`` several times on typical DP-SGD configurations.  It is as sound
+as any grid (soundness never depends on the plan, docs/design.md §2.4); the only change is
+tightness: each epsilon row is within :data:`SWEEP_SLACK` (1e-3) relative of
+:func:`dpjax.pld.dpsgd_epsilon` on that configuration (``tests/test_sweep.py`` checks it on
+random configurations), and the two certified brackets overlap (each value lies above the
+other's certified lower end), so neither is below the truth, the exact oracle (q = 1 rows are
+answered from the closed form) or dp_accounting's optimistic estimate.  The lower end of the
+bracket is computed on the same coarser grid: it is looser than the single call's.
+``options=GridOptions()`` restores the single call's grids
 (rows then equal it up to the bucket slack of 1e-6 relative: padding only moves the
 truncation and wrap-around terms, which stay below ``tail_fraction * delta``).  Delta queries
 always use the single call's policy (a relative target on epsilon does not bound the relative
