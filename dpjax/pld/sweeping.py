@@ -100,6 +100,11 @@ Only process 0 should write ``out`` (pass ``out=None`` elsewhere).  On CPU each 
 over its configurations one at a time (32 per chunk by default); on an accelerator each loop
 step runs a block of configurations at once (``jax.vmap``, as many as fit
 :data:`~dpjax.pld.sweep_run.BLOCK_BYTES` of working memory; 256 per chunk by default).
+XLA's GPU compiler takes far longer over a bucket program than its CPU compiler (tens of
+seconds each, against about two; ``benchmarks/bench_sweep_gpu.py`` records both passes), so
+on a GPU the first sweep of a process is mostly compiling and later ones run at the device's
+speed: turn the persistent cache on (:func:`dpjax.pld.cache.enable_persistent_cache`, or
+``DPJAX_COMPILATION_CACHE``; the CLI does) so that later processes load the programs.
 
 Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON lines next to
 it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
