@@ -44,7 +44,7 @@ def test_no_abbreviation_is_accepted(name, capsys):
         assert f"unknown option {prefix} " in lines[0] and "did you mean" in lines[0], lines[0]
 
 
-def test_the_issue_cases_are_rejected_naming_the_flag(capsys):
+def test_misspelt_flags_are_rejected_naming_the_flag(capsys):
     base = ["epsilon", "--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "100"]
     assert main(base + ["--delta", "1e-5", "--noise", "2"]) == 2
     err = capsys.readouterr().err

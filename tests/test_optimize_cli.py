@@ -23,7 +23,7 @@ BASE = ["optimize", "--family", "blt", "--buffers", "2", "--batches-per-epoch", 
         "--certify-samples", "65536", "--quiet"]
 
 
-def test_optimize_json_has_the_issue_keys(tmp_path, capsys):
+def test_optimize_json_has_the_documented_keys(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(BASE + ["--json", "--out", str(out)]) == 0
     d = json.loads(capsys.readouterr().out)

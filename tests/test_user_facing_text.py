@@ -28,6 +28,7 @@ _LEAD = "le" + "ad"
 FORBIDDEN = [
     re.compile(r"\b" + _TRACKER + r"s? \d+\b", re.IGNORECASE),   # tracker numbers
     re.compile(r"(?<![a-z])" + _TRACKER + r"_?\d+", re.IGNORECASE),  # ... inside identifiers
+    re.compile(r"(?<![a-z])the_" + _TRACKER + r"_", re.IGNORECASE),      # "the tracker's" cases or keys, in a name
     re.compile(r"must[- ]" + _SHOW, re.IGNORECASE),               # checklist labels
     re.compile(r"closing " + _NOTE, re.IGNORECASE),               # notes to maintainers
     re.compile(r"\bthe " + _LEAD + r"\b", re.IGNORECASE),          # addressing maintainers
@@ -97,7 +98,9 @@ def test_scan_covers_the_sources():
     ("the must " + _SHOW + " bound", True),
     ("as in the closing " + _NOTE, True),
     ("The " + _LEAD + " re-measures", True),
+    ("def test_the_" + _TRACKER + "_cases_are_rejected", True),
     ("no 0^0 " + _TRACKER + " since theta > 0", False),
+    ("the " + _TRACKER + " with q = 1 is the closed form", False),
     ("the " + _LEAD + "ing coefficient", False),
     ("within 0.3% of dp_accounting", False),
 ])
