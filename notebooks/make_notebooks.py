@@ -392,8 +392,9 @@ def sweeps_notebook():
         new_markdown_cell(
             "# Sweeps, eps(T) curves and heterogeneous compositions\n\n"
             "* **Heat map** of the certified epsilon over (sigma, q) with `dpjax.sweep`: every configuration "
-            "planned on the sweep's own grid policy (a 1e-4 relative accuracy target; each row within the stated "
-            "slack `dpjax.pld.sweeping.SWEEP_SLACK` = 1e-3 of `dpsgd_epsilon` and inside its own certified bracket), "
+            "planned on the sweep's own grid policy (each row within the stated slack "
+            "`dpjax.pld.sweeping.SWEEP_SLACK` = 1e-3 of `dpsgd_epsilon`, planned for a quarter of it, and inside its "
+            "own certified bracket), "
             "bucketed into a few power-of-two grid shapes, one compiled program per bucket (docs/design.md §2.5).\n"
             "* **eps(T) curves** with `dpjax.epsilon_curve`: epsilon after every epoch from one forward transform "
             "(Koskela & Honkela, *Computing Differential Privacy Guarantees for Heterogeneous Compositions Using "
