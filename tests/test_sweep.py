@@ -493,3 +493,39 @@ def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
         assert (a["epsilon"], a["lower"], a["n"]) == (b["epsilon"], b["lower"], b["n"])
     flags = {k[-1] for k in sr.COMPILED if k[5] == "eps"}
     assert flags == {False, True}
+
+
+def test_retried_row_keeps_its_fft_length_and_first_round_program():
+    """A row whose window the planner sized too narrow (its wrap-around bound over budget) is
+    re-planned on the same FFT length at a coarser spacing, so it runs in its first round's
+    program instead of compiling one more: one program for this sweep (two before).  Its value
+    stays within SWEEP_SLACK of the single call and the two certified brackets overlap."""
+    from dpjax.pld import sweep_plan, sweep_run, sweeping
+
+    c = dict(noise_multiplier=0.9691459403650766, sampling_prob=0.0032194557932541967, steps=407,
+             delta=1.1200911395398857e-07)
+    first = sweep_plan.plan_config(0, sweeping.SweepConfig.from_mapping(c), None)
+    table = dpjax.sweep([c], progress_bar=False)
+    r = table.rows[0]
+    assert table.programs == 1 and r["path"] == "batched"
+    assert r["n"] == first.plan.n and r["dx"] > first.plan.dx     # the retry happened, on the same n
+    assert r["dx"] <= sweep_run.RETRY_SPACING * first.plan.dx * (1 + 1e-12)
+    res = dpjax.pld.dpsgd_accounting(c["noise_multiplier"], c["sampling_prob"], c["steps"], target_delta=c["delta"])
+    assert abs(r["epsilon"] - res.epsilon) <= SWEEP_SLACK * res.epsilon
+    assert r["epsilon"] >= res.epsilon_lower and res.epsilon >= r["lower"]
+
+
+def test_retry_at_the_length_cap_widens_the_spacing():
+    """plan_grid with a min_width that the FFT length cap cannot hold at the planned spacing:
+    the window reaches min_width at a coarser spacing on the capped length (before, the window
+    stayed as it was, so the retry could not help)."""
+    from dpjax.pld import engine
+
+    opts = pld.GridOptions(n_min=2**12, n_max=2**12)
+    groups, _, _, _ = engine.prepare(engine.dpsgd_components(1.0, 0.01, 1000), opts.max_distinct)
+    dirs = ("remove", "add")
+    base = pld.plan_grid(groups, dirs, tail_mass=1e-11, eps_hint=None, target_delta=1e-5, options=opts)
+    wide = pld.plan_grid(groups, dirs, tail_mass=1e-11, eps_hint=None, target_delta=1e-5, options=opts,
+                         min_width=3 * base.n * base.dx)
+    assert wide.n == base.n == 2**12
+    assert (wide.n - 2) * wide.dx >= 3 * base.n * base.dx * (1 - 1e-12)

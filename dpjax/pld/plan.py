@@ -430,7 +430,8 @@ def _direction_needs(probes, masses, di, counts, total, z, tau_single, tau_wrap,
 
 def _common_grid(per_dir, options: GridOptions, min_width: float) -> tuple[int, float]:
     """``(n, dx)`` of the one grid of every direction: the finest spacing any direction asks
-    for, the widest window (wider at the same ``dx`` for a retry's ``min_width``)."""
+    for, the widest window (wider at the same ``dx`` for a retry's ``min_width``; at a coarser
+    ``dx`` where ``n_max`` caps the length)."""
     dx_acc = min(p[2] for p in per_dir)
     width = max(p[3] for p in per_dir)
     n = _fft_size(width / dx_acc + 2)
@@ -440,7 +441,12 @@ def _common_grid(per_dir, options: GridOptions, min_width: float) -> tuple[int, 
     y_abs = max(float(np.max(np.abs(np.r_[s[0], s[1]]))) for p in per_dir for s in p[0])
     dx = max(dx, y_abs / 2.0**40, 1e-12)
     if min_width > width:  # retry: same dx, wider window
-        n = min(_fft_size(min_width / dx + 2), max(options.n_max, n))
+        cap = max(options.n_max, n)
+        fit = _fft_size(min_width / dx + 2)
+        if fit <= cap:
+            n = fit
+        else:  # n_max holds n: the wider window at a coarser dx (looser, sound), as for accuracy
+            n, dx = cap, max(dx, min_width / (cap - 2))
     return n, dx
 
 

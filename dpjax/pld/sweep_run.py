@@ -29,7 +29,7 @@ from dpjax.pld import cache as _cache
 from dpjax.pld import engine
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions
-from dpjax.pld.sweep_config import (SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
+from dpjax.pld.sweep_config import (SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
                                     options_for)
 from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
 from dpjax.pld.sweep_program import epsilon_program
@@ -345,8 +345,23 @@ def retry(p: Planned, res, n_freq, options) -> Planned | None:
         return None
     needed = [float(r["needed_width"]) for rd in res for r in rd.values()]
     needed = max([w for w in needed if math.isfinite(w)], default=0.0)
-    min_width = max(1.05 * needed, 1.5 * p.plan.n * p.plan.dx)
+    own = options_for(p.cfg, options)
+    n = p.plan.n
+    if (p.attempt == 0 and own == SWEEP_OPTIONS and n & (n - 1) == 0 and own.n_min <= n
+            and 1.1 * needed <= RETRY_SPACING * n * p.plan.dx):
+        # The sweep's own grids: the wider window on the same FFT length at a coarser spacing
+        # (at most RETRY_SPACING times: the discretization error, ~dx^2, stays within
+        # RETRY_SPACING^2 times the target, a quarter of SWEEP_SLACK), so the row stays in a
+        # program of its first round instead of asking for a new one.
+        same_n = dataclasses.replace(own, n_max=n)
+        return plan_config(p.index, p.cfg, same_n, min_width=1.1 * needed, attempt=p.attempt + 1, groups=p.groups)
+    min_width = max(1.05 * needed, 1.5 * n * p.plan.dx)
     return plan_config(p.index, p.cfg, options, min_width=min_width, attempt=p.attempt + 1, groups=p.groups)
+
+
+#: The largest factor by which a retried sweep row's grid spacing may grow on its FFT length
+#: (:func:`retry`): its discretization error then stays below 2.25 times the sweep's target.
+RETRY_SPACING = 1.5
 
 
 def grid_row(p: Planned, reports, path: str, grid: str) -> dict:
@@ -447,6 +462,7 @@ class BucketRunner:
         self.inflight: dict = {}    # program key -> compile future (this sweep)
         self.made: set = set()      # program keys this sweep compiled or loaded
         self.programs: set = set()  # program keys this sweep ran
+        self.first_round: dict[tuple, list] = {}   # struct -> [(n, m, n_freq, 0.0)] of this sweep's first round
 
     def jobs(self, pending: list[Planned], only_new: bool = False) -> list:
         """The buckets of ``pending`` (:class:`BucketPolicy`) as ``(parts, static, args0, key,
@@ -459,7 +475,19 @@ class BucketRunner:
         # the same sweep then gives the same rows (the same grids) in a fresh process, in a
         # warm one and after other sweeps.  A bucket whose program exists (compiled in this
         # process, or serialized by an earlier one) loads it instead of compiling.
-        for struct, (n, m, nf), members, _ in bucket_plan(pending, {}, policy, self.rows_per_cfg):
+        #
+        # Retried rows (every round after the first) may also join a program of this sweep's
+        # first round, which is itself a function of the configurations only.  They are few,
+        # so a new program for them would cost a compile (seconds) to save milliseconds of
+        # padding: they join by the cost model alone, without the padding cap that keeps a
+        # first-round row from paying for other rows' shapes.
+        retry_round = bool(self.first_round)
+        if retry_round:
+            policy = dataclasses.replace(policy, max_padding=math.inf)
+        for struct, (n, m, nf), members, _ in bucket_plan(pending, self.first_round if retry_round else {}, policy,
+                                                          self.rows_per_cfg):
+            if not retry_round:
+                self.first_round.setdefault(struct, []).append((n, m, nf, 0.0))
             new = not any(sh[:3] == (n, m, nf) for sh in self.known.get(struct, []))
             if only_new and not new:
                 continue

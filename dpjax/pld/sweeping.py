@@ -41,6 +41,10 @@ FFT four times its own length costs about four times as much).  The sweep theref
    negligible: keep every frequency); retried rows form the buckets of the next round, on the
    programs already compiled where they fit.  They are rare because the planner sizes every
    window by the Chernoff quantiles of the probe's composed log-MGF at the retry threshold too.
+   On the sweep's own grids a first retry keeps the row's FFT length and widens the window at a
+   coarser spacing instead (at most :data:`~dpjax.pld.sweep_run.RETRY_SPACING` times, within the
+   slack), and retried rows may join any program of the sweep's first round by the cost model
+   alone: a program compiled for a couple of retried rows would cost the first pass seconds.
    A retried row that no program holds has its program compiled as soon as the row is known,
    behind the round's own compiles, so it overlaps the rest of the round;
 5. gives every row the single call's error accounting: a row where the single call would not
