@@ -35,8 +35,8 @@ from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
 from dpjax.pld.sweep_program import epsilon_program
 
 __all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args",
-           "COMPILED", "ORIGIN", "static_of", "known_programs", "disk_programs", "program_key", "compile_program", "run_chunk", "retry", "grid_row",
-           "needs_single", "single_row", "exact_row", "BucketRunner"]
+           "COMPILED", "ORIGIN", "static_of", "known_programs", "disk_programs", "program_key", "compile_program",
+           "run_chunk", "retry", "RETRY_SPACING", "grid_row", "needs_single", "single_row", "exact_row", "BucketRunner"]
 
 
 #: A sweep's epsilon programs compute the floor-free bound (:func:`needs_single`) when one of its
