@@ -115,6 +115,34 @@ def test_out_writes_what_its_extension_says(tmp_path, capsys):
     assert [float(r["target_delta"]) for r in rows_csv] == [1e-5, 1e-6]
 
 
+def test_out_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    from dpjax import _io
+    from dpjax.cli.main import write_out
+
+    for name in ("r.json", "r.csv"):
+        path = tmp_path / name
+        path.write_text("previous result\n")
+        # A value that cannot be written (JSON), and a rename that fails (both formats): the
+        # previous file stays whole and no temp file is left beside it.
+        if name.endswith(".json"):
+            with pytest.raises(TypeError):
+                write_out(str(path), {"epsilon": object()})
+            assert path.read_text() == "previous result\n"
+
+        def refused(*args):
+            raise OSError("rename refused")
+
+        with monkeypatch.context() as m:
+            m.setattr(_io.os, "replace", refused)
+            with pytest.raises(OSError, match="rename refused"):
+                write_out(str(path), {"rows": [{"epsilon": 1.5, "target_delta": 1e-5}]})
+        assert path.read_text() == "previous result\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            n for n in ("r.json", "r.csv") if (tmp_path / n).exists())
+        write_out(str(path), {"rows": [{"epsilon": 1.5, "target_delta": 1e-5}]})
+        assert "1.5" in path.read_text()
+
+
 def test_sweep_out_json_is_json_and_csv_is_csv(tmp_path, capsys):
     argv = ["sweep", "--noise-multiplier", "1,2", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5",
             "--quiet"]

@@ -35,6 +35,7 @@ import argparse
 import csv
 import difflib
 import importlib
+import io
 import itertools
 import math
 import os
@@ -130,19 +131,21 @@ def _flat(obj: Any, prefix: str = "") -> dict:
 
 def write_out(path: str, result: dict) -> None:
     """``--out FILE``: the format its extension says -- ``.csv`` a CSV table (one row per result
-    row, or one row), anything else the JSON object ``--json`` prints."""
+    row, or one row), anything else the JSON object ``--json`` prints.  Written atomically
+    (:func:`dpjax._io.atomic_write`): an interrupted run leaves the previous file, never part of
+    a new one."""
     if os.path.splitext(path)[1].lower() == ".csv":
         rows = [_flat(r) for r in result["rows"]] if isinstance(result.get("rows"), list) else [_flat(result)]
         cols: list[str] = []
         for r in rows:
             cols.extend(k for k in r if k not in cols)
-        with open(path, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=cols)
-            writer.writeheader()
-            writer.writerows(rows)
+        buf = io.StringIO(newline="")
+        writer = csv.DictWriter(buf, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(rows)
+        _io.atomic_write(path, buf.getvalue())
         return
-    with open(path, "w") as fh:
-        fh.write(_io.dumps(result) + "\n")
+    _io.atomic_write(path, _io.dumps(result) + "\n")
 
 
 #: Spellings that changed meaning or name: an unknown option names its replacement.
