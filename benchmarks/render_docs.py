@@ -708,9 +708,13 @@ def render_table_allocation(d: dict) -> Rendered:
                 for r in d["noise_multiplier"]]
     names = [SCHEME_NAMES[s] for s in schemes]
     partial = "" if d.get("complete", True) else " (the rows the run completed within its time limit)"
+    earlier = [provenance({"meta": m}) for m in d.get("earlier_runs", [])]
+    resumed = ("" if not earlier else
+               " Rows kept from earlier runs of the same grid (this run resumed them) were computed on: "
+               + "; ".join(f"{p.machine or NOT_RECORDED}, {p.date or NOT_RECORDED}" for p in earlier) + ".")
     body = "\n\n".join([
         f"Certified epsilon at delta = {param(d['delta'])} (noise multiplier sigma, b batches per epoch, E epochs, "
-        f"T = b E steps){partial}:",
+        f"T = b E steps){partial}:{resumed}",
         table(["E", "b", "sigma"] + names, eps_rows),
         f"Smallest noise multiplier whose certified epsilon meets the target at delta = {param(d['delta'])}:",
         table(["E", "b", "target epsilon"] + names, sig_rows)])

@@ -14,6 +14,8 @@ delta 1e-5), certified upper bounds from dpjax:
 
     python benchmarks/table_allocation.py    # writes benchmarks/results/table_allocation.json
 
+An interrupted run resumes: rows already in the results file are kept (``--fresh`` recomputes all).
+
 ``python benchmarks/render_docs.py`` renders it in docs/benchmarks.md.
 """
 
@@ -60,7 +62,7 @@ def noise(scheme: str, target: float, b: int, E: int) -> float:
                                               batches_per_epoch=b, epochs=E))
 
 
-def _write(rows: list, sig: list, seconds: float, complete: bool) -> dict:
+def _write(rows: list, sig: list, seconds: float, complete: bool, earlier: list | None = None) -> dict:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _meta import run_metadata
 
@@ -68,6 +70,8 @@ def _write(rows: list, sig: list, seconds: float, complete: bool) -> dict:
                complete=complete,
                note="certified upper bounds (epsilon) and smallest certified noise multipliers",
                meta=run_metadata(__file__))
+    if earlier:
+        out["earlier_runs"] = earlier   # the runs whose rows a resumed run kept (their metadata)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1))
@@ -75,32 +79,59 @@ def _write(rows: list, sig: list, seconds: float, complete: bool) -> dict:
     return out
 
 
-def run() -> dict:
-    """Every row, written as it arrives (``complete`` says whether the grid finished)."""
+def _previous() -> tuple[dict, dict, float, list]:
+    """Rows of an earlier (possibly interrupted) run of the same grid, keyed by their parameters,
+    the seconds it recorded and its runs' metadata: a long run resumes where it stopped."""
+    try:
+        old = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return {}, {}, 0.0, []
+    if old.get("delta") != DELTA:
+        return {}, {}, 0.0, []
+    eps = {(r["epochs"], r["batches_per_epoch"], r["noise_multiplier"]): r for r in old.get("epsilon", [])
+           if all(k in r for k in SCHEMES)}
+    sig = {(r["epochs"], r["batches_per_epoch"], r["target_epsilon"]): r for r in old.get("noise_multiplier", [])
+           if all(k in r for k in SCHEMES)}
+    earlier = list(old.get("earlier_runs", [])) + ([old["meta"]] if "meta" in old else [])
+    return eps, sig, float(old.get("seconds", 0.0)), earlier
+
+
+def run(resume: bool = True) -> dict:
+    """Every row, written as it arrives (``complete`` says whether the grid finished); rows an
+    earlier run of the same grid recorded are kept (``resume``), and ``seconds`` adds up the runs."""
+    done_eps, done_sig, seconds, earlier = _previous() if resume else ({}, {}, 0.0, [])
+    if not (done_eps or done_sig):
+        earlier = []
     rows, sig = [], []
     t0 = time.perf_counter()
     for E in EPOCHS:
         for b in BATCHES:
             for s in SIGMAS:
-                row = dict(epochs=E, batches_per_epoch=b, noise_multiplier=s)
-                for scheme in SCHEMES:
-                    row[scheme] = epsilon(scheme, s, b, E)
+                row = done_eps.get((E, b, s))
+                if row is None:
+                    row = dict(epochs=E, batches_per_epoch=b, noise_multiplier=s)
+                    for scheme in SCHEMES:
+                        row[scheme] = epsilon(scheme, s, b, E)
+                    print(json.dumps(row), flush=True)
                 rows.append(row)
-                print(json.dumps(row), flush=True)
             for target in TARGETS:
-                row = dict(epochs=E, batches_per_epoch=b, target_epsilon=target)
-                for scheme in SCHEMES:
-                    row[scheme] = noise(scheme, target, b, E)
+                row = done_sig.get((E, b, target))
+                if row is None:
+                    row = dict(epochs=E, batches_per_epoch=b, target_epsilon=target)
+                    for scheme in SCHEMES:
+                        row[scheme] = noise(scheme, target, b, E)
+                    print(json.dumps(row), flush=True)
                 sig.append(row)
-                print(json.dumps(row), flush=True)
-            _write(rows, sig, time.perf_counter() - t0, complete=False)
-    return _write(rows, sig, time.perf_counter() - t0, complete=True)
+            _write(rows, sig, seconds + time.perf_counter() - t0, complete=False, earlier=earlier)
+    return _write(rows, sig, seconds + time.perf_counter() - t0, complete=True, earlier=earlier)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args()
-    run()
+    ap.add_argument("--fresh", action="store_true", help="recompute every row (default: keep the rows of an "
+                                                         "earlier run of the same grid and compute the rest)")
+    args = ap.parse_args()
+    run(resume=not args.fresh)
 
 
 if __name__ == "__main__":
