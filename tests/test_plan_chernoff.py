@@ -81,3 +81,38 @@ def test_chernoff_search_finds_the_full_grid_minimum(monkeypatch):
         low += abs(lams[0]) < 1e-5 * args[2]
     # Some searches must have gone down to the extended low grid (the heavy-tailed compositions).
     assert low >= 1
+
+
+def test_host_probe_is_reused_for_the_same_mechanism_and_plans_alike(monkeypatch):
+    # A loop accounting one mechanism at more step counts (a running accountant) probes it once;
+    # the plan is the one a fresh probe gives.
+    calls = []
+    real = pld.PoissonSubsampledGaussian.host_loss_cdfs
+
+    def counted(self, direction, y):
+        calls.append(direction)
+        return real(self, direction, y)
+
+    monkeypatch.setattr(pld.PoissonSubsampledGaussian, "host_loss_cdfs", counted)
+    monkeypatch.setattr(plan, "_HOST_PROBE_CACHE", type(plan._HOST_PROBE_CACHE)())
+
+    def plan_of(sigma, steps):
+        with jax.enable_x64(True):
+            up, _, symmetric, _ = engine.prepare(
+                engine.as_components([(pld.PoissonSubsampledGaussian(sigma, 0.01), steps)]), 64, None)
+            directions = ("remove",) if symmetric else ("remove", "add")
+            return plan.plan_grid(up, directions, tail_mass=1e-8, eps_hint=None, target_delta=1e-5,
+                                  options=plan.GridOptions())
+
+    first = [plan_of(1.3, steps) for steps in (100, 1000, 10000)]
+    assert len(calls) == 2                       # one probe per direction, for all three plans
+    plan_of(1.4, 100)
+    assert len(calls) == 4                       # another noise multiplier: probed again
+    plan._HOST_PROBE_CACHE.clear()
+    fresh = [plan_of(1.3, steps) for steps in (100, 1000, 10000)]
+    for a, b in zip(first, fresh):
+        assert (a.n, a.dx, a.ms, a.n_freq) == (b.n, b.dx, b.ms, b.n_freq)
+        np.testing.assert_array_equal(a.lambdas, b.lambdas)
+    cached = next(iter(plan._HOST_PROBE_CACHE.values()))
+    with pytest.raises(ValueError):
+        cached[0][0][...] = 0.0                  # shared arrays cannot be changed by a caller

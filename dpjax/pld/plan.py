@@ -25,9 +25,11 @@ Rules (Koskela & Honkela 2021, §5; Doroshenko et al. 2022 for the ``dx^2`` law)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
+import threading
 from typing import Sequence
 
 import jax
@@ -158,21 +160,47 @@ def _probe(mechanism, directions, y):
 _HOST_PROBE_MAX = 16
 
 
+# Host probes of the last few mechanisms, keyed by their concrete parameters: a loop that accounts
+# one mechanism at more step counts or deltas (a running accountant, an epsilon curve) probes it
+# once.  The probe depends on nothing else (the losses ``y`` are the module's fixed probe grids).
+_HOST_PROBE_CACHE: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
+_HOST_PROBE_CACHE_SIZE = 32
+_HOST_PROBE_LOCK = threading.Lock()   # (the sweep plans in threads)
+
+
 def _host_probe(mechanism, directions, y):
     """The probe in NumPy (no XLA compile) when the mechanism provides ``host_loss_cdfs`` and
-    concrete parameters; None otherwise."""
+    concrete parameters; None otherwise.  The arrays returned are read-only (cached)."""
     if not hasattr(type(mechanism), "host_loss_cdfs"):
         return None
     try:
-        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(mechanism)]
+        leaves, treedef = jax.tree_util.tree_flatten(mechanism)
+        leaves = [np.asarray(x) for x in leaves]
     except Exception:  # traced parameters (a plan made inside a transformation)
         return None
     if any(x.ndim != 1 or x.shape[0] > _HOST_PROBE_MAX for x in leaves):
         return None
+    key = (type(mechanism), treedef, tuple((x.dtype.str, x.shape, x.tobytes()) for x in leaves), tuple(directions),
+           id(y), len(y))
+    cacheable = y is PROBE_LOSSES or y is PROBE_LOSSES_EXTENDED
+    if cacheable:
+        with _HOST_PROBE_LOCK:
+            hit = _HOST_PROBE_CACHE.get(key)
+            if hit is not None:
+                _HOST_PROBE_CACHE.move_to_end(key)
+                return hit
     out = []
     for d in directions:
         c = mechanism.host_loss_cdfs(d, y)
-        out.append((c.p_le, c.p_gt))
+        p_le, p_gt = np.array(c.p_le, np.float64), np.array(c.p_gt, np.float64)
+        p_le.setflags(write=False)
+        p_gt.setflags(write=False)
+        out.append((p_le, p_gt))
+    if cacheable:
+        with _HOST_PROBE_LOCK:
+            _HOST_PROBE_CACHE[key] = out
+            while len(_HOST_PROBE_CACHE) > _HOST_PROBE_CACHE_SIZE:
+                _HOST_PROBE_CACHE.popitem(last=False)
     return out
 
 
