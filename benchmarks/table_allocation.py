@@ -96,6 +96,16 @@ def _previous() -> tuple[dict, dict, float, list]:
     return eps, sig, float(old.get("seconds", 0.0)), earlier
 
 
+def _row(done: dict, key: tuple, head: dict, value) -> dict:
+    """The row ``key`` of an earlier run, else ``head`` with ``value(scheme)`` for every scheme
+    (printed as it arrives)."""
+    row = done.get(key)
+    if row is None:
+        row = dict(head, **{scheme: value(scheme) for scheme in SCHEMES})
+        print(json.dumps(row), flush=True)
+    return row
+
+
 def run(resume: bool = True) -> dict:
     """Every row, written as it arrives (``complete`` says whether the grid finished); rows an
     earlier run of the same grid recorded are kept (``resume``), and ``seconds`` adds up the runs."""
@@ -107,21 +117,11 @@ def run(resume: bool = True) -> dict:
     for E in EPOCHS:
         for b in BATCHES:
             for s in SIGMAS:
-                row = done_eps.get((E, b, s))
-                if row is None:
-                    row = dict(epochs=E, batches_per_epoch=b, noise_multiplier=s)
-                    for scheme in SCHEMES:
-                        row[scheme] = epsilon(scheme, s, b, E)
-                    print(json.dumps(row), flush=True)
-                rows.append(row)
+                rows.append(_row(done_eps, (E, b, s), dict(epochs=E, batches_per_epoch=b, noise_multiplier=s),
+                                 lambda scheme: epsilon(scheme, s, b, E)))
             for target in TARGETS:
-                row = done_sig.get((E, b, target))
-                if row is None:
-                    row = dict(epochs=E, batches_per_epoch=b, target_epsilon=target)
-                    for scheme in SCHEMES:
-                        row[scheme] = noise(scheme, target, b, E)
-                    print(json.dumps(row), flush=True)
-                sig.append(row)
+                sig.append(_row(done_sig, (E, b, target), dict(epochs=E, batches_per_epoch=b, target_epsilon=target),
+                                lambda scheme: noise(scheme, target, b, E)))
             _write(rows, sig, seconds + time.perf_counter() - t0, complete=False, earlier=earlier)
     return _write(rows, sig, seconds + time.perf_counter() - t0, complete=True, earlier=earlier)
 
