@@ -188,3 +188,26 @@ def test_float32_contract_grad_and_vmap():
     assert float(g) == pytest.approx(fd, rel=2e-2)
     with pytest.raises(ValueError, match="jax_enable_x64"):
         jax.jit(lambda s: R.allocation_epsilon_fn(plan, 1e-5, s))(jnp.float32(1.0))
+
+
+@pytest.mark.parametrize("sigma, t, E, delta", [(0.5063, 41, 1, 1.31e-6), (0.7, 20, 3, 1e-6), (1.0, 10, 1, 1e-9)])
+def test_heavy_tail_room_is_chosen_before_the_run(monkeypatch, sigma, t, E, delta):
+    """Few steps and small noise need a larger lattice room: the host probe of the dominating law's
+    out-of-window mass picks it, so the accountant runs once, and the room it picks is needed
+    (one step smaller, the run's own check fails)."""
+    blocks = R.allocation_blocks(t, 1, E)
+    budget = R.AllocationOptions().tail_fraction * delta
+    runs = []
+    real = R._run_numpy
+
+    def counting(plan, sigma=None):
+        runs.append(plan.room)
+        return real(plan, sigma)
+
+    monkeypatch.setattr(R, "_run_numpy", counting)
+    plan, _ = R.account_blocks(sigma, blocks, target_delta=delta)
+    assert plan.room > 1.0
+    assert runs == [plan.room]
+    smaller = {8.0: 1.0, 64.0: 8.0, 1e9: 64.0}[plan.room]
+    comp = real(R.plan_allocation(sigma, blocks, target_delta=delta, room=smaller))
+    assert np.max(np.asarray(comp.p_inf)[:2]) > 0.5 * budget

@@ -155,6 +155,10 @@ def _small_tails(ops, *ws):
     over this module's backends (:class:`Ops`: NumPy with SciPy's ``erfc`` or ``jax.numpy``),
     which keeps this module free of a jax import."""
     xp = ops.xp
+    if xp is np:
+        # On the host one call per array is cheaper than joining them (small arrays: the join
+        # costs more than the arithmetic); the values are the same.
+        return [0.5 * ops.erfc(np.abs(np.asarray(w, dtype=np.float64)) * _SQRT1_2) for w in ws]
     shapes = [xp.shape(w) for w in ws]
     flat = xp.concatenate([xp.reshape(xp.asarray(w, dtype=np.float64), (-1,)) for w in ws])
     tails = 0.5 * ops.erfc(xp.abs(flat) * _SQRT1_2)
@@ -258,22 +262,27 @@ def _match(xp, D, E):
     ``D_j`` below the next point, atom ``j+1`` exceeds its own point by ``E_{j+1}``; fractions
     ``u_j``, ``v_{j+1}`` with ``u_j D_j = v_{j+1} E_{j+1}`` merge into one atom exactly on the
     shared point (the parallel rounds of :mod:`dpjax.pld.discretize`'s optimistic grid)."""
-    f = xp.ones_like(D)
-    u = xp.zeros_like(D)
-    v = xp.zeros_like(D)
+    # Pair j joins atom j (its need D_j) and atom j + 1 (its excess E_{j+1}); the round-invariant
+    # masks and denominators are formed once (large lattices: each pass over them costs).
+    Dl, Eh = D[..., :-1], E[..., 1:]
+    has_d, has_e = Dl > _TINY, Eh > _TINY
+    d_safe, e_safe = xp.maximum(Dl, _TINY), xp.maximum(Eh, _TINY)
     zero = xp.zeros(D.shape[:-1] + (1,))
+    f = xp.ones_like(D)
+    u = xp.zeros_like(Dl)
+    v = xp.zeros_like(Dl)
     for _ in range(_MATCH_ROUNDS):
-        Dr, Er = f * D, f * E
-        s_up = xp.minimum(1.0, xp.concatenate([Er[..., 1:], zero], -1) / xp.maximum(Dr, _TINY))
-        r_dn = xp.minimum(1.0, xp.concatenate([zero, Dr[..., :-1]], -1) / xp.maximum(Er, _TINY))
-        over = xp.maximum(s_up + r_dn, 1.0)
-        s_up, r_dn = s_up / over, r_dn / over
-        tt = xp.minimum(s_up[..., :-1] * Dr[..., :-1], r_dn[..., 1:] * Er[..., 1:])
-        up = xp.concatenate([xp.where(D[..., :-1] > _TINY, tt / xp.maximum(D[..., :-1], _TINY), 0.0), zero], -1)
-        dn = xp.concatenate([zero, xp.where(E[..., 1:] > _TINY, tt / xp.maximum(E[..., 1:], _TINY), 0.0)], -1)
+        Dr, Er = f[..., :-1] * Dl, f[..., 1:] * Eh
+        s_up = xp.minimum(1.0, Er / xp.maximum(Dr, _TINY))                  # atom j's share up
+        r_dn = xp.minimum(1.0, Dr / xp.maximum(Er, _TINY))                  # atom j + 1's share down
+        over = xp.maximum(xp.concatenate([s_up, zero], -1) + xp.concatenate([zero, r_dn], -1), 1.0)
+        tt = xp.minimum(s_up / over[..., :-1] * Dr, r_dn / over[..., 1:] * Er)
+        up = xp.where(has_d, tt / d_safe, 0.0)
+        dn = xp.where(has_e, tt / e_safe, 0.0)
         u, v = u + up, v + dn
-        f = xp.maximum(f - up - dn, 0.0)
-    return xp.clip(u, 0.0, 1.0), xp.clip(v, 0.0, 1.0)
+        f = xp.maximum(f - xp.concatenate([up, zero], -1) - xp.concatenate([zero, dn], -1), 0.0)
+    return (xp.clip(xp.concatenate([u, zero], -1), 0.0, 1.0),
+            xp.clip(xp.concatenate([zero, v], -1), 0.0, 1.0))
 
 
 # The lower laws contract the lowest part of X exactly onto the lattice (see _contract): at most
@@ -385,6 +394,42 @@ def _bottom_atom(ops, s, t, g, bl):
     return theta, f_th, mu, delta
 
 
+def _cells(xp, s, t, xl, w, tw, tws, ends, we, te, tes, lo_i, hi_i):
+    """Mass and first moment of ``X`` on every cell of the lattice ``xl`` (K, m) clipped to
+    ``[ends[lo_i], ends[hi_i]]`` (``lo_i`` None: from ``X = 0``): (K, m-1) each.  ``w``, ``tw``,
+    ``tws``: ``W`` and the small tails of ``W``, ``W - s`` at the lattice points; ``we``, ``te``,
+    ``tes`` the same at the range ends."""
+    hi_v = ends[hi_i][:, None]
+    above = xl > hi_v
+    ew = xp.where(above, we[hi_i][:, None], w)
+    et = xp.where(above, te[hi_i][:, None], tw)
+    ets = xp.where(above, tes[hi_i][:, None], tws)
+    if lo_i is not None:
+        below = xl < ends[lo_i][:, None]
+        ew = xp.where(below, we[lo_i][:, None], ew)
+        et = xp.where(below, te[lo_i][:, None], et)
+        ets = xp.where(below, tes[lo_i][:, None], ets)
+    mass = _interval_from_tails(xp, ew[:, :-1], et[:, :-1], ew[:, 1:], et[:, 1:])
+    first = _interval_from_tails(xp, ew[:, :-1] - s, ets[:, :-1], ew[:, 1:] - s, ets[:, 1:]) / t
+    return mass, first
+
+
+def _upper_law(xp, s, t, g, x0, w, tw, tws, ends, we, te, tes):
+    """The dominating lattice law of :func:`_lattice_laws` ([0]): ``A`` (``[0, b_{k-1}]``) and ``B``
+    (``(b_{k-1}, b_k]``), every cell's outcome split between its two lattice neighbours keeping
+    its mean: (K, 2, m)."""
+    zero = xp.zeros((g.shape[0], 1))
+
+    def split(mass, first):
+        D = xp.maximum(x0[:, 1:] * mass - first, 0.0)
+        a = xp.clip(D / g[:, None], 0.0, mass)
+        return xp.concatenate([a, zero], -1) + xp.concatenate([zero, mass - a], -1)
+
+    law_a = split(*_cells(xp, s, t, x0, w, tw, tws, ends, we, te, tes, None, 0))    # [0, b_{k-1}]
+    law_b = split(*_cells(xp, s, t, x0, w, tw, tws, ends, we, te, tes, 0, 1))       # (b_{k-1}, b_k]
+    return xp.stack([law_a, law_b], 1)
+
+
 def _lattice_laws(ops, s, t, g, bl, bh, m: int):
     """``X`` restricted to ``[0, b_{k-1}]`` ("A") and ``(b_{k-1}, b_k]`` ("B") on the lattice
     ``j g_k`` (``m`` points), three ways: (3, K, 2, m) masses and (3, K) lattice origins (0).
@@ -419,36 +464,12 @@ def _lattice_laws(ops, s, t, g, bl, bh, m: int):
     tw, tws, te, tes = ops.materialize(tails)
 
     def cells(L, lo_i, hi_i):
-        """Mass and first moment of X on every cell of lattice L clipped to [ends[lo_i], ends[hi_i]]
-        (lo_i None: from X = 0)."""
-        xl_, w_, tw_, tws_ = x[L], w[L], tw[L], tws[L]
-        hi_v = ends[hi_i][:, None]
-        above = xl_ > hi_v
-        ew = xp.where(above, we[hi_i][:, None], w_)
-        et = xp.where(above, te[hi_i][:, None], tw_)
-        ets = xp.where(above, tes[hi_i][:, None], tws_)
-        if lo_i is not None:
-            below = xl_ < ends[lo_i][:, None]
-            ew = xp.where(below, we[lo_i][:, None], ew)
-            et = xp.where(below, te[lo_i][:, None], et)
-            ets = xp.where(below, tes[lo_i][:, None], ets)
-        mass = _interval_from_tails(xp, ew[:, :-1], et[:, :-1], ew[:, 1:], et[:, 1:])
-        first = _interval_from_tails(xp, ew[:, :-1] - s, ets[:, :-1], ew[:, 1:] - s, ets[:, 1:]) / t
-        return mass, first
+        return _cells(xp, s, t, x[L], w[L], tw[L], tws[L], ends, we, te, tes, lo_i, hi_i)
 
-    m_a, f_a = cells(0, None, 0)                                           # [0, b_{k-1}]
-    m_b, f_b = cells(0, 0, 1)                                              # (b_{k-1}, b_k]
     m_ra, f_ra = cells(1, 2, 0)                                            # (u_end, b_{k-1}]: remove
     m_aa, f_aa = cells(1, 3, 0)                                            # add
     m_bl, f_bl = cells(1, 0, 1)                                            # B on the lower lattice
-    zero = xp.zeros((K, 1))
-
-    def split(mass, first):
-        D = xp.maximum(x0[:, 1:] * mass - first, 0.0)
-        a = xp.clip(D / g[:, None], 0.0, mass)
-        return xp.concatenate([a, zero], -1) + xp.concatenate([zero, mass - a], -1)
-
-    up = xp.stack([split(m_a, f_a), split(m_b, f_b)], 1)                  # (K, 2, m)
+    up = _upper_law(xp, s, t, g, x0, w[0], tw[0], tws[0], ends, we, te, tes)   # (K, 2, m)
     # Lower laws: match the cells of (A above the contraction, B) per direction.
     mass_l = xp.stack([xp.stack([m_ra, m_bl], 1), xp.stack([m_aa, m_bl], 1)])     # (2, K, 2, m-1)
     first_l = xp.stack([xp.stack([f_ra, f_bl], 1), xp.stack([f_aa, f_bl], 1)])
@@ -677,6 +698,37 @@ def _below_window(ops, S, origins, w0, g, bl, lam, pband, t):
     return q_below, lo_w * q_below
 
 
+def _window_starts(xp, geo, origins, t):
+    """First window index of every law and level (``origins``: (V, K)): where the window starts at
+    the band (``lo = b_{k-1}``), at the smallest value on the event, the band's lattice floor
+    ``beta`` plus ``t - 1`` values ``>= origin``; else at ``lo``."""
+    g = geo["g"][None, :]
+    beta = origins + xp.floor((geo["bl"][None, :] - origins) / g) * g
+    at_band = geo["lo"] <= geo["bl"]
+    return xp.where(at_band[None, :], xp.round((beta - origins) / g), xp.floor((geo["lo"][None, :] - t * origins) / g))
+
+
+def upper_window_mass(sigma, t, tau, *, levels: int, n: int, m: int, room=1.0):
+    """P-mass the dominating law of one epoch puts outside its lattice windows (host, NumPy): the
+    part of :attr:`EpochAtoms.p_inf` that a larger ``room`` reduces, computed without the lower
+    laws, the powers or the loss grid (about a tenth of :func:`epoch_atoms`).  The planner uses it
+    to pick ``room`` before running; the run itself still checks every bound."""
+    with np.errstate(all="ignore"):
+        s = 1.0 / sigma
+        t = float(t)
+        geo = band_geometry(NUMPY, sigma, t, tau, levels=levels, n=n, m=m, room=room)
+        g = geo["g"]
+        x0 = np.arange(m, dtype=np.float64)[None, :] * g[:, None]
+        w = _w_of(np, x0, s, t)
+        ends = np.stack([geo["bl"], geo["bh"]])
+        we = _w_of(np, ends, s, t)
+        tw, tws, te, tes = _small_tails(NUMPY, w, w - s, we, we - s)
+        up = _upper_law(np, s, t, g, x0, w, tw, tws, ends, we, te, tes)[None]     # (1, K, 2, m)
+        origins = np.zeros((1, g.shape[0]))
+        _, p_out = _window_tails(NUMPY, up, origins, _window_starts(np, geo, origins, t), geo, s, t, n)
+        return float(np.sum(p_out))
+
+
 def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0, geometry=None) -> EpochAtoms:
     """Lattice atoms of one epoch of 1-of-``t`` allocation.
 
@@ -707,10 +759,7 @@ def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0, ge
     # A sum of t lattice values is t * origin + J g; the window holds J in [w0, w0 + n).  Where
     # the window starts at the band (lo = b_{k-1}), it starts at the smallest value on the event:
     # the band's lattice floor beta plus t - 1 values >= origin.
-    beta = origins + xp.floor((geo["bl"][None, :] - origins) / g[None, :]) * g[None, :]
-    at_band = geo["lo"] <= geo["bl"]
-    w0 = ops.stop(xp.where(at_band[None, :], xp.round((beta - origins) / g[None, :]),
-                           xp.floor((geo["lo"][None, :] - t * origins) / g[None, :])))   # (3, K)
+    w0 = ops.stop(_window_starts(xp, geo, origins, t))                     # (3, K)
     idx = xp.mod(w0[..., None].astype(np.int64) + xp.arange(n), n)
     r = ops.take_along_axis(circ, idx, axis=-1)
     v = t * origins[..., None] + (w0[..., None] + xp.arange(n)) * g[None, :, None]          # (3, K, n)

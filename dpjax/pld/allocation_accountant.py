@@ -227,7 +227,7 @@ def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, opt
     options = options or AllocationOptions()
     budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
               else options.delta_tail_mass)
-    room, comp_scale = 1.0, 1
+    room, comp_scale = _probe_room(sigma, blocks, target_delta, target_epsilon, options, budget), 1
     for _ in range(6):
         plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
                                options=options, room=room, comp_scale=comp_scale)
@@ -237,13 +237,35 @@ def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, opt
         over_window = bool(np.any(np.asarray(comp.tail_above)[:2] > 0.25 * budget)) or bool(
             np.any(np.asarray(comp.tail_below)[2:] > 0.5 * budget))
         if over_lattice and room < 1e6:
-            room = room * 8.0 if room < 64 else 1e9
+            room = _next_room(room)
             continue
         if over_window and plan.shape.n_comp < options.max_grid:
             comp_scale *= 2
             continue
         break
     return plan, comp
+
+
+def _next_room(room: float) -> float:
+    return room * 8.0 if room < 64 else 1e9
+
+
+def _probe_room(sigma, blocks, target_delta, target_epsilon, options, budget) -> float:
+    """The smallest ``room`` of the sequence 1, 8, 64, 1e9 whose dominating laws put at most a
+    quarter of ``budget`` outside their windows, composed over the epochs
+    (:func:`dpjax.pld.allocation.upper_window_mass`; heavy tails: few steps, small noise).  Only
+    the first run's choice: :func:`account_blocks` still checks the run and raises it further."""
+    room = 1.0
+    while room < 1e6:
+        plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
+                               options=options, room=room)
+        sh = plan.shape
+        mass = sum(c * A.upper_window_mass(sb, tb, plan.tau, levels=sh.levels, n=sh.n, m=sh.m, room=room)
+                   for sb, tb, c in zip(plan.sigmas(), plan.block_steps, plan.counts))
+        if mass <= 0.25 * budget:
+            break
+        room = _next_room(room)
+    return room
 
 
 def _gaussian_result(mu, target_delta=None, target_epsilon=None):
