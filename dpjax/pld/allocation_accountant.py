@@ -251,21 +251,16 @@ def _next_room(room: float) -> float:
 
 
 def _probe_room(sigma, blocks, target_delta, target_epsilon, options, budget) -> float:
-    """The smallest ``room`` of the sequence 1, 8, 64, 1e9 whose dominating laws put at most a
-    quarter of ``budget`` outside their windows, composed over the epochs
-    (:func:`dpjax.pld.allocation.upper_window_mass`; heavy tails: few steps, small noise).  Only
-    the first run's choice: :func:`account_blocks` still checks the run and raises it further."""
-    room = 1.0
-    while room < 1e6:
-        plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
-                               options=options, room=room)
-        sh = plan.shape
-        mass = sum(c * A.upper_window_mass(sb, tb, plan.tau, levels=sh.levels, n=sh.n, m=sh.m, room=room)
-                   for sb, tb, c in zip(plan.sigmas(), plan.block_steps, plan.counts))
-        if mass <= 0.25 * budget:
-            break
-        room = _next_room(room)
-    return room
+    """The first run's ``room``: 1 where the dominating laws at room 1 put at most a quarter of
+    ``budget`` outside their windows, composed over the epochs
+    (:func:`dpjax.pld.allocation.upper_window_mass`), else 8 (heavy tails: few steps, small
+    noise).  Only a choice: :func:`account_blocks` checks the run and raises it further."""
+    plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
+                           options=options, room=1.0)
+    sh = plan.shape
+    mass = sum(c * A.upper_window_mass(sb, tb, plan.tau, levels=sh.levels, n=sh.n, m=sh.m, room=1.0)
+               for sb, tb, c in zip(plan.sigmas(), plan.block_steps, plan.counts))
+    return 1.0 if mass <= 0.25 * budget else _next_room(1.0)
 
 
 def _gaussian_result(mu, target_delta=None, target_epsilon=None):
