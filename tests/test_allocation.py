@@ -211,3 +211,26 @@ def test_heavy_tail_room_is_chosen_before_the_run(monkeypatch, sigma, t, E, delt
     smaller = {8.0: 1.0, 64.0: 8.0, 1e9: 64.0}[plan.room]
     comp = real(R.plan_allocation(sigma, blocks, target_delta=delta, room=smaller))
     assert np.max(np.asarray(comp.p_inf)[:2]) > 0.5 * budget
+
+
+@pytest.mark.parametrize("sigma, t", [(1.0, 100.0), (0.5063, 41.0), (2.0, 1000.0)])
+def test_host_lattice_laws_on_shorter_prefixes_are_the_full_ones(sigma, t):
+    """The host computes each level's lattice laws on the shortest power-of-two prefix holding its
+    support; the result equals the laws on the whole lattice exactly (every entry beyond ``b_k``
+    is zero, and the entries are computed element-wise: equal up to the last bits NumPy's
+    vectorized transcendental functions may vary in with the array layout)."""
+    tau = 1e-12
+    levels, n = R._levels(sigma, t, tau), 4096
+    m = n + n // 4
+    geo = A.band_geometry(A.NUMPY, sigma, t, tau, levels=levels, n=n, m=m)
+    s = 1.0 / sigma
+    with np.errstate(all="ignore"):
+        laws, origins = A._lattice_laws(A.NUMPY, s, t, geo["g"], geo["bl"], geo["bh"], m)
+        bottom = A._bottom_and_contraction(A.NUMPY, s, t, geo["g"], geo["bl"])
+        full, full_origins = A._lattice_laws_on(A.NUMPY, s, t, geo["g"], geo["bl"], geo["bh"], m, bottom)
+    support = np.ceil(geo["bh"] / geo["g"]) + 3
+    assert np.any(support <= m // 4)                       # some levels do take a short prefix
+    np.testing.assert_array_equal(origins, full_origins)
+    np.testing.assert_allclose(laws, full, rtol=1e-13, atol=0.0)
+    np.testing.assert_array_equal(laws == 0.0, full == 0.0)
+    assert np.all(full.sum(-1) > 0)

@@ -431,6 +431,54 @@ def _upper_law(xp, s, t, g, x0, w, tw, tws, ends, we, te, tes):
 
 
 def _lattice_laws(ops, s, t, g, bl, bh, m: int):
+    """:func:`_lattice_laws_on` for every level: on the host, levels whose support (up to ``b_k``)
+    covers a small part of the lattice are computed on a shorter prefix of it (grouped by
+    powers of two of the prefix length): everything beyond ``b_k`` is exactly zero, and every
+    entry is computed by the same element-wise operations (same values; large ``t`` puts most
+    levels' ``b_k`` far below the lattice top, which is sized for the sum of ``t`` terms)."""
+    bottom = _bottom_and_contraction(ops, s, t, g, bl)
+    if ops.xp is not np:
+        return _lattice_laws_on(ops, s, t, g, bl, bh, m, bottom)
+    K = g.shape[0]
+    # Last lattice index at or below b_k, plus room for the split's upper neighbour and the
+    # contraction's cells (at most _CONTRACT_CELLS + 1 lattice steps).
+    need = np.ceil(bh / g) + 3.0
+    need = np.where(np.isfinite(need), need, float(m))
+    sizes = np.full(K, m, dtype=np.int64)
+    size = m
+    while size % 2 == 0 and size // 2 >= 4 * _CONTRACT_CELLS:
+        size //= 2
+        sizes = np.where(need <= size, size, sizes)
+    if np.all(sizes == m):
+        return _lattice_laws_on(ops, s, t, g, bl, bh, m, bottom)
+    laws = np.zeros((3, K, 2, m))
+    origins = np.zeros((3, K))
+    for size in np.unique(sizes):
+        ks = np.nonzero(sizes == size)[0]
+        (theta, f_th, mu, delta), (u_end, c_mass, c_index) = bottom
+        part = ((theta[ks], f_th[ks], mu[ks], delta[ks]), (u_end[:, ks], c_mass[:, ks], c_index[:, ks]))
+        sub, org = _lattice_laws_on(ops, s, t, g[ks], bl[ks], bh[ks], int(size), part)
+        laws[:, ks, :, :size] = sub
+        origins[:, ks] = org
+    return laws, origins
+
+
+def _bottom_and_contraction(ops, s, t, g, bl):
+    """:func:`_bottom_atom` and :func:`_contract` of every level (their loops run once for all
+    levels)."""
+    xp = ops.xp
+    bottom = _bottom_atom(ops, s, t, g, bl)
+    theta, _, _, delta = bottom
+    # Contract up to where the density of X changes by less than kappa over one cell (|d log f /
+    # dx| g = (g / x) |1 + (log(t x) + s^2 / 2) / s^2|, one fixed-point step from x = g / kappa):
+    # beyond it the neighbour matching leaves little unmatched, and contraction loses variance.
+    x_res = g / _KAPPA
+    x_res = g * xp.abs(1.0 + (xp.log(t * x_res) + 0.5 * s * s) / (s * s)) / _KAPPA
+    limit = xp.minimum(bl, xp.minimum(_CONTRACT_CELLS * g, x_res))
+    return bottom, _contract(ops, s, t, g, limit, delta, theta)
+
+
+def _lattice_laws_on(ops, s, t, g, bl, bh, m: int, bottom):
     """``X`` restricted to ``[0, b_{k-1}]`` ("A") and ``(b_{k-1}, b_k]`` ("B") on the lattice
     ``j g_k`` (``m`` points), three ways: (3, K, 2, m) masses and (3, K) lattice origins (0).
 
@@ -442,14 +490,7 @@ def _lattice_laws(ops, s, t, g, bl, bh, m: int):
     """
     xp = ops.xp
     K = g.shape[0]
-    theta, f_th, mu, delta = _bottom_atom(ops, s, t, g, bl)
-    # Contract up to where the density of X changes by less than kappa over one cell (|d log f /
-    # dx| g = (g / x) |1 + (log(t x) + s^2 / 2) / s^2|, one fixed-point step from x = g / kappa):
-    # beyond it the neighbour matching leaves little unmatched, and contraction loses variance.
-    x_res = g / _KAPPA
-    x_res = g * xp.abs(1.0 + (xp.log(t * x_res) + 0.5 * s * s) / (s * s)) / _KAPPA
-    limit = xp.minimum(bl, xp.minimum(_CONTRACT_CELLS * g, x_res))
-    u_end, c_mass, c_index = _contract(ops, s, t, g, limit, delta, theta)
+    (theta, f_th, mu, delta), (u_end, c_mass, c_index) = bottom
     x0 = xp.arange(m, dtype=np.float64)[None, :] * g[:, None]             # (K, m): upper lattice
     x1 = delta[:, None] + x0                                               # lower lattice
     x = xp.stack([x0, x1])                                                 # (2, K, m)
