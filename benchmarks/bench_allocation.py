@@ -15,7 +15,8 @@ set) with batches per epoch t in [10, 300] (log-uniform) and 1-8 epochs, the res
 
 Results are appended to ``benchmarks/results/bench_allocation.jsonl`` as they arrive (a killed run
 resumes: configurations already there are skipped); ``--summary`` writes
-``benchmarks/results/bench_allocation.json`` (ratios, soundness checks, bracket widths).
+``benchmarks/results/bench_allocation.json`` (ratios, soundness checks, bracket widths); ``--record
+NAME`` keeps a separate record (``NAME.jsonl``, ``NAME.json``).
 
     python benchmarks/bench_allocation.py --count 40 [--summary]
 """
@@ -208,7 +209,7 @@ def summary(note: str | None = None) -> dict:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _meta import run_metadata
 
-    res["benchmark"] = "bench_allocation"
+    res["benchmark"] = SUMMARY.stem
     res["meta"] = run_metadata(__file__)
     SUMMARY.write_text(json.dumps(res, indent=1))
     return res
@@ -225,7 +226,12 @@ def main():
                     help="I/N: run only configurations whose index is I mod N (N processes, e.g. one per core, "
                          "append to the same record)")
     ap.add_argument("--note", default=None, help="the summary's note on the machine (default: a generic one)")
+    ap.add_argument("--record", default="bench_allocation",
+                    help="name of the record and summary in benchmarks/results (NAME.jsonl, NAME.json): a "
+                         "separate record for a separate run, e.g. the speed set alone on another machine")
     args = ap.parse_args()
+    global RAW, SUMMARY
+    RAW, SUMMARY = RESULTS / f"{args.record}.jsonl", RESULTS / f"{args.record}.json"
     i, n = (int(x) for x in args.shard.split("/"))
     if not 0 <= i < n:
         ap.error(f"--shard I/N needs 0 <= I < N, got {args.shard}")
