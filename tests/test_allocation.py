@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -205,12 +206,43 @@ def test_heavy_tail_room_is_chosen_before_the_run(monkeypatch, sigma, t, E, delt
         return real(plan, sigma)
 
     monkeypatch.setattr(R, "_run_numpy", counting)
-    plan, _ = R.account_blocks(sigma, blocks, target_delta=delta)
+    plan, _ = R.account_blocks(sigma, blocks, target_delta=delta, coarse=False)
     assert plan.room > 1.0
     assert runs == [plan.room]
     smaller = {8.0: 1.0, 64.0: 8.0, 1e9: 64.0}[plan.room]
     comp = real(R.plan_allocation(sigma, blocks, target_delta=delta, room=smaller))
     assert np.max(np.asarray(comp.p_inf)[:2]) > 0.5 * budget
+
+
+@pytest.mark.parametrize("sigma, t, E, delta, kept", [(0.5063, 41, 1, 1.31e-6, True), (1.0, 100, 1, 1e-5, True),
+                                                       (2.6235, 151, 2, 4.8e-4, False), (2.7847, 18, 1, 6.34e-4, False)])
+def test_coarse_lattice_is_kept_only_where_its_bracket_is_narrow(sigma, t, E, delta, kept):
+    """Epsilon queries on a large lattice run first on one a quarter the size and keep it where the
+    bracket is within ``coarse_width`` (relative); elsewhere (a wider coarse bracket, or a small
+    lattice: no coarse run) the full lattice runs.  Either way the bracket overlaps the full
+    lattice's (both are certified) and is within the default width."""
+    opts = R.AllocationOptions()
+    blocks = R.allocation_blocks(t, 1, E)
+    plan, comp = R.account_blocks(sigma, blocks, target_delta=delta)
+    full_plan, full = R.account_blocks(sigma, blocks, target_delta=delta, coarse=False)
+    assert full_plan.shape.n == R._lattice_window(opts, t)
+    assert (plan.shape.n < full_plan.shape.n) == kept
+    large = R._lattice_size(sigma, blocks, delta, opts) >= opts.coarse_min_size
+    assert large or not kept
+    if large:
+        small = dataclasses.replace(opts, lattice_factor=opts.lattice_factor / 4, min_lattice=opts.min_lattice // 4,
+                                    coarse_fraction=1.0)
+        _, coarse = R.account_blocks(sigma, blocks, target_delta=delta, options=small)
+        assert R._narrow(coarse, delta, opts.coarse_width) == kept
+    ours, ref = (np.asarray(A.eps_of(A.NUMPY, c, np.asarray(delta))) for c in (comp, full))
+    upper, lower = ours[:2].max(), ours[2:].max()
+    ref_upper, ref_lower = ref[:2].max(), ref[2:].max()
+    assert upper >= ref_lower and ref_upper >= lower
+    assert upper - lower <= 5e-3 * upper
+    assert R.allocation_accounting(sigma, t, E, target_delta=delta).epsilon == upper
+    if kept:
+        # The coarse upper end is within coarse_width of the full lattice's.
+        assert upper - ref_upper <= opts.coarse_width * upper
 
 
 @pytest.mark.parametrize("sigma, t", [(1.0, 100.0), (0.5063, 41.0), (2.0, 1000.0)])

@@ -64,6 +64,17 @@ class AllocationOptions:
       min_lattice, max_lattice: bounds on the lattice window (powers of two).
       grid_resolution: loss-grid spacing as a fraction of one epoch's loss standard deviation.
       max_grid: largest loss grid / composition FFT (power of two).
+      coarse_fraction: epsilon queries run first on a lattice this fraction of the size
+        (``lattice_factor`` and ``min_lattice`` scaled by it; 1 turns the coarse run off) and keep
+        its bracket where it is already narrow: the lattice work grows with the window, while
+        the bracket (large epsilon, few steps) is often far narrower than needed.
+      coarse_width: the coarse run's bracket is kept when ``upper - lower <= coarse_width
+        max(upper, 0.02)`` at every target delta; otherwise the run is repeated on the full
+        lattice.
+      coarse_min_size: the coarse run is tried only where the full lattice has at least this many
+        points over all levels (``levels x lattice length``): below it the loss grid and the
+        composition, which do not shrink with the lattice, cost about as much as the lattice,
+        and a coarse run that is not kept would add half a run.
     """
 
     tail_fraction: float = 1e-3
@@ -73,14 +84,21 @@ class AllocationOptions:
     max_lattice: int = 2**15
     grid_resolution: float = 0.05
     max_grid: int = 2**20
+    coarse_fraction: float = 0.25
+    coarse_width: float = 2e-3
+    coarse_min_size: int = 2**15
 
     def __post_init__(self):
-        for name in ("tail_fraction", "delta_tail_mass", "grid_resolution"):
+        if not (isinstance(self.coarse_fraction, (int, float)) and 0 < self.coarse_fraction <= 1):
+            raise ValueError(f"coarse_fraction must be in (0, 1], got {self.coarse_fraction!r}")
+        for name in ("tail_fraction", "delta_tail_mass", "grid_resolution", "coarse_width"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 < v < 1):
                 raise ValueError(f"{name} must be in (0, 1), got {v!r}")
         if not (isinstance(self.lattice_factor, (int, float)) and self.lattice_factor > 0):
             raise ValueError(f"lattice_factor must be > 0, got {self.lattice_factor!r}")
+        if not (isinstance(self.coarse_min_size, int) and self.coarse_min_size >= 0):
+            raise ValueError(f"coarse_min_size must be an integer >= 0, got {self.coarse_min_size!r}")
         for name in ("min_lattice", "max_lattice", "max_grid"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 64 and v & (v - 1) == 0):
@@ -148,6 +166,11 @@ def _fft_size(x: float) -> int:
     return 3 * p // 4 if p >= 256 and 3 * p // 4 >= x else p
 
 
+def _lattice_window(options: AllocationOptions, t_max: float) -> int:
+    """The lattice window ``n`` of :func:`plan_allocation` (``t_max``: the most steps of a block)."""
+    return _fft_size(min(options.max_lattice, max(options.min_lattice, options.lattice_factor * math.sqrt(t_max))))
+
+
 def _levels(sigma: float, t: float, tau: float) -> int:
     s = 1.0 / sigma
     w_lo, w_top = A.host_constants(float(t), tau)
@@ -178,7 +201,7 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
     tau = budget / (16.0 * C)
     t_max = max(steps)
     levels = max(_levels(sb, t, tau) for sb, t in zip(sigmas, steps))
-    n = _fft_size(min(options.max_lattice, max(options.min_lattice, options.lattice_factor * math.sqrt(t_max))))
+    n = _lattice_window(options, t_max)
     # Lattice points per band: a quarter more than the window (a coarser lattice where a band is
     # narrow next to its window: sound, tight enough there).
     m = n + n // 4
@@ -216,18 +239,55 @@ def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
                  plan.log_tau, plan.shape, room=plan.room)
 
 
-def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None):
+def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None, coarse=True):
     """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget.
 
     ``sigma``: one noise multiplier, or one per block; ``blocks``: ``[(batches t_b, epochs c_b)]``
     (:func:`allocation_blocks`).  Returns ``(plan, composed)``: the final :class:`AllocationPlan`
     and the composition on it (:class:`dpjax.pld.allocation.Composed`, rows ``[upper remove,
     upper add, lower remove, lower add]``), from which :func:`dpjax.pld.allocation.eps_of` /
-    ``delta_of`` read the bracket (what :func:`allocation_accounting` reports)."""
+    ``delta_of`` read the bracket (what :func:`allocation_accounting` reports).
+
+    Epsilon queries (``target_delta``) with ``coarse`` run first on the coarse lattice of
+    :class:`AllocationOptions` and keep it where its bracket is at most ``coarse_width``
+    (relative) wide at every target; otherwise the full lattice runs (from the coarse run's
+    window room)."""
     options = options or AllocationOptions()
+    room = None
+    if coarse and target_delta is not None and options.coarse_fraction < 1 and _lattice_size(
+            sigma, blocks, target_delta, options) >= options.coarse_min_size:
+        f = options.coarse_fraction
+        small = dataclasses.replace(options, lattice_factor=options.lattice_factor * f,
+                                    min_lattice=max(64, _pow2(options.min_lattice * f)), coarse_fraction=1.0)
+        plan, comp = _account(sigma, blocks, target_delta, target_epsilon, small, None)
+        if _narrow(comp, target_delta, options.coarse_width):
+            return plan, comp
+        room = plan.room
+    return _account(sigma, blocks, target_delta, target_epsilon, options, room)
+
+
+def _lattice_size(sigma, blocks, target_delta, options) -> int:
+    """Lattice points over all levels (``levels x m``) of the full plan at room 1."""
+    shape = plan_allocation(sigma, blocks, target_delta=target_delta, options=options).shape
+    return shape.levels * shape.m
+
+
+def _narrow(comp: A.Composed, target_delta, width: float) -> bool:
+    """Whether the bracket of ``comp`` at every ``target_delta`` is finite and at most ``width
+    max(upper, 0.02)`` wide."""
+    with np.errstate(all="ignore"):
+        vals = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
+    up = np.where(np.isnan(vals[:2]), np.inf, vals[:2]).max(0)
+    lo = np.where(np.isnan(vals[2:]), 0.0, vals[2:]).max(0)
+    return bool(np.all(np.isfinite(up)) and np.all(up - lo <= width * np.maximum(up, 0.02)))
+
+
+def _account(sigma, blocks, target_delta, target_epsilon, options, room):
     budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
               else options.delta_tail_mass)
-    room, comp_scale = _probe_room(sigma, blocks, target_delta, target_epsilon, options, budget), 1
+    if room is None:
+        room = _probe_room(sigma, blocks, target_delta, target_epsilon, options, budget)
+    comp_scale = 1
     for _ in range(6):
         plan = plan_allocation(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon,
                                options=options, room=room, comp_scale=comp_scale)
@@ -652,16 +712,25 @@ def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target
         return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(),
                             target_delta=delta, n=0, dx=0.0, recomputed=np.ones(len(e_list), bool))
     e_max = int(e_list.max())
-    plan, _ = account_blocks(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options)
-    with np.errstate(all="ignore"):
-        stack = A.epoch_stack(A.NUMPY, plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape,
-                              plan.room)
-        per_epoch = np.asarray([b[1] for b in allocation_blocks(t, k, 1)], np.float64)
-        for i, e in enumerate(e_list):
-            comp = A.compose_epochs(A.NUMPY, stack, per_epoch * int(e), plan.dx, plan.log_tau, n_comp=plan.shape.n_comp)
-            v = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(delta)))
-            up[i] = float(np.max(np.where(np.isnan(v[:2]), np.inf, v[:2])))
-            lo[i] = min(float(np.max(np.where(np.isnan(v[2:]), 0.0, v[2:]))), up[i])
+    options = options or AllocationOptions()
+    for coarse in (True, False):
+        # The plan of the last entry is the call's; where it is the coarse lattice and an earlier
+        # entry's bracket is wider than the coarse run keeps, the curve runs on the full one.
+        plan, _ = account_blocks(sigma, allocation_blocks(t, k, e_max), target_delta=delta, options=options,
+                                 coarse=coarse)
+        with np.errstate(all="ignore"):
+            stack = A.epoch_stack(A.NUMPY, plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape,
+                                  plan.room)
+            per_epoch = np.asarray([b[1] for b in allocation_blocks(t, k, 1)], np.float64)
+            for i, e in enumerate(e_list):
+                comp = A.compose_epochs(A.NUMPY, stack, per_epoch * int(e), plan.dx, plan.log_tau,
+                                        n_comp=plan.shape.n_comp)
+                v = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(delta)))
+                up[i] = float(np.max(np.where(np.isnan(v[:2]), np.inf, v[:2])))
+                lo[i] = min(float(np.max(np.where(np.isnan(v[2:]), 0.0, v[2:]))), up[i])
+        full = plan.shape.n >= _lattice_window(options, max(plan.block_steps))
+        if full or np.all(np.isfinite(up) & (up - lo <= options.coarse_width * np.maximum(up, 0.02))):
+            break
     return EpsilonCurve(steps=e_list * t, epsilon=up, epsilon_lower=lo, epsilon_upper=up.copy(), target_delta=delta,
                         n=int(plan.shape.n_comp), dx=float(plan.dx), recomputed=np.zeros(len(e_list), bool))
 
