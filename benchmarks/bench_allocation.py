@@ -16,7 +16,9 @@ set) with batches per epoch t in [10, 300] (log-uniform) and 1-8 epochs, the res
 Results are appended to ``benchmarks/results/bench_allocation.jsonl`` as they arrive (a killed run
 resumes: configurations already there are skipped); ``--summary`` writes
 ``benchmarks/results/bench_allocation.json`` (ratios, soundness checks, bracket widths); ``--record
-NAME`` keeps a separate record (``NAME.jsonl``, ``NAME.json``).
+NAME`` keeps a separate record (``NAME.jsonl``, ``NAME.json``); ``--which dpjax --reuse-pld RECORD`` rechecks dpjax's brackets against
+pld-accounting's bounds in an earlier record (soundness and width only: its times are not side by
+side).
 
     python benchmarks/bench_allocation.py --count 40 [--summary]
 """
@@ -123,10 +125,11 @@ def _key(cfg: dict) -> str:
     return json.dumps({k: cfg[k] for k in ("sigma", "t", "k", "epochs", "delta")}, sort_keys=True)
 
 
-def _load() -> dict:
+def _load(raw: pathlib.Path | None = None) -> dict:
+    raw = raw or RAW
     done = {}
-    if RAW.exists():
-        for line in RAW.read_text().splitlines():
+    if raw.exists():
+        for line in raw.read_text().splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
@@ -135,9 +138,13 @@ def _load() -> dict:
     return done
 
 
-def run(count: int, which: str, timeout: float, jit: bool, shard: tuple[int, int] = (0, 1)) -> None:
+def run(count: int, which: str, timeout: float, jit: bool, shard: tuple[int, int] = (0, 1),
+        reuse_pld: str | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     done = _load()
+    # pld-accounting's bounds from an earlier record (a soundness recheck of dpjax alone: the
+    # two libraries' times in such a row are not side by side).
+    earlier = _load(RESULTS / f"{reuse_pld}.jsonl") if reuse_pld else {}
     for index, cfg in enumerate(ANCHORS + random_configs(count)):
         if index % shard[1] != shard[0]:
             continue
@@ -146,6 +153,8 @@ def run(count: int, which: str, timeout: float, jit: bool, shard: tuple[int, int
         key = _key(cfg)
         row = done.get(key, dict(config=cfg))
         changed = False
+        if "pld" not in row and "pld" in earlier.get(key, {}):
+            row["pld"] = dict(earlier[key]["pld"], reused_from=reuse_pld)
         if which in ("both", "pld") and "pld" not in row:
             row["pld"] = _child(PLD_CHILD, cfg, timeout)
             changed = True
@@ -173,6 +182,7 @@ def summary(note: str | None = None) -> dict:
             continue
         up, lo = d["epsilon"], d["epsilon_lower"]
         pld_steady = p["second"] if p.get("second") is not None else p["first"]
+        reused = p.get("reused_from")
         out.append(dict(
             config=c, dpjax_upper=up, dpjax_lower=lo, pld_upper=p["upper"], pld_lower=p["lower"],
             sound=bool(up >= p["lower"] and lo <= p["upper"]),
@@ -186,6 +196,7 @@ def summary(note: str | None = None) -> dict:
             steady_ratio=pld_steady / min(d["steady"], d.get("jit_steady") or math.inf),
             steady_ratio_numpy=pld_steady / d["steady"],
             jit_first_ratio=(p["first"] / d["jit_first"]) if d.get("jit_first") else None,
+            **({"pld_reused_from": reused} if reused else {}),
         ))
     ok = [o for o in out if "error" not in o]
     anchors = [o for o in ok if o["config"]["kind"] == "anchor"]
@@ -206,6 +217,13 @@ def summary(note: str | None = None) -> dict:
         note=note or "one fresh process per library and configuration (host and load recorded per row); ratios "
                      "compare the two libraries' runs of the same configuration, made back to back",
     )
+    if any(o.get("pld_reused_from") for o in ok):
+        # pld-accounting's side comes from an earlier run: no speed-ups, and no times in the rows.
+        res["speed"] = None
+        res["pld_reused_from"] = sorted({o["pld_reused_from"] for o in ok if o.get("pld_reused_from")})
+        for o in ok:
+            for k in [k for k in o if "ratio" in k or k.startswith("pld_first") or k.startswith("pld_steady")]:
+                del o[k]
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _meta import run_metadata
 
@@ -225,6 +243,9 @@ def main():
     ap.add_argument("--shard", default="0/1",
                     help="I/N: run only configurations whose index is I mod N (N processes, e.g. one per core, "
                          "append to the same record)")
+    ap.add_argument("--reuse-pld", default=None, metavar="RECORD",
+                    help="take pld-accounting's results from the earlier record RECORD (with --which dpjax: "
+                         "recheck dpjax's brackets against bounds already computed; times are then not side by side)")
     ap.add_argument("--note", default=None, help="the summary's note on the machine (default: a generic one)")
     ap.add_argument("--record", default="bench_allocation",
                     help="name of the record and summary in benchmarks/results (NAME.jsonl, NAME.json): a "
@@ -236,7 +257,7 @@ def main():
     if not 0 <= i < n:
         ap.error(f"--shard I/N needs 0 <= I < N, got {args.shard}")
     if not args.summary:
-        run(args.count, args.which, args.timeout, jit=not args.no_jit, shard=(i, n))
+        run(args.count, args.which, args.timeout, jit=not args.no_jit, shard=(i, n), reuse_pld=args.reuse_pld)
     print(json.dumps({k: v for k, v in summary(args.note).items() if k != "rows"}, indent=1))
 
 

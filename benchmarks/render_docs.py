@@ -662,8 +662,13 @@ def render_traced(d: dict) -> Rendered:
                     "bench_traced.py", heads)
 
 
-def render_allocation(d: dict) -> Rendered:
-    """``bench_allocation.py``: random allocation against ``pld-accounting``, per configuration."""
+def render_allocation(d: dict, speed_record: bool = False) -> Rendered:
+    """``bench_allocation.py``: random allocation against ``pld-accounting``, per configuration.
+
+    ``speed_record``: a run of the speed set alone (``--record``); its speed-ups are the summary
+    rows (the run of every configuration then keeps its soundness row only)."""
+    if d.get("speed") is None:
+        return _render_allocation_recheck(d)
     rows = []
     for r in d["rows"]:
         c = r["config"]
@@ -690,9 +695,41 @@ def render_allocation(d: dict) -> Rendered:
         table(["kind", "sigma", "t", "k", "E", "delta", "dpjax lower", "dpjax upper", "pld-accounting lower",
                "pld-accounting upper", "dpjax width", "pld-accounting first", "dpjax first", "first-call speed-up",
                "steady speed-up"], rows)])
-    heads = [["Random allocation, steady call (speed set)", "pld-accounting", f"{ratio(spd['min_steady_ratio'])} or more"],
-             ["Random allocation, first call (speed set)", "pld-accounting", f"{ratio(spd['min_first_ratio'])} or more"]]
-    return Rendered("Random allocation against pld-accounting", body, "bench_allocation.py", heads)
+    if speed_record:
+        heads = [["Random allocation, steady call (speed set, one run)", "pld-accounting",
+                  f"{ratio(spd['min_steady_ratio'])} or more"],
+                 ["Random allocation, first call (speed set, one run)", "pld-accounting",
+                  f"{ratio(spd['min_first_ratio'])} or more"]]
+        return Rendered("Random allocation against pld-accounting: the speed set", body, "bench_allocation.py", heads)
+    return Rendered("Random allocation against pld-accounting", body, "bench_allocation.py")
+
+
+def _render_allocation_recheck(d: dict) -> Rendered:
+    """``bench_allocation.py --which dpjax --reuse-pld``: dpjax's brackets against pld-accounting's
+    bounds from an earlier record (soundness and width; no times)."""
+    rows = []
+    for r in d["rows"]:
+        c = r["config"]
+        head = [c["kind"], param(c["sigma"]), c["t"], c["k"], c["epochs"], param(c["delta"])]
+        if "error" in r:
+            rows.append(head + [r["error"]] + ["-"] * 6)
+            continue
+        rows.append(head + [num(r["dpjax_lower"], 6), num(r["dpjax_upper"], 6), num(r["pld_lower"], 6),
+                            num(r["pld_upper"], 6), num(r["width_rel"], 2), "yes" if r["sound"] else "NO"])
+    snd = d["soundness"]
+    sound = sum(1 for r in d["rows"] if r.get("sound"))
+    body = "\n\n".join([
+        "dpjax's certified bracket for DP-SGD under random allocation, recomputed, against the bounds "
+        f"pld-accounting gave in the record{'s' if len(d['pld_reused_from']) > 1 else ''} "
+        f"{', '.join('`' + x + '.json`' for x in d['pld_reused_from'])} (soundness and width only: the two "
+        "sides did not run together, so no times are compared). " + d.get("note", ""),
+        f"Sound on {sound} of {snd['configurations']} configurations; brackets within 0.5% (or 1e-4 where "
+        f"epsilon < 0.02) on {snd['widths_ok']}; widest {num(snd['max_width_rel'], 2)} relative.",
+        table(["kind", "sigma", "t", "k", "E", "delta", "dpjax lower", "dpjax upper", "pld-accounting lower",
+               "pld-accounting upper", "dpjax width", "sound"], rows)])
+    heads = [["Random allocation, soundness (every configuration, current code)", "pld-accounting",
+              f"sound on {sound} of {snd['configurations']}"]]
+    return Rendered("Random allocation: brackets against pld-accounting's bounds", body, "bench_allocation.py", heads)
 
 
 SCHEME_NAMES = {"poisson": "Poisson (q = 1/b)", "random_allocation": "random allocation",
@@ -766,6 +803,8 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_sweep_narrow_side_by_side.json": render_sweep,
     "bench_sweep_profile.json": render_sweep_profile,
     "bench_allocation.json": render_allocation,
+    "bench_allocation_speed_2core.json": lambda d: render_allocation(d, speed_record=True),
+    "bench_allocation_recheck.json": render_allocation,
     "table_allocation.json": render_table_allocation,
     "bench_curve.json": render_curve,
     "bench_plancherel.json": render_plancherel,
