@@ -662,6 +662,21 @@ def render_traced(d: dict) -> Rendered:
                     "bench_traced.py", heads)
 
 
+def _allocation_rows(d: dict, extra, blanks: int) -> list[list]:
+    """Table rows of a ``bench_allocation.py`` summary: the configuration, both brackets and
+    dpjax's width, then ``extra(row)``; a failed row shows its error and ``blanks`` dashes."""
+    rows = []
+    for r in d["rows"]:
+        c = r["config"]
+        head = [c["kind"], param(c["sigma"]), c["t"], c["k"], c["epochs"], param(c["delta"])]
+        if "error" in r:
+            rows.append(head + [r["error"]] + ["-"] * blanks)
+            continue
+        rows.append(head + [num(r["dpjax_lower"], 6), num(r["dpjax_upper"], 6), num(r["pld_lower"], 6),
+                            num(r["pld_upper"], 6), num(r["width_rel"], 2)] + extra(r))
+    return rows
+
+
 def render_allocation(d: dict, speed_record: bool = False) -> Rendered:
     """``bench_allocation.py``: random allocation against ``pld-accounting``, per configuration.
 
@@ -669,16 +684,8 @@ def render_allocation(d: dict, speed_record: bool = False) -> Rendered:
     rows (the run of every configuration then keeps its soundness row only)."""
     if d.get("speed") is None:
         return _render_allocation_recheck(d)
-    rows = []
-    for r in d["rows"]:
-        c = r["config"]
-        head = [c["kind"], param(c["sigma"]), c["t"], c["k"], c["epochs"], param(c["delta"])]
-        if "error" in r:
-            rows.append(head + [r["error"]] + ["-"] * 8)
-            continue
-        rows.append(head + [num(r["dpjax_lower"], 6), num(r["dpjax_upper"], 6), num(r["pld_lower"], 6),
-                            num(r["pld_upper"], 6), num(r["width_rel"], 2), seconds(r["pld_first"]),
-                            seconds(r["dpjax_first"]), ratio(r["first_ratio"]), ratio(r["steady_ratio"])])
+    rows = _allocation_rows(d, lambda r: [seconds(r["pld_first"]), seconds(r["dpjax_first"]),
+                                          ratio(r["first_ratio"]), ratio(r["steady_ratio"])], 8)
     snd, spd = d["soundness"], d["speed"]
     body = "\n\n".join([
         "DP-SGD under random allocation (each example in k of the t steps of every epoch), dpjax's certified "
@@ -707,15 +714,7 @@ def render_allocation(d: dict, speed_record: bool = False) -> Rendered:
 def _render_allocation_recheck(d: dict) -> Rendered:
     """``bench_allocation.py --which dpjax --reuse-pld``: dpjax's brackets against pld-accounting's
     bounds from an earlier record (soundness and width; no times)."""
-    rows = []
-    for r in d["rows"]:
-        c = r["config"]
-        head = [c["kind"], param(c["sigma"]), c["t"], c["k"], c["epochs"], param(c["delta"])]
-        if "error" in r:
-            rows.append(head + [r["error"]] + ["-"] * 6)
-            continue
-        rows.append(head + [num(r["dpjax_lower"], 6), num(r["dpjax_upper"], 6), num(r["pld_lower"], 6),
-                            num(r["pld_upper"], 6), num(r["width_rel"], 2), "yes" if r["sound"] else "NO"])
+    rows = _allocation_rows(d, lambda r: ["yes" if r["sound"] else "NO"], 6)
     snd = d["soundness"]
     sound = sum(1 for r in d["rows"] if r.get("sound"))
     body = "\n\n".join([
