@@ -182,7 +182,8 @@ def group_epsilon(
         ``sampling_prob``, ``steps`` and ``target_delta``).
       sampling_prob: q in (0, 1] for Poisson sampling (alias ``sample_rate=``); None (or B/N)
         for fixed batch.
-      steps: T >= 1 (or ``epochs=``: ``T = int(epochs / sampling_prob)``).
+      steps: T >= 1 (or ``epochs=``: ``T = epochs / sampling_prob``
+        rounded up, never fewer steps than training takes).
       target_delta: in (0, 1) (alias ``delta=``).
       group_size: k >= 1 (<= batch_size for fixed batch).
       sampling: ``"poisson"`` (add/remove adjacency: adding or removing k examples) or
@@ -273,7 +274,8 @@ def group_dpsgd_epsilon(
       noise_multiplier: sigma > 0; an array gives one epsilon per entry (a batch).
       sampling_prob: Poisson q in (0, 1] (alias ``sample_rate=``); for ``"fixed_batch"`` None or
         ``batch_size / dataset_size``.
-      steps: T >= 1 (or ``epochs=``: ``T = int(epochs / sampling_prob)``, Opacus's convention).
+      steps: T >= 1 (or ``epochs=``: ``T = epochs / sampling_prob``
+        rounded up, never fewer steps than training takes).
       target_delta: in (0, 1) (alias ``delta=``).
       group_size: k >= 1.
       sampling: ``"poisson"`` (add/remove adjacency) or ``"fixed_batch"`` (replace adjacency; then

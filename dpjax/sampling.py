@@ -62,6 +62,7 @@ import numpy as np
 import scipy.stats
 
 from dpjax import _validate
+from dpjax._names import epochs_to_steps
 
 __all__ = ["BallsInBinsSampler", "PoissonSampler"]
 
@@ -273,6 +274,14 @@ class PoissonSampler:
         object.__setattr__(self, "steps", _validate.positive_int("steps", self.steps))
         object.__setattr__(self, "batch_size", _validate.positive_int("batch_size", self.batch_size))
         object.__setattr__(self, "seed", _check_seed(self.seed))
+
+    @classmethod
+    def from_epochs(cls, num_examples: int, sampling_prob: float, epochs: float, batch_size: int,
+                    seed: int = 0) -> "PoissonSampler":
+        """The sampler of ``epochs`` epochs: ``steps`` by dpjax's one epochs rule
+        (:func:`dpjax._names.epochs_to_steps`: ``epochs / sampling_prob`` rounded up, never fewer
+        steps than the epochs take), the count every accounting entry point uses for ``epochs=``."""
+        return cls(num_examples, sampling_prob, epochs_to_steps(epochs, sampling_prob), batch_size, seed)
 
     @property
     def num_steps(self) -> int:

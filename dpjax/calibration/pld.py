@@ -560,7 +560,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
 
     **Argument order** (the accounting family's one order, docs/api_names.md):
     ``(sampling_prob, steps, target_epsilon, target_delta)``; Opacus-style aliases
-    ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = int(epochs / sampling_prob)``).
+    ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = epochs / sampling_prob`` rounded up: :func:`dpjax._names.epochs_to_steps`).
 
     Unreachable targets raise ``ValueError`` saying why: ``target_delta >= 1 - (1 - q)^T``
     (vacuous: every sigma meets it), or a sigma outside :data:`SIGMA_RANGE` would be needed.

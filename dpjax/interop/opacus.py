@@ -48,6 +48,7 @@ import numpy as np
 
 from dpjax import _validate, pld
 from dpjax._enums import StrEnum
+from dpjax._names import epochs_to_steps
 from dpjax._root import bisect_integer
 from dpjax._x64 import float64
 
@@ -59,26 +60,16 @@ def _steps_from(sample_rate: float, steps, epochs) -> int:
         raise ValueError("give exactly one of steps and epochs")
     if steps is not None:
         return _validate.positive_int("steps", steps)
-    e = float(_validate.positive("epochs", epochs))
-    t = steps_from_epochs(e, sample_rate)
-    if t < 1:
-        raise ValueError(f"epochs / sample_rate must give at least one step, got {e} / {sample_rate}")
-    return t
+    return steps_from_epochs(epochs, sample_rate)
 
 
 def steps_from_epochs(epochs: float, sample_rate: float) -> int:
-    """The number of steps of ``epochs`` epochs at sampling rate ``sample_rate``: ``epochs /
-    sample_rate`` rounded to the nearest integer when it is within float rounding of one (7
-    epochs at 0.07 are 100 steps, although ``7 / 0.07 = 99.99999999999999``), else rounded up
-    (a partial last epoch is still trained on, so the guarantee covers it).  Opacus truncates
-    with ``int()``, which can certify one step fewer than the training takes."""
-    x = float(epochs) / float(sample_rate)
-    r = round(x)
-    # The division and the decimal-to-binary rounding of epochs and sample_rate each add at
-    # most an ulp-sized relative error: a quotient within 4 ulps of an integer is that integer.
-    if abs(x - r) <= 4.0 * math.ulp(max(abs(x), 1.0)):
-        return int(r)
-    return int(math.ceil(x))
+    """The number of steps of ``epochs`` epochs at sampling rate ``sample_rate``: dpjax's one
+    rule, :func:`dpjax._names.epochs_to_steps` (``epochs / sample_rate`` rounded to the nearest
+    integer when it is within float rounding of one, so 7 epochs at 0.07 are 100 steps, else
+    rounded up: a partial last epoch is still trained on).  Opacus truncates with ``int()``,
+    which can certify one step fewer than the training takes."""
+    return epochs_to_steps(epochs, sample_rate)
 
 
 class Accountant(StrEnum):

@@ -268,7 +268,8 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
       noise_multiplier: sigma > 0 (noise std / clip norm); an array gives one epsilon per entry
         (a batch, broadcast with the other arguments).
       sampling_prob: Poisson sampling probability q in (0, 1] (alias ``sample_rate=``).
-      steps: number of steps T >= 1 (or ``epochs=``: ``T = int(epochs / sampling_prob)``).
+      steps: number of steps T >= 1 (or ``epochs=``: ``T = epochs / sampling_prob``
+        rounded up, never fewer steps than training takes).
       target_delta: in (0, 1) (alias ``delta=``).
       noise_schedule: instead of ``noise_multiplier``, a per-step schedule (1-D, length
         ``steps``; ``steps`` may then be left out).
