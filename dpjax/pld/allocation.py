@@ -54,6 +54,7 @@ _MATCH_ROUNDS = 3
 # above, z = sqrt(2 log(1/tau)) (only placement: the Chernoff bounds computed afterwards certify
 # what lies outside; the sum of log-normals is skewed to the right).
 _Z_SKEW = 3.0
+_Z_SKEW_LOW = 1.0
 # Chernoff parameters of the lattice windows: multiples of 1 / (window width).
 _LAMBDA_MULT = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0])
 # Chernoff parameters of the composition: multiples of sqrt(2 log(1/tau)) / (composed std).
@@ -62,6 +63,9 @@ _COMPOSE_MULT = np.array([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 1
 _BLOCK = 16
 # Truncation points of the window tail bounds: b_k 2^{-r/2}, r < _N_TRUNC.
 _N_TRUNC = 24
+# A lattice room at or above this holds the whole range of the sum on every band's event (see
+# band_geometry): the planner's last resort, where no window can be outside.
+_WHOLE_ROOM = 1e6
 
 
 # ------------------------------------------------------------------------------------------
@@ -234,7 +238,24 @@ def band_geometry(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) 
     mo = (t - 1.0) * m1
     so = xp.sqrt((t - 1.0) * var)
     z = math.sqrt(2.0 * math.log(1.0 / tau))
-    lo = bl + xp.maximum(0.0, mo - z * so)
+    # Below the mean the law of X given X <= b_k has the untruncated lower tail (scaled by 1 / F):
+    # where b_k cuts into the bulk, the truncated standard deviation understates it, and with few
+    # steps (no central limit) the others' sum then falls below a window placed z such deviations
+    # down with probability far above tau (sigma 50, t = 2: about 1e-6 at tau = 6e-10).  A second
+    # scale from the one-term quantile, (m1 - x_q) / z with P(X <= x_q) <= tau F (Mills:
+    # w_q = -sqrt(2 log(1 / (tau F))) lies below the exact quantile), is a sub-Gaussian parameter
+    # of the lower tail at the level tau; the larger of the two places the window's lower end.
+    w_q = -xp.sqrt(2.0 * (math.log(1.0 / tau) - log_f))
+    x_q = xp.exp(s * w_q - 0.5 * s * s - log_t)
+    so_low = xp.maximum(so, math.sqrt(t - 1.0) * xp.maximum(m1 - x_q, 0.0) / z)
+    # The truncated law is skewed to the left (its mass piles up below b_k), so its sum's lower
+    # tail needs a little more than z such deviations, as the upper side's _Z_SKEW; a larger
+    # ``room`` (the planner's retry after a tail bound over budget) widens this side as well.
+    lo = bl + xp.maximum(0.0, mo - (z + _Z_SKEW_LOW) * so_low * room ** (1.0 / 3.0))
+    if room >= _WHOLE_ROOM:
+        # The largest room holds the whole range: from the band's lower edge (with the lattice
+        # floor of the band plus t - 1 lattice origins as the window start, nothing lies below).
+        lo = bl
     # Room for one more large X among the others (heavy tails: two large values together are
     # not rare when t is small): y with t P(band) t P(X > y) <= tau (from the Gaussian bound
     # P(W > w) <= exp(-w^2/2) for w >= 0.4), at most b_k.
@@ -1050,8 +1071,13 @@ def _curves(ops, comp: Composed):
     n = r.shape[-1]
     y = (comp.w_lo[:, None] + xp.arange(n)[None, :]) * comp.dx
     y_ref = (comp.w_lo + n // 2) * comp.dx
-    w = r * xp.exp(y_ref[:, None] - y)
     is_up = xp.arange(4) < 2
+    # Bins more than 700 nats below the reference would overflow their weight: the upper rows
+    # keep them at weight e^700 (B smaller, delta larger: sound), the lower rows drop them
+    # (removing mass lowers every hockey stick).  Windows of the planned size never reach them.
+    far = (y_ref[:, None] - y) > 700.0
+    r = xp.where(far & ~is_up[:, None], 0.0, r)
+    w = r * xp.exp(xp.minimum(y_ref[:, None] - y, 700.0))
     const = xp.where(is_up, comp.p_inf + comp.tail_above, comp.p_inf - comp.tail_below)
     fa = xp.where(is_up, 1.0 + comp.roundoff_rel, 1.0 - comp.roundoff_rel)
     fb = xp.where(is_up, 1.0 - comp.roundoff_rel, 1.0 + comp.roundoff_rel)

@@ -171,15 +171,73 @@ def _lattice_window(options: AllocationOptions, t_max: float) -> int:
     return _fft_size(min(options.max_lattice, max(options.min_lattice, options.lattice_factor * math.sqrt(t_max))))
 
 
-def _levels(sigma: float, t: float, tau: float) -> int:
+# Most bands of one epoch.  The bands are about a factor 2 wide in the ratio (band_geometry);
+# their number grows like 1/sigma^2 (the ratio spans about exp(s^2 + 2 s z) for s = 1/sigma), and
+# the cost with it.  Beyond this the lattice is not run (see lattice_fits).
+_MAX_LEVELS = 256
+# Largest loss range (nats) one run may span: one epoch's atoms plus the composed spread.  The
+# conversion (dpjax.pld.allocation._curves) weighs every bin by exp(y_ref - y) about the window's
+# middle, which must stay inside float64's exponent range (|y - y_ref| < 709): the planned window
+# (at most twice the span, a power of two) stays within _MAX_WINDOW, and so do the retries.
+_MAX_SPAN = 640.0
+_MAX_WINDOW = 1300.0
+
+
+def _epoch_log_range(sigma: float, t: float, tau: float) -> float:
+    """Nats spanned by one epoch's bands: ``s (w_max - w_lo)`` (docs/design.md §12.2)."""
     s = 1.0 / sigma
     w_lo, w_top = A.host_constants(float(t), tau)
     import scipy.special as sp
 
     w_max = max(s - float(sp.ndtri(0.5 * tau)), w_top)
-    width = s * max(w_max - w_lo, 1e-3)
-    k = math.ceil(width / math.log(2.0))
-    return int(min(64, max(8, 4 * math.ceil(k / 4))))
+    return s * max(w_max - w_lo, 1e-3)
+
+
+def _levels_needed(sigma: float, t: float, tau: float) -> int:
+    k = math.ceil(_epoch_log_range(sigma, t, tau) / math.log(2.0))
+    return int(max(8, 4 * math.ceil(k / 4)))
+
+
+def _levels(sigma: float, t: float, tau: float) -> int:
+    return int(min(_MAX_LEVELS, _levels_needed(sigma, t, tau)))
+
+
+def _epoch_loss_sd(sigmas, steps) -> float:
+    """One epoch's log-likelihood-ratio spread (log-normal mean of ``t_b`` terms), at most
+    ``1/sigma``: the largest over the blocks."""
+    sd1 = 1e-6
+    for sb, t in zip(sigmas, steps):
+        s = 1.0 / sb
+        sd1 = max(sd1, min(math.sqrt(math.expm1(min(s * s, 700.0)) / t), s))
+    return sd1
+
+
+def _budget(target_delta, options: AllocationOptions) -> float:
+    if target_delta is not None:
+        return options.tail_fraction * float(np.min(target_delta))
+    return options.delta_tail_mass
+
+
+def lattice_fits(noise_multiplier, blocks, *, target_delta=None, options: AllocationOptions | None = None) -> bool:
+    """Whether the lattice accountant can run on ``blocks`` (from :func:`allocation_blocks`) at
+    ``noise_multiplier`` (scalar or one per block): at most ``_MAX_LEVELS`` bands of ratio 2 per
+    epoch, and one epoch's log-ratio range plus the composed spread within ``_MAX_SPAN`` nats.
+    Outside (very small noise, or a composition whose epsilon is in the hundreds) the privacy
+    loss is far from where the lattice helps: :func:`allocation_accounting` answers there with
+    the closed-form bracket of :func:`closed_form_bracket`, whose upper end (no amplification)
+    is then within the amplification's small gain of the truth."""
+    options = options or AllocationOptions()
+    sig = [float(x) for x in np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))]
+    steps = [float(b[0]) for b in blocks]
+    C = sum(int(b[1]) for b in blocks)
+    budget = _budget(target_delta, options)
+    tau = budget / (16.0 * C)
+    if any(_levels_needed(sb, t, tau) > _MAX_LEVELS for sb, t in zip(sig, steps) if t > 1):
+        return False
+    z = math.sqrt(2.0 * math.log(4.0 / budget))
+    width = max(_epoch_log_range(sb, t, tau) for sb, t in zip(sig, steps))
+    spread = 2.0 * (z + 2.0) * math.sqrt(C) * _epoch_loss_sd(sig, steps) if C > 1 else 0.0
+    return width + spread <= _MAX_SPAN
 
 
 def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsilon=None,
@@ -194,10 +252,7 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
     steps = [float(b[0]) for b in blocks]
     counts = [int(b[1]) for b in blocks]
     C = sum(counts)
-    if target_delta is not None:
-        budget = options.tail_fraction * float(np.min(target_delta))
-    else:
-        budget = options.delta_tail_mass
+    budget = _budget(target_delta, options)
     tau = budget / (16.0 * C)
     t_max = max(steps)
     levels = max(_levels(sb, t, tau) for sb, t in zip(sigmas, steps))
@@ -205,11 +260,7 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
     # Lattice points per band: a quarter more than the window (a coarser lattice where a band is
     # narrow next to its window: sound, tight enough there).
     m = n + n // 4
-    # One epoch's log-likelihood-ratio spread (log-normal mean of t_b terms), at most 1/sigma.
-    sd1 = 1e-6
-    for sb, t in zip(sigmas, steps):
-        s = 1.0 / sb
-        sd1 = max(sd1, min(math.sqrt(math.expm1(min(s * s, 700.0)) / t), s))
+    sd1 = _epoch_loss_sd(sigmas, steps)
     dx = min(2e-3, options.grid_resolution * sd1)
     lo_v, hi_v = math.inf, 0.0
     for sb, t in zip(sigmas, steps):
@@ -218,15 +269,14 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
         lo_v = min(lo_v, float(np.min(np.maximum(w0, 1.0) * g)))
         hi_v = max(hi_v, float(np.max((w0 + n) * g)))
     width = math.log(hi_v) - math.log(lo_v) + 4 * dx
-    # A finer grid than the range allows at max_grid is not possible: widen dx (looser, sound).
-    dx = max(dx, width / (options.max_grid - 64))
-    N = _pow2(width / dx + 32)
     z = math.sqrt(2.0 * math.log(4.0 / budget))
-    if C == 1:
-        n_comp = N
-    else:
-        sd_c = math.sqrt(C) * sd1
-        n_comp = _pow2(N + 2.0 * (z + 2.0) * sd_c / dx)
+    spread = 0.0 if C == 1 else 2.0 * (z + 2.0) * math.sqrt(C) * sd1
+    # A finer grid than the range allows at max_grid is not possible: widen dx (looser, sound).
+    # The composition's window must hold the epoch's grid and the composed spread (many epochs:
+    # at 2e-3 a spread of 2000 nats would need 1e6 points and, capped at max_grid, wrap around).
+    dx = max(dx, (width + spread) / (options.max_grid - 96))
+    N = _pow2(width / dx + 32)
+    n_comp = N if C == 1 else _pow2(N + spread / dx)
     n_comp = int(min(options.max_grid, n_comp * comp_scale))
     shape = A.Shape(levels=levels, n=n, m=m, N=N, n_comp=n_comp)
     return AllocationPlan(shape=shape, block_steps=tuple(steps), counts=tuple(counts), tau=tau, dx=dx,
@@ -296,10 +346,10 @@ def _account(sigma, blocks, target_delta, target_epsilon, options, room):
         over_lattice = bool(np.any(p_inf[:2] > 0.5 * budget)) or bool(np.any(np.asarray(comp.tail_below)[2:] > budget))
         over_window = bool(np.any(np.asarray(comp.tail_above)[:2] > 0.25 * budget)) or bool(
             np.any(np.asarray(comp.tail_below)[2:] > 0.5 * budget))
-        if over_lattice and room < 1e6:
+        if over_lattice and room < A._WHOLE_ROOM:
             room = _next_room(room)
             continue
-        if over_window and plan.shape.n_comp < options.max_grid:
+        if over_window and plan.shape.n_comp < options.max_grid and 2 * plan.shape.n_comp * plan.dx <= _MAX_WINDOW:
             comp_scale *= 2
             continue
         break
@@ -334,6 +384,107 @@ def _gaussian_result(mu, target_delta=None, target_epsilon=None):
     d = np.asarray(gaussian_delta(eps, mu), np.float64)
     upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
     return exact_delta_result(eps, upper, lower)
+
+
+# ------------------------------------------------------------------------------------------
+# Bounds without the lattice: no amplification above, one selected step per epoch below
+
+
+def unamplified_mu(noise_multiplier, blocks) -> float:
+    """``mu`` of the Gaussian mechanism that dominates the scheme without amplification.
+
+    Whatever the allocation, an example takes part in ``sum_b c_b`` steps (``k E``; balls-in-bins:
+    ``E`` observations of its bin, accounted as one step at ``sigma / sqrt(E)``), each a Gaussian
+    of sensitivity 1; given the allocation the run is their (adaptive) composition, dominated by
+    one Gaussian with ``mu^2 = sum_b c_b / sigma_b^2``, and by joint convexity of the hockey
+    stick so is the mixture over allocations.  ``noise_multiplier``: scalar or one per block."""
+    sig = np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))
+    return float(math.sqrt(sum(int(c) / float(sb) ** 2 for sb, (_, c) in zip(sig, blocks))))
+
+
+def _closed_lower_log_delta(eps, noise_multiplier, blocks) -> np.ndarray:
+    """Log of a certified lower bound on the remove direction's delta at ``eps`` (array).
+
+    Write ``Z_{e,i} = exp(s_e W_{e,i} - s_e^2 / 2)`` for the steps' Gaussian ratios (``W`` iid
+    N(0, 1) under ``Q``), so that an epoch's ratio is ``V_e = (1/t_e) sum_i Z_{e,i}`` (§12.1) and
+    ``G = prod_e Z_{e,1}`` is the ratio of the Gaussian with ``mu`` (:func:`unamplified_mu`); let
+    ``L = sum_e log t_e``, ``Delta(x)`` the Gaussian's ``E_Q[(G - e^x)_+]`` and ``a = e^eps``.
+
+    * ``V_e >= Z_{e,1} / t_e``: ``E_Q[(prod_e V_e - a)_+] >= e^{-L} Delta(eps + L)``.
+    * On the disjoint events "in every epoch exactly one step ``i_e`` has ``W > w``", ``prod V_e
+      >= e^{-L} prod_e Z_{e,i_e}``; summing over the ``e^L`` choices, removing the part of
+      ``Delta`` where some ``W_{e,i_e} <= w`` (at most its P-mass, ``sum_e Phi(w - s_e)``) and
+      multiplying by the other steps' ``P(W <= w)``:
+      ``>= [Delta(eps + L) - sum_e Phi(w - s_e)]_+ Phi(w)^{sum_e (t_e - 1)}``, for every ``w``.
+    * One epoch (``sum c_b = 1``): with ``e^{s w - s^2/2} = a t`` the first factor needs no
+      correction (``(Z / t - a)_+ > 0`` implies ``Z > a t``): ``Delta(eps + log t) Phi(w)^{t - 1}``.
+
+    Tight where the noise is small (one step's ratio then dominates each epoch); 0 (log ``-inf``)
+    where none of them helps."""
+    import scipy.special as sp
+
+    from dpjax.pld.exact import np_gaussian_log_delta
+
+    eps = np.asarray(eps, np.float64)
+    sig = [float(x) for x in np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))]
+    L = sum(int(c) * math.log(int(tb)) for tb, c in blocks)
+    D = sum(int(c) * (int(tb) - 1) for tb, c in blocks)
+    mu = unamplified_mu(sig, blocks)
+    e = eps.reshape(-1)
+    with np.errstate(all="ignore"):
+        log_gauss = np.asarray(np_gaussian_log_delta(e + L, mu), np.float64)
+        best = log_gauss - L
+        s_max = max(1.0 / sb for sb in sig)
+        w = np.linspace(-8.0, s_max + 40.0, 481)[:, None]
+        miss = sum(int(c) * sp.ndtr(w - 1.0 / sb) for sb, (_, c) in zip(sig, blocks))
+        gap = np.exp(log_gauss)[None, :] - miss
+        cand = np.where(gap > 0, np.log(np.where(gap > 0, gap, 1.0)) + D * sp.log_ndtr(w), -np.inf)
+        best = np.maximum(best, np.max(cand, axis=0))
+        if sum(int(c) for _, c in blocks) == 1:
+            s1, t1 = 1.0 / sig[0], int(blocks[0][0])
+            w1 = (e + math.log(t1) + 0.5 * s1 * s1) / s1
+            best = np.maximum(best, log_gauss + (t1 - 1) * sp.log_ndtr(w1))
+    best = np.where(np.isnan(best), -np.inf, best)
+    return best.reshape(eps.shape)
+
+
+def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsilon=None):
+    """``(upper, lower)`` without the lattice: epsilon at ``target_delta`` or delta at
+    ``target_epsilon`` (arrays).  Upper: the Gaussian of :func:`unamplified_mu` (closed form,
+    :func:`dpjax.pld.engine.exact_epsilon`); lower: :func:`_closed_lower_log_delta` (its delta,
+    or the largest epsilon found where it is still above ``target_delta``)."""
+    from dpjax.pld.exact import gaussian_delta
+
+    mu = unamplified_mu(noise_multiplier, blocks)
+    # The lower bound is a closed form evaluated in floating point: a relative margin of 1e-9 on
+    # delta (as the Gaussian's own bracket, _gaussian_result) keeps it below the exact value.
+    margin = math.log1p(-1e-9)
+    if target_delta is None:
+        eps = np.asarray(target_epsilon, np.float64)
+        d = np.asarray(gaussian_delta(eps, mu), np.float64)
+        upper = np.minimum(d * (1 + 1e-9), 1.0)
+        lower = np.minimum(np.exp(_closed_lower_log_delta(eps, noise_multiplier, blocks) + margin), upper)
+        return upper, lower
+    deltas = np.asarray(target_delta, np.float64)
+    upper, _ = exact_epsilon(deltas, mu)
+    upper = np.asarray(upper, np.float64)
+    log_t = np.log(deltas)
+
+    def above(x):
+        return _closed_lower_log_delta(x, noise_multiplier, blocks) + margin > log_t
+
+    # Largest epsilon found (bisection on [0, upper]) where the lower curve is above the target:
+    # the true epsilon lies above it (delta is non-increasing in epsilon).
+    lo = np.zeros_like(upper)
+    ok0 = above(lo)
+    hi = np.where(np.isfinite(upper), upper, 1e4)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        a = above(mid)
+        lo = np.where(a, mid, lo)
+        hi = np.where(a, hi, mid)
+    lower = np.where(ok0, np.minimum(lo, upper), 0.0)
+    return upper, lower
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
@@ -388,26 +539,36 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
     if all(tb == 1 for tb, _ in blocks):
         # Every step selected: the run is E t Gaussian steps, exactly one Gaussian mechanism.
         return _gaussian_result(math.sqrt(E * t) / sigma, target_delta, target_epsilon)
-    plan, comp = account_blocks(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
-    with np.errstate(all="ignore"):
+    return _account_result(sigma, blocks, target_delta, target_epsilon, options)
+
+
+def _account_result(sigma, blocks, target_delta, target_epsilon, options):
+    """The result of :func:`allocation_accounting` for ``blocks`` (docs/design.md §12.7): the
+    lattice bracket, its upper end capped by the unamplified Gaussian and its lower end raised to
+    the closed-form one; where the lattice cannot run (:func:`lattice_fits`), the closed-form
+    bracket alone."""
+    cap_up, cap_lo = closed_form_bracket(sigma, blocks, target_delta, target_epsilon)
+    if not lattice_fits(sigma, blocks, target_delta=target_delta, options=options):
         if target_delta is not None:
-            vals = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
-            up, lo = vals[:2], vals[2:]
-            upper = np.where(np.isnan(up), np.inf, up).max(0)
-            lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
-            reason = None
-            if np.isinf(upper).any():
-                reason = (f"target_delta below what the grid certifies: P(loss=+inf) {float(np.max(comp.p_inf[:2])):.3g}, "
-                          f"wrap-around {float(np.max(comp.tail_above[:2])):.3g}")
-            return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
-                                 target_delta=scalar(target_delta), directions=_reports(plan, comp, up, lo),
-                                 reason=reason)
-        vals = np.asarray(A.delta_of(A.NUMPY, comp, np.asarray(target_epsilon, np.float64)))
-        up, lo = vals[:2], vals[2:]
-        upper = np.where(np.isnan(up), 1.0, up).max(0)
-        lower = np.minimum(np.where(np.isnan(lo), 0.0, lo).max(0), upper)
-        return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
-                           target_epsilon=scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
+            return exact_epsilon_result(np.asarray(target_delta, np.float64), cap_up, cap_lo)
+        return exact_delta_result(np.asarray(target_epsilon, np.float64), cap_up, cap_lo)
+    plan, comp = account_blocks(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
+    query = A.eps_of if target_delta is not None else A.delta_of
+    worst = np.inf if target_delta is not None else 1.0
+    with np.errstate(all="ignore"):
+        vals = np.asarray(query(A.NUMPY, comp, np.asarray(target_delta if target_delta is not None
+                                                             else target_epsilon, np.float64)))
+    up = np.minimum(np.where(np.isnan(vals[:2]), worst, vals[:2]), cap_up)
+    lo = np.where(np.isnan(vals[2:]), 0.0, vals[2:])
+    # The closed-form lower end bounds the remove direction.
+    lo = np.stack([np.maximum(lo[0], cap_lo), lo[1]])
+    upper = up.max(0)
+    lower = np.minimum(lo.max(0), upper)
+    if target_delta is not None:
+        return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
+                             target_delta=scalar(target_delta), directions=_reports(plan, comp, up, lo))
+    return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
+                       target_epsilon=scalar(target_epsilon), directions=_reports(plan, comp, up, lo))
 
 
 def allocation_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, selections_per_epoch: int = 1,
