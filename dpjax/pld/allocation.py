@@ -770,6 +770,24 @@ def _window_starts(xp, geo, origins, t):
     return xp.where(at_band[None, :], xp.round((beta - origins) / g), xp.floor((geo["lo"][None, :] - t * origins) / g))
 
 
+def _bias_shift(xp, laws, origins, geo, t):
+    """Window shift (lattice steps) of each lower law: its leftovers are rounded down (remove) or
+    up (add), which moves the mean of every term by up to a lattice step, and the sum of the
+    ``t - 1`` others by up to ``t - 1`` steps; with many steps that is far more than the sum's
+    spread (sigma 30, t = 10^6: the remove law's sum sat ~500 steps below a window of 32768 steps
+    that is ~35 of its standard deviations wide, and 1e-3 of it fell outside).  The window follows
+    the law's own mean: ``(t - 1)`` times the difference of its mean from the dominating law's
+    (which keeps the mean).  Zero for the dominating law and where the window starts at the band
+    (it then holds the whole range from the smallest value on)."""
+    S = laws[:, :, 0] + laws[:, :, 1]                                      # (3, K, m)
+    m = S.shape[-1]
+    x = origins[..., None] + xp.arange(m, dtype=np.float64) * geo["g"][None, :, None]
+    mean = xp.sum(S * x, -1) / xp.maximum(xp.sum(S, -1), _TINY)           # (3, K)
+    shift = xp.round((t - 1.0) * (mean - mean[:1]) / geo["g"][None, :])
+    at_band = geo["lo"] <= geo["bl"]
+    return xp.where(at_band[None, :], 0.0, shift)
+
+
 def upper_window_mass(sigma, t, tau, *, levels: int, n: int, m: int, room=1.0):
     """P-mass the dominating law of one epoch puts outside its lattice windows (host, NumPy): the
     part of :attr:`EpochAtoms.p_inf` that a larger ``room`` reduces, computed without the lower
@@ -821,7 +839,7 @@ def epoch_atoms(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0, ge
     # A sum of t lattice values is t * origin + J g; the window holds J in [w0, w0 + n).  Where
     # the window starts at the band (lo = b_{k-1}), it starts at the smallest value on the event:
     # the band's lattice floor beta plus t - 1 values >= origin.
-    w0 = ops.stop(_window_starts(xp, geo, origins, t))                     # (3, K)
+    w0 = ops.stop(_window_starts(xp, geo, origins, t) + _bias_shift(xp, laws, origins, geo, t))      # (3, K)
     idx = xp.mod(w0[..., None].astype(np.int64) + xp.arange(n), n)
     r = ops.take_along_axis(circ, idx, axis=-1)
     v = t * origins[..., None] + (w0[..., None] + xp.arange(n)) * g[None, :, None]          # (3, K, n)

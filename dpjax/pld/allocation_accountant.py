@@ -506,8 +506,9 @@ def _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections
     t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
     k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
     E = _validate.positive_int("epochs", epochs)
-    if not 1e-3 <= float(sigma) <= 1e4:
-        raise ValueError(f"noise_multiplier must be in [1e-3, 1e4] for random allocation accounting, got {float(sigma)!r}")
+    if not SIGMA_RANGE[0] <= float(sigma) <= SIGMA_RANGE[1]:
+        raise ValueError(f"noise_multiplier must be in [{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}] for random allocation "
+                         f"accounting, got {float(sigma)!r}")
     return float(sigma), t, k, E
 
 
@@ -752,35 +753,71 @@ def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str 
 CALIBRATION_TOLERANCE = 1e-4
 
 
-def _search_sigma(f, target: float, guess: float, tol: float = CALIBRATION_TOLERANCE):
-    """Smallest sigma with ``f(sigma) <= target`` for a decreasing ``f`` (host, certified ends):
-    returns ``(sigma_hi, sigma_lo, f(sigma_hi))`` with ``f(sigma_lo) > target`` and
-    ``sigma_hi <= sigma_lo (1 + tol)``.  Secant steps in ``(log sigma, log f)`` (nearly linear),
-    bisection when a step does not shrink the bracket enough."""
-    lo, hi = None, None
-    f_lo = f_hi = None
-    s = guess
-    for _ in range(60):
-        v = f(s)
-        if v <= target:
-            hi, f_hi = s, v
-            if lo is not None:
-                break
-            s = s / 2.0
+#: The noise multipliers the accountant accepts (see :func:`allocation_accounting`).
+SIGMA_RANGE = (1e-3, 1e4)
+
+
+def _gaussian_sigma(scale: float, target_epsilon: float, target_delta: float) -> float:
+    """Smallest ``sigma`` whose Gaussian with ``mu = scale / sigma`` has delta at most
+    ``target_delta`` at ``target_epsilon`` (host bisection in ``log sigma``: delta increases
+    with ``mu``)."""
+    from dpjax.pld.exact import np_gaussian_log_delta
+
+    log_t = math.log(target_delta)
+
+    def ok(sig):
+        return float(np_gaussian_log_delta(target_epsilon, scale / sig)) <= log_t
+
+    lo, hi = 1e-6, 1e8
+    if not ok(hi):
+        return math.inf
+    if ok(lo):
+        return lo
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            hi = mid
         else:
+            lo = mid
+        if hi <= lo * (1.0 + 1e-12):
+            break
+    return hi
+
+
+def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBRATION_TOLERANCE):
+    """Smallest sigma with ``f(sigma) <= target`` for a (nearly) decreasing ``f`` (host, certified
+    ends), given a feasible ``hi`` (``f(hi) <= target``): returns ``(sigma_hi, sigma_lo,
+    f(sigma_hi))`` with ``f(sigma_hi) <= target`` and either ``f(sigma_lo) > target`` with
+    ``sigma_hi <= sigma_lo (1 + tol)``, or ``sigma_hi`` the bottom of :data:`SIGMA_RANGE`
+    (``sigma_lo`` 0: everything in the range meets the target).  Secant steps in ``(log sigma,
+    log f)`` (nearly linear), bisection when a step does not shrink the bracket enough."""
+    f_hi = f(hi)
+    lo, f_lo = None, None
+    s = min(max(guess, SIGMA_RANGE[0]), hi)
+    # Downwards from min(guess, hi) by halving until the target is missed (or the range ends).
+    while SIGMA_RANGE[0] <= s < hi:
+        v = f(s)
+        if v > target:
             lo, f_lo = s, v
-            if hi is not None:
-                break
-            s = s * 2.0
-        if s < 1e-3 or s > 1e4:
-            raise ValueError(f"target_epsilon {target!r} needs a noise multiplier outside [1e-3, 1e4]")
+            break
+        hi, f_hi = s, v
+        s = s / 2.0
+    while lo is None:
+        if hi <= SIGMA_RANGE[0]:
+            return hi, 0.0, f_hi
+        s = max(hi / 2.0, SIGMA_RANGE[0])
+        v = f(s)
+        if v > target:
+            lo, f_lo = s, v
+        else:
+            hi, f_hi = s, v
     for _ in range(80):
         if hi <= lo * (1.0 + tol):
             break
         ll, lh = math.log(lo), math.log(hi)
-        if math.isfinite(f_lo) and f_lo > 0 and f_hi > 0:
+        if math.isfinite(f_lo) and f_lo > 0 and f_hi > 0 and f_lo != f_hi:
             a, b = math.log(f_lo), math.log(f_hi)
-            x = ll + (math.log(target) - a) * (lh - ll) / (b - a) if b != a else 0.5 * (ll + lh)
+            x = ll + (math.log(target) - a) * (lh - ll) / (b - a)
         else:
             x = 0.5 * (ll + lh)
         # keep the probe well inside the bracket (and bisect when the bracket is already small)
@@ -812,9 +849,12 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
 
     The search runs on the certified upper bound itself (one accountant call per probe); the
     returned sigma meets the target on it and lies within :data:`CALIBRATION_TOLERANCE` (relative)
-    of a sigma that does not.  For gradients: :func:`dpjax.dpsgd_noise_multiplier` with
-    ``sampling="random_allocation"`` under ``jax.grad`` (the implicit derivative,
-    :func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
+    of a sigma that does not.  Its top is the sigma at which the unamplified Gaussian (``mu =
+    sqrt(k E) / sigma``; balls-in-bins ``sqrt(E) / sigma``) meets the target, which the accountant's
+    epsilon never exceeds, so a sigma is found whenever one in :data:`SIGMA_RANGE` meets it (the
+    bottom of the range where every sigma in it does).  For gradients:
+    :func:`dpjax.dpsgd_noise_multiplier` with ``sampling="random_allocation"`` under ``jax.grad``
+    (the implicit derivative, :func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
     """
     eps_t = float(_validate.positive("target_epsilon", target_epsilon))
     delta = float(_validate.probability_open("target_delta", target_delta))
@@ -822,15 +862,32 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
     k = _validate.positive_int("selections_per_epoch", selections_per_epoch, maximum=t)
     E = _validate.positive_int("epochs", epochs)
 
-    def g(sigma):
-        if balls_in_bins:
-            return float(balls_in_bins_epsilon(sigma, t, E, delta, options=options))
-        return float(allocation_epsilon(sigma, t, E, delta, selections_per_epoch=k, options=options))
+    cache = {}
 
+    def g(sigma):
+        if sigma not in cache:
+            cache[sigma] = float(balls_in_bins_epsilon(sigma, t, E, delta, options=options) if balls_in_bins else
+                                 allocation_epsilon(sigma, t, E, delta, selections_per_epoch=k, options=options))
+        return cache[sigma]
+
+    scale = math.sqrt(E) if balls_in_bins else math.sqrt(E * k)
+    # The unamplified Gaussian's sigma certifies (the accountant's upper end is capped by it);
+    # nudged up past the closed form's own rounding margin where needed.
+    hi = _gaussian_sigma(scale, eps_t, delta)
+    if hi > SIGMA_RANGE[1]:
+        hi = SIGMA_RANGE[1]
+        if g(hi) > eps_t:
+            raise ValueError(f"target_epsilon {eps_t!r} at target_delta {delta!r} needs a noise multiplier above "
+                             f"{SIGMA_RANGE[1]:g}, the largest the random-allocation accountant accepts")
+    hi = max(hi, SIGMA_RANGE[0])
+    for _ in range(8):
+        if g(hi) <= eps_t:
+            break
+        hi *= 1.0 + 1e-9
     # Start at the mu-GDP scale of E k steps of Gaussian noise thinned by k / t.
-    guess = max(1e-3, min(1e4, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
-    hi, _, _ = _search_sigma(g, eps_t, guess)
-    return hi
+    guess = max(SIGMA_RANGE[0], min(hi, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
+    found, _, _ = _search_sigma(g, eps_t, guess, hi)
+    return found
 
 
 # ------------------------------------------------------------------------------------------
