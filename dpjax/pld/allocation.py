@@ -1140,7 +1140,14 @@ def eps_of(ops, comp: Composed, delta):
     val = y_ref[:, None] + xp.log(ratio)
     lo_end = xp.where(seg >= 0, xp.take_along_axis(y, xp.maximum(seg, 0), axis=-1), -np.inf)
     hi_end = xp.where(seg + 1 <= n - 1, xp.take_along_axis(y, xp.minimum(seg + 1, n - 1), axis=-1), np.inf)
-    val = xp.where(ok, xp.clip(val, lo_end, hi_end), hi_end)
+    # Not ok: the curve is at or below delta on the whole segment, which happens only for k = 0
+    # (the segment below y_0: delta(y_0) <= delta already).  Then every eps on it qualifies: the
+    # lower rows take its lower end (-inf, so 0); y_0 there could lie above the lower curve's
+    # true crossing, e.g. a plan evaluated at a smaller sigma whose grid holds almost none of the
+    # lower law's mass (the lower end of a bracket must never exceed the truth).  The upper rows
+    # keep y_0 (certified, and what they always reported).
+    is_up = xp.arange(4)[:, None] < 2
+    val = xp.where(ok, xp.clip(val, lo_end, hi_end), xp.where(is_up, hi_end, lo_end))
     val = xp.where(k >= n, np.inf, val)
     val = xp.maximum(val, 0.0)
     broken = ~(xp.isfinite(A[:, :1]) & xp.isfinite(B[:, :1]))

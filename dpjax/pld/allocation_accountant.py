@@ -794,8 +794,21 @@ def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBR
     f_hi = f(hi)
     lo, f_lo = None, None
     s = min(max(guess, SIGMA_RANGE[0]), hi)
-    # Downwards from min(guess, hi) by halving until the target is missed (or the range ends).
-    while SIGMA_RANGE[0] <= s < hi:
+    # From the guess: up by doubling while the target is missed (the top is feasible), or down
+    # by halving until it is missed (or the range ends).
+    v = f(s)
+    if v > target:
+        lo, f_lo = s, v
+        while 2.0 * lo < hi:
+            v = f(2.0 * lo)
+            if v <= target:
+                hi, f_hi = 2.0 * lo, v
+                break
+            lo, f_lo = 2.0 * lo, v
+    else:
+        hi, f_hi = s, v
+        s = s / 2.0
+    while lo is None and SIGMA_RANGE[0] <= s < hi:
         v = f(s)
         if v > target:
             lo, f_lo = s, v

@@ -15,7 +15,7 @@ given, must equal ``t E``).  Adjacency: add/remove.  The accountant is
 :mod:`dpjax.pld.allocation_accountant` (docs/design.md §12).
 
 This module routes one call the way :mod:`dpjax.pld.dpsgd` routes Poisson calls: scalar
-arguments give the accountant's call; arrays of noise multipliers (or targets, broadcast
+arguments give the accountant's call; arrays of noise multipliers or targets (broadcast
 together) give one answer per element, each equal to its own call; traced arguments
 (``jax.grad``, ``jax.vmap``, a user's ``jax.jit``, from float32 code too) run the same calls on
 the host through :func:`dpjax._traced.host_call`, with derivatives of the certified bound on
@@ -190,9 +190,10 @@ def query(q: str, name: str, noise_multiplier, target, *, sampling, batches_per_
 
         return _traced.host_call(values, partials, {"noise_multiplier": noise_multiplier, "target": target},
                                  name=name)
-    if np.ndim(noise_multiplier) == 0:
-        # One configuration (an array of targets reads one composition at several targets).
+    if np.ndim(noise_multiplier) == 0 and np.ndim(target) == 0:
         return _one(q, sampling, noise_multiplier, target, t, k, E, options)
+    # A batch: one call per element.  (An array of targets on one composition would plan it for
+    # the smallest delta, and its elements would differ from their own calls.)
     return values(noise_multiplier, target)
 
 
