@@ -123,6 +123,10 @@ class AllocationPlan:
         is tight near this one and above).
       block_sigmas: each block's noise multiplier at that point (equal unless a schedule of noise
         multipliers was planned); :func:`allocation_epsilon_fn` scales them all by ``sigma / noise_multiplier``.
+      tilt, tilt_from: per row (remove upper, add upper, remove lower, add lower), the tilt and
+        the start of the tilted composition that runs beside the ordinary one where the
+        ordinary one's round-off floor matters (small deltas; :func:`dpjax.pld.allocation.choose_tilt`);
+        empty: none.
     """
 
     shape: A.Shape
@@ -134,6 +138,8 @@ class AllocationPlan:
     room: float
     noise_multiplier: float
     block_sigmas: tuple = ()
+    tilt: tuple = ()
+    tilt_from: tuple = ()
 
     def sigmas(self, noise_multiplier=None) -> list:
         """Per-block noise multipliers at ``noise_multiplier`` (default: the planned one)."""
@@ -286,10 +292,36 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
 
 def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
     return A.run(A.NUMPY, plan.sigmas(sigma), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau, plan.dx,
-                 plan.log_tau, plan.shape, room=plan.room)
+                 plan.log_tau, plan.shape, room=plan.room, tilt=plan.tilt, tilt_from=plan.tilt_from)
 
 
-def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None, coarse=True):
+def _with_tilt(plan: AllocationPlan, comp, target_delta, target_epsilon, lower_hint=0.0):
+    """``(plan, comp)`` with the tilted composition beside the ordinary one where its round-off
+    floor matters (:func:`dpjax.pld.allocation.choose_tilt`), on the same epoch PMFs.  The tilt
+    is aimed at the best certified lower end known (the ordinary one, ``lower_hint``), then once
+    or twice more at the tilted pass's own lower end while that moves by more than 1% (where the
+    floor also weakens the ordinary lower end, as at delta 1e-300, the first aim is low)."""
+    stack = A.last_stack(plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape, plan.room)
+    counts = np.asarray(plan.counts, np.float64)
+    best, aim = comp, None
+    for _ in range(3):
+        choice = A.choose_tilt(stack, counts, plan.dx, best, target_delta=target_delta,
+                               target_epsilon=target_epsilon, lower_hint=lower_hint)
+        if choice is None or (aim is not None and choice[1][0] <= aim * 1.01):
+            break
+        aim = choice[1][0]
+        trial = dataclasses.replace(plan, tilt=choice[0], tilt_from=choice[1])
+        with np.errstate(all="ignore"):
+            tilted = A.compose_tilted(A.NUMPY, stack, counts, plan.dx, plan.log_tau, n_comp=plan.shape.n_comp,
+                                      tilt=trial.tilt, tilt_from=trial.tilt_from)
+        plan, best = trial, A.Pair(comp, tilted)
+        if target_delta is None:
+            break
+    return plan, best
+
+
+def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, options=None, coarse=True,
+                   lower_hint=0.0):
     """Plan, run on the host, and re-plan while a truncation / wrap-around term is over budget.
 
     ``sigma``: one noise multiplier, or one per block; ``blocks``: ``[(batches t_b, epochs c_b)]``
@@ -301,7 +333,8 @@ def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, opt
     Epsilon queries (``target_delta``) with ``coarse`` run first on the coarse lattice of
     :class:`AllocationOptions` and keep it where its bracket is at most ``coarse_width``
     (relative) wide at every target; otherwise the full lattice runs (from the coarse run's
-    window room)."""
+    window room).  ``lower_hint``: a certified lower end of epsilon known otherwise (the
+    tilted pass for small deltas aims at the larger of it and the run's own)."""
     options = options or AllocationOptions()
     room = None
     if coarse and target_delta is not None and options.coarse_fraction < 1 and _lattice_size(
@@ -309,11 +342,11 @@ def account_blocks(sigma, blocks, *, target_delta=None, target_epsilon=None, opt
         f = options.coarse_fraction
         small = dataclasses.replace(options, lattice_factor=options.lattice_factor * f,
                                     min_lattice=max(64, _pow2(options.min_lattice * f)), coarse_fraction=1.0)
-        plan, comp = _account(sigma, blocks, target_delta, target_epsilon, small, None)
+        plan, comp = _account(sigma, blocks, target_delta, target_epsilon, small, None, lower_hint)
         if _narrow(comp, target_delta, options.coarse_width):
             return plan, comp
         room = plan.room
-    return _account(sigma, blocks, target_delta, target_epsilon, options, room)
+    return _account(sigma, blocks, target_delta, target_epsilon, options, room, lower_hint)
 
 
 def _lattice_size(sigma, blocks, target_delta, options) -> int:
@@ -332,7 +365,7 @@ def _narrow(comp: A.Composed, target_delta, width: float) -> bool:
     return bool(np.all(np.isfinite(up)) and np.all(up - lo <= width * np.maximum(up, 0.02)))
 
 
-def _account(sigma, blocks, target_delta, target_epsilon, options, room):
+def _account(sigma, blocks, target_delta, target_epsilon, options, room, lower_hint=0.0):
     budget = (options.tail_fraction * float(np.min(target_delta)) if target_delta is not None
               else options.delta_tail_mass)
     if room is None:
@@ -353,7 +386,7 @@ def _account(sigma, blocks, target_delta, target_epsilon, options, room):
             comp_scale *= 2
             continue
         break
-    return plan, comp
+    return _with_tilt(plan, comp, target_delta, target_epsilon, lower_hint)
 
 
 def _next_room(room: float) -> float:
@@ -398,8 +431,11 @@ def unamplified_mu(noise_multiplier, blocks) -> float:
     of sensitivity 1; given the allocation the run is their (adaptive) composition, dominated by
     one Gaussian with ``mu^2 = sum_b c_b / sigma_b^2``, and by joint convexity of the hockey
     stick so is the mixture over allocations.  ``noise_multiplier``: scalar or one per block."""
-    sig = np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))
-    return float(math.sqrt(sum(int(c) / float(sb) ** 2 for sb, (_, c) in zip(sig, blocks))))
+    sig = [float(x) for x in np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))]
+    if all(sb == sig[0] for sb in sig):
+        # (The spelling of the closed form elsewhere: sqrt(k E) / sigma, the same float.)
+        return math.sqrt(sum(int(c) for _, c in blocks)) / sig[0]
+    return float(math.sqrt(sum(int(c) / sb ** 2 for sb, (_, c) in zip(sig, blocks))))
 
 
 def _closed_lower_log_delta(eps, noise_multiplier, blocks) -> np.ndarray:
@@ -448,14 +484,15 @@ def _closed_lower_log_delta(eps, noise_multiplier, blocks) -> np.ndarray:
     return best.reshape(eps.shape)
 
 
-def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsilon=None):
+def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsilon=None, mu=None):
     """``(upper, lower)`` without the lattice: epsilon at ``target_delta`` or delta at
     ``target_epsilon`` (arrays).  Upper: the Gaussian of :func:`unamplified_mu` (closed form,
     :func:`dpjax.pld.engine.exact_epsilon`); lower: :func:`_closed_lower_log_delta` (its delta,
-    or the largest epsilon found where it is still above ``target_delta``)."""
+    or the largest epsilon found where it is still above ``target_delta``).  ``mu``: the
+    unamplified Gaussian's, where the caller spells it (balls-in-bins: ``sqrt(E) / sigma``)."""
     from dpjax.pld.exact import gaussian_delta
 
-    mu = unamplified_mu(noise_multiplier, blocks)
+    mu = unamplified_mu(noise_multiplier, blocks) if mu is None else float(mu)
     # The lower bound is a closed form evaluated in floating point: a relative margin of 1e-9 on
     # delta (as the Gaussian's own bracket, _gaussian_result) keeps it below the exact value.
     margin = math.log1p(-1e-9)
@@ -488,6 +525,7 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
+    comp = A.ordinary(comp)
     out = []
     for i, d in enumerate(DIRECTIONS):
         u = np.where(np.isnan(up[i]), np.inf, up[i])
@@ -536,24 +574,29 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
         target_delta = _validate.probability_open("target_delta", target_delta)
     else:
         target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    return _allocation_result(sigma, t, k, E, target_delta, target_epsilon, options)
+
+
+def _allocation_result(sigma, t, k, E, target_delta, target_epsilon, options, mu=None):
     blocks = allocation_blocks(t, k, E)
     if all(tb == 1 for tb, _ in blocks):
         # Every step selected: the run is E t Gaussian steps, exactly one Gaussian mechanism.
         return _gaussian_result(math.sqrt(E * t) / sigma, target_delta, target_epsilon)
-    return _account_result(sigma, blocks, target_delta, target_epsilon, options)
+    return _account_result(sigma, blocks, target_delta, target_epsilon, options, mu)
 
 
-def _account_result(sigma, blocks, target_delta, target_epsilon, options):
+def _account_result(sigma, blocks, target_delta, target_epsilon, options, mu=None):
     """The result of :func:`allocation_accounting` for ``blocks`` (docs/design.md §12.7): the
-    lattice bracket, its upper end capped by the unamplified Gaussian and its lower end raised to
-    the closed-form one; where the lattice cannot run (:func:`lattice_fits`), the closed-form
-    bracket alone."""
-    cap_up, cap_lo = closed_form_bracket(sigma, blocks, target_delta, target_epsilon)
+    lattice bracket, its upper end capped by the unamplified Gaussian (``mu``, by default
+    :func:`unamplified_mu`) and its lower end raised to the closed-form one; where the lattice
+    cannot run (:func:`lattice_fits`), the closed-form bracket alone."""
+    cap_up, cap_lo = closed_form_bracket(sigma, blocks, target_delta, target_epsilon, mu=mu)
     if not lattice_fits(sigma, blocks, target_delta=target_delta, options=options):
         if target_delta is not None:
             return exact_epsilon_result(np.asarray(target_delta, np.float64), cap_up, cap_lo)
         return exact_delta_result(np.asarray(target_epsilon, np.float64), cap_up, cap_lo)
-    plan, comp = account_blocks(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options)
+    plan, comp = account_blocks(sigma, blocks, target_delta=target_delta, target_epsilon=target_epsilon, options=options,
+                                lower_hint=cap_lo if target_delta is not None else 0.0)
     query = A.eps_of if target_delta is not None else A.delta_of
     worst = np.inf if target_delta is not None else 1.0
     with np.errstate(all="ignore"):
@@ -586,6 +629,8 @@ def allocation_delta(noise_multiplier, batches_per_epoch, epochs, target_epsilon
                                  selections_per_epoch=selections_per_epoch, options=options).delta
 
 
+@host_only("dpjax.pld.allocation_accountant.allocation_epsilon_fn / delta_fn on a plan from plan_allocation")
+@float64
 def balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target_delta=None, target_epsilon=None, *,
                              options: AllocationOptions | None = None):
     """DP-SGD (correlation matrix ``C = I``) under balls-in-bins batching: 1-of-``b`` random
@@ -594,8 +639,17 @@ def balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target
     E = _validate.positive_int("epochs", epochs)
     if sigma.ndim != 0:
         raise ValueError(f"noise_multiplier must be a scalar > 0 for balls-in-bins, got shape {sigma.shape}")
-    return allocation_accounting(float(sigma) / math.sqrt(E), batches_per_epoch, 1, target_delta=target_delta,
-                                 target_epsilon=target_epsilon, options=options)
+    if (target_delta is None) == (target_epsilon is None):
+        raise ValueError("give exactly one of target_delta and target_epsilon")
+    s_eff, b, _, _ = _validate_allocation(float(sigma) / math.sqrt(E), batches_per_epoch, 1, 1)
+    if options is not None and not isinstance(options, AllocationOptions):
+        raise ValueError(f"options must be a dpjax.pld.allocation_accountant.AllocationOptions, got {options!r}")
+    if target_delta is not None:
+        target_delta = _validate.probability_open("target_delta", target_delta)
+    else:
+        target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    # The unamplified Gaussian: E observations of one bin, mu = sqrt(E) / sigma.
+    return _allocation_result(s_eff, b, 1, 1, target_delta, target_epsilon, options, mu=math.sqrt(E) / float(sigma))
 
 
 def balls_in_bins_epsilon(noise_multiplier, batches_per_epoch, epochs, target_delta, *, options=None):
@@ -640,7 +694,8 @@ def plan_partials(plan: AllocationPlan, noise_multiplier, target, *, query: Quer
 
     def comp_at(s_):
         return A.run(A.NUMPY, plan.sigmas(s_), list(plan.block_steps), np.asarray(plan.counts, np.float64), plan.tau,
-                     plan.dx, plan.log_tau, plan.shape, room=plan.room, frozen=frozen)
+                     plan.dx, plan.log_tau, plan.shape, room=plan.room, frozen=frozen, tilt=plan.tilt,
+                     tilt_from=plan.tilt_from)
 
     def value(comp, x):
         with np.errstate(all="ignore"):
@@ -674,7 +729,7 @@ def _rows(plan: AllocationPlan, noise_multiplier):
     scale = noise_multiplier / plan.noise_multiplier
     sig = [b * scale for b in plan.sigmas()]
     return A.run(ops, sig, list(plan.block_steps), jnp.asarray(plan.counts, jnp.float64), plan.tau,
-                 plan.dx, plan.log_tau, plan.shape, room=plan.room)
+                 plan.dx, plan.log_tau, plan.shape, room=plan.room, tilt=plan.tilt, tilt_from=plan.tilt_from)
 
 
 def _with_host_derivative(query: Query):
@@ -956,6 +1011,11 @@ def allocation_epsilon_curve(noise_multiplier, batches_per_epoch, epochs, target
             for i, e in enumerate(e_list):
                 comp = A.compose_epochs(A.NUMPY, stack, per_epoch * int(e), plan.dx, plan.log_tau,
                                         n_comp=plan.shape.n_comp)
+                choice = A.choose_tilt(stack, per_epoch * int(e), plan.dx, comp, target_delta=delta)
+                if choice is not None:
+                    comp = A.Pair(comp, A.compose_tilted(A.NUMPY, stack, per_epoch * int(e), plan.dx, plan.log_tau,
+                                                         n_comp=plan.shape.n_comp, tilt=choice[0],
+                                                         tilt_from=choice[1]))
                 v = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(delta)))
                 up[i] = float(np.max(np.where(np.isnan(v[:2]), np.inf, v[:2])))
                 lo[i] = min(float(np.max(np.where(np.isnan(v[2:]), 0.0, v[2:]))), up[i])
