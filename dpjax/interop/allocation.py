@@ -124,15 +124,10 @@ def _account(blocks, *, target_delta=None, target_epsilon=None):
         for tb, c in ra.allocation_blocks(t, k, e):
             sub.append((tb, c))
             sig.append(sigma)
-    plan, comp = ra.account_blocks(sig, sub, target_delta=target_delta, target_epsilon=target_epsilon)
-    from dpjax.pld import allocation as A
-
-    with np.errstate(all="ignore"):
-        if target_delta is not None:
-            v = np.asarray(A.eps_of(A.NUMPY, comp, np.asarray(target_delta, np.float64)))
-            return float(np.max(np.where(np.isnan(v[:2]), np.inf, v[:2]), axis=0))
-        v = np.asarray(A.delta_of(A.NUMPY, comp, np.asarray(target_epsilon, np.float64)))
-        return float(np.max(np.where(np.isnan(v[:2]), 1.0, v[:2]), axis=0))
+    # The same bracket as a single call: the lattice capped by the unamplified Gaussian (mu^2 =
+    # sum_b c_b / sigma_b^2), or the closed forms where the lattice does not run.
+    res = ra._account_result(sig, sub, target_delta, target_epsilon, None)
+    return float(np.max(res.epsilon if target_delta is not None else res.delta))
 
 
 def _value(res, key):
