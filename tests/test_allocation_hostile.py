@@ -101,6 +101,17 @@ def test_epsilon_is_monotone_in_sigma_at_a_million_steps():
     assert ups[0] < 1e-3
 
 
+def test_epsilon_is_monotone_in_delta_across_the_tilted_pass():
+    """Deltas from 1e-10 (ordinary composition) to 1e-16 (the tilted one decides): epsilon grows
+    as delta shrinks, and the brackets stay within 1% of their upper ends."""
+    ups = []
+    for d in [1e-10, 1e-12, 1e-13, 1e-14, 1e-16]:
+        lower, upper = _bracket(21.694046750745972, 23, 301, d)
+        assert upper - lower <= 1e-2 * upper
+        ups.append(upper)
+    assert all(b > a for a, b in zip(ups, ups[1:]))
+
+
 # Calibration.
 
 
