@@ -514,6 +514,8 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
     # the true epsilon lies above it (delta is non-increasing in epsilon).
     lo = np.zeros_like(upper)
     ok0 = above(lo)
+    if not np.any(ok0):
+        return upper, lo
     hi = np.where(np.isfinite(upper), upper, 1e4)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
