@@ -484,27 +484,45 @@ def _closed_lower_log_delta(eps, noise_multiplier, blocks) -> np.ndarray:
     return best.reshape(eps.shape)
 
 
+def summed_mu(noise_multiplier, blocks) -> float:
+    """``mu`` of the Gaussian that every epoch's output, summed over its steps, releases: a
+    1-of-``t_b`` epoch adds its example's unit contribution to exactly one step, so the sum of
+    its ``t_b`` outputs is ``N(1, t_b sigma_b^2)`` with the example and ``N(0, t_b sigma_b^2)``
+    without, wherever it was placed.  That sum is a post-processing of the epoch, so the
+    composition of these Gaussians, ``mu^2 = sum_b c_b / (t_b sigma_b^2)``, is a lower bound on
+    the scheme (close to the truth for large noise, where allocation behaves like sampling with
+    rate ``1/t``)."""
+    sig = [float(x) for x in np.broadcast_to(np.asarray(noise_multiplier, np.float64), (len(blocks),))]
+    return float(math.sqrt(sum(int(c) / (int(tb) * sb * sb) for sb, (tb, c) in zip(sig, blocks))))
+
+
 def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsilon=None, mu=None):
     """``(upper, lower)`` without the lattice: epsilon at ``target_delta`` or delta at
     ``target_epsilon`` (arrays).  Upper: the Gaussian of :func:`unamplified_mu` (closed form,
-    :func:`dpjax.pld.engine.exact_epsilon`); lower: :func:`_closed_lower_log_delta` (its delta,
+    :func:`dpjax.pld.engine.exact_epsilon`); lower: the larger of the Gaussian of
+    :func:`summed_mu` (its certified lower end) and :func:`_closed_lower_log_delta` (its delta,
     or the largest epsilon found where it is still above ``target_delta``).  ``mu``: the
     unamplified Gaussian's, where the caller spells it (balls-in-bins: ``sqrt(E) / sigma``)."""
     from dpjax.pld.exact import gaussian_delta
 
     mu = unamplified_mu(noise_multiplier, blocks) if mu is None else float(mu)
-    # The lower bound is a closed form evaluated in floating point: a relative margin of 1e-9 on
-    # delta (as the Gaussian's own bracket, _gaussian_result) keeps it below the exact value.
+    mu_sum = summed_mu(noise_multiplier, blocks)
+    # The lower bounds are closed forms evaluated in floating point: a relative margin of 1e-9 on
+    # delta (as the Gaussian's own bracket, _gaussian_result) keeps them below the exact values.
     margin = math.log1p(-1e-9)
     if target_delta is None:
         eps = np.asarray(target_epsilon, np.float64)
         d = np.asarray(gaussian_delta(eps, mu), np.float64)
         upper = np.minimum(d * (1 + 1e-9), 1.0)
-        lower = np.minimum(np.exp(_closed_lower_log_delta(eps, noise_multiplier, blocks) + margin), upper)
+        d_sum = np.asarray(gaussian_delta(eps, mu_sum), np.float64) * (1 - 1e-9)
+        lower = np.minimum(np.maximum(np.exp(_closed_lower_log_delta(eps, noise_multiplier, blocks) + margin),
+                                      d_sum), upper)
         return upper, lower
     deltas = np.asarray(target_delta, np.float64)
     upper, _ = exact_epsilon(deltas, mu)
     upper = np.asarray(upper, np.float64)
+    _, lower_sum = exact_epsilon(deltas, mu_sum)
+    lower_sum = np.minimum(np.asarray(lower_sum, np.float64), upper)
     log_t = np.log(deltas)
 
     def above(x):
@@ -515,7 +533,7 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
     lo = np.zeros_like(upper)
     ok0 = above(lo)
     if not np.any(ok0):
-        return upper, lo
+        return upper, lower_sum
     hi = np.where(np.isfinite(upper), upper, 1e4)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
@@ -523,7 +541,7 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
         lo = np.where(a, mid, lo)
         hi = np.where(a, hi, mid)
     lower = np.where(ok0, np.minimum(lo, upper), 0.0)
-    return upper, lower
+    return upper, np.maximum(lower, lower_sum)
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
