@@ -125,6 +125,20 @@ def _one(q: str, sampling, sigma: float, target, t, k, E, options):
     return res.epsilon if q == "epsilon" else res.delta
 
 
+def _closed_form_decides(q: str, sampling, sigma: float, target: float, t, k, E, options, value: float) -> bool:
+    """Whether the call's value is the closed-form one: the lattice does not run there, or the
+    value equals the unamplified Gaussian's cap."""
+    from dpjax.pld import allocation_accountant as ra
+
+    s_eff, blocks, _ = _effective(sampling, sigma, t, k, E)
+    kw = {"target_delta": target} if q == "epsilon" else {"target_epsilon": target}
+    if not ra.lattice_fits(s_eff, blocks, target_delta=kw.get("target_delta"), options=options):
+        return True
+    mu = math.sqrt(E) / sigma if sampling == "balls_in_bins" else None
+    cap, _ = ra.closed_form_bracket(s_eff, blocks, mu=mu, **kw)
+    return bool(value >= float(np.max(cap)))
+
+
 def _one_partials(q: str, sampling, sigma: float, target: float, t, k, E, options, value: float) -> dict:
     """``{"noise_multiplier": d value / d sigma, "target": d value / d target}`` of the certified
     bound of one configuration, on the plan its call uses (discretization held fixed)."""
@@ -135,8 +149,10 @@ def _one_partials(q: str, sampling, sigma: float, target: float, t, k, E, option
     if q == "delta" and (value >= 1.0 or value <= 0.0):
         return dict.fromkeys(("noise_multiplier", "target"), 0.0)
     s_eff, blocks, scale = _effective(sampling, sigma, t, k, E)
-    if all(tb == 1 for tb, _ in blocks):
-        # Every step selected: the exact Gaussian (closed form, smooth): central differences.
+    if all(tb == 1 for tb, _ in blocks) or _closed_form_decides(q, sampling, sigma, target, t, k, E, options, value):
+        # Every step selected (the exact Gaussian), or the value is the unamplified Gaussian's
+        # cap or the closed-form bracket's (docs/design.md §12.7): smooth closed forms, central
+        # differences of the call itself (not of the lattice bound on a plan, which it is not).
         h, ht = 1e-6 * sigma, 1e-6 * max(abs(target), 1e-12)
         d_s = (_one(q, sampling, sigma + h, target, t, k, E, options)
                - _one(q, sampling, sigma - h, target, t, k, E, options)) / (2 * h)
