@@ -160,6 +160,18 @@ def test_tiny_noise_is_answered(sigma, sampling):
     assert float(r.epsilon_lower) >= gauss - math.log(10.0) - 1e-6 * gauss
 
 
+def test_gradient_where_the_closed_form_decides():
+    """jax.grad of a value given by the closed forms (sigma 0.05: the lattice does not run) is the
+    closed form's derivative: a central difference of the call (float32 gradient, hence 1e-4)."""
+    import jax
+
+    kw = dict(target_delta=1e-5, batches_per_epoch=10, epochs=1, **RA)
+    g = float(jax.grad(lambda s: dpjax.dpsgd_epsilon(s, **kw))(0.05))
+    h = 1e-5
+    fd = (dpjax.dpsgd_epsilon(0.05 + h, **kw) - dpjax.dpsgd_epsilon(0.05 - h, **kw)) / (2 * h)
+    assert g == pytest.approx(fd, rel=1e-4)
+
+
 # A plan evaluated at a smaller noise multiplier: its lower end exceeded the truth.
 
 
