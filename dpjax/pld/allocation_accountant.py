@@ -302,6 +302,7 @@ def _with_tilt(plan: AllocationPlan, comp, target_delta, target_epsilon, lower_h
     or twice more at the tilted pass's own lower end while that moves by more than 1% (where the
     floor also weakens the ordinary lower end, as at delta 1e-300, the first aim is low)."""
     stack = A.last_stack(plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape, plan.room)
+    A._LAST_STACK.clear()       # (held only until here: it can be large)
     counts = np.asarray(plan.counts, np.float64)
     best, aim = comp, None
     for _ in range(3):
