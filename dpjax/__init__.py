@@ -40,7 +40,7 @@ _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "
 # (batches_per_epoch=, selections_per_epoch=, epochs=) work in dpsgd_epsilon, dpsgd_delta,
 # dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation_dpsgd).
 _ATTRS = {
-    "dpsgd_delta": "dpjax.pld",
+    "dpsgd_delta": "dpjax.group:group_dpsgd_delta",
     "dpsgd_noise_multiplier": "dpjax.calibration",
     "dpsgd_epsilon": "dpjax.group:group_dpsgd_epsilon",
     "group_accounting": "dpjax.group",

@@ -39,8 +39,8 @@ from dpjax._x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
 
-__all__ = ["Sampling", "GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon", "group_delta", "group_dpsgd_epsilon",
-           "group_components"]
+__all__ = ["Sampling", "GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon",
+           "group_delta", "group_dpsgd_epsilon", "group_dpsgd_delta", "group_components"]
 
 # The one validator of group arguments lives in the lowest layer (dpjax.pld.group_spec); this
 # is the same function under the name the group API has always exported.
@@ -304,25 +304,72 @@ def group_dpsgd_epsilon(
         ...                     dataset_size=50_000, batch_size=500)          # doctest: +SKIP
         32.03...
     """
-    from dpjax.pld import allocation_dpsgd
-    from dpjax.pld import dpsgd_epsilon as example_level
+    return _group_dpsgd("epsilon", noise_multiplier, sampling_prob, steps, target_delta, delta, group_size=group_size,
+                        sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
+                        noise_schedule=noise_schedule, sample_rate=sample_rate, epochs=epochs,
+                        batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
 
+
+def group_dpsgd_delta(
+    noise_multiplier=None,
+    sampling_prob=None,
+    steps=None,
+    target_epsilon=None,
+    *,
+    group_size: int = 1,
+    sampling: str = "poisson",
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+    noise_schedule=None,
+    sample_rate=None,
+    epochs=None,
+    epsilon=None,
+    batches_per_epoch=None,
+    selections_per_epoch=1,
+):
+    """Certified delta of DP-SGD at ``target_epsilon`` (>= 0), example-level or for groups of
+    ``group_size`` examples: :func:`group_dpsgd_epsilon` with the target epsilon last (alias
+    ``epsilon=``), the same keywords and the same dispatch.  Public as :func:`dpjax.dpsgd_delta`.
+
+    Example::
+
+        >>> import dpjax
+        >>> dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)                        # doctest: +SKIP
+        >>> dpjax.dpsgd_delta(2.0, 0.01, 2000, 32.0, group_size=8)         # doctest: +SKIP
+    """
+    return _group_dpsgd("delta", noise_multiplier, sampling_prob, steps, target_epsilon, epsilon,
+                        group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
+                        noise_schedule=noise_schedule, sample_rate=sample_rate, epochs=epochs,
+                        batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
+
+
+def _group_dpsgd(query, noise_multiplier, sampling_prob, steps, target, target_alias, *, group_size, sampling,
+                 dataset_size, batch_size, noise_schedule, sample_rate, epochs, batches_per_epoch,
+                 selections_per_epoch):
+    """:func:`group_dpsgd_epsilon` / :func:`group_dpsgd_delta`: random allocation and
+    example-level Poisson go to :mod:`dpjax.pld.dpsgd`, groups and fixed batches to
+    :func:`group_epsilon` / :func:`group_delta`."""
+    from dpjax.pld import allocation_dpsgd
+    from dpjax.pld import dpsgd_delta, dpsgd_epsilon
+
+    example_level = dpsgd_epsilon if query == "epsilon" else dpsgd_delta
+    alias = {"delta" if query == "epsilon" else "epsilon": target_alias}
     if allocation_dpsgd.is_allocation(sampling):
         allocation_dpsgd.allocation_args(sampling, sampling_prob=sampling_prob if sample_rate is None else sample_rate,
                                          steps=steps, batches_per_epoch=batches_per_epoch,
                                          selections_per_epoch=selections_per_epoch, epochs=epochs,
                                          group_size=group_size, dataset_size=dataset_size, batch_size=batch_size)
-        return example_level(noise_multiplier, sampling_prob, steps, target_delta, noise_schedule=noise_schedule,
-                             sample_rate=sample_rate, epochs=epochs, delta=delta, sampling=sampling,
-                             batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
+        return example_level(noise_multiplier, sampling_prob, steps, target, noise_schedule=noise_schedule,
+                             sample_rate=sample_rate, epochs=epochs, sampling=sampling,
+                             batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch, **alias)
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     if group_size == 1 and sampling == "poisson" and dataset_size is None and batch_size is None:
-        return example_level(noise_multiplier, sampling_prob, steps, target_delta, noise_schedule=noise_schedule,
-                             sample_rate=sample_rate, epochs=epochs, delta=delta)
+        return example_level(noise_multiplier, sampling_prob, steps, target, noise_schedule=noise_schedule,
+                             sample_rate=sample_rate, epochs=epochs, **alias)
     if noise_schedule is not None:
         raise ValueError("noise_schedule is supported for example-level Poisson DP-SGD only (group_size=1, "
                          "sampling='poisson')")
-    return group_epsilon(
-        noise_multiplier, sampling_prob, steps, target_delta, group_size=group_size, sampling=sampling,
-        dataset_size=dataset_size, batch_size=batch_size, sample_rate=sample_rate, epochs=epochs, delta=delta,
-    )
+    grouped = group_epsilon if query == "epsilon" else group_delta
+    return grouped(noise_multiplier, sampling_prob, steps, target, group_size=group_size, sampling=sampling,
+                   dataset_size=dataset_size, batch_size=batch_size, sample_rate=sample_rate, epochs=epochs,
+                   **alias)

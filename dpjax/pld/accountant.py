@@ -36,10 +36,37 @@ from dpjax._x64 import float64, host_only
 from dpjax.pld.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                               exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                               stacked_mechanisms)
-from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero
-from dpjax.pld.mechanisms import PoissonSubsampledGaussian
+from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta
+from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult  # noqa: F401 (re-exported)
+
+
+def _one_step_exceeds_every_epsilon(stacked, target_delta: float) -> bool:
+    """True when one step of the composition alone has delta above ``target_delta`` at the largest
+    float64 epsilon: a certified lower bound (dropping the other steps is post-processing) puts
+    the true epsilon beyond float64, and the answer is ``inf`` without a grid (noise
+    multipliers like 1e-300, whose losses no window can hold).
+
+    One Gaussian step of sensitivity ``s`` has the closed-form delta of ``mu = s / sigma``; one
+    Poisson-subsampled step in the remove direction has exactly ``q delta_G(eps')`` with
+    ``e^eps' = (e^eps - 1 + q) / q`` (the mixture's excess over ``e^eps`` is ``q`` times the
+    Gaussian pair's at ``eps'``).  Other mechanisms are not tested (False)."""
+    eps = np.finfo(np.float64).max
+    log_target = math.log(target_delta)
+    for cls, _static, data, P, _C in stacked:
+        if cls is PoissonSubsampledGaussian:
+            q = P[:, data.index("sampling_prob")]
+            mu = 1.0 / P[:, data.index("noise_multiplier")]
+            log_d = np.log(q) + host_gaussian_log_delta(eps - np.log(q), mu)
+        elif cls is Gaussian:
+            mu = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
+            log_d = host_gaussian_log_delta(eps, mu)
+        else:
+            continue
+        if np.any(log_d > log_target):
+            return True
+    return False
 
 
 def _without_lossless(components) -> list:
@@ -95,6 +122,12 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if mu is not None:
         upper, lower = exact_epsilon(np.asarray(deltas, np.float64), mu)
         return exact_epsilon_result(deltas, upper, lower)
+    if _one_step_exceeds_every_epsilon(stacked, float(np.max(deltas))):
+        inf = np.full(np.shape(deltas), np.inf)
+        res = exact_epsilon_result(deltas, inf, inf)
+        return dataclasses.replace(res, reason=(
+            "a single step alone has delta above target_delta at the largest float64 epsilon (its closed "
+            "form, a lower bound on the composition's delta): the true epsilon is beyond float64"))
     tail_mass = options.tail_fraction * float(np.min(deltas))
     # NumPy inputs go straight into the jitted program (jnp.asarray outside a trace compiles a
     # staging program of its own: ~50 ms of every cold start).

@@ -7,9 +7,8 @@
 * **a batch**: array arguments (noise multipliers, sampling probabilities, steps, targets,
   broadcast together) give one answer per element, each equal to the call with that element's
   scalars (:func:`dpjax.pld.batched.epsilon_many`: every element on its own grid, the elements
-  of one grid shape in one compiled program).  An array of ``target_delta`` with every other
-  argument scalar keeps its meaning of one composition read at several deltas (one transform,
-  the grid planned at the smallest);
+  of one grid shape in one compiled program), an array of targets included (for one
+  composition read at several targets on one transform, see :func:`dpsgd_accounting`);
 * **a per-step noise schedule**: ``noise_schedule=`` (a 1-D array of length ``steps``), never
   an array ``noise_multiplier``;
 * **traced arguments** (``jax.grad``, ``jax.vmap``, a user's ``jax.jit``, from float32 code too):
@@ -160,9 +159,12 @@ def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Call
             return v, p
 
         return _traced.host_call(values, partials, floats, ints, name=name)
-    nd = [_ndim(x) for x in (sigma, q, steps)]
+    nd = [_ndim(x) for x in (sigma, q, steps, target)]
     if not any(nd):
-        return scalar(sigma, q, steps, target)  # one configuration (targets may be an array)
+        return scalar(sigma, q, steps, target)  # one configuration
+    # An array anywhere, targets included, is a batch: each element equals its own call.
+    # (dpsgd_accounting reads one composition at an array of targets on the grid planned for the
+    # smallest, which may differ from an element's own grid within the grid's accuracy.)
     flat, shape = _validate_batch(query, sigma, q, steps, target)
     with jax.enable_x64(True):  # the float64 contract (dpjax._x64): eager batches compute in float64
         return _values(query, components, scalar, options, *flat).reshape(shape)
