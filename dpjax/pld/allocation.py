@@ -254,7 +254,8 @@ def band_geometry(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) 
     lo = bl + xp.maximum(0.0, mo - (z + _Z_SKEW_LOW) * so_low * room ** (1.0 / 3.0))
     if room >= _WHOLE_ROOM:
         # The largest room holds the whole range: from the band's lower edge (with the lattice
-        # floor of the band plus t - 1 lattice origins as the window start, nothing lies below).
+        # floor of the band plus t - 1 lattice origins as the window start, nothing lies below)
+        # up to t b_k (below: ``full``).
         lo = bl
     # Room for one more large X among the others (heavy tails: two large values together are
     # not rare when t is small): y with t P(band) t P(X > y) <= tau (from the Gaussian bound
@@ -269,7 +270,7 @@ def band_geometry(ops, sigma, t, tau, *, levels: int, n: int, m: int, room=1.0) 
     # Every value of V' on the event is at most t (b_k + g): where that is below ``hi`` (few
     # steps, heavy tails) the window holds all of it, nothing can wrap from above:
     # t (b_k + g) <= lo + (n - 2) g  <=>  g >= (t b_k - lo) / (n - t - 2).
-    full = (t * bh <= hi) & (t + 2.0 < 0.5 * n)
+    full = ((t * bh <= hi) | (room >= _WHOLE_ROOM)) & (t + 2.0 < 0.5 * n)
     g = xp.where(full, (t * bh - lo) / xp.maximum(n - t - 2.0, 1.0), (hi - lo) / (n - 2))
     hi = xp.where(full, t * bh, hi)
     # The lattice must reach b_k plus a block for the truncated sums (see _window_tails).
@@ -1033,9 +1034,18 @@ def _grid_log_mgf(xp, pmf, y, lam):
     ok = expo < 700.0
     outer = xp.where(ok, xp.exp(xp.where(ok, expo, 0.0)), 0.0)
     terms = xp.where(inner > 0, inner * outer, 0.0)
-    # A block whose factor would overflow makes K infinite (a trivial bound), never a NaN.
+    direct = lam * ref[..., None] + xp.log(xp.sum(terms, -1) + 1e-300)
+    # Where a block's factor would overflow (a far atom of tiny mass and a large lam: large noise
+    # puts the loss within 1e-3 of 0 while the grid holds atoms 0.3 away), the same sum shifted by
+    # its largest term; an infinite block sum (lam g 16 beyond the range) still gives K = inf, a
+    # trivial bound, never a NaN.
     overflow = xp.any((inner > 0) & ~ok, axis=-1)
-    return xp.where(overflow, np.inf, lam * ref[..., None] + xp.log(xp.sum(terms, -1) + 1e-300))
+    logt = xp.where(inner > 0, xp.log(xp.where(inner > 0, inner, 1.0)) + expo, -np.inf)
+    top = xp.max(logt, -1, keepdims=True)
+    top = xp.where(xp.isfinite(top), top, 0.0)
+    shifted = lam * ref[..., None] + top[..., 0] + xp.log(xp.sum(xp.exp(logt - top), -1) + 1e-300)
+    shifted = xp.where(xp.isnan(shifted), np.inf, shifted)
+    return xp.where(overflow, shifted, direct)
 
 
 def compose_epochs(ops, pmfs: EpochPMFs, counts, dx, log_tau, *, n_comp: int) -> Composed:

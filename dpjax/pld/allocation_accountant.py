@@ -181,6 +181,8 @@ def _lattice_window(options: AllocationOptions, t_max: float) -> int:
 # their number grows like 1/sigma^2 (the ratio spans about exp(s^2 + 2 s z) for s = 1/sigma), and
 # the cost with it.  Beyond this the lattice is not run (see lattice_fits).
 _MAX_LEVELS = 256
+# Most lattice points over all bands of one run (64 bands of the largest window, 40960 points).
+_MAX_POINTS = 64 * 40960
 # Largest loss range (nats) one run may span: one epoch's atoms plus the composed spread.  The
 # conversion (dpjax.pld.allocation._curves) weighs every bin by exp(y_ref - y) about the window's
 # middle, which must stay inside float64's exponent range (|y - y_ref| < 709): the planned window
@@ -204,8 +206,15 @@ def _levels_needed(sigma: float, t: float, tau: float) -> int:
     return int(max(8, 4 * math.ceil(k / 4)))
 
 
-def _levels(sigma: float, t: float, tau: float) -> int:
-    return int(min(_MAX_LEVELS, _levels_needed(sigma, t, tau)))
+def _max_levels(n: int) -> int:
+    """Most bands with a lattice window of ``n`` points (lattice length ``1.25 n``): _MAX_LEVELS,
+    and at most _MAX_POINTS lattice points over all bands (the laws hold 6 numbers per point)."""
+    return int(min(_MAX_LEVELS, _MAX_POINTS // (n + n // 4)))
+
+
+def _levels(sigma: float, t: float, tau: float, n: int = 0) -> int:
+    cap = _max_levels(n) if n else _MAX_LEVELS
+    return int(min(cap, _levels_needed(sigma, t, tau)))
 
 
 def _epoch_loss_sd(sigmas, steps) -> float:
@@ -226,8 +235,9 @@ def _budget(target_delta, options: AllocationOptions) -> float:
 
 def lattice_fits(noise_multiplier, blocks, *, target_delta=None, options: AllocationOptions | None = None) -> bool:
     """Whether the lattice accountant can run on ``blocks`` (from :func:`allocation_blocks`) at
-    ``noise_multiplier`` (scalar or one per block): at most ``_MAX_LEVELS`` bands of ratio 2 per
-    epoch, and one epoch's log-ratio range plus the composed spread within ``_MAX_SPAN`` nats.
+    ``noise_multiplier`` (scalar or one per block): bands of ratio 2 per epoch, at most
+    :func:`_max_levels` of them, and one epoch's log-ratio range plus the composed spread within
+    ``_MAX_SPAN`` nats.
     Outside (very small noise, or a composition whose epsilon is in the hundreds) the privacy
     loss is far from where the lattice helps: :func:`allocation_accounting` answers there with
     the closed-form bracket of :func:`closed_form_bracket`, whose upper end (no amplification)
@@ -238,7 +248,10 @@ def lattice_fits(noise_multiplier, blocks, *, target_delta=None, options: Alloca
     C = sum(int(b[1]) for b in blocks)
     budget = _budget(target_delta, options)
     tau = budget / (16.0 * C)
-    if any(_levels_needed(sb, t, tau) > _MAX_LEVELS for sb, t in zip(sig, steps) if t > 1):
+    # (Wider bands, as a cap on their number would make, leave heavy tails' windows over budget:
+    # the run would end at the cap after every retry.)
+    cap = _max_levels(_lattice_window(options, max(steps)))
+    if any(_levels_needed(sb, t, tau) > cap for sb, t in zip(sig, steps) if t > 1):
         return False
     z = math.sqrt(2.0 * math.log(4.0 / budget))
     width = max(_epoch_log_range(sb, t, tau) for sb, t in zip(sig, steps))
@@ -261,11 +274,26 @@ def plan_allocation(noise_multiplier, blocks, *, target_delta=None, target_epsil
     budget = _budget(target_delta, options)
     tau = budget / (16.0 * C)
     t_max = max(steps)
-    levels = max(_levels(sb, t, tau) for sb, t in zip(sigmas, steps))
     n = _lattice_window(options, t_max)
+    levels = max(_levels(sb, t, tau, n) for sb, t in zip(sigmas, steps))
     # Lattice points per band: a quarter more than the window (a coarser lattice where a band is
-    # narrow next to its window: sound, tight enough there).
+    # narrow next to its window: sound, tight enough there) ...
     m = n + n // 4
+    # ... or more where the lattice, which starts at 0 and must reach b_k, would otherwise be
+    # coarser than the window's spacing: large noise puts the whole epoch's ratio within a
+    # fraction s / sqrt(t) of 1, so at m = 1.25 n the lattice could only resolve it in tens of
+    # steps (sigma 1000, two steps: brackets 6% wide).  Up to _MAX_POINTS over all levels.
+    # (Light tails only, sigma >= 2: with heavy tails the others' sum is sized by its tail
+    # bounds, which a window just wide enough for the bulk would leave over budget.)
+    reach = 0.0
+    for sb, t in zip(sigmas, steps):
+        if sb < 2.0:
+            continue
+        free = A.band_geometry(A.NUMPY, sb, t, tau, levels=levels, n=n, m=2**40, room=room)
+        reach = max(reach, float(np.max(np.asarray(free["bh"]) / np.asarray(free["g"]))))
+    m_cap = max(m, _pow2(_MAX_POINTS // levels) // 2)
+    if reach + A._BLOCK + 18 > m:
+        m = int(min(m_cap, _pow2(reach + A._BLOCK + 18)))
     sd1 = _epoch_loss_sd(sigmas, steps)
     dx = min(2e-3, options.grid_resolution * sd1)
     lo_v, hi_v = math.inf, 0.0
