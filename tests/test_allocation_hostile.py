@@ -225,3 +225,23 @@ def test_large_noise_two_steps_bracket_is_narrow():
     law's lower tail)."""
     lower, upper = _bracket(20.0, 2, 1, 1e-5)
     assert upper - lower <= 2e-3 * upper
+
+
+@pytest.mark.slow
+def test_tilted_plan_runs_in_jax_as_on_the_host():
+    """A plan made at a small delta carries its tilt: allocation_epsilon_fn runs the tilted
+    composition beside the ordinary one, and gives the host's values (XLA's and SciPy's erfc
+    differ in the last bits: 1e-9)."""
+    import jax
+
+    delta = 5.5228497010208385e-14
+    plan, _ = R.account_blocks(21.694046750745972, R.allocation_blocks(23, 1, 301), target_delta=delta)
+    assert plan.tilt
+    with np.errstate(all="ignore"):
+        host = np.asarray(A.eps_of(A.NUMPY, R._run_numpy(plan), np.asarray(delta)))
+    with jax.enable_x64(True):
+        up = float(R.allocation_epsilon_fn(plan, delta, 21.694046750745972))
+        lo = float(R.allocation_epsilon_fn(plan, delta, 21.694046750745972, bound="lower"))
+    assert up == pytest.approx(host[:2].max(), rel=1e-9)
+    assert lo == pytest.approx(host[2:].max(), rel=1e-9)
+    assert up < 1.25
