@@ -18,7 +18,9 @@ Configurations (``--count`` per scheme, numpy ``default_rng(--seed)``):
 
 Each call runs in a worker process with a time limit (``--timeout``; pld-accounting is slow for
 small noise over many epochs); a call that does not finish in time is recorded with its error and
-no bracket.  Results are journaled as they arrive (``--journal``, under ``benchmarks/results/``): an
+no bracket.  Configurations run cheapest first (steps x epochs x selections); ``--budget`` stops
+starting new ones after that many seconds, and the file then holds brackets for the cheapest
+part of the set (the others are listed without one).  Results are journaled as they arrive (``--journal``, under ``benchmarks/results/``): an
 interrupted run resumes where it stopped.
 
     python benchmarks/make_allocation_oracle.py --count 1000 --timeout 60
@@ -150,6 +152,8 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per pld-accounting call")
     ap.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     ap.add_argument("--journal", type=pathlib.Path, default=DEFAULT_JOURNAL)
+    ap.add_argument("--budget", type=float, default=math.inf,
+                    help="stop starting new calls after this many seconds (wall) and write what is done")
     args = ap.parse_args(argv)
     from importlib.metadata import version
 
@@ -167,7 +171,7 @@ def main(argv=None) -> None:
         source="pld-accounting gaussian_allocation_epsilon_range (default epsilon_accuracy); [lower, upper]",
         package="pld-accounting", package_version=version("pld-accounting"),
         command=f"python benchmarks/make_allocation_oracle.py --count {args.count} --seed {args.seed} "
-                f"--timeout {args.timeout:g}",
+                f"--timeout {args.timeout:g}" + (f" --budget {args.budget:g}" if math.isfinite(args.budget) else ""),
         seed=args.seed, count_per_scheme=args.count, timeout_seconds=args.timeout,
     )
     worker = Worker()
@@ -175,10 +179,12 @@ def main(argv=None) -> None:
     # Cheapest first (pld-accounting's cost grows with the steps and epochs): a run stopped early
     # holds as many brackets as possible.
     todo.sort(key=lambda c: c["t"] * (c["epochs"] if c["scheme"] == "random_allocation" else 1) * c["k"])
-    t_last = time.time()
+    t_last = t_start = time.time()
     try:
         with journal.open("a") as fh:
             for i, c in enumerate(todo):
+                if time.time() - t_start > args.budget:
+                    break
                 r = worker.call(c, args.timeout)
                 r["key"] = _key(c)
                 done[r["key"]] = r
