@@ -144,6 +144,8 @@ def test_calibration_of_a_huge_target_returns_the_bottom_of_the_range():
     (the search does not raise)."""
     sigma = R.allocation_noise_multiplier(1e7, 1e-5, 10, 1)
     assert sigma == R.SIGMA_RANGE[0]
+    # Balls-in-bins accounts sigma / sqrt(E): its range is sqrt(E) times the accountant's.
+    assert R.allocation_noise_multiplier(1e7, 1e-5, 10, 4, balls_in_bins=True) == 2 * R.SIGMA_RANGE[0]
 
 
 # Tiny noise: 'math domain error' from the planner inside the accepted range.

@@ -690,6 +690,9 @@ def balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target
         raise ValueError(f"noise_multiplier must be a scalar > 0 for balls-in-bins, got shape {sigma.shape}")
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
+    if not SIGMA_RANGE[0] <= float(sigma) / math.sqrt(E) <= SIGMA_RANGE[1]:
+        raise ValueError(f"noise_multiplier / sqrt(epochs) must be in [{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}] for "
+                         f"balls-in-bins accounting, got {float(sigma)!r} / sqrt({E})")
     s_eff, b, _, _ = _validate_allocation(float(sigma) / math.sqrt(E), batches_per_epoch, 1, 1)
     if options is not None and not isinstance(options, AllocationOptions):
         raise ValueError(f"options must be a dpjax.pld.allocation_accountant.AllocationOptions, got {options!r}")
@@ -888,16 +891,17 @@ def _gaussian_sigma(scale: float, target_epsilon: float, target_delta: float) ->
     return hi
 
 
-def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBRATION_TOLERANCE):
+def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBRATION_TOLERANCE,
+                  sigma_range=SIGMA_RANGE):
     """Smallest sigma with ``f(sigma) <= target`` for a (nearly) decreasing ``f`` (host, certified
     ends), given a feasible ``hi`` (``f(hi) <= target``): returns ``(sigma_hi, sigma_lo,
     f(sigma_hi))`` with ``f(sigma_hi) <= target`` and either ``f(sigma_lo) > target`` with
-    ``sigma_hi <= sigma_lo (1 + tol)``, or ``sigma_hi`` the bottom of :data:`SIGMA_RANGE`
+    ``sigma_hi <= sigma_lo (1 + tol)``, or ``sigma_hi`` the bottom of ``sigma_range``
     (``sigma_lo`` 0: everything in the range meets the target).  Secant steps in ``(log sigma,
     log f)`` (nearly linear), bisection when a step does not shrink the bracket enough."""
     f_hi = f(hi)
     lo, f_lo = None, None
-    s = min(max(guess, SIGMA_RANGE[0]), hi)
+    s = min(max(guess, sigma_range[0]), hi)
     # From the guess: up by doubling while the target is missed (the top is feasible), or down
     # by halving until it is missed (or the range ends).
     v = f(s)
@@ -912,7 +916,7 @@ def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBR
     else:
         hi, f_hi = s, v
         s = s / 2.0
-    while lo is None and SIGMA_RANGE[0] <= s < hi:
+    while lo is None and sigma_range[0] <= s < hi:
         v = f(s)
         if v > target:
             lo, f_lo = s, v
@@ -920,9 +924,9 @@ def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBR
         hi, f_hi = s, v
         s = s / 2.0
     while lo is None:
-        if hi <= SIGMA_RANGE[0]:
+        if hi <= sigma_range[0]:
             return hi, 0.0, f_hi
-        s = max(hi / 2.0, SIGMA_RANGE[0])
+        s = max(hi / 2.0, sigma_range[0])
         v = f(s)
         if v > target:
             lo, f_lo = s, v
@@ -968,8 +972,9 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
     returned sigma meets the target on it and lies within :data:`CALIBRATION_TOLERANCE` (relative)
     of a sigma that does not.  Its top is the sigma at which the unamplified Gaussian (``mu =
     sqrt(k E) / sigma``; balls-in-bins ``sqrt(E) / sigma``) meets the target, which the accountant's
-    epsilon never exceeds, so a sigma is found whenever one in :data:`SIGMA_RANGE` meets it (the
-    bottom of the range where every sigma in it does).  For gradients:
+    epsilon never exceeds, so a sigma is found whenever one in :data:`SIGMA_RANGE` (balls-in-bins:
+    ``sqrt(E)`` times it, as ``sigma / sqrt(E)`` is accounted) meets it (the bottom of the range
+    where every sigma in it does).  For gradients:
     :func:`dpjax.dpsgd_noise_multiplier` with ``sampling="random_allocation"`` under ``jax.grad``
     (the implicit derivative, :func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
     """
@@ -988,22 +993,24 @@ def allocation_noise_multiplier(target_epsilon, target_delta, batches_per_epoch,
         return cache[sigma]
 
     scale = math.sqrt(E) if balls_in_bins else math.sqrt(E * k)
+    # Balls-in-bins accounts sigma / sqrt(E): its accepted range is the accountant's times sqrt(E).
+    rng = tuple(r * math.sqrt(E) for r in SIGMA_RANGE) if balls_in_bins else SIGMA_RANGE
     # The unamplified Gaussian's sigma certifies (the accountant's upper end is capped by it);
     # nudged up past the closed form's own rounding margin where needed.
     hi = _gaussian_sigma(scale, eps_t, delta)
-    if hi > SIGMA_RANGE[1]:
-        hi = SIGMA_RANGE[1]
+    if hi > rng[1]:
+        hi = rng[1]
         if g(hi) > eps_t:
             raise ValueError(f"target_epsilon {eps_t!r} at target_delta {delta!r} needs a noise multiplier above "
-                             f"{SIGMA_RANGE[1]:g}, the largest the random-allocation accountant accepts")
-    hi = max(hi, SIGMA_RANGE[0])
+                             f"{rng[1]:g}, the largest the accountant accepts here")
+    hi = max(hi, rng[0])
     for _ in range(8):
         if g(hi) <= eps_t:
             break
         hi *= 1.0 + 1e-9
     # Start at the mu-GDP scale of E k steps of Gaussian noise thinned by k / t.
-    guess = max(SIGMA_RANGE[0], min(hi, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
-    found, _, _ = _search_sigma(g, eps_t, guess, hi)
+    guess = max(rng[0], min(hi, math.sqrt(E * k) / max(eps_t, 1e-3) * math.sqrt(k / t) + 0.5))
+    found, _, _ = _search_sigma(g, eps_t, guess, hi, sigma_range=rng)
     return found
 
 
