@@ -323,12 +323,13 @@ def _run_numpy(plan: AllocationPlan, sigma=None) -> A.Composed:
                  plan.log_tau, plan.shape, room=plan.room, tilt=plan.tilt, tilt_from=plan.tilt_from)
 
 
-def _with_tilt(plan: AllocationPlan, comp, target_delta, target_epsilon, lower_hint=0.0):
+def _with_tilt(plan: AllocationPlan, comp, target_delta, target_epsilon, lower_hint=0.0, options=None):
     """``(plan, comp)`` with the tilted composition beside the ordinary one where its round-off
     floor matters (:func:`dpjax.pld.allocation.choose_tilt`), on the same epoch PMFs.  The tilt
     is aimed at the best certified lower end known (the ordinary one, ``lower_hint``), then once
     or twice more at the tilted pass's own lower end while that moves by more than 1% (where the
     floor also weakens the ordinary lower end, as at delta 1e-300, the first aim is low)."""
+    options = options or AllocationOptions()
     stack = A.last_stack(plan.sigmas(), list(plan.block_steps), plan.tau, plan.dx, plan.shape, plan.room)
     A._LAST_STACK.clear()       # (held only until here: it can be large)
     counts = np.asarray(plan.counts, np.float64)
@@ -343,6 +344,16 @@ def _with_tilt(plan: AllocationPlan, comp, target_delta, target_epsilon, lower_h
         with np.errstate(all="ignore"):
             tilted = A.compose_tilted(A.NUMPY, stack, counts, plan.dx, plan.log_tau, n_comp=plan.shape.n_comp,
                                       tilt=trial.tilt, tilt_from=trial.tilt_from)
+            # The tilted window must reach down to its aim (a heavy right tail puts its top far
+            # up): otherwise twice the points, for both compositions (one plan), while the limits
+            # allow.
+            while (np.any(np.asarray(tilted.valid_from)[:2] > aim + 2 * plan.dx)
+                   and 2 * trial.shape.n_comp <= options.max_grid
+                   and 2 * trial.shape.n_comp * plan.dx <= _MAX_WINDOW):
+                trial = dataclasses.replace(trial, shape=trial.shape._replace(n_comp=2 * trial.shape.n_comp))
+                comp = A.compose_epochs(A.NUMPY, stack, counts, plan.dx, plan.log_tau, n_comp=trial.shape.n_comp)
+                tilted = A.compose_tilted(A.NUMPY, stack, counts, plan.dx, plan.log_tau,
+                                          n_comp=trial.shape.n_comp, tilt=trial.tilt, tilt_from=trial.tilt_from)
         plan, best = trial, A.Pair(comp, tilted)
         if target_delta is None:
             break
@@ -415,7 +426,7 @@ def _account(sigma, blocks, target_delta, target_epsilon, options, room, lower_h
             comp_scale *= 2
             continue
         break
-    return _with_tilt(plan, comp, target_delta, target_epsilon, lower_hint)
+    return _with_tilt(plan, comp, target_delta, target_epsilon, lower_hint, options)
 
 
 def _next_room(room: float) -> float:
