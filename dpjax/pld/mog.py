@@ -37,13 +37,12 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, logsumexp
+from jax.scipy.special import logsumexp
 
 from dpjax import _validate
 from dpjax.pld.group_spec import SAMPLINGS, Sampling, validate_group_spec
-from dpjax.pld.mechanisms import LossCDFs, check_direction, normal_cdf_sf
+from dpjax.pld.mechanisms import LossCDFs, _ops, check_direction, normal_cdf_sf
 
 # Newton steps for z(y).  The start is within log(K) / min c_j of the root and convergence is
 # quadratic from there: on the family-C mixtures 4-6 steps reach float64 round-off; 8 leaves a
@@ -54,12 +53,22 @@ _INTERP_NODES = 2048
 _POLISH_STEPS = 3
 
 
-def _split_zero(scaled_sensitivities: jax.Array, log_probs: jax.Array):
+def _logsumexp(xp, a, axis=None, keepdims=False):
+    """``log sum exp(a)`` on either backend (``-inf`` for an empty or all ``-inf`` sum)."""
+    top = xp.max(a, axis=axis, keepdims=True)
+    top = xp.where(xp.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        out = xp.log(xp.sum(xp.exp(a - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else (xp.squeeze(out, axis=axis) if axis is not None else out.reshape(()))
+
+
+def _split_zero(scaled_sensitivities, log_probs, ops=None):
+    xp = _ops(ops).xp
     positive = scaled_sensitivities > 0
-    log_p0 = logsumexp(jnp.where(positive, -jnp.inf, log_probs))
-    log_pos = jnp.where(positive, log_probs, -jnp.inf)
+    log_p0 = _logsumexp(xp, xp.where(positive, -np.inf, log_probs))
+    log_pos = xp.where(positive, log_probs, -np.inf)
     # Dummy slope for zero / padded components so divisions stay finite; their weight is 0.
-    c_safe = jnp.where(positive, scaled_sensitivities, 1.0)
+    c_safe = xp.where(positive, scaled_sensitivities, 1.0)
     return log_p0, log_pos, c_safe
 
 
@@ -78,35 +87,41 @@ def mog_privacy_loss(z: jax.Array, scaled_sensitivities: jax.Array, log_probs: j
     return logsumexp(a, axis=-1)
 
 
-def _newton_h(u, z, log_pos, c, steps: int):
+def _newton_h(u, z, log_pos, c, steps: int, ops=None):
     """``steps`` Newton iterations for ``h(z) = u`` (see module docstring), vectorized over u, z."""
+    ops = _ops(ops)
+    xp = ops.xp
 
     def body(_, z):
         a = log_pos + c * z[:, None] - 0.5 * c * c
-        top = jnp.max(a, axis=-1, keepdims=True)
-        e = jnp.exp(a - top)
-        total = jnp.sum(e, axis=-1)
-        h = top[:, 0] + jnp.log(total)
-        slope = jnp.sum(e * c, axis=-1) / total
+        top = xp.max(a, axis=-1, keepdims=True)
+        e = xp.exp(a - top)
+        total = xp.sum(e, axis=-1)
+        h = top[:, 0] + xp.log(total)
+        slope = xp.sum(e * c, axis=-1) / total
         return z - (h - u) / slope
 
-    return jax.lax.fori_loop(0, steps, body, z)
+    return ops.fori_loop(0, steps, body, z)
 
 
-def _u_of_y(y, log_p0):
+def _u_of_y(y, log_p0, ops=None):
     """``u = log(e^y - p_0)`` (no cancellation) and the mask ``y > log p_0``."""
+    xp = _ops(ops).xp
     above = y > log_p0
-    y_safe = jnp.where(above, y, log_p0 + 1.0)
-    return y_safe + jnp.log(-jnp.expm1(log_p0 - y_safe)), above
+    y_safe = xp.where(above, y, log_p0 + 1.0)
+    return y_safe + xp.log(-xp.expm1(log_p0 - y_safe)), above
 
 
-def _z_upper_start(u, log_pos, c):
+def _z_upper_start(u, log_pos, c, ops=None):
     """``min_j (u - log p_j + c_j^2/2) / c_j``: right of the root (each term lower-bounds h)."""
-    starts = (u[:, None] - log_pos + 0.5 * c * c) / c
-    return jnp.min(jnp.where(jnp.isfinite(log_pos), starts, jnp.inf), axis=-1)
+    xp = _ops(ops).xp
+    with np.errstate(invalid="ignore"):
+        starts = (u[:, None] - log_pos + 0.5 * c * c) / c
+    return xp.min(xp.where(xp.isfinite(log_pos), starts, np.inf), axis=-1)
 
 
-def mog_inverse_privacy_loss(y: jax.Array, scaled_sensitivities: jax.Array, log_probs: jax.Array, *, exact: bool = False) -> jax.Array:
+def mog_inverse_privacy_loss(y: jax.Array, scaled_sensitivities: jax.Array, log_probs: jax.Array, *, exact: bool = False,
+                             ops=None) -> jax.Array:
     """``z(y)`` with ``L(z(y)) = y`` (remove direction), ``-inf`` where ``y <= log p_0``.
 
     Two stages (``exact=False``, the default used on PLD grids): the root is solved with full
@@ -123,41 +138,44 @@ def mog_inverse_privacy_loss(y: jax.Array, scaled_sensitivities: jax.Array, log_
     Returns:
       shape ``(n,)``, in units of sigma.
     """
-    y = jnp.asarray(y, jnp.float64)
-    log_p0, log_pos, c = _split_zero(scaled_sensitivities, log_probs)
-    u, above = _u_of_y(y, log_p0)
+    ops = _ops(ops)
+    xp = ops.xp
+    y = xp.asarray(y, np.float64)
+    log_p0, log_pos, c = _split_zero(scaled_sensitivities, log_probs, ops)
+    u, above = _u_of_y(y, log_p0, ops)
     if exact:
-        z = _newton_h(u, _z_upper_start(u, log_pos, c), log_pos, c, _NEWTON_STEPS)
-        return jnp.where(above, z, -jnp.inf)
-    u_lo = jnp.min(jnp.where(above, u, jnp.inf))
-    u_hi = jnp.max(jnp.where(above, u, -jnp.inf))
-    finite = jnp.isfinite(u_lo) & jnp.isfinite(u_hi)
-    u_lo = jnp.where(finite, u_lo, 0.0)
-    u_hi = jnp.where(finite, jnp.maximum(u_hi, u_lo + 1e-9), 1.0)
-    nodes = jnp.linspace(u_lo, u_hi, _INTERP_NODES)
-    z_nodes = _newton_h(nodes, _z_upper_start(nodes, log_pos, c), log_pos, c, _NEWTON_STEPS)
+        z = _newton_h(u, _z_upper_start(u, log_pos, c, ops), log_pos, c, _NEWTON_STEPS, ops)
+        return xp.where(above, z, -np.inf)
+    u_lo = xp.min(xp.where(above, u, np.inf))
+    u_hi = xp.max(xp.where(above, u, -np.inf))
+    finite = xp.isfinite(u_lo) & xp.isfinite(u_hi)
+    u_lo = xp.where(finite, u_lo, 0.0)
+    u_hi = xp.where(finite, xp.maximum(u_hi, u_lo + 1e-9), 1.0)
+    nodes = xp.linspace(u_lo, u_hi, _INTERP_NODES)
+    z_nodes = _newton_h(nodes, _z_upper_start(nodes, log_pos, c, ops), log_pos, c, _NEWTON_STEPS, ops)
     # Uniform nodes: the bracketing interval is found by arithmetic (no searchsorted).
     step = (u_hi - u_lo) / (_INTERP_NODES - 1)
-    t = jnp.clip((u - u_lo) / step, 0.0, _INTERP_NODES - 1.0)
-    i = jnp.minimum(jnp.floor(t).astype(jnp.int32), _INTERP_NODES - 2)
+    t = xp.clip((u - u_lo) / step, 0.0, _INTERP_NODES - 1.0)
+    i = xp.minimum(xp.floor(t).astype(np.int32), _INTERP_NODES - 2)
     frac = t - i
     z = z_nodes[i] + frac * (z_nodes[i + 1] - z_nodes[i])
-    z = _newton_h(u, z, log_pos, c, _POLISH_STEPS)
-    return jnp.where(above, z, -jnp.inf)
+    z = _newton_h(u, z, log_pos, c, _POLISH_STEPS, ops)
+    return xp.where(above, z, -np.inf)
 
 
-def _mixture_cdf_sf(z: jax.Array, c: jax.Array, probs: jax.Array):
+def _mixture_cdf_sf(z: jax.Array, c: jax.Array, probs: jax.Array, ops=None):
     """``(sum_j p_j Phi(z - c_j), sum_j p_j Phi(c_j - z))``, each term's small side computed directly.
 
     Shapes: ``z`` ``(n,)``, ``c``/``probs`` ``(K,)`` -> two ``(n,)`` arrays.  Summing accurate
     non-negative terms keeps the relative accuracy of both tails (no ``1 - cdf``).  A mixture
     tail: each term is :func:`dpjax.pld.mechanisms.normal_cdf_sf`, the one normal tail.
     """
-    le, gt = normal_cdf_sf(z[:, None] - c)
+    le, gt = normal_cdf_sf(z[:, None] - c, ops)
     return le @ probs, gt @ probs
 
 
-def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array, probabilities: jax.Array) -> LossCDFs:
+def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array, probabilities: jax.Array,
+                  ops=None) -> LossCDFs:
     """Privacy-loss CDFs of a MoG pair in ``direction`` at losses ``y`` (pure; the mechanism core).
 
     Args:
@@ -170,24 +188,26 @@ def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array,
       Vmappable over padded ``(scaled_sensitivities, probabilities)``.
     """
     check_direction(direction)
-    c = jnp.asarray(scaled_sensitivities, jnp.float64)
-    probs = jnp.asarray(probabilities, jnp.float64)
+    ops = _ops(ops)
+    xp = ops.xp
+    c = xp.asarray(scaled_sensitivities, np.float64)
+    probs = xp.asarray(probabilities, np.float64)
     # log 0 = -inf for padding, without the 0/0 its derivative would be (same values; finite
     # gradients in the mechanism's parameters, dpjax.pld.batched).
     positive = probs > 0
-    log_probs = jnp.where(positive, jnp.log(jnp.where(positive, probs, 1.0)), -jnp.inf)
-    y = jnp.asarray(y, jnp.float64)
+    log_probs = xp.where(positive, xp.log(xp.where(positive, probs, 1.0)), -np.inf)
+    y = xp.asarray(y, np.float64)
     flat = y.reshape(-1)
     if direction == "remove":
         # {Y <= y} = {Z <= z(y)}; Z ~ mixture under P, N(0, 1) under Q.
-        z = mog_inverse_privacy_loss(flat, c, log_probs)
-        p_le, p_gt = _mixture_cdf_sf(z, c, probs)
-        q_le, q_gt = normal_cdf_sf(z)
+        z = mog_inverse_privacy_loss(flat, c, log_probs, ops=ops)
+        p_le, p_gt = _mixture_cdf_sf(z, c, probs, ops)
+        q_le, q_gt = normal_cdf_sf(z, ops)
     else:
         # Y' = -L(Z); {Y' <= y} = {Z >= z(-y)}; Z ~ N(0, 1) under P', mixture under Q'.
-        z = mog_inverse_privacy_loss(-flat, c, log_probs)
-        p_gt, p_le = normal_cdf_sf(z)                 # Phi(z), Phi(-z)
-        m_le, m_gt = _mixture_cdf_sf(z, c, probs)     # P_mix(Z <= z), P_mix(Z > z)
+        z = mog_inverse_privacy_loss(-flat, c, log_probs, ops=ops)
+        p_gt, p_le = normal_cdf_sf(z, ops)                 # Phi(z), Phi(-z)
+        m_le, m_gt = _mixture_cdf_sf(z, c, probs, ops)     # P_mix(Z <= z), P_mix(Z > z)
         q_le, q_gt = m_gt, m_le
     shape = y.shape
     return LossCDFs(p_le.reshape(shape), p_gt.reshape(shape), q_le.reshape(shape), q_gt.reshape(shape))
@@ -249,35 +269,38 @@ class MixtureOfGaussians:
             raise ValueError(f"probabilities must sum to 1, got sum {p.sum()!r}")
         return self
 
-    def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        sd = jnp.asarray(self.standard_deviation, jnp.float64)
-        c = jnp.asarray(self.sensitivities, jnp.float64) / sd
-        return mog_loss_cdfs(direction, y, c, jnp.asarray(self.probabilities, jnp.float64))
+    def loss_cdfs(self, direction: str, y, ops=None) -> LossCDFs:
+        xp = _ops(ops).xp
+        sd = xp.asarray(self.standard_deviation, np.float64)
+        c = xp.asarray(self.sensitivities, np.float64) / sd
+        return mog_loss_cdfs(direction, y, c, xp.asarray(self.probabilities, np.float64), ops)
 
 
 # --------------------------------------------------------------------------------------------
 # Group privacy for DP-SGD (Ganesh 2024, Thm 3.1 and 3.3; docs/design.md §3).
 
 
-def binomial_log_pmf(group_size, sampling_prob, num_components: int) -> jax.Array:
+def binomial_log_pmf(group_size, sampling_prob, num_components: int, ops=None) -> jax.Array:
     """``log Binomial(group_size, q)(j)`` for ``j = 0..num_components-1`` (``-inf`` for ``j > k``).
 
     Pure and jittable; ``group_size`` may be traced (so it can be vmapped with a fixed padding
     ``num_components >= max k + 1``).  ``q = 1`` puts all mass on ``j = k``.
     """
-    k = jnp.asarray(group_size, jnp.float64)
-    q = jnp.asarray(sampling_prob, jnp.float64)
-    j = jnp.arange(num_components, dtype=jnp.float64)
+    ops = _ops(ops)
+    xp, gammaln = ops.xp, ops.gammaln
+    k = xp.asarray(group_size, np.float64)
+    q = xp.asarray(sampling_prob, np.float64)
+    j = xp.arange(num_components, dtype=np.float64)
     inside = j <= k
-    safe_kj = jnp.where(inside, k - j, 0.0)
+    safe_kj = xp.where(inside, k - j, 0.0)
     log_binom = gammaln(k + 1.0) - gammaln(j + 1.0) - gammaln(safe_kj + 1.0)
-    q_safe = jnp.where(q >= 1.0, 0.5, q)
-    log_pmf = log_binom + j * jnp.log(q_safe) + safe_kj * jnp.log1p(-q_safe)
-    log_pmf = jnp.where(q >= 1.0, jnp.where(j == k, 0.0, -jnp.inf), log_pmf)
-    return jnp.where(inside, log_pmf, -jnp.inf)
+    q_safe = xp.where(q >= 1.0, 0.5, q)
+    log_pmf = log_binom + j * xp.log(q_safe) + safe_kj * xp.log1p(-q_safe)
+    log_pmf = xp.where(q >= 1.0, xp.where(j == k, 0.0, -np.inf), log_pmf)
+    return xp.where(inside, log_pmf, -np.inf)
 
 
-def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components: int) -> jax.Array:
+def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components: int, ops=None) -> jax.Array:
     """``log Hypergeometric(N, k, B)(j)``: j of the k group members in a uniformly random batch
     of B out of N (the group-privacy note), ``j = 0..num_components-1``; ``-inf`` outside the support.
 
@@ -287,29 +310,33 @@ def hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components:
     so the weights carry ~k ulps of error (``gammaln`` of N = 5e4 would carry ~1e-10).  Otherwise
     (tiny datasets) the ``gammaln`` form is used.  Pure, jittable, traced sizes allowed.
     """
-    k = jnp.asarray(group_size, jnp.float64)
-    n = jnp.asarray(dataset_size, jnp.float64)
-    b = jnp.asarray(batch_size, jnp.float64)
-    j = jnp.arange(num_components, dtype=jnp.float64)
+    ops = _ops(ops)
+    xp, gammaln = ops.xp, ops.gammaln
+    k = xp.asarray(group_size, np.float64)
+    n = xp.asarray(dataset_size, np.float64)
+    b = xp.asarray(batch_size, np.float64)
+    j = xp.arange(num_components, dtype=np.float64)
     inside = (j <= k) & (j <= b) & (b - j <= n - k)
 
     # Recursion (valid where N - k >= B).
-    log_p0 = jnp.sum(jnp.where(j < k, jnp.log1p(-b / (n - j)), 0.0))
-    num = (k - j) * (b - j)
-    den = (j + 1.0) * (n - k - b + j + 1.0)
-    log_ratio = jnp.where((num > 0) & (den > 0), jnp.log(jnp.where(num > 0, num, 1.0)) - jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
-    log_rec = log_p0 + jnp.concatenate([jnp.zeros(1), jnp.cumsum(log_ratio)[:-1]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p0 = xp.sum(xp.where(j < k, xp.log1p(-b / (n - j)), 0.0))
+        num = (k - j) * (b - j)
+        den = (j + 1.0) * (n - k - b + j + 1.0)
+        log_ratio = xp.where((num > 0) & (den > 0),
+                             xp.log(xp.where(num > 0, num, 1.0)) - xp.log(xp.where(den > 0, den, 1.0)), -np.inf)
+    log_rec = log_p0 + xp.concatenate([xp.zeros(1), xp.cumsum(log_ratio)[:-1]])
 
     def log_choose(a, r):
-        r = jnp.where(inside, r, 0.0)
-        return gammaln(a + 1.0) - gammaln(r + 1.0) - gammaln(jnp.maximum(a - r, 0.0) + 1.0)
+        r = xp.where(inside, r, 0.0)
+        return gammaln(a + 1.0) - gammaln(r + 1.0) - gammaln(xp.maximum(a - r, 0.0) + 1.0)
 
     log_gam = log_choose(k, j) + log_choose(n - k, b - j) - log_choose(n, b)
-    log_pmf = jnp.where(n - k >= b, log_rec, log_gam)
-    return jnp.where(inside, log_pmf, -jnp.inf)
+    log_pmf = xp.where(n - k >= b, log_rec, log_gam)
+    return xp.where(inside, log_pmf, -np.inf)
 
 
-def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson", num_components: int | None = None):
+def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, dataset_size=None, batch_size=None, *, sampling: str = "poisson", num_components: int | None = None, ops=None):
     """``(sensitivities, probabilities, standard_deviation)`` of the group-privacy MoG (pure).
 
     * ``sampling="poisson"`` (add/remove adjacency; Ganesh (2024), Thm 3.1): sensitivities
@@ -325,15 +352,16 @@ def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, datas
     must be concrete).  Shapes: ``(num_components,)``, ``(num_components,)``, ``()``.
     """
     sampling = Sampling.parse(sampling)
+    xp = _ops(ops).xp
     if num_components is None:
         num_components = int(group_size) + 1
-    j = jnp.arange(num_components, dtype=jnp.float64)
-    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    j = xp.arange(num_components, dtype=np.float64)
+    sigma = xp.asarray(noise_multiplier, np.float64)
     if sampling is Sampling.POISSON:
-        log_p = binomial_log_pmf(group_size, sampling_prob, num_components)
+        log_p = binomial_log_pmf(group_size, sampling_prob, num_components, ops)
     else:
-        log_p = hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components)
-    return sampling.sensitivity * j, jnp.exp(log_p), sigma
+        log_p = hypergeometric_log_pmf(group_size, dataset_size, batch_size, num_components, ops)
+    return sampling.sensitivity * j, xp.exp(log_p), sigma
 
 
 @jax.tree_util.register_dataclass
@@ -434,17 +462,17 @@ class GroupSubsampledGaussian:
             need = max(need, int(ok[0]) if ok.size else len(t) - 1)
         return min(int(k_max), need)
 
-    def mixture(self):
+    def mixture(self, ops=None):
         """``(scaled_sensitivities, probabilities)``, each ``(num_components,)`` (pure)."""
         s, p, sd = group_mixture_params(
             self.noise_multiplier, self.group_size, self.sampling_prob, self.dataset_size, self.batch_size,
-            sampling=self.sampling, num_components=self.num_components,
+            sampling=self.sampling, num_components=self.num_components, ops=ops,
         )
         return s / sd, p
 
-    def loss_cdfs(self, direction: str, y) -> LossCDFs:
-        c, p = self.mixture()
-        return mog_loss_cdfs(direction, y, c, p)
+    def loss_cdfs(self, direction: str, y, ops=None) -> LossCDFs:
+        c, p = self.mixture(ops)
+        return mog_loss_cdfs(direction, y, c, p, ops)
 
 
 #: Total mixture weight that may be pruned (see ``GroupSubsampledGaussian._components_needed``).
