@@ -59,15 +59,12 @@ import numpy as np
 from dpjax import _progress, _validate
 from dpjax._x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
-from dpjax.pld.cache import exported_call
 from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
 from dpjax.pld.fixed_grid import grid_epsilon_fn
-from dpjax.pld.compose import Group, compose_directions
-from dpjax.pld.convert import epsilon as eps_from_pld
+from dpjax.pld.compose import Group
 from dpjax.pld.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
-from dpjax import _xla
 
 __all__ = [
     "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "dpsgd_epsilon_fn",
@@ -221,33 +218,6 @@ def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, ste
                                adjoint=adjoint)
 
 
-@functools.partial(_xla.jit, static_argnames=("directions", "n"))
-def _certified_epsilons(mechanism, counts, offsets, dx, lambdas, log_tau, target_delta, *, directions, n):
-    """Certified epsilon of a batch of ``B`` DP-SGD configurations, each on its own grid.
-
-    Leading axis ``B`` on every array argument (``mechanism`` leaves ``(B, 1)``, ``offsets``
-    ``(B, D, 1)``, ``lambdas`` ``(B, D, L)``).  The compiled program depends only on
-    ``(B, n)``, the directions and the mechanism kind: every single-step support is padded to
-    ``n`` points (a longer support only moves mass from the ``+inf`` atom onto the grid:
-    sound, at least as tight), so one program serves every probe of a search and every search
-    of that shape.  Returns ``(epsilon, largest wrap-around bound, needed window width)``, each
-    ``(B,)``; the last two drive the window widening of :func:`_evaluate` (as in the accountant).
-    """
-    def one(mech, cnt, off, dx_, lam, lt, d):
-        groups = tuple((Group(mechanism=mech, counts=cnt, offsets=off[di]),) for di in range(len(directions)))
-        comp = compose_directions(groups, dx_, lam, lt, directions=directions, ms=(n,), n=n,
-                                  kinds=("up",)).up
-        eps = jax.vmap(lambda p: eps_from_pld(p, d, "upper"))(comp)
-        tails = jnp.maximum(comp.tail_above, comp.tail_below)
-        return jnp.max(eps), jnp.max(tails), jnp.max(comp.needed_width)
-
-    return jax.vmap(one)(mechanism, counts, offsets, dx, lambdas, log_tau, target_delta)
-
-
-#: Largest ``B * n`` of one batched evaluation (bounds memory at ~ a few hundred MB).
-_MAX_BATCH_POINTS = 1 << 22
-#: Batch of a vectorized call's evaluations (one single search evaluates pairs).
-_WIDE_BATCH = 16
 #: Window widenings after a wrap-around bound over budget (as :func:`dpjax.pld.epsilon`).
 _MAX_PLANS = 4
 
@@ -299,36 +269,20 @@ def _evaluate(sigmas, deltas, steps, templates, options):
 
 
 def _run_plans(plans, sigmas, deltas, templates):
-    """Run :func:`_certified_epsilons` on ``plans`` grouped by shape; ``[(eps, tail, need)]``."""
-    keys = [(p.n, type(m).__name__, getattr(m, "sampling", ""), getattr(m, "num_components", 0))
-            for p, m in zip(plans, templates)]
-    out = [None] * len(plans)
-    for key in sorted(set(keys)):
-        idx = [i for i, k in enumerate(keys) if k == key]
-        cap = max(1, _MAX_BATCH_POINTS // key[0])
-        cap = 1 << (cap.bit_length() - 1)
-        for start in range(0, len(idx), cap):
-            chunk = idx[start:start + cap]
-            # Two batch sizes per n (a single search's pair, or a full chunk of a vectorized
-            # call): two programs at most per grid length, whatever the number of targets.
-            b = 2 if len(chunk) <= 2 else min(cap, _WIDE_BATCH)
-            pad = chunk + [chunk[-1]] * (b - len(chunk))
-            # NumPy arguments: the jitted program takes them as they are (no staging compiles).
-            mech = jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
-                                          *[plans[i].groups[0][0].mechanism for i in pad])
-            counts = np.stack([np.asarray(plans[i].groups[0][0].counts, np.int64) for i in pad])
-            offsets = np.stack([np.stack([np.asarray(g[0].offsets, np.int64) for g in plans[i].groups])
-                                for i in pad])
-            f64 = lambda v: np.asarray(v, np.float64)
-            # (A serialized program when the persistent cache is on: dpjax.pld.cache.exported_call.)
-            eps, tail, need = exported_call(
-                "calibration_certified_epsilons", _certified_epsilons,
-                (mech, counts, offsets, f64([plans[i].dx for i in pad]), f64([plans[i].lambdas for i in pad]),
-                 f64([plans[i].log_tau for i in pad]), f64([deltas[i] for i in pad])),
-                dict(directions=plans[idx[0]].directions, n=key[0]))
-            eps, tail, need = (np.asarray(a) for a in (eps, tail, need))
-            for j, i in enumerate(chunk):
-                out[i] = (float(eps[j]), float(tail[j]), float(need[j]))
+    """Certified epsilon of each probe on its plan (the PLD program on the host), with the
+    largest wrap-around bound and the window width it asks for: ``[(eps, tail, need)]`` (the
+    last two drive the window widening of :func:`_evaluate`, as in the accountant)."""
+    from dpjax.pld import program as prog
+    from dpjax.pld.engine import DIAGNOSTICS
+
+    col = {name: 1 + i for i, name in enumerate(DIAGNOSTICS)}
+    out = []
+    for p, d in zip(plans, deltas):
+        inp, spec = prog.host_inputs(p, [float(d)], kinds=("up",), want="eps")
+        rows = prog.run_host(inp, spec)[:, 0, :]                        # (directions, 1 + diagnostics)
+        out.append((float(np.max(rows[:, 0])),
+                    float(np.max(np.maximum(rows[:, col["tail_above"]], rows[:, col["tail_below"]]))),
+                    float(np.max(rows[:, col["needed_width"]]))))
     return out
 
 
@@ -548,19 +502,16 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
     default ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon, see :data:`CALIBRATION_OPTIONS`;
     measured -1.2e-4 to +3.4e-4 relative in sigma against dp_accounting at a 1e-4 interval on random
     targets).  How: a bracketing secant search in ``(log sigma, log g)`` on the host, starting
-    at the mu-GDP (CLT) estimate, two probes per round straddling the predicted root.  The
-    accountant rounds its grid's static shape up to a coarse set
-    (:func:`dpjax.pld.plan.coarse_shape`), so the probes near the root share one compiled
-    program: a first call usually compiles one program (measured 2.5-3.8 s for 12 of 16 random
-    targets on 2 cores, 4.8-5.4 s for 3 that visit two shapes, 12 s for one with
-    ``delta = 1.6e-10`` whose tilted tail pass adds a program per shape).
+    at the mu-GDP (CLT) estimate, two probes per round straddling the predicted root.  Every
+    probe is the accountant's host call (nothing is compiled, docs/design.md §2.5).
 
     Vectorized: arrays (broadcast together) run as lockstep searches whose probes are evaluated
     in batched programs (grouped by grid shape).
 
     **Argument order** (the accounting family's one order, docs/api_names.md):
     ``(sampling_prob, steps, target_epsilon, target_delta)``; Opacus-style aliases
-    ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = epochs / sampling_prob`` rounded up: :func:`dpjax._names.epochs_to_steps`).
+    ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = epochs / sampling_prob``
+    rounded up: :func:`dpjax._names.epochs_to_steps`).
 
     Unreachable targets raise ``ValueError`` saying why: ``target_delta >= 1 - (1 - q)^T``
     (vacuous: every sigma meets it), or a sigma outside :data:`SIGMA_RANGE` would be needed.

@@ -7,11 +7,10 @@ evaluated for many ``T`` from ONE forward transform.  :func:`epsilon_curve` does
 
 1. one grid is planned for the largest ``T`` (the widest window, the strictest single-step
    truncation ``tau / T_max``) and held for every ``T`` of the list;
-2. one jitted program discretizes the single step and takes its forward FFT once (the
-   discretization and the transform do not depend on ``T``: under ``jax.vmap`` over ``T`` they
-   stay unbatched), then, batched over ``T``, raises it to the power ``T``, inverts, places each
-   window from that ``T``'s own log-MGF and converts to epsilon.  The batched inverses are the
-   only per-``T`` transforms (chunks of ``batch`` values of ``T`` at a time bound the memory);
+2. the PLD program (:mod:`dpjax.pld.program`, on the host) discretizes the single step and takes
+   its forward FFT once (neither depends on ``T``), then for each ``T`` raises it to the power
+   ``T``, inverts, places the window from that ``T``'s own log-MGF and converts to epsilon; the
+   inverses are the only per-``T`` transforms;
 3. every error term is bounded per ``T`` inside the program exactly as for a single call
    (``+inf`` atom, Chernoff wrap-around bounds of the discretized log-MGF at that ``T``, FFT
    round-off allowance), so each entry is a certified upper bound on the true epsilon after
@@ -44,10 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dpjax.pld.records import EpsilonCurve
@@ -58,40 +55,13 @@ from dpjax.pld import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions, plan_grid
-from dpjax import _xla
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
 
 
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "batch"))
-def _curve_program(groups, counts, dx, lambdas, log_tau, deltas, *, directions, ms, n, kinds, batch):
-    """``(K, directions, kinds, 1 + 6)``: the accountant's program with the count traced and
-    vmapped in chunks of ``batch`` (the discretization and forward FFT do not depend on it)."""
-    zero = jnp.zeros(())
-
-    def one(c):
-        gs = tuple(tuple(g._replace(counts=jnp.reshape(c, (1,))) for g in gd) for gd in groups)
-        return engine.program(gs, dx, lambdas, log_tau, deltas, zero, directions=directions, ms=ms, n=n,
-                             kinds=kinds, want="eps", n_freq=None)
-
-    return jax.lax.map(one, counts, batch_size=batch)
-
-
-#: Values of T per vmapped chunk (bounds the memory: ``batch * n`` per intermediate array).
+#: Values of T per chunk of the curve (kept for the signature of :func:`epsilon_curve`: the host
+#: program evaluates one T at a time from the shared transform).
 DEFAULT_BATCH = 16
-#: Memory the batched program may ask for (bytes): the batch is lowered until its estimate fits.
-MAX_CURVE_BYTES = 4 * 2**30
-#: Bytes of XLA temporaries per grid point and per ``T`` of a chunk, both directions and both
-#: bracket ends (the largest value of the compiled program's memory analysis over the plans of
-#: ``tests/test_curve.py``: 1112 at ``n = 2^21``, ~130-220 at ``n = 98304``).
-_BYTES_PER_POINT = 1200
-
-
-def _batch_that_fits(batch: int, k: int, n: int, directions: int, kinds: int) -> int:
-    """The largest chunk ``<= min(batch, k)`` whose estimated memory fits :data:`MAX_CURVE_BYTES`
-    (checked before anything is allocated; at least 1: one ``T`` is what a single call needs)."""
-    per_t = _BYTES_PER_POINT * n * directions * kinds / 4
-    return max(1, min(batch, k, int(MAX_CURVE_BYTES // per_t)))
 
 
 def _needs_tail_pass(plan, res, delta: float) -> bool:
@@ -125,7 +95,8 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
       target_delta: in (0, 1).
       options: :class:`~dpjax.pld.GridOptions` (accuracy knobs).
       with_lower: also compute the certified lower ends.
-      batch: values of ``T`` evaluated together (memory ``~ batch * n`` floats per array).
+      batch: accepted for compatibility (an integer >= 1; each ``T`` is evaluated in turn from
+        the shared transform).
       sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"`` with
         ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` (an integer: every epoch up to
         it, or a list) instead of ``sampling_prob`` and ``steps``: epsilon after each epoch
@@ -193,15 +164,12 @@ def _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, *, s
 
 def _run_curve(plan, uniq, delta, directions, kinds, batch):
     """The packed program output ``(K, directions, kinds, 1 + diagnostics)`` at every distinct
-    ``T`` of ``uniq`` (``K = len(uniq)``, padded to whole batches by repeating the last ``T``)."""
-    k = len(uniq)
-    batch = _batch_that_fits(batch, k, plan.n, len(directions), len(kinds))
-    size = -(-k // batch) * batch
-    counts = np.concatenate([uniq, np.full(size - k, uniq[-1])]).astype(np.int64)
-    ms = tuple(tuple(m for m in plan.ms[di]) for di in range(len(directions)))
-    return np.asarray(_curve_program(tuple(tuple(g) for g in plan.groups), counts, plan.dx, plan.lambdas,
-                                     plan.log_tau, np.asarray([delta]), directions=directions, ms=ms,
-                                     n=plan.n, kinds=kinds, batch=min(batch, size)))
+    ``T`` of ``uniq``: the PLD program on the host, one discretization and forward transform for
+    every ``T`` (:func:`dpjax.pld.program.run_host_counts`)."""
+    from dpjax.pld import program as prog
+
+    inp, spec = prog.host_inputs(plan, [delta], kinds=kinds, want="eps")
+    return prog.run_host_counts(inp, spec, uniq)
 
 
 def _brackets(flat, plan, groups, uniq, t_max, delta, directions, kinds, options, single):

@@ -18,9 +18,9 @@ single call and compiles the same programs:
    :func:`dominating_gaussian_mu` (one Gaussian dominates it), :func:`exact_epsilon` and
    :func:`exact_report` (the closed-form answer and its report), :func:`exact_epsilon_result` /
    :func:`exact_delta_result` (the whole result of such an answer), :func:`scalar`.
-4. **The program.**  :func:`program` (host calls) / :func:`program_jit` (the jitted program,
-   one per direction set and static shapes) / :func:`tilted_program_jit` compose every
-   direction and convert, returning one packed float64 array ``(directions, kinds, targets +
+4. **The program.**  :func:`program` runs one configuration through the PLD program of
+   :mod:`dpjax.pld.program` on the host (NumPy: nothing is compiled), every direction composed
+   and converted, returning one packed float64 array ``(directions, kinds, targets +
    len(DIAGNOSTICS))``; :func:`unpack` turns it into ``[{kind: {value, p_inf, ...}}]`` per
    direction; :data:`DIAGNOSTICS` names the packed diagnostics.
 5. **Memory guard.**  :func:`check_memory` refuses a plan whose mixture-CDF evaluation would
@@ -38,21 +38,17 @@ package so that the entry points above share one definition of each step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate, _xla
-from dpjax.pld.compose import Group, compose_directions, lattice_groups
-from dpjax.pld.convert import delta_at, table
-from dpjax.pld.convert import epsilon as eps_from_pld
+from dpjax import _validate
+from dpjax.pld.compose import Group
 from dpjax.pld.exact import gaussian_epsilon, gaussian_log_delta
+from dpjax.pld import program as prog
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
-from dpjax.pld.plan import (MAX_WINDOW_WIDTH, GridOptions, GridPlan, coarse_shape, plan_grid, regrid, tilt_log_mgf,
-                            tilt_parameters)
+from dpjax.pld.program import DIAGNOSTICS
+from dpjax.pld.plan import MAX_WINDOW_WIDTH, GridOptions, GridPlan, plan_grid, regrid, tilt_log_mgf, tilt_parameters
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 
 __all__ = [
@@ -60,7 +56,7 @@ __all__ = [
     "stack", "prepare", "stacked_mechanisms",
     "exact_gaussian_mu", "dominating_gaussian_mu", "exact_epsilon", "exact_report", "exact_epsilon_result",
     "exact_delta_result", "scalar",
-    "DIAGNOSTICS", "program", "program_jit", "tilted_program_jit", "unpack",
+    "DIAGNOSTICS", "program", "unpack",
     "MAX_MIXTURE_BYTES", "check_memory",
     "TAIL_PASS_FRACTION", "tail_pass", "run", "account", "combine",
 ]
@@ -215,76 +211,21 @@ def prepare(components, max_distinct, stacked=None):
 
 
 # ------------------------------------------------------------------------------------------
-# The jitted program (one per direction and static shape set)
-
-
-DIAGNOSTICS = ("p_inf", "tail_above", "tail_below", "roundoff", "needed_width", "truncation", "noise_floor",
-                "valid_from")
+# The program (on the host)
 
 
 def program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-             exported=False, tilted=False, tilt=None, tilt_from=None):
-    """:func:`program_jit` with the per-direction support lengths ``ms`` replaced by their
-    per-group maximum in every direction (the only thing the program uses of them).  Plans
-    differing only in a direction's support length (e.g. ``((49152,), (32768,))`` and
-    ``((49152,), (49152,))`` from two nearby noise multipliers) then share one compiled program
-    instead of compiling the same computation twice.  ``exported=True`` (host calls only) goes
-    through :func:`dpjax.pld.cache.exported_call` (a serialized program when the persistent
-    cache is on), the tilted tail pass included."""
-    common = tuple(max(m[gi] for m in ms) for gi in range(len(ms[0])))
-    static = dict(directions=directions, ms=tuple(common for _ in ms), n=n, kinds=kinds, want=want, n_freq=n_freq,
-                  lattice=lattice_groups(groups, directions, dx, common))
-    args = (groups, dx, lambdas, log_tau, deltas, epsilons)
-    if tilted:
-        if exported:
-            from dpjax.pld.cache import exported_call
-
-            return exported_call("pld_program_tilted", tilted_program_jit, args + (tilt, tilt_from), static)
-        return program_jit(*args, **static, tilted=True, tilt=tilt, tilt_from=tilt_from)
-    if exported:
-        from dpjax.pld.cache import exported_call
-
-        return exported_call("pld_program", program_jit, args, static)
-    return program_jit(*args, **static)
-
-
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "tilted", "lattice"))
-def program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-                 tilted=False, tilt=None, tilt_from=None, lattice=None):
-    """All directions in one XLA program (one compile): compose, then convert (``want`` is
-    "eps" or "delta": only that conversion is compiled).
-
-    Returns one float64 array of shape ``(directions, kinds, targets + 6)``: the converted
-    values, then the diagnostics of ``DIAGNOSTICS`` (a single device-to-host transfer).
-    """
-    # All directions batched along a leading axis (one copy of the composition and conversion
-    # code in the compiled program, batched FFTs); each group's support length is the largest
-    # any direction asked for (a longer support only moves mass from the +inf atom onto the grid).
-    ms_common = tuple(max(ms[di][gi] for di in range(len(directions))) for gi in range(len(ms[0])))
-    outs = compose_directions(tuple(tuple(g) for g in groups), dx, lambdas, log_tau, directions=directions,
-                              ms=ms_common, n=n, kinds=kinds, n_freq=n_freq, tilted=tilted, tilt=tilt,
-                              tilt_from=tilt_from, lattice=lattice)
-    per_kind = []
-    for kind in kinds:
-        stacked = getattr(outs, kind)
-        bound = "upper" if kind == "up" else "lower"
-        if want == "eps":
-            value = jax.vmap(lambda p: eps_from_pld(p, deltas, bound))(stacked)
-        else:
-            value = jax.vmap(lambda p: delta_at(table(p, bound), epsilons))(stacked)
-        diag = [getattr(stacked, name) for name in DIAGNOSTICS]
-        per_kind.append(jnp.concatenate([jnp.reshape(value, (len(directions), -1)), jnp.stack(diag, axis=1)], axis=1))
-    return jnp.stack(per_kind, axis=1)
-
-
-@functools.partial(_xla.jit, static_argnames=("directions", "ms", "n", "kinds", "want", "n_freq", "lattice"))
-def tilted_program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, tilt, tilt_from, *, directions, ms, n, kinds,
-                        want, n_freq=None, lattice=None):
-    """:func:`program_jit` in its tilted mode with ``tilt``/``tilt_from`` positional (the form
-    :func:`dpjax.pld.cache.exported_call` serializes)."""
-    return program_jit(groups, dx, lambdas, log_tau, deltas, epsilons, directions=directions, ms=ms, n=n,
-                        kinds=kinds, want=want, n_freq=n_freq, tilted=True, tilt=tilt, tilt_from=tilt_from,
-                        lattice=lattice)
+            tilted=False, tilt=None, tilt_from=None):
+    """One configuration through the PLD program on the host (:func:`dpjax.pld.program.run_host`:
+    NumPy, nothing compiled): ``(directions, kinds, targets + len(DIAGNOSTICS))``.  ``deltas``
+    are the targets of ``want="eps"``, ``epsilons`` those of ``"delta"``; ``tilted`` with
+    ``tilt`` / ``tilt_from`` runs the tilted mode (``lambdas`` are then its candidate Chernoff
+    parameters)."""
+    targets = np.ravel(np.asarray(deltas if want == "eps" else epsilons, np.float64))
+    inp, spec = prog.inputs(groups, dx, lambdas, log_tau, targets, directions=directions, ms=ms, n=n, kinds=kinds,
+                            want=want, n_freq=n_freq, tilt=tilt if tilted else None,
+                            tilt_from=tilt_from if tilted else None)
+    return prog.run_host(inp, spec)
 
 
 def unpack(flat, directions, kinds, shape):
@@ -305,13 +246,12 @@ def run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, tar
     """Plan, run, and widen the window (keeping dx) while a wrap-around bound is over budget."""
     min_width = 0.0
     for _ in range(4):
-        plan = coarse_shape(plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint,
-                                      target_delta=target_delta, options=options, min_width=min_width),
-                            options)
+        plan = plan_grid(groups, directions, tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta,
+                         options=options, min_width=min_width)
         check_memory(plan, directions)
         want = "eps" if eps_hint is None else "delta"
         shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want, exported=True)
+        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want)
         res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
                                n_freq=plan.n_freq, **kw), directions, kinds, shape)
         # Frequency truncation is always sound, but only free when the dropped part is
@@ -377,7 +317,7 @@ _TILT_THETA = np.array([1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.
 
 
 def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n_max=None):
-    """Re-run the composition exponentially tilted towards the tail (compose_directions'
+    """Re-run the composition exponentially tilted towards the tail (the PLD program's
     ``tilted`` mode) when the FFT round-off floor matters at the requested delta, and keep, per
     target, the better of the two certified bounds (each is a valid bound on its own: the min of
     the upper ends, the max of the lower ends; the tilted upper end only where it lies at or above
@@ -395,6 +335,12 @@ def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n
         wrap_level = float(np.min(np.max([np.asarray(r["up"]["value"], np.float64) for r in res], axis=0)))
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
     if not (level > 0) or floor <= TAIL_PASS_FRACTION * level:
+        return res
+    # The +inf atom is part of delta at every epsilon, and a tilted run covers the same supports
+    # (no less truncated mass): a direction whose atom alone exceeds every target keeps an
+    # infinite upper end, and the guarantee (the max over directions) with it.
+    top = float(np.max(deltas)) if want == "eps" else 1.0
+    if any(float(r["up"]["p_inf"]) > top for r in res):
         return res
     # Where to put the tilted bulk: the ordinary bracket's middle at the smallest target; the
     # tilted curves must serve epsilons from y_v on: the ordinary lower end (a lower bound of the
@@ -484,7 +430,7 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
     out = unpack(program(grid.groups, grid.dx, thetas, grid.log_tau, deltas, epsilons, directions=directions,
                            ms=grid.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
-                           tilt_from=np.asarray(y_v, np.float64), exported=True), directions, kinds, shape)
+                           tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
     merged, valid, retry = [], True, guessed
     for r, t, fit in zip(res, out, fits):
         m = {}
@@ -583,7 +529,8 @@ def dominating_gaussian_mu(components, stacked=None) -> float | None:
             r = 1.0 / P[:, data.index("noise_multiplier")]
         else:
             return None
-        mu2 += float(np.sum(C.astype(np.float64) * r * r))
+        with np.errstate(over="ignore"):
+            mu2 += float(np.sum(C.astype(np.float64) * r * r))
     return math.sqrt(mu2)
 
 

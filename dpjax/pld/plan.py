@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import math
 import threading
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dpjax.pld.compose import Group
-from dpjax import _xla
 
 # Widest window (in loss units) for which exp(+-width/2) stays finite in float64.
 MAX_WINDOW_WIDTH = 1300.0
@@ -146,13 +143,21 @@ def _fft_size(x: float) -> int:
     return three if three >= x and three >= 64 else p
 
 
-@functools.partial(_xla.jit, static_argnames=("directions",))
 def _probe(mechanism, directions, y):
-    y = jnp.asarray(y)
+    """The loss CDFs of every stacked mechanism at the probe losses ``y``, per direction
+    ``[(p_le (G, L), p_gt (G, L))]``, on the host (the mechanisms' NumPy backend, :mod:`dpjax._ops`:
+    nothing compiled)."""
+    from dpjax._ops import NUMPY
+
+    leaves, treedef = jax.tree_util.tree_flatten(mechanism)
+    leaves = [np.atleast_1d(np.asarray(x, np.float64)) for x in leaves]
+    G = leaves[0].shape[0] if leaves else 1
+    members = [jax.tree_util.tree_unflatten(treedef, [x[g] for x in leaves]) for g in range(G)]
+    y = np.asarray(y, np.float64)
     out = []
     for d in directions:
-        c = jax.vmap(lambda mech: mech.loss_cdfs(d, y))(mechanism)
-        out.append((c.p_le, c.p_gt))
+        cdfs = [m.loss_cdfs(d, y, NUMPY) for m in members]
+        out.append((np.stack([np.asarray(c.p_le) for c in cdfs]), np.stack([np.asarray(c.p_gt) for c in cdfs])))
     return out
 
 
@@ -546,48 +551,6 @@ def _placed_groups(groups, counts, stats, n: int, dx: float):
     return tuple(new_groups), tuple(ms)
 
 
-def coarse_shape(plan: GridPlan, options: GridOptions) -> GridPlan:
-    """``plan`` with its static shape rounded up to a coarse set (same ``dx``, same offsets).
-
-    Every static shape is one XLA program (~2 s to trace and compile on 2 cores), and the plan's
-    shape moves with the parameters: at q = 0.01, T = 1000, delta = 1e-5 the exact plan's
-    ``(n, ms, n_freq)`` changed every ~7% of the noise multiplier.  A calibration probes
-    several noise multipliers near the root and a sweep of a user's run several nearby
-    configurations, so the accountant (:func:`dpjax.pld.epsilon` and everything built on it)
-    rounds the shape up:
-
-    * ``n`` to a power of two (a wider window at the same spacing: more of the composed
-      distribution lies inside it, and the wrap-around bounds are computed for the actual
-      window, so the bound stays sound; the certified FFT round-off term grows with ``n``, so
-      the epsilon can come out higher by that much: +2e-10 relative at q = 0.01, T = 1000);
-    * each support length above ``n / 8`` to ``n / 2`` when it fits there, else ``n`` (a longer
-      support only moves mass from the ``+inf`` atom onto the grid); shorter ones are kept (a
-      heterogeneous schedule composes up to thousands of distinct steps, each evaluated on its
-      support: rounding ``6144`` up to ``n / 2 = 32768`` made ``linspace(3, 2.5, 1000)`` 1.7x
-      slower);
-    * the kept frequencies ``n_freq`` to a power of two and at least 768 (more frequencies:
-      the truncation bound can only shrink; ``None``, no truncation, where that is a quarter of
-      the spectrum or more).
-
-    Measured: the shape then stays the same over ~30-60% of the noise multiplier, and a first
-    calibration compiles one program for 12 of 16 random targets (was two programs always); the
-    steady-state epsilon query was 24-28 ms before and 22-25 ms after on three DP-SGD
-    configurations (2 cores; noise-level differences, the larger FFT is not visible there).
-    """
-    n = plan.n
-    n2 = 1 << (n - 1).bit_length()
-    if n2 > max(options.n_max, n):
-        return plan
-    ms = tuple(tuple(m if m <= n2 // 8 else (n2 // 2 if m <= n2 // 2 else n2) for m in ms_d)
-               for ms_d in plan.ms)
-    n_freq = plan.n_freq
-    if n_freq is not None:
-        n_freq = max(768, 1 << (n_freq - 1).bit_length())
-        if n_freq >= (n2 // 2 + 1) // 2:
-            n_freq = None
-    return dataclasses.replace(plan, n=n2, ms=ms, n_freq=n_freq)
-
-
 def regrid(plan: GridPlan, dx: float, n: int) -> GridPlan:
     """``plan`` on the coarser spacing ``dx`` (``>= plan.dx``) with ``n`` points: every group's
     support covers at least its support on ``plan`` (new offset ``floor(o plan.dx / dx)``, top
@@ -684,7 +647,7 @@ def tilt_parameters(groups: Sequence[Group], directions: tuple[str, ...], eps_ta
                     log_tau: float, *, level: float | None = None, max_width: float | None = None,
                     support_tops=None, mgf=None) -> tuple[np.ndarray, float, np.ndarray]:
     """Exponential tilts ``lam > 0`` (one per direction) for
-    :func:`dpjax.pld.compose.compose_directions`'s tilted mode, the window width ``W`` (loss
+    the PLD program's tilted mode (:mod:`dpjax.pld.program`), the window width ``W`` (loss
     units: ``width`` or ``width`` times a power of two up to ``max_width``) they were chosen for,
     and per direction whether any tilt's window top fits at all (False: the smallest tilt of the
     search is returned, a window far above ``y_v`` that serves no answer).
