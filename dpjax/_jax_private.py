@@ -14,9 +14,6 @@ jit``                                  raise a clear ValueError when a float64  
                                        call is staged into a float32 ``jit``       grad/vmap tracers means ``jit``
 ``jax._src.core.trace_state_clean``    :mod:`dpjax._xla`: pass XLA:CPU compile     never pass them: JAX's default compile
                                        options only to top-level calls             options, the same program's numbers
-``jax._src.export._export._ensure_     :mod:`dpjax.pld.cache`: skip loading        nothing skipped (a serialized program
-backends_initialized``                 LAPACK kernels for exported programs        loads ~0.3 s slower on 2 cores)
-                                       without a LAPACK call
 ``PjitFunction._cache_size``           tests only: count a jitted function's       raise (a test that counts compiles
                                        compiled programs                           cannot run without it)
 =====================================  ==========================================  =======================================
@@ -24,10 +21,8 @@ backends_initialized``                 LAPACK kernels for exported programs     
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 
@@ -36,7 +31,6 @@ import jax
 #: JAX without one takes the fallback (the tests point these at a missing name to check it).
 UNDER_JIT = ("jax._src.core", "unsafe_am_i_under_a_jit")
 TRACE_STATE_CLEAN = ("jax._src.core", "trace_state_clean")
-BACKENDS_HOOK = ("jax._src.export._export", "_ensure_backends_initialized")
 
 
 def _private(where: tuple[str, str]) -> Any:
@@ -82,30 +76,6 @@ def top_level_trace() -> bool:
         return bool(fn())
     except Exception:  # noqa: BLE001
         return False
-
-
-_HOOK_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def backends_initialization_skipped(skip: bool) -> Iterator[None]:
-    """While lowering a deserialized :mod:`jax.export` module, skip JAX's backend (LAPACK
-    kernel) initialization when ``skip`` (the module has no LAPACK custom call).  The patch is
-    process-global, so one lowering holds it at a time.  Without the private hook nothing is
-    skipped."""
-    hook = _private(BACKENDS_HOOK) if skip else None
-    if hook is None:
-        yield
-        return
-    module_name, name = BACKENDS_HOOK
-    module = importlib.import_module(module_name)
-    with _HOOK_LOCK:
-        hook = getattr(module, name)
-        setattr(module, name, lambda platforms: None)
-        try:
-            yield
-        finally:
-            setattr(module, name, hook)
 
 
 def jit_cache_size(jitted: Any) -> int:

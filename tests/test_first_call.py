@@ -1,7 +1,7 @@
-"""First-call machinery: the host twins of the
-Gaussian closed form, one compiled accountant program per grid shape, and the CLI's serialized
-programs.  Timings live in benchmarks/bench_first_call.py; these tests check that the shortcuts
-give the same numbers as the paths they replace."""
+"""First-call machinery: the host twins of the Gaussian closed form, single queries that compile
+nothing (the PLD program on the host), and the CLI's serialized sweep programs.  Timings live in
+benchmarks/bench_session.py and bench_first_call.py; these tests check that the shortcuts give the
+same numbers as the paths they replace."""
 
 from __future__ import annotations
 
@@ -63,20 +63,39 @@ def test_public_gaussian_functions_concrete_and_traced():
     assert np.isfinite(float(g)) and float(g) > 0
 
 
-def test_nearby_sigmas_share_one_accountant_program(monkeypatch):
-    # sigma 0.90 and 0.91 (q = 0.01, T = 1000, delta = 1e-5) plan the same FFT length and kept
-    # frequencies but different add-direction support lengths (32768 vs 49152); the program
-    # only uses the per-group maximum, so the second call compiles nothing.
-    from dpjax import _xla
-    from dpjax.pld import engine
+def _compile_events(calls):
+    """The JAX compile events while ``calls`` run (a listener on jax.monitoring)."""
+    events, active = [], [True]
 
-    monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 10**9)   # counts programs: nothing dropped meanwhile
-    before = engine.program_jit.live_programs()
-    e1 = dpjax.dpsgd_epsilon(0.90, 0.01, 1000, 1e-5)
-    mid = engine.program_jit.live_programs()
-    e2 = dpjax.dpsgd_epsilon(0.91, 0.01, 1000, 1e-5)
-    assert engine.program_jit.live_programs() == mid <= before + 1
-    assert e1 > e2 > 0
+    def listener(name, secs, **kwargs):
+        if active[0] and name.startswith("/jax/core/compile/"):
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for call in calls:
+            call()
+    finally:
+        active[0] = False
+    return events
+
+
+def test_single_queries_compile_nothing():
+    # Every one-configuration query runs the PLD program on the host (NumPy): new noise
+    # multipliers, sampling probabilities, step counts, deltas, epsilon and delta queries, group
+    # privacy and fixed batches, first calls included, compile no XLA program.
+    rng = np.random.default_rng(5)
+    calls = []
+    for _ in range(6):
+        s, q = float(rng.uniform(0.7, 3.0)), float(10 ** rng.uniform(-3.5, -1))
+        t, d = int(10 ** rng.uniform(2, 4)), float(10 ** rng.uniform(-8, -4))
+        calls.append(lambda s=s, q=q, t=t, d=d: dpjax.dpsgd_epsilon(s, q, t, d))
+        calls.append(lambda s=s, q=q, t=t: dpjax.dpsgd_delta(s, q, t, 1.5))
+    calls.append(lambda: dpjax.dpsgd_epsilon(2.0, 0.01, 300, 1e-5, group_size=3))
+    calls.append(lambda: dpjax.dpsgd_epsilon(2.0, None, 300, 1e-5, group_size=2, sampling="fixed_batch",
+                                             dataset_size=10_000, batch_size=100))
+    calls.append(lambda: dpjax.pld.dpsgd_accounting(1.0, 0.01, 1000, target_delta=1e-5))
+    assert _compile_events(calls) == []
 
 
 def test_warm_eager_calls_from_float32_code_trace_nothing():
@@ -118,33 +137,30 @@ def _cli(argv, cache):
     return json.loads(out.stdout)
 
 
-def test_cli_second_run_loads_serialized_program(tmp_path):
-    pytest.importorskip("flatbuffers")
+def test_cli_single_query_compiles_nothing(tmp_path):
+    # With the persistent cache on (every CLI run), anything compiled would be written there:
+    # a one-configuration query writes nothing, and answers what the library answers.
     argv = ["delta", "--noise-multiplier", "1.0", "--sampling-prob", "0.01", "--steps", "1000", "--epsilon", "2",
             "--json"]
-    direct = _cli(argv, "0")                          # no cache: the jitted program itself
-    first = _cli(argv, tmp_path)                      # exports, writes, runs the artifact
-    artifacts = sorted((tmp_path / "exported").glob("pld_program-*.jaxexport"))
-    assert len(artifacts) == 1
-    second = _cli(argv, tmp_path)                     # loads the artifact (no tracing)
-    assert first == direct and second == direct       # bit-identical numbers
-    artifacts[0].write_bytes(b"not a program")        # unreadable: re-exported, same answer
-    assert _cli(argv, tmp_path) == direct
+    first = _cli(argv, tmp_path)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert first["delta"] == dpjax.pld.dpsgd_accounting(1.0, 0.01, 1000, target_epsilon=2.0).delta
+    assert _cli(argv, "0") == first
 
 
 def test_cli_sweep_second_run_loads_serialized_programs(tmp_path):
     # The sweep's bucket programs (shard_map over the configuration axis) go through the same
-    # serialized-program path: the second process skips tracing and lowering, same table.
+    # serialized-program path: the second process skips tracing and compiling, same table.
     pytest.importorskip("flatbuffers")
     argv = ["sweep", "--noise-multiplier", "0.8,2", "--sampling-prob", "1e-3,1e-2", "--steps", "1000",
             "--delta", "1e-5", "--json"]
     table = lambda out: [(r["epsilon"], r["lower"], r["n"], r["dx"]) for r in out["table"]]
     direct = table(_cli(argv, "0"))
     assert table(_cli(argv, tmp_path)) == direct
-    artifacts = sorted((tmp_path / "exported").glob("sweep_program-*.jaxexport"))
+    artifacts = sorted(tmp_path.glob("sweep_program-*.xla"))
     assert len(artifacts) >= 1
     stamps = [a.stat().st_mtime_ns for a in artifacts]
-    assert table(_cli(argv, tmp_path)) == direct                 # loaded, not re-exported
+    assert table(_cli(argv, tmp_path)) == direct                 # loaded, not recompiled
     assert [a.stat().st_mtime_ns for a in artifacts] == stamps
-    artifacts[0].write_bytes(b"not a program")                   # unreadable: re-exported, same table
+    artifacts[0].write_bytes(b"not a program")                   # unreadable: recompiled, same table
     assert table(_cli(argv, tmp_path)) == direct

@@ -98,39 +98,6 @@ def test_compile_options_fallback_gives_the_same_numbers(monkeypatch):
         np.testing.assert_array_equal(np.asarray(f(x)), with_options)
 
 
-def test_exported_program_fallback_gives_the_same_numbers(monkeypatch, tmp_path):
-    from dpjax.pld import cache
-
-    def program(x):
-        return jnp.sum(jnp.log1p(x) ** 2)
-
-    jitted = jax.jit(program)
-    args = (jnp.linspace(0.0, 1.0, 33, dtype=jnp.float32),)
-    direct = float(jitted(*args))
-    monkeypatch.setattr(cache, "_EXPORT_DIR", tmp_path)
-    monkeypatch.setattr(cache, "_LOADED", {})
-    hooked = float(cache.exported_call("private_test", jitted, args, {}))
-    monkeypatch.setattr(cache, "_LOADED", {})
-    _missing(monkeypatch, "BACKENDS_HOOK")
-    with _jax_private.backends_initialization_skipped(True):  # nothing to patch: a no-op
-        pass
-    unhooked = float(cache.exported_call("private_test", jitted, args, {}))  # loads the artifact
-    assert hooked == direct == unhooked
-
-
-def test_backend_hook_is_patched_only_inside_and_restored():
-    import importlib
-
-    module_name, name = _jax_private.BACKENDS_HOOK
-    module = importlib.import_module(module_name)
-    hook = getattr(module, name, None)  # None: this JAX has no such hook (older JAX releases)
-    with _jax_private.backends_initialization_skipped(True):
-        assert (getattr(module, name, None) is not hook) == (hook is not None)
-    assert getattr(module, name, None) is hook
-    with _jax_private.backends_initialization_skipped(False):
-        assert getattr(module, name, None) is hook
-
-
 def test_jit_cache_size_says_when_it_is_unavailable():
     f = jax.jit(lambda x: x + 1)
     f(1.0)

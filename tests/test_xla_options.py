@@ -49,32 +49,51 @@ def test_other_errors_are_not_swallowed(restore_xla):
     assert _xla._enabled is True
 
 
-def test_switch_off_gives_identical_accountant_results(monkeypatch, restore_xla):
-    # The options change code generation, not arithmetic semantics: same epsilon, same bracket.
+def _compiled_epsilon(sigma, q, steps, delta):
+    """The compiled PLD program's certified epsilon of one DP-SGD configuration (the program the
+    sweeps and the fixed-grid functions compile)."""
+    import dataclasses
+
     import dpjax
     from dpjax.pld import engine
+    from dpjax.pld import program as prog
 
-    on = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
-    engine.program_jit.clear_cache()
+    opts = dpjax.pld.GridOptions()
+    groups, _, _, _ = engine.prepare(engine.dpsgd_components(sigma, q, steps), opts.max_distinct)
+    plan = dpjax.pld.plan_grid(groups, ("remove", "add"), tail_mass=opts.tail_fraction * delta, eps_hint=None,
+                               target_delta=delta, options=opts)
+    plan = dataclasses.replace(plan, n=1 << (int(plan.n) - 1).bit_length())
+    with jax.enable_x64(True):
+        inp, spec = prog.host_inputs(plan, [delta], kinds=("up", "down"), want="eps")
+        out = np.asarray(prog.run_jit(np.int32(1), prog.stack_inputs([inp], 8), prog.jit_spec(spec)))
+    return out[0][..., 0]
+
+
+def test_switch_off_gives_identical_program_results(monkeypatch, restore_xla):
+    # The options change code generation, not arithmetic semantics.  Code generation may contract
+    # other multiply-adds, which moves the last bits of the FFT round-off, and the per-bin noise
+    # floor allowance is measured from that round-off (about 1e-17 per bin, over ~1e5 bins above
+    # epsilon at delta 1e-5): the bracket moves by ~1e-10 relative, far below its width.
+    from dpjax.pld import program as prog
+
+    on = _compiled_epsilon(1.3, 0.02, 300, 1e-5)
+    prog._jitted.cache_clear()
     monkeypatch.setattr(_xla, "_enabled", False)
-    off = dpjax.pld.dpsgd_accounting(1.3, 0.02, 300, target_delta=1e-5)
-    for name in ("epsilon", "epsilon_upper", "epsilon_lower"):
-        np.testing.assert_allclose(float(getattr(on, name)), float(getattr(off, name)), rtol=1e-12, atol=0)
+    off = _compiled_epsilon(1.3, 0.02, 300, 1e-5)
+    np.testing.assert_allclose(on, off, rtol=1e-8, atol=0)
 
 
 def test_live_programs_are_bounded_and_the_numbers_unchanged(monkeypatch):
-    # Each XLA:CPU executable holds ~190 memory mappings; with one program per grid shape, a
-    # process that accounted a few hundred configurations passed Linux's 65,530 and crashed in
-    # the next compile.  Past MAX_LIVE_PROGRAMS every dpjax cache is dropped.
-    import dpjax
-    from dpjax import _xla
-
+    # Each XLA:CPU executable holds ~190 memory mappings; with one program per shape, a process
+    # that compiled a few hundred programs passed Linux's 65,530 and crashed in the next compile.
+    # Past MAX_LIVE_PROGRAMS every dpjax cache is dropped.
     configs = [(0.9, 0.004, 300, 1e-5), (1.7, 0.02, 40, 1e-7), (3.1, 0.1, 7, 1e-4), (0.6, 0.001, 2000, 1e-6)]
-    before = [dpjax.dpsgd_epsilon(*c) for c in configs]
+    before = [_compiled_epsilon(*c) for c in configs]
     monkeypatch.setattr(_xla, "MAX_LIVE_PROGRAMS", 1)
     after = []
     for c in configs:
-        after.append(dpjax.dpsgd_epsilon(*c))
+        after.append(_compiled_epsilon(*c))
         # Only the function just called keeps its program (the limit is per process, not per call).
         assert sum(j.live_programs() for j in list(_xla._INSTANCES)) <= 2
-    assert after == before
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a, b)

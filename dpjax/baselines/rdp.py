@@ -263,12 +263,12 @@ def rdp_epsilon(
     t = _validate.positive_int("steps", steps)
     delta = float(_validate.PrivacyTarget(delta=target_delta).delta)
     conversion = Conversion.parse(conversion, "conversion").value
-    from dpjax.pld.cache import exported_call
+    from dpjax.pld.cache import call
 
-    # One program (not three, plus an op-by-op multiply), through a serialized artifact when
-    # the persistent cache is on (a CLI process then skips tracing and lowering it).
+    # One program (not three, plus an op-by-op multiply), through dpjax's program store (a later
+    # process loads it instead of tracing and compiling it).
     f64 = lambda v: np.asarray(v, np.float64)
-    eps, order = exported_call("rdp_epsilon", _rdp_epsilon_program,
+    eps, order = call("rdp_epsilon", _rdp_epsilon_program,
                                (f64(sigma), f64(q), f64(t), f64(delta), f64(_validated_orders(orders))),
                                dict(conversion=conversion))
     return float(eps), float(order)

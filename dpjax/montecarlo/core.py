@@ -591,11 +591,11 @@ def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: 
         static = dict(num_samples=num_samples, chunk_size=chunk_size, progress=progress)
         if progress or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args)):
             return monte_carlo_sums(*args, **static)
-        # Host call: through a serialized program when the persistent cache is on (a CLI
-        # process then skips tracing and lowering, ~0.5 s on 2 cores; dpjax.pld.cache).
-        from dpjax.pld.cache import exported_call
+        # Host call: through dpjax's program store (a later process loads the executable instead
+        # of tracing and compiling it; dpjax.pld.cache).
+        from dpjax.pld.cache import call
 
-        return MonteCarloSums(*exported_call("monte_carlo_sums", _monte_carlo_sums_tuple, args, static))
+        return MonteCarloSums(*call("monte_carlo_sums", _monte_carlo_sums_tuple, args, static))
     gram = jnp.asarray(gram, jnp.float64)
     return _sharded_fn(tuple(devices), num_samples, chunk_size, gram.shape[0])(
         gram, jnp.asarray(noise_multiplier, jnp.float64),

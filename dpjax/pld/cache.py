@@ -1,27 +1,30 @@
-"""Opt-in persistent XLA compilation cache (cold-start time of the ``dpjax`` CLI).
+"""dpjax's program store: compiled programs kept on disk, for library users and the CLI alike.
 
-A first call compiles one XLA program per grid shape (~1-3 s on a small CPU).  JAX can keep
-compiled programs on disk; a later *process* then skips compilation for shapes it has seen.
-This changes global JAX configuration, so the library never does it on its own: call
-:func:`enable_persistent_cache` yourself, or set ``DPJAX_COMPILATION_CACHE=<dir>`` (or ``1``
-for ``~/.cache/dpjax/xla``).  Every ``dpjax`` CLI subcommand enables it by default
-(``dpjax.cli.main``; a CLI process owns its JAX configuration); ``DPJAX_COMPILATION_CACHE=0``
-turns it off.
+One-configuration queries compile nothing (the PLD program runs on the host, :mod:`dpjax.pld.program`).
+What dpjax does compile -- a sweep's bucket programs, the derivative program of traced calls, the
+Monte Carlo and RDP programs -- it keeps in this store: the first process compiles a program and
+writes its serialized executable (:mod:`jax.experimental.serialize_executable`); every later
+process loads it instead of tracing, lowering and compiling (milliseconds instead of seconds).
 
-Tracing and lowering are not skipped by JAX's cache (it keys compiled programs by the lowered
-module, so every process traces and lowers again: ~1.3 s of a ``dpjax epsilon`` run on 2 cores).
-So while the persistent cache is on, the accountant's programs are also kept as serialized
-:mod:`jax.export` artifacts (``<cache dir>/exported``; :func:`exported_call`): a later process
-deserializes the lowered module instead of tracing the Python code, and its compile is a
-persistent-cache hit.  The artifact's key covers the program's name, its static arguments, the
-argument tree (mechanism classes and static fields included) and types, the JAX version, the
-backend and a fingerprint of dpjax's source files, so an edited dpjax never runs a stale
-program.  The sweep's bucket programs (``shard_map`` over the configuration axis, one device)
-take the same path through :func:`exported_compiled`, which returns the compiled program itself
-(the sweep compiles ahead, in background threads), and are listed in an index of their static
-sizes (:func:`exported_index`) so that a later sweep can bucket its configurations onto them.
-Host-side results that are pure functions of their key and of dpjax's sources (the sweep's grid
-plans) are kept as pickles (:func:`store_object` / :func:`load_object`).
+**On by default**, in ``$XDG_CACHE_HOME/dpjax/programs`` (``~/.cache/dpjax/programs``).
+``DPJAX_COMPILATION_CACHE`` means the same in Python and in the CLI: ``0`` (or ``off``, ``false``,
+``no``) turns the store off, ``1`` selects the default directory, any other value is the
+directory to use.  :func:`enable` / :func:`disable` do the same from Python.
+
+Why not JAX's own persistent compilation cache: turning it on is a global setting
+(``jax_compilation_cache_dir``) that would change how the *caller's* programs are cached, which a
+library must not do behind its user's back; and it still traces and lowers every program in every
+process (JAX keys it by the lowered module), which is most of a program's cost here.  The store
+touches no JAX setting and skips tracing too.  (The CLI, which owns its process, also turns on
+JAX's cache for the programs it does not build through the store.)
+
+Keys cover the program's name, its static key, the argument tree and types, the JAX version, the
+backend and device kind, the machine and a fingerprint of dpjax's source files, so an edited
+dpjax or another machine never runs a stale executable; an unreadable or incompatible entry is
+recompiled and overwritten.  Host-side results that are pure functions of their key and of
+dpjax's sources (a sweep's grid plans) are kept beside the programs as pickles
+(:func:`store_object` / :func:`load_object`).  The store directory is trusted like JAX's own
+compilation cache.
 """
 
 from __future__ import annotations
@@ -30,193 +33,207 @@ import hashlib
 import os
 import pathlib
 import pickle
+import platform
 import threading
 from typing import Any, Callable
 
-import jax
+from dpjax import _io
 
-from dpjax import _io, _xla
+__all__ = ["DEFAULT_DIR", "ENVIRONMENT_VARIABLE", "enable", "disable", "store_dir", "caching", "compiled",
+           "call", "program_index", "store_object", "load_object", "enable_persistent_cache",
+           "enable_from_environment"]
 
-DEFAULT_DIR = pathlib.Path(os.path.expanduser("~")) / ".cache" / "dpjax" / "xla"
+ENVIRONMENT_VARIABLE = "DPJAX_COMPILATION_CACHE"
+DEFAULT_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or (pathlib.Path.home() / ".cache")) / "dpjax" / "programs"
+_OFF = ("0", "off", "false", "no")
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {"dir": None, "resolved": False}
+_MEMORY: dict[str, Callable] = {}
+_FINGERPRINT: list[str] = []
 
 
-def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Path | None:
-    """Turn on JAX's persistent compilation cache in ``path`` (default ``~/.cache/dpjax/xla``).
-
-    Returns the directory, or None when it could not be created (then nothing changes).
-    """
-    p = pathlib.Path(path) if path is not None else DEFAULT_DIR
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError:
+def _from_environment() -> pathlib.Path | None:
+    value = os.environ.get(ENVIRONMENT_VARIABLE)
+    if value is None or value.strip().lower() in ("", "1", "on", "true", "yes"):
+        return DEFAULT_DIR
+    if value.strip().lower() in _OFF:
         return None
-    jax.config.update("jax_compilation_cache_dir", str(p))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    global _EXPORT_DIR
-    _EXPORT_DIR = p / "exported"
+    return pathlib.Path(value).expanduser()
+
+
+def store_dir() -> pathlib.Path | None:
+    """The store's directory, or None when it is off (resolved from ``DPJAX_COMPILATION_CACHE``
+    on first use unless :func:`enable` / :func:`disable` was called)."""
+    with _LOCK:
+        if not _STATE["resolved"]:
+            _STATE["dir"], _STATE["resolved"] = _from_environment(), True
+        return _STATE["dir"]
+
+
+def enable(path: str | os.PathLike | None = None) -> pathlib.Path:
+    """Keep compiled programs in ``path`` (default :data:`DEFAULT_DIR`)."""
+    p = pathlib.Path(path).expanduser() if path is not None else DEFAULT_DIR
+    with _LOCK:
+        _STATE["dir"], _STATE["resolved"] = p, True
     return p
 
 
-def disable_exported_programs() -> None:
-    """Stop using (and writing) serialized programs (:func:`exported_call` then calls directly)."""
-    global _EXPORT_DIR
-    _EXPORT_DIR = None
+def disable() -> None:
+    """Compile every program in this process and keep nothing on disk."""
+    with _LOCK:
+        _STATE["dir"], _STATE["resolved"] = None, True
 
 
-def enable_from_environment(default_on: bool) -> pathlib.Path | None:
-    """Apply ``DPJAX_COMPILATION_CACHE`` ("0" off, "1" default dir, else a directory)."""
-    value = os.environ.get("DPJAX_COMPILATION_CACHE")
-    if value is None:
-        return enable_persistent_cache() if default_on else None
-    if value.strip() in ("", "0", "false", "no", "off"):
-        return None
-    if value.strip() in ("1", "true", "yes", "on"):
-        return enable_persistent_cache()
-    return enable_persistent_cache(value)
-
-
-# ------------------------------------------------------------------------------------------
-# Serialized (jax.export) programs: skip tracing and lowering in later processes.
-
-_EXPORT_DIR: pathlib.Path | None = None
-_LOADED: dict[str, Callable] = {}
-_LOCK = threading.Lock()
-_FINGERPRINT: str | None = None
+def caching() -> bool:
+    """Whether the store is on."""
+    return store_dir() is not None
 
 
 def _source_fingerprint() -> str:
     """SHA-256 of every ``.py`` file of the dpjax package (names and contents), computed once."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
+    if not _FINGERPRINT:
         root = pathlib.Path(__file__).resolve().parents[1]
         h = hashlib.sha256()
         for f in sorted(root.rglob("*.py")):
             h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
-        _FINGERPRINT = h.hexdigest()
-    return _FINGERPRINT
+        _FINGERPRINT.append(h.hexdigest())
+    return _FINGERPRINT[0]
 
 
-def exported_call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
-    """``fn(*args, **static)`` (``fn`` jitted, ``static`` its static arguments), through a
-    serialized :mod:`jax.export` artifact when the persistent cache is on (see the module
-    docstring): the first process exports (traces and lowers once, as the call would), writes
-    the artifact and runs it; later processes load it and run it.  The same lowered module either
-    way, so the same compiled program and the same numbers.  Any failure (an unexportable
-    argument, an unreadable file) falls back to the direct call."""
-    export_dir = _EXPORT_DIR
-    if export_dir is None:
-        return fn(*args, **static)
+def _machine() -> str:
+    """What an executable depends on beyond JAX: the backend, its devices and this machine's CPU."""
+    import jax
+
+    flags = ""
     try:
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = _artifact_key(name, repr(sorted(static.items())), treedef, leaves)
-    except Exception:
-        return fn(*args, **static)
-    call = _LOADED.get(key)
-    if call is not None:
-        return call(*leaves)
-    with _LOCK:
-        call = _LOADED.get(key)
-        if call is not None:
-            return call(*leaves)
-        exp = _load_or_export(export_dir, name, key, fn, leaves, treedef, static)
-        if exp is None:
-            return fn(*args, **static)
-        call = _xla.jit(exp.call)  # a one-shot accountant program: dpjax._xla's compile options
-        out = _first_call(call, exp, leaves)
-        _LOADED[key] = call
-        return out
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    devices = jax.devices()
+    return "\x00".join([jax.__version__, jax.default_backend(), str(len(devices)), devices[0].device_kind,
+                        platform.machine(), hashlib.sha256(flags.encode()).hexdigest()[:16]])
 
 
-def _artifact_key(name: str, static_key: str, treedef, leaves) -> str:
-    """The artifact's key: program name, static arguments, argument tree and types, JAX version,
-    backend, x64 mode and the dpjax source fingerprint (see the module docstring)."""
-    parts = [name, static_key, str(treedef), repr([str(jax.typeof(leaf)) for leaf in leaves]), jax.__version__,
-             jax.default_backend(), str(bool(jax.config.jax_enable_x64)), _source_fingerprint()]
+def _key(name: str, static_key: str, leaves, treedef) -> str:
+    import jax
+
+    parts = [name, static_key, str(treedef), repr([str(jax.typeof(x)) for x in leaves]),
+             str(bool(jax.config.jax_enable_x64)), _machine(), _source_fingerprint()]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
 
 
-def exported_compiled(name: str, jitted: Callable, args: tuple, static_key: str, meta: dict | None = None,
-                      compile_options: dict | None = None) -> Callable | None:
-    """``jitted`` (no static arguments left; ``static_key`` names what was baked into it) compiled
-    for ``args``, through a serialized :mod:`jax.export` artifact when the persistent cache is on:
-    a later process deserializes the lowered module (no tracing, no lowering) and its compile is
-    a persistent-cache hit.  Returns a callable taking ``*args`` (same tree), or None when the
-    cache is off or anything fails (the caller then compiles directly).  Single-process,
-    single-device programs only (the artifact records the device count; the sweep's CLI runs).
+def compiled(name: str, fn: Callable, args: tuple, static_key: str = "", *, static: dict | None = None,
+             meta: dict | None = None, compile_options: dict | None = None) -> Callable:
+    """``fn`` (jitted; ``static`` its static keyword arguments, ``static_key`` a string naming them
+    and anything else baked into ``fn``) compiled for ``args``: from this process's memory, else
+    the store (a serialized executable of an earlier process), else compiled here and written to
+    the store.  Returns a callable taking ``*args`` (same tree).  ``meta`` (JSON-able) is recorded
+    in ``name``'s index when the program is first stored (:func:`program_index`).  The attribute
+    ``loaded`` of the returned callable says whether it came from the store."""
+    import jax
 
-    ``meta`` (JSON-able): recorded in ``name``'s index when the artifact is first written, so
-    that later processes can list what exists (:func:`exported_index`).  ``compile_options``:
-    XLA options of the compile (as ``lowered.compile(compile_options)``)."""
-    export_dir = _EXPORT_DIR
-    if export_dir is None or jax.process_count() != 1:
-        return None
-    try:
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        if any(len(getattr(leaf, "sharding", None).device_set) != 1 for leaf in leaves
-               if hasattr(leaf, "sharding")):
-            return None
-        key = _artifact_key(name, static_key, treedef, leaves)
-        with _LOCK:
-            loaded = (export_dir / f"{name}-{key}.jaxexport").exists()
-            exp = _load_or_export(export_dir, name, key, jitted, leaves, treedef, {}, meta=meta)
-        if exp is None:
-            return None
-        call = jax.jit(exp.call)
-        lowered = _with_backend_hook(exp, lambda: call.lower(*leaves))
-        # Outside the lock: the sweep compiles programs in parallel.
-        compiled = lowered.compile(compile_options) if compile_options else lowered.compile()
-    except Exception:
-        return None
+    static = static or {}
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    key = _key(name, static_key + repr(sorted(static.items())), leaves, treedef)
+    run = _MEMORY.get(key)
+    if run is not None:
+        return run
+    directory = store_dir()
+    exe, loaded = None, False
+    path = directory / f"{name}-{key}.xla" if directory is not None else None
+    if path is not None and path.exists():
+        exe = _load(path)
+        loaded = exe is not None
+    if exe is None:
+        lowered = fn.lower(*args, **static)
+        exe = lowered.compile(compile_options) if compile_options else lowered.compile()
+        if path is not None:
+            _store(path, exe, directory, name, key, meta)
 
     def run(*a):
-        return compiled(*jax.tree_util.tree_leaves(a))
+        return exe(*a)
 
-    run.loaded = loaded   # deserialized from an earlier process's artifact (not traced here)
-    return run
+    run.loaded = loaded
+    with _LOCK:
+        _MEMORY.setdefault(key, run)
+    return _MEMORY[key]
 
 
-def _with_backend_hook(exp, fn):
-    """``fn()`` (which lowers ``exp``), skipping the LAPACK-kernel initialization when ``exp`` has
-    no LAPACK custom call (see :func:`_first_call`; private JAX: :mod:`dpjax._jax_private`)."""
-    from dpjax import _jax_private
+def call(name: str, fn: Callable, args: tuple, static: dict) -> Any:
+    """``fn(*args, **static)`` through :func:`compiled` (the same program, the same numbers)."""
+    return compiled(name, fn, args, static=static)(*args)
+
+
+def _load(path: pathlib.Path):
+    from jax.experimental import serialize_executable
 
     try:
-        skip = b"lapack" not in bytes(exp.mlir_module_serialized)
-    except Exception:  # noqa: BLE001 - an Exported without its module: nothing to skip
-        skip = False
-    with _jax_private.backends_initialization_skipped(skip):
-        return fn()
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+        return serialize_executable.deserialize_and_load(*payload)
+    except Exception:  # unreadable or incompatible: recompiled (and overwritten) by the caller
+        return None
 
 
-def _first_call(call, exp, leaves):
-    """The first call (it lowers the exported module into a program).  Lowering a module
-    exported for CPU initializes JAX's LAPACK kernels, which imports ``scipy.linalg`` (~0.3 s of
-    a CLI run on 2 cores); a module with no LAPACK custom call does not need them, so then the
-    initialization is skipped for this lowering (private JAX hook: if it moved, nothing is
-    skipped)."""
-    return _with_backend_hook(exp, lambda: call(*leaves))
+def _store(path: pathlib.Path, exe, directory: pathlib.Path, name: str, key: str, meta: dict | None) -> None:
+    from jax.experimental import serialize_executable
+
+    try:
+        payload = serialize_executable.serialize(exe)
+        directory.mkdir(parents=True, exist_ok=True)
+        _io.atomic_write(path, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        if meta is not None:
+            # One line per program, appended (a concurrent writer's line stays whole: a single small
+            # write to a file opened for appending).
+            with open(_index_path(directory, name), "a") as f:
+                f.write(_io.dumps(dict(key=key, meta=meta)) + "\n")
+    except Exception:  # a read-only or full disk: this process keeps its compiled program
+        pass
+
+
+def _index_path(directory: pathlib.Path, name: str) -> pathlib.Path:
+    ident = "\x00".join([_machine(), _source_fingerprint()])
+    return directory / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.index.jsonl"
+
+
+def program_index(name: str) -> list[dict]:
+    """The ``meta`` records of ``name``'s stored programs that this process could load (same
+    machine, JAX and dpjax sources; the program file present).  Empty when the store is off."""
+    directory = store_dir()
+    if directory is None:
+        return []
+    try:
+        lines = _index_path(directory, name).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = _io.loads(line)
+            if (directory / f"{name}-{rec['key']}.xla").exists():
+                out.append(rec["meta"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def _object_path(name: str, key: str) -> pathlib.Path | None:
-    export_dir = _EXPORT_DIR
-    if export_dir is None:
+    directory = store_dir()
+    if directory is None:
         return None
     ident = "\x00".join([name, key, _source_fingerprint()])
-    return export_dir / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.pickle"
-
-
-def caching() -> bool:
-    """Whether serialized programs and stored objects are in use (the persistent cache is on)."""
-    return _EXPORT_DIR is not None
+    return directory / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.pickle"
 
 
 def load_object(name: str, key: str) -> Any:
     """The object :func:`store_object` stored under ``(name, key)`` with these dpjax sources, or
-    None (persistent cache off, nothing stored, or unreadable).  For host-side results that are
-    pure functions of their key (the sweep's grid plans), so that a later process skips
-    recomputing them.  The cache directory is trusted like JAX's own compilation cache."""
+    None (store off, nothing stored, or unreadable)."""
     path = _object_path(name, key)
     if path is None:
         return None
@@ -228,8 +245,8 @@ def load_object(name: str, key: str) -> Any:
 
 
 def store_object(name: str, key: str, obj: Any) -> None:
-    """Store ``obj`` (picklable) under ``(name, key)`` for later processes (persistent cache on;
-    written atomically; a failure is ignored: the next process recomputes)."""
+    """Store ``obj`` (picklable) under ``(name, key)`` for later processes (store on; written
+    atomically; a failure is ignored: the next process recomputes)."""
     path = _object_path(name, key)
     if path is None:
         return
@@ -240,61 +257,33 @@ def store_object(name: str, key: str, obj: Any) -> None:
         pass
 
 
-def _index_path(export_dir: pathlib.Path, name: str) -> pathlib.Path:
-    """``name``'s index of artifacts for this JAX version, backend, x64 mode and dpjax source."""
-    ident = "\x00".join([jax.__version__, jax.default_backend(), str(bool(jax.config.jax_enable_x64)),
-                         _source_fingerprint()])
-    return export_dir / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.index.jsonl"
+# ------------------------------------------------------------------------------------------
+# The CLI's process-wide setting
 
 
-def exported_index(name: str) -> list[dict]:
-    """The ``meta`` records of ``name``'s serialized programs that this process could load (same
-    JAX version, backend, x64 mode and dpjax sources; the artifact file present).  Empty when
-    the persistent cache is off or nothing was recorded.  Unreadable lines are skipped."""
-    export_dir = _EXPORT_DIR
-    if export_dir is None:
-        return []
+def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Path | None:
+    """Turn on JAX's persistent compilation cache in ``path`` (a process-wide JAX setting: the
+    CLI, which owns its process, calls it for the programs it does not build through the store;
+    a library user may call it for their own).  Returns the directory, or None when it could not
+    be created."""
+    import jax
+
+    p = pathlib.Path(path) if path is not None else DEFAULT_DIR / "xla"
     try:
-        lines = _index_path(export_dir, name).read_text().splitlines()
+        p.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = _io.loads(line)
-            if (export_dir / f"{name}-{rec['key']}.jaxexport").exists():
-                out.append(rec["meta"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return out
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(p))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return p
 
 
-def _load_or_export(export_dir, name, key, fn, leaves, treedef, static, meta=None):
-    from jax import export
-
-    path = export_dir / f"{name}-{key}.jaxexport"
-    exp = None
-    try:
-        if path.exists():
-            exp = export.deserialize(bytearray(path.read_bytes()))
-    except Exception:
-        exp = None
-    if exp is None:
-        try:
-            def flat(*flat_args):
-                return fn(*jax.tree_util.tree_unflatten(treedef, flat_args), **static)
-
-            exp = export.export(jax.jit(flat))(*leaves)
-        except Exception:
-            return None
-        try:
-            export_dir.mkdir(parents=True, exist_ok=True)
-            _io.atomic_write(path, exp.serialize())
-            if meta is not None:
-                # One line per artifact, appended (a concurrent writer's line stays whole: a single
-                # small write to a file opened for appending).
-                with open(_index_path(export_dir, name), "a") as f:
-                    f.write(_io.dumps(dict(key=key, meta=meta)) + "\n")
-        except Exception:  # read-only cache: run it anyway, this process only
-            pass
-    return exp
+def enable_from_environment(default_on: bool = True) -> pathlib.Path | None:
+    """The CLI's setting: the store as ``DPJAX_COMPILATION_CACHE`` says (as in Python), and, where
+    the store is on, JAX's own persistent cache inside it (``<store>/xla``)."""
+    directory = store_dir() if default_on or ENVIRONMENT_VARIABLE in os.environ else None
+    if directory is None:
+        disable()
+        return None
+    return enable_persistent_cache(directory / "xla")
