@@ -144,10 +144,13 @@ def test_sweep_eight_devices_same_table(monkeypatch):
     one = dpjax.sweep(configs, devices=dpjax_devices()[:1])
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
+    # The same grids and the same program; XLA partitions the 8-device program and code
+    # generation differs in the last bits of the elementary functions, which moves the measured
+    # FFT round-off and with it the per-bin noise floor allowance (~1e-9 relative on epsilon).
     for r, (eps, lo, n) in zip(one.rows, eight["rows"]):
         assert n == r["n"]
-        assert eps == pytest.approx(r["epsilon"], rel=1e-12, abs=0)
-        assert lo == pytest.approx(r["lower"], rel=1e-12, abs=0)
+        assert eps == pytest.approx(r["epsilon"], rel=1e-8, abs=0)
+        assert lo == pytest.approx(r["lower"], rel=1e-8, abs=0)
 
 
 def dpjax_devices():
@@ -248,40 +251,33 @@ def _broad_configs(n, seed):
                  steps=int(10 ** rng.uniform(2, 5)), delta=float(10 ** rng.uniform(-8, -4))) for _ in range(n)]
 
 
-def test_sweep_program_equals_accountant_program():
-    """The sweep's per-configuration program (both discretizations batched, windows by dynamic
-    slices, the conversion's weights as products) gives the accountant's values and
-    diagnostics on the same plans; with a larger support capacity and the row's own support it
-    gives the same numbers as on its own shape."""
+def test_sweep_program_equals_the_host_program():
+    """A sweep row is the PLD program compiled for its bucket (supports and kept frequencies as
+    data): its bracket and the host program's on the same plan overlap, their values differ only
+    through the two backends' FFT round-off (the per-bin noise floor allowance measures it: its
+    effect grows like floor / delta, 1e-5 relative at delta 1e-8), and every diagnostic but that
+    floor agrees to 1e-9."""
     import jax
 
-    from dpjax.pld import engine, sweep_plan, sweeping
-    from dpjax.pld.sweep_program import epsilon_program
+    from dpjax.pld import program as prog
+    from dpjax.pld import sweep_plan, sweep_run, sweeping
 
-    for c in _broad_configs(3, seed=11):
-        p = sweep_plan.plan_config(0, sweeping.SweepConfig.from_mapping(c), None)
-        pl = p.plan
-        kw = dict(directions=p.directions, ms=pl.ms, n=pl.n, kinds=("up", "down"), n_freq=pl.n_freq)
-        deltas = np.array([c["delta"], 10 * c["delta"]])
+    plans = [sweep_plan.plan_config(i, sweeping.SweepConfig.from_mapping(c), None)
+             for i, c in enumerate(_broad_configs(3, seed=11))]
+    mesh = sweep_run.make_mesh(dpjax_devices()[:1])
+    for p in plans:
+        spec = sweep_run.bucket_spec(p, ("up", "down"), floor_free=False)
         with jax.enable_x64(True):
-            ref = np.asarray(engine.program_jit._plain(pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas,
-                                                             np.zeros(1), want="eps", **kw))
-            new = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **kw))(pl.groups, pl.dx, pl.lambdas, pl.log_tau,
-                                                                          deltas))
-            # The same row in a program of 4x its support capacity, discretizing its own support
-            # block by block (cost of its own support): the same numbers (the log-MGF sums more
-            # zero blocks, in another order: tail bounds move by ~1e-13 relative).
-            m = max(max(r) for r in pl.ms)
-            big = tuple(tuple(4 * m for _ in r) for r in pl.ms)
-            padded = np.asarray(jax.jit(lambda *a: epsilon_program(*a, **dict(kw, ms=big)))(
-                pl.groups, pl.dx, pl.lambdas, pl.log_tau, deltas, np.array([m])))
-        assert ref.shape == new.shape == padded.shape
-        # Values: equal to rounding (the weights e^{y_ref - y_t} carry one more rounding).
-        np.testing.assert_allclose(new[..., :2], ref[..., :2], rtol=1e-12, atol=0)
-        # Diagnostics: tail bounds are exponentials of log-MGFs (relative rounding ~1e-10).
-        np.testing.assert_allclose(new[..., 2:], ref[..., 2:], rtol=1e-8, atol=1e-300)
-        np.testing.assert_allclose(padded[..., :2], new[..., :2], rtol=1e-12, atol=0)
-        np.testing.assert_allclose(padded[..., 2:], new[..., 2:], rtol=1e-9, atol=1e-300)
+            rows = sweep_run.run_chunk([p], 8, ("up", "down"), mesh, spec, floor_free=False)[0]
+            inp, host_spec = prog.host_inputs(p.plan, [p.cfg.delta], kinds=("up", "down"), want="eps")
+            host = prog.run_host(inp, host_spec)
+        for di, r in enumerate(rows):
+            assert float(r["up"]["value"][0]) >= host[di, 1, 0] and host[di, 0, 0] >= float(r["down"]["value"][0])
+            for ki, kind in enumerate(("up", "down")):
+                np.testing.assert_allclose(float(r[kind]["value"][0]), host[di, ki, 0], rtol=1e-5)
+                for name in ("p_inf", "tail_above", "tail_below", "needed_width"):
+                    col = 1 + prog.DIAGNOSTICS.index(name)
+                    np.testing.assert_allclose(float(r[kind][name]), host[di, ki, col], rtol=1e-9, atol=1e-300)
 
 
 def _plans(configs):
@@ -298,45 +294,32 @@ def test_bucket_policy_caps_padding_and_fits_every_row():
                    sweeping.BucketPolicy(max_padding=10.0, compile_cost=1e9)):
         buckets = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
         assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
-        for struct, (n, m, nf), members, new in buckets:
+        for struct, n, members, new in buckets:
             assert new
             for p in members:
-                own_n, own_m, own_nf = sweep_plan.shape_of(plans[p.index])
-                # An epsilon row's program discretizes its own support: padding costs FFT length
-                # and capacity only.
-                padded = policy.cost(n, m, nf, 4, support=own_m)
-                assert padded <= policy.max_padding * policy.cost(own_n, own_m, own_nf, 4) * (1 + 1e-12)
-                assert p.plan.n == n >= own_n and m >= own_m     # a wider window, a longer support
-                assert p.plan.dx == plans[p.index].plan.dx      # same spacing
-                if nf is not None:
-                    assert own_nf is not None and p.plan.n_freq is not None and p.plan.n_freq <= nf
-    # Free compiles: every distinct own shape is its own program (no padding beyond nf rounding).
+                own_n = sweep_plan.shape_of(plans[p.index])
+                assert policy.cost(n, 4) <= policy.max_padding * policy.cost(own_n, 4) * (1 + 1e-12)
+                assert p.plan.n == n >= own_n                  # a wider window...
+                assert p.plan.dx == plans[p.index].plan.dx      # ...at the same spacing
+    # Free compiles: every distinct FFT length is its own program.
     free = sweep_plan.bucket_plan(plans, {}, sweeping.BucketPolicy(compile_cost=0.0), rows=4)
-    assert all(p.plan.n == plans[p.index].plan.n and m == max(sweep_plan.shape_of(plans[q.index])[1] for q in members)
-               for _, (n, m, nf), members, _ in free for p in members)
-    # Expensive compiles and no cap: one program.
+    assert all(p.plan.n == plans[p.index].plan.n == n for _, n, members, _ in free for p in members)
+    assert len(free) == len({(sweep_plan.struct_of(p), p.plan.n) for p in plans})
+    # Expensive compiles and no cap: one program per structure.
     assert len(sweep_plan.bucket_plan(plans, {}, sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12),
-                                     rows=4)) == 1
+                                     rows=4)) == len({sweep_plan.struct_of(p) for p in plans})
 
 
-def test_bucket_policy_without_padding_keeps_every_shape():
-    """max_padding = 1: no configuration runs at sizes other than its own (kept frequencies rounded
-    as the bucketing rounds them), one program per distinct shape.  (The cap once left no
-    feasible split when a configuration's rounded frequencies cost more than its unrounded
-    ones, and every row went into one program at the largest sizes.)"""
+def test_bucket_policy_without_padding_keeps_every_length():
+    """max_padding = 1: no configuration runs on an FFT longer than its own."""
     from dpjax.pld import sweep_plan, sweeping
 
     plans = _plans(_broad_configs(40, seed=12))
-    policy = sweeping.BucketPolicy(max_padding=1.0)
-    buckets = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
+    buckets = sweep_plan.bucket_plan(plans, {}, sweeping.BucketPolicy(max_padding=1.0), rows=4)
     assert sorted(p.index for *_, members, _new in buckets for p in members) == list(range(len(plans)))
-    shapes = set()
-    for _, (n, m, nf), members, _ in buckets:
-        for p in members:
-            own_n, own_m, _ = sweep_plan.shape_of(plans[p.index])
-            assert (n, m) == (own_n, own_m) and p.plan.n == own_n
-        shapes.add((n, m, nf))
-    assert len(shapes) == len(buckets) > 3
+    for _, n, members, _ in buckets:
+        assert all(p.plan.n == sweep_plan.shape_of(plans[p.index]) == n for p in members)
+    assert len(buckets) > 3
 
 
 def test_bucketing_prefers_existing_programs():
@@ -346,14 +329,10 @@ def test_bucketing_prefers_existing_programs():
     policy = sweeping.BucketPolicy()
     first = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
     known = {}
-    for struct, (n, m, nf), members, new in first:
-        known.setdefault(struct, []).append((n, m, nf, 0.0))
+    for struct, n, members, new in first:
+        known.setdefault(struct, {})[n] = 0.0
     again = sweep_plan.bucket_plan(_plans(_broad_configs(30, seed=13)), known, policy, rows=4)
     assert not any(new for *_, new in again)
-    # A delta query keeps its own FFT length (a longer FFT raises the round-off floor of small deltas).
-    delta_plans = _plans([dict(c, delta=None, epsilon=1.0) for c in _broad_configs(12, seed=14)])
-    for _, (n, m, nf), members, _ in sweep_plan.bucket_plan(delta_plans, {}, policy, rows=4):
-        assert all(p.plan.n == delta_plans[p.index].plan.n == n for p in members)
 
 
 def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
@@ -387,7 +366,7 @@ print(json.dumps(out))
 
 def test_cli_second_process_loads_programs_and_plans(tmp_path):
     """With the persistent cache on, a second ``dpjax sweep`` process on the same configurations
-    loads every bucket program serialized by the first (no tracing, no lowering) and its
+    loads every bucket program serialized by the first (no tracing, no compiling) and its
     plans, and gives the same table."""
     configs = [dict(noise_multiplier=s, sampling_prob=0.01, steps=300, delta=1e-5) for s in (1.0, 1.1, 1.2)]
     grid = tmp_path / "configs.json"
@@ -401,7 +380,7 @@ def test_cli_second_process_loads_programs_and_plans(tmp_path):
     assert cold["programs_compiled"] == cold["programs"] >= 1 and cold["programs_loaded"] == 0
     assert warm["programs_loaded"] == warm["programs"] == cold["programs"] and warm["programs_compiled"] == 0
     assert [r["epsilon"] for r in warm["table"]] == [r["epsilon"] for r in cold["table"]]
-    assert list((tmp_path / "cache" / "exported").glob("sweep_plans-*.pickle"))
+    assert list((tmp_path / "cache").glob("sweep_plans-*.pickle"))
 
 
 @pytest.mark.slow  # spawns planning processes (an import of dpjax each)
@@ -434,26 +413,21 @@ def test_floor_free_bound_is_below_the_floor_free_answer(seed, log_delta):
     bound <= u0 <= u, where u0 is the same conversion with no round-off allowance (the clipped
     bins alone), u the row's answer and bound its epsilon at the floor-free target, on random
     windows with round-off noise."""
-    import jax
-    import jax.numpy as jnp
-
-    from dpjax.pld import sweep_program as sp
+    from dpjax._ops import NUMPY
+    from dpjax.pld import program as prog
 
     n, dx = 1024, 2e-3
     raw, w_lo = _window(n, dx, seed)
-    b = sp._conversion_block(n)
-    with jax.enable_x64(True):
-        r = jnp.asarray(raw)[None, :]
-        floored, floor = sp._floor(r, jnp.zeros(1), jnp.array([True]))
-        starts = (n // 2 - jnp.arange(0, n, b)) * dx
-        weights = (jnp.exp(starts)[:, None] * jnp.exp(-jnp.arange(b) * dx)[None, :]).reshape(n)
-        args = dict(w_lo=jnp.asarray(w_lo), dx=jnp.asarray(dx), const=jnp.asarray(1e-13), fa=jnp.asarray(1 + 1e-12),
-                    fb=jnp.asarray(1 - 1e-12), is_up=jnp.asarray(True), delta=jnp.asarray([10.0 ** log_delta]),
-                    weights=weights, start_weights=jnp.exp(-starts))
-        u = float(sp._epsilon_row(floored[0], **args)[0])
-        u0 = float(sp._epsilon_row(jnp.maximum(r[0], 0.0), **args)[0])
-        target = sp.floor_free_target(args["delta"], floor[0], args["fa"], n)
-        bound = float(sp._epsilon_row(floored[0], **dict(args, delta=target))[0])
+    r = np.asarray(raw)[None, :]
+    floored, floor = prog._floor(np, r, np.zeros(1), ("up",), 1)
+    args = dict(w_lo=np.asarray([w_lo]), dx=np.float64(dx), const=np.asarray([1e-13]), fa=np.asarray([1 + 1e-12]),
+                fb=np.asarray([1 - 1e-12]), a_bad=np.asarray([np.inf]), n=n)
+    delta = np.asarray([[10.0 ** log_delta]])
+    with np.errstate(all="ignore"):
+        u = float(prog._epsilon_rows(NUMPY, floored, delta=delta, **args)[0, 0])
+        u0 = float(prog._epsilon_rows(NUMPY, np.maximum(r, 0.0), delta=delta, **args)[0, 0])
+        target = prog.floor_free_target(delta, floor[:, None], args["fa"][:, None], n)
+        bound = float(prog._epsilon_rows(NUMPY, floored, delta=target, **args)[0, 0])
     assert float(floor[0]) > 0
     assert bound <= u0 <= u, (bound, u0, u)
 
@@ -491,7 +465,7 @@ def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
     assert [r["path"] for r in plain.rows] == ["batched"] * 3
     for a, b in zip(plain.rows, with_column.rows):
         assert (a["epsilon"], a["lower"], a["n"]) == (b["epsilon"], b["lower"], b["n"])
-    flags = {k[-1] for k in sr.COMPILED if k[5] == "eps"}
+    flags = {k[1].floor_free for k in sr.COMPILED if k[1].want == "eps"}
     assert flags == {False, True}
 
 

@@ -196,7 +196,7 @@ FILE.json writes the result JSON (every row) at the end (the rows are journaled 
 FILE.journal.jsonl and FILE.journal.csv meanwhile);
 --resume continues a killed sweep without recomputing or losing a row.  Configurations share
 compiled programs as a cost model decides (no configuration runs at more than 3x the cost of
-its own grid shape), sharded over every device JAX sees; with the persistent cache on (the
+its own grid shape), sharded over every device JAX sees; with the program store on (the
 default here) a later process loads the programs and plans of an earlier one.
 
 Examples:

@@ -20,8 +20,9 @@ Layers (one module each; docs/design.md §1-2, Koskela & Honkela 2021):
   balls-in-bins routed to :mod:`~dpjax.pld.allocation_dpsgd`).
 * :mod:`~dpjax.pld.sweeping` -- many configurations in a handful of compiled programs
   (:func:`sweep`, buckets chosen by cost (:class:`BucketPolicy`), sharded over every device;
-  :mod:`~dpjax.pld.sweep_store` writes and resumes; :mod:`~dpjax.pld.sweep_program` is its
-  per-configuration program).
+  :mod:`~dpjax.pld.sweep_store` writes and resumes).
+* :mod:`~dpjax.pld.program` -- the PLD program every path runs (discretize, compose, window,
+  convert; NumPy on the host, compiled JAX for sweeps and traced parameters).
 * :mod:`~dpjax.pld.curve` -- epsilon after every ``T`` of a list from one transform
   (:func:`epsilon_curve`).
 

@@ -163,7 +163,7 @@ class SweepTable(ResultMixin):
     single-configuration accountant) or "resumed" (read back from ``out``).
 
     ``programs``: distinct bucket programs run; of these, ``compiled`` were traced and compiled
-    by this sweep and ``loaded`` deserialized from the persistent cache (written by an earlier
+    by this sweep and ``loaded`` from the program store (written by an earlier
     process); the rest were compiled by an earlier sweep of this process.
     """
 

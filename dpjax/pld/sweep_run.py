@@ -32,10 +32,9 @@ from dpjax.pld.plan import GridOptions
 from dpjax.pld.sweep_config import (SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
                                     options_for)
 from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
-from dpjax.pld.sweep_program import epsilon_program
 
 __all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args",
-           "COMPILED", "ORIGIN", "static_of", "known_programs", "disk_programs", "program_key", "compile_program",
+           "COMPILED", "ORIGIN", "bucket_spec", "known_programs", "disk_programs", "program_key", "compile_program",
            "run_chunk", "retry", "RETRY_SPACING", "grid_row", "needs_single", "single_row", "exact_row", "BucketRunner"]
 
 
@@ -61,59 +60,57 @@ def _has_floor_free(want: str, floor_free: bool) -> bool:
 
 def _columns(want: str, floor_free: bool = True) -> int:
     """Columns of a row of the bucket program's output: the value, the diagnostics, and the
-    floor-free bound where :func:`_has_floor_free` (:func:`dpjax.pld.sweep_program.epsilon_program`)."""
+    floor-free bound where :func:`_has_floor_free` (the program's ``floor_free`` column)."""
     return 1 + len(engine.DIAGNOSTICS) + _has_floor_free(want, floor_free)
 
 
 @functools.lru_cache(maxsize=None)
-def _batched(mesh, directions, ms, n, kinds, want, n_freq, block=1, floor_free=True):
-    """One jitted program for a bucket: the per-configuration program
-    (:func:`dpjax.pld.sweep_program.epsilon_program` for epsilon queries, the accountant's
-    :func:`dpjax.pld.engine.program` for delta queries) looped over the configurations of a
-    chunk, the chunk's leading axis sharded over ``mesh``.
+def _batched(mesh, spec, block=1):
+    """One jitted program for a bucket: the PLD program (:mod:`dpjax.pld.program`, compiled
+    :class:`~dpjax.pld.program.Spec` ``spec``) looped over the configurations of a chunk, the
+    chunk's leading axis sharded over ``mesh``.
 
     Each device runs a ``lax.while_loop`` over its own part of the chunk, ``block`` configurations
     per iteration (``jax.vmap`` inside a block), stopping after its ``count`` real configurations
     (padding costs nothing beyond the last block, so one chunk size serves every bucket).  On CPU
     ``block = 1``: vmapping turns the window's dynamic slices and the conversion's lookups into
-    batched gathers, measured 6x slower on CPU at n = 98304.  On an accelerator a block of
-    configurations per step fills the device (see :func:`_block_size`).
-    Output ``(chunk, directions, kinds, columns)``: see :func:`_columns` (``floor_free``: the
-    epsilon program's floor-free column).
+    batched gathers, measured 6x slower on CPU.  On an accelerator a block of configurations per
+    step fills the device (see :func:`_block_size`).  Output ``(chunk, directions, kinds,
+    columns)``: see :func:`_columns`.
     """
     from jax.sharding import PartitionSpec as P
 
-    def one(g, dx, lam, lt, d, e, support):
-        if want == "eps":
-            return epsilon_program(g, dx, lam, lt, d, support, directions=directions, ms=ms, n=n, kinds=kinds,
-                                   n_freq=n_freq, floor_free=floor_free)
-        return engine.program(g, dx, lam, lt, d, e, directions=directions, ms=ms, n=n, kinds=kinds, want=want,
-                             n_freq=n_freq)
+    from dpjax._ops import jax_ops
+    from dpjax.pld import program as prog
 
-    def local(count, groups, dx, lambdas, log_tau, deltas, epsilons, support):
-        size = dx.shape[0]
-        out0 = jnp.zeros((size, len(directions), len(kinds), _columns(want, floor_free)), jnp.float64)
-        xs = (groups, dx, lambdas, log_tau, deltas, epsilons, support)
+    ops = jax_ops()
+
+    def one(inp):
+        return prog._program(ops, inp, spec)
+
+    def local(count, inp):
+        size = inp.dx.shape[0]
+        out0 = jnp.zeros((size, len(spec.directions), len(spec.kinds), _columns(spec.want, spec.floor_free)),
+                         jnp.float64)
 
         def body(state):
             i, out = state
             if block == 1:
                 take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
-                val = one(*jax.tree_util.tree_map(take, xs))
+                val = one(jax.tree_util.tree_map(take, inp))
                 return i + 1, jax.lax.dynamic_update_index_in_dim(out, val, i, 0)
             take = lambda x: jax.lax.dynamic_slice_in_dim(x, i, block)
-            val = jax.vmap(one)(*jax.tree_util.tree_map(take, xs))
+            val = jax.vmap(one)(jax.tree_util.tree_map(take, inp))
             return i + block, jax.lax.dynamic_update_slice_in_dim(out, val, i, 0)
 
         _, out = jax.lax.while_loop(lambda st: st[0] < count[0], body, (jnp.zeros((), count.dtype), out0))
         return out
 
-    spec = P("configs")
+    specs = P("configs")
     # A name per static shape: the XLA module (and a profile's events) say which bucket ran.
-    local.__name__ = local.__qualname__ = (f"sweep_{want}_n{n}_m{max(max(r) for r in ms)}_"
-                                           f"f{'all' if n_freq is None else n_freq}_b{block}"
-                                           f"{'_floorfree' if _has_floor_free(want, floor_free) else ''}")
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    local.__name__ = local.__qualname__ = (f"sweep_{spec.want}_n{spec.n}_{'_'.join(spec.kinds)}_b{block}"
+                                           f"{'_floorfree' if spec.floor_free else ''}")
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=specs, check_vma=False)
     return jax.jit(sharded)
 
 
@@ -160,13 +157,34 @@ def _gather(out) -> np.ndarray:
 COMPILE_WORKERS = 2
 
 
-def chunk_args(members: list[Planned], per_device: int, mesh):
-    """The global input arrays of one chunk (``len(members) <= per_device * devices``).
+def _inputs(p: Planned, kinds, floor_free: bool):
+    """One member's program inputs and its host :class:`~dpjax.pld.program.Spec`."""
+    from dpjax.pld import program as prog
+
+    target = (p.cfg.delta if p.cfg.delta is not None else 0.5) if p.want == "eps" else \
+        (p.cfg.epsilon if p.cfg.epsilon is not None else 0.0)
+    return prog.inputs(p.plan.groups, p.plan.dx, p.plan.lambdas, p.plan.log_tau, [target],
+                       directions=p.directions, ms=p.plan.ms, n=p.plan.n, kinds=kinds, want=p.want,
+                       n_freq=p.plan.n_freq, floor_free=_has_floor_free(p.want, floor_free))
+
+
+def bucket_spec(first: Planned, kinds, floor_free: bool):
+    """The compiled :class:`~dpjax.pld.program.Spec` of a bucket (its FFT length and structure)."""
+    from dpjax.pld import program as prog
+
+    return prog.jit_spec(_inputs(first, kinds, floor_free)[1])
+
+
+def chunk_args(members: list[Planned], per_device: int, mesh, kinds=("up",), floor_free: bool = True):
+    """The global input arrays of one chunk (``len(members) <= per_device * devices``):
+    ``(count, inputs)``, every :class:`~dpjax.pld.program.Inputs` leaf with a leading slot axis.
 
     Layout: device ``d`` gets ``members[d::devices]`` first in its block, then padding (copies of
     the first member, never computed: each device loops over its real count only).
     """
     from jax.sharding import NamedSharding, PartitionSpec
+
+    from dpjax.pld import program as prog
 
     ndev = mesh.devices.size
     first = members[0]
@@ -175,22 +193,11 @@ def chunk_args(members: list[Planned], per_device: int, mesh):
         mine = members[d::ndev]
         counts.append(len(mine))
         slots.extend(mine + [first] * (per_device - len(mine)))
-    # Stack every leaf of the per-direction groups along a new leading axis.
-    groups = jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
-                                    *[tuple(tuple(g) for g in p.plan.groups) for p in slots])
-    dx = np.asarray([p.plan.dx for p in slots], np.float64)
-    lambdas = np.stack([np.asarray(p.plan.lambdas, np.float64) for p in slots])
-    log_tau = np.asarray([p.plan.log_tau for p in slots], np.float64)
-    deltas = np.asarray([[p.cfg.delta if p.cfg.delta is not None else 0.5] for p in slots], np.float64)
-    epsilons = np.asarray([[p.cfg.epsilon if p.cfg.epsilon is not None else 0.0] for p in slots], np.float64)
-    # Each row's own single-step support per group (the longest over directions, as the
-    # accountant's program uses): the bucket program discretizes that much (sweep_program).
-    support = np.asarray([[max(r[gi] for r in p.plan.ms) for gi in range(len(p.plan.ms[0]))] for p in slots],
-                         np.int64)
+    items = [_inputs(p, kinds, floor_free)[0] for p in slots]
+    inp = prog.stack_inputs(items, len(items))
     count = np.asarray(counts, np.int32)
     sharding = NamedSharding(mesh, PartitionSpec("configs"))
-    return jax.tree_util.tree_map(lambda x: _global_array(x, sharding),
-                                  (count, groups, dx, lambdas, log_tau, deltas, epsilons, support))
+    return jax.tree_util.tree_map(lambda x: _global_array(x, sharding), (count, inp))
 
 
 #: Compiled bucket programs of this process, by static sizes and input shapes (a second sweep
@@ -202,15 +209,9 @@ COMPILED: dict = {}
 ORIGIN: dict = {}
 
 
-#: The static sizes of those programs, for the bucketing of later sweeps:
-#: ``{(devices, chunk, kinds, floor_free): {struct: {(n, m, n_freq), ...}}}``.
+#: The FFT lengths of those programs, for the bucketing of later sweeps:
+#: ``{(devices, chunk, kinds, floor_free): {struct: {n, ...}}}``.
 _SHAPES: dict = {}
-
-
-def static_of(first: Planned, m: int, n_freq: int | None):
-    """A bucket's static sizes ``(ms, n_freq)``: support ``m`` for every direction and group."""
-    G = len(first.plan.groups[0])
-    return tuple(tuple(m for _ in range(G)) for _ in first.directions), n_freq
 
 
 def _mesh_id(mesh) -> tuple:
@@ -218,9 +219,8 @@ def _mesh_id(mesh) -> tuple:
 
 
 def known_programs(mesh, chunk: int, kinds, floor_free: bool = True) -> dict:
-    """``{struct: [(n, m, n_freq), ...]}``: bucket programs compiled by earlier sweeps of this process."""
-    return {k: sorted(v, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
-            for k, v in _SHAPES.get((_mesh_id(mesh), chunk, kinds, floor_free), {}).items()}
+    """``{struct: [n, ...]}``: bucket programs compiled by earlier sweeps of this process."""
+    return {k: sorted(v) for k, v in _SHAPES.get((_mesh_id(mesh), chunk, kinds, floor_free), {}).items()}
 
 
 def _struct_id(struct) -> str:
@@ -236,98 +236,87 @@ def _struct_id(struct) -> str:
 
 
 def disk_programs(mesh, chunk: int, kinds, structs, floor_free: bool = True) -> dict:
-    """``{struct: [(n, m, n_freq), ...]}`` for the given program structures: bucket programs
-    serialized by earlier processes for this device count, chunk size, discretizations and
-    floor-free column (persistent cache on; else empty)."""
+    """``{struct: [n, ...]}`` for the given program structures: bucket programs serialized by
+    earlier processes for this device count, chunk size, discretizations and floor-free column
+    (program store on; else empty)."""
     if mesh.devices.size != 1:
         return {}
     ids = {_struct_id(st): st for st in structs}
     by_id: dict = {}
-    for meta in _cache.exported_index("sweep_program"):
+    for meta in _cache.program_index("sweep_program"):
         try:
             if (meta["chunk"] != chunk or tuple(meta["kinds"]) != tuple(kinds) or meta["devices"] != 1
                     or bool(meta.get("floor_free", True)) != floor_free):
                 continue
-            by_id.setdefault(meta["struct"], set()).add((int(meta["n"]), int(meta["m"]),
-                                                         None if meta["n_freq"] is None else int(meta["n_freq"])))
+            by_id.setdefault(meta["struct"], set()).add(int(meta["n"]))
         except (KeyError, TypeError, ValueError):
             continue
-    return {ids[ident]: sorted(shapes, key=lambda sh: (sh[0], sh[1], -1 if sh[2] is None else sh[2]))
-            for ident, shapes in by_id.items() if ident in ids}
+    return {ids[ident]: sorted(ns) for ident, ns in by_id.items() if ident in ids}
 
 
-def program_key(mesh, first: Planned, kinds, static, args, floor_free: bool = True):
-    ms, n_freq = static
+def program_key(mesh, spec, args):
     shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
-    return (mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq,
-            str(jax.tree_util.tree_structure(args)), shapes, _has_floor_free(first.want, floor_free))
+    return (mesh, spec, str(jax.tree_util.tree_structure(args)), shapes)
 
 
-def compile_program(key, mesh, first: Planned, kinds, static, args, struct=None, chunk=None, floor_free=True):
+def compile_program(key, mesh, spec, args, struct=None, chunk=None):
     """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
     background compile pool while other buckets run)."""
     fn = COMPILED.get(key)
-    ms, n_freq = static
-    floor_free = _has_floor_free(first.want, floor_free)
-    m = max(max(r) for r in ms)
     if fn is None:
-        block = _block_size(mesh, first.plan.n, len(first.directions) * len(kinds), _per_device_of(args, mesh))
+        block = _block_size(mesh, spec.n, len(spec.directions) * len(spec.kinds), _per_device_of(args, mesh))
         with jax.enable_x64(True):
-            program = _batched(mesh, first.directions, ms, first.plan.n, kinds, first.want, n_freq, block,
-                               floor_free)
-            # With the persistent cache on (every CLI run), a serialized program from an earlier
-            # process skips tracing and lowering (~0.4 s a program on 2 cores) and its XLA compile
-            # is a persistent-cache hit; its static sizes are indexed so that later processes can
-            # bucket configurations onto it (disk_programs).  Else compile here.
+            program = _batched(mesh, spec, block)
+            # With the program store on (the default), an earlier process's executable is loaded
+            # instead of tracing and compiling; its FFT length is indexed so that later processes
+            # can bucket configurations onto it (disk_programs).
             meta = None
             if struct is not None and chunk is not None:
-                meta = dict(struct=_struct_id(struct), n=int(first.plan.n), m=int(m),
-                            n_freq=None if n_freq is None else int(n_freq), kinds=list(kinds), chunk=int(chunk),
-                            devices=int(mesh.devices.size), floor_free=bool(floor_free))
-            fn = _cache.exported_compiled(
-                "sweep_program", program, args,
-                repr((first.directions, ms, first.plan.n, kinds, first.want, n_freq, mesh.devices.size, block)
-                     + (() if floor_free else ("no_floor_free",))),
-                meta=meta,
-                compile_options=_xla.compile_options())
-            if fn is None:
+                meta = dict(struct=_struct_id(struct), n=int(spec.n), kinds=list(spec.kinds), chunk=int(chunk),
+                            devices=int(mesh.devices.size), floor_free=bool(spec.floor_free))
+            static_key = repr((_struct_id(struct) if struct is not None else None, spec.n, spec.directions, spec.kinds,
+                               spec.want, spec.floor_free, mesh.devices.size, block))
+            if mesh.devices.size == 1 and jax.process_count() == 1:
+                fn = _cache.compiled("sweep_program", program, args, static_key, meta=meta,
+                                     compile_options=_xla.compile_options())
+            else:  # an executable for one device layout: compiled in this process only
                 fn = program.lower(*args).compile(_xla.compile_options())
         ORIGIN[key] = "loaded" if getattr(fn, "loaded", False) else "compiled"
         COMPILED[key] = fn
     if struct is not None and chunk is not None:
-        _SHAPES.setdefault((_mesh_id(mesh), chunk, kinds, floor_free), {}).setdefault(struct, set()).add(
-            (first.plan.n, m, n_freq))
+        _SHAPES.setdefault((_mesh_id(mesh), chunk, tuple(spec.kinds), bool(spec.floor_free)), {}).setdefault(
+            struct, set()).add(spec.n)
     return fn
 
 
 def _per_device_of(args, mesh) -> int:
-    """Configurations per device of a chunk's inputs (``args[2]`` is ``dx``, one per slot)."""
-    return int(args[2].shape[0]) // mesh.devices.size
+    """Configurations per device of a chunk's inputs (``args[1].dx``, one per slot)."""
+    return int(args[1].dx.shape[0]) // mesh.devices.size
 
 
-def run_chunk(members: list[Planned], per_device: int, kinds, mesh, static, fn=None, args=None,
+def run_chunk(members: list[Planned], per_device: int, kinds, mesh, spec, fn=None, args=None,
               floor_free: bool = True):
-    """Run one chunk of a bucket with the bucket's static sizes ``static = (ms, n_freq)`` (one
-    program for every chunk of the bucket); ``fn`` the compiled program (compiled here if None),
-    ``args`` the chunk's inputs (built here if None); ``floor_free``: the program has the
-    floor-free column (a row without it has no ``"floor_free"`` entry)."""
+    """Run one chunk of a bucket (compiled :class:`~dpjax.pld.program.Spec` ``spec``: one program
+    for every chunk of the bucket); ``fn`` the compiled program (compiled here if None), ``args``
+    the chunk's inputs (built here if None); ``floor_free``: the program has the floor-free
+    column (a row without it has no ``"floor_free"`` entry)."""
     ndev = mesh.devices.size
     if args is None:
-        args = chunk_args(members, per_device, mesh)
+        args = chunk_args(members, per_device, mesh, kinds, floor_free)
     if fn is None:
-        fn = compile_program(program_key(mesh, members[0], kinds, static, args, floor_free), mesh, members[0], kinds,
-                             static, args, floor_free=floor_free)
+        fn = compile_program(program_key(mesh, spec, args), mesh, spec, args)
     out = _gather(fn(*args))
     results = {}
+    has_free = _has_floor_free(spec.want, floor_free)
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
             row = out[d * per_device + j]
             res = engine.unpack(row[..., :1 + len(engine.DIAGNOSTICS)], p.directions, kinds, (1,))
-            if p.want == "eps" and floor_free:
+            if has_free:
                 for di, r in enumerate(res):
                     r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
             results[p.index] = res
-    return [results[p.index] for p in members], static
+    return [results[p.index] for p in members]
 
 
 def retry(p: Planned, res, n_freq, options) -> Planned | None:
@@ -388,7 +377,7 @@ def needs_single(p: Planned, res, row: dict) -> bool:
     An epsilon row whose floor matters is kept when the tilted pass cannot move it by more than
     :data:`SWEEP_SLACK`: its certified bracket is that narrow (any certified answer, the single
     call's included, is at or above the lower end), or the floor-free bound of every direction
-    (its epsilon at :func:`dpjax.pld.sweep_program.floor_free_target`: no smaller round-off
+    (its epsilon at :func:`dpjax.pld.program.floor_free_target`: no smaller round-off
     allowance takes the row below it on this grid) is within half of it (the other half is the grid's own slack)."""
     if p.cfg.query is Query.EPSILON:
         if not math.isfinite(row["upper"]):
@@ -441,10 +430,10 @@ class BucketRunner:
     """Runs a sweep's planned configurations in bucket programs, round after round (a retried
     row, rare, goes to the next round's buckets), filling ``rows`` (``{index: row}``).
 
-    One per sweep.  ``known``: ``struct -> [(n, m, n_freq, pay)]``, the programs the sweep can
-    use without compiling (those of earlier sweeps in this process, those of this sweep,
-    serialized ones from earlier processes, ``pay`` their load cost); ``programs``: the keys of
-    the programs it ran; ``made``: those it compiled or loaded itself."""
+    One per sweep.  ``known``: ``struct -> {n: pay}``, the programs the sweep can use without
+    compiling (those of earlier sweeps in this process and of this sweep: 0; serialized ones
+    from earlier processes: their load cost); ``programs``: the keys of the programs it ran;
+    ``made``: those it compiled or loaded itself."""
 
     def __init__(self, mesh, per_device: int, chunk: int, kinds, policy: BucketPolicy, options, with_lower: bool,
                  structs, floor_free: bool = True):
@@ -452,70 +441,57 @@ class BucketRunner:
         self.policy, self.options, self.with_lower = policy, options, with_lower
         self.floor_free = floor_free
         self.rows_per_cfg = 0  # directions x kinds, from the first row (the cost model's unit is per row)
-        self.known: dict[tuple, list] = {}
-        for struct, shapes in known_programs(mesh, chunk, kinds, floor_free).items():
-            self.known[struct] = [tuple(sh) + (0.0,) for sh in shapes]
-        for struct, shapes in disk_programs(mesh, chunk, kinds, structs, floor_free).items():
-            have = {sh[:3] for sh in self.known.get(struct, [])}
-            self.known.setdefault(struct, []).extend(
-                tuple(sh) + (policy.load_cost,) for sh in shapes if tuple(sh) not in have)
+        self.known: dict[tuple, dict] = {}
+        for struct, ns in known_programs(mesh, chunk, kinds, floor_free).items():
+            self.known[struct] = {n: 0.0 for n in ns}
+        for struct, ns in disk_programs(mesh, chunk, kinds, structs, floor_free).items():
+            entry = self.known.setdefault(struct, {})
+            for n in ns:
+                entry.setdefault(n, policy.load_cost)
         self.inflight: dict = {}    # program key -> compile future (this sweep)
         self.made: set = set()      # program keys this sweep compiled or loaded
         self.programs: set = set()  # program keys this sweep ran
-        self.first_round: dict[tuple, list] = {}   # struct -> [(n, m, n_freq, 0.0)] of this sweep's first round
+        self.first_round: dict[tuple, dict] = {}   # struct -> {n: 0.0} of this sweep's first round
 
     def jobs(self, pending: list[Planned], only_new: bool = False) -> list:
-        """The buckets of ``pending`` (:class:`BucketPolicy`) as ``(parts, static, args0, key,
-        struct)``: chunks, static sizes, first-chunk inputs, program key; ``only_new``: just
+        """The buckets of ``pending`` (:class:`BucketPolicy`) as ``(parts, spec, args0, key,
+        struct)``: chunks, compiled spec, first-chunk inputs, program key; ``only_new``: just
         those needing a new program."""
         policy, chunk = self.policy, self.chunk
         self.rows_per_cfg = self.rows_per_cfg or len(pending[0].directions) * len(self.kinds)
         jobs = []
         # Buckets depend on the configurations only, not on which programs happen to exist:
         # the same sweep then gives the same rows (the same grids) in a fresh process, in a
-        # warm one and after other sweeps.  A bucket whose program exists (compiled in this
-        # process, or serialized by an earlier one) loads it instead of compiling.
-        #
-        # Retried rows (every round after the first) may also join a program of this sweep's
-        # first round, which is itself a function of the configurations only.  They are few,
-        # so a new program for them would cost a compile (seconds) to save milliseconds of
-        # padding: they join by the cost model alone, without the padding cap that keeps a
-        # first-round row from paying for other rows' shapes.
+        # warm one and after other sweeps.  Retried rows (every round after the first) may also
+        # join a program of this sweep's first round (a function of the configurations only),
+        # whatever the padding: they are few, and a new program for them would cost a compile.
         retry_round = bool(self.first_round)
         if retry_round:
             policy = dataclasses.replace(policy, max_padding=math.inf)
-        for struct, (n, m, nf), members, _ in bucket_plan(pending, self.first_round if retry_round else {}, policy,
-                                                          self.rows_per_cfg):
+        for struct, n, members, _ in bucket_plan(pending, self.first_round if retry_round else {}, policy,
+                                                 self.rows_per_cfg):
             if not retry_round:
-                self.first_round.setdefault(struct, []).append((n, m, nf, 0.0))
-            new = not any(sh[:3] == (n, m, nf) for sh in self.known.get(struct, []))
+                self.first_round.setdefault(struct, {})[n] = 0.0
+            new = n not in self.known.get(struct, {})
             if only_new and not new:
                 continue
-            entry = self.known.setdefault(struct, [])
-            for i, sh in enumerate(entry):
-                if sh[:3] == (n, m, nf):
-                    entry[i] = (n, m, nf, 0.0)   # used now: no further cost to this sweep
-                    break
-            else:
-                entry.append((n, m, nf, 0.0))
-            static = static_of(members[0], m, nf)
+            self.known.setdefault(struct, {})[n] = 0.0
+            spec = bucket_spec(members[0], self.kinds, self.floor_free)
             parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
-            args0 = chunk_args(parts[0], self.per_device, self.mesh)
-            jobs.append((parts, static, args0,
-                         program_key(self.mesh, members[0], self.kinds, static, args0, self.floor_free), struct,
-                         len(members) * policy.cost(n, m, nf, self.rows_per_cfg)))
+            args0 = chunk_args(parts[0], self.per_device, self.mesh, self.kinds, self.floor_free)
+            jobs.append((parts, spec, args0, program_key(self.mesh, spec, args0), struct,
+                         len(members) * policy.cost(n, self.rows_per_cfg)))
         # The costliest bucket first: its run then overlaps the other buckets' compiles instead
         # of ending the sweep alone (which bucket holds a row does not change, only the order).
         jobs.sort(key=lambda job: -job[-1])
         return [job[:-1] for job in jobs]
 
-    def submit(self, pool, key, first: Planned, static, args0, struct):
+    def submit(self, pool, key, spec, args0, struct):
         """The compile future of program ``key`` (submitted to ``pool`` once per sweep)."""
         if key not in self.inflight:
             if key not in COMPILED:
                 self.made.add(key)
-            self.inflight[key] = pool.submit(compile_program, key, self.mesh, first, self.kinds, static, args0,
-                                             struct, self.chunk, self.floor_free)
+            self.inflight[key] = pool.submit(compile_program, key, self.mesh, spec, args0, struct, self.chunk)
         return self.inflight[key]
 
     def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
@@ -524,30 +500,30 @@ class BucketRunner:
         with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
             while pending:
                 jobs = []
-                for parts, static, args0, key, struct in self.jobs(pending):
+                for parts, spec, args0, key, struct in self.jobs(pending):
                     self.programs.add(key)
                     # Compile every bucket's program in the background, in run order: compiling
                     # bucket k + 1 overlaps running bucket k.
-                    jobs.append((parts, static, args0, self.submit(pool, key, parts[0][0], static, args0, struct)))
+                    jobs.append((parts, spec, args0, self.submit(pool, key, spec, args0, struct)))
                 pending = []
-                for parts, static, args0, fut in jobs:
+                for parts, spec, args0, fut in jobs:
                     fn = fut.result()
                     for k, part in enumerate(parts):
-                        new = self._run_part(pool, part, static, fn, args0 if k == 0 else None, pending)
+                        new = self._run_part(pool, part, spec, fn, args0 if k == 0 else None, pending)
                         for row in new:
                             rows[row["index"]] = row
                         if store is not None:
                             store.append(new)
                         bar.update(len(new), programs=len(self.programs))
 
-    def _run_part(self, pool, part: list[Planned], static, fn, args, pending: list[Planned]) -> list[dict]:
+    def _run_part(self, pool, part: list[Planned], spec, fn, args, pending: list[Planned]) -> list[dict]:
         """Run one chunk; returns its finished rows and appends its retried plans to ``pending``."""
-        results, _ = run_chunk(part, self.per_device, self.kinds, self.mesh, static, fn, args=args,
-                               floor_free=self.floor_free)
+        results = run_chunk(part, self.per_device, self.kinds, self.mesh, spec, fn, args=args,
+                            floor_free=self.floor_free)
         new = []
         retried = len(pending)
         for p, res in zip(part, results):
-            again = retry(p, res, static[1], self.options)
+            again = retry(p, res, p.plan.n_freq, self.options)
             if again is not None:
                 pending.append(again)
                 continue
@@ -560,6 +536,6 @@ class BucketRunner:
             # Retried rows that no program holds: compile their program now, behind this
             # round's, so it overlaps the rest of the round instead of running alone at its end
             # (the next round reuses it).
-            for r_parts, r_static, r_args0, r_key, r_struct in self.jobs(pending, only_new=True):
-                self.submit(pool, r_key, r_parts[0][0], r_static, r_args0, r_struct)
+            for r_parts, r_spec, r_args0, r_key, r_struct in self.jobs(pending, only_new=True):
+                self.submit(pool, r_key, r_spec, r_args0, r_struct)
         return new

@@ -6,11 +6,10 @@ probability ``q``, steps ``T``, and either a target ``delta`` (an epsilon query)
 row per configuration, in input order, with the certified value, its certified bracket
 ``[lower, upper]`` and the grid used (``n``, ``dx``).
 
-How it stays fast.  Compilation, not arithmetic, is the cost of a first call: every new FFT
-length ``n`` (and support length, frequency count, batch size) is a new XLA program, ~2 s of
-CPU to trace and compile, as much as running a few hundred configurations.  Padding every
-configuration to one large shape avoids compiles but wastes run time (a configuration on an
-FFT four times its own length costs about four times as much).  The sweep therefore
+How it stays fast.  A compiled bucket program serves every configuration of its structure and
+FFT length (supports and kept frequencies are data, :mod:`dpjax.pld.program`), and a compile
+costs as much as running a few hundred configurations, while running a configuration on an FFT
+four times its own length costs about four times as much.  The sweep therefore
 
 1. plans every configuration's grid on the host with the planner of :func:`dpjax.pld.epsilon`
    (:func:`dpjax.pld.plan_grid`; no compile, 1-5 ms each; in worker processes for sweeps of
@@ -27,13 +26,11 @@ FFT four times its own length costs about four times as much).  The sweep theref
    configurations share a program: merges that save a compile at a smaller cost in padding are
    made greedily, never one that makes any configuration cost more than
    ``BucketPolicy.max_padding`` times its own shape.  Programs this process already has, or that
-   an earlier process serialized in the persistent cache (below), cost no compile and are
-   filled first.  So a few hundred configurations share a handful of programs and ten thousand
+   an earlier process left in the program store (below), cost no compile and are filled first.  So a few hundred configurations share a handful of programs and ten thousand
    get tighter ones; a configuration far from the rest keeps a shape near its own;
-3. runs every bucket as ONE jitted program: :func:`dpjax.pld.sweep_program.epsilon_program`
-   (the accountant's composition and conversion with both discretizations batched; delta
-   queries run the accountant's own program) in a loop over a fixed-size chunk of configurations
-   (padding slots are never computed).  Programs are compiled ahead, in a background pool of
+3. runs every bucket as ONE jitted program: the PLD program (:mod:`dpjax.pld.program`, the
+   accountant's composition and conversion with both discretizations batched) in a loop over a
+   fixed-size chunk of configurations (padding slots are never computed).  Programs are compiled ahead, in a background pool of
    :data:`~dpjax.pld.sweep_run.COMPILE_WORKERS` threads in run order, so compiling bucket
    ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
@@ -61,12 +58,11 @@ the compile pool, the chunks, retries and rows (steps 3-5, :class:`~dpjax.pld.sw
 in :mod:`dpjax.pld.sweep_run`.  This module is the entry point: :func:`sweep` and the public
 names (``dpjax.pld.sweeping.SweepConfig``, ``BucketPolicy``, ...) re-exported from there.
 
-Across processes.  With the persistent cache on (every CLI run; :mod:`dpjax.pld.cache`) each
-bucket program is also serialized with :mod:`jax.export` and indexed by its static sizes, and
-the plans of a sweep are stored keyed by its configurations: a later process sweeping the same
-(or similar) configurations plans nothing it planned before, buckets onto the serialized
-programs, deserializes them instead of tracing and lowering, and its XLA compile is a
-persistent-cache hit.  :attr:`SweepTable.compiled` and :attr:`SweepTable.loaded` count the
+Across processes.  With the program store on (the default; :mod:`dpjax.pld.cache`) each bucket
+program is kept as a serialized executable and indexed by its FFT length, and the plans of a
+sweep are stored keyed by its configurations: a later process sweeping the same (or similar)
+configurations plans nothing it planned before, buckets onto the stored programs and loads them
+instead of tracing and compiling.  :attr:`SweepTable.compiled` and :attr:`SweepTable.loaded` count the
 programs each sweep compiled and loaded.
 
 Grid policy and slack.  A bucket's run time grows with the FFT length ``n`` and, faster per
@@ -104,11 +100,10 @@ Only process 0 should write ``out`` (pass ``out=None`` elsewhere).  On CPU each 
 over its configurations one at a time (32 per chunk by default); on an accelerator each loop
 step runs a block of configurations at once (``jax.vmap``, as many as fit
 :data:`~dpjax.pld.sweep_run.BLOCK_BYTES` of working memory; 256 per chunk by default).
-XLA's GPU compiler takes far longer over a bucket program than its CPU compiler (tens of
-seconds each, against about two; ``benchmarks/bench_sweep_gpu.py`` records both passes), so
-on a GPU the first sweep of a process is mostly compiling and later ones run at the device's
-speed: turn the persistent cache on (:func:`dpjax.pld.cache.enable_persistent_cache`, or
-``DPJAX_COMPILATION_CACHE``; the CLI does) so that later processes load the programs.
+XLA's GPU compiler takes far longer over a bucket program than its CPU compiler
+(``benchmarks/bench_sweep_gpu.py`` records both passes), so on a GPU the first sweep of a
+process is mostly compiling and later ones run at the device's speed; the program store (on by
+default, :mod:`dpjax.pld.cache`) lets later processes load the programs.
 
 Long sweeps.  ``out="sweep.csv"`` writes rows as they are computed (CSV and JSON lines next to
 it, Parquet at the end if ``pyarrow`` is installed; :mod:`dpjax.pld.sweep_store`), and
