@@ -100,7 +100,9 @@ def normal_small_tail(z, ops=None):
     on CPU than ``jax.scipy.special.ndtr``.
     """
     ops = _ops(ops)
-    return 0.5 * ops.erfc(ops.xp.abs(z) * _SQRT1_2)
+    # Materialized: every consumer reads the one expansion instead of XLA fusing (duplicating)
+    # it into each (the erfc expansion is the largest code of a discretization).
+    return ops.materialize(lambda: 0.5 * ops.erfc(ops.xp.abs(z) * _SQRT1_2))
 
 
 def normal_cdf_sf(z, ops=None):

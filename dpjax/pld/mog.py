@@ -213,6 +213,59 @@ def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array,
     return LossCDFs(p_le.reshape(shape), p_gt.reshape(shape), q_le.reshape(shape), q_gt.reshape(shape))
 
 
+def mog_loss_cdfs_directions(directions: tuple[str, ...], y: jax.Array, scaled_sensitivities: jax.Array,
+                             probabilities: jax.Array, ops=None) -> LossCDFs:
+    """:func:`mog_loss_cdfs` of several directions at once: ``y`` ``(D, ...)``, row ``d`` in
+    ``directions[d]``.  One inverse loss, one mixture CDF and one normal CDF for every row (the
+    add pair is the remove pair swapped, evaluated at ``z(-y)``): half the work of two calls on
+    the host, and half the code for XLA to compile.  The two halves are
+    :func:`mog_points_directions` and :func:`mog_cdfs_at_points`."""
+    z = mog_points_directions(directions, y, scaled_sensitivities, probabilities, ops)
+    return mog_cdfs_at_points(directions, z, scaled_sensitivities, probabilities, ops)
+
+
+def _log_probs(xp, probs):
+    positive = probs > 0
+    return xp.where(positive, xp.log(xp.where(positive, probs, 1.0)), -np.inf)
+
+
+def mog_points_directions(directions: tuple[str, ...], y: jax.Array, scaled_sensitivities: jax.Array,
+                          probabilities: jax.Array, ops=None) -> jax.Array:
+    """The outputs ``z`` (units of sigma, shape of ``y``) whose events give the loss CDFs at
+    ``y``: ``z(y)`` for the remove direction, ``z(-y)`` for the add direction
+    (:func:`mog_inverse_privacy_loss`; ``-inf`` where no output has that loss)."""
+    for d in directions:
+        check_direction(d)
+    ops = _ops(ops)
+    xp = ops.xp
+    c = xp.asarray(scaled_sensitivities, np.float64)
+    log_probs = _log_probs(xp, xp.asarray(probabilities, np.float64))
+    y = xp.asarray(y, np.float64)
+    shape = (len(directions),) + (1,) * (y.ndim - 1)
+    remove = np.array([d == "remove" for d in directions]).reshape(shape)
+    z = mog_inverse_privacy_loss(xp.where(remove, y, -y).reshape(-1), c, log_probs, ops=ops)
+    return z.reshape(y.shape)
+
+
+def mog_cdfs_at_points(directions: tuple[str, ...], z: jax.Array, scaled_sensitivities: jax.Array,
+                       probabilities: jax.Array, ops=None) -> LossCDFs:
+    """The loss CDFs from :func:`mog_points_directions`'s outputs ``z``: remove, ``P`` the
+    mixture and ``Q = N(0, 1)`` at ``{Z <= z}``; add, the pair swapped at ``{Z >= z}``."""
+    ops = _ops(ops)
+    xp = ops.xp
+    c = xp.asarray(scaled_sensitivities, np.float64)
+    probs = xp.asarray(probabilities, np.float64)
+    shape = (len(directions),) + (1,) * (z.ndim - 1)
+    remove = np.array([d == "remove" for d in directions]).reshape(shape)
+    flat = z.reshape(-1)
+    # The mixture's components and N(0, 1) in one normal-CDF evaluation (a component at 0).
+    le, gt = normal_cdf_sf(flat[:, None] - xp.concatenate([c, xp.zeros(1)]), ops)
+    m_le, m_gt = (le[:, :-1] @ probs).reshape(z.shape), (gt[:, :-1] @ probs).reshape(z.shape)
+    n_le, n_gt = le[:, -1].reshape(z.shape), gt[:, -1].reshape(z.shape)
+    return LossCDFs(xp.where(remove, m_le, n_gt), xp.where(remove, m_gt, n_le),
+                    xp.where(remove, n_le, m_gt), xp.where(remove, n_gt, m_le))
+
+
 def _tuple_of_floats(name, values) -> tuple[float, ...]:
     arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
     if arr.ndim != 1:
@@ -275,6 +328,24 @@ class MixtureOfGaussians:
         c = xp.asarray(self.sensitivities, np.float64) / sd
         return mog_loss_cdfs(direction, y, c, xp.asarray(self.probabilities, np.float64), ops)
 
+    def _mixture_arrays(self, ops=None):
+        xp = _ops(ops).xp
+        sd = xp.asarray(self.standard_deviation, np.float64)
+        return xp.asarray(self.sensitivities, np.float64) / sd, xp.asarray(self.probabilities, np.float64)
+
+    def loss_cdfs_directions(self, directions: tuple[str, ...], y, ops=None) -> LossCDFs:
+        """:meth:`loss_cdfs` of several directions at once (``y`` ``(D, ...)``; see
+        :func:`mog_loss_cdfs_directions`)."""
+        return mog_loss_cdfs_directions(directions, y, *self._mixture_arrays(ops), ops)
+
+    def loss_points_directions(self, directions: tuple[str, ...], y, ops=None):
+        """First half of :meth:`loss_cdfs_directions`: :func:`mog_points_directions`."""
+        return mog_points_directions(directions, y, *self._mixture_arrays(ops), ops)
+
+    def cdfs_at_points(self, directions: tuple[str, ...], z, ops=None) -> LossCDFs:
+        """Second half of :meth:`loss_cdfs_directions`: :func:`mog_cdfs_at_points`."""
+        return mog_cdfs_at_points(directions, z, *self._mixture_arrays(ops), ops)
+
 
 # --------------------------------------------------------------------------------------------
 # Group privacy for DP-SGD (Ganesh 2024, Thm 3.1 and 3.3; docs/design.md §3).
@@ -293,7 +364,9 @@ def binomial_log_pmf(group_size, sampling_prob, num_components: int, ops=None) -
     j = xp.arange(num_components, dtype=np.float64)
     inside = j <= k
     safe_kj = xp.where(inside, k - j, 0.0)
-    log_binom = gammaln(k + 1.0) - gammaln(j + 1.0) - gammaln(safe_kj + 1.0)
+    # One log-gamma evaluation for the three terms (one expansion in a compiled program).
+    lg = gammaln(xp.concatenate([xp.reshape(k + 1.0, (1,)), j + 1.0, safe_kj + 1.0]))
+    log_binom = lg[0] - lg[1:num_components + 1] - lg[num_components + 1:]
     q_safe = xp.where(q >= 1.0, 0.5, q)
     log_pmf = log_binom + j * xp.log(q_safe) + safe_kj * xp.log1p(-q_safe)
     log_pmf = xp.where(q >= 1.0, xp.where(j == k, 0.0, -np.inf), log_pmf)
@@ -473,6 +546,19 @@ class GroupSubsampledGaussian:
     def loss_cdfs(self, direction: str, y, ops=None) -> LossCDFs:
         c, p = self.mixture(ops)
         return mog_loss_cdfs(direction, y, c, p, ops)
+
+    def loss_cdfs_directions(self, directions: tuple[str, ...], y, ops=None) -> LossCDFs:
+        """:meth:`loss_cdfs` of several directions at once (``y`` ``(D, ...)``; see
+        :func:`mog_loss_cdfs_directions`)."""
+        return mog_loss_cdfs_directions(directions, y, *self.mixture(ops), ops)
+
+    def loss_points_directions(self, directions: tuple[str, ...], y, ops=None):
+        """First half of :meth:`loss_cdfs_directions`: :func:`mog_points_directions`."""
+        return mog_points_directions(directions, y, *self.mixture(ops), ops)
+
+    def cdfs_at_points(self, directions: tuple[str, ...], z, ops=None) -> LossCDFs:
+        """Second half of :meth:`loss_cdfs_directions`: :func:`mog_cdfs_at_points`."""
+        return mog_cdfs_at_points(directions, z, *self.mixture(ops), ops)
 
 
 #: Total mixture weight that may be pruned (see ``GroupSubsampledGaussian._components_needed``).
