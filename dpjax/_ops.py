@@ -40,6 +40,7 @@ class Ops:
         multiply-reduces (cheap to compile) instead of dots.
       fori_loop(lo, hi, body, init): ``lax.fori_loop`` (a Python loop in NumPy).
       scan(f, init, xs): ``lax.scan`` without stacked outputs (returns the final carry).
+      map(f, xs): ``lax.map``: ``f`` of every leading-axis slice of ``xs``, outputs stacked.
       cond(pred, true_fn, false_fn): ``lax.cond`` (a Python ``if`` on the concrete ``pred`` in NumPy).
       set_at(a, idx, v) / add_at(a, idx, v): functional ``a[idx] = v`` / ``a[idx] += v``.
       dynamic_slice(a, start, size): ``a[..., start:start + size]`` (``start`` traced in JAX).
@@ -109,6 +110,11 @@ def _make_numpy() -> Ops:
             carry, _ = f(carry, _tree_map(lambda x: x[i], xs))
         return carry
 
+    def map_(f, xs):
+        leaves = [x for x in _tree_leaves(xs)]
+        outs = [f(_tree_map(lambda x: x[i], xs)) for i in range(leaves[0].shape[0])]
+        return _stack_trees(outs)
+
     def cond(pred, true_fn, false_fn):
         return true_fn() if bool(np.asarray(pred)) else false_fn()
 
@@ -129,7 +135,7 @@ def _make_numpy() -> Ops:
     return Ops("numpy", np, erfc=sp.erfc, gammaln=sp.gammaln, scatter_add=scatter_add, stop=lambda x: x,
                materialize=lambda fn, ok=True: fn(), take_along_axis=np.take_along_axis, suffix_sum=_np_suffix,
                suffix_small=_np_suffix,
-               fori_loop=fori_loop, scan=scan, cond=cond, set_at=set_at, add_at=add_at,
+               fori_loop=fori_loop, scan=scan, map=map_, cond=cond, set_at=set_at, add_at=add_at,
                dynamic_slice=dynamic_slice, dot=np.dot, matmul=np.matmul)
 
 
@@ -143,6 +149,16 @@ def _tree_leaves(x) -> list:
 
         return jax.tree_util.tree_leaves(x)
     return [x]
+
+
+def _stack_trees(trees: list):
+    """Leaf-wise ``np.stack`` of trees of one structure (tuples, lists, dicts, arrays)."""
+    first = trees[0]
+    if isinstance(first, (tuple, list)):
+        return type(first)(_stack_trees([t[i] for t in trees]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _stack_trees([t[k] for t in trees]) for k in first}
+    return np.stack(trees)
 
 
 def _tree_map(f, x):
@@ -224,7 +240,8 @@ def _make_jax() -> Ops:
 
     return Ops("jax", jnp, erfc=jax.lax.erfc, gammaln=gammaln, scatter_add=scatter_add,
                stop=jax.lax.stop_gradient, materialize=materialize, take_along_axis=jnp.take_along_axis,
-               suffix_sum=suffix_sum, suffix_small=suffix_small, fori_loop=fori_loop, scan=scan, cond=jax.lax.cond,
+               suffix_sum=suffix_sum, suffix_small=suffix_small, fori_loop=fori_loop, scan=scan, map=jax.lax.map,
+               cond=jax.lax.cond,
                set_at=lambda a, idx, v: a.at[idx].set(v), add_at=lambda a, idx, v: a.at[idx].add(v),
                dynamic_slice=dynamic_slice, dot=dot, matmul=matmul)
 

@@ -145,6 +145,8 @@ class _Jit:
     def clear_cache(self):
         self._plain.clear_cache()
         self._fast.clear_cache()
+        # A recompile after this may bring the count back to its last checked value: check again.
+        self._live_seen = None
 
 
 def jit(fun=None, **jit_kwargs):

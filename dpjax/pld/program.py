@@ -254,45 +254,113 @@ def _discretize(ops: Ops, mech, directions, o, dx, m: int, kinds, support=None):
     ``o`` (``(D,)``) on ``m`` points.
 
     ``support`` (compiled program only, traced, ``<= m``): the member's own support; the PMFs
-    equal those of ``m = support`` on ``[0, support)`` and are 0 beyond, computed in
-    ``ceil(support / SUPPORT_BLOCK)`` blocks with a halo of :data:`SUPPORT_HALO` points, the CDFs
-    held at their value at the last support point beyond it (those bins carry no mass, so the
-    matching of the last real bins is unchanged).  ``grid_pmf``'s end terms belong to the
-    support's ends: the P-mass below ``y_0`` (in the first block) and the optimistic PMF's
-    P-mass above the last point (added at ``support - 1``)."""
+    equal those of ``m = support`` on ``[0, support)`` and are 0 beyond (see
+    :func:`_held_cdfs` and :func:`_pmf_from_cdfs`, the two halves, which a compiled program runs
+    as separate stages)."""
     xp = ops.xp
     K = len(kinds)
     if support is None:
         y = (o[:, None] + xp.arange(m)[None, :]) * dx
         pmf, p_inf = _grid_pmf(ops, _cdfs(ops, mech, directions, y, o, dx), y, dx, kinds)
         return pmf, xp.concatenate([y] * K, axis=0), p_inf
-    import jax
+    pmf, p_inf = _pmf_from_cdfs(ops, _held_cdfs(ops, mech, directions, o, dx, m, support), o, dx, m, kinds,
+                                support)
+    y = (o[:, None] + xp.arange(m)[None, :]) * dx
+    return pmf, xp.concatenate([y] * K, axis=0), p_inf
 
-    D = len(directions)
-    support = xp.clip(support, 1, m)
+
+def _block(m: int) -> int:
+    """Block length of the compiled discretization: the largest power of two dividing ``m`` up to
+    :data:`SUPPORT_BLOCK`."""
     B = 1
     while 2 * B <= SUPPORT_BLOCK and m % (2 * B) == 0:
         B *= 2
+    return B
+
+
+def _two_phase(mech) -> bool:
+    """Whether a mechanism (or its class) computes its loss CDFs in two halves,
+    ``loss_points_directions`` (the outputs whose events give the CDFs: an inverse loss, the
+    expensive half) and ``cdfs_at_points``, which a compiled program runs as separate stages."""
+    return hasattr(mech, "loss_points_directions") and hasattr(mech, "cdfs_at_points")
+
+
+def _held_blocks(ops: Ops, values, o, dx, m: int, support, width: int):
+    """``values(yc, start)`` (``yc`` the ``(D, B)`` grid losses from point ``start``, held at the
+    last support point ``support - 1`` beyond it) block by block (``B =`` :func:`_block`), up to
+    one block past the support: as far as :func:`_pmf_from_cdfs` reads; ``(width, D, m + B)``."""
+    import jax
+
+    xp = ops.xp
+    D = o.shape[0]
+    support = xp.clip(support, 1, m)
+    B = _block(m)
+    last = support - 1
+
+    def body(k, buf):
+        j = k * B + xp.arange(B)
+        yc = (o[:, None] + xp.minimum(j, last)[None, :]) * dx
+        return jax.lax.dynamic_update_slice_in_dim(buf, values(yc, k * B), k * B, axis=2)
+
+    return jax.lax.fori_loop(0, (support + B - 1) // B + 1, body, xp.zeros((width, D, m + B)))
+
+
+def _held_points(ops: Ops, mech, directions, o, dx, m: int, support):
+    """A two-phase mechanism's points (:func:`_two_phase`) at the held grid, ``(1, D, m + B)``."""
+    return _held_blocks(ops, lambda yc, start: mech.loss_points_directions(directions, yc, ops)[None],
+                        o, dx, m, support, 1)
+
+
+def _held_cdfs(ops: Ops, mech, directions, o, dx, m: int, support, points=None):
+    """The loss CDFs ``(4, D, m + B)`` (``p_le, p_gt, q_le, q_gt``) at the grid points ``j``,
+    held at their value at the last support point ``support - 1`` beyond it (bins there carry
+    no mass, so the matching of the last real bins is unchanged).  ``points``: a two-phase
+    mechanism's :func:`_held_points` (else they are computed here)."""
+    import jax
+
+    B = _block(m)
+    if _two_phase(mech):
+        if points is None:
+            points = _held_points(ops, mech, directions, o, dx, m, support)
+
+        def values(yc, start):
+            z = jax.lax.dynamic_slice_in_dim(points[0], start, B, axis=1)
+            return ops.xp.stack(list(ops.materialize(lambda: mech.cdfs_at_points(directions, z, ops))))
+    else:
+        def values(yc, start):
+            return ops.xp.stack(list(_cdfs(ops, mech, directions, yc)))
+    return _held_blocks(ops, values, o, dx, m, support, 4)
+
+
+def _pmf_from_cdfs(ops: Ops, held, o, dx, m: int, kinds, support):
+    """``(rows (K D, m), +inf masses (D,))`` from :func:`_held_cdfs`: ``grid_pmf`` in
+    ``ceil(support / B)`` blocks, each with a halo of :data:`SUPPORT_HALO` points (the matching
+    of the optimistic rows looks a few bins either side).  ``grid_pmf``'s end terms belong to the
+    support's ends: the P-mass below ``y_0`` (in the first block) and the optimistic PMF's P-mass
+    above the last point (added at ``support - 1``)."""
+    import jax
+
+    xp = ops.xp
+    D, K = held.shape[1], len(kinds)
+    support = xp.clip(support, 1, m)
+    B = _block(m)
     H = SUPPORT_HALO
     L = B + 2 * H
     last = support - 1
-    plain = tuple(k for k in kinds)
+    held = xp.concatenate([held, xp.zeros(held.shape[:2] + (H,))], axis=2)  # room for the last halo
 
-    def body(k, state):
-        buf, gt_last = state
+    def body(k, buf):
         s = xp.maximum(k * B - H, 0)
         j = s + xp.arange(L)
         y = (o[:, None] + j[None, :]) * dx
-        yc = (o[:, None] + xp.minimum(j, last)[None, :]) * dx
-        c = _cdfs(ops, mech, directions, yc)
-        rows, _ = _grid_pmf(ops, c, y, dx, plain)
-        # (The optimistic end term is added once below: remove the block's own.)
+        c = LossCDFs(*jax.lax.dynamic_slice_in_dim(held, s, L, axis=2))
+        rows, _ = _grid_pmf(ops, c, y, dx, kinds)
+        # (The optimistic end term is added once below: the block's own is in its halo.)
         keep = jax.lax.dynamic_slice_in_dim(rows, k * B - s, B, axis=1)
-        here = jax.lax.dynamic_index_in_dim(c.p_gt, xp.clip(last - s, 0, L - 1), axis=1, keepdims=False)
-        gt_last = xp.where((s <= last) & (last < s + L), here, gt_last)
-        return jax.lax.dynamic_update_slice_in_dim(buf, keep, k * B, axis=1), gt_last
+        return jax.lax.dynamic_update_slice_in_dim(buf, keep, k * B, axis=1)
 
-    pmf, gt_last = jax.lax.fori_loop(0, (support + B - 1) // B, body, (xp.zeros((K * D, m)), xp.zeros(D)))
+    pmf = jax.lax.fori_loop(0, (support + B - 1) // B, body, xp.zeros((K * D, m)))
+    gt_last = jax.lax.dynamic_index_in_dim(held[1], last, axis=1, keepdims=False)
     gt_last = xp.where(gt_last < FLUSH, 0.0, gt_last)
     # A block's rows put their end terms at their window's first point (P-mass below it: kept
     # only by the first block, whose window starts at 0) and last point (the optimistic P-mass
@@ -300,8 +368,7 @@ def _discretize(ops: Ops, mech, directions, o, dx, m: int, kinds, support=None):
     # Beyond the support the held CDFs leave empty bins: those entries are 0.
     is_down = xp.asarray(np.repeat([kind == "down" for kind in kinds], D))
     pmf = pmf.at[:, last].add(xp.where(is_down, xp.concatenate([gt_last] * K), 0.0))
-    y = (o[:, None] + xp.arange(m)[None, :]) * dx
-    return pmf, xp.concatenate([y] * K, axis=0), gt_last + 2 * support * FLUSH
+    return pmf, gt_last + 2 * support * FLUSH
 
 
 # ------------------------------------------------------------------------------------------
@@ -370,10 +437,77 @@ def _tile(xp, a, K):
     return xp.concatenate([a] * K, axis=0)
 
 
-def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int):
+def _member_points(ops: Ops, inp: Inputs, spec: Spec):
+    """Every two-phase member's held points (:func:`_held_points`; None for the other groups),
+    per group ``(G, 1, D, M + B)``: the first stage of a compiled program with such a
+    mechanism."""
+    out = []
+    for gi, gspec in enumerate(spec.groups):
+        if not _two_phase(_mechanism_class(gspec)):
+            out.append(None)
+            continue
+
+        def one(member, gi=gi, m=gspec.length):
+            mech, o = member
+            return _held_points(ops, mech, spec.directions, o, inp.dx, m, inp.support[gi])
+
+        out.append(_over_members(ops, one, (inp.mechanisms[gi], inp.offsets[gi]), gspec.members))
+    return tuple(out)
+
+
+def _member_cdfs(ops: Ops, inp: Inputs, spec: Spec, points=None):
+    """Every member's held loss CDFs (:func:`_held_cdfs`), per group ``(G, 4, D, M + B)``;
+    ``points``: :func:`_member_points` (a previous stage), if any."""
+    out = []
+    for gi, gspec in enumerate(spec.groups):
+        pts = None if points is None else points[gi]
+
+        def one(member, gi=gi, m=gspec.length):
+            mech, o = member[:2]
+            return _held_cdfs(ops, mech, spec.directions, o, inp.dx, m, inp.support[gi],
+                              member[2] if len(member) > 2 else None)
+
+        members = (inp.mechanisms[gi], inp.offsets[gi]) + (() if pts is None else (pts,))
+        out.append(_over_members(ops, one, members, gspec.members))
+    return tuple(out)
+
+
+def _mechanism_class(gspec: GroupSpec):
+    """The mechanism class of a group (from its tree's node data; None when not a registered
+    dataclass)."""
+    data = gspec.treedef.node_data()
+    return data[0] if isinstance(data, tuple) and data and isinstance(data[0], type) else None
+
+
+def _member_pmfs(ops: Ops, inp: Inputs, spec: Spec, held):
+    """Every member's rows and ``+inf`` masses from its held CDFs (``held``:
+    :func:`_member_cdfs`), per group ``(pmf (G, R, M), p_inf (G, D))``: the second stage."""
+    out = []
+    for gi, gspec in enumerate(spec.groups):
+        def one(member, gi=gi, m=gspec.length):
+            o, h = member
+            return _pmf_from_cdfs(ops, h, o, inp.dx, m, spec.kinds, inp.support[gi])
+
+        out.append(_over_members(ops, one, (inp.offsets[gi], held[gi]), gspec.members))
+    return tuple(out)
+
+
+def _over_members(ops: Ops, fn, members, count: int):
+    """``fn`` of every member (leading axis ``count``), outputs stacked."""
+    if count == 1:
+        out = fn(_index(members, 0))
+        return tuple(v[None] for v in out) if isinstance(out, tuple) else out[None]
+    return ops.map(fn, members)
+
+
+def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int, members_pmf=None):
     """The accumulated log-modulus and phase of the first ``nf_len`` frequencies of every row
     (beyond the configuration's ``nf`` they are unused), log-MGFs, the ``+inf`` mass, the bound on
-    the dropped frequencies and the total offset (see :mod:`dpjax.pld.compose`)."""
+    the dropped frequencies and the total offset (see :mod:`dpjax.pld.compose`).
+
+    ``members_pmf``: the members' discretizations (:func:`_member_pmfs`, earlier stages of a
+    compiled program); None discretizes each member inside the loop (one member's arrays
+    alive at a time)."""
     xp = ops.xp
     D, K = len(spec.directions), len(spec.kinds)
     R = D * K
@@ -392,10 +526,14 @@ def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int):
         m = gspec.length
 
         def step(carry, member, m=m, gi=gi):
-            mech, c_int, o = member
+            mech, c_int, o = member[:3]
             c = xp.asarray(c_int).astype(np.float64)
-            pmf, y, p_inf_up = _discretize(ops, mech, spec.directions, o, dx, m, spec.kinds,
-                                           inp.support[gi] if dynamic else None)
+            if members_pmf is None:
+                pmf, y, p_inf_up = _discretize(ops, mech, spec.directions, o, dx, m, spec.kinds,
+                                               inp.support[gi] if dynamic else None)
+            else:
+                pmf, p_inf_up = member[3:]
+                y = _tile(xp, (o[:, None] + xp.arange(m)[None, :]) * dx, len(spec.kinds))
             K_acc = carry["K"] + xp.where(c > 0, c * log_mgf(ops, pmf, y, lam_rows), 0.0)
             Kt, rel_t, absK, bad = carry["Kt"], carry["rel_t"], carry["absK"], carry["bad"]
 
@@ -434,6 +572,8 @@ def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int):
                         total=carry["total"] + c, Kt=Kt, rel_t=rel_t, absK=absK, bad=bad), None
 
         members = (inp.mechanisms[gi], inp.counts[gi], inp.offsets[gi])
+        if members_pmf is not None:
+            members = members + tuple(members_pmf[gi])
         if gspec.members == 1:
             carry, _ = step(carry, _index(members, 0))
         else:
@@ -666,10 +806,20 @@ def _epsilon_rows(ops: Ops, r, w_lo, dx, const, fa, fb, a_bad, delta, n: int):
     ``delta(eps) = fa sum_{t > j} r_t + const - e^{eps - y_ref} fb sum_{t > j} w_t`` on segment
     ``j`` (``w_t = r_t e^{y_ref - y_t}``).  ``delta(y_j)`` is evaluated at the first point of
     every block from the block totals' suffix sums, the last block whose start is above the
-    target is located, and only its ``b`` suffix sums are formed; the segment is the one after
-    the last grid point with ``delta(y_j) > delta`` (never below a full count where round-off
-    makes the curve non-monotone), where the closed form ``y_ref + log((A - delta) / B)`` holds.
-    ``a_bad``: what a NaN coefficient becomes (``inf`` for upper rows, ``-inf`` for lower)."""
+    target is located (:func:`_epsilon_locate`), and only its ``b`` suffix sums are formed; the
+    segment is the one after the last grid point with ``delta(y_j) > delta`` (never below a full
+    count where round-off makes the curve non-monotone), where the closed form ``y_ref + log((A
+    - delta) / B)`` holds (:func:`_epsilon_solve`).  ``a_bad``: what a NaN coefficient becomes
+    (``inf`` for upper rows, ``-inf`` for lower)."""
+    loc = _epsilon_locate(ops, r, dx, const, fa, fb, delta, n)
+    return _epsilon_solve(ops, loc, w_lo, dx, const, fa, fb, a_bad, delta, n)
+
+
+def _epsilon_locate(ops: Ops, r, dx, const, fa, fb, delta, n: int) -> dict:
+    """The first half of :func:`_epsilon_rows`: per row and target, the located block ``blk``
+    (``-1``: none above the target), its points ``r_blk``/``w_blk`` ``(R, K, b)``, the suffix
+    sums after it and the whole window's sums (small arrays: a compiled program's stage
+    boundary)."""
     xp = ops.xp
     R = r.shape[0]
     b = conversion_block(n)
@@ -682,20 +832,33 @@ def _epsilon_rows(ops: Ops, r, w_lo, dx, const, fa, fb, a_bad, delta, n: int):
     fa_, fb_, c_ = fa[:, None], fb[:, None], const[:, None]
     D_start = (s_r - rb[..., 0]) * fa_ + c_ - start_weights * (s_w - wb[..., 0]) * fb_
     blk = xp.max(xp.where(D_start[:, None, :] > delta[:, :, None], xp.arange(nb), -1), axis=-1)   # (R, K)
-    any_above = blk >= 0
-    blk = xp.maximum(blk, 0)
-    r_blk = ops.take_along_axis(rb, blk[:, :, None], axis=1)                    # (R, K, b)
-    w_blk = ops.take_along_axis(wb, blk[:, :, None], axis=1)
-    incl = ops.suffix_small(xp.stack([r_blk, w_blk]))                           # (2, R, K, b)
-    sums = xp.concatenate([incl[..., 1:], xp.zeros(incl.shape[:-1] + (1,))], axis=-1)   # terms t > j
-    nxt = blk + 1
+    at = xp.maximum(blk, 0)
+    nxt = at + 1
     after = nxt < nb
     nxt = xp.minimum(nxt, nb - 1)
-    sr = sums[0] + xp.where(after, ops.take_along_axis(s_r, nxt, axis=1), 0.0)[..., None]
-    sw = sums[1] + xp.where(after, ops.take_along_axis(s_w, nxt, axis=1), 0.0)[..., None]
+    return dict(blk=blk, r_blk=ops.take_along_axis(rb, at[:, :, None], axis=1),                # (R, K, b)
+                w_blk=ops.take_along_axis(wb, at[:, :, None], axis=1),
+                r_after=xp.where(after, ops.take_along_axis(s_r, nxt, axis=1), 0.0),           # (R, K)
+                w_after=xp.where(after, ops.take_along_axis(s_w, nxt, axis=1), 0.0),
+                r_all=s_r[:, :1], w_all=s_w[:, :1])                                            # (R, 1)
+
+
+def _epsilon_solve(ops: Ops, loc: dict, w_lo, dx, const, fa, fb, a_bad, delta, n: int):
+    """The second half of :func:`_epsilon_rows`: the segment inside the located block and its
+    closed form."""
+    xp = ops.xp
+    b = conversion_block(n)
+    blk = loc["blk"]
+    any_above = blk >= 0
+    blk = xp.maximum(blk, 0)
+    incl = ops.suffix_small(xp.stack([loc["r_blk"], loc["w_blk"]]))             # (2, R, K, b)
+    sums = xp.concatenate([incl[..., 1:], xp.zeros(incl.shape[:-1] + (1,))], axis=-1)   # terms t > j
+    sr = sums[0] + loc["r_after"][..., None]
+    sw = sums[1] + loc["w_after"][..., None]
+    fa_, fb_, c_ = fa[:, None], fb[:, None], const[:, None]
     # The located block's coefficients at every point (K, b), and the whole window's (none above).
     A_blk, B_blk = sr * fa_[..., None] + c_[..., None], sw * fb_[..., None]
-    A0, B0 = s_r[:, :1] * fa_ + c_, s_w[:, :1] * fb_                            # (R, 1)
+    A0, B0 = loc["r_all"] * fa_ + c_, loc["w_all"] * fb_                        # (R, 1)
     y_ref = ((w_lo + n // 2) * dx)[:, None]
     start = blk * b                                                            # (R, K)
     y_blk = ((w_lo[:, None] + start)[..., None] + np.arange(b)) * dx
@@ -718,7 +881,7 @@ def _epsilon_rows(ops: Ops, r, w_lo, dx, const, fa, fb, a_bad, delta, n: int):
     eps = xp.where((ratio > 0) & (B > 0), xp.clip(eps, lo_end, hi_end), hi_end)
     eps = xp.where(j >= n - 1, np.inf, eps)
     # A NaN / inf anywhere in the PMF or the constants: no bound (upper: inf, lower: 0).
-    broken = ~(xp.isfinite(s_r[:, :1]) & xp.isfinite(s_w[:, :1]) & xp.isfinite(c_) & xp.isfinite(fa_))
+    broken = ~(xp.isfinite(loc["r_all"]) & xp.isfinite(loc["w_all"]) & xp.isfinite(c_) & xp.isfinite(fa_))
     eps = xp.where(broken, xp.where(a_bad[:, None] > 0, np.inf, 0.0), eps)
     return xp.maximum(eps, 0.0)
 
@@ -778,12 +941,23 @@ def _kept(inp: Inputs, spec: Spec) -> int:
 
 def _finish(ops: Ops, carry, inp: Inputs, spec: Spec, nf_len: int):
     """Windows and conversion of composed rows ``carry``: the packed ``(D, K, targets + 8)``."""
+    return _convert(ops, _windows(ops, carry, inp, spec, nf_len), inp, spec)
+
+
+def _convert(ops: Ops, windowed, inp: Inputs, spec: Spec):
+    """The values at the targets and the diagnostics of windowed rows (:func:`_windows`), packed
+    ``(D, K, targets + 8)``."""
+    return _convert_finish(ops, _convert_locate(ops, windowed, inp, spec), inp, spec)
+
+
+def _row_terms(ops: Ops, windowed, inp: Inputs, spec: Spec):
+    """``(const, fa, fb, a_bad, targets)`` of the conversion of windowed rows: the added mass,
+    the round-off factors, what a NaN becomes, and the targets ``(R, targets [+ 1])`` (with the
+    floor-free target where the spec has that column)."""
     xp = ops.xp
-    D, K = len(spec.directions), len(spec.kinds)
-    R = D * K
-    n = spec.n
-    r, w_lo, p_inf, above, below, roundoff, rel, width, floor, valid_from, truncation = _windows(
-        ops, carry, inp, spec, nf_len)
+    D = len(spec.directions)
+    R = D * len(spec.kinds)
+    _, _, p_inf, above, below, roundoff, rel, _, floor, _, _ = windowed
     is_up = xp.asarray(np.repeat([k == "up" for k in spec.kinds], D))
     const = xp.where(is_up, p_inf + above + roundoff, p_inf - below - roundoff)
     fa = xp.where(is_up, 1.0 + rel, 1.0 - rel)
@@ -791,9 +965,35 @@ def _finish(ops: Ops, carry, inp: Inputs, spec: Spec, nf_len: int):
     a_bad = xp.where(is_up, np.inf, -np.inf)
     targets = xp.broadcast_to(xp.asarray(inp.targets, np.float64).reshape(1, -1), (R, spec.targets))
     if spec.floor_free:
-        targets = xp.concatenate([targets, floor_free_target(targets[:, :1], floor[:, None], fa[:, None], n)], axis=1)
-    convert = _epsilon_rows if spec.want == "eps" else _delta_rows
-    both = convert(ops, r, w_lo, inp.dx, const, fa, fb, a_bad, targets, n)
+        targets = xp.concatenate([targets, floor_free_target(targets[:, :1], floor[:, None], fa[:, None], spec.n)],
+                                 axis=1)
+    return const, fa, fb, a_bad, targets
+
+
+def _convert_locate(ops: Ops, windowed, inp: Inputs, spec: Spec):
+    """First half of :func:`_convert`: ``(windowed rows without the PMFs, located blocks)`` for
+    epsilon programs (:func:`_epsilon_locate`), ``(windowed rows without the PMFs, deltas)`` for
+    delta programs (a compiled program's stage boundary: no ``(R, n)`` array crosses it)."""
+    const, fa, fb, a_bad, targets = _row_terms(ops, windowed, inp, spec)
+    r, w_lo = windowed[0], windowed[1]
+    rest = (None,) + tuple(windowed[1:])
+    if spec.want == "eps":
+        return rest, _epsilon_locate(ops, r, inp.dx, const, fa, fb, targets, spec.n)
+    return rest, _delta_rows(ops, r, w_lo, inp.dx, const, fa, fb, a_bad, targets, spec.n)
+
+
+def _convert_finish(ops: Ops, located, inp: Inputs, spec: Spec):
+    """Second half of :func:`_convert`: the epsilons from the located blocks, the packed rows."""
+    xp = ops.xp
+    D, K = len(spec.directions), len(spec.kinds)
+    rest, found = located
+    _, w_lo, p_inf, above, below, roundoff, rel, width, floor, valid_from, truncation = rest
+    const, fa, fb, a_bad, targets = _row_terms(ops, rest, inp, spec)
+    if spec.want == "eps":
+        both = _epsilon_solve(ops, found, w_lo, inp.dx, const, fa, fb, a_bad, targets, spec.n)
+    else:
+        both = found
+    is_up = xp.asarray(np.repeat([k == "up" for k in spec.kinds], D))
     diag = [p_inf, above, below, roundoff, width, truncation, floor, valid_from]
     if spec.floor_free:
         diag.append(xp.where(is_up, both[:, -1], both[:, 0]))
@@ -833,31 +1033,82 @@ def run_host_counts(inp: Inputs, spec: Spec, counts) -> np.ndarray:
         return np.asarray(out, np.float64)
 
 
+#: The stages of a compiled program, each its own XLA program (a compile of the whole was 1-1.5 s
+#: on a 2-core CPU; each stage alone compiles in a fraction of that, and a stage's program is
+#: shared by every bucket with its shapes).  A chunk's intermediate arrays stay on the device.
+#: ``points`` runs only for two-phase mechanisms (:func:`_two_phase`).
+STAGES = ("points", "cdfs", "pmf", "compose", "window", "locate", "convert")
+
+
+def stage_names(spec: Spec) -> tuple:
+    """The :data:`STAGES` a compiled program of ``spec`` runs."""
+    phased = any(_two_phase(_mechanism_class(g)) for g in spec.groups)
+    return STAGES if phased else STAGES[1:]
+
+
+def stage_functions(spec: Spec) -> tuple:
+    """The stages (:func:`stage_names`) of a compiled program of ``spec`` as JAX functions of one
+    configuration ``(inp, previous stage's output) -> output``."""
+    ops = jax_ops()
+    nf_len = _kept(None, spec)
+    fns = dict(points=lambda inp, prev: _member_points(ops, inp, spec),
+               cdfs=lambda inp, prev: _member_cdfs(ops, inp, spec, prev),
+               pmf=lambda inp, prev: _member_pmfs(ops, inp, spec, prev),
+               compose=lambda inp, prev: _compose(ops, inp, spec, nf_len, prev),
+               window=lambda inp, prev: _windows(ops, prev, inp, spec, nf_len),
+               locate=lambda inp, prev: _convert_locate(ops, prev, inp, spec),
+               convert=lambda inp, prev: _convert_finish(ops, prev, inp, spec))
+    return tuple(fns[name] for name in stage_names(spec))
+
+
+def looped(fn, block: int = 1):
+    """``fn(inp, prev)`` of one configuration as ``local(count, inp, prev)`` over a batch (every
+    leaf with a leading axis): a ``lax.while_loop`` over the first ``count[0]`` configurations,
+    ``block`` per iteration (``jax.vmap`` inside a block; the count a multiple of it or the
+    batch padded), outputs 0 beyond them."""
+    import jax
+    import jax.numpy as jnp
+
+    def local(count, inp, prev):
+        size = jax.tree_util.tree_leaves(inp)[0].shape[0]
+        first = jax.tree_util.tree_map(lambda x: x[0], (inp, prev))
+        shapes = jax.eval_shape(fn, *first)
+        out0 = jax.tree_util.tree_map(lambda sd: jnp.zeros((size,) + sd.shape, sd.dtype), shapes)
+
+        def body(state):
+            i, out = state
+            if block == 1:
+                take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
+                val = fn(*jax.tree_util.tree_map(take, (inp, prev)))
+                put = lambda o, v: jax.lax.dynamic_update_index_in_dim(o, v, i, 0)
+            else:
+                take = lambda x: jax.lax.dynamic_slice_in_dim(x, i, block)
+                val = jax.vmap(fn)(*jax.tree_util.tree_map(take, (inp, prev)))
+                put = lambda o, v: jax.lax.dynamic_update_slice_in_dim(o, v, i, 0)
+            return i + block, jax.tree_util.tree_map(put, out, val)
+
+        return jax.lax.while_loop(lambda st: st[0] < count[0], body, (jnp.zeros((), count.dtype), out0))[1]
+
+    return local
+
+
 @functools.lru_cache(maxsize=None)
 def _jitted(spec: Spec):
-    import jax
-
+    """One jitted program per stage of ``spec`` (:func:`stage_names`), looped over a batch."""
     from dpjax import _xla
 
-    ops = jax_ops()
-
-    def batch(count, inp):
-        def one(i):
-            return _program(ops, _index(inp, i), spec)
-
-        shape = jax.eval_shape(one, 0)
-        capacity = jax.tree_util.tree_leaves(inp)[0].shape[0]
-        out = jax.numpy.zeros((capacity,) + shape.shape, shape.dtype)
-        return jax.lax.fori_loop(0, count, lambda i, o: o.at[i].set(one(i)), out)
-
-    return _xla.jit(batch)
+    return tuple(_xla.jit(looped(fn)) for fn in stage_functions(spec))
 
 
 def run_jit(count, inp: Inputs, spec: Spec):
-    """The program of the first ``count`` configurations of a batch (every :class:`Inputs` leaf
-    with a leading axis, the capacity) as one compiled JAX program per ``spec`` and capacity;
-    returns ``(capacity, D, K, targets + 8)`` (rows past ``count`` are 0)."""
-    return _jitted(spec)(count, inp)
+    """The compiled program (its stages in turn, :func:`stage_names`) of the first ``count`` configurations
+    of a batch (every :class:`Inputs` leaf with a leading axis, the capacity); returns
+    ``(capacity, D, K, targets + 8)`` (rows past ``count`` are 0)."""
+    count = np.asarray(count, np.int32).reshape(1)
+    prev = None
+    for program in _jitted(spec):
+        prev = program(count, inp, prev)
+    return prev
 
 
 # ------------------------------------------------------------------------------------------
@@ -920,11 +1171,6 @@ def _stack_last(arrays, traced):
 
         return jnp.stack([jnp.asarray(a) for a in arrays], axis=-1)
     return np.stack(arrays, axis=-1)
-
-
-#: Batch capacities of :func:`run_jit` (one compiled program per capacity used): a batch pads to
-#: the smallest that holds it; the loop inside runs over the actual count only.
-CAPACITIES = (8, 64, 512, 4096)
 
 
 def jit_spec(spec: Spec) -> Spec:

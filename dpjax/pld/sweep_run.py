@@ -19,7 +19,6 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _xla
@@ -29,13 +28,14 @@ from dpjax.pld import cache as _cache
 from dpjax.pld import engine
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions
+from dpjax.pld.program import STAGES
 from dpjax.pld.sweep_config import (SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
                                     options_for)
 from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
 
-__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "make_mesh", "COMPILE_WORKERS", "chunk_args",
+__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "STAGE_BYTES", "fit_per_device", "Chain", "make_mesh", "COMPILE_WORKERS", "chunk_args",
            "COMPILED", "ORIGIN", "bucket_spec", "known_programs", "disk_programs", "program_key", "compile_program",
-           "run_chunk", "retry", "RETRY_SPACING", "grid_row", "needs_single", "single_row", "exact_row", "BucketRunner"]
+           "run_chunk", "run_host", "HostRunner", "retry", "RETRY_SPACING", "grid_row", "needs_single", "single_row", "exact_row", "BucketRunner"]
 
 
 #: A sweep's epsilon programs compute the floor-free bound (:func:`needs_single`) when one of its
@@ -66,56 +66,56 @@ def _columns(want: str, floor_free: bool = True) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _batched(mesh, spec, block=1):
-    """One jitted program for a bucket: the PLD program (:mod:`dpjax.pld.program`, compiled
-    :class:`~dpjax.pld.program.Spec` ``spec``) looped over the configurations of a chunk, the
-    chunk's leading axis sharded over ``mesh``.
+    """The jitted programs of a bucket, one per stage of the PLD program
+    (:func:`dpjax.pld.program.stage_names`, compiled :class:`~dpjax.pld.program.Spec` ``spec``), each
+    looped over the configurations of a chunk whose leading axis is sharded over ``mesh``:
+    ``stage(count, inputs, previous stage's output)``.
 
     Each device runs a ``lax.while_loop`` over its own part of the chunk, ``block`` configurations
     per iteration (``jax.vmap`` inside a block), stopping after its ``count`` real configurations
     (padding costs nothing beyond the last block, so one chunk size serves every bucket).  On CPU
     ``block = 1``: vmapping turns the window's dynamic slices and the conversion's lookups into
     batched gathers, measured 6x slower on CPU.  On an accelerator a block of configurations per
-    step fills the device (see :func:`_block_size`).  Output ``(chunk, directions, kinds,
-    columns)``: see :func:`_columns`.
+    step fills the device (see :func:`_block_size`).  The last stage's output is ``(chunk,
+    directions, kinds, columns)``: see :func:`_columns`.  The intermediate arrays stay sharded on
+    the devices between stages.
     """
     from jax.sharding import PartitionSpec as P
 
-    from dpjax._ops import jax_ops
     from dpjax.pld import program as prog
 
-    ops = jax_ops()
-
-    def one(inp):
-        return prog._program(ops, inp, spec)
-
-    def local(count, inp):
-        size = inp.dx.shape[0]
-        out0 = jnp.zeros((size, len(spec.directions), len(spec.kinds), _columns(spec.want, spec.floor_free)),
-                         jnp.float64)
-
-        def body(state):
-            i, out = state
-            if block == 1:
-                take = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
-                val = one(jax.tree_util.tree_map(take, inp))
-                return i + 1, jax.lax.dynamic_update_index_in_dim(out, val, i, 0)
-            take = lambda x: jax.lax.dynamic_slice_in_dim(x, i, block)
-            val = jax.vmap(one)(jax.tree_util.tree_map(take, inp))
-            return i + block, jax.lax.dynamic_update_slice_in_dim(out, val, i, 0)
-
-        _, out = jax.lax.while_loop(lambda st: st[0] < count[0], body, (jnp.zeros((), count.dtype), out0))
-        return out
-
     specs = P("configs")
-    # A name per static shape: the XLA module (and a profile's events) say which bucket ran.
-    local.__name__ = local.__qualname__ = (f"sweep_{spec.want}_n{spec.n}_{'_'.join(spec.kinds)}_b{block}"
-                                           f"{'_floorfree' if spec.floor_free else ''}")
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=specs, check_vma=False)
-    return jax.jit(sharded)
+    out = []
+    for stage, fn in zip(prog.stage_names(spec), prog.stage_functions(spec)):
+        local = prog.looped(fn, block)
+        # A name per stage and static shape: the XLA module (and a profile's events) say which ran.
+        local.__name__ = local.__qualname__ = (f"sweep_{stage}_{spec.want}_n{spec.n}_{'_'.join(spec.kinds)}"
+                                               f"_b{block}{'_floorfree' if spec.floor_free else ''}")
+        out.append(jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=specs, check_vma=False)))
+    return tuple(out)
 
 
 #: Working memory of one vmapped block of configurations on an accelerator (bytes).
 BLOCK_BYTES = 2**31
+
+
+#: The largest array a stage hands the next, per device (bytes): a chunk of a bucket with long
+#: FFTs runs fewer configurations per device (:func:`fit_per_device`).
+STAGE_BYTES = 2**29
+
+
+def fit_per_device(per_device: int, spec) -> int:
+    """Configurations per device of a chunk of bucket ``spec``: ``per_device`` halved until the
+    largest intermediate array (the members' loss CDFs or PMFs, the composed spectra, the
+    windowed rows: about ``8 n max(4 D members, R members, 2 R)`` bytes per configuration, ``R``
+    rows of ``D`` directions) fits :data:`STAGE_BYTES`."""
+    D = len(spec.directions)
+    rows = D * len(spec.kinds)
+    members = sum(g.members for g in spec.groups)
+    per_config = 8 * spec.n * max(4 * D * members, rows * members, 2 * rows)
+    while per_device > 1 and per_device * per_config > STAGE_BYTES:
+        per_device //= 2
+    return per_device
 
 
 def _block_size(mesh, n: int, rows: int, per_device: int) -> int:
@@ -243,7 +243,7 @@ def disk_programs(mesh, chunk: int, kinds, structs, floor_free: bool = True) -> 
         return {}
     ids = {_struct_id(st): st for st in structs}
     by_id: dict = {}
-    for meta in _cache.program_index("sweep_program"):
+    for meta in _cache.program_index(f"sweep_{STAGES[-1]}"):
         try:
             if (meta["chunk"] != chunk or tuple(meta["kinds"]) != tuple(kinds) or meta["devices"] != 1
                     or bool(meta.get("floor_free", True)) != floor_free):
@@ -259,29 +259,60 @@ def program_key(mesh, spec, args):
     return (mesh, spec, str(jax.tree_util.tree_structure(args)), shapes)
 
 
+class Chain:
+    """A bucket's compiled stages, run in turn on a chunk: ``chain(count, inputs)`` -> the last
+    stage's output.  ``loaded``: every stage came from the program store."""
+
+    def __init__(self, stages: list):
+        self.stages = stages
+        self.loaded = all(getattr(f, "loaded", False) for f in stages)
+
+    def __call__(self, count, inp):
+        prev = None
+        for fn in self.stages:
+            prev = fn(count, inp, prev)
+        return prev
+
+
+def _abstract(tree, sharding):
+    """Shape-and-dtype placeholders of a stage's output, sharded like the chunk."""
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
 def compile_program(key, mesh, spec, args, struct=None, chunk=None):
-    """The bucket's program, compiled ahead of its first call (thread-safe: runs in the
-    background compile pool while other buckets run)."""
+    """The bucket's program (a :class:`Chain` of its stages), compiled ahead of its first call
+    (thread-safe: runs in the background compile pool while other buckets run)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from dpjax.pld import program as prog
+
     fn = COMPILED.get(key)
     if fn is None:
         block = _block_size(mesh, spec.n, len(spec.directions) * len(spec.kinds), _per_device_of(args, mesh))
+        sharding = NamedSharding(mesh, PartitionSpec("configs"))
         with jax.enable_x64(True):
-            program = _batched(mesh, spec, block)
-            # With the program store on (the default), an earlier process's executable is loaded
-            # instead of tracing and compiling; its FFT length is indexed so that later processes
-            # can bucket configurations onto it (disk_programs).
-            meta = None
-            if struct is not None and chunk is not None:
-                meta = dict(struct=_struct_id(struct), n=int(spec.n), kinds=list(spec.kinds), chunk=int(chunk),
-                            devices=int(mesh.devices.size), floor_free=bool(spec.floor_free))
+            programs = _batched(mesh, spec, block)
             static_key = repr((_struct_id(struct) if struct is not None else None, spec.n, spec.directions, spec.kinds,
                                spec.want, spec.floor_free, mesh.devices.size, block))
-            if mesh.devices.size == 1 and jax.process_count() == 1:
-                fn = _cache.compiled("sweep_program", program, args, static_key, meta=meta,
-                                     compile_options=_xla.compile_options())
-            else:  # an executable for one device layout: compiled in this process only
-                fn = program.lower(*args).compile(_xla.compile_options())
-        ORIGIN[key] = "loaded" if getattr(fn, "loaded", False) else "compiled"
+            stages, prev = [], None
+            for i, (stage, program) in enumerate(zip(prog.stage_names(spec), programs)):
+                stage_args = (args[0], args[1], prev)
+                # With the program store on (the default), an earlier process's executable is
+                # loaded instead of tracing and compiling; the last stage's record indexes the
+                # bucket's FFT length so that later processes can bucket configurations onto it
+                # (disk_programs).
+                meta = None
+                if i == len(programs) - 1 and struct is not None and chunk is not None:
+                    meta = dict(struct=_struct_id(struct), n=int(spec.n), kinds=list(spec.kinds), chunk=int(chunk),
+                                devices=int(mesh.devices.size), floor_free=bool(spec.floor_free))
+                if mesh.devices.size == 1 and jax.process_count() == 1:
+                    stages.append(_cache.compiled(f"sweep_{stage}", program, stage_args, static_key, meta=meta,
+                                                  compile_options=_xla.compile_options()))
+                else:  # an executable for one device layout: compiled in this process only
+                    stages.append(program.lower(*stage_args).compile(_xla.compile_options()))
+                prev = _abstract(jax.eval_shape(program, *stage_args), sharding)
+            fn = Chain(stages)
+        ORIGIN[key] = "loaded" if fn.loaded else "compiled"
         COMPILED[key] = fn
     if struct is not None and chunk is not None:
         _SHAPES.setdefault((_mesh_id(mesh), chunk, tuple(spec.kinds), bool(spec.floor_free)), {}).setdefault(
@@ -310,13 +341,27 @@ def run_chunk(members: list[Planned], per_device: int, kinds, mesh, spec, fn=Non
     has_free = _has_floor_free(spec.want, floor_free)
     for d in range(ndev):
         for j, p in enumerate(members[d::ndev]):
-            row = out[d * per_device + j]
-            res = engine.unpack(row[..., :1 + len(engine.DIAGNOSTICS)], p.directions, kinds, (1,))
-            if has_free:
-                for di, r in enumerate(res):
-                    r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
-            results[p.index] = res
+            results[p.index] = _unpack(p, out[d * per_device + j], kinds, has_free)
     return [results[p.index] for p in members]
+
+
+def _unpack(p: Planned, row, kinds, has_free: bool):
+    """One member's program output ``(D, K, columns)`` as ``[{kind: results}]`` per direction
+    (:func:`dpjax.pld.engine.unpack`), with the floor-free bound where the program has it."""
+    res = engine.unpack(row[..., :1 + len(engine.DIAGNOSTICS)], p.directions, kinds, (1,))
+    if has_free:
+        for di, r in enumerate(res):
+            r["up"]["floor_free"] = float(row[di, kinds.index("up"), -1])
+    return res
+
+
+def run_host(p: Planned, kinds, floor_free: bool = True):
+    """One member on the host (:func:`dpjax.pld.program.run_host`: NumPy, nothing compiled), its
+    results as :func:`run_chunk`'s."""
+    from dpjax.pld import program as prog
+
+    inp, spec = _inputs(p, kinds, floor_free)
+    return _unpack(p, prog.run_host(inp, spec), kinds, _has_floor_free(spec.want, floor_free))
 
 
 def retry(p: Planned, res, n_freq, options) -> Planned | None:
@@ -457,7 +502,7 @@ class BucketRunner:
         """The buckets of ``pending`` (:class:`BucketPolicy`) as ``(parts, spec, args0, key,
         struct)``: chunks, compiled spec, first-chunk inputs, program key; ``only_new``: just
         those needing a new program."""
-        policy, chunk = self.policy, self.chunk
+        policy = self.policy
         self.rows_per_cfg = self.rows_per_cfg or len(pending[0].directions) * len(self.kinds)
         jobs = []
         # Buckets depend on the configurations only, not on which programs happen to exist:
@@ -477,9 +522,11 @@ class BucketRunner:
                 continue
             self.known.setdefault(struct, {})[n] = 0.0
             spec = bucket_spec(members[0], self.kinds, self.floor_free)
-            parts = [members[i:i + chunk] for i in range(0, len(members), chunk)]
-            args0 = chunk_args(parts[0], self.per_device, self.mesh, self.kinds, self.floor_free)
-            jobs.append((parts, spec, args0, program_key(self.mesh, spec, args0), struct,
+            per_device = fit_per_device(self.per_device, spec)
+            size = per_device * self.mesh.devices.size
+            parts = [members[i:i + size] for i in range(0, len(members), size)]
+            args0 = chunk_args(parts[0], per_device, self.mesh, self.kinds, self.floor_free)
+            jobs.append((parts, spec, args0, program_key(self.mesh, spec, args0), struct, per_device,
                          len(members) * policy.cost(n, self.rows_per_cfg)))
         # The costliest bucket first: its run then overlaps the other buckets' compiles instead
         # of ending the sweep alone (which bucket holds a row does not change, only the order).
@@ -500,28 +547,41 @@ class BucketRunner:
         with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
             while pending:
                 jobs = []
-                for parts, spec, args0, key, struct in self.jobs(pending):
+                for parts, spec, args0, key, struct, per_device in self.jobs(pending):
                     self.programs.add(key)
                     # Compile every bucket's program in the background, in run order: compiling
                     # bucket k + 1 overlaps running bucket k.
-                    jobs.append((parts, spec, args0, self.submit(pool, key, spec, args0, struct)))
+                    jobs.append((parts, spec, args0, per_device, self.submit(pool, key, spec, args0, struct)))
                 pending = []
-                for parts, spec, args0, fut in jobs:
+                for parts, spec, args0, per_device, fut in jobs:
                     fn = fut.result()
                     for k, part in enumerate(parts):
-                        new = self._run_part(pool, part, spec, fn, args0 if k == 0 else None, pending)
+                        new = self._run_part(pool, part, spec, fn, args0 if k == 0 else None, pending, per_device)
                         for row in new:
                             rows[row["index"]] = row
                         if store is not None:
                             store.append(new)
                         bar.update(len(new), programs=len(self.programs))
 
-    def _run_part(self, pool, part: list[Planned], spec, fn, args, pending: list[Planned]) -> list[dict]:
+    def _run_part(self, pool, part: list[Planned], spec, fn, args, pending: list[Planned],
+                  per_device: int) -> list[dict]:
         """Run one chunk; returns its finished rows and appends its retried plans to ``pending``."""
-        results = run_chunk(part, self.per_device, self.kinds, self.mesh, spec, fn, args=args,
+        results = run_chunk(part, per_device, self.kinds, self.mesh, spec, fn, args=args,
                             floor_free=self.floor_free)
-        new = []
         retried = len(pending)
+        new = self._rows(part, results, pending)
+        if len(pending) > retried:
+            # Retried rows that no program holds: compile their program now, behind this
+            # round's, so it overlaps the rest of the round instead of running alone at its end
+            # (the next round reuses it).
+            for r_parts, r_spec, r_args0, r_key, r_struct, _ in self.jobs(pending, only_new=True):
+                self.submit(pool, r_key, r_spec, r_args0, r_struct)
+        return new
+
+    def _rows(self, part: list[Planned], results, pending: list[Planned]) -> list[dict]:
+        """The finished rows of ``part`` (their program ``results``); retried plans go to
+        ``pending``."""
+        new = []
         for p, res in zip(part, results):
             again = retry(p, res, p.plan.n_freq, self.options)
             if again is not None:
@@ -532,10 +592,32 @@ class BucketRunner:
             if needs_single(p, res, row):
                 row = single_row(p.index, p.cfg, options, self.with_lower)
             new.append(row)
-        if len(pending) > retried:
-            # Retried rows that no program holds: compile their program now, behind this
-            # round's, so it overlaps the rest of the round instead of running alone at its end
-            # (the next round reuses it).
-            for r_parts, r_spec, r_args0, r_key, r_struct in self.jobs(pending, only_new=True):
-                self.submit(pool, r_key, r_spec, r_args0, r_struct)
         return new
+
+
+class HostRunner(BucketRunner):
+    """Runs a sweep's planned configurations with the PLD program on the host (NumPy: nothing is
+    compiled), ``workers`` configurations at a time on threads (NumPy releases the GIL in its
+    array operations and FFTs).  Each configuration runs on its own planned FFT length (no
+    buckets: padding to a shared length only pays for a compiled program).  The same rounds,
+    retries and rows as :class:`BucketRunner`, whose attributes it keeps (no programs)."""
+
+    def __init__(self, kinds, options, with_lower: bool, floor_free: bool = True, workers: int = 1):
+        self.kinds, self.options, self.with_lower, self.floor_free = kinds, options, with_lower, floor_free
+        self.workers = max(1, int(workers))
+        self.programs, self.made = set(), set()
+
+    def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers) as pool:
+            while pending:
+                todo, pending = pending, []
+                step = 16 * self.workers
+                for k in range(0, len(todo), step):
+                    part = todo[k:k + step]
+                    results = list(pool.map(lambda p: run_host(p, self.kinds, self.floor_free), part))
+                    new = self._rows(part, results, pending)
+                    for row in new:
+                        rows[row["index"]] = row
+                    if store is not None:
+                        store.append(new)
+                    bar.update(len(new), programs=0)
