@@ -141,7 +141,7 @@ def test_sweep_eight_devices_same_table(monkeypatch):
     # Bucket as the fresh 8-device process does: without the programs earlier tests left in this
     # process (a row may otherwise join a larger one: a longer FFT, another certified value).
     monkeypatch.setattr(sweep_run, "_SHAPES", {})
-    one = dpjax.sweep(configs, devices=dpjax_devices()[:1])
+    one = dpjax.sweep(configs, devices=dpjax_devices()[:1], backend="compiled")
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
     # The same grids and the same program; XLA partitions the 8-device program and code
@@ -342,10 +342,10 @@ def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
 
     configs = _broad_configs(5, seed=15)
     policy = sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12)       # one program
-    loop = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False)
+    loop = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False, backend="compiled")
     monkeypatch.setattr(sweep_run, "_block_size", lambda mesh, n, rows, per_device: 2)
     sweep_run.COMPILED.clear()
-    blocks = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False)
+    blocks = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False, backend="compiled")
     sweep_run.COMPILED.clear()
     # Batched transforms round differently, which moves the measured FFT round-off floor (the
     # per-bin allowance, docs/design.md section 2.4) and hence the small-delta end of a row by
@@ -358,7 +358,8 @@ def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
 
 CLI_WARM = r"""
 import json, subprocess, sys
-out = [json.loads(subprocess.run([sys.executable, "-m", "dpjax", "sweep", "--grid", sys.argv[1], "--json", "--quiet"],
+out = [json.loads(subprocess.run([sys.executable, "-m", "dpjax", "sweep", "--grid", sys.argv[1], "--backend", "compiled",
+                                  "--json", "--quiet"],
                                  capture_output=True, text=True, check=True).stdout) for _ in range(2)]
 print(json.dumps(out))
 """
@@ -459,9 +460,9 @@ def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
     assert not sr.floor_free_needed(as_configs(configs))
     assert sr.floor_free_needed(as_configs(configs + [dict(configs[0], delta=1e-7)]))
     assert not sr.floor_free_needed(as_configs([dict(configs[0], delta=None, epsilon=1e-3)]))
-    plain = dpjax.sweep(configs)
+    plain = dpjax.sweep(configs, backend="compiled")
     monkeypatch.setattr(sr, "FLOOR_FREE_BELOW", 1.0)
-    with_column = dpjax.sweep(configs)
+    with_column = dpjax.sweep(configs, backend="compiled")
     assert [r["path"] for r in plain.rows] == ["batched"] * 3
     for a, b in zip(plain.rows, with_column.rows):
         assert (a["epsilon"], a["lower"], a["n"]) == (b["epsilon"], b["lower"], b["n"])
@@ -479,9 +480,12 @@ def test_retried_row_keeps_its_fft_length_and_first_round_program():
     c = dict(noise_multiplier=0.9691459403650766, sampling_prob=0.0032194557932541967, steps=407,
              delta=1.1200911395398857e-07)
     first = sweep_plan.plan_config(0, sweeping.SweepConfig.from_mapping(c), None)
-    table = dpjax.sweep([c], progress_bar=False)
+    table = dpjax.sweep([c], progress_bar=False, backend="compiled")
     r = table.rows[0]
     assert table.programs == 1 and r["path"] == "batched"
+    host = dpjax.sweep([c], progress_bar=False, backend="host").rows[0]      # the same retry on the host
+    # (The new spacing comes from the measured window width: the same up to the last bits.)
+    assert (host["n"], host["path"]) == (r["n"], r["path"]) and host["dx"] == pytest.approx(r["dx"], rel=1e-12)
     assert r["n"] == first.plan.n and r["dx"] > first.plan.dx     # the retry happened, on the same n
     assert r["dx"] <= sweep_run.RETRY_SPACING * first.plan.dx * (1 + 1e-12)
     res = dpjax.pld.dpsgd_accounting(c["noise_multiplier"], c["sampling_prob"], c["steps"], target_delta=c["delta"])

@@ -135,7 +135,7 @@ def _run(args) -> dict:
                              "random_allocation or balls_in_bins")
         configs = _configs(args)
         table = sweep(configs, out=store, resume=args.resume, with_lower=not args.no_lower,
-                      per_device=args.per_device)
+                      per_device=args.per_device, backend=args.backend)
         extra = {}
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
     # Poisson-sampled DP-SGD (and its groups), random allocation, balls-in-bins: the add/remove
@@ -194,10 +194,12 @@ bounds on different grids: a sweep row can differ from dpjax epsilon in the four
 --out FILE.csv writes the CSV as rows are computed (with the journal FILE.jsonl); --out
 FILE.json writes the result JSON (every row) at the end (the rows are journaled in
 FILE.journal.jsonl and FILE.journal.csv meanwhile);
---resume continues a killed sweep without recomputing or losing a row.  Configurations share
-compiled programs as a cost model decides (no configuration runs at more than 3x the cost of
-its own grid shape), sharded over every device JAX sees; with the program store on (the
-default here) a later process loads the programs and plans of an earlier one.
+--resume continues a killed sweep without recomputing or losing a row.  On one CPU device the
+configurations run on the host, on every core, without compiling (--backend auto); with
+accelerators or several devices (--backend compiled) they share compiled programs as a cost
+model decides (no configuration runs at more than 3x the cost of its own grid shape), sharded
+over every device JAX sees; with the program store on (the default here) a later process loads
+the programs and plans of an earlier one.
 
 Examples:
   dpjax sweep --noise-multiplier 0.5:4:64 --sampling-prob 1e-3:1e-1:32:log \\
@@ -236,6 +238,9 @@ def register(subparsers) -> None:
     p.add_argument("--per-device", type=_args.integer(1, 2**20), default=None,
                    help="configurations per device per program call, an integer >= 1 (default 32 on CPU, 256 on "
                         "an accelerator)")
+    p.add_argument("--backend", type=_args.choice("auto", "host", "compiled"), default="auto",
+                   help="host (the program in NumPy on this machine's cores, nothing compiled), compiled "
+                        "(programs sharded over every device) or auto (default: host on a single CPU device)")
     p.add_argument("--rows", action="store_true", help="also print every row (always when --out is not given)")
     # --out is the sweep's own table (CSV + JSON lines), not a copy of the --json object.
     p.set_defaults(run=_run, render=_render, owns_out=True)

@@ -1,4 +1,4 @@
-"""Sweeps: thousands of DP-SGD configurations in a handful of compiled programs.
+"""Sweeps: thousands of DP-SGD configurations on every core, or in a handful of compiled programs.
 
 ``sweep(configs)`` takes a list of configurations (noise multiplier ``sigma``, sampling
 probability ``q``, steps ``T``, and either a target ``delta`` (an epsilon query) or a target
@@ -6,7 +6,15 @@ probability ``q``, steps ``T``, and either a target ``delta`` (an epsilon query)
 row per configuration, in input order, with the certified value, its certified bracket
 ``[lower, upper]`` and the grid used (``n``, ``dx``).
 
-How it stays fast.  A compiled bucket program serves every configuration of its structure and
+Two backends (``backend=``).  On one CPU device (``"auto"``, the default there) every
+configuration runs the PLD program on the host (:func:`dpjax.pld.program.run_host`: NumPy, no
+compile), on threads over the usable cores, on its own planned FFT length: the first pass costs
+what every later one costs.  With accelerators or several devices (``"compiled"``) the
+configurations run in compiled bucket programs sharded over the devices, as below; the rounds,
+retries and rows are the same (:class:`~dpjax.pld.sweep_run.HostRunner`,
+:class:`~dpjax.pld.sweep_run.BucketRunner`).
+
+How the compiled backend stays fast.  A compiled bucket program serves every configuration of its structure and
 FFT length (supports and kept frequencies are data, :mod:`dpjax.pld.program`), and a compile
 costs as much as running a few hundred configurations, while running a configuration on an FFT
 four times its own length costs about four times as much.  The sweep therefore
@@ -28,9 +36,13 @@ four times its own length costs about four times as much.  The sweep therefore
    ``BucketPolicy.max_padding`` times its own shape.  Programs this process already has, or that
    an earlier process left in the program store (below), cost no compile and are filled first.  So a few hundred configurations share a handful of programs and ten thousand
    get tighter ones; a configuration far from the rest keeps a shape near its own;
-3. runs every bucket as ONE jitted program: the PLD program (:mod:`dpjax.pld.program`, the
-   accountant's composition and conversion with both discretizations batched) in a loop over a
-   fixed-size chunk of configurations (padding slots are never computed).  Programs are compiled ahead, in a background pool of
+3. runs every bucket's chunks through the PLD program (:mod:`dpjax.pld.program`, the
+   accountant's composition and conversion with both discretizations batched), compiled as one
+   small XLA program per stage (:func:`dpjax.pld.program.stage_names`: loss CDFs, PMFs,
+   composition, window, conversion; each in a loop over a fixed-size chunk of configurations,
+   padding slots never computed, the intermediate arrays kept on the devices between stages;
+   a chunk of a long FFT holds fewer configurations, :func:`~dpjax.pld.sweep_run.fit_per_device`).
+   Programs are compiled ahead, in a background pool of
    :data:`~dpjax.pld.sweep_run.COMPILE_WORKERS` threads in run order, so compiling bucket
    ``k + 1`` overlaps running bucket ``k``;
 4. applies the accountant's own retry rules to each row's diagnostics (a wrap-around bound over
@@ -128,7 +140,7 @@ from typing import Sequence
 
 import jax
 
-from dpjax import _validate
+from dpjax import _validate, _xla
 from dpjax._progress import progress as _progress_bar
 from dpjax._x64 import host_only
 from dpjax.pld import engine
@@ -137,7 +149,7 @@ from dpjax.pld.records import SweepTable
 from dpjax.pld.sweep_config import (ROW_FIELDS, SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, as_configs, matches,
                                     sweep_grid)
 from dpjax.pld.sweep_plan import BucketPolicy, join_stores, plan_configs, struct_of, validate_policy
-from dpjax.pld.sweep_run import ORIGIN, BucketRunner, exact_row, floor_free_needed, make_mesh
+from dpjax.pld.sweep_run import ORIGIN, BucketRunner, HostRunner, exact_row, floor_free_needed, make_mesh
 
 __all__ = ["BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS",
            "SWEEP_SLACK"]
@@ -158,7 +170,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
           with_lower: bool = True, devices: Sequence | None = None, per_device: int | None = None,
           progress: bool | None = None, progress_bar: bool | None = None,
           bucketing: BucketPolicy | None = None, sampling: str = "poisson",
-          batches_per_epoch=None, selections_per_epoch=1, epochs=None) -> SweepTable:
+          batches_per_epoch=None, selections_per_epoch=1, epochs=None, backend: str = "auto") -> SweepTable:
     """Certified epsilon (or delta) for every configuration; one row each, in input order.
 
     Args:
@@ -190,6 +202,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         (:func:`dpjax.pld.allocation_accountant.allocation_sweep`).
       batches_per_epoch, selections_per_epoch, epochs: the random-allocation grid keywords
         (``t``, ``k``, ``E``; see ``sampling``).
+      backend: ``"host"`` (the PLD program in NumPy on this process's cores: nothing compiled),
+        ``"compiled"`` (bucket programs sharded over ``devices``), or ``"auto"`` (the default:
+        host where ``devices`` is this process's one CPU device, compiled otherwise).  The two
+        give the same certified brackets up to the last bits of their FFTs (1e-9 relative).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
@@ -210,6 +226,7 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     if resume and out is None:
         raise ValueError("resume=True needs out (the file a previous run wrote)")
     devices, per_device = _devices(devices, per_device)
+    backend = _backend(backend, devices)
     kinds = ("up", "down") if with_lower else ("up",)
     store, done = _open_store(out, resume, configs)
     rows: dict[int, dict] = dict(done)
@@ -218,9 +235,13 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                                         initial=len(done), unit="cfg") as bar:
         todo = _exact_rows(todo, configs, rows, store, bar)
         pending = plan_configs(todo, configs, options)
-        runner = BucketRunner(make_mesh(devices), per_device, per_device * len(devices), kinds,
-                              validate_policy(bucketing), options, with_lower, {struct_of(p) for p in pending},
-                              floor_free=floor_free_needed(configs))
+        if backend == "host":
+            runner = HostRunner(kinds, options, with_lower, floor_free=floor_free_needed(configs),
+                                workers=_xla.usable_cpus())
+        else:
+            runner = BucketRunner(make_mesh(devices), per_device, per_device * len(devices), kinds,
+                                  validate_policy(bucketing), options, with_lower, {struct_of(p) for p in pending},
+                                  floor_free=floor_free_needed(configs))
         runner.run(pending, rows, store, bar)
     join_stores()
     origins = [ORIGIN.get(k) for k in runner.programs if k in runner.made]
@@ -253,6 +274,16 @@ def _configs_of(configs, noise_multiplier, sampling_prob, steps, delta, epsilon,
         raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
                          "delta (or epsilon)")
     return sweep_grid(noise_multiplier, sampling_prob, steps, delta, epsilon, group_size)
+
+
+def _backend(backend, devices) -> str:
+    """``"host"`` or ``"compiled"`` (see :func:`sweep`)."""
+    if backend not in ("auto", "host", "compiled"):
+        raise ValueError(f"backend must be 'auto', 'host' or 'compiled', got {backend!r}")
+    if backend != "auto":
+        return backend
+    one_cpu = len(devices) == 1 and devices[0].platform == "cpu" and jax.process_count() == 1
+    return "host" if one_cpu else "compiled"
 
 
 def _devices(devices, per_device):
