@@ -101,8 +101,9 @@ def _many(components_list, targets, *, want, options):
     x64 = bool(jax.config.jax_enable_x64)
 
     def run(i):
+        # Each worker answers whole elements; their directions run serially (no nested threads).
         with jax.enable_x64(x64):
-            return _one(comps[i], targets[i], want=want, options=options)
+            return prog.worker(_one, comps[i], targets[i], want=want, options=options)
 
     return np.asarray(list(_workers().map(run, range(len(comps)))), np.float64)
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -1004,9 +1006,86 @@ def _convert_finish(ops: Ops, located, inp: Inputs, spec: Spec):
 def run_host(inp: Inputs, spec: Spec) -> np.ndarray:
     """The program of one configuration in NumPy (no compilation): ``(D, K, targets + 8)``.
 
-    ``spec.groups[g].length`` must equal ``inp.support[g]`` here (the arrays are the support)."""
+    ``spec.groups[g].length`` must equal ``inp.support[g]`` here (the arrays are the support).
+    One mechanism in two directions (DP-SGD): the loss CDFs of both directions are evaluated
+    once (on their shared lattice), and each direction's rows are then composed, windowed and
+    converted on their own thread (:func:`_by_direction`; the rows of one direction never
+    depend on the other's, so the values are those of one joint run, bit for bit)."""
     with np.errstate(divide="ignore", over="ignore", under="ignore", invalid="ignore"):
+        if _splittable(spec):
+            return _by_direction(inp, spec)
         return np.asarray(_program(NUMPY, inp, spec), np.float64)
+
+
+#: Threads of :func:`_by_direction` (built on first use); its calls from inside its own threads or
+#: other dpjax worker threads run serially (no nested pools).
+_DIRECTION_POOL: list = []
+_IN_WORKER = threading.local()
+
+
+def _splittable(spec: Spec) -> bool:
+    return (len(spec.directions) == 2 and len(spec.groups) == 1 and spec.groups[0].members == 1
+            and not spec.tilted and spec.freq == 0)
+
+
+def _direction_inputs(inp: Inputs, d: int) -> Inputs:
+    """``inp`` restricted to direction ``d`` (offsets, Chernoff parameters and tilts per direction)."""
+    return inp._replace(offsets=tuple(o[..., d:d + 1] for o in inp.offsets), lambdas=inp.lambdas[d:d + 1],
+                        tilt=inp.tilt[d:d + 1], tilt_from=inp.tilt_from[d:d + 1])
+
+
+def _by_direction(inp: Inputs, spec: Spec) -> np.ndarray:
+    ops = NUMPY
+    D = len(spec.directions)
+    m = spec.groups[0].length
+    o = np.asarray(inp.offsets[0][0])
+    mech = _index(inp.mechanisms[0], 0)
+    y = (o[:, None] + np.arange(m)[None, :]) * inp.dx
+    c = _cdfs(ops, mech, spec.directions, y, o, inp.dx)
+    nf_len = _kept(inp, spec)
+
+    def one(d: int):
+        with np.errstate(divide="ignore", over="ignore", under="ignore", invalid="ignore"):
+            pmf, p_inf = _grid_pmf(ops, LossCDFs(*(v[d:d + 1] for v in c)), y[d:d + 1], inp.dx, spec.kinds)
+            sub = _direction_inputs(inp, d)
+            sub_spec = dataclasses.replace(spec, directions=(spec.directions[d],))
+            carry = _compose(ops, sub, sub_spec, nf_len, ((pmf[None], p_inf[None]),))
+            return np.asarray(_finish(ops, carry, sub, sub_spec, nf_len), np.float64)
+
+    if _usable_cpus() < 2 or getattr(_IN_WORKER, "active", False):
+        parts = [one(d) for d in range(D)]
+    else:
+        pool = _direction_pool()
+        other = pool.submit(worker, one, 1)
+        parts = [one(0), other.result()]
+    return np.concatenate(parts, axis=0)
+
+
+def worker(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with this thread marked as a worker: :func:`run_host` inside it
+    runs its directions serially (for callers that already spread calls over threads)."""
+    before = getattr(_IN_WORKER, "active", False)
+    _IN_WORKER.active = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _IN_WORKER.active = before
+
+
+def _direction_pool():
+    if not _DIRECTION_POOL:
+        import concurrent.futures
+
+        _DIRECTION_POOL.append(concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                     thread_name_prefix="dpjax-direction"))
+    return _DIRECTION_POOL[0]
+
+
+def _usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def run_host_counts(inp: Inputs, spec: Spec, counts) -> np.ndarray:

@@ -608,13 +608,15 @@ class HostRunner(BucketRunner):
         self.programs, self.made = set(), set()
 
     def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
+        from dpjax.pld import program as prog
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers) as pool:
             while pending:
                 todo, pending = pending, []
                 step = 16 * self.workers
                 for k in range(0, len(todo), step):
                     part = todo[k:k + step]
-                    results = list(pool.map(lambda p: run_host(p, self.kinds, self.floor_free), part))
+                    results = list(pool.map(lambda p: prog.worker(run_host, p, self.kinds, self.floor_free), part))
                     new = self._rows(part, results, pending)
                     for row in new:
                         rows[row["index"]] = row
