@@ -64,7 +64,7 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax._enums import StrEnum
-from dpjax._ops import jax_ops
+from dpjax._ops import is_jax, jax_ops
 
 
 class Direction(StrEnum):
@@ -314,23 +314,41 @@ class PoissonSubsampledGaussian:
         start = min(int(offsets_remove), k_bound - 1)
         return max(int(offsets_remove) - start + m + 2, -int(offsets_add) - start + 3)
 
-    def loss_cdfs_lattice(self, offsets, dx, m: int, length: int, ops=None) -> LossCDFs:
+    def _lattice_values(self, start, dx, lo: int, hi: int, ops=None):
+        """``(mix_le, mix_gt, a_le, a_gt)`` at the lattice indices ``[lo, hi)`` (pointwise: any
+        split of the lattice gives the same values)."""
+        xp = _ops(ops).xp
+        u = (start + xp.arange(lo, hi)) * dx
+        x, s, q = self._x_of_loss(u, ops)
+        (a_le, b_le), (a_gt, b_gt) = normal_cdf_sf((x[None] - _MEANS.reshape(2, 1)) / s, ops)
+        return (1.0 - q) * a_le + q * b_le, (1.0 - q) * a_gt + q * b_gt, a_le, a_gt
+
+    def loss_cdfs_lattice(self, offsets, dx, m: int, length: int, ops=None, split=None) -> LossCDFs:
         """:meth:`loss_cdfs_directions` for directions ``("remove", "add")`` at the grid losses
         ``(offsets[d] + j) dx``, ``j < m``, from one evaluation on ``length`` lattice points
         (see above; :meth:`lattice_fits` says when ``length`` suffices: an uncovered point would
-        be NaN, which the accountant reports as no bound)."""
+        be NaN, which the accountant reports as no bound).  ``split`` (host only): a function
+        running ``fn(*args)`` in the background and returning its result's getter, to evaluate
+        the upper half of the lattice there (the same values)."""
         ops = _ops(ops)
         xp = ops.xp
         start = self._lattice_start(offsets[0], dx, ops)
-        u = (start + xp.arange(length)) * dx
-        x, s, q = self._x_of_loss(u, ops)
-        (a_le, b_le), (a_gt, b_gt) = normal_cdf_sf((x[None] - _MEANS.reshape(2, 1)) / s, ops)
-        mix_le = (1.0 - q) * a_le + q * b_le
-        mix_gt = (1.0 - q) * a_gt + q * b_gt
+        if split is not None and not is_jax(ops) and length >= 8192:
+            half = length // 2
+            upper = split(self._lattice_values, start, dx, half, length, ops)
+            lower = self._lattice_values(start, dx, 0, half, ops)
+            mix_le, mix_gt, a_le, a_gt = (np.concatenate(v) for v in zip(lower, upper()))
+        else:
+            mix_le, mix_gt, a_le, a_gt = self._lattice_values(start, dx, 0, length, ops)
+        s = xp.asarray(self.noise_multiplier, np.float64)
+        q = xp.asarray(self.sampling_prob, np.float64)
         # The constants below the loss bound: the same formulas at x = -1e30 (the sentinel).
         (c_ale, c_ble), (c_agt, c_bgt) = normal_cdf_sf((xp.full((1,), -1e30) - _MEANS.reshape(2, 1)) / s, ops)
         c_mle = (1.0 - q) * c_ale + q * c_ble
         c_mgt = (1.0 - q) * c_agt + q * c_bgt
+        if not is_jax(ops):
+            return self._lattice_rows_host(offsets, start, m, length, (mix_le, mix_gt, a_le, a_gt),
+                                           (c_mle, c_mgt, c_ale, c_agt))
         j = xp.arange(m)
         i_r = offsets[0] - start + j
         i_a = -(offsets[1] + j) - start
@@ -344,6 +362,32 @@ class PoissonSubsampledGaussian:
         # remove: P the mixture, Q = N(0, s^2); add: the pair swapped, event {X >= x}.
         return LossCDFs(xp.stack([mix_le[i_r], add(a_gt, c_agt)]), xp.stack([mix_gt[i_r], add(a_le, c_ale)]),
                         xp.stack([a_le[i_r], add(mix_gt, c_mgt)]), xp.stack([a_gt[i_r], add(mix_le, c_mle)]))
+
+    @staticmethod
+    def _lattice_rows_host(offsets, start, m: int, length: int, values, constants) -> LossCDFs:
+        """The rows of :meth:`loss_cdfs_lattice` in NumPy by slicing: the remove grid is the
+        lattice from ``offsets[0] - start`` on, the add grid the lattice read backwards from
+        ``-offsets[1] - start``, the constant below index 0 and NaN above the lattice (the same
+        entries as the gathers, without them)."""
+        mix_le, mix_gt, a_le, a_gt = values
+        c_mle, c_mgt, c_ale, c_agt = constants
+        r0 = int(offsets[0]) - int(start)
+        a0 = -int(offsets[1]) - int(start)           # add's lattice index at j = 0, decreasing in j
+        # j in [lo, hi) reads the lattice at a0 - j in [0, length); j < lo is above it, j >= hi below.
+        lo, hi = max(0, a0 - length + 1), min(m, a0 + 1)
+
+        def rows(remove, add_v, const):
+            out = np.empty((2, m))
+            out[0] = remove[r0:r0 + m]
+            out[1, :lo] = np.nan
+            if hi > lo:
+                out[1, lo:hi] = add_v[a0 - lo::-1][:hi - lo] if a0 - lo >= 0 else add_v[:0]
+            out[1, max(hi, lo):] = const[0]
+            return out
+
+        # remove: P the mixture, Q = N(0, s^2); add: the pair swapped, event {X >= x}.
+        return LossCDFs(rows(mix_le, a_gt, c_agt), rows(mix_gt, a_le, c_ale), rows(a_le, mix_gt, c_mgt),
+                        rows(a_gt, mix_le, c_mle))
 
     def max_loss(self, direction: str) -> np.ndarray:
         """Upper bound of the loss: ``-log(1 - q)`` under "add" (``inf`` at ``q = 1``), ``inf`` under "remove"."""
