@@ -12,6 +12,9 @@ stays one JSON object).  What is drawn depends on where stderr goes:
   seconds (``DPJAX_PROGRESS_INTERVAL`` overrides it) and a last line at the end, no ``\\r``
   redraws; calls shorter than the interval write nothing.
 
+A long call's meter appears only after :func:`long_call_delay` seconds (``DPJAX_PROGRESS_DELAY``
+overrides the default of one second; ``0`` shows every meter at once).
+
 Switches, strongest first: the call's own argument (``progress=False`` / ``True``; ``None``,
 the default everywhere, means "auto"), then :func:`set_progress` (the CLI's ``--quiet`` sets it
 off for its run), then the environment variable ``DPJAX_PROGRESS`` (``0`` off, ``1`` on).
@@ -121,6 +124,15 @@ def progress_enabled(enabled: bool | None = None, stream=None) -> bool:
     if env is not None and env.strip() in _OFF:
         return False
     return True  # a terminal or notebook gets a bar, anything else lines in a log
+
+
+def long_call_delay() -> float:
+    """Seconds a long call runs before its meter appears: ``DPJAX_PROGRESS_DELAY``, else
+    :data:`LONG_CALL_DELAY`."""
+    try:
+        return max(0.0, float(os.environ.get("DPJAX_PROGRESS_DELAY", LONG_CALL_DELAY)))
+    except ValueError:
+        return LONG_CALL_DELAY
 
 
 def _log_interval() -> float:
@@ -336,5 +348,5 @@ def tick(n: int = 1) -> None:
         bar.update(n)
 
 
-__all__ = ["LOG_INTERVAL", "LONG_CALL_DELAY", "Progress", "get_progress", "in_notebook", "note", "progress",
+__all__ = ["LOG_INTERVAL", "LONG_CALL_DELAY", "long_call_delay", "Progress", "get_progress", "in_notebook", "note", "progress",
            "progress_enabled", "set_active", "set_progress", "tick"]

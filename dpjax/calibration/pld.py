@@ -695,7 +695,7 @@ def _noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, gro
             raise ValueError(_unreachable_message("below", eps[i], delta[i], q[i], steps_i[i], k, sampling))
     guess = _clt_guess(eps, delta, np.minimum(1.0, k * q), steps_i.astype(np.float64))
     bar = _progress.progress(None, "calibrate noise", enabled=progress, unit="rounds",
-                             delay=_progress.LONG_CALL_DELAY)
+                             delay=_progress.long_call_delay())
     on_accountant = options == GridOptions()
     try:
         if on_accountant:

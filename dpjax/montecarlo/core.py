@@ -393,7 +393,7 @@ class progress_bar:
         from dpjax import _progress
 
         self.bar = _progress.progress(num_chunks, desc, enabled=enabled, unit="chunks",
-                                      delay=_progress.LONG_CALL_DELAY)
+                                      delay=_progress.long_call_delay())
         self._asked = enabled
 
     @property
