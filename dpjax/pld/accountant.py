@@ -36,7 +36,7 @@ from dpjax._x64 import float64, host_only
 from dpjax.pld.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                               exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                               stacked_mechanisms)
-from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta
+from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.plan import GridOptions
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult  # noqa: F401 (re-exported)
@@ -67,6 +67,79 @@ def _one_step_exceeds_every_epsilon(stacked, target_delta: float) -> bool:
         if np.any(log_d > log_target):
             return True
     return False
+
+
+def _one_step_log_delta(stacked, eps):
+    """``log delta(eps)`` of every single Gaussian or Poisson-subsampled Gaussian step of the
+    composition (and of its Gaussian steps composed), in the remove direction, by their closed
+    forms (see :func:`_one_step_exceeds_every_epsilon`): rows x ``eps`` (``eps`` a 1-D float64
+    array), or ``None`` when the composition has no such step.  Dropping the other steps is
+    post-processing, so each row is a lower bound on the composition's delta."""
+    rows, gauss_mu2 = [], 0.0
+    for cls, _static, data, P, C in stacked:
+        if cls is PoissonSubsampledGaussian:
+            q = P[:, data.index("sampling_prob")][:, None]
+            mu = 1.0 / P[:, data.index("noise_multiplier")][:, None]
+            # eps' = log((e^eps - 1 + q) / q), written to neither overflow nor cancel.
+            shifted = eps[None, :] - np.log(q) + np.log1p(-(1.0 - q) * np.exp(-eps[None, :]))
+            rows.append(np.log(q) + np_gaussian_log_delta(shifted, mu))
+        elif cls is Gaussian:
+            mu = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
+            gauss_mu2 += float(np.sum(np.asarray(C, np.float64) * mu * mu))
+            rows.append(np_gaussian_log_delta(eps[None, :], mu[:, None]))
+    if gauss_mu2 > 0:
+        rows.append(np_gaussian_log_delta(eps[None, :], math.sqrt(gauss_mu2)))
+    return np.concatenate(rows, axis=0) if rows else None
+
+
+#: Relative allowance on the closed forms of :func:`_one_step_log_delta` (SciPy's ``log_ndtr``
+#: and the float64 logs, ~1e-13 relative in delta): a lower end is claimed only with this margin.
+_ONE_STEP_MARGIN = 1e-9
+
+
+def one_step_epsilon_lower(stacked, deltas, upper) -> np.ndarray | None:
+    """A certified lower end on epsilon at ``deltas``: the largest epsilon in ``[0, upper]`` at
+    which some single step of the composition (or its Gaussian steps composed) already has delta
+    above the target by :func:`_one_step_log_delta`, found by bisection; ``None`` when the
+    composition has no Gaussian or Poisson-subsampled Gaussian step.  Exact for one step (up to
+    the bisection's width, 1e-12 relative), so a single step's bracket no longer depends on the
+    grid's optimistic rounding."""
+    d = np.asarray(deltas, np.float64).reshape(-1)
+    hi = np.broadcast_to(np.asarray(upper, np.float64), np.shape(deltas)).reshape(-1).copy()
+    if _one_step_log_delta(stacked, np.zeros(1)) is None:
+        return None
+    log_t = np.log(d) + _ONE_STEP_MARGIN
+    hi = np.where(np.isfinite(hi), hi, np.finfo(np.float64).max / 4)
+    lo = np.zeros_like(hi)
+    above0 = np.max(_one_step_log_delta(stacked, lo), axis=0) > log_t
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        above = np.max(_one_step_log_delta(stacked, mid), axis=0) > log_t
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+        if np.all(hi - lo <= 1e-12 * hi):
+            break
+    return np.where(above0, lo, 0.0).reshape(np.shape(deltas))
+
+
+def one_step_delta_lower(stacked, eps) -> np.ndarray | None:
+    """A certified lower end on delta at ``eps``: the largest single-step closed form of
+    :func:`_one_step_log_delta`, less its rounding allowance; ``None`` as there."""
+    e = np.asarray(eps, np.float64)
+    rows = _one_step_log_delta(stacked, e.reshape(-1))
+    if rows is None:
+        return None
+    return (np.exp(np.max(rows, axis=0)) * (1.0 - _ONE_STEP_MARGIN)).reshape(e.shape)
+
+
+def _raise_lower(dir_reports, lower, upper, bound):
+    """Lower ends raised to ``bound`` (a remove-direction bound; never above ``upper``)."""
+    if bound is None:
+        return dir_reports, lower
+    bound = np.minimum(bound, upper)
+    out = [dataclasses.replace(r, lower=np.minimum(np.maximum(np.asarray(r.lower, np.float64), bound),
+                                                   np.asarray(r.upper, np.float64)))
+           if r.direction == "remove" else r for r in dir_reports]
+    return out, np.maximum(lower, bound)
 
 
 def _without_lossless(components) -> list:
@@ -131,9 +204,10 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     tail_mass = options.tail_fraction * float(np.min(deltas))
     # NumPy inputs go straight into the jitted program (jnp.asarray outside a trace compiles a
     # staging program of its own: ~50 ms of every cold start).
+    caps = epsilon_caps(components, np.asarray(deltas, np.float64), mu_dom, stacked)
     reports, blocked = account(components, np.asarray(deltas, np.float64), np.zeros(()), with_lower=with_lower,
                                 options=options, eps_hint=None, target_delta=float(np.min(deltas)),
-                                tail_mass=tail_mass, stacked=stacked)
+                                tail_mass=tail_mass, stacked=stacked, caps=caps)
     dir_reports, upper, lower = combine(reports)
     reason = None
     if np.isinf(upper).any():
@@ -143,6 +217,15 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if floored is not None and np.any(floored < upper):
         upper, lower = floored, np.minimum(lower, floored)
         reason = ((reason + "  ") if reason else "") + _RARE_SAMPLING_REASON
+    dir_reports, capped = _capped(dir_reports, caps)
+    if capped:
+        new_upper = np.minimum(upper, np.max([r.upper for r in dir_reports], axis=0))
+        if np.any(new_upper < upper):
+            reason = ((reason + "  ") if reason else "") + _CAP_REASON
+        upper = new_upper
+        lower = np.minimum(lower, upper)
+    if with_lower:
+        dir_reports, lower = _raise_lower(dir_reports, lower, upper, one_step_epsilon_lower(stacked, deltas, upper))
     return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
                          target_delta=scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -183,8 +266,15 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,
                                 tail_mass=options.delta_tail_mass, stacked=stacked)
     dir_reports, upper, lower = combine(reports)
+    mu_dom = dominating_gaussian_mu(components, stacked)
     if (np.asarray(upper) >= 1.0).any():
-        dir_reports, upper = _fallback_delta(components, dir_reports, eps, dominating_gaussian_mu(components, stacked))
+        dir_reports, upper = _fallback_delta(components, dir_reports, eps, mu_dom)
+    dir_reports, capped = _capped_delta(components, dir_reports, eps, mu_dom)
+    if capped:
+        upper = np.minimum(upper, np.max([r.upper for r in dir_reports], axis=0))
+        lower = np.minimum(lower, upper)
+    if with_lower:
+        dir_reports, lower = _raise_lower(dir_reports, lower, upper, one_step_delta_lower(stacked, eps))
     return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
                        target_epsilon=scalar(eps), directions=tuple(dir_reports), blocked=blocked)
 
@@ -229,6 +319,81 @@ def rare_sampling_floor(components, deltas, upper, stacked=None):
 
     bound = mixture_bound(stacked_mechanisms(components), np.ravel(deltas)).reshape(np.shape(deltas))
     return np.minimum(np.asarray(upper, np.float64), bound)
+
+
+_CAP_REASON = ("The grid's bound was above a cheaper certified bound, which is reported instead: the "
+               "composition's largest loss (pure DP composition) or the Gaussian mechanism that dominates it "
+               "without amplification (dpjax.pld.accountant.epsilon_caps).")
+
+
+def epsilon_caps(components, deltas, mu_dom=None, stacked=None):
+    """Per direction (``"remove"``, ``"add"``), the cheap certified upper bounds every answer is
+    capped by: the support bound (``sum_i c_i max_loss_i``: no loss above it) and the epsilon of
+    the Gaussian mechanism dominating the composition without amplification
+    (:func:`~dpjax.pld.engine.dominating_gaussian_mu`), whichever is smaller: ``{direction:
+    array}`` shaped like ``deltas``."""
+    from dpjax.pld.exact import host_gaussian_epsilon
+    from dpjax.pld.fallback import support_bound
+
+    deltas = np.asarray(deltas, np.float64)
+    if mu_dom is None:
+        mu_dom = dominating_gaussian_mu(components, stacked)
+    gauss = (np.asarray(host_gaussian_epsilon(deltas, mu_dom), np.float64).reshape(deltas.shape)
+             if mu_dom is not None and math.isfinite(mu_dom) else np.full(deltas.shape, np.inf))
+    mechs = stacked_mechanisms(components)
+    # (The support bound rounded up: the composed loss never exceeds the exact sum.)
+    return {d: np.minimum(gauss, support_bound(mechs, d) * _SUPPORT_ROUNDING) for d in ("remove", "add")}
+
+
+#: Relative allowance on a computed support bound ``sum_i c_i max_loss_i`` (float64 rounding of
+#: the logs and the sum, ~1e-15 each).
+_SUPPORT_ROUNDING = 1.0 + 1e-9
+
+
+def _capped(dir_reports, caps):
+    """``(reports, capped)``: each direction's upper end no larger than its cap ``caps[direction]``
+    (:func:`epsilon_caps`; both certified, so their minimum is), its lower end no larger than its
+    upper."""
+    out, capped = [], False
+    for r in dir_reports:
+        up = np.asarray(r.upper, np.float64)
+        cap = caps[str(r.direction)].reshape(np.shape(up)) if np.ndim(up) else caps[str(r.direction)].reshape(())
+        if np.any(cap < up):
+            capped = True
+            up = np.minimum(up, cap)
+            r = dataclasses.replace(r, upper=up, lower=np.minimum(np.asarray(r.lower, np.float64), up))
+        out.append(r)
+    return out, capped
+
+
+def delta_caps(components, eps, mu_dom=None, stacked=None):
+    """:func:`epsilon_caps` for delta queries: per direction, the dominating Gaussian's delta
+    at ``eps`` (with its rounding allowance), and 0 at and above the support bound."""
+    from dpjax.pld.fallback import _ROUNDING, support_bound
+
+    eps = np.asarray(eps, np.float64)
+    if mu_dom is None:
+        mu_dom = dominating_gaussian_mu(components, stacked)
+    mechs = stacked_mechanisms(components)
+    gauss = (np.minimum(np.exp(np_gaussian_log_delta(eps, mu_dom)) * (1.0 + _ROUNDING), 1.0)
+             if mu_dom is not None and mu_dom > 0 and math.isfinite(mu_dom)
+             else (np.zeros(eps.shape) if mu_dom == 0 else np.ones(eps.shape)))
+    return {d: np.where(eps >= support_bound(mechs, d) * _SUPPORT_ROUNDING, 0.0, gauss) for d in ("remove", "add")}
+
+
+def _capped_delta(components, dir_reports, eps, mu_dom):
+    """:func:`_capped` for delta queries (:func:`delta_caps`)."""
+    caps = delta_caps(components, eps, mu_dom)
+    out, capped = [], False
+    for r in dir_reports:
+        up = np.asarray(r.upper, np.float64)
+        cap = caps[str(r.direction)].reshape(np.shape(up))
+        if np.any(cap < up):
+            capped = True
+            up = np.minimum(up, cap)
+            r = dataclasses.replace(r, upper=up, lower=np.minimum(np.asarray(r.lower, np.float64), up))
+        out.append(r)
+    return out, capped
 
 
 def _fallback(components, dir_reports, deltas, mu_dom, reason):

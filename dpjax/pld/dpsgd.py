@@ -109,6 +109,13 @@ def _partials(query, components: Callable, scalar: Callable, options, wrt, sigma
         if query == "epsilon":
             if v == 0.0:
                 continue  # eps = 0 on a neighbourhood (delta(0) <= target): flat
+            if _capped_value(comps, v, float(tg)):
+                # The value is a closed-form cap (pld.accountant.epsilon_caps), not the grid's
+                # curve: differentiate the call itself (central differences of closed forms).
+                d = _central_partials(scalar, float(s), qv, int(t), float(tg), v)
+                for k in wrt:
+                    parts[k][i] = d[k]
+                continue
             g = batched.grid_partials(comps, noise_multiplier=float(s), sampling_prob=qv, target_delta=float(tg),
                                       epsilon=v, options=options)
             slope = g["d_delta_d_eps"]
@@ -117,6 +124,11 @@ def _partials(query, components: Callable, scalar: Callable, options, wrt, sigma
             if not math.isfinite(v):
                 d = dict.fromkeys(d, math.nan)
         else:
+            if 0.0 < v < 1.0 and _capped_value(comps, v, float(tg), query="delta"):
+                d = _central_partials(scalar, float(s), qv, int(t), float(tg), v)
+                for k in wrt:
+                    parts[k][i] = d[k]
+                continue
             g = batched.grid_partials(comps, noise_multiplier=float(s), sampling_prob=qv, epsilon=float(tg),
                                       options=options)
             d = {"noise_multiplier": g["d_delta_d_sigma"], "sampling_prob": g["d_delta_d_q"],
@@ -128,6 +140,33 @@ def _partials(query, components: Callable, scalar: Callable, options, wrt, sigma
         for k in wrt:
             parts[k][i] = d[k]
     return values.reshape(shape), {k: p.reshape(shape) for k, p in parts.items()}
+
+
+def _capped_value(comps, value: float, target: float, query: str = "epsilon") -> bool:
+    """Whether a value is one of the closed-form caps of :func:`dpjax.pld.accountant.epsilon_caps`
+    (:func:`~dpjax.pld.accountant.delta_caps` for delta queries)."""
+    from dpjax.pld.accountant import delta_caps, epsilon_caps
+
+    caps = (epsilon_caps if query == "epsilon" else delta_caps)(comps, np.asarray([target]))
+    return any(float(c[0]) == value for c in caps.values())
+
+
+def _central_partials(scalar: Callable, sigma: float, q, steps: int, target: float, value: float) -> dict:
+    """Derivatives of ``scalar(sigma, q, steps, target)`` by central differences (steps 1e-6
+    relative; for the closed forms the caps are, truncation ~1e-12 relative)."""
+    out = {}
+    h = 1e-6 * sigma
+    out["noise_multiplier"] = (float(scalar(sigma + h, q, steps, target)) - float(scalar(sigma - h, q, steps, target))) \
+        / (2 * h)
+    if q is not None and 0.0 < q < 1.0:
+        hq = 1e-6 * min(q, 1.0 - q)
+        out["sampling_prob"] = (float(scalar(sigma, q + hq, steps, target)) - float(scalar(sigma, q - hq, steps, target))) \
+            / (2 * hq)
+    else:
+        out["sampling_prob"] = 0.0
+    ht = 1e-6 * target
+    out["target"] = (float(scalar(sigma, q, steps, target + ht)) - float(scalar(sigma, q, steps, target - ht))) / (2 * ht)
+    return out
 
 
 def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Callable, scalar: Callable,

@@ -316,7 +316,7 @@ TAIL_PASS_FRACTION = 1e-3
 _TILT_THETA = np.array([1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0])
 
 
-def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n_max=None):
+def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n_max=None, caps=None):
     """Re-run the composition exponentially tilted towards the tail (the PLD program's
     ``tilted`` mode) when the FFT round-off floor matters at the requested delta, and keep, per
     target, the better of the two certified bounds (each is a valid bound on its own: the min of
@@ -324,7 +324,9 @@ def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n
     the tilted window's ``valid_from``).  Ordinary deltas never get here (the floor over the
     whole window is far below them), so their results are unchanged.  The tilted run may use a
     wider window than ``plan`` (same spacing, up to ``n_max`` points; see
-    :func:`dpjax.pld.plan.tilt_parameters`).
+    :func:`dpjax.pld.plan.tilt_parameters`).  ``caps``: per direction, certified upper ends found
+    without the grid (:func:`dpjax.pld.accountant.epsilon_caps`), which place the tilted window
+    where the ordinary upper end is far above them (the window is then centred near the answer).
     """
     if want == "eps":
         level = wrap_level = float(np.min(deltas))
@@ -350,12 +352,24 @@ def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n
     plain = res
     mgf = tilt_log_mgf(groups, directions, _support_tops(plan))   # the same for every guess
     for frac in _TILT_GUESSES:
-        res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
-                                        level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
-                                        guide=plain, mgf=mgf)
+        for toward in (_TILT_TOWARD if frac == _TILT_GUESSES[0] and want == "eps" else _TILT_TOWARD[:1]):
+            res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
+                                            level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
+                                            guide=plain, mgf=mgf, toward=toward, caps=caps)
+            if valid:
+                break
         if valid or not retry:
             break
     return res
+
+
+#: Where :func:`_tilted_run` centres the tilted bulk between the window's start ``y_v`` and the
+#: ordinary upper end: these fractions of the way up, in turn, while the tilted run gives no
+#: answer.  The ordinary bracket's middle first; where the floor puts the ordinary upper end far
+#: above the answer, the middle asks for a tilt so steep that the curves near the answer are lost
+#: (a single fixed-batch step, sigma 0.73, delta 3.8e-14: bracket [16.9, 84.6], tilt 794, no
+#: answer; a tenth of the way up answers 18.876, dp_accounting's value).
+_TILT_TOWARD = (0.5, 0.1, 0.01)
 
 
 #: Widest tilted window (loss units) :func:`_tilted_run` asks for on a coarser grid when
@@ -381,14 +395,16 @@ def _support_tops(plan):
 
 
 def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac, n_max=None,
-                wrap_level=None, guide=None, mgf=None):
+                wrap_level=None, guide=None, mgf=None, toward=0.5, caps=None):
     """One tilted run (see :func:`tail_pass`); returns (merged results, whether every
     direction's tilted upper end at the smallest target was an answer, whether a lower guess of
     ``y_v`` may help: some ``y_v`` was a guess and every direction that gave no answer has a
     window that fits).  ``wrap_level``: the delta against which the mass wrapping onto the
     tilted window from below must be negligible (default ``level``); ``guide``: the results
     that place the tilted window (default ``res``, into which the tilted results are merged);
-    ``mgf``: :func:`dpjax.pld.plan.tilt_log_mgf` of ``groups`` on ``plan``'s supports, when known.
+    ``mgf``: :func:`dpjax.pld.plan.tilt_log_mgf` of ``groups`` on ``plan``'s supports, when known;
+    ``toward``: where the tilted bulk is centred, that fraction of the way from ``y_v`` to the
+    ordinary upper end (:data:`_TILT_TOWARD`).
 
     A tilted upper end at or below ``valid_from`` is no answer, but it still certifies
     ``epsilon <= valid_from``: the tilted delta curve is exact-or-above the truth for every
@@ -401,13 +417,15 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
             i = int(np.argmin(deltas))
             up = float(np.asarray(r["up"]["value"]).reshape(-1)[i])
             lo = float(np.asarray(r["down"]["value"]).reshape(-1)[i]) if "down" in r else float("nan")
+            if caps is not None:
+                up = min(up, float(np.asarray(caps[directions[di]], np.float64).reshape(-1)[i]))
             if not math.isfinite(up):
                 up = 2.0 * lo if lo > 0 else means[di] + 2.0 * plan.sigma_composed[di] * math.sqrt(
                     2.0 * math.log(1.0 / level))
             if not (lo > means[di]):
                 lo = means[di] + (frac if frac is not None else 0.5) * (up - means[di])
                 guessed = True
-            eps_t.append(0.5 * (up + lo))
+            eps_t.append(lo + toward * (up - lo))
             y_v.append(lo)
         else:
             eps_t.append(float(np.max(epsilons)))
@@ -469,14 +487,15 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
 # One accounting run: prepare, run, tail pass; per-direction reports
 
 
-def account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass, stacked=None):
+def account(components, deltas, epsilons, *, with_lower, options, eps_hint, target_delta, tail_mass, stacked=None,
+            caps=None):
     up_groups, lo_groups, symmetric, blocked = prepare(components, options.max_distinct, stacked)
     directions = ("remove",) if symmetric else ("remove", "add")
     kinds = ("up", "down") if (with_lower and not blocked) else ("up",)
     kw = dict(tail_mass=tail_mass, eps_hint=eps_hint, target_delta=target_delta, options=options)
     plan, res = run(up_groups, directions, kinds, deltas, epsilons, **kw)
     res = tail_pass(up_groups, directions, kinds, deltas, epsilons, plan, res,
-                     want="eps" if eps_hint is None else "delta", n_max=options.n_max)
+                     want="eps" if eps_hint is None else "delta", n_max=options.n_max, caps=caps)
     if with_lower and blocked:
         _, res_lo = run(lo_groups, directions, ("down",), deltas, epsilons, **kw)
         for r, rl in zip(res, res_lo):
@@ -519,19 +538,41 @@ def _report(d, plan: GridPlan, res, up, lo) -> DirectionReport:
 
 def dominating_gaussian_mu(components, stacked=None) -> float | None:
     """``mu`` of a Gaussian mechanism dominating the composition, when every component is a
-    :class:`Gaussian` or a :class:`PoissonSubsampledGaussian` (whose hockey-stick divergences,
-    by joint convexity, are at most ``q`` times those of its ``q = 1`` pair): else None."""
+    :class:`Gaussian`, a :class:`PoissonSubsampledGaussian` (whose hockey-stick divergences, by
+    joint convexity, are at most ``q`` times those of its ``q = 1`` pair) or a mixture of
+    Gaussians against ``N(0, sigma^2)`` (:class:`~dpjax.pld.mog.MixtureOfGaussians`,
+    :class:`~dpjax.pld.mog.GroupSubsampledGaussian`: by joint convexity at most the divergence of
+    its largest sensitivity, in both directions): else None.  ``mu^2 = sum_i c_i (s_i /
+    sigma_i)^2`` (Dong, Roth and Su 2022, Cor. 3.3)."""
     mu2 = 0.0
     for cls, static, data, P, C in (stack(components) if stacked is None else stacked):
-        if cls is Gaussian:
-            r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
-        elif cls is PoissonSubsampledGaussian:
-            r = 1.0 / P[:, data.index("noise_multiplier")]
-        else:
+        r = _dominating_ratio(cls, static, data, P)
+        if r is None:
             return None
         with np.errstate(over="ignore"):
             mu2 += float(np.sum(C.astype(np.float64) * r * r))
     return math.sqrt(mu2)
+
+
+def _dominating_ratio(cls, static, data, P):
+    """Per stacked row, the largest sensitivity over the noise of a mechanism dominated by one
+    Gaussian (see :func:`dominating_gaussian_mu`), or None."""
+    from dpjax.pld.group_spec import Sampling
+    from dpjax.pld.mog import GroupSubsampledGaussian, MixtureOfGaussians
+
+    if cls is Gaussian:
+        return P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
+    if cls is PoissonSubsampledGaussian:
+        return 1.0 / P[:, data.index("noise_multiplier")]
+    if cls is MixtureOfGaussians:
+        s = max((si for si, pi in zip(static["sensitivities"], static["probabilities"]) if pi > 0), default=0.0)
+        return s / P[:, data.index("standard_deviation")]
+    if cls is GroupSubsampledGaussian:
+        # Sensitivities (Delta j) for j <= k: the largest is Delta k (the full mixture's, not
+        # only the components kept after pruning).
+        delta = Sampling.parse(static["sampling"]).sensitivity
+        return delta * P[:, data.index("group_size")] / P[:, data.index("noise_multiplier")]
+    return None
 
 
 def exact_gaussian_mu(components, stacked=None) -> float | None:

@@ -328,6 +328,18 @@ class MixtureOfGaussians:
         c = xp.asarray(self.sensitivities, np.float64) / sd
         return mog_loss_cdfs(direction, y, c, xp.asarray(self.probabilities, np.float64), ops)
 
+    def max_loss(self, direction: str) -> np.ndarray:
+        """Upper bound of the loss: ``inf`` under "remove"; under "add" (``N(0)`` against the
+        mixture) ``-log p_0``, ``p_0`` the weight of the sensitivity-0 components (the mixture's
+        density is at least ``p_0`` times ``N(0)``'s), ``inf`` without any."""
+        check_direction(direction)
+        sd = np.asarray(self.standard_deviation, np.float64)
+        if direction == "remove":
+            return np.full(sd.shape, np.inf)
+        p0 = sum(pi for si, pi in zip(self.sensitivities, self.probabilities) if si == 0.0)
+        with np.errstate(divide="ignore"):
+            return np.full(sd.shape, -math.log(p0) if p0 > 0 else np.inf)
+
     def _mixture_arrays(self, ops=None):
         xp = _ops(ops).xp
         sd = xp.asarray(self.standard_deviation, np.float64)
@@ -534,6 +546,33 @@ class GroupSubsampledGaussian:
             ok = np.flatnonzero(~(t > math.log(_PRUNE_TAIL)))   # logsf(j) = log P(X > j)
             need = max(need, int(ok[0]) if ok.size else len(t) - 1)
         return min(int(k_max), need)
+
+    def max_loss(self, direction: str) -> np.ndarray:
+        """Upper bound of the loss: ``inf`` under "remove"; under "add" (``N(0)`` against the
+        mixture) ``-log p_0`` with ``p_0`` the probability that no group member is in the batch:
+        ``(1 - q)^k`` (Poisson) or ``prod_{i < k} (1 - B / (N - i))`` (fixed batch), ``inf`` where
+        it is 0.  Per stacked entry (host, concrete parameters)."""
+        check_direction(direction)
+        sigma = np.atleast_1d(np.asarray(self.noise_multiplier, np.float64))
+        k = np.broadcast_to(np.asarray(self.group_size, np.float64), sigma.shape)
+        if direction == "remove":
+            return np.full(sigma.shape, np.inf)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if Sampling.parse(self.sampling) is Sampling.POISSON:
+                q = np.broadcast_to(np.asarray(self.sampling_prob, np.float64), sigma.shape)
+                out = np.where(q < 1.0, -k * np.log1p(-np.minimum(q, 1.0)), np.inf)
+            else:
+                n = np.broadcast_to(np.asarray(self.dataset_size, np.float64), sigma.shape)
+                b = np.broadcast_to(np.asarray(self.batch_size, np.float64), sigma.shape)
+                out = np.empty(sigma.shape)
+                for i in range(sigma.size):
+                    ki, ni, bi = int(k[i]), float(n[i]), float(b[i])
+                    if ni - ki < bi:
+                        out[i] = np.inf
+                    else:
+                        out[i] = -math.fsum(math.log1p(-bi / (ni - j)) for j in range(ki))
+        return out.reshape(np.shape(np.asarray(self.noise_multiplier))) if np.ndim(self.noise_multiplier) == 0 \
+            else out
 
     def mixture(self, ops=None):
         """``(scaled_sensitivities, probabilities)``, each ``(num_components,)`` (pure)."""
