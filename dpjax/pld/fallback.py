@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
 
 from dpjax.pld.exact import np_gaussian_log_delta
 
@@ -91,6 +90,9 @@ def _mixture_points(steps: int, q: float, target: float):
 
     Mass of ``K <= k_0`` goes to ``k_0``, of ``k_{j-1} < K <= k_j`` to ``k_j``, and of ``K > k_m``
     to a delta of 1 (``P(K > k_m) <= 1e-3 target``)."""
+    import scipy.stats  # on first use: every answer consults this module's support bound, and
+    # scipy.stats costs ~0.4 s of import
+
     k_lo = int(max(0, scipy.stats.binom.ppf(1e-300, steps, q) - 1))
     k_hi = int(min(steps, scipy.stats.binom.isf(1e-3 * target, steps, q) + 1))
     exact = np.arange(k_lo, min(k_hi, k_lo + _K_EXACT) + 1, dtype=np.float64)
