@@ -784,11 +784,74 @@ def render_sweep_profile(d: dict) -> Rendered:
     return Rendered("Where a sweep's steady state goes", body, "bench_sweep_profile.py")
 
 
+def render_session(d: dict) -> Rendered:
+    body, heads = [], []
+    sess = d.get("session") or {}
+    if sess:
+        rows = []
+        for label, rec in sess.items():
+            sm = rec["summary"]
+            rows.append([label, sm["queries"], seconds(sm["dpjax_total_s"]), seconds(sm["dp_accounting_total_s"]),
+                         ratio(sm["speedup"]), seconds(sm["import_dpjax_s"]), seconds(sm["import_dp_accounting_s"]),
+                         ratio(sm.get("speedup_with_imports")), seconds(sm["dpjax_first_call_s"]),
+                         seconds(sm["dpjax_median_call_s"]),
+                         f"{100 * sm['dpjax_calls_after_first_under_100ms']:.0f}%",
+                         seconds(sm["dp_accounting_median_call_s"])])
+            short = "fresh process" if label.startswith("fresh") else "second process, warm store"
+            heads.append([f"Notebook session of {sm['queries']} varied DP-SGD queries, {short}, calls",
+                          "dp_accounting", ratio(sm["speedup"])])
+            heads.append([f"Notebook session of {sm['queries']} varied DP-SGD queries, {short}, imports included",
+                          "dp_accounting", ratio(sm.get("speedup_with_imports"))])
+        body.append("A notebook session: varied DP-SGD queries drawn by a seeded generator, each answered by "
+                    "`dpjax.dpsgd_epsilon` and by dp_accounting's `PLDAccountant` (interval 1e-4), interleaved, "
+                    "in one fresh process on an empty program store, then in a second process on the store the "
+                    "first left. Imports are timed apart (dpjax's includes loading its modules).")
+        body.append(table(["process", "queries", "dpjax calls", "dp_accounting calls", "ratio (calls)",
+                           "dpjax import", "dp_accounting import", "ratio (imports included)", "dpjax first call",
+                           "dpjax median call", "dpjax calls after the first under 100 ms",
+                           "dp_accounting median call"], rows))
+    cli = d.get("cli")
+    if cli:
+        med = cli["median_s"]
+        body.append(f"The CLI's one-shot query, whole processes (imports included), median of the runs: "
+                    f"`{cli['command']}`.")
+        body.append(table(["command", "median"], [[k, seconds(v)] for k, v in med.items()]))
+        base = med.get("dp_accounting script")
+        for k in ("dpjax CLI, empty program store", "dpjax CLI, warm program store"):
+            if base and med.get(k):
+                heads.append([f"One-shot epsilon query, {k}", "dp_accounting script", ratio(base / med[k])])
+    sw = d.get("sweep")
+    if sw:
+        body.append(f"The broad sweep distribution ({sw['distribution']}), {sw['configs']} configurations.")
+        body.append(table(["run", "seconds", "ratio"], [[r["row"], seconds(r["seconds"]), ratio(r["speedup"])]
+                                                        for r in sw["rows"]]))
+        for r in sw["rows"][1:]:
+            heads.append([f"Sweep of {sw['configs']} configurations (broad), {r['row']}", "dp_accounting loop",
+                          ratio(r["speedup"])])
+    return Rendered("A user's first hour: session, one-shot CLI, sweep", "\n\n".join(body), "bench_session.py", heads)
+
+
+def render_programs(d: dict) -> Rendered:
+    rows = [[r["family"], r["case"], r.get("stage", ""), r.get("n", "-"), r["hlo_instructions"], seconds(r["lower_s"]),
+             seconds(r["compile_s"])] for r in d["rows"]]
+    sm = d["summary"]
+    body = ("Every XLA program a PLD query or sweep compiles, lowered and compiled from scratch (program store "
+            "off), one at a time: HLO instructions after XLA's optimizations, tracing and lowering time, compile "
+            "time (median of the repeats). Single queries, batches, curves, calibration and the derivatives of "
+            f"traced calls compile nothing. {sm['programs']} sweep programs: at most {num(sm['max_hlo_instructions'])} "
+            f"instructions and {seconds(sm['max_compile_s'])} of compile; {sm['over_half_second']} over 0.5 s.\n\n"
+            + table(["family", "case", "stage", "n", "HLO instructions", "trace and lower", "compile"], rows))
+    heads = [["Slowest compile of any sweep program", "0.5 s budget", seconds(sm["max_compile_s"])]]
+    return Rendered("Every compiled program: size and compile time", body, "bench_programs.py", heads)
+
+
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "table_amplified_mf.json": render_amplified_mf,
     "bench_pld.json": render_pld,
     "bench_first_call.json": render_first_call,
+    "bench_session.json": render_session,
+    "bench_programs.json": render_programs,
     "bench_group.json": render_group,
     "bench_calibration.json": render_calibration,
     "bench_montecarlo.json": render_montecarlo,
@@ -821,6 +884,7 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
 NOT_TABULATED = {
     "table_amplified_mf.*.json": "one group or row of table_amplified_mf.json, which is tabulated whole",
     "bench_first_call_*.json": "a side-by-side comparison of two versions, or a repeat, of the first-call benchmark",
+    "bench_pld_ab_*.json": "the PLD steady state of two versions in alternating fresh processes",
     "bench_calibration_first_call.json": "a side-by-side comparison of two versions of the calibration's first call",
     "bench_optimize_quick_base.json": "the optimization benchmark on a previous version (side by side)",
     "bench_pld_side_by_side_*.json": "the PLD benchmark on two versions, one after the other in one session (one file per version)",
