@@ -10,6 +10,10 @@
   composition alone, by its closed form, is a lower bound (dropping the other steps is
   post-processing); for one step it is the exact answer, where the grid's optimistic rounding
   left the lower end 2% below the truth (sigma 0.5, q 1e-9, delta 1e-14).
+* The threshold test (:func:`dpjax.pld.accountant.threshold_test_delta`): the hockey-stick
+  divergence at the event "some step's output exceeds its threshold", a lower bound on delta for
+  any threshold, close to the truth where sampled steps are rare (sigma 0.63, q 1.4e-8, T 353,
+  delta 4.8e-13: the grid's bracket [1.134e-4, 1.241e-4] became [1.2366e-4, 1.2407e-4]).
 
 Oracles: the closed form of one Poisson-subsampled Gaussian step in 40-digit mpmath
 (``q delta_G(eps')`` with ``e^eps' = (e^eps - 1 + q) / q``, the remove direction) and
@@ -40,6 +44,30 @@ def _one_step_delta(eps, sigma, q):
     mu = 1 / sigma
     phi = lambda x: mpmath.ncdf(x)  # noqa: E731
     return q * (phi(-shifted / mu + mu / 2) - mpmath.exp(shifted) * phi(-shifted / mu - mu / 2))
+
+
+def _threshold_epsilon(sigma, q, steps, delta):
+    """The threshold test's epsilon lower end in 50-digit mpmath, maximised over a fine grid of
+    thresholds around the single step's optimal one."""
+    mp = mpmath.mp
+    with mpmath.workdps(50):
+        s, q = mp.mpf(sigma), mp.mpf(q)
+
+        def value(eps):
+            eps = mp.mpf(eps)
+            c0 = s * s * mp.log((mp.exp(eps) - 1 + q) / q) + mp.mpf(1) / 2
+
+            def f(c):
+                b0, b1 = mp.ncdf(-c / s), mp.ncdf(-(c - 1) / s)
+                return -mp.expm1(steps * mp.log1p(-(q * b1 + (1 - q) * b0))) + mp.exp(eps) * mp.expm1(
+                    steps * mp.log1p(-b0))
+            return max(f(c0 + mp.mpf(k) / 200) for k in range(-40, 41))
+
+        lo, hi = mp.mpf(0), mp.mpf(1)
+        for _ in range(45):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if value(mid) > delta else (lo, mid)
+        return float(lo)
 
 
 def _one_step_epsilon(sigma, q, delta):
@@ -135,3 +163,39 @@ def test_caps_leave_scipy_stats_unimported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+HEAVY = (0.6291005376737504, 1.3958098043021708e-08, 353, 4.849276483929471e-13)
+# Certified upper end of HEAVY (pld.dpsgd_accounting; tests/test_pld_tilted_tail.py, slow tier).
+HEAVY_UPPER = 1.2406745796100793e-04
+
+
+def test_threshold_test_lower_end_against_mpmath():
+    from dpjax.pld.accountant import threshold_test_epsilon_lower
+
+    s, q, t, d = HEAVY
+    ours = float(threshold_test_epsilon_lower(stack(dpsgd_components(s, q, t)), np.asarray([d]), np.asarray([1e-3]),
+                                              np.asarray([0.0]))[0])
+    exact = _threshold_epsilon(s, q, t, d)
+    # Our threshold search is a grid (a coarser maximisation than the oracle's): at most 0.5% lower.
+    assert exact * (1 - 5e-3) <= ours <= exact * (1 + 1e-6), (ours, exact)
+    assert ours <= HEAVY_UPPER
+
+
+def test_threshold_test_tightens_the_lower_end_where_sampling_is_rare():
+    # sigma 1, q 1e-6, T 100, delta 1e-12: the grid alone bracketed [2.94e-4, 3.235e-4].
+    res = pld.dpsgd_accounting(1.0, 1e-6, 100, target_delta=1e-12)
+    assert res.epsilon <= res.epsilon_lower * 1.01, res
+    assert res.epsilon_lower <= _threshold_epsilon(1.0, 1e-6, 100, 1e-12) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("sigma,q,steps,eps", [(1.0, 0.01, 1000, 1.0), (0.8, 0.2, 1, 2.0), (1.0, 1e-6, 100, 3e-4),
+                                               (2.0, 1.0, 10, 1.0)])
+def test_threshold_test_delta_is_below_the_certified_delta(sigma, q, steps, eps):
+    from dpjax.pld.accountant import _threshold_rows, threshold_test_delta
+
+    res = pld.dpsgd_accounting(sigma, q, steps, target_epsilon=eps)
+    low = float(threshold_test_delta(_threshold_rows(stack(dpsgd_components(sigma, q, steps))), np.asarray([eps]))[0])
+    assert res.delta_lower <= res.delta and low <= res.delta * (1 + 1e-9), (low, res)
+    if steps == 1:  # the optimal test of one step: its exact delta
+        assert low == pytest.approx(float(_one_step_delta(eps, sigma, q)), rel=1e-6)

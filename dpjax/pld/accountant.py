@@ -131,6 +131,122 @@ def one_step_delta_lower(stacked, eps) -> np.ndarray | None:
     return (np.exp(np.max(rows, axis=0)) * (1.0 - _ONE_STEP_MARGIN)).reshape(e.shape)
 
 
+def _threshold_rows(stacked):
+    """``(sigma, shift, q, count)`` arrays of the composition's Gaussian and Poisson-subsampled
+    Gaussian steps (remove direction: ``P = (1 - q) N(0, sigma^2) + q N(shift, sigma^2)`` against
+    ``Q = N(0, sigma^2)``, ``q = 1`` for a Gaussian), or None when it has none or more than
+    :data:`_THRESHOLD_MAX_ROWS` distinct ones."""
+    sig, shift, q, cnt = [], [], [], []
+    for cls, _static, data, P, C in stacked:
+        if cls is PoissonSubsampledGaussian:
+            sig.append(P[:, data.index("noise_multiplier")])
+            shift.append(np.ones(len(P)))
+            q.append(P[:, data.index("sampling_prob")])
+        elif cls is Gaussian:
+            sig.append(P[:, data.index("noise_multiplier")])
+            shift.append(P[:, data.index("sensitivity")])
+            q.append(np.ones(len(P)))
+        else:
+            continue
+        cnt.append(np.asarray(C, np.float64))
+    if not sig or sum(len(a) for a in sig) > _THRESHOLD_MAX_ROWS:
+        return None
+    return tuple(np.concatenate(a) for a in (sig, shift, q, cnt))
+
+
+#: Distinct steps beyond which :func:`threshold_test_delta` is not tried (its cost grows with them).
+_THRESHOLD_MAX_ROWS = 64
+
+#: Thresholds searched by :func:`threshold_test_delta`: a coarse grid of standard scores of the
+#: most frequent step, then a fine grid around the best (any threshold gives a valid bound: the
+#: search only decides how tight).
+_Z_COARSE = np.linspace(-8.0, 40.0, 241)
+_Z_FINE = np.linspace(-1.0, 1.0, 41)
+
+
+def threshold_test_delta(rows, eps) -> np.ndarray:
+    """A certified lower bound on the composition's remove-direction delta at each ``eps`` (1-D):
+    the hockey-stick divergence ``sup_A P(A) - e^eps Q(A)`` at the event ``A`` = "some step's
+    output exceeds its threshold" (thresholds ``c = u sigma^2 / shift + shift / 2``, where each
+    step's unsubsampled loss equals ``u``), maximised over ``u``.  Every event gives a lower bound;
+    this one is the optimal test of a single step, and close to optimal for a composition whose
+    steps are rarely sampled (then one sampled step decides: ``P(A) - e^eps Q(A)`` is about ``T``
+    times one step's), where the grid's optimistic rounding is loosest.  Closed form:
+    ``Q(A) = 1 - prod Phi(c/sigma)^count`` and ``P(A) = 1 - prod (q Phi((c - shift)/sigma)
+    + (1 - q) Phi(c/sigma))^count``, in logs (``log_ndtr``, ``expm1``) so that differences of 1e-13
+    between probabilities of 1e-10 keep their digits."""
+    import scipy.special
+
+    sig, shift, q, cnt = rows
+    eps = np.asarray(eps, np.float64).reshape(-1)
+    lead = int(np.argmax(cnt))
+
+    def value(u):  # u: (E, U) -> (E, U)
+        c = u[..., None] * (sig * sig / shift) + shift / 2.0                      # (E, U, R)
+        # The complements from log Phi directly (no 1 - Phi(-x) cancellation at any threshold).
+        log_b0c = scipy.special.log_ndtr(c / sig)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # (log(1 - q) = -inf at q = 1)
+            log_pc = np.sum(cnt * np.logaddexp(np.log(q) + scipy.special.log_ndtr((c - shift) / sig),
+                                               np.log1p(-q) + log_b0c), axis=-1)
+            log_qc = np.sum(cnt * log_b0c, axis=-1)
+            out = -np.expm1(log_pc) + np.exp(eps)[:, None] * np.expm1(log_qc)
+        return np.where(np.isfinite(out), out, -np.inf)
+
+    def u_of_z(z):  # the lead step's standard score -> loss threshold u
+        s, d = sig[lead], shift[lead]
+        return (z * s - d / 2.0) * d / (s * s)
+
+    z = np.broadcast_to(_Z_COARSE, (eps.size, _Z_COARSE.size))
+    step = _Z_COARSE[1] - _Z_COARSE[0]
+    best_v = np.full(eps.size, -np.inf)
+    for _ in range(3):  # the coarse grid, then two finer ones around the best (20x each)
+        v = value(u_of_z(z))
+        i = np.argmax(v, axis=1)
+        best_v = np.maximum(best_v, v[np.arange(eps.size), i])
+        z = z[np.arange(eps.size), i][:, None] + step * _Z_FINE[None, :]
+        step = step / 20.0
+    return best_v
+
+
+def threshold_test_epsilon_lower(stacked, deltas, upper, lower) -> np.ndarray | None:
+    """A certified lower end on epsilon at ``deltas`` from :func:`threshold_test_delta`: the largest
+    epsilon in ``[lower, upper]`` at which the test's delta still exceeds the target (bisection;
+    margin 1e-9 relative plus the float64 rounding of the probabilities, 1e-15 of them); ``None``
+    where the test does not apply or does not beat ``lower``."""
+    rows = _threshold_rows(stacked)
+    if rows is None:
+        return None
+    d = np.asarray(deltas, np.float64).reshape(-1)
+    lo = np.broadcast_to(np.asarray(lower, np.float64), np.shape(deltas)).reshape(-1).copy()
+    hi = np.broadcast_to(np.asarray(upper, np.float64), np.shape(deltas)).reshape(-1).copy()
+    ok = np.isfinite(hi) & np.isfinite(lo) & (hi > lo)
+    if not ok.any():
+        return None
+    need = d * (1.0 + 1e-9) + 1e-15 * 2.0  # (P, Q <= 1: absolute rounding of the two terms)
+    above = ok & (threshold_test_delta(rows, lo) > need)
+    if not above.any():
+        return None
+    lo0 = lo.copy()
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        up = threshold_test_delta(rows, mid) > need
+        lo, hi = np.where(above & up, mid, lo), np.where(above & ~up, mid, hi)
+        if np.all(~above | (hi - lo <= 1e-10 * hi)):
+            break
+    return np.where(above, lo, lo0).reshape(np.shape(deltas))
+
+
+def threshold_test_delta_lower(stacked, eps) -> np.ndarray | None:
+    """:func:`threshold_test_delta` at ``eps`` less its rounding allowance, or ``None`` where the
+    test does not apply."""
+    rows = _threshold_rows(stacked)
+    if rows is None:
+        return None
+    e = np.asarray(eps, np.float64)
+    val = threshold_test_delta(rows, e.reshape(-1)) * (1.0 - 1e-9) - 2e-15
+    return np.maximum(val, 0.0).reshape(e.shape)
+
+
 def _raise_lower(dir_reports, lower, upper, bound):
     """Lower ends raised to ``bound`` (a remove-direction bound; never above ``upper``)."""
     if bound is None:
@@ -226,6 +342,8 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
         lower = np.minimum(lower, upper)
     if with_lower:
         dir_reports, lower = _raise_lower(dir_reports, lower, upper, one_step_epsilon_lower(stacked, deltas, upper))
+        dir_reports, lower = _raise_lower(dir_reports, lower, upper,
+                                          threshold_test_epsilon_lower(stacked, deltas, upper, lower))
     return EpsilonResult(epsilon=scalar(upper), epsilon_lower=scalar(lower), epsilon_upper=scalar(upper),
                          target_delta=scalar(deltas), directions=tuple(dir_reports), blocked=blocked,
                          reason=reason)
@@ -275,6 +393,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
         lower = np.minimum(lower, upper)
     if with_lower:
         dir_reports, lower = _raise_lower(dir_reports, lower, upper, one_step_delta_lower(stacked, eps))
+        dir_reports, lower = _raise_lower(dir_reports, lower, upper, threshold_test_delta_lower(stacked, eps))
     return DeltaResult(delta=scalar(upper), delta_lower=scalar(lower), delta_upper=scalar(upper),
                        target_epsilon=scalar(eps), directions=tuple(dir_reports), blocked=blocked)
 
