@@ -1,12 +1,13 @@
-"""``jit`` with XLA:CPU compile options tuned for a fast first call (dpjax's one-shot programs).
+"""``jit`` with XLA:CPU compile options tuned for a fast first call (dpjax's compiled programs).
 
-Most of a first ``dpjax.dpsgd_epsilon`` is XLA compilation (docs/design.md §2.5).  XLA:CPU has two
+Eager queries run the PLD program on the host and compile nothing (docs/design.md §2.5); what
+dpjax still compiles (a sweep's bucket stages on the compiled backend, the PLD program traced
+under a user's ``jit``, the closed forms) pays XLA's compile time once per shape.  XLA:CPU has two
 code generators for fused elementwise loops: its MLIR "fusion emitters" (the default) and the
 older loop emitters (``xla_cpu_use_fusion_emitters=False``).  On dpjax's accountant programs the
-older ones compile faster and the programs run as fast; measured on the 2-core CPU (fresh
-processes, empty cache, 3 alternating repeats, ``benchmarks/results/bench_first_call_ab_emitters.json``):
-first ``dpsgd_epsilon`` 1.89-2.08 -> 1.50-1.65 s, ``dpsgd_delta`` 1.77-2.03 -> 1.39-1.50 s,
-``dpsgd_noise_multiplier`` 2.04-2.27 -> 1.70-1.83 s, identical values.
+older ones compile faster and the programs run as fast (measured when the single query still
+compiled its program, in ``benchmarks/results/bench_first_call_ab_emitters.json``: about a fifth
+less first-call time, identical values).
 
 The sweep's bucket programs (``dpjax.pld.sweeping``) pass :func:`compile_options` to their
 explicit compiles: on the sweep's own per-configuration program the older emitters take about a
