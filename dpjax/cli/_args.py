@@ -17,6 +17,7 @@ import math
 # The library's limits (one definition each): seeds jax.random.key tells apart without x64,
 # Monte Carlo sample counts.
 from dpjax._enums import Adjacency, AllocationSampling
+from dpjax._names import epochs_to_steps
 from dpjax._validate import MAX_SAMPLES, MAX_SEED
 
 MAX_STEPS = 2**31 - 1        # ~2e9 steps: far beyond any training run, exact in float64
@@ -195,9 +196,12 @@ def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-G
                         "epoch, for --epochs epochs) or balls_in_bins (one bin per example for the whole run): "
                         "add/remove adjacency")
     g.add_argument("--dataset-size", type=integer(1, MAX_COUNT), default=None,
-                   help="dataset size N, an integer >= 1 (fixed_batch only)")
+                   help="dataset size N, an integer >= 1; with --batch-size the usual DP-SGD description "
+                        "(with --epochs): poisson q = B / N (instead of --sampling-prob), random_allocation "
+                        "and balls_in_bins floor(N / B) batches per epoch (instead of --batches-per-epoch), "
+                        "fixed_batch batches of B out of N")
     g.add_argument("--batch-size", type=integer(1, MAX_COUNT), default=None,
-                   help="batch size B, an integer in [1, N] (fixed_batch only)")
+                   help="batch size B, an integer in [1, N] (with --dataset-size, see there)")
 
 
 def add_allocation_args(p, *, title="random allocation / balls-in-bins (--sampling random_allocation|balls_in_bins)"):
@@ -209,10 +213,82 @@ def add_allocation_args(p, *, title="random allocation / balls-in-bins (--sampli
                    help="steps each example takes part in per epoch k, an integer in [1, t] (random_allocation; "
                         "default 1)")
     g.add_argument("--epochs", type=integer(1, MAX_STEPS), default=None,
-                   help="number of epochs E, an integer >= 1 (random_allocation, balls_in_bins)")
+                   help="number of epochs E, an integer >= 1: random_allocation, balls_in_bins (steps = "
+                        "batches per epoch * E); poisson, fixed_batch: instead of --steps, steps = E / q "
+                        "rounded up (q = --sampling-prob or B / N), the rule of dpjax.dpsgd_epsilon(epochs=)")
 
 
 ALLOCATION_SAMPLINGS = tuple(s.value for s in AllocationSampling)
+
+
+def resolve_batching(args) -> argparse.Namespace:
+    """The accountant's arguments from the usual DP-SGD description (``--dataset-size N
+    --batch-size B --epochs E``), one rule per ``--sampling``; a copy of ``args`` with
+    ``sampling_prob``, ``steps`` and ``batches_per_epoch`` filled in (``dataset_size``,
+    ``batch_size`` and ``epochs`` kept, for the output).
+
+    * ``poisson``: ``q = B / N`` (instead of ``--sampling-prob``); ``--epochs`` gives
+      ``steps = dpjax._names.epochs_to_steps(E, q)``, the one epochs rule of dpjax (also with
+      ``--sampling-prob``).
+    * ``fixed_batch``: batches of ``B`` out of ``N`` (required, as before); ``--epochs`` gives the
+      steps by the same rule at ``q = B / N``.
+    * ``random_allocation``, ``balls_in_bins``: ``batches_per_epoch = floor(N / B)`` (instead of
+      ``--batches-per-epoch``).  A loader of fixed-size batches over a shuffled dataset makes
+      ``ceil(N / B)`` batches (the last one smaller) or ``floor(N / B)`` (the rest dropped);
+      either way an example's batch is spread at least as evenly as uniform over ``floor(N / B)``
+      batches (its probabilities ``B / N`` per full batch, the rest on a smaller last batch or
+      on no batch at all), and the hockey-stick divergence of the mixture over batches is
+      convex and symmetric in these probabilities, so ``floor(N / B)`` never understates
+      epsilon; ``ceil`` could (``N = 1000, B = 300``: three full batches and one of 100, not
+      four equally likely ones).  ``--selections-per-epoch`` stays 1 with this description.
+
+    Mixing the two descriptions is an error naming both options: ``--steps`` with ``--epochs``
+    (any ``--sampling``: the allocation schemes take ``--epochs`` alone), ``--sampling-prob`` or
+    ``--batches-per-epoch`` with ``--batch-size``."""
+    out = argparse.Namespace(**vars(args))
+    n, b, e = args.dataset_size, args.batch_size, args.epochs
+    if (n is None) != (b is None):
+        raise ValueError("--dataset-size and --batch-size go together (N and B of the usual DP-SGD description), "
+                         f"got only {'--dataset-size' if b is None else '--batch-size'}")
+    if b is not None and b > n:
+        raise ValueError(f"--batch-size must be an integer in [1, --dataset-size] = [1, {n}], got {b}")
+    if b is not None and args.sampling_prob is not None:
+        raise ValueError("give --sampling-prob or --batch-size (with --dataset-size: q = B / N), not both")
+    if e is not None and args.steps is not None:
+        raise ValueError("give --steps or --epochs (steps from epochs), not both")
+    if args.sampling in ALLOCATION_SAMPLINGS:
+        if args.sampling_prob is not None:
+            raise ValueError(f"--sampling-prob does not apply to --sampling {args.sampling} (give "
+                             "--batches-per-epoch, or --dataset-size and --batch-size)")
+        if b is not None:
+            if args.batches_per_epoch is not None:
+                raise ValueError("give --batches-per-epoch or --batch-size (with --dataset-size: floor(N / B) "
+                                 "batches per epoch), not both")
+            if args.selections_per_epoch != 1:
+                raise ValueError("--selections-per-epoch needs --batches-per-epoch (with --dataset-size and "
+                                 "--batch-size an example is in one batch per epoch)")
+            out.batches_per_epoch = n // b
+        return out
+    if args.batches_per_epoch is not None or args.selections_per_epoch != 1:
+        raise ValueError("--batches-per-epoch and --selections-per-epoch need --sampling random_allocation or "
+                         "balls_in_bins")
+    if args.sampling == "poisson" and b is not None:
+        out.sampling_prob = b / n
+        out.dataset_size = out.batch_size = None  # q = B / N is the whole description
+    if e is not None:
+        q = out.sampling_prob if args.sampling == "poisson" else (b / n if b is not None else None)
+        if q is None:
+            raise ValueError(f"--epochs with --sampling {args.sampling} needs "
+                             f"{'--sampling-prob, or ' if args.sampling == 'poisson' else ''}--dataset-size and "
+                             "--batch-size (steps = E / q, rounded up)")
+        out.steps = epochs_to_steps(e, q)
+    return out
+
+
+def batching_setting(args) -> dict:
+    """The usual DP-SGD description as given (``dataset_size``, ``batch_size``, ``epochs``; None
+    where not given), for the output next to the accountant's arguments."""
+    return {"dataset_size": args.dataset_size, "batch_size": args.batch_size, "epochs": args.epochs}
 
 
 def allocation_setting(args) -> dict:

@@ -9,7 +9,6 @@ import argparse
 from dpjax.cli import _args
 from dpjax.cli.montecarlo import ADJACENCY as MC_ADJACENCY
 from dpjax.cli.montecarlo import accountant_from_args, add_correlation_args
-from dpjax.pld.group_spec import Sampling
 
 
 NOISE_DESCRIPTION = """\
@@ -23,9 +22,13 @@ per value and print a table.  Group calibration is slow (tens of seconds): a pro
 drawn on stderr when it is a terminal (--quiet turns it off).  --sampling random_allocation
 (--batches-per-epoch, --selections-per-epoch, --epochs) and --sampling balls_in_bins calibrate
 on the random-allocation accountant (dpjax.pld.allocation_accountant; add/remove adjacency).
+--dataset-size N --batch-size B --epochs E is the usual description instead of --sampling-prob
+and --steps (Poisson: q = B / N, steps = E / q rounded up) or --batches-per-epoch
+(random_allocation, balls_in_bins: floor(N / B) batches per epoch).
 
 Examples:
   dpjax noise --epsilon 2 --delta 1e-5 --sampling-prob 0.01 --steps 1000
+  dpjax noise --epsilon 2 --delta 1e-5 --dataset-size 60000 --batch-size 256 --epochs 30
   dpjax noise --epsilon 2 --delta 1e-5 --sampling random_allocation --batches-per-epoch 100 --epochs 10
   dpjax noise --epsilon 1,2,4 --delta 1e-5 --sampling-prob 0.01 --steps 1000 --out sigmas.csv"""
 
@@ -48,32 +51,31 @@ Examples:
 
 def _run_noise(args) -> dict:
     from dpjax.calibration import dpsgd_noise_multiplier
+    from dpjax.cli.pld import setting
 
-    if args.sampling in _args.ALLOCATION_SAMPLINGS:
-        if args.group_size != 1 or args.dataset_size is not None or args.batch_size is not None:
-            raise ValueError(f"--group-size, --dataset-size and --batch-size do not apply to --sampling {args.sampling}")
-        sigma = dpsgd_noise_multiplier(args.sampling_prob, args.steps, args.epsilon, args.delta, sampling=args.sampling,
-                                       batches_per_epoch=args.batches_per_epoch,
-                                       selections_per_epoch=args.selections_per_epoch, epochs=args.epochs)
-        return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
-                    sampling=args.sampling, **_args.allocation_setting(args), accountant="pld (random allocation)",
-                    guarantee="certified epsilon <= target_epsilon at this noise multiplier")
-    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != 1:
-        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
-                         "or balls_in_bins")
-    if args.steps is None:
-        raise ValueError("--steps is required for --sampling poisson and fixed_batch (an integer >= 1)")
-    if args.sampling == "poisson" and args.sampling_prob is None:
-        raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
-    sigma = dpsgd_noise_multiplier(args.sampling_prob, args.steps, args.epsilon, args.delta,
-                                   group_size=args.group_size, sampling=args.sampling,
-                                   dataset_size=args.dataset_size, batch_size=args.batch_size,
-                                   progress=None if not args.quiet else False)
-    return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
-                sampling_prob=args.sampling_prob, steps=args.steps, group_size=args.group_size,
-                sampling=args.sampling, dataset_size=args.dataset_size, batch_size=args.batch_size,
-                adjacency=Sampling(args.sampling).adjacency, accountant="pld",
-                guarantee="certified epsilon <= target_epsilon at this noise multiplier")
+    r = _args.resolve_batching(args)
+    if r.sampling in _args.ALLOCATION_SAMPLINGS:
+        if r.group_size != 1:
+            raise ValueError(f"--group-size does not apply to --sampling {r.sampling}")
+        sigma = dpsgd_noise_multiplier(None, r.steps, args.epsilon, args.delta, sampling=r.sampling,
+                                       batches_per_epoch=r.batches_per_epoch,
+                                       selections_per_epoch=r.selections_per_epoch, epochs=r.epochs)
+        accountant = "pld (random allocation)"
+    else:
+        if r.steps is None:
+            raise ValueError("--steps (or --epochs) is required for --sampling poisson and fixed_batch "
+                             "(an integer >= 1)")
+        if r.sampling == "poisson" and r.sampling_prob is None:
+            raise ValueError("--sampling-prob (or --dataset-size and --batch-size) is required for --sampling "
+                             "poisson (a number in (0, 1])")
+        sigma = dpsgd_noise_multiplier(r.sampling_prob, r.steps, args.epsilon, args.delta,
+                                       group_size=r.group_size, sampling=r.sampling,
+                                       dataset_size=r.dataset_size, batch_size=r.batch_size,
+                                       progress=None if not args.quiet else False)
+        accountant = "pld"
+    out = dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
+               **{k: v for k, v in setting(args, r).items() if k != "noise_multiplier"})
+    return dict(out, accountant=accountant, guarantee="certified epsilon <= target_epsilon at this noise multiplier")
 
 
 def _run_mc_calibrate(args) -> dict:
@@ -107,7 +109,7 @@ def register(subparsers) -> None:
                               description=NOISE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _args.add_target_epsilon(p, required=True)
     _args.add_target_delta(p, required=True)
-    _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
+    _args.add_sampling_prob(p, extra=" (--sampling poisson: this, or --dataset-size and --batch-size)")
     _args.add_steps(p, required=False)
     _args.add_group_args(p)
     _args.add_allocation_args(p)

@@ -12,7 +12,7 @@ from dpjax.cli import _args
 
 def _common(p: argparse.ArgumentParser) -> None:
     _args.add_noise_multiplier(p)
-    _args.add_sampling_prob(p, extra=" (required for --sampling poisson; fixed_batch: omit, or B/N)")
+    _args.add_sampling_prob(p, extra=" (--sampling poisson: this, or --dataset-size and --batch-size)")
     _args.add_steps(p, required=False)
     p.add_argument("--relative-accuracy", type=_args.real(0, 1, lo_open=True), default=None,
                    help="target discretization error of epsilon relative to epsilon, in (0, 1] (default "
@@ -61,23 +61,21 @@ def _prepare_jax() -> None:
 
 
 def _account(args, **target):
+    """The accountant's result for resolved options (:func:`dpjax.cli._args.resolve_batching`)."""
     from dpjax import pld
     from dpjax.cli import group as group_cli
 
     if args.sampling in _args.ALLOCATION_SAMPLINGS:
         from dpjax.pld import allocation_dpsgd
 
-        if args.group_size != 1 or args.dataset_size is not None or args.batch_size is not None:
-            raise ValueError(f"--group-size, --dataset-size and --batch-size do not apply to --sampling {args.sampling}")
-        return allocation_dpsgd.accounting(args.noise_multiplier, args.sampling_prob, args.steps, sampling=args.sampling,
+        if args.group_size != 1:
+            raise ValueError(f"--group-size does not apply to --sampling {args.sampling}")
+        return allocation_dpsgd.accounting(args.noise_multiplier, None, args.steps, sampling=args.sampling,
                                            batches_per_epoch=args.batches_per_epoch,
                                            selections_per_epoch=args.selections_per_epoch, epochs=args.epochs,
                                            **target)
-    if args.batches_per_epoch is not None or args.epochs is not None or args.selections_per_epoch != 1:
-        raise ValueError("--batches-per-epoch, --selections-per-epoch and --epochs need --sampling random_allocation "
-                         "or balls_in_bins")
     if args.steps is None:
-        raise ValueError("--steps is required for --sampling poisson and fixed_batch (an integer >= 1)")
+        raise ValueError("--steps (or --epochs) is required for --sampling poisson and fixed_batch (an integer >= 1)")
     _prepare_jax()
     if group_cli.requested(args):
         return group_cli.accounting(args, _options(args), **target)
@@ -87,31 +85,38 @@ def _account(args, **target):
                                 options=_options(args), **target)
 
 
-def _setting(args) -> dict:
+def setting(args, resolved) -> dict:
+    """The configuration part of a result: the accountant's arguments (``resolved``, from
+    :func:`dpjax.cli._args.resolve_batching`) and the usual description as given (``args``)."""
     from dpjax.pld.group_spec import Sampling
 
-    if args.sampling in _args.ALLOCATION_SAMPLINGS:
-        return {"noise_multiplier": args.noise_multiplier, "sampling": args.sampling, **_args.allocation_setting(args)}
-    sampling = Sampling.parse(args.sampling)
-    return {"noise_multiplier": args.noise_multiplier, "sampling_prob": args.sampling_prob,
-            "steps": int(args.steps), "group_size": int(args.group_size), "sampling": sampling.value,
-            "dataset_size": args.dataset_size, "batch_size": args.batch_size,
-            "adjacency": sampling.adjacency}
+    described = _args.batching_setting(args)
+    sigma = getattr(resolved, "noise_multiplier", None)  # (dpjax noise computes it)
+    if resolved.sampling in _args.ALLOCATION_SAMPLINGS:
+        return {"noise_multiplier": sigma, "sampling": resolved.sampling,
+                **_args.allocation_setting(resolved), "dataset_size": described["dataset_size"],
+                "batch_size": described["batch_size"]}
+    sampling = Sampling.parse(resolved.sampling)
+    return {"noise_multiplier": sigma, "sampling_prob": resolved.sampling_prob,
+            "steps": int(resolved.steps), "group_size": int(resolved.group_size), "sampling": sampling.value,
+            **described, "adjacency": sampling.adjacency}
 
 
 def _run_epsilon(args) -> dict:
-    res = _account(args, target_delta=args.delta)
+    resolved = _args.resolve_batching(args)
+    res = _account(resolved, target_delta=args.delta)
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
-           "target_delta": res.target_delta, **_setting(args), "grid": _grid_info(res)}
+           "target_delta": res.target_delta, **setting(args, resolved), "grid": _grid_info(res)}
     if res.reason:
         out["reason"] = _cli_reason(res.reason)
     return out
 
 
 def _run_delta(args) -> dict:
-    res = _account(args, target_epsilon=args.epsilon)
+    resolved = _args.resolve_batching(args)
+    res = _account(resolved, target_epsilon=args.epsilon)
     return {"delta": res.delta, "delta_lower": res.delta_lower, "delta_upper": res.delta_upper,
-            "target_epsilon": res.target_epsilon, **_setting(args), "grid": _grid_info(res)}
+            "target_epsilon": res.target_epsilon, **setting(args, resolved), "grid": _grid_info(res)}
 
 
 def _grid_lines(grid: dict) -> list[str]:
@@ -135,6 +140,11 @@ random_allocation (each example in --selections-per-epoch of the --batches-per-e
 every epoch, --epochs epochs; Feldman & Shenfeld, "Privacy amplification by random allocation")
 and --sampling balls_in_bins (one bin per example for the whole run, C = I) are accounted under
 add/remove adjacency by dpjax.pld.allocation_accountant (no --steps or --sampling-prob then).
+--dataset-size N --batch-size B --epochs E is the usual description of a run instead of
+--sampling-prob and --steps: Poisson sampling takes q = B / N and steps = E / q rounded up (the
+rule of dpjax.dpsgd_epsilon(epochs=)); random_allocation and balls_in_bins take floor(N / B)
+batches per epoch (a loader's last, smaller batch is not counted as a full one: that never
+understates epsilon); mixing the two descriptions is an error.
 Comma lists run once
 per value and print a table.  Compiled programs are cached on disk (~/.cache/dpjax/xla;
 DPJAX_COMPILATION_CACHE=0 disables, =<dir> relocates)."""
@@ -144,6 +154,7 @@ Certified epsilon of DP-SGD (noise multiplier, sampling probability, steps) at a
 
 Examples:
   dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5
+  dpjax epsilon --noise-multiplier 1.1 --dataset-size 60000 --batch-size 256 --epochs 30 --delta 1e-5
   dpjax epsilon --noise-multiplier 1.0 --sampling-prob 0.01 --steps 1000 --delta 1e-5,1e-6 --out eps.csv
   dpjax epsilon --noise-multiplier 1 --steps 2000 --delta 1e-5 --group-size 8 \\
                 --sampling fixed_batch --dataset-size 50000 --batch-size 500 --json
