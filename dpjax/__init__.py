@@ -12,6 +12,8 @@ Layers (one sub-package each):
 * :mod:`dpjax.optimization` -- optimising correlation matrices through the calibrated noise.
 * :mod:`dpjax.sampling` -- balls-in-bins and Poisson batch schedules for training loops.
 * :mod:`dpjax.noise` -- streaming correlated noise ``C^{-1} z`` (BLT buffers, Toeplitz history).
+* :mod:`dpjax.report` -- privacy reports: epsilon at several deltas, the trade-off curve of both
+  directions and a Gaussian-DP estimate from the certified hockey-stick curves.
 * :mod:`dpjax.interop` -- dp_accounting ``DpEvent``s / ``PrivacyAccountant``, jax_privacy config,
   Opacus-style names and a running accountant.
 * :mod:`dpjax.cli` -- the ``dpjax`` command.
@@ -33,7 +35,7 @@ __version__ = "0.1.0"
 import importlib as _importlib
 
 _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
-               "sampling", "noise", "interop")
+               "sampling", "noise", "interop", "report")
 # name -> module that defines it ("module:attribute" where the defining name differs).  Group privacy: dpjax.dpsgd_epsilon gains group_size /
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
 # unchanged (see dpjax.group.group_dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
@@ -48,6 +50,7 @@ _ATTRS = {
     "group_epsilon": "dpjax.group",
     "sweep": "dpjax.pld.sweeping",
     "epsilon_curve": "dpjax.pld.curve",
+    "dpsgd_privacy_report": "dpjax.report",
 }
 
 __all__ = sorted(set(_ATTRS) | set(_SUBMODULES))

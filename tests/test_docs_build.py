@@ -19,6 +19,7 @@ EXPECTED = {
     "pld": ["dpjax.pld.dpsgd_epsilon", "dpjax.pld.GridOptions", "dpjax.pld.sweep",
             "dpjax.pld.allocation_accountant.allocation_accounting", "dpjax.pld.allocation_dpsgd.query"],
     "group": ["dpjax.group.group_dpsgd_epsilon", "dpjax.group.Sampling"],
+    "report": ["dpjax.report.dpsgd_privacy_report", "dpjax.report.PrivacyReport"],
     "baselines": ["dpjax.baselines.rdp_epsilon"],
     "montecarlo": ["dpjax.montecarlo.BallsInBins", "dpjax.montecarlo.Certificate"],
     "matrices": ["dpjax.matrices.BLT", "dpjax.matrices.Toeplitz"],

@@ -12,8 +12,9 @@ bottom up:
 2. ``dpjax.noise`` (on matrices) and the classical baselines ``dpjax.baselines.rdp`` (on the
    program cache) and ``dpjax.baselines.strong_composition`` (on the Gaussian curve);
 3. ``dpjax.pld``: the PLD accountant (its fallback bounds use the RDP baseline);
-4. what builds on the PLD accountant: ``dpjax.group``, ``dpjax.baselines.group_privacy`` and the
-   ``dpjax.baselines`` package that re-exports the baselines;
+4. what builds on the PLD accountant: ``dpjax.group``, ``dpjax.baselines.group_privacy``, the
+   ``dpjax.baselines`` package that re-exports the baselines, and ``dpjax.report`` (privacy
+   reports of any composition or DP-SGD configuration, groups included);
 5. ``dpjax.montecarlo`` (on matrices and the Gaussian curve; its calibration solvers, which
    ``BallsInBins.calibrate`` and Estimate-Verify-Release use, live in
    ``dpjax.montecarlo.calibrate``) and ``dpjax.sampling`` (batch schedules, accounted by the
@@ -62,7 +63,7 @@ LAYERS = {
     "dpjax.matrices": 1, "dpjax.pld.exact": 1, "dpjax.pld.cache": 1,
     "dpjax.noise": 2, "dpjax.baselines.rdp": 2, "dpjax.baselines.strong_composition": 2,
     "dpjax.pld": 3,
-    "dpjax.group": 4, "dpjax.baselines.group_privacy": 4, "dpjax.baselines": 4,
+    "dpjax.group": 4, "dpjax.baselines.group_privacy": 4, "dpjax.baselines": 4, "dpjax.report": 4,
     "dpjax.montecarlo": 5, "dpjax.sampling": 5,
     "dpjax.calibration": 6,
     "dpjax.optimization": 7,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 SUBPACKAGES = ("dpjax.pld", "dpjax.montecarlo", "dpjax.baselines", "dpjax.calibration",
-               "dpjax.optimization", "dpjax.matrices", "dpjax.group")
+               "dpjax.optimization", "dpjax.matrices", "dpjax.group", "dpjax.report")
 RESULT_SUFFIXES = ("Result", "Estimate", "Report", "Certificate", "Table", "Curve", "Solution")
 # Public names that end like results but are not user-facing results (with the reason).
 EXEMPT: dict[str, str] = {
@@ -135,7 +135,17 @@ def _screened_result():
                     stats=SolverStats(num_passes=np.int32(3), screened=np.bool_(True)))
 
 
+def _privacy_report():
+    from dpjax.report import PrivacyReport
+
+    return PrivacyReport(target_delta=np.array([1e-5, 1e-10]), epsilon=np.array([1.6362437860639458, math.inf]),
+                         fpr=np.array([1e-6, 0.5]), tpr_remove=np.array([7.392e-06, 0.656336]),
+                         tpr_add=np.array([6.321e-06, 0.656888]), gdp_mu=math.inf, num_lines=2083,
+                         adjacency="add_or_remove")
+
+
 CASES = {
+    "PrivacyReport": _privacy_report,
     "Solution (screened)": _screened_result,
     "SweepTable": _sweep_table,
     "EpsilonCurve": _epsilon_curve,
