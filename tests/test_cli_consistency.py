@@ -46,6 +46,8 @@ JSON_ARGV: dict[str, tuple[list[str], str]] = {
                      "--sampling", "fixed_batch", "--dataset-size", "1000", "--batch-size", "10"], "replace"),
     "noise": (["--epsilon", "2", "--delta", "1e-5", "--sampling-prob", "0.01", "--steps", "10"], "add_or_remove"),
     "noise-quick": (["--epsilon", "2", "--delta", "1e-5", "--sampling-prob", "1", "--steps", "1"], "add_or_remove"),
+    "report": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
+               "add_or_remove"),
     "demo": (["--steps", "10"], "add_or_remove"),
     "mc-delta": (MC + ["--noise-multiplier", "1", "--epsilon", "0.5,1", "--samples", "1024"], "add_or_remove"),
     "mc-epsilon": (MC + ["--noise-multiplier", "1", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),

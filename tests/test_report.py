@@ -1,11 +1,14 @@
-"""Privacy reports (:mod:`dpjax.report`): the trade-off curves are upper bounds on an attack's
-power, exact for Gaussian compositions, at or above an independent lower bound from
-dp_accounting's optimistic PLD for Poisson DP-SGD; epsilon equals the public calls."""
+"""Privacy reports (:mod:`dpjax.report`, ``dpjax report``): the trade-off curves are upper bounds
+on an attack's power, exact for Gaussian compositions, at or above an independent lower bound
+from dp_accounting's optimistic PLD for Poisson DP-SGD; epsilon equals the public calls; the
+command equals the library; ``--plot`` writes a figure or names the missing extra."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from scipy.special import ndtr, ndtri
 
 import dpjax
 from dpjax import pld
+from dpjax.cli.main import main
 from dpjax.report import PrivacyReport, dpsgd_privacy_report, privacy_report
 
 # FPR from 1e-6 to 0.5, 10 per decade.
@@ -178,6 +182,70 @@ def test_bad_input_names_the_argument(kwargs, name):
 def test_noise_multiplier_must_be_a_scalar():
     with pytest.raises(ValueError, match="noise_multiplier"):
         dpsgd_privacy_report([1.0, 2.0], 0.01, 10)
+
+
+def _cli(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_report_is_the_library_report(capsys):
+    argv = ["report", "--noise-multiplier", "1.1", "--dataset-size", "60000", "--batch-size", "256", "--epochs", "30",
+            "--delta", "1e-5,1e-6", "--fpr", "1e-5,1e-3,0.1,0.5"]
+    rc, out, err = _cli(capsys, *argv, "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    rep = dpsgd_privacy_report(1.1, 256 / 60000, epochs=30, target_delta=[1e-5, 1e-6], fpr=[1e-5, 1e-3, 0.1, 0.5])
+    assert res["epsilon"] == list(rep.epsilon) and res["target_delta"] == [1e-5, 1e-6]
+    assert res["tpr_remove"] == list(rep.tpr_remove) and res["tpr_add"] == list(rep.tpr_add)
+    assert res["gdp_mu"] == rep.gdp_mu and res["fpr"] == [1e-5, 1e-3, 0.1, 0.5]
+    assert res["steps"] == 7032 and res["dataset_size"] == 60000 and res["adjacency"] == "add_or_remove"
+    rc, out, err = _cli(capsys, *argv)
+    assert rc == 0, err
+    assert "tpr_remove" in out and "gdp_mu" in out and f"{rep.epsilon[0]:.6g}" in out
+
+
+def test_cli_report_random_allocation(capsys):
+    rc, out, err = _cli(capsys, "report", "--noise-multiplier", "1", "--sampling", "random_allocation",
+                        "--dataset-size", "1000", "--batch-size", "300", "--epochs", "2", "--delta", "1e-5",
+                        "--fpr", "1e-4,0.1", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    rep = dpsgd_privacy_report(1.0, sampling="random_allocation", batches_per_epoch=3, epochs=2, target_delta=1e-5,
+                               fpr=[1e-4, 0.1])
+    assert res["batches_per_epoch"] == 3
+    assert res["epsilon"] == list(rep.epsilon) and res["tpr_remove"] == list(rep.tpr_remove)
+
+
+CHEAP = ["report", "--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5",
+         "--fpr", "1e-3,0.1"]
+
+
+def test_plot_without_matplotlib_names_the_option_and_the_extra(capsys, monkeypatch, tmp_path):
+    # None in sys.modules makes the import fail, as if matplotlib were not installed.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    rc, out, err = _cli(capsys, *CHEAP, "--plot", str(tmp_path / "r.png"))
+    assert rc == 2 and out == ""
+    assert "--plot" in err and "dpjax[plot]" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.png").exists()
+
+
+@pytest.mark.parametrize("extra", [["--plot", "r.txt"], ["--plot", "r.png", "--noise-multiplier", "1,2"]])
+def test_plot_refusals_name_the_option(capsys, tmp_path, extra):
+    argv = [a if a not in ("r.txt", "r.png") else str(tmp_path / a) for a in extra]
+    rc, out, err = _cli(capsys, *CHEAP, *argv)
+    assert rc == 2 and "--plot" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "report.png"
+    rc, out, err = _cli(capsys, *CHEAP, "--plot", str(path), "--json")
+    assert rc == 0, err
+    assert json.loads(out)["plot"] == str(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dpjax.cli.optimize",
     "dpjax.cli.pld",
     "dpjax.cli.calibrate",
+    "dpjax.cli.report",
     "dpjax.cli.sweep",
     "dpjax.cli.demo",
     "dpjax.cli.montecarlo",
@@ -59,7 +60,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 #: How ``dpjax --help`` lists the subcommands: by job, the main one first.
 COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Optimize a correlated-noise mechanism (the main job)", ("optimize",)),
-    ("DP-SGD accounting (certified, PLD accountant)", ("epsilon", "delta", "noise", "sweep", "demo")),
+    ("DP-SGD accounting (certified, PLD accountant)", ("epsilon", "delta", "noise", "report", "sweep", "demo")),
     ("Matrix mechanisms under balls-in-bins batching (Monte Carlo)",
      ("mc-delta", "mc-epsilon", "mc-certify", "mc-calibrate")),
 )
