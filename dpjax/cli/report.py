@@ -18,7 +18,7 @@ membership inference, "was this example used?", tpr_add for the reverse test; ne
 and gdp_mu, the smallest Gaussian-DP mu whose curve is at least as powerful at the reported
 points (an estimate, not a certificate).  The curves come from the certified hockey-stick curves
 of both directions, each eps giving a line below the true trade-off function, so the reported
-TPR is never below the power of a real attack (docs/design.md, "Privacy report").  --plot
+TPR is never below the power of a real attack (docs/design.md section 13).  --plot
 FILE.png draws both curves and epsilon against steps (needs matplotlib: pip install
 'dpjax[plot]').
 
