@@ -179,7 +179,7 @@ def threshold_test_delta(rows, eps) -> np.ndarray:
 
     sig, shift, q, cnt = rows
     eps = np.asarray(eps, np.float64).reshape(-1)
-    lead = int(np.argmax(cnt))
+    main = int(np.argmax(cnt))  # the most frequent step sets the threshold grid
 
     def value(u):  # u: (E, U) -> (E, U)
         c = u[..., None] * (sig * sig / shift) + shift / 2.0                      # (E, U, R)
@@ -192,8 +192,8 @@ def threshold_test_delta(rows, eps) -> np.ndarray:
             out = -np.expm1(log_pc) + np.exp(eps)[:, None] * np.expm1(log_qc)
         return np.where(np.isfinite(out), out, -np.inf)
 
-    def u_of_z(z):  # the lead step's standard score -> loss threshold u
-        s, d = sig[lead], shift[lead]
+    def u_of_z(z):  # standard score of the most frequent step -> loss threshold u
+        s, d = sig[main], shift[main]
         return (z * s - d / 2.0) * d / (s * s)
 
     z = np.broadcast_to(_Z_COARSE, (eps.size, _Z_COARSE.size))
