@@ -80,8 +80,10 @@ def _one_step_log_delta(stacked, eps):
         if cls is PoissonSubsampledGaussian:
             q = P[:, data.index("sampling_prob")][:, None]
             mu = 1.0 / P[:, data.index("noise_multiplier")][:, None]
-            # eps' = log((e^eps - 1 + q) / q), written to neither overflow nor cancel.
-            shifted = eps[None, :] - np.log(q) + np.log1p(-(1.0 - q) * np.exp(-eps[None, :]))
+            # eps' = log((e^eps - 1 + q) / q) = eps - log q + log(1 - (1 - q) e^-eps), the last
+            # term as log(-expm1(log(1 - q) - eps)): neither overflow nor cancellation at small q, eps.
+            with np.errstate(divide="ignore"):  # (log(1 - q) = -inf at q = 1: the term is 0)
+                shifted = eps[None, :] - np.log(q) + np.log(-np.expm1(np.log1p(-q) - eps[None, :]))
             rows.append(np.log(q) + np_gaussian_log_delta(shifted, mu))
         elif cls is Gaussian:
             mu = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
