@@ -360,6 +360,19 @@ def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n
                 break
         if valid or not retry:
             break
+    if not valid and want == "eps" and any("down" in r for r in plain):
+        # The window started at the ordinary lower end served no answer: try the starts a query
+        # without a lower end guesses (a fraction of the way from the mean loss up).  A start
+        # at or above the answer still certifies epsilon <= start, so the bracket is never
+        # worse than that query's upper end (a sweep, which asks for lower ends, gave 1.548
+        # where dpsgd_epsilon gave 0.537: sigma 0.50, q 2.2e-6, T 348, delta 2.8e-11).
+        guide = [{k: v for k, v in r.items() if k != "down"} for r in plain]
+        for frac in _TILT_GUESSES:
+            res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
+                                            level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
+                                            guide=guide, mgf=mgf, toward=_TILT_TOWARD[0], caps=caps)
+            if valid or not retry:
+                break
     return res
 
 
