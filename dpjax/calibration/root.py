@@ -3,7 +3,7 @@
 Calibration problems in DP accounting have one shape: a privacy quantity ``f(x; theta)``
 (delta at a fixed epsilon, or a certified epsilon) is *monotone* in a scalar ``x`` (the noise
 multiplier, or epsilon itself), and we want the boundary of the feasible set
-``{x : f(x; theta) <= target}``.  Two requirements follow from the team laws:
+``{x : f(x; theta) <= target}``.  Two requirements follow from dpjax's guarantees:
 
 * **Soundness.**  A root finder returns *some* point near the boundary; we return the end of the
   final bracket that lies *inside* the feasible set, so ``f(root; theta) <= target`` holds for the

@@ -389,7 +389,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     mu_dom = dominating_gaussian_mu(components, stacked)
     if (np.asarray(upper) >= 1.0).any():
         dir_reports, upper = _fallback_delta(components, dir_reports, eps, mu_dom)
-    dir_reports, capped = _capped_delta(components, dir_reports, eps, mu_dom)
+    dir_reports, capped = _capped(dir_reports, delta_caps(components, eps, mu_dom))
     if capped:
         upper = np.minimum(upper, np.max([r.upper for r in dir_reports], axis=0))
         lower = np.minimum(lower, upper)
@@ -473,12 +473,12 @@ _SUPPORT_ROUNDING = 1.0 + 1e-9
 
 def _capped(dir_reports, caps):
     """``(reports, capped)``: each direction's upper end no larger than its cap ``caps[direction]``
-    (:func:`epsilon_caps`; both certified, so their minimum is), its lower end no larger than its
-    upper."""
+    (:func:`epsilon_caps`, or :func:`delta_caps` for delta queries; both certified, so their
+    minimum is), its lower end no larger than its upper."""
     out, capped = [], False
     for r in dir_reports:
         up = np.asarray(r.upper, np.float64)
-        cap = caps[str(r.direction)].reshape(np.shape(up)) if np.ndim(up) else caps[str(r.direction)].reshape(())
+        cap = caps[str(r.direction)].reshape(np.shape(up))
         if np.any(cap < up):
             capped = True
             up = np.minimum(up, cap)
@@ -500,21 +500,6 @@ def delta_caps(components, eps, mu_dom=None, stacked=None):
              if mu_dom is not None and mu_dom > 0 and math.isfinite(mu_dom)
              else (np.zeros(eps.shape) if mu_dom == 0 else np.ones(eps.shape)))
     return {d: np.where(eps >= support_bound(mechs, d) * _SUPPORT_ROUNDING, 0.0, gauss) for d in ("remove", "add")}
-
-
-def _capped_delta(components, dir_reports, eps, mu_dom):
-    """:func:`_capped` for delta queries (:func:`delta_caps`)."""
-    caps = delta_caps(components, eps, mu_dom)
-    out, capped = [], False
-    for r in dir_reports:
-        up = np.asarray(r.upper, np.float64)
-        cap = caps[str(r.direction)].reshape(np.shape(up))
-        if np.any(cap < up):
-            capped = True
-            up = np.minimum(up, cap)
-            r = dataclasses.replace(r, upper=up, lower=np.minimum(np.asarray(r.lower, np.float64), up))
-        out.append(r)
-    return out, capped
 
 
 def _fallback(components, dir_reports, deltas, mu_dom, reason):
