@@ -64,7 +64,7 @@ import scipy.stats
 from dpjax import _validate
 from dpjax._names import epochs_to_steps
 
-__all__ = ["BallsInBinsSampler", "PoissonSampler"]
+__all__ = ["BallsInBinsSampler", "PoissonSampler", "balls_in_bins_truncation_delta"]
 
 
 def _check_seed(seed) -> int:
@@ -102,6 +102,37 @@ def _log_binomial_sf(k: int, n: int, p: float) -> float:
 def _truncation_delta(log_overflow: float, eps: float) -> float:
     """``min(1, (1 + e^eps) * overflow)`` from ``log overflow``, in log space (no cap on eps)."""
     return min(1.0, math.exp(min(0.0, log_overflow + float(np.logaddexp(0.0, eps)))))
+
+
+def _balls_in_bins_log_overflow(num_examples: int, batches_per_epoch: int, batch_size: int) -> float:
+    """``log`` of the union bound on ``P(some bin holds more than B examples)`` with ``N + 1``
+    examples (``N + 1`` covers both add/remove neighbours: the tail is increasing in ``N``)."""
+    n = int(num_examples) + 1
+    b = int(batches_per_epoch)
+    return min(0.0, math.log(b) + _log_binomial_sf(int(batch_size), n, 1.0 / b))
+
+
+def balls_in_bins_truncation_delta(num_examples, batches_per_epoch, batch_size, epsilon) -> float:
+    """The delta that truncating balls-in-bins batches to ``batch_size`` adds at ``epsilon``.
+
+    ``(1 + e^eps) p`` with ``p`` the union bound over the ``b`` bins on a bin of ``N + 1``
+    examples holding more than ``B`` (exact binomial tails; module docstring): what
+    :meth:`BallsInBinsSampler.truncation_delta` returns for a sampler of these sizes, without
+    building its schedule (no ``O(N)`` shuffle).  The number of epochs does not enter: the bins
+    are drawn once.  A run accounted at ``(eps, delta)`` for the untruncated batches is
+    ``(eps, delta + this)``-DP with truncation.
+
+    Args:
+      num_examples: ``N``, an integer >= 1.
+      batches_per_epoch: ``b``, an integer >= 1.
+      batch_size: ``B``, the fixed batch shape, an integer >= 1.
+      epsilon: >= 0.
+    """
+    n = _validate.positive_int("num_examples", num_examples)
+    b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    bs = _validate.positive_int("batch_size", batch_size)
+    eps = float(_validate.nonnegative("epsilon", epsilon))
+    return _truncation_delta(_balls_in_bins_log_overflow(n, b, bs), eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,9 +259,8 @@ class BallsInBinsSampler:
         return min(1.0, math.exp(self._log_overflow_probability(num_examples)))
 
     def _log_overflow_probability(self, num_examples: int | None = None) -> float:
-        n = (self.num_examples if num_examples is None else int(num_examples)) + 1
-        return min(0.0, math.log(self.batches_per_epoch)
-                   + _log_binomial_sf(self.batch_size, n, 1.0 / self.batches_per_epoch))
+        n = self.num_examples if num_examples is None else int(num_examples)
+        return _balls_in_bins_log_overflow(n, self.batches_per_epoch, self.batch_size)
 
     def truncation_delta(self, epsilon) -> float:
         """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (module docstring).

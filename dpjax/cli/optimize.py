@@ -188,6 +188,7 @@ def check_args(args) -> None:
                              f"{0 if name == 'optimizer_steps' else 1}, got {value}")
     if not args.learning_rate > 0:
         raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
+    check_sampler_args(args)
     if args.no_save and args.out is not None:
         raise ValueError("--no-save and --out contradict each other: give one")
     if args.out is not None:
@@ -212,6 +213,30 @@ def check_args(args) -> None:
                              f"with {count} samples; pass --certify-samples >= "
                              f"{evr.minimum_samples(float(args.delta), num_tests=rungs)} "
                              f"(more, e.g. 10x, to leave room for the estimate) or --no-baselines")
+
+
+def check_sampler_args(args) -> None:
+    """``--dataset-size`` / ``--batch-size``: the training sampler whose truncation the
+    certificate accounts (both or neither; balls-in-bins only), checked before any work."""
+    n, bs = args.dataset_size, args.batch_size
+    if n is None and bs is None:
+        return
+    if n is None or bs is None:
+        raise ValueError("--dataset-size and --batch-size go together (the training sampler's N and its fixed batch "
+                         f"shape B), got only {'--dataset-size' if bs is None else '--batch-size'}")
+    if args.amplification != Amplification.BALLS_IN_BINS:
+        raise ValueError(f"--dataset-size and --batch-size describe a balls-in-bins training sampler "
+                         f"(dpjax.sampling.BallsInBinsSampler); --amplification {args.amplification} has none in dpjax: "
+                         "use --amplification balls_in_bins or drop them")
+    from dpjax.optimization.certify import sampler_terms
+
+    try:
+        sampler_terms(n, bs, args.batches_per_epoch, args.epsilon, args.delta)
+    except ValueError as exc:
+        # The message in the command line's names (it starts with "batch_size = ...").
+        raise ValueError(str(exc).replace("batch_size", "--batch-size")
+                         .replace("target_delta", "--delta").replace("dataset_size", "--dataset-size")
+                         .replace("batches_per_epoch", "--batches-per-epoch")) from None
 
 
 def _run(args) -> dict:
@@ -240,7 +265,7 @@ def _run(args) -> dict:
         num_samples=args.samples, optimizer=default_optimizer(args.learning_rate), key=args.seed,
         checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
         certify=not args.no_certify, certify_samples=args.certify_samples, estimator=args.estimator,
-        certify_method=args.certify_method)
+        certify_method=args.certify_method, dataset_size=args.dataset_size, batch_size=args.batch_size)
     out = balls_in_bins_output(res, rows, args)
     if args.amplification == Amplification.AUTO:
         return save(best_of(out, cyclic_poisson_result(args)), args)
@@ -256,7 +281,8 @@ def balls_in_bins_output(res, rows, args) -> dict:
                              "rmse", "rmse_estimate", "error", "first_column", "certificate",
                              "status", "stop_reason", "parameterization", "batches_per_epoch",
                              "epochs", "target_epsilon", "target_delta", "num_steps",
-                             "num_samples", "estimator", "timings")}
+                             "num_samples", "estimator", "timings", "dataset_size", "batch_size",
+                             "truncation_delta")}
     out["amplification"] = Amplification.BALLS_IN_BINS.value
     if not res.certificate and args.no_certify:
         # Not certified on request: say so with null rather than a NaN (a NaN is never an answer).
@@ -422,6 +448,22 @@ def _wrap(text: str, indent: str = "") -> list[str]:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def sampler_sentence(result: dict) -> str:
+    """For which training sampler the certificate holds: the given ``N`` and batch shape ``B``
+    (truncation accounted), or what was assumed without them."""
+    b = result["batches_per_epoch"]
+    if result.get("dataset_size") is None:
+        return (f"Sampler assumed: balls-in-bins batches, each example in one of the b = {b} bins for the whole run and "
+                "every bin trained whole (no fixed batch shape); for fixed-shape batches "
+                "(dpjax.sampling.BallsInBinsSampler) give --dataset-size and --batch-size, and the certificate also "
+                "covers truncating a bin that overflows.")
+    n, bs = result["dataset_size"], result["batch_size"]
+    return (f"Sampler: dpjax.sampling.BallsInBinsSampler with N = {n:,} examples, b = {b} bins, batches of shape "
+            f"B = {bs:,} (mean N / b = {n / b:.6g}); certified at delta {_g(result['target_delta'])} - "
+            f"{result['truncation_delta']:.2g} (the truncation term), so the run on this sampler is "
+            f"({_g(result['target_epsilon'])}, {_g(result['target_delta'])})-DP.")
+
+
 def certificate_sentence(result: dict) -> str:
     """The certificate in one sentence: method, samples, failure probability (or why there is none)."""
     cert = result.get("certificate") or {}
@@ -464,6 +506,7 @@ def _render(result: dict, args=None) -> str:
         lines.append(f"  prefix-sum RMSE at this sigma: {_g(result['rmse'])}")
     else:
         lines.append("No certified noise multiplier: do not train with the estimate below.")
+    lines += _wrap(sampler_sentence(result))
     lines += _wrap(certificate_sentence(result))
     est = result["noise_multiplier_estimate"]
     diag = (f"Diagnostic only (not a guarantee): the optimization's Monte Carlo estimate of sigma was {_g(est)}")
@@ -590,6 +633,13 @@ def _add_problem_arguments(p) -> None:
                    help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
     _args.add_target_epsilon(p, required=False, extra="; required unless --example")
     _args.add_target_delta(p, required=False, extra="; required unless --example")
+    g = p.add_argument_group("the training sampler (dpjax.sampling.BallsInBinsSampler; both or neither)")
+    g.add_argument("--dataset-size", type=_args.integer(1, 2**31 - 1), default=None,
+                   help="N, the examples the run trains on, an integer >= 1 (with --batch-size)")
+    g.add_argument("--batch-size", type=_args.integer(1, 2**31 - 1), default=None,
+                   help="B, the sampler's fixed batch shape, an integer >= 1: bins are padded to B or truncated "
+                        "to it; the certificate is then for --delta less the truncation term, so the released "
+                        "sigma holds for this sampler (without them: for untruncated bins)")
 
 
 def _add_method_arguments(p) -> None:

@@ -11,11 +11,14 @@ JSON-able dict (:class:`~dpjax.optimization.OptimizationResult` stores it as the
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from dpjax import _validate
 from dpjax.montecarlo import BallsInBins, evr
 
 __all__ = ["certify_noise", "ladder_base_delta", "ladder_minimum_samples",
-           "default_certify_samples", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_GROWTH"]
+           "default_certify_samples", "sampler_terms", "SamplerTerms", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_GROWTH"]
 
 #: Rungs of the verification ladder (union bound: failure probability x this).
 DEFAULT_MAX_ATTEMPTS = evr.DEFAULT_LADDER_RUNGS
@@ -62,3 +65,81 @@ def certify_noise(correlation, batches_per_epoch: int, epochs: int, *, target_ep
                              num_samples=num_samples, key=key, initial_noise=initial_noise,
                              rungs=attempts, growth=growth, calibration_samples=calibration_samples,
                              method=method).to_dict()
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerTerms:
+    """The training sampler's part of the privacy budget (:func:`sampler_terms`).
+
+    Attributes:
+      dataset_size, batch_size: ``N`` and the fixed batch shape ``B`` of the
+        :class:`dpjax.sampling.BallsInBinsSampler` the run trains with (``None``: not given, the
+        batches are taken as untruncated bins).
+      truncation_delta: ``(1 + e^eps) p``, ``p`` bounding the chance that some bin of ``N + 1``
+        examples overflows ``B`` (0 when not given).
+      certify_delta: ``target_delta - truncation_delta``, the delta the certificate must meet so
+        that the sampler's run is ``(target_epsilon, target_delta)``-DP.
+    """
+
+    dataset_size: int | None
+    batch_size: int | None
+    truncation_delta: float
+    certify_delta: float
+
+
+def _smallest_batch_size(dataset_size: int, batches_per_epoch: int, epsilon: float, budget: float) -> int:
+    """The smallest ``B`` whose truncation term is at most ``budget`` (the term falls as ``B`` grows)."""
+    from dpjax.sampling import balls_in_bins_truncation_delta
+
+    lo, hi = max(1, dataset_size // batches_per_epoch), dataset_size + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if balls_in_bins_truncation_delta(dataset_size, batches_per_epoch, mid, epsilon) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def sampler_terms(dataset_size, batch_size, batches_per_epoch, target_epsilon, target_delta) -> SamplerTerms:
+    """Split ``target_delta`` between truncation of the training batches and the certificate.
+
+    The trained batches come from :class:`dpjax.sampling.BallsInBinsSampler` ``(N, b, E, B)``:
+    each bin is padded or truncated to the fixed shape ``B``.  The truncating mechanism differs
+    from the accounted one only where some bin overflows, so a certificate of
+    ``(eps, target_delta - t)`` for the untruncated batches makes the run
+    ``(eps, target_delta)``-DP, ``t = (1 + e^eps) p`` (docs/design.md §7;
+    :func:`dpjax.sampling.balls_in_bins_truncation_delta`).  Without ``N`` and ``B`` (both
+    ``None``) nothing is subtracted: the certificate then holds for untruncated bins.
+
+    Raises:
+      ValueError: only one of ``dataset_size`` / ``batch_size`` given, either not an integer
+        >= 1, or a ``batch_size`` whose truncation term leaves no delta to certify (says the
+        smallest ``batch_size`` that spends at most 1% of ``target_delta`` on truncation).
+    """
+    target = _validate.PrivacyTarget(target_epsilon, target_delta)
+    eps, delta = float(target.epsilon), float(target.delta)
+    if dataset_size is None and batch_size is None:
+        return SamplerTerms(None, None, 0.0, delta)
+    if dataset_size is None or batch_size is None:
+        given = "dataset_size" if batch_size is None else "batch_size"
+        raise ValueError(f"dataset_size and batch_size go together (the training sampler's N and its fixed batch "
+                         f"shape B): give both or neither, got only {given}")
+    from dpjax.sampling import balls_in_bins_truncation_delta
+
+    n = _validate.positive_int("dataset_size", dataset_size)
+    bs = _validate.positive_int("batch_size", batch_size)
+    b = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    trunc = balls_in_bins_truncation_delta(n, b, bs, eps)
+    # Half the budget at most: a certificate for less than half of delta would cost far more
+    # noise than the few examples a larger batch shape pads.
+    if not trunc <= 0.5 * delta:
+        good = _smallest_batch_size(n, b, eps, 0.01 * delta)
+        raise ValueError(f"batch_size = {bs} truncates too often: the truncation term {trunc:.3g} (bins of mean "
+                         f"dataset_size / batches_per_epoch = {n / b:.6g}) exceeds half of target_delta = {delta:g}; "
+                         f"batch_size must be >= {_smallest_batch_size(n, b, eps, 0.5 * delta)} "
+                         f"({good} spends at most 1% of target_delta)")
+    certify_delta = delta - trunc
+    if not (certify_delta > 0 and math.isfinite(certify_delta)):  # pragma: no cover - excluded above
+        raise ValueError(f"batch_size = {bs} leaves no delta to certify")
+    return SamplerTerms(n, bs, float(trunc), float(certify_delta))

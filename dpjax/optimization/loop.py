@@ -66,7 +66,7 @@ from dpjax.montecarlo import Certificate, as_prng_key, evr, gram_matrix
 from dpjax.montecarlo.importance import default_proposal
 from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, certify_noise,
                                         default_certify_samples, ladder_base_delta,
-                                        ladder_minimum_samples)
+                                        ladder_minimum_samples, sampler_terms)
 from dpjax.optimization.objectives import prefix_sum_error
 from dpjax.optimization.parameterizations import (Parameterization, make_parameterization,
                                                   params_from_list, params_to_list)
@@ -133,6 +133,12 @@ class OptimizationResult(ResultMixin):
         in-loop Monte Carlo estimate, an :class:`Estimator`).
       status: an :class:`OptimizationStatus`; ``stop_reason`` says why a run stopped.
       timings: seconds (``compile``, ``steps``, ``certify``).
+      dataset_size, batch_size: the training sampler's ``N`` and fixed batch shape ``B``
+        (:class:`dpjax.sampling.BallsInBinsSampler`), or ``None`` when not given: then the
+        certificate holds for untruncated bins.
+      truncation_delta: the delta truncating bins to ``B`` costs (0 without a sampler); the
+        certificate is for ``target_delta - truncation_delta``, so training with
+        ``noise_multiplier`` on that sampler is ``(target_epsilon, target_delta)``-DP.
 
     ``to_dict()`` / ``to_json(path)`` / ``OptimizationResult.load(path)``: see
     :mod:`dpjax._results`; the JSON also holds ``format`` (``"dpjax-optimize-result-1"``) and
@@ -160,6 +166,9 @@ class OptimizationResult(ResultMixin):
     stop_reason: str = ""
     timings: dict = dataclasses.field(default_factory=dict)
     estimator: Estimator = Estimator.PLAIN
+    dataset_size: int | None = None
+    batch_size: int | None = None
+    truncation_delta: float = 0.0
 
     _nested = {"certificate": Certificate}
     # Lists of numbers and of dicts, read back as lists (the parameters' own format).
@@ -378,7 +387,8 @@ def _read_checkpoint(path, config):
 
 
 def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_samples,
-                     checkpoint_every, certify, certify_samples, max_attempts, certify_method="bernoulli_kl"):
+                     checkpoint_every, certify, certify_samples, max_attempts, certify_method="bernoulli_kl",
+                     certify_delta=None):
     if not isinstance(parameterization, Parameterization):
         raise ValueError("parameterization must be a dpjax.optimization parameterization "
                          f"(make_parameterization(...)), got {type(parameterization).__name__}")
@@ -401,10 +411,11 @@ def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_sam
         if certify_samples is None:
             certify_samples = default_certify_samples(delta, max_attempts)
         certify_samples = _validate.positive_int("certify_samples", certify_samples)
-        if ladder_base_delta(certify_samples, delta, max_attempts) is None:
+        level = delta if certify_delta is None else certify_delta
+        if ladder_base_delta(certify_samples, level, max_attempts) is None:
             raise ValueError(
-                f"target_delta = {delta:g} is below what certify_samples = {certify_samples} can "
-                f"verify: need certify_samples >= {ladder_minimum_samples(delta, max_attempts)}")
+                f"target_delta = {level:g} is below what certify_samples = {certify_samples} can "
+                f"verify: need certify_samples >= {ladder_minimum_samples(level, max_attempts)}")
     return b, epochs, eps, delta, num_steps, num_samples, checkpoint_every, certify_samples
 
 
@@ -419,7 +430,8 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
                          max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float | None = None,
                          precompute: bool | None = None, resample_every: int = 10,
                          num_candidates: int | None = None, estimator: str = "importance",
-                         certify_method: str = evr.DEFAULT_METHOD) -> OptimizationResult:
+                         certify_method: str = evr.DEFAULT_METHOD, dataset_size: int | None = None,
+                         batch_size: int | None = None) -> OptimizationResult:
     """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, then certify.
 
     Args:
@@ -466,6 +478,12 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
       estimator: ``"importance"`` (default: the variance-reduced estimate of
         :mod:`dpjax.montecarlo.importance`, fresh draws every step, full passes) or ``"plain"``
         (the plain estimate, screened and resampled every ``resample_every`` steps).
+      dataset_size, batch_size: the training sampler, ``N`` examples in fixed batches of shape
+        ``B`` (:class:`dpjax.sampling.BallsInBinsSampler` ``(N, b, E, B)``; both or neither).
+        The certificate is then for ``target_delta`` less the delta of truncating overflowing
+        bins (:func:`dpjax.optimization.certify.sampler_terms`), so the released sigma holds
+        for that sampler; the optimisation itself runs at ``target_delta``.  Without them the
+        certificate holds for untruncated bins (every example of a bin in its batch).
 
     Returns:
       :class:`OptimizationResult`.
@@ -478,10 +496,12 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     estimator = Estimator.parse(estimator, "estimator")
     if num_samples is None:
         num_samples = DEFAULT_NUM_SAMPLES[estimator]
+    sampler = sampler_terms(dataset_size, batch_size, batches_per_epoch, target_epsilon, target_delta)
     (b, epochs, eps, delta, num_steps, num_samples, checkpoint_every,
      certify_samples) = _validate_inputs(parameterization, batches_per_epoch, epochs, target_epsilon,
                                          target_delta, num_steps, num_samples, checkpoint_every,
-                                         certify, certify_samples, max_attempts, certify_method)
+                                         certify, certify_samples, max_attempts, certify_method,
+                                         sampler.certify_delta)
     if not isinstance(solver, (NewtonIllinois, Bisection)):
         raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
     resample_every = _validate.positive_int("resample_every", resample_every)
@@ -527,7 +547,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
     if certify:
         t_c = time.perf_counter()
         ckey = jax.random.fold_in(jkey, 2**31 - 1) if certify_key is None else as_prng_key(certify_key)
-        certificate = _certify_result(corr, b, epochs, eps, delta, certify_samples, ckey, sigma_est,
+        certificate = _certify_result(corr, b, epochs, eps, sampler.certify_delta, certify_samples, ckey, sigma_est,
                                       max_attempts, growth, certify_method, progress)
         certify_s = time.perf_counter() - t_c
     sigma_cert = math.nan if certificate is None else certificate.noise_multiplier
@@ -537,7 +557,8 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         first_column=first_column, noise_multiplier=sigma_cert, noise_multiplier_estimate=sigma_est,
         error=err, rmse=sigma_cert * err, rmse_estimate=sigma_est * err, certificate=certificate,
         history=run.history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=run.status,
-        stop_reason=run.reason, estimator=estimator,
+        stop_reason=run.reason, estimator=estimator, dataset_size=sampler.dataset_size,
+        batch_size=sampler.batch_size, truncation_delta=sampler.truncation_delta,
         timings={"compile_and_first_step": run.compile_s, "steps": run.steps_s, "draws": run.draw_s,
                  "first_draw": run.draw_first_s,
                  "certify": certify_s,
