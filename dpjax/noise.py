@@ -63,7 +63,7 @@ import numpy as np
 from dpjax.matrices._structured import check_1d_nonnegative
 
 __all__ = ["StreamingNoise", "BLTNoiseState", "ToeplitzNoiseState", "blt_noise", "toeplitz_noise",
-           "streaming_noise", "tree_normal"]
+           "streaming_noise", "tree_normal", "AggregateState", "correlated_noise_aggregate"]
 
 
 class StreamingNoise(NamedTuple):
@@ -179,3 +179,85 @@ def streaming_noise(correlation) -> StreamingNoise:
     if hasattr(correlation, "buffer_decays"):
         return blt_noise(correlation)
     return toeplitz_noise(correlation)
+
+
+class AggregateState(NamedTuple):
+    """State of :func:`correlated_noise_aggregate`: the noise generator's state, the PRNG key of
+    the Gaussian draws and the step count (the row of ``C^{-1} z`` the next update adds)."""
+
+    noise_state: Any
+    key: jax.Array
+    count: jax.Array
+
+
+def _clipped_sum(per_example, clip_norm, mask):
+    """Sum over the leading (example) axis of the per-example gradients, each scaled to L2 norm at
+    most ``clip_norm`` over all leaves together; masked examples (padding) count as zero."""
+    leaves = jax.tree_util.tree_leaves(per_example)
+    sq = sum(jnp.sum(jnp.reshape(g, (g.shape[0], -1)) ** 2, axis=1) for g in leaves)
+    norms = jnp.sqrt(sq)
+    # Below this norm the gradient is not scaled (min(1, .) is 1): the floor only avoids 0 / 0.
+    scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, jnp.finfo(norms.dtype).tiny))
+    if mask is not None:
+        scale = jnp.where(mask, scale, 0.0)
+    return jax.tree_util.tree_map(lambda g: jnp.tensordot(scale.astype(g.dtype), g, axes=1), per_example)
+
+
+def correlated_noise_aggregate(noise: StreamingNoise, noise_multiplier, clip_norm, batch_size, key):
+    """An optax transformation: clip each example's gradient, sum, add correlated noise, normalise.
+
+    The matrix mechanism ``C x + z`` run in a training loop (Choquette-Choo, Ganesh, Haque,
+    Steinke & Thakurta, "Near exact privacy amplification for matrix mechanisms"; Denisov,
+    McMahan, Rush, Smith & Thakurta, "Improved differential privacy for SGD via optimal private
+    linear operators on adaptive streams"): at step ``t`` the update is
+
+        (sum_i clip(g_i) + (C^{-1} z)_t) / batch_size,    z_t ~ N(0, (noise_multiplier clip_norm)^2 I),
+
+    with ``clip(g) = g min(1, clip_norm / |g|_2)`` (one norm over all leaves of an example), the
+    rows of ``C^{-1} z`` from ``noise`` (:func:`streaming_noise` of the accounted ``C``) and
+    ``z_t`` drawn from ``fold_in(key, t)``.  ``C = I`` (``toeplitz_noise([1.0])``) is DP-SGD.
+    Dividing by the fixed ``batch_size``, not the number of real examples, keeps the
+    normalisation data-independent (:mod:`dpjax.sampling`); like the optimiser steps after it,
+    it is post-processing of the noisy sum the accountant analyses.
+
+    ``update(per_example_grads, state, params=None, *, mask=None)``: ``per_example_grads`` has
+    the model's structure with a leading axis of length ``batch_size`` (e.g. ``jax.vmap`` of
+    ``jax.grad``); ``mask`` (``(batch_size,)`` bool, the sampler's) zeroes padded slots.  It is
+    an ``optax.GradientTransformationExtraArgs``, so ``optax.chain(aggregate, optax.sgd(lr))``
+    passes ``mask=`` through.  Arithmetic runs in the gradients' dtype.
+
+    Args:
+      noise: the streaming generator of ``C^{-1} z`` (:func:`blt_noise`, :func:`toeplitz_noise`).
+      noise_multiplier: sigma, > 0 (the certified one for this ``C`` and sampler).
+      clip_norm: > 0.
+      batch_size: the sampler's fixed batch shape ``B``, an integer >= 1.
+      key: a JAX PRNG key or an integer seed for the Gaussian draws.
+    """
+    import optax
+
+    from dpjax import _validate
+
+    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+    clip = float(_validate.positive("clip_norm", clip_norm))
+    size = _validate.positive_int("batch_size", batch_size)
+    if not (hasattr(noise, "init") and hasattr(noise, "update")):
+        raise ValueError(f"noise must be a StreamingNoise (dpjax.noise.streaming_noise(C)), got {noise!r}")
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        key = jax.random.key(_validate.prng_seed("key", key))
+
+    def init(params):
+        return AggregateState(noise_state=noise.init(params), key=key, count=jnp.zeros((), jnp.int32))
+
+    def update(updates, state, params=None, *, mask=None, **extra):
+        del params, extra
+        for leaf in jax.tree_util.tree_leaves(updates):
+            if jnp.ndim(leaf) == 0 or leaf.shape[0] != size:
+                raise ValueError(f"per-example gradients must have a leading axis of length batch_size = {size}, "
+                                 f"got a leaf of shape {jnp.shape(leaf)}")
+        summed = _clipped_sum(updates, clip, mask)
+        z = tree_normal(jax.random.fold_in(state.key, state.count), summed, stddev=sigma * clip)
+        correlated, noise_state = noise.update(z, state.noise_state)
+        out = jax.tree_util.tree_map(lambda s, c: (s + c) / size, summed, correlated)
+        return out, AggregateState(noise_state=noise_state, key=state.key, count=state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init, update)

@@ -83,3 +83,57 @@ def test_bad_input():
         toeplitz_noise(np.array([0.0, 1.0]))
     with pytest.raises(ValueError, match="1-D"):
         toeplitz_noise(np.ones((2, 2)))
+
+
+def test_aggregate_clips_sums_adds_the_correlated_noise_and_normalises():
+    """correlated_noise_aggregate over 12 steps equals the computation written out: each example
+    scaled to norm <= clip over all leaves, padding zeroed, summed, plus row t of C^{-1} z with
+    z_t = tree_normal(fold_in(key, t), sigma * clip), divided by the fixed batch size."""
+    import optax
+
+    from dpjax.noise import correlated_noise_aggregate
+
+    with jax.enable_x64(True):
+        c = BLT(jnp.array([0.9, 0.5]), jnp.array([0.3, 0.2]))
+        sigma, clip, bsize, steps = 1.7, 0.5, 5, 12
+        key = jax.random.key(3)
+        params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+        tx = correlated_noise_aggregate(blt_noise(c), sigma, clip, bsize, key)
+        assert isinstance(tx, optax.GradientTransformationExtraArgs)
+        state = tx.init(params)
+        update = jax.jit(tx.update)
+        rng = np.random.default_rng(1)
+        grads = [{"w": rng.standard_normal((bsize, 3, 2)) * rng.uniform(0.01, 3.0, (bsize, 1, 1)),
+                  "b": rng.standard_normal((bsize, 2))} for _ in range(steps)]
+        masks = [rng.uniform(size=bsize) < 0.7 for _ in range(steps)]
+        got = []
+        for g, m in zip(grads, masks):
+            out, state = update(jax.tree_util.tree_map(jnp.asarray, g), state, mask=jnp.asarray(m))
+            got.append(np.concatenate([np.ravel(out["b"]), np.ravel(out["w"])]))
+        assert int(state.count) == steps
+        # Written out: the flattened leaves in tree order ("b" before "w").
+        z = np.stack([np.concatenate([np.ravel(v) for v in jax.tree_util.tree_leaves(
+            tree_normal(jax.random.fold_in(key, t), params, stddev=sigma * clip))]) for t in range(steps)])
+        correlated = _dense_solve(np.asarray(c.column(steps)), z)
+        for t, (g, m) in enumerate(zip(grads, masks)):
+            flat = np.concatenate([g["b"].reshape(bsize, -1), g["w"].reshape(bsize, -1)], axis=1)
+            norms = np.linalg.norm(flat, axis=1)
+            clipped = flat * (np.minimum(1.0, clip / norms) * m)[:, None]
+            assert np.all(np.linalg.norm(clipped, axis=1) <= clip * (1 + 1e-12))
+            want = (clipped.sum(axis=0) + correlated[t]) / bsize
+            np.testing.assert_allclose(got[t], want, rtol=1e-10, atol=1e-12)
+
+
+def test_aggregate_bad_input_names_the_argument():
+    from dpjax.noise import correlated_noise_aggregate
+
+    noise = toeplitz_noise(jnp.array([1.0]))
+    for kwargs, name in [(dict(noise_multiplier=0.0), "noise_multiplier"), (dict(clip_norm=-1.0), "clip_norm"),
+                         (dict(batch_size=0), "batch_size")]:
+        args = dict(noise=noise, noise_multiplier=1.0, clip_norm=1.0, batch_size=4, key=0) | kwargs
+        with pytest.raises(ValueError, match=name):
+            correlated_noise_aggregate(**args)
+    tx = correlated_noise_aggregate(noise, 1.0, 1.0, 4, 0)
+    state = tx.init({"w": jnp.zeros(3)})
+    with pytest.raises(ValueError, match="leading axis of length batch_size = 4"):
+        tx.update({"w": jnp.ones((3, 3))}, state)

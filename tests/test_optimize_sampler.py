@@ -116,15 +116,65 @@ def test_released_sigma_reverifies_for_the_sampler(tmp_path, capsys):
     assert "Sampler assumed: balls-in-bins batches" in text and "give --dataset-size and --batch-size" in text
 
 
-def test_the_certificate_is_for_delta_less_truncation():
-    """The wiring on a small problem (the slow test above runs the full one): the certificate's
-    target is ``delta - truncation_delta`` and the sampler's run stays within delta."""
+@pytest.fixture(scope="module")
+def small_result():
+    """A small certified result (b = 4, E = 2) for a sampler of N = 400, B = 140."""
     from dpjax.optimization import make_parameterization, optimize_correlation
 
-    res = optimize_correlation(make_parameterization("blt", 8, num_buffers=2), batches_per_epoch=4, epochs=2,
-                               target_epsilon=2.0, target_delta=1e-3, num_steps=2, num_samples=256,
-                               certify_samples=65536, dataset_size=400, batch_size=140, progress=False)
+    return optimize_correlation(make_parameterization("blt", 8, num_buffers=2), batches_per_epoch=4, epochs=2,
+                                target_epsilon=2.0, target_delta=1e-3, num_steps=2, num_samples=256,
+                                certify_samples=65536, dataset_size=400, batch_size=140, progress=False)
+
+
+def test_the_certificate_is_for_delta_less_truncation(small_result):
+    """The wiring on a small problem (the slow test above runs the full one): the certificate's
+    target is ``delta - truncation_delta`` and the sampler's run stays within delta."""
+    res = small_result
     trunc = balls_in_bins_truncation_delta(400, 4, 140, 2.0)
     assert 1e-4 < trunc < 2e-4 and res.truncation_delta == trunc  # 13% of delta: it matters
     assert res.certificate.verified and res.certificate.target_delta == 1e-3 - trunc
     assert res.certificate.delta + trunc <= 1e-3
+
+
+def test_training_setup_from_the_result_and_its_file(small_result, tmp_path):
+    """training_setup: the sampler the result was certified for, the streaming noise of its C,
+    the update at its sigma, and the run's guarantee within the result's target."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dpjax.matrices import BLT
+    from dpjax.optimization import OptimizationResult, training_setup
+
+    res = small_result
+    path = tmp_path / "result.json"
+    res.to_json(path)
+    for source in (res, str(path)):
+        setup = training_setup(source, clip_norm=0.5, seed=7)
+        s = setup.sampler
+        assert (s.num_examples, s.batches_per_epoch, s.epochs, s.batch_size, s.seed) == (400, 4, 2, 140, 7)
+        assert isinstance(setup.correlation, BLT) and setup.certified_for_sampler
+        np.testing.assert_array_equal(np.asarray(setup.correlation.column(8)), res.first_column)
+        assert setup.noise_multiplier == res.noise_multiplier and setup.clip_norm == 0.5
+        assert setup.truncation_delta == res.truncation_delta
+        assert setup.epsilon == 2.0 and setup.delta == res.certificate.delta + res.truncation_delta <= 1e-3
+    # The update is the aggregate at the certified sigma: with zero gradients its output is the
+    # first row of C^-1 z, z ~ N(0, (sigma clip)^2): c_0 = 1, so exactly sigma * clip * N(0, 1) / B.
+    params = {"w": jnp.zeros(4000)}
+    state = setup.transform.init(params)
+    out, state = setup.transform.update({"w": jnp.zeros((140, 4000))}, state, params,
+                                        mask=jnp.ones(140, bool))
+    std = float(np.std(np.asarray(out["w"]))) * 140 / (res.noise_multiplier * 0.5)
+    assert abs(std - 1.0) < 5 * (1 / np.sqrt(2 * 4000))  # 5 standard errors of a sample std
+    # Sizes other than the certified ones are refused, naming the argument.
+    with pytest.raises(ValueError, match="batch_size = 150 differs from the 140"):
+        training_setup(res, batch_size=150)
+    # A result certified without a sampler needs N and B, and then adds the truncation term.
+    bare = OptimizationResult.from_dict(dict(json.loads(res.to_json()), dataset_size=None, batch_size=None,
+                                             truncation_delta=0.0))
+    with pytest.raises(ValueError, match="dataset_size is needed"):
+        training_setup(bare)
+    setup = training_setup(bare, dataset_size=400, batch_size=140)
+    assert not setup.certified_for_sampler
+    assert setup.delta == res.certificate.delta + balls_in_bins_truncation_delta(400, 4, 140, 2.0)
+    with pytest.raises(ValueError, match="certified"):
+        training_setup(OptimizationResult.from_dict(dict(json.loads(res.to_json()), certificate=None)))

@@ -12,7 +12,10 @@
 * :mod:`~dpjax.optimization.objectives` -- :func:`prefix_sum_error`, :func:`max_error`,
   :func:`workload_error` (noise-free; multiply by ``sigma``), O(n log n) for Toeplitz/BLT.
 * :mod:`~dpjax.optimization.export` -- :func:`to_jax_privacy` / :func:`from_jax_privacy`
-  (``BufferedToeplitz`` for BLT, Toeplitz coefficients); jax_privacy imported lazily.
+  (``BufferedToeplitz`` for BLT, Toeplitz coefficients); jax_privacy imported lazily
+  (``pip install -e ".[jax-privacy]"``).
+* :func:`training_setup` -- a result (or its file) as the training loop's sampler, streaming
+  noise and optax update (:class:`TrainingSetup`).
 """
 
 from dpjax.optimization.certify import certify_noise, default_certify_samples
@@ -21,6 +24,7 @@ from dpjax.optimization.loop import OptimizationResult, default_optimizer, optim
 from dpjax.optimization.loss import fit, log_rmse_balls_in_bins, toeplitz_from_params
 from dpjax.optimization.objectives import (max_error, prefix_sum_error, sgd_workload,
                                            workload_error)
+from dpjax.optimization.training import TrainingSetup, training_setup
 from dpjax.optimization.parameterizations import (BandedToeplitzParameterization,
                                                   BLTParameterization, DenseParameterization,
                                                   ToeplitzParameterization, make_parameterization,
@@ -35,4 +39,4 @@ __all__ += [
     "unamplified_loss", "unamplified_sensitivity", "from_jax_privacy", "to_jax_privacy",
 ]
 __all__ += ["OptimizationResult", "optimize_correlation", "default_optimizer", "certify_noise",
-            "default_certify_samples"]
+            "default_certify_samples", "TrainingSetup", "training_setup"]

@@ -140,6 +140,8 @@ def sampler_terms(dataset_size, batch_size, batches_per_epoch, target_epsilon, t
                          f"batch_size must be >= {_smallest_batch_size(n, b, eps, 0.5 * delta)} "
                          f"({good} spends at most 1% of target_delta)")
     certify_delta = delta - trunc
-    if not (certify_delta > 0 and math.isfinite(certify_delta)):  # pragma: no cover - excluded above
-        raise ValueError(f"batch_size = {bs} leaves no delta to certify")
+    # Rounded down where needed, so that the certificate's delta plus the term stays within delta
+    # in floating point too.
+    while certify_delta + trunc > delta:
+        certify_delta = math.nextafter(certify_delta, 0.0)
     return SamplerTerms(n, bs, float(trunc), float(certify_delta))
