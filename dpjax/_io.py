@@ -9,7 +9,8 @@ turns those strings back into floats:
   and Python numbers, non-finite floats as strings) and its JSON text;
 * :func:`restore_nonfinite` / :func:`loads` -- the inverse;
 * :func:`atomic_write` -- a file that appears complete or not at all (a kill mid-write leaves the
-  previous file): temp file beside the target, ``fsync``, ``os.replace``.
+  previous file): temp file beside the target, ``fsync``, ``os.replace``; a new file gets the
+  permissions of the user's umask, a replaced one keeps its own.
 
 Round trip: ``loads(dumps(x)) == x`` for plain data with finite floats, and non-finite floats
 come back as the same floats (``nan`` compares unequal to itself, as always).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from typing import Any
 
@@ -73,14 +75,43 @@ def loads(text: str | bytes) -> Any:
     return restore_nonfinite(json.loads(text))
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (``/proc``); else
+    by the set-and-restore of ``os.umask``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: str) -> int:
+    """The permission bits a file written at ``path`` gets: those of the file it replaces, else
+    what ``open(path, "w")`` would give a new file (``0o666`` less the umask).  ``mkstemp``
+    creates its file ``0o600`` (private to the owner), which is right for a temp file but not
+    for a result the user shares."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def write_temp(path: str | os.PathLike, data: str | bytes) -> str:
     """A new temp file beside ``path`` (same directory, hence same file system) holding ``data``
-    (text as UTF-8, or bytes), flushed and ``fsync``-ed; returns its path.  The caller renames
-    or links it into place and removes it if that fails."""
+    (text as UTF-8, or bytes), flushed and ``fsync``-ed, with the permissions ``path`` should
+    have (:func:`_mode_for`); returns its path.  The caller renames or links it into place and
+    removes it if that fails."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
     try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()

@@ -1,7 +1,8 @@
 """``dpjax`` command line: one subcommand per accounting task.
 
 Every subcommand accepts ``--json`` (print exactly one JSON object on stdout), ``--out FILE``
-(write the same JSON object to FILE) and ``--quiet`` (no progress; progress goes to stderr only,
+(the same JSON object to ``FILE.json``, a CSV table to ``FILE.csv``; another extension is
+refused before any work) and ``--quiet`` (no progress; progress goes to stderr only,
 a bar in a terminal and lines in a log, so ``--json`` output stays parseable).
 Bad input exits with status 2 and a one-line message on stderr (no usage block, no traceback).
 ``dpjax --version`` prints the installed version.
@@ -21,7 +22,8 @@ string "inf"; accounting results name their ``adjacency``).  Optionally also
 and ``parser.set_defaults(vectorized=("epsilon",))`` for list options that ``fn`` handles itself
 (it then receives the list and may return a list of row dicts).  Then list the module in
 ``SUBCOMMAND_MODULES`` below.  A subcommand whose ``--out`` is its own file format (``sweep``'s
-CSV, ``optimize``'s loadable result) sets ``owns_out=True`` and writes it itself.
+CSV, ``optimize``'s loadable result) sets ``owns_out=True`` and writes it itself, and
+``out_formats`` (extension -> what is written) when those are not ``.json`` and ``.csv``.
 ``tests/test_cli_consistency.py`` checks every registered
 subcommand against these rules.
 
@@ -132,7 +134,8 @@ def _flat(obj: Any, prefix: str = "") -> dict:
 
 def write_out(path: str, result: dict) -> None:
     """``--out FILE``: the format its extension says -- ``.csv`` a CSV table (one row per result
-    row, or one row), anything else the JSON object ``--json`` prints.  Written atomically
+    row, or one row), ``.json`` the JSON object ``--json`` prints (other extensions are refused
+    before the run, :func:`check_out_extension`).  Written atomically
     (:func:`dpjax._io.atomic_write`): an interrupted run leaves the previous file, never part of
     a new one."""
     if os.path.splitext(path)[1].lower() == ".csv":
@@ -147,6 +150,24 @@ def write_out(path: str, result: dict) -> None:
         _io.atomic_write(path, buf.getvalue())
         return
     _io.atomic_write(path, _io.dumps(result) + "\n")
+
+
+#: ``--out`` formats by extension (a subcommand that writes its own file sets ``out_formats``).
+OUT_FORMATS = {".json": "the JSON object --json prints", ".csv": "a CSV table"}
+
+
+def check_out_extension(args) -> None:
+    """``--out FILE``: FILE's extension names one of the subcommand's formats, or the run is
+    refused before any work (a file whose name says CSV never receives JSON).  A directory is
+    left to the subcommand, which says so."""
+    path = getattr(args, "out", None)
+    if path is None or os.path.isdir(path):
+        return
+    formats = getattr(args, "out_formats", OUT_FORMATS)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in formats:
+        kinds = " or ".join(f"{e} ({what})" for e, what in formats.items())
+        raise ValueError(f"--out: FILE must end in {kinds}, got {path!r}")
 
 
 #: Spellings that changed meaning or name: an unknown option names its replacement.
@@ -252,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         if "out" not in dests:
             g.add_argument("--out", metavar="FILE", default=None,
                            help="also write the result to FILE: CSV if FILE ends in .csv (one line per row), "
-                                "else the JSON object --json prints")
+                                "the JSON object --json prints if it ends in .json (other names are refused)")
         if "quiet" not in dests:
             g.add_argument("--quiet", action="store_true",
                            help="no progress (it goes to stderr: a bar in a terminal, lines in a log)")
@@ -314,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_progress(False)
     sub = parser._subparsers._group_actions[0].choices[args.command]
     try:
+        check_out_extension(args)
         with warnings.catch_warnings():
             # NumPy overflow warnings from extreme inputs are handled by the accountants (the
             # answer is inf or a ValueError); printing them would break the one-line contract.

@@ -15,7 +15,8 @@ Where the result goes.  ``--out FILE`` receives the :class:`dpjax.optimization.O
 JSON (written atomically, replacing FILE if it exists; the output says so); a checkpoint
 ``<out>.checkpoint.json`` is written every ``--checkpoint-every`` steps (with the screen state
 of the in-loop calibration beside it, ``<out>.checkpoint.json.screen-<step>.npz``), and
-``--resume`` continues from it.  Without ``--out`` the result is saved in the current directory
+``--resume`` continues a killed run from it; once the completed run is saved the checkpoint is
+removed.  Without ``--out`` the result is saved in the current directory
 as ``dpjax-optimize-<family>-b<b>-E<E>-eps<epsilon>-delta<delta>.json`` (:func:`default_out_name`)
 and never overwrites anything: when that name is taken the first free ``...-2.json``,
 ``...-3.json``, ... is used.  No checkpoint is written then, and ``--no-save`` writes nothing.
@@ -268,8 +269,24 @@ def _run(args) -> dict:
         certify_method=args.certify_method, dataset_size=args.dataset_size, batch_size=args.batch_size)
     out = balls_in_bins_output(res, rows, args)
     if args.amplification == Amplification.AUTO:
-        return save(best_of(out, cyclic_poisson_result(args)), args)
-    return save(out, args, text=res.to_json())
+        saved = save(best_of(out, cyclic_poisson_result(args)), args)
+    else:
+        saved = save(out, args, text=res.to_json())
+    if checkpoint is not None and res.status == "completed":
+        remove_checkpoint(checkpoint)
+    return saved
+
+
+def remove_checkpoint(checkpoint: str) -> None:
+    """The checkpoint and its screen-state sidecars, once the result file holds the completed
+    run (a run that stopped early keeps them, to be inspected or resumed)."""
+    import glob
+
+    for path in [checkpoint] + glob.glob(glob.escape(checkpoint) + ".screen-*.npz"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def balls_in_bins_output(res, rows, args) -> dict:
@@ -614,7 +631,8 @@ def register(subparsers) -> None:
     # --out is the loadable OptimizationResult (dpjax.optimization.OptimizationResult.load), a
     # superset of the --json object; main() must not overwrite it.  render takes the arguments
     # (--verbose).
-    p.set_defaults(run=_run, render=_render, render_takes_args=True, owns_out=True)
+    p.set_defaults(run=_run, render=_render, render_takes_args=True, owns_out=True,
+                   out_formats={".json": "the loadable result, dpjax.optimization.OptimizationResult.load"})
 
 
 def _add_problem_arguments(p) -> None:
@@ -684,7 +702,8 @@ def _add_output_arguments(p) -> None:
                         "and no checkpoint")
     p.add_argument("--checkpoint-every", type=_args.integer(1, 10**7), default=25,
                    help="steps between checkpoints, an integer >= 1 (default 25; needs --out)")
-    p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint.json")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a killed run from <out>.checkpoint.json (removed once a run completes)")
     p.add_argument("--example", action="store_true",
                    help="the built-in example: a 2-buffer BLT, 8 batches per epoch, 4 epochs (n = 32), "
                         "epsilon 2, delta 1e-5, 100 optimizer steps of 2^11 samples (flags given override it)")

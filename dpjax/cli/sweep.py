@@ -243,4 +243,6 @@ def register(subparsers) -> None:
                         "(programs sharded over every device) or auto (default: host on a single CPU device)")
     p.add_argument("--rows", action="store_true", help="also print every row (always when --out is not given)")
     # --out is the sweep's own table (CSV + JSON lines), not a copy of the --json object.
-    p.set_defaults(run=_run, render=_render, owns_out=True)
+    p.set_defaults(run=_run, render=_render, owns_out=True,
+                   out_formats={".csv": "the CSV table, written as rows are computed",
+                                ".json": "the result JSON with every row, at the end"})
