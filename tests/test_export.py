@@ -71,3 +71,21 @@ def test_toeplitz_round_trip_and_jax_privacy_error_agrees():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_without_jax_privacy_the_error_names_the_extra(monkeypatch):
+    """The optional dependency is named where it is needed, with the extra that installs it
+    (pyproject.toml defines it)."""
+    import pathlib
+    import sys
+    import tomllib
+
+    monkeypatch.setitem(sys.modules, "jax_privacy", None)   # import jax_privacy... raises ImportError
+    monkeypatch.setitem(sys.modules, "jax_privacy.matrix_factorization", None)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[jax-privacy\]"'):
+        to_jax_privacy(BLT(jnp.array([0.9]), jnp.array([0.1])), 8)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("jax-privacy") for r in extras["jax-privacy"])
+    readme = (root / "README.md").read_text()
+    assert 'pip install -e ".[jax-privacy]"' in readme

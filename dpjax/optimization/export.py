@@ -41,8 +41,9 @@ def _buffered_toeplitz_class():
     try:
         from jax_privacy.matrix_factorization import buffered_toeplitz
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("exporting to jax_privacy needs the optional dependency jax-privacy "
-                          "(pip install jax-privacy)") from exc
+        raise ImportError("exporting to jax_privacy needs the optional dependency jax-privacy, the `jax-privacy` "
+                          'extra: pip install -e ".[jax-privacy]" in a dpjax checkout (or pip install '
+                          '"dpjax[jax-privacy]")') from exc
     return buffered_toeplitz.BufferedToeplitz
 
 
