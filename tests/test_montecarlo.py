@@ -411,14 +411,39 @@ def testevr_bounds_and_jax_privacy_oracle():
 def test_certify_verified_and_not():
     acc = BallsInBins(TOEPLITZ4, 8, 4)
     m = 1 << 15
-    ok = acc.certify(3.0, 4.0, 1e-2, m, key=5)
+    kl = dict(method="bernoulli_kl")   # the plain-draw test and its EVR bound
+    ok = acc.certify(3.0, 4.0, 1e-2, m, key=5, **kl)
     assert ok.verified and ok.delta <= 1e-2 and ok.delta_estimate <= ok.base_delta
     assert ok.num_samples == m and 0 < ok.failure_probability < 1e-2 and ok.tau >= 1
     assert ok.delta == pytest.approx(ok.tau * ok.base_delta + ok.failure_probability, rel=1e-9)
-    bad = acc.certify(0.7, 1.0, 1e-2, m, key=5)
+    bad = acc.certify(0.7, 1.0, 1e-2, m, key=5, **kl)
     assert not bad.verified and bad.delta == math.inf and bad.delta_estimate > bad.base_delta
     with pytest.raises(ValueError, match="num_samples"):
-        acc.certify(3.0, 4.0, 1e-6, 1000, key=5)
+        acc.certify(3.0, 4.0, 1e-6, 1000, key=5, **kl)
+
+
+def test_one_default_certificate_method():
+    """BallsInBins.certify, certify_noise, optimize_correlation and the CLI share one default."""
+    import inspect
+
+    from dpjax.cli.main import build_parser
+    from dpjax.montecarlo import evr
+    from dpjax.optimization import certify_noise, optimize_correlation
+
+    assert evr.DEFAULT_METHOD == "importance_betting"
+    for fn, name in ((BallsInBins.certify, "method"), (BallsInBins.certify_noise, "method"),
+                     (BallsInBins.calibrate, "method"), (certify_noise, "method"),
+                     (optimize_correlation, "certify_method")):
+        assert inspect.signature(fn).parameters[name].default == evr.DEFAULT_METHOD, fn
+    parser = build_parser()
+    common = ["--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "1", "--delta", "0.1"]
+    assert parser.parse_args(["mc-certify", *common, "--noise-multiplier", "1"]).certify_method == evr.DEFAULT_METHOD
+    assert parser.parse_args(["optimize", *common]).certify_method == evr.DEFAULT_METHOD
+    assert parser.parse_args(["mc-calibrate", *common]).certify_method == evr.DEFAULT_METHOD
+    # The default needs no more samples than plain draws would: at 1e-6 a 2^16-sample test runs
+    # (plain draws refuse it below evr_minimum_samples, ~1.9e7 samples).
+    cert = BallsInBins(TOEPLITZ4, 8, 4).certify(8.0, 4.0, 1e-6, 1 << 16, key=5)
+    assert cert.method == "importance_betting" and cert.verified and cert.delta <= 1e-6
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -177,10 +177,11 @@ def register(subparsers) -> None:
                                                                 "multiplier on draws independent of the calibration's"))
     _args.add_target_epsilon(p, required=True, positive=False, help_prefix="epsilon to certify, ")
     _args.add_target_delta(p, required=True, help_prefix="delta to certify, ")
-    p.add_argument("--certify-method", type=_args.choice("bernoulli_kl", "importance_betting"), default="bernoulli_kl",
-                   help="the test: bernoulli_kl (plain draws, Hoeffding's bound; default) or importance_betting "
-                        "(variance-reduced draws and a betting test: far fewer samples where the summands' "
-                        "proven range is small)")
+    p.add_argument("--certify-method", type=_args.choice("importance_betting", "bernoulli_kl"),
+                   default="importance_betting",
+                   help="the test: importance_betting (variance-reduced draws and a betting test: far fewer samples "
+                        "where the summands' proven range is small; default, as for optimize) or bernoulli_kl "
+                        "(plain draws, Hoeffding's bound)")
     p.set_defaults(run=_run_certify)
 
     p = subparsers.add_parser("mc-epsilon", help="balls-in-bins Monte Carlo epsilon(delta) estimate",

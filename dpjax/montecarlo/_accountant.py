@@ -338,13 +338,16 @@ class BallsInBins:
         return float(lo), float(hi)
 
     def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
-                devices=None, method="bernoulli_kl", failure_probability=None) -> Certificate:
+                devices=None, method=evr.DEFAULT_METHOD, failure_probability=None) -> Certificate:
         """Estimate-Verify-Release for one noise multiplier: is ``(epsilon, target_delta)`` certified?
 
-        ``method="bernoulli_kl"`` (default): the largest ``base_delta`` whose EVR bound
+        ``method="bernoulli_kl"``: the largest ``base_delta`` whose EVR bound
         (:mod:`dpjax.montecarlo.evr`, one test) stays within ``target_delta``, then
         ``delta_hat <= base_delta`` (both directions) on ``num_samples`` plain draws from ``key``.
-        ``method="importance_betting"``: the variance-reduced summands and a betting test of each
+        ``method="importance_betting"`` (default, as for :meth:`certify_noise` and
+        :func:`dpjax.optimization.optimize_correlation`: plain draws need about ``log(m) /
+        target_delta`` samples, the variance-reduced test far fewer where the summands' proven
+        range is small): the variance-reduced summands and a betting test of each
         direction against ``target_delta (1 - 0.005)`` (failure probability ``0.005
         target_delta``; docs/design.md §4.2), the bet chosen on ``num_samples // 4`` draws from
         ``fold_in(key, 0)``, the test on ``num_samples`` draws from ``fold_in(key, 1)``

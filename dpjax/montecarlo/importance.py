@@ -660,6 +660,10 @@ def summand_range(gram, noise_multiplier: float, epsilon: float, proposal) -> tu
     d = np.diagonal(g)
     b = g.shape[0]
     s2 = sigma * sigma
+    if not 0.0 < s2 < math.inf:
+        # The bounds divide by sigma^2; where it underflows (sigma below ~1e-154) or overflows none
+        # is proven, so no summand range is finite and no betting test can pass.
+        return math.inf, math.inf
     # P || Q
     const = float(p.fwd_weight[(p.fwd_theta == 0) & (p.fwd_shift == 0)].sum())
     coef, rate = [], []
