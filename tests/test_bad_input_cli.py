@@ -58,3 +58,47 @@ def test_no_traceback_in_a_real_process():
                           env={**os.environ, "DPJAX_COMPILATION_CACHE": "0"})
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+MCB = ["--batches-per-epoch", "4", "--epochs", "2"]
+# Values that pass the option's own type check but not the library's: the error the library
+# raises must still name the option (in the command line's spelling), not a Python argument.
+SEMANTIC = [
+    (["mc-certify", "--toeplitz", "0,1", *MCB, "--noise-multiplier", "1", "--epsilon", "1", "--delta", "0.1"],
+     "--toeplitz"),
+    (["mc-calibrate", "--toeplitz", "0,1", *MCB, "--epsilon", "1", "--delta", "0.1"], "--toeplitz"),
+    (["mc-epsilon", "--toeplitz", "0,1", *MCB, "--noise-multiplier", "1", "--delta", "0.1"], "--toeplitz"),
+    (["mc-delta", "--toeplitz", "1e308,1e308", *MCB, "--noise-multiplier", "1", "--epsilon", "1"], "--toeplitz"),
+    (["mc-delta", "--blt-decays", "0.5,0.2", "--blt-scales", "0.5", *MCB, "--noise-multiplier", "1", "--epsilon",
+      "1"], "--blt-decays"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling", "random_allocation", "--batches-per-epoch", "10",
+      "--selections-per-epoch", "20", "--epochs", "2", "--delta", "1e-5"], "--selections-per-epoch"),
+    (["noise", "--epsilon", "1e-9", "--delta", "1e-300", "--sampling-prob", "0.01", "--steps", "100"], "--epsilon"),
+    (["optimize", *MCB, "--epsilon", "2", "--delta", "1e-3", "--family", "banded", "--bands", "20", "--no-save"],
+     "--bands"),
+    (["sweep", "--noise-multiplier", "1", "--sampling-prob", "2", "--steps", "100", "--delta", "1e-5"],
+     "--sampling-prob"),
+    (["sweep", "--noise-multiplier", "1:0:3", "--sampling-prob", "0.1", "--steps", "100", "--delta", "1e-5"],
+     "--noise-multiplier"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", SEMANTIC, ids=[f"{a[0]} {f}" for a, f in SEMANTIC])
+def test_a_library_error_names_the_option(capsys, argv, flag):
+    assert main(argv + ["--quiet"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, err
+    assert flag in lines[0], lines[0]
+
+
+def test_messages_keep_their_prose():
+    """Only Python names become flags: words of the message stay (``steps`` in a sentence), and
+    a message that names an option already is left as it is."""
+    from dpjax.cli.main import build_parser, name_the_options
+
+    sub = build_parser()._subparsers._group_actions[0].choices["noise"]
+    assert name_the_options("lower sampling_prob or steps", sub) == "lower --sampling-prob or steps"
+    assert name_the_options("steps must be >= 1", sub) == "--steps must be >= 1"
+    assert name_the_options("--steps and steps_x", sub) == "--steps and steps_x"
+    assert name_the_options("increase target_epsilon", sub) == "increase --epsilon"

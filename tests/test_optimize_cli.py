@@ -42,7 +42,7 @@ def test_optimize_json_has_the_documented_keys(tmp_path, capsys):
 @pytest.mark.parametrize("extra,match", [
     (["--epochs", "0"], "--epochs"),
     # The Bernoulli-KL certificate's minimum sample count is checked before anything runs.
-    (["--delta", "1e-9", "--certify-method", "bernoulli_kl"], "certify_samples >= "),
+    (["--delta", "1e-9", "--certify-method", "bernoulli_kl"], "--certify-samples >= "),
     (["--family", "toeplitz"], "--buffers"),
     (["--epsilon", "-1"], "--epsilon"),
     (["--samples", "0"], "--samples"),

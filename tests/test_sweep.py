@@ -228,7 +228,7 @@ def test_cli_sweep_grid_values(capsys, tmp_path):
     assert len(rows) == 3 and rows[1].split(",")[1] == "1.0"
     rc = main(["sweep", "--noise-multiplier", "1", "--sampling-prob", "2", "--steps", "300", "--delta", "1e-5"])
     err = capsys.readouterr().err
-    assert rc == 2 and "sampling_prob" in err and "Traceback" not in err
+    assert rc == 2 and "--sampling-prob" in err and "Traceback" not in err
     rc = main(["sweep", "--grid", str(tmp_path / "missing.json")])
     assert rc == 2
 

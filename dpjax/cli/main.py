@@ -170,6 +170,36 @@ def check_out_extension(args) -> None:
         raise ValueError(f"--out: FILE must end in {kinds}, got {path!r}")
 
 
+#: Python argument names whose command-line option has another name.
+_FLAG_OF = {"target_epsilon": "epsilon", "target_delta": "delta", "sample_rate": "sampling_prob",
+            "num_samples": "samples", "num_buffers": "buffers", "num_steps": "optimizer_steps"}
+_HAS_FLAG = re.compile(r"(^|[\s(\[/,'\"])--[a-z]")
+
+
+def name_the_options(message: str, sub: argparse.ArgumentParser) -> str:
+    """``message`` (a library ``ValueError``) in the command line's names: where it names no
+    option, each Python argument name that is one of ``sub``'s options (``noise_multiplier``,
+    ``target_delta``, ...) becomes the flag (``--noise-multiplier``, ``--delta``).  Names with an
+    underscore are replaced anywhere; a plain word (``steps``, ``bands``) only where the message
+    starts with it, so that prose keeps its words."""
+    if _HAS_FLAG.search(message):
+        return message
+    flags = {}
+    for action in sub._actions:
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long:
+            flags[action.dest] = long[0]
+    for name, dest in _FLAG_OF.items():
+        if dest in flags:
+            flags.setdefault(name, flags[dest])
+    for name in sorted(flags, key=len, reverse=True):
+        if "_" in name:
+            message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", flags[name], message)
+        elif re.match(rf"{re.escape(name)}\b", message):
+            message = flags[name] + message[len(name):]
+    return message
+
+
 #: Spellings that changed meaning or name: an unknown option names its replacement.
 RENAMED_OPTIONS = {"optimize": {"--steps": "--optimizer-steps"}}
 _NUMBER = re.compile(r"^-(\d|\.\d|inf\b|nan\b)", re.IGNORECASE)
@@ -345,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"dpjax {args.command}: warning: {' '.join(str(message).split())}\n")
             result = _combine([args.run(ns) for ns in _expand(args, list_options(sub))])
     except (ValueError, OverflowError) as exc:
-        msg = " ".join(str(exc).split())  # one line
+        msg = name_the_options(" ".join(str(exc).split()), sub)  # one line, in the options' names
         sys.stderr.write(f"dpjax {args.command}: error: {msg}\n")
         return 2
     finally:

@@ -95,19 +95,33 @@ def accountant_from_args(args):
     if args.blt_decays is not None or args.blt_scales is not None:
         if args.blt_decays is None or args.blt_scales is None:
             raise ValueError("--blt-decays and --blt-scales must be given together")
-        corr = BLT(np.asarray(args.blt_decays), np.asarray(args.blt_scales))
+        source = "--blt-decays / --blt-scales"
     elif args.matrix is not None:
         try:
-            corr = np.load(args.matrix)
+            dense = np.load(args.matrix)
         except (OSError, ValueError) as exc:
             raise ValueError(f"--matrix: cannot read {args.matrix!r}: {exc}") from exc
+        source = "--matrix"
     elif args.toeplitz is not None:
         if len(args.toeplitz) == 0:
             raise ValueError("--toeplitz must list at least one coefficient")
-        corr = Toeplitz(np.asarray(args.toeplitz))
+        source = "--toeplitz"
     else:
-        corr = Toeplitz(np.ones(1))
-    return BallsInBins(corr, args.batches_per_epoch, args.epochs)
+        source = None
+    try:  # the library's checks of C speak of its arguments: say which option gave C
+        if source is None:
+            corr = Toeplitz(np.ones(1))
+        elif source == "--matrix":
+            corr = dense
+        elif source == "--toeplitz":
+            corr = Toeplitz(np.asarray(args.toeplitz))
+        else:
+            corr = BLT(np.asarray(args.blt_decays), np.asarray(args.blt_scales))
+        return BallsInBins(corr, args.batches_per_epoch, args.epochs)
+    except ValueError as exc:
+        if source is None or str(exc).startswith("batches_per_epoch") or str(exc).startswith("epochs"):
+            raise
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def _run_delta(args) -> list[dict]:
