@@ -170,3 +170,16 @@ def test_every_cli_flag_is_in_the_names_table():
     flags |= {o for a in build_parser()._actions for o in a.option_strings}
     missing = sorted(flags - documented)
     assert not missing, f"document these flags in docs/api_names.md: {missing}"
+
+
+@pytest.mark.parametrize("name", [n for n in SUBCOMMANDS if "--group-size" in _subparsers()[n]._option_string_actions])
+def test_batching_options_are_not_group_privacy_options(name):
+    """``--sampling``, ``--dataset-size`` and ``--batch-size`` say how batches are formed; the
+    help lists them in their own group, apart from ``--group-size``."""
+    groups = {o: g.title for g in _subparsers()[name]._action_groups for a in g._group_actions
+              for o in a.option_strings}
+    for flag in ("--sampling", "--dataset-size", "--batch-size"):
+        if flag in groups:
+            assert "group privacy" not in groups[flag], (name, flag, groups[flag])
+            if "group privacy" in groups["--group-size"]:
+                assert groups[flag].startswith("batching"), (name, flag, groups[flag])

@@ -181,11 +181,15 @@ def add_sampling_prob(p, *, required=False, default=None, extra=""):
 
 
 def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-Gaussians accounting)"):
-    """``--group-size``, ``--sampling``, ``--dataset-size``, ``--batch-size`` (the same for every subcommand)."""
+    """``--group-size`` in its group, and ``--sampling``, ``--dataset-size``, ``--batch-size`` in
+    the batching group (the same for every subcommand): how batches are formed is not a
+    group-privacy option."""
     g = p.add_argument_group(title)
     g.add_argument("--group-size", type=integer(1, MAX_GROUP_SIZE), default=1,
                    help=f"group size k: examples protected together, an integer in [1, {MAX_GROUP_SIZE}] "
                         "(default 1)")
+    g = p.add_argument_group("batching (how the data loader forms batches; README: which sampling does my "
+                             "loader do?)")
     g.add_argument("--sampling", type=choice("poisson", "fixed_batch", "random_allocation", "balls_in_bins"),
                    default="poisson",
                    help="poisson (default; add/remove adjacency: neighbours differ by adding or removing one "
