@@ -286,3 +286,65 @@ def test_monte_carlo_bar_ticks_per_chunk_and_never_changes_the_numbers(monkeypat
         assert pb.enabled is False
     with core.progress_bar(8, enabled=True) as pb:
         assert pb.enabled is True
+
+
+class _Clock:
+    """A clock the test sets (the meters read ``dpjax._progress._clock``; tqdm its ``_time``)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.mark.parametrize("warmup,eta", [(1, "< 7.0s]"), (0, "<03:58]")])
+def test_the_eta_leaves_out_the_compiling_first_step(monkeypatch, warmup, eta):
+    """A first step of 100 s (compilation) then steps of 1 s: 7 steps left take 7 s, which the
+    ETA says with ``warmup=1``; averaging the first step in gives 102 s / 3 * 7 = 3:58."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    clock = _Clock()
+    monkeypatch.setattr(prog, "_clock", clock)
+    bar = Progress(10, "optimize", stream=_FakeTerminal(), warmup=warmup)
+    assert bar._external is None
+    for t in (100.0, 101.0, 102.0):
+        clock.t = t
+        bar.update(1)
+    assert bar.line().startswith("optimize:  30%") and bar.line().endswith(f"[01:42{eta}"), bar.line()
+    bar.close()
+
+
+def test_tqdm_eta_leaves_out_the_compiling_first_step(monkeypatch):
+    tqdm = pytest.importorskip("tqdm")
+    clock = _Clock()
+    monkeypatch.setattr(prog, "_clock", clock)
+    monkeypatch.setattr(tqdm.std, "time", clock)  # tqdm reads its clock from there at construction
+    bar = Progress(10, "optimize", stream=_FakeTerminal(), warmup=1)
+    ext = bar._external
+    assert ext is not None
+    for t in (100.0, 101.0, 102.0):
+        clock.t = t
+        bar.update(1)
+    d = ext.format_dict
+    # The rate counts the two steps after the compiling one: 1 step/s, 7 steps left.
+    assert (d["n"], d["initial"], d["elapsed"]) == (3, 1, 2.0)
+    assert "<00:07" in str(ext), str(ext)
+    bar.close()
+
+
+def test_elapsed_meter_shows_a_call_of_unknown_length(monkeypatch):
+    """The certificate's meter: the seconds elapsed, redrawn by a thread, lines in a log."""
+    import time
+
+    monkeypatch.setenv("DPJAX_PROGRESS_INTERVAL", "0")
+    monkeypatch.setenv("DPJAX_PROGRESS_DELAY", "0")
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with prog.elapsed_meter("certify", enabled=True, interval=0.02):
+        time.sleep(0.2)
+    lines = err.getvalue().splitlines()
+    assert len(lines) >= 2 and all(line.startswith("certify: ") and line.endswith("s elapsed") for line in lines)
+    err.truncate(0)
+    with prog.elapsed_meter("certify", enabled=False, interval=0.02):
+        time.sleep(0.05)
+    assert err.getvalue() == ""

@@ -57,6 +57,7 @@ import optax
 from dpjax import _io, _validate
 from dpjax._enums import StrEnum
 from dpjax._results import ResultMixin
+from dpjax._progress import elapsed_meter as _elapsed_meter
 from dpjax._progress import note as _note
 from dpjax._progress import progress as _progress
 from dpjax.montecarlo.calibrate import MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
@@ -622,7 +623,8 @@ def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, chec
     every = resample_every if screened else 1
     sample, period = jkey, None
     t_steps = time.perf_counter()
-    with _progress(num_steps, "optimize", enabled=progress, initial=run.start) as bar:
+    # warmup=1: the first step compiles; the ETA is that of the steps after it.
+    with _progress(num_steps, "optimize", enabled=progress, initial=run.start, warmup=1) as bar:
         for k in range(run.start, num_steps):
             t0 = time.perf_counter()
             if screened and period != k // every:
@@ -671,10 +673,11 @@ def _certify_result(corr, b, epochs, eps, delta, certify_samples, ckey, sigma_es
     _note(f"certify: the noise multiplier of the optimized C by Estimate-Verify-Release ({certify_method}) on "
           "fresh Monte Carlo samples", enabled=progress)
     try:
-        return Certificate.from_dict(certify_noise(
-            corr, b, epochs, target_epsilon=eps, target_delta=delta, num_samples=certify_samples, key=ckey,
-            initial_noise=sigma_est if math.isfinite(sigma_est) else None, max_attempts=max_attempts,
-            growth=growth, method=certify_method))
+        with _elapsed_meter("certify", enabled=progress):
+            return Certificate.from_dict(certify_noise(
+                corr, b, epochs, target_epsilon=eps, target_delta=delta, num_samples=certify_samples, key=ckey,
+                initial_noise=sigma_est if math.isfinite(sigma_est) else None, max_attempts=max_attempts,
+                growth=growth, method=certify_method))
     except ValueError as exc:
         if certify_method != "importance_betting":
             raise
