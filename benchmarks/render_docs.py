@@ -2,7 +2,8 @@
 
 Every number on that page comes from a result file, and every table says which machine ran it,
 when, and with which command (the ``"meta"`` record of :mod:`_meta`; for files written before
-the scripts recorded it, whatever the file itself holds, and "not recorded" for the rest).
+the scripts recorded it, the record added to the file afterwards from git and the file's own
+settings, which says how each field was obtained).
 The page is a pure function of the result files: the same files give the same bytes, so the
 test suite re-renders it and compares (``tests/test_benchmarks_doc.py``)::
 
@@ -105,7 +106,7 @@ def _machine_text(m: Any) -> str | None:
     if isinstance(m, str):
         return m
     parts = []
-    if m.get("cpu"):
+    if m.get("cpu") and m["cpu"] != NOT_RECORDED:  # a record may hold the CPU count without its model
         parts.append(str(m["cpu"]))
     count = m.get("cpu_count", m.get("cpus"))
     if count is not None:
@@ -119,6 +120,8 @@ def _machine_text(m: Any) -> str | None:
         versions["jax"] = m["jax"]
     if versions:
         parts.append(", ".join(f"{k} {v}" for k, v in versions.items()))
+    if m.get("gpu"):
+        parts.append(f"GPU {m['gpu']}")
     if m.get("backend"):
         parts.append(f"backend {m['backend']}")
     if m.get("devices"):
@@ -135,6 +138,7 @@ class Provenance:
     date: str | None
     command: str | None
     commit: str | None = None
+    afterwards: str | None = None  # how a record added after the run was obtained
 
     def text(self, script: str) -> str:
         command = f"`{self.command}`" if self.command else f"{NOT_RECORDED} (script: `benchmarks/{script}`)"
@@ -143,7 +147,15 @@ class Provenance:
                  f"- command: {command}"]
         if self.commit:
             lines.append(f"- commit: `{self.commit}`")
+        if self.afterwards:
+            lines.append(f"- recorded after the run: {self.afterwards}")
         return "\n".join(lines)
+
+    def inline(self) -> str:
+        """The same on one line (a part of a table that ran separately)."""
+        text = (f"machine: {self.machine or NOT_RECORDED}; date: {self.date or NOT_RECORDED}; "
+                f"command: {('`' + self.command + '`') if self.command else NOT_RECORDED}")
+        return text + (f" (recorded after the run: {self.afterwards})" if self.afterwards else "")
 
 
 def provenance(data: dict, outer: dict | None = None) -> Provenance:
@@ -153,7 +165,7 @@ def provenance(data: dict, outer: dict | None = None) -> Provenance:
     meta = data.get("meta")
     if isinstance(meta, dict):
         return Provenance(_machine_text(meta.get("machine")), meta.get("date"), meta.get("command"),
-                          meta.get("commit"))
+                          meta.get("commit"), meta.get("recorded_afterwards"))
     machine = data.get("machine")
     if machine is None and any(k in data for k in ("platform", "cpu_count", "cpus")):
         machine = {k: data[k] for k in ("platform", "cpu_count", "cpus", "python") if k in data}
@@ -496,8 +508,7 @@ def render_amplified_mf(d: dict) -> Rendered:
             accounting = next(iter(by_eps.values()))["accounting"]
             rows.append([f"`{name}`", accounting] + [num(by_eps[e]["rmse"]) if e in by_eps else "" for e in eps])
         p = provenance(g, d)
-        prov.append(f"- `{group}`: machine: {p.machine or NOT_RECORDED}; date: {p.date or NOT_RECORDED}; "
-                    f"command: {('`' + p.command + '`') if p.command else NOT_RECORDED}")
+        prov.append(f"- `{group}`: {p.inline()}")
     summary = []
     for entry in d.get("summary") or []:
         margin = entry.get("closest_baseline_margin")
