@@ -204,7 +204,12 @@ def cholesky_xla(gram):
     def column(j, factor):
         v = jax.lax.dynamic_index_in_dim(gram, j, axis=1, keepdims=False) - factor @ factor[j]
         root = jnp.sqrt(v[j])
-        col = jnp.where(rows > j, v / root, jnp.where(rows == j, root, 0.0))
+        # One reciprocal, then products: XLA rewrites a division by a square root into a
+        # product with rsqrt only in some programs (when the root has one use after common
+        # subexpressions are merged, which differs between one device and several), and the
+        # two round differently; the factor must be the same bits on every layout.
+        inverse = 1.0 / root
+        col = jnp.where(rows > j, v * inverse, jnp.where(rows == j, root, 0.0))
         return jax.lax.dynamic_update_index_in_dim(factor, col, j, axis=1)
 
     return jax.lax.fori_loop(0, b, column, jnp.zeros_like(gram))
@@ -269,9 +274,14 @@ def scaled_privacy_losses(gram, scaled_projections, noise_multiplier, mode_index
     """Both directions' losses from ``W / sigma`` ``(S, b)`` (``W ~ N(0, G)``); the one formula."""
     b = gram.shape[0]
     sigma = noise_multiplier
-    half_norms = 0.5 * jnp.diagonal(gram) / sigma**2
+    # Products with the reciprocal, not divisions by a broadcast scalar: XLA turns the latter
+    # into the former in some programs and not in others (it depends on what surrounds the
+    # expression: one device or several), and the two round differently.  Written out, every
+    # layout computes the same bits (dpjax.montecarlo._spread).
+    inv_var = 1.0 / (sigma * sigma)
+    half_norms = (0.5 * inv_var) * jnp.diagonal(gram)
     logits_q = scaled_projections - half_norms[None, :]
-    logits_p = logits_q + jnp.take(gram, mode_index, axis=0) / sigma**2
+    logits_p = logits_q + jnp.take(gram, mode_index, axis=0) * inv_var
     log_b = math.log(b)
     y_pq = logsumexp_rows(logits_p) - log_b
     y_qp = -(logsumexp_rows(logits_q) - log_b)
@@ -295,7 +305,7 @@ def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
     ``X ~ P`` and ``y_qp = log Q/P (X)`` with ``X ~ Q`` (formulas in the module docstring).
     """
     # w / sigma with w = L U ~ N(0, G): fold 1/sigma into the (b, b) factor, not the (S, b) array.
-    return scaled_privacy_losses(gram, u @ (sqrt_gram.T / noise_multiplier), noise_multiplier, mode_index)
+    return scaled_privacy_losses(gram, u @ (sqrt_gram.T * (1.0 / noise_multiplier)), noise_multiplier, mode_index)
 
 
 @float64
@@ -304,7 +314,7 @@ def privacy_losses_from_projections(gram, projections, noise_multiplier, mode_in
 
     ``W`` does not depend on ``sigma``: a calibration over ``sigma`` computes it once.
     """
-    return scaled_privacy_losses(gram, projections / noise_multiplier, noise_multiplier, mode_index)
+    return scaled_privacy_losses(gram, projections * (1.0 / noise_multiplier), noise_multiplier, mode_index)
 
 
 def hockey_stick_terms(losses, epsilon):
@@ -416,28 +426,28 @@ class progress_bar:
         self.bar.close()
 
 
-def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, *, num_samples, chunk_blocks, num_chunks,
-                progress: bool = False):
-    """Sums over chunks ``chunk_offset .. chunk_offset + num_chunks - 1`` (a ``lax.scan``).
+def _sums_over_chunks(devices, gram, sqrt_gram, sigma, epsilon, key, *, num_samples, chunk_blocks, num_chunks,
+                      progress: bool = False):
+    """Sums over the chunks of ``chunk_blocks`` blocks, laid out over ``devices`` (one device: a
+    loop) and added in chunk order (:mod:`dpjax.montecarlo._spread`): the same bits on any number
+    of devices.
 
-    The chunk body is rematerialised under reverse-mode AD (``jax.checkpoint``), so
-    ``jax.grad`` also runs in memory bounded by one chunk.  ``progress`` (static) adds a host
-    callback per chunk for the progress bar; it does not touch the arithmetic.
+    The chunk body is rematerialised under reverse-mode AD (``jax.checkpoint``), so ``jax.grad``
+    also runs in memory bounded by one chunk.  ``progress`` (static) adds a host callback per
+    chunk for the progress bar; it does not touch the arithmetic.
     """
-    body_fn = jax.checkpoint(
-        functools.partial(_chunk_sums, num_samples=num_samples, chunk_blocks=chunk_blocks)
-    )
-    k = epsilon.shape[0]
+    from dpjax.montecarlo import _spread
 
-    def body(carry, c):
-        total, total_sq = body_fn(gram, sqrt_gram, sigma, epsilon, key, (chunk_offset + c) * chunk_blocks)
+    body_fn = jax.checkpoint(functools.partial(_chunk_sums, num_samples=num_samples, chunk_blocks=chunk_blocks))
+
+    def per_chunk(c, rep, _):
+        out = body_fn(*rep, c * chunk_blocks)
         if progress:
             jax.debug.callback(_tick, c, ordered=False)
-        return (carry[0] + total, carry[1] + total_sq), None
+        return out
 
-    init = (jnp.zeros((2, k), jnp.float64), jnp.zeros((2, k), jnp.float64))
-    (total, total_sq), _ = jax.lax.scan(body, init, jnp.arange(num_chunks))
-    return total, total_sq
+    layout = _spread.Layout(devices, num_chunks)
+    return _spread.run(layout, per_chunk, (gram, sqrt_gram, sigma, epsilon, key), (), _spread.ADD)
 
 
 def chunk_plan(num_samples: int, chunk_size: int | None, num_devices: int = 1, b: int = 32):
@@ -510,8 +520,8 @@ def monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int, chu
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
     sqrt_gram = gram_sqrt(gram)
     chunk_blocks, num_chunks = chunk_plan(num_samples, chunk_size, 1, gram.shape[0])
-    total, total_sq = _local_sums(
-        gram, sqrt_gram, sigma, epsilon, key, 0,
+    total, total_sq = _sums_over_chunks(
+        (None,), gram, sqrt_gram, sigma, epsilon, key,
         num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks, progress=progress,
     )
     return MonteCarloSums(total, total_sq)
@@ -579,11 +589,14 @@ def delta_estimate(gram, noise_multiplier, epsilon, key, num_samples: int, chunk
 @float64
 def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: int,
                              chunk_size: int | None = None, devices=None, progress: bool = False):
-    """:func:`monte_carlo_sums` spread over ``devices`` (default: all JAX sees), summed with ``psum``.
+    """:func:`monte_carlo_sums` spread over ``devices`` (default ``jax.devices()``: every device of
+    every process, after ``jax.distributed.initialize()``).
 
-    Device ``d`` processes chunks ``d * c .. (d + 1) * c - 1`` of the same global stream, so
-    the draws are identical to the single-device call with the same key; the result differs
-    from it only by the order of floating-point additions (relative ~1e-15).
+    The chunks are the single-device call's (:func:`chunk_plan` with one device); device ``d``
+    of ``D`` computes chunks ``d c .. (d + 1) c - 1`` (``c = ceil(chunks / D)``) of the same
+    global stream, and every device adds the gathered chunk sums in chunk order
+    (:mod:`dpjax.montecarlo._spread`).  So the result is the single-device call's, bit for bit,
+    on any number of devices and processes.
     """
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) == 1:
@@ -610,27 +623,15 @@ def _monte_carlo_sums_tuple(gram, noise_multiplier, epsilon, key, *, num_samples
 
 @functools.lru_cache(maxsize=64)
 def _sharded_fn(devices, num_samples, chunk_size, b):
-    from jax.sharding import Mesh, PartitionSpec as P
-
-    ndev = len(devices)
-    mesh = Mesh(np.array(devices), ("devices",))
-    chunk_blocks, chunks_per_device = chunk_plan(num_samples, chunk_size, ndev, b)
-
-    def per_device(gram, sigma, epsilon, key):
-        dev = jax.lax.axis_index("devices")
-        sqrt_gram = gram_sqrt(gram)
-        total, total_sq = _local_sums(
-            gram, sqrt_gram, sigma, epsilon, key, dev * chunks_per_device,
-            num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=chunks_per_device,
-        )
-        return jax.lax.psum(total, "devices"), jax.lax.psum(total_sq, "devices")
-
-    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(), P()),
-                           out_specs=(P(), P()), check_vma=False)
+    # The single device's chunks (not a device-dependent split): each chunk is then the same
+    # computation wherever it runs, and the chunk sums are added in the single device's order.
+    chunk_blocks, num_chunks = chunk_plan(num_samples, chunk_size, 1, b)
 
     @jax.jit
     def run(gram, sigma, epsilon, key):
-        total, total_sq = mapped(gram, sigma, epsilon, key)
+        total, total_sq = _sums_over_chunks(devices, gram, gram_sqrt(gram), sigma, epsilon, key,
+                                            num_samples=num_samples, chunk_blocks=chunk_blocks,
+                                            num_chunks=num_chunks)
         return MonteCarloSums(total, total_sq)
 
     return run

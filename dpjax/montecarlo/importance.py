@@ -216,8 +216,9 @@ def _tilt_tables(gram, sigma, tilt):
     ``i_4`` given three ``A_14 A_24 A_34``.
     """
     b = gram.shape[0]
-    a_max = jnp.max(gram) / (sigma * sigma)
-    a = jnp.exp(gram / (sigma * sigma) - a_max)
+    inv_s2 = 1.0 / (sigma * sigma)   # products, not divisions by a broadcast scalar (see _summands)
+    a_max = jnp.max(gram) * inv_s2
+    a = jnp.exp(gram * inv_s2 - a_max)
     s3 = a @ a
 
     def order4(_):
@@ -263,6 +264,9 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
     g = jnp.mean(gram, axis=1)          # <vbar, m_i>
     v = jnp.mean(g)                     # |vbar|^2
     s2 = sigma * sigma
+    # 1 / sigma^2 once, then products (see dpjax.montecarlo.core.scaled_privacy_losses: a
+    # division by a broadcast scalar is compiled differently on one device and on several).
+    inv_s2 = 1.0 / s2
     log_b = math.log(b)
     sw = sigma * projections
     tilted = tilt_uniforms is not None
@@ -278,14 +282,14 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
         centre = jnp.where((kf >= NUM_COMPONENTS)[:, None],
                            _tilt_centres(gram, tilt_tables, order_index, tilt_uniforms), centre)
     proj = centre + sw
-    ell = (proj - 0.5 * d[None, :]) / s2
+    ell = (proj - 0.5 * d[None, :]) * inv_s2
     log_p = logsumexp_rows(ell) - log_b                      # log P/Q (X) = Y
     xbar = jnp.mean(proj, axis=1)                              # <X, vbar>
     terms = []
     for k in range(proposal.fwd_weight.shape[0]):
         a, t = 1.0 + proposal.fwd_theta[k], proposal.fwd_shift[k]
         norm = 0.5 * (a * a * d + 2.0 * a * t * g + t * t * v)
-        logits = (a * proj + t * xbar[:, None] - norm[None, :]) / s2
+        logits = (a * proj + t * xbar[:, None] - norm[None, :]) * inv_s2
         terms.append(_log(proposal.fwd_weight[k]) + logsumexp_rows(logits) - log_b)
     if tilted:   # log (Q (P/Q)^k / Z_k) / Q = k Y - log Z_k
         log_z = tilt_tables[1]
@@ -300,12 +304,12 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
     kr = _component(comp_uniform, proposal.rev_weight)
     ss = proposal.rev_shift[kr]
     proj_r = -ss[:, None] * g[None, :] + sw
-    ell_r = (proj_r - 0.5 * d[None, :]) / s2
+    ell_r = (proj_r - 0.5 * d[None, :]) * inv_s2
     y_r = -(logsumexp_rows(ell_r) - log_b)                   # log Q/P (X)
     xbar_r = jnp.mean(proj_r, axis=1)
     s = proposal.rev_shift
     log_rr = logsumexp_rows(_log(proposal.rev_weight)[None, :]
-                             + (-s[None, :] * xbar_r[:, None] - 0.5 * s[None, :] ** 2 * v) / s2)
+                             + (-s[None, :] * xbar_r[:, None] - 0.5 * s[None, :] ** 2 * v) * inv_s2)
     x_r = jnp.exp(-log_rr)[:, None] * _hockey(y_r, eps)
     # A summand that cannot be evaluated counts as the worst case (+inf): never as 0.
     x_f = jnp.where(jnp.isnan(x_f), jnp.inf, x_f)
@@ -367,21 +371,23 @@ def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, proposal, bet
     return total, total_sq, maximum, log_wealth
 
 
-def _local_sums(gram, sqrt_gram, sigma, epsilon, key, chunk_offset, proposal, bets, levels, *,
-                num_samples, chunk_blocks, num_chunks):
-    body_fn = jax.checkpoint(functools.partial(_chunk_sums, num_samples=num_samples,
-                                               chunk_blocks=chunk_blocks))
-    k, j = epsilon.shape[0], bets.shape[-1]
+def _sums_over_chunks(devices, gram, sqrt_gram, sigma, epsilon, key, proposal, bets, levels, *,
+                      num_samples, chunk_blocks, num_chunks):
+    """Sums over the chunks of ``chunk_blocks`` blocks, laid out over ``devices`` (one device: a
+    loop) and combined in chunk order (:mod:`dpjax.montecarlo._spread`): the same bits on any
+    number of devices.  The chunk body is rematerialised under reverse-mode AD."""
+    from dpjax.montecarlo import _spread
+
+    body_fn = jax.checkpoint(functools.partial(_chunk_sums, num_samples=num_samples, chunk_blocks=chunk_blocks))
     tables = _tilt_tables(gram, sigma, proposal.fwd_tilt)
 
-    def body(carry, c):
-        t, t2, mx, lw = body_fn(gram, sqrt_gram, sigma, epsilon, key, (chunk_offset + c) * chunk_blocks,
-                                proposal, bets, levels, tables)
-        return (carry[0] + t, carry[1] + t2, jnp.maximum(carry[2], mx), carry[3] + lw), None
+    def per_chunk(c, rep, _):
+        g, sg, s, e, k, p, bt, lv, tb = rep
+        return body_fn(g, sg, s, e, k, c * chunk_blocks, p, bt, lv, tb)
 
-    init = (jnp.zeros((2, k)), jnp.zeros((2, k)), jnp.zeros((2, k)), jnp.zeros((2, k, j)))
-    out, _ = jax.lax.scan(body, init, jnp.arange(num_chunks))
-    return out
+    layout = _spread.Layout(devices, num_chunks)
+    return _spread.run(layout, per_chunk, (gram, sqrt_gram, sigma, epsilon, key, proposal, bets, levels, tables),
+                       (), (_spread.ADD, _spread.ADD, _spread.MAX, _spread.ADD))
 
 
 def _prepare(gram, noise_multiplier, epsilon, key, proposal, bets, levels):
@@ -408,18 +414,21 @@ def importance_sums(gram, noise_multiplier, epsilon, key, num_samples: int, prop
     gram, sigma, eps, key, proposal, bets, levels = _prepare(gram, noise_multiplier, epsilon, key,
                                                              proposal, bets, levels)
     chunk_blocks, num_chunks = chunk_plan(num_samples, chunk_size, 1, gram.shape[0])
-    out = _local_sums(gram, gram_sqrt(gram), sigma, eps, key, 0, proposal, bets, levels,
-                      num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks)
+    out = _sums_over_chunks((None,), gram, gram_sqrt(gram), sigma, eps, key, proposal, bets, levels,
+                            num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks)
     return ImportanceSums(*out)
 
 
 @float64
 def sharded_importance_sums(gram, noise_multiplier, epsilon, key, num_samples: int, proposal, bets=None,
                             levels=None, chunk_size: int | None = None, devices=None) -> ImportanceSums:
-    """:func:`importance_sums` spread over ``devices`` (``shard_map``; ``psum`` / ``pmax``).
+    """:func:`importance_sums` spread over ``devices`` (default ``jax.devices()``: every device of
+    every process, after ``jax.distributed.initialize()``).
 
-    Device ``d`` processes chunks ``d c .. (d + 1) c - 1`` of the same stream: the draws are those
-    of the single-device call with the same key.
+    The chunks are the single-device call's; device ``d`` of ``D`` computes chunks
+    ``d c .. (d + 1) c - 1`` (``c = ceil(chunks / D)``) of the same stream, and every device
+    combines the gathered chunk results in chunk order (sums added, maxima taken;
+    :mod:`dpjax.montecarlo._spread`): the single-device call's result, bit for bit.
     """
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) == 1:
@@ -432,23 +441,15 @@ def sharded_importance_sums(gram, noise_multiplier, epsilon, key, num_samples: i
 
 @functools.lru_cache(maxsize=64)
 def _sharded_fn(devices, num_samples, chunk_size, b):
-    from jax.sharding import Mesh, PartitionSpec as P
+    # The single device's chunks, combined in its order (see sharded_importance_sums).
+    chunk_blocks, num_chunks = chunk_plan(num_samples, chunk_size, 1, b)
 
-    mesh = Mesh(np.array(devices), ("devices",))
-    chunk_blocks, chunks_per_device = chunk_plan(num_samples, chunk_size, len(devices), b)
+    @jax.jit
+    def run(gram, sigma, eps, key, proposal, bets, levels):
+        return _sums_over_chunks(devices, gram, gram_sqrt(gram), sigma, eps, key, proposal, bets, levels,
+                                 num_samples=num_samples, chunk_blocks=chunk_blocks, num_chunks=num_chunks)
 
-    def per_device(gram, sigma, eps, key, proposal, bets, levels):
-        dev = jax.lax.axis_index("devices")
-        t, t2, mx, lw = _local_sums(gram, gram_sqrt(gram), sigma, eps, key, dev * chunks_per_device, proposal,
-                                    bets, levels, num_samples=num_samples, chunk_blocks=chunk_blocks,
-                                    num_chunks=chunks_per_device)
-        return (jax.lax.psum(t, "devices"), jax.lax.psum(t2, "devices"), jax.lax.pmax(mx, "devices"),
-                jax.lax.psum(lw, "devices"))
-
-    rep = P()
-    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(rep,) * 7, out_specs=(rep,) * 4,
-                           check_vma=False)
-    return jax.jit(mapped)
+    return run
 
 
 @float64
