@@ -114,11 +114,11 @@ def test_unreachable_and_vacuous_status():
         assert np.isnan(float(unr.root))
 
 
-def test_importance_calibration_in_slices_matches_the_whole_sample(monkeypatch):
-    # The variance-reduced estimate on materialised draws is summed slice by slice above
-    # _SUMMAND_SLICE_ENTRIES (bounded temporaries); the root and its implicit gradient are those of
-    # the whole-sample sum up to summation order.  m = 5000 with slices of 1024 samples (b = 8)
-    # also exercises the remainder slice.
+def test_importance_calibration_in_chunks_matches_the_whole_sample(monkeypatch):
+    # The variance-reduced estimate on materialised draws is summed chunk by chunk (the chunks
+    # bound the temporaries and are what the devices share); the root and its implicit gradient
+    # are those of the whole-sample sum up to summation order.  m = 5000 with chunks of 256
+    # samples (b = 8) also exercises a partial last chunk.
     from dpjax.montecarlo import calibrate as cm
     from dpjax.montecarlo.importance import default_proposal
 
@@ -128,13 +128,20 @@ def test_importance_calibration_in_slices_matches_the_whole_sample(monkeypatch):
         gram0 = gram_from_columns(jnp.concatenate([jnp.ones(1), c]), B, E)
         prop = default_proposal(gram0, 1.0, 2.0, range_weight=0.3)
 
-        def run(c):
-            return _solve(c, NewtonIllinois(), m=m, proposal=prop).root
+        def solved(c):
+            # A new function per call: the chunk size is read when it is traced.
+            def run(c):
+                return _solve(c, NewtonIllinois(), m=m, proposal=prop).root
 
-        whole = float(jax.jit(run)(c)), np.asarray(jax.jit(jax.grad(run))(c))
-        monkeypatch.setattr(cm, "_SUMMAND_SLICE_ENTRIES", 1024 * B)
-        assert cm._importance_slice(m, B) == 1024
-        sliced = float(jax.jit(run)(c)), np.asarray(jax.jit(jax.grad(run))(c))
+            return float(jax.jit(run)(c)), np.asarray(jax.jit(jax.grad(run))(c))
+
+        monkeypatch.setattr(cm, "_TARGET_CHUNKS", 1)
+        assert cm._chunk_rows(m, B) >= m   # one chunk: the whole sample
+        whole = solved(c)
+        monkeypatch.setattr(cm, "_TARGET_CHUNKS", 16)
+        monkeypatch.setattr(cm, "_SUMMAND_SLICE_ENTRIES", 256 * B)
+        assert cm._chunk_rows(m, B) == 256
+        sliced = solved(c)
     assert sliced[0] == pytest.approx(whole[0], rel=1e-12)
     np.testing.assert_allclose(sliced[1], whole[1], rtol=1e-9)
 

@@ -41,6 +41,11 @@ Example::
 
 The differentiable calibration of the noise multiplier lives in the calibration layer:
 :func:`dpjax.calibration.calibrated_noise` (it is not re-exported here).
+
+Devices: every estimate, calibration and certificate spreads its samples over ``jax.devices()``
+(every device of every process after ``jax.distributed.initialize()``; ``devices=`` takes a
+subset) and adds the per-chunk sums in one order, so its numbers are the same bits on one device,
+on several, or on several processes (docs/design.md §14, docs/multi_process.md).
 """
 
 from dpjax.montecarlo.core import (

@@ -40,8 +40,9 @@ from dpjax import _validate
 from dpjax._root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
                          solve_monotone_root)
 from dpjax._x64 import float64
-from dpjax.montecarlo.core import (as_prng_key, delta_estimate, delta_from_projections, draws,
-                                   gram_sqrt, rbg_key)
+from dpjax.montecarlo import _spread
+from dpjax.montecarlo.core import (as_prng_key, gram_sqrt, hockey_stick_terms, privacy_losses_from_projections,
+                                   rbg_key)
 
 __all__ = [
     "calibrated_noise_core",
@@ -81,7 +82,7 @@ def estimate_minimum_samples(target_delta: float) -> int:
 
 def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: int, *,
                           num_iterations: int = DEFAULT_NUM_ITERATIONS,
-                          adjoint=ImplicitAdjoint(), precompute: bool | None = None) -> Solution:
+                          adjoint=ImplicitAdjoint(), precompute: bool | None = None, devices=None) -> Solution:
     """Jittable core: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta`` (safe side).
 
     Args:
@@ -92,37 +93,16 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
       num_samples: static ``m``.
       num_iterations: static bisection length.
       precompute: materialise ``W`` (default: when ``m * b <= 2^24``).
+      devices: the devices the sample is spread over (default: all; see
+        :func:`calibrate_on_draws`).
 
     Returns:
       :class:`~dpjax.calibration.Solution` (``root`` is the upper end of the final
       bracket: ``delta_hat(root) <= target_delta``).
     """
-    gram = jnp.asarray(gram, jnp.float64)
-    b = gram.shape[0]
-    eps = jnp.asarray(target_epsilon, jnp.float64)
-    if precompute is None:
-        precompute = num_samples * b <= MAX_PRECOMPUTED
-    sensitivity = jnp.sqrt(jnp.max(jnp.diagonal(gram)))
-    bracket = jax.lax.stop_gradient(
-        (BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity))
-    if precompute:
-        mode_index, u = draws(key, b, num_samples)
-        projections = u @ gram_sqrt(gram).T  # (m, b) ~ N(0, G); no sigma dependence
-
-        def fn(sigma, theta):
-            g, w, e = theta
-            return delta_from_projections(g, w, mode_index, sigma, e)
-
-        theta = (gram, projections, eps)
-    else:
-        def fn(sigma, theta):
-            g, e = theta
-            return delta_estimate(g, sigma, e, key, num_samples)[0]
-
-        theta = (gram, eps)
-    return solve_monotone_root(fn, theta, jnp.asarray(target_delta, jnp.float64), bracket,
-                               decreasing=True, num_iterations=num_iterations, log_scale=True,
-                               adjoint=adjoint)
+    return calibrate_on_draws(gram, target_epsilon, target_delta, key=key, num_samples=num_samples,
+                              solver=Bisection(num_iterations), adjoint=adjoint, precompute=precompute,
+                              devices=devices)
 
 
 def raise_on_status(res: Solution, target_epsilon, target_delta):
@@ -301,79 +281,183 @@ def value_and_slope(fn, theta, consts):
     return vs
 
 
-def _delta_on_projections(sigma, theta, consts):
-    gram, projections, eps = theta
-    (mode_index,) = consts
-    return delta_from_projections(gram, projections, mode_index, sigma, eps)
-
-
-def _delta_chunked(num_samples, sigma, theta, consts):
-    gram, eps = theta
-    (key_data,) = consts
-    key = jax.random.wrap_key_data(key_data, impl="rbg")
-    return delta_estimate(gram, sigma, eps, key, num_samples)[0]
-
-
-def _scaled_max(mean_f, mean_r, scale):
-    return jnp.maximum(scale[0] * mean_f, scale[1] * mean_r)
-
-
-#: Samples per slice of the variance-reduced estimate on materialised projections: a pass
-#: holds about two dozen ``(slice, b)`` float64 temporaries per proposal component, so the
-#: slice keeps ``slice * b`` at this many entries (about 12 MiB of temporaries at ``b = 8``)
-#: instead of the whole sample's (185 MiB for ``2^17`` samples at ``b = 8``).
+#: Largest ``rows * b`` (float64 entries) of one chunk of a calibration on materialised draws:
+#: a pass holds about two dozen ``(rows, b)`` temporaries per proposal component, so a chunk
+#: keeps them at about 12 MiB at ``b = 8`` instead of the whole sample's (185 MiB for ``2^17``
+#: samples at ``b = 8``).
 _SUMMAND_SLICE_ENTRIES = 1 << 16
+#: Chunks a calibration sample is cut into when it is large enough (so that up to this many
+#: devices share it), each of at least :data:`_MIN_CHUNK_ROWS` samples.
+_TARGET_CHUNKS = 16
+_MIN_CHUNK_ROWS = 256
 
 
-def _importance_slice(num_samples: int, b: int) -> int:
-    """Samples per slice of :func:`_importance_on_projections` (the whole sample when small)."""
-    return max(256, _SUMMAND_SLICE_ENTRIES // max(b, 1)) if num_samples * b > _SUMMAND_SLICE_ENTRIES \
-        else num_samples
+def _chunk_rows(num_samples: int, b: int) -> int:
+    """Samples per chunk of a calibration on materialised draws: a power of two, at least
+    :data:`_MIN_CHUNK_ROWS`, about ``num_samples / 16`` (work for up to 16 devices), at most
+    :data:`_SUMMAND_SLICE_ENTRIES` entries.  A function of ``(m, b)`` only, never of the
+    devices: the chunks, and so the sums, are the same on every layout."""
+    cap = max(_MIN_CHUNK_ROWS, _SUMMAND_SLICE_ENTRIES // max(b, 1))
+    cap = 1 << (cap.bit_length() - 1)
+    want = -(-num_samples // _TARGET_CHUNKS)
+    rows = max(_MIN_CHUNK_ROWS, 1 << max(want - 1, 0).bit_length())
+    return min(rows, cap)
 
 
-def _importance_on_projections(sigma, theta, consts):
-    from dpjax.montecarlo.importance import importance_summands
-
-    gram, projections, eps = theta
-    mode_index, comp_uniform, proposal, scale = consts
-    m, b = projections.shape
-    eps1 = jnp.reshape(eps, (1,))
-
-    def sums(w, idx, cu):
-        x_f, x_r = importance_summands(gram, w, idx, cu, sigma, eps1, proposal)
-        return jnp.sum(x_f), jnp.sum(x_r)
-
-    size = _importance_slice(m, b)
-    full = (m // size) * size
-    if full == m and size == m:  # one slice: the whole sample at once
-        total_f, total_r = sums(projections, mode_index, comp_uniform)
-    else:
-        # Slices in a loop (the draws stay materialised; only one slice's temporaries are live):
-        # the same summands, summed slice by slice.
-        parts = jax.lax.map(lambda a: sums(*a), (projections[:full].reshape(-1, size, b),
-                                                   mode_index[:full].reshape(-1, size),
-                                                   comp_uniform[:full].reshape(-1, size)))
-        total_f, total_r = jnp.sum(parts[0]), jnp.sum(parts[1])
-        if full < m:
-            tail_f, tail_r = sums(projections[full:], mode_index[full:], comp_uniform[full:])
-            total_f, total_r = total_f + tail_f, total_r + tail_r
-    return _scaled_max(total_f / m, total_r / m, scale)
+def _mean_totals(totals, num_samples, scale):
+    """The estimate from per-direction sums ``(2,)``: ``max_d scale_d total_d / m``."""
+    mean = totals * (1.0 / num_samples)
+    return jnp.maximum(scale[0] * mean[0], scale[1] * mean[1])
 
 
-def _importance_chunked(num_samples, sigma, theta, consts):
-    from dpjax.montecarlo.importance import importance_sums
+def _valid_sum(x, valid):
+    return jnp.sum(jnp.where(valid, x, 0.0))
 
-    gram, eps = theta
-    key_data, proposal, scale = consts
+
+def _plain_chunk(c, diff, const, local, differentiable, *, num_samples, rows):
+    """Per-direction sums ``(2,)`` of the hockey-stick terms of chunk ``c`` of materialised draws.
+    ``differentiable``: the projections from ``U L^T`` (the VJP's pass) instead of the stored ones."""
+    sigma, gram, sqrt_gram, eps = diff
+    mode_index, u, w = local
+    proj = u @ sqrt_gram.T if differentiable else w
+    y_pq, y_qp = privacy_losses_from_projections(gram, proj, sigma, mode_index)
+    valid = (c * rows + jnp.arange(rows)) < num_samples
+    e = jnp.reshape(eps, (1,))
+    return jnp.stack([_valid_sum(hockey_stick_terms(y_pq, e)[:, 0], valid),
+                      _valid_sum(hockey_stick_terms(y_qp, e)[:, 0], valid)])
+
+
+def _importance_chunk(c, diff, const, local, differentiable, *, num_samples, rows):
+    """Per-direction sums ``(2,)`` of the variance-reduced summands of chunk ``c`` of
+    materialised draws (see :func:`_plain_chunk`)."""
+    from dpjax.montecarlo.importance import _summands
+
+    sigma, gram, sqrt_gram, eps = diff
+    (proposal,) = const
+    mode_index, u, comp_uniform, w = local
+    proj = u @ sqrt_gram.T if differentiable else w
+    x_f, x_r = _summands(gram, proj, mode_index, comp_uniform, sigma, jnp.reshape(eps, (1,)), proposal)
+    valid = (c * rows + jnp.arange(rows)) < num_samples
+    return jnp.stack([_valid_sum(x_f[:, 0], valid), _valid_sum(x_r[:, 0], valid)])
+
+
+def _plain_redraw_chunk(c, diff, const, local, differentiable, *, num_samples, chunk_blocks):
+    """Chunk ``c`` of :func:`dpjax.montecarlo.monte_carlo_sums`'s chunks, drawn afresh."""
+    from dpjax.montecarlo.core import _chunk_sums
+
+    sigma, gram, sqrt_gram, eps = diff
+    (key_data,) = const
     key = jax.random.wrap_key_data(key_data, impl="rbg")
-    sums = importance_sums(gram, sigma, jnp.reshape(eps, (1,)), key, num_samples, proposal)
-    return _scaled_max(sums.total[0, 0] / num_samples, sums.total[1, 0] / num_samples, scale)
+    total, _ = _chunk_sums(gram, sqrt_gram, sigma, jnp.reshape(eps, (1,)), key, c * chunk_blocks,
+                           num_samples=num_samples, chunk_blocks=chunk_blocks)
+    return total[:, 0]
+
+
+def _importance_redraw_chunk(c, diff, const, local, differentiable, *, num_samples, chunk_blocks):
+    """Chunk ``c`` of :func:`dpjax.montecarlo.importance.importance_sums`'s chunks, drawn afresh."""
+    from dpjax.montecarlo import importance as imp
+
+    sigma, gram, sqrt_gram, eps = diff
+    key_data, proposal = const
+    key = jax.random.wrap_key_data(key_data, impl="rbg")
+    tables = imp._tilt_tables(gram, sigma, proposal.fwd_tilt)
+    out = imp._chunk_sums(gram, sqrt_gram, sigma, jnp.reshape(eps, (1,)), key, c * chunk_blocks, proposal,
+                          jnp.zeros((2, 1, 0)), jnp.zeros((1,)), tables, num_samples=num_samples,
+                          chunk_blocks=chunk_blocks)
+    return out[0][:, 0]
+
+
+class _Estimate:
+    """The estimate ``delta_hat(sigma)`` a calibration solves, its samples spread over devices
+    (:mod:`dpjax.montecarlo._spread`): ``value(sigma, theta, consts)`` (differentiable in
+    ``theta = (gram, sqrt_gram, eps)`` through the chunks' VJPs) and
+    ``value_and_slope(theta, consts)(sigma)`` (one forward-mode pass per chunk)."""
+
+    def __init__(self, layout, per_chunk, num_samples):
+        self.layout, self.per_chunk, self.num_samples = layout, per_chunk, num_samples
+
+    def value(self, sigma, theta, consts):
+        const, shard, scale = consts
+        totals = _spread.total(self.layout, self.per_chunk, (sigma,) + tuple(theta), const, shard)
+        return _mean_totals(totals, self.num_samples, scale)
+
+    def value_and_slope(self, theta, consts):
+        const, shard, scale = consts
+
+        def vs(sigma):
+            totals, slopes = _spread.total_and_slope(self.layout, self.per_chunk, (sigma,) + tuple(theta), const,
+                                                     shard)
+            return jax.jvp(lambda t: _mean_totals(t, self.num_samples, scale), (totals,), (slopes,))
+
+        return vs
+
+
+def _materialise(layout, key, b, importance: bool, draws_):
+    """The draws of every chunk, laid out over the devices (each device draws its own samples
+    from their global indices): ``(mode_index, U)`` or, with ``importance``, ``(mode_index, U,
+    component_uniform)``.  ``draws_`` (given draws of the whole sample) are padded and laid out."""
+    from dpjax.montecarlo import core
+    from dpjax.montecarlo import importance as imp
+
+    if draws_ is not None:
+        pad = layout.padded_rows - draws_[1].shape[0]
+        return tuple(jnp.pad(jnp.asarray(x), [(0, pad)] + [(0, 0)] * (jnp.ndim(x) - 1)) for x in draws_)
+    aligned = (layout.per_device * layout.rows) % core.BLOCK_SIZE == 0
+    block = imp.draw_block if importance else core.draw_block
+
+    def draw(first, count, key_, _):
+        return _spread.sample_range(lambda j: block(key_, j, b), core.BLOCK_SIZE, first, count, aligned)
+
+    return _spread.per_device(layout, draw, rbg_key(key))
+
+
+def _projections(layout, sqrt_gram, u):
+    """``W = U L^T``, chunk by chunk (the product of each chunk's ``(rows, b)`` block, as the
+    VJP's pass recomputes it), laid out like ``U``; no gradient flows through it (the estimate's
+    VJP recomputes it from ``L``)."""
+    rows = layout.rows
+
+    def project(first, count, l_factor, u_local):
+        b = u_local.shape[-1]
+        blocks = u_local.reshape(count // rows, rows, b)
+        return jax.lax.map(lambda x: x @ l_factor.T, blocks).reshape(count, b)
+
+    return jax.lax.stop_gradient(_spread.per_device(layout, project, jax.lax.stop_gradient(sqrt_gram), u))
+
+
+def _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, devices):
+    """``(estimate, consts)``: the spread estimate of a calibration and its constants (the
+    draws, laid out; the proposal; the key) without the direction scale."""
+    from dpjax.montecarlo import _spread as sp
+    from dpjax.montecarlo.core import chunk_plan
+
+    b = gram.shape[0]
+    devices = sp.device_tuple(devices)
+    importance = proposal is not None
+    if precompute:
+        rows = _chunk_rows(num_samples, b)
+        layout = sp.Layout(devices, -(-num_samples // rows), rows)
+        drawn = _materialise(layout, key, b, importance, draws_)
+        w = _projections(layout, sqrt_gram, drawn[1])
+        fn = _importance_chunk if importance else _plain_chunk
+        const = (proposal,) if importance else ()
+        shard = tuple(drawn) + (w,)
+        per_chunk = functools.partial(fn, num_samples=num_samples, rows=rows)
+    else:
+        chunk_blocks, num_chunks = chunk_plan(num_samples, None, 1, b)
+        layout = sp.Layout(devices, num_chunks)
+        key_data = jax.random.key_data(rbg_key(key))
+        fn = _importance_redraw_chunk if importance else _plain_redraw_chunk
+        const = (key_data, proposal) if importance else (key_data,)
+        shard = ()
+        per_chunk = functools.partial(fn, num_samples=num_samples, chunk_blocks=chunk_blocks)
+    return _Estimate(layout, per_chunk, num_samples), const, shard
 
 
 def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samples: int | None = None,
                        draws_=None, solver=NewtonIllinois(), adjoint=ImplicitAdjoint(),
                        initial_noise=None, precompute: bool | None = None, proposal=None,
-                       direction_scale=None) -> Solution:
+                       direction_scale=None, devices=None, sqrt_gram=None) -> Solution:
     """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
 
     Args:
@@ -389,7 +473,8 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
       initial_noise: warm start for :class:`NewtonIllinois` (default: the geometric middle of
         the search range is *not* used; the unamplified Gaussian-ish guess ``sensitivity``).
       precompute: materialise ``W = U L^T`` (default when ``m * b <= 2^24``); else every pass
-        re-draws chunk by chunk (bounded memory, same numbers).
+        re-draws chunk by chunk (bounded memory, the chunks of
+        :func:`dpjax.montecarlo.monte_carlo_sums`).
       proposal: ``None`` (the plain estimator) or a
         :class:`dpjax.montecarlo.importance.Proposal`: solve the variance-reduced estimate
         (:mod:`dpjax.montecarlo.importance`; ``draws_`` then holds ``(mode_index, U,
@@ -398,6 +483,18 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
       direction_scale: ``(2,)`` factors of the two directions' estimates before their max
         (default ``(1, 1)``; a certificate aims the directions at different levels with it;
         importance estimator only).
+      devices: the devices the sample is spread over (default ``jax.devices()``: every device
+        of every process, after ``jax.distributed.initialize()``).  The sample is cut into
+        chunks that depend on ``(m, b)`` only; each device evaluates its chunks, and the chunk
+        sums (and, for the gradient, the chunks' VJPs) are added in chunk order
+        (:mod:`dpjax.montecarlo._spread`), so the root and its gradient are the same bits on
+        any number of devices and processes.  Everything else (the solver's steps, ``G``,
+        its square root) is replicated.
+      sqrt_gram: a square root ``L`` of ``gram`` (``L L^T = G``, :func:`dpjax.montecarlo.gram_sqrt`;
+        computed here when not given).  The gradient of the root reaches ``gram`` and ``L``
+        alike, so a caller that passes ``L`` differentiates the square root on its own side (the
+        optimisation loop does: its parameters' side runs on one device of each process, the
+        calibration on all of them).
 
     Returns:
       :class:`~dpjax.calibration.Solution` (``stats.num_passes``: passes over the sample).
@@ -405,6 +502,7 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
       (:meth:`dpjax.montecarlo.BallsInBins.certify`).
     """
     gram = jnp.asarray(gram, jnp.float64)
+    sqrt_gram = gram_sqrt(gram) if sqrt_gram is None else jnp.asarray(sqrt_gram, jnp.float64)
     b = gram.shape[0]
     eps = jnp.asarray(target_epsilon, jnp.float64)
     target = jnp.asarray(target_delta, jnp.float64)
@@ -413,29 +511,21 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
     if draws_ is not None:
         num_samples = draws_[1].shape[0]
     if precompute is None:
+        # A function of (m, b) only, never of the devices: the two paths cut the sample into
+        # different chunks, and a layout must not change the numbers.
         precompute = draws_ is not None or num_samples * b <= MAX_PRECOMPUTED
     if proposal is not None:
-        from dpjax.montecarlo.importance import as_proposal, importance_draws
+        from dpjax.montecarlo.importance import as_proposal
 
         proposal = jax.lax.stop_gradient(as_proposal(proposal))
-        scale = jnp.ones(2) if direction_scale is None else jnp.asarray(direction_scale, jnp.float64)
-        if precompute:
-            mode_index, u, cu = draws_ if draws_ is not None else importance_draws(key, b, num_samples)
-            projections = u @ gram_sqrt(gram).T
-            fn, theta = _importance_on_projections, (gram, projections, eps)
-            consts = (mode_index, cu, proposal, scale)
-        else:
-            fn = functools.partial(_importance_chunked, num_samples)
-            theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)), proposal, scale)
-    elif precompute:
-        mode_index, u = draws_ if draws_ is not None else draws(key, b, num_samples)
-        projections = u @ gram_sqrt(gram).T
-        fn, theta, consts = _delta_on_projections, (gram, projections, eps), (mode_index,)
-    else:
-        fn = functools.partial(_delta_chunked, num_samples)
-        theta, consts = (gram, eps), (jax.random.key_data(rbg_key(key)),)
+    scale = (jnp.ones(2) if direction_scale is None or proposal is None
+             else jnp.asarray(direction_scale, jnp.float64))
+    estimate, const, shard = _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, devices)
+    theta, consts = (gram, sqrt_gram, eps), (const, shard, scale)
+    fn = estimate.value
     if isinstance(solver, Bisection):
-        return solve_monotone_root(lambda s, th: fn(s, th, consts), theta, target, (lo_b, hi_b),
+        # The constants ride in theta (they get zero cotangents) so that nothing is closed over.
+        return solve_monotone_root(lambda s, th: fn(s, th[0], th[1]), (theta, consts), target, (lo_b, hi_b),
                                    decreasing=True, num_iterations=solver.num_iterations,
                                    log_scale=True, adjoint=adjoint)
     if not isinstance(solver, NewtonIllinois):
@@ -445,7 +535,7 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
 
     def forward(th, log_target, c):
         fn_consts, t_start, t_min, t_max = c
-        return newton_illinois(value_and_slope(fn, th, fn_consts), log_target, t_start, t_min,
+        return newton_illinois(estimate.value_and_slope(th, fn_consts), log_target, t_start, t_min,
                                t_max, solver), ()
 
     def level(t, th, c, aux):

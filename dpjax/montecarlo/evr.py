@@ -267,7 +267,7 @@ def _certify_fixed_kl(accountant, noise_multiplier: float, epsilon: float, targe
 
 
 @functools.lru_cache(maxsize=32)
-def _calibration_fn(num_samples: int):
+def _calibration_fn(num_samples: int, devices=None):
     import jax
 
     from dpjax._root import StopGradientAdjoint
@@ -276,7 +276,7 @@ def _calibration_fn(num_samples: int):
     def run(gram, eps, base, key, sigma0):
         return calibrate_on_draws(gram, eps, base, key=key, num_samples=num_samples,
                                   solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
-                                  initial_noise=sigma0, precompute=False)
+                                  initial_noise=sigma0, precompute=False, devices=devices)
 
     return jax.jit(run)
 
@@ -284,7 +284,7 @@ def _calibration_fn(num_samples: int):
 def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float, num_samples: int, key,
                        initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
                        growth: float = DEFAULT_LADDER_GROWTH,
-                       calibration_samples: int | None = None) -> Certificate:
+                       calibration_samples: int | None = None, devices=None) -> Certificate:
     """The ``"bernoulli_kl"`` ladder of :func:`certify_noise` (plain draws, arguments validated)."""
     import jax
     import jax.numpy as jnp
@@ -298,7 +298,8 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
     key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
     sigma0_guess = accountant.sensitivity if initial_noise is None else float(initial_noise)
     with jax.enable_x64(True):
-        res = _calibration_fn(m_cal)(jnp.asarray(accountant.gram), eps, base, key_cal, sigma0_guess)
+        res = _calibration_fn(m_cal, _device_key(devices))(jnp.asarray(accountant.gram), eps, base, key_cal,
+                                                           sigma0_guess)
     sigma0 = float(res.root)
     if not math.isfinite(sigma0):
         raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
@@ -307,7 +308,7 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
     for j in range(rungs):
         sigma = sigma0 * growth ** j
         tries = j + 1
-        est = accountant.estimate(sigma, np.array([eps]), m, key_ver)
+        est = accountant.estimate(sigma, np.array([eps]), m, key_ver, devices=devices)
         if float(est.delta[0]) <= base:
             released = sigma
             break
@@ -418,7 +419,7 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
 
 
 @functools.lru_cache(maxsize=32)
-def _importance_calibration_fn(num_samples: int):
+def _importance_calibration_fn(num_samples: int, devices=None):
     import jax
 
     from dpjax._root import StopGradientAdjoint
@@ -427,7 +428,8 @@ def _importance_calibration_fn(num_samples: int):
     def run(gram, eps, key, sigma0, proposal, scale):
         return calibrate_on_draws(gram, eps, 1.0, key=key, num_samples=num_samples,
                                   solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
-                                  initial_noise=sigma0, proposal=proposal, direction_scale=scale)
+                                  initial_noise=sigma0, proposal=proposal, direction_scale=scale,
+                                  devices=devices)
 
     return jax.jit(run)
 
@@ -471,12 +473,17 @@ def _moments(sums, n):
     return mean, var
 
 
-def _calibrate_is(accountant, eps, key, m, sigma0, proposal, scale):
+def _device_key(devices):
+    """``devices`` as a hashable cache key (``None``: every device)."""
+    return None if devices is None else tuple(devices)
+
+
+def _calibrate_is(accountant, eps, key, m, sigma0, proposal, scale, devices=None):
     import jax.numpy as jnp
 
     with _x64():
-        res = _importance_calibration_fn(m)(jnp.asarray(accountant.gram), eps, key, sigma0, proposal,
-                                            jnp.asarray(scale, jnp.float64))
+        res = _importance_calibration_fn(m, _device_key(devices))(jnp.asarray(accountant.gram), eps, key, sigma0,
+                                                                  proposal, jnp.asarray(scale, jnp.float64))
     return float(res.root)
 
 
@@ -549,14 +556,14 @@ def _not_reached(eps, target):
                       "multiplier in the search range")
 
 
-def _calibration_estimate(accountant, eps, target, key_cal, m_cal, initial_noise, level0):
+def _calibration_estimate(accountant, eps, target, key_cal, m_cal, initial_noise, level0, devices=None):
     """Step 1: place the proposal near the answer on the calibration sample (two rounds from a
     given ``initial_noise``, else three: the proposal's shifts are chosen at a noise multiplier,
     then the estimate is solved with it).  ``(sigma estimate, the proposal it was solved with)``."""
     sigma = accountant.sensitivity if initial_noise is None else float(initial_noise)
     for _ in range(2 if initial_noise is not None else 3):
         prop = _proposal(accountant, sigma, eps, 0.3)
-        sigma = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, (1 / level0, 1 / level0))
+        sigma = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop, (1 / level0, 1 / level0), devices)
         if not math.isfinite(sigma):
             raise _not_reached(eps, target)
     return sigma, prop
@@ -690,12 +697,13 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
     n = num_samples
     m_cal = calibration_samples or (max(1 << 14, n // 4) if n else 1 << 17)
     level0 = target - beta_total
-    sigma, prop_cal = _calibration_estimate(accountant, eps, target, key_cal, m_cal, initial_noise, level0)
+    sigma, prop_cal = _calibration_estimate(accountant, eps, target, key_cal, m_cal, initial_noise, level0,
+                                            devices)
     level = level0 - _sampler_allowance(b)
     n, prop, mus = _choose_plan(accountant, sigma, eps, target, key_cal, m_cal, n, level, log_inv_beta, devices)
     # 3. Aim at the predicted passing means (each direction scaled to its own): sigma_a.
     scale = [1.0 / max(mu, level * 1e-6) for mu in mus]
-    sigma_a = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop_cal, scale)
+    sigma_a = _calibrate_is(accountant, eps, key_cal, m_cal, sigma, prop_cal, scale, devices)
     if not math.isfinite(sigma_a):
         raise _not_reached(eps, target)
     bet, aim, spread = _choose_bets(accountant, sigma_a, eps, key_cal, m_cal, n, prop, level, log_inv_beta,
@@ -894,7 +902,7 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
             num_samples = default_samples(target, rungs)
         return _certify_ladder_kl(accountant, target_epsilon=eps, target_delta=target, num_samples=num_samples,
                                   key=key, initial_noise=initial_noise, rungs=rungs, growth=growth,
-                                  calibration_samples=calibration_samples)
+                                  calibration_samples=calibration_samples, devices=devices)
     failure_fraction = float(_validate.probability_open("failure_fraction", failure_fraction))
     if failure_fraction >= 0.5:
         raise ValueError(f"failure_fraction must be < 0.5, got {failure_fraction}")
