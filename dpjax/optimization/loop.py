@@ -214,7 +214,9 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
     (the path of :class:`Bisection`, Algorithm 2 as written, of samples too large to hold, and
     of the variance-reduced estimator).  ``importance``: the estimate is the variance-reduced
     one (:mod:`dpjax.montecarlo.importance`), its proposal chosen from the step's ``C`` and the
-    warm-start ``sigma`` (a constant of the step: no gradient flows through it).
+    warm-start ``sigma`` (a constant of the step: no gradient flows through it).  The unscreened
+    ``step`` and ``evaluate`` are :func:`_spread_step`'s: their sample is spread over every device
+    of every process.
     """
     n = parameterization.n
 
@@ -268,7 +270,110 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
         # The state of "no screen yet on this sample" (None on the unscreened path).
         return (empty_screen_state(num_samples, b, num_candidates) if screened else None)
 
+    if not screened:
+        step, evaluate = _spread_step(parameterization, b, epochs, num_samples, optimizer, objective, solver,
+                                      precompute, importance)
+        return step, evaluate, jax.jit(draw), jax.jit(no_screen)
     return jax.jit(step), jax.jit(evaluate), jax.jit(draw), jax.jit(no_screen)
+
+
+def _on_host(tree):
+    """Arrays of one device as NumPy arrays (PRNG keys as they are): inputs a program over every
+    device accepts from any process."""
+    def host(x):
+        if isinstance(x, jax.Array) and not jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return np.asarray(x)
+        return x
+
+    return jax.tree_util.tree_map(host, tree)
+
+
+def _on_first_device(tree):
+    """The values of replicated arrays over several devices (or processes) as arrays on one
+    device of this process: inputs of this process's own programs."""
+    def first(x):
+        if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
+            return x.addressable_data(0)
+        return x
+
+    return jax.tree_util.tree_map(first, tree)
+
+
+def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective, solver, precompute,
+                 importance):
+    """``(step, evaluate)`` of the unscreened path, whose Monte Carlo sample is spread over every
+    device of every process (:func:`calibrate_on_draws` with its default devices).
+
+    A step is three programs.  The parameters' side -- ``C``, its Gram matrix ``G`` and square
+    root ``L``, the warm start, the proposal, the objective; later their pullback and the
+    optimizer update -- is compiled for one device of this process: every process computes it,
+    from the same values, with the same program as a single-device run.  Only the calibration
+    (its Monte Carlo sums, added in one order whatever the layout; the solver's steps; the
+    implicit gradient with respect to ``G`` and ``L``) is compiled for every device.  So a step
+    is the same bits on one device, on several, or on several processes: XLA compiles a program
+    for several devices with other rewrites of some expressions (a division by a broadcast
+    scalar, say) than a program for one, and the parameters' side (the parameterization, the
+    objective, the optimizer) is arbitrary user-level code.  The loss is ``log sigma* + log err``
+    (the log RMSE), its gradient ``(dsigma*/sigma*) + (derr/err)`` pulled back through ``G``,
+    ``L`` and ``err``.
+    """
+    from dpjax.montecarlo import gram_sqrt
+
+    n = parameterization.n
+
+    def prep(params, eps, sigma0):
+        corr = parameterization.correlation(params)
+        gram = gram_matrix(corr, b, epochs)
+        sens = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.diagonal(gram))))
+        start = jnp.where(jnp.isfinite(sigma0) & (sigma0 > 0), sigma0, sens)
+        proposal = None
+        if importance:
+            proposal = default_proposal(jax.lax.stop_gradient(gram), jax.lax.stop_gradient(start), eps)
+        return (gram, gram_sqrt(gram), objective(corr, n)), (start, proposal)
+
+    def solve(gram, sqrt_gram, eps, delta, sample, step_index, start, proposal):
+        res = calibrate_on_draws(gram, eps, delta, key=jax.random.fold_in(sample, step_index),
+                                 num_samples=num_samples, solver=solver, initial_noise=start, precompute=precompute,
+                                 proposal=proposal, sqrt_gram=sqrt_gram)
+        return res.root, (res.num_passes, res.status)
+
+    def solve_with_gradient(*args):
+        (root, aux), bars = jax.value_and_grad(solve, argnums=(0, 1), has_aux=True)(*args)
+        return root, aux, bars
+
+    def update(params, opt_state, eps, sigma0, root, err, bars):
+        _, pullback = jax.vjp(lambda p: prep(p, eps, sigma0)[0], params)
+        inverse = 1.0 / root
+        (grads,) = pullback((bars[0] * inverse, bars[1] * inverse, 1.0 / err))
+        updates, new_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+        return new_params, new_state, finite
+
+    prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep), jax.jit(solve), jax.jit(solve_with_gradient),
+                                                       jax.jit(update))
+
+    def aux_of(root, err, passes, status, screen_state):
+        false = jnp.zeros((), bool)
+        rmse = root * err
+        return jnp.log(rmse), (root, rmse, passes, status, false, false, screen_state)
+
+    def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
+        (gram, sqrt_gram, err), (start, proposal) = prep_jit(params, eps, sigma0)
+        root, (passes, status), bars = _on_first_device(solve_grad_jit(
+            *_on_host((gram, sqrt_gram, eps, delta)), sample, step_index, *_on_host((start, proposal))))
+        new_params, new_state, finite = update_jit(params, opt_state, eps, sigma0, root, err, bars)
+        loss, aux = aux_of(root, err, passes, status, screen_state)
+        return new_params, new_state, loss, aux, finite
+
+    def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
+        (gram, sqrt_gram, err), (start, proposal) = prep_jit(params, eps, sigma0)
+        root, (passes, status) = _on_first_device(solve_jit(
+            *_on_host((gram, sqrt_gram, eps, delta)), sample, step_index, *_on_host((start, proposal))))
+        loss, aux = aux_of(root, err, passes, status, screen_state)
+        return loss, aux, err
+
+    return step, evaluate
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -607,7 +712,11 @@ def _start(params, opt_state, fns, resume_path, config, num_steps) -> _Run:
 
 def _save(checkpoint_path, config, step: int, run: _Run) -> None:
     """Checkpoint ``run`` at ``step``: the screen-state sidecar first, then the JSON, then the
-    older sidecars removed (whatever a kill leaves, the checkpoint's step has its sidecar)."""
+    older sidecars removed (whatever a kill leaves, the checkpoint's step has its sidecar).
+    Several processes (``jax.distributed``) hold the same state: process 0 writes it, and every
+    process reads it when a run resumes (a file system they share)."""
+    if jax.process_index() != 0:
+        return
     _write_screen_state(checkpoint_path, step, run.screen_state)
     _write_checkpoint(checkpoint_path, config, step, run.params, run.opt_state, run.sigma, run.history)
     _drop_old_screen_states(checkpoint_path, step)
