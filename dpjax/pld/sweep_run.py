@@ -33,7 +33,7 @@ from dpjax.pld.sweep_config import (SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, con
                                     options_for)
 from dpjax.pld.sweep_plan import BucketPolicy, Planned, bucket_plan, plan_config
 
-__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "STAGE_BYTES", "fit_per_device", "Chain", "make_mesh", "COMPILE_WORKERS", "chunk_args",
+__all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "STAGE_BYTES", "fit_per_device", "Chain", "make_mesh", "COMPILE_WORKERS", "chunk_args", "share_rows",
            "COMPILED", "ORIGIN", "bucket_spec", "known_programs", "disk_programs", "program_key", "compile_program",
            "run_chunk", "run_host", "HostRunner", "retry", "RETRY_SPACING", "grid_row", "needs_single", "single_row", "exact_row", "BucketRunner"]
 
@@ -146,11 +146,34 @@ def _global_array(x: np.ndarray, sharding):
 
 
 def _gather(out) -> np.ndarray:
-    if jax.process_count() > 1:  # pragma: no cover - multi-host only
+    """A chunk's output on this process: the whole global array (every process's shards, after
+    ``jax.distributed.initialize()``)."""
+    if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(out, tiled=True))
     return np.asarray(out)
+
+
+def share_rows(rows: list[dict]) -> list[dict]:
+    """Every process's ``rows`` on every process (``jax.distributed``), process by process; the
+    rows of this process alone without it.  The rows travel as strict JSON
+    (:func:`dpjax._io.dumps`), so every float arrives bit for bit."""
+    if jax.process_count() == 1:
+        return list(rows)
+    from jax.experimental import multihost_utils
+
+    from dpjax import _io
+
+    data = np.frombuffer(_io.dumps(list(rows)).encode("utf-8"), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    every = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    out = []
+    for size, chunk in zip(sizes, every):
+        out.extend(_io.loads(bytes(chunk[:int(size)])))
+    return out
 
 
 #: Background compile threads of a sweep (XLA compiles each program on one core).
@@ -600,26 +623,69 @@ class HostRunner(BucketRunner):
     compiled), ``workers`` configurations at a time on threads (NumPy releases the GIL in its
     array operations and FFTs).  Each configuration runs on its own planned FFT length (no
     buckets: padding to a shared length only pays for a compiled program).  The same rounds,
-    retries and rows as :class:`BucketRunner`, whose attributes it keeps (no programs)."""
+    retries and rows as :class:`BucketRunner`, whose attributes it keeps (no programs).
+
+    Several processes (``jax.distributed``): process ``p`` of ``P`` runs the configurations
+    ``p, p + P, ...`` of the sweep, and after each step every process's new rows are shared
+    (:func:`share_rows`), so every process ends with every row and process 0 (the one with a
+    ``store``) journals them as they come.  A row is the same whichever process computes it."""
 
     def __init__(self, kinds, options, with_lower: bool, floor_free: bool = True, workers: int = 1):
         self.kinds, self.options, self.with_lower, self.floor_free = kinds, options, with_lower, floor_free
         self.workers = max(1, int(workers))
         self.programs, self.made = set(), set()
 
-    def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
+    @property
+    def step(self) -> int:
+        """Configurations per step (a step's rows are recorded together)."""
+        return 16 * self.workers
+
+    def _host(self, p: Planned):
         from dpjax.pld import program as prog
 
+        return prog.worker(run_host, p, self.kinds, self.floor_free)
+
+    def _run_local(self, pool, todo: list[Planned]) -> list[dict]:
+        """The rows of ``todo``, every retry round included."""
+        out = []
+        while todo:
+            pending: list[Planned] = []
+            results = list(pool.map(self._host, todo))
+            out.extend(self._rows(todo, results, pending))
+            todo = pending
+        return out
+
+    def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers) as pool:
+            if jax.process_count() > 1:
+                self._run_processes(pool, pending, rows, store, bar)
+                return
             while pending:
                 todo, pending = pending, []
-                step = 16 * self.workers
-                for k in range(0, len(todo), step):
-                    part = todo[k:k + step]
-                    results = list(pool.map(lambda p: prog.worker(run_host, p, self.kinds, self.floor_free), part))
+                for k in range(0, len(todo), self.step):
+                    part = todo[k:k + self.step]
+                    results = list(pool.map(self._host, part))
                     new = self._rows(part, results, pending)
                     for row in new:
                         rows[row["index"]] = row
                     if store is not None:
                         store.append(new)
                     bar.update(len(new), programs=0)
+
+    def _run_processes(self, pool, mine: list[Planned], rows: dict, store, bar) -> None:
+        """``mine``: this process's configurations (see the class docstring).  Every process
+        runs the same number of steps (the largest share's), so that the sharing steps match."""
+        from jax.experimental import multihost_utils
+
+        # Every process must take part in every sharing step: the step count and size are agreed
+        # (hosts may have different numbers of cores).
+        agreed = np.asarray(multihost_utils.process_allgather(np.array([len(mine), self.step], np.int32)))
+        count, step = int(np.max(agreed.reshape(-1, 2)[:, 0])), int(np.max(agreed.reshape(-1, 2)[:, 1]))
+        for k in range(0, count, step):
+            new = share_rows(self._run_local(pool, mine[k:k + step]))
+            for row in new:
+                rows[row["index"]] = row
+            if store is not None:
+                store.append(new)
+            bar.update(len(new), programs=0)
+

@@ -102,13 +102,21 @@ to the bucket slack.
 Devices.  The configuration axis of every chunk is sharded over every device JAX sees
 (``jax.sharding.NamedSharding`` on a 1-D mesh named ``"configs"``; the chunk size is a multiple
 of the device count).  Eight fake CPU devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count=8``) give the same table as one.  Multi-host:
-call ``jax.distributed.initialize()`` in every process before the sweep and run the same sweep
-in every process; ``jax.devices()`` then lists every host's devices, the global input arrays are
-built with ``jax.make_array_from_callback`` (each process supplies only its own shards; every
-process plans the same configurations, planning is deterministic) and the output is gathered
-with ``jax.experimental.multihost_utils.process_allgather``: the same code path as one device.
-Only process 0 should write ``out`` (pass ``out=None`` elsewhere).  On CPU each device loops
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``) give the same table as one.  Several
+processes (one host or many): call ``jax.distributed.initialize()`` in every process before the
+sweep and run the same sweep with the same arguments in every process; no scheduler of dpjax's
+own is involved.  Every process plans the configurations (planning is deterministic), and every
+process returns the whole table.  With one CPU device per process (``backend="auto"``: a CPU
+cluster) process ``p`` of ``P`` runs configurations ``p, p + P, ...`` on the host program and the
+processes exchange their rows after every step, so the rows are those of the same sweep in one
+process, bit for bit.  Otherwise (accelerators, or several devices per process, or
+``backend="compiled"``) ``jax.devices()`` lists every process's devices, the global input
+arrays are built with ``jax.make_array_from_callback`` (each process supplies only its own
+shards) and the output is gathered with ``jax.experimental.multihost_utils.process_allgather``:
+the same code path as one device, and the same rows as the compiled backend in one process.
+Only process 0 opens ``out``: it journals every row and writes the final files, and the rows it
+recovers with ``resume=True`` reach every process, so a sweep whose processes were killed
+resumes as a whole.  On CPU each device loops
 over its configurations one at a time (32 per chunk by default); on an accelerator each loop
 step runs a block of configurations at once (``jax.vmap``, as many as fit
 :data:`~dpjax.pld.sweep_run.BLOCK_BYTES` of working memory; 256 per chunk by default).
@@ -181,7 +189,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
       noise_multiplier, sampling_prob, steps, delta, epsilon, group_size: a grid
         (:func:`sweep_grid`: Cartesian product, scalars or sequences).
       out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
-        ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).
+        ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).  Several processes: process 0
+        writes it (give every process the same arguments).
       resume: with ``out``, skip configurations already recorded there (a killed sweep resumes).
       options: :class:`~dpjax.pld.GridOptions` (accuracy knobs) for every row, as for
         :func:`dpjax.pld.epsilon`.  Default None: :data:`SWEEP_OPTIONS` for epsilon queries
@@ -202,10 +211,11 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         (:func:`dpjax.pld.allocation_accountant.allocation_sweep`).
       batches_per_epoch, selections_per_epoch, epochs: the random-allocation grid keywords
         (``t``, ``k``, ``E``; see ``sampling``).
-      backend: ``"host"`` (the PLD program in NumPy on this process's cores: nothing compiled),
-        ``"compiled"`` (bucket programs sharded over ``devices``), or ``"auto"`` (the default:
-        host where ``devices`` is this process's one CPU device, compiled otherwise).  The two
-        give the same certified brackets up to the last bits of their FFTs (1e-9 relative).
+      backend: ``"host"`` (the PLD program in NumPy on each process's cores: nothing compiled;
+        several processes share the configurations out), ``"compiled"`` (bucket programs
+        sharded over ``devices``), or ``"auto"`` (the default: host where ``devices`` are one CPU
+        device per process, compiled otherwise).  The two give the same certified brackets up
+        to the last bits of their FFTs (1e-9 relative).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
@@ -231,9 +241,14 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     store, done = _open_store(out, resume, configs)
     rows: dict[int, dict] = dict(done)
     todo = [i for i in range(len(configs)) if i not in done]
+    if jax.process_index() != 0:
+        show = False   # one bar, on process 0
     with jax.enable_x64(True), _progress_bar(total=len(configs), desc="sweep", enabled=show,
                                         initial=len(done), unit="cfg") as bar:
         todo = _exact_rows(todo, configs, rows, store, bar)
+        if backend == "host" and jax.process_count() > 1:
+            # Each process plans and runs its share (HostRunner shares the rows).
+            todo = todo[jax.process_index()::jax.process_count()]
         pending = plan_configs(todo, configs, options)
         if backend == "host":
             runner = HostRunner(kinds, options, with_lower, floor_free=floor_free_needed(configs),
@@ -282,8 +297,11 @@ def _backend(backend, devices) -> str:
         raise ValueError(f"backend must be 'auto', 'host' or 'compiled', got {backend!r}")
     if backend != "auto":
         return backend
-    one_cpu = len(devices) == 1 and devices[0].platform == "cpu" and jax.process_count() == 1
-    return "host" if one_cpu else "compiled"
+    # One CPU device per process (one process, or several after jax.distributed.initialize()):
+    # the host program on each process's cores.
+    one_cpu_each = (all(d.platform == "cpu" for d in devices) and len(devices) == jax.process_count()
+                    and len({d.process_index for d in devices}) == len(devices))
+    return "host" if one_cpu_each else "compiled"
 
 
 def _devices(devices, per_device):
@@ -298,18 +316,34 @@ def _devices(devices, per_device):
 
 def _open_store(out, resume, configs):
     """``(store, done)``: the row store of ``out`` (None without one) and the rows it already
-    holds (``{index: row}``, ``path="resumed"``), each checked against its configuration."""
+    holds (``{index: row}``, ``path="resumed"``), each checked against its configuration.
+
+    Several processes (``jax.distributed``): only process 0 opens (and later writes) ``out``;
+    the rows it recovered, or the reason it refused the file, reach every process."""
     if out is None:
         return None, {}
-    from dpjax.pld.sweep_store import SweepStore
+    store, done, error = None, {}, None
+    if jax.process_index() == 0:
+        from dpjax.pld.sweep_store import SweepStore
 
-    store = SweepStore(out, ROW_FIELDS, resume=resume)
-    done = {}
-    for i, row in store.rows.items():
-        if i >= len(configs) or not matches(row, configs[i]):
-            raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep; "
-                             f"resume only the sweep that wrote it (or write to a new file)")
-        done[i] = dict(row, path="resumed")
+        try:
+            store = SweepStore(out, ROW_FIELDS, resume=resume)
+            for i, row in store.rows.items():
+                if i >= len(configs) or not matches(row, configs[i]):
+                    raise ValueError(f"{out} holds a row {i} that is not configuration {i} of this sweep; "
+                                     f"resume only the sweep that wrote it (or write to a new file)")
+                done[i] = dict(row, path="resumed")
+        except (OSError, ValueError) as exc:
+            if jax.process_count() == 1:
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+    if jax.process_count() > 1:
+        from dpjax.pld.sweep_run import share_rows
+
+        shared = share_rows([{"error": error, "rows": list(done.values())}] if jax.process_index() == 0 else [])
+        if shared[0]["error"] is not None:
+            raise ValueError(f"out: process 0 could not use {out}: {shared[0]['error']}")
+        done = {int(row["index"]): row for row in shared[0]["rows"]}
     return store, done
 
 
