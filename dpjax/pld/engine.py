@@ -353,9 +353,10 @@ def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n
     mgf = tilt_log_mgf(groups, directions, _support_tops(plan))   # the same for every guess
     for frac in _TILT_GUESSES:
         for toward in (_TILT_TOWARD if frac == _TILT_GUESSES[0] and want == "eps" else _TILT_TOWARD[:1]):
-            res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
-                                            level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
-                                            guide=plain, mgf=mgf, toward=toward, caps=caps)
+            res, valid, retry, high = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res,
+                                                  want=want, level=level, frac=frac, n_max=n_max,
+                                                  wrap_level=wrap_level, guide=_guide(plain, res, want), mgf=mgf,
+                                                  toward=toward, caps=caps)
             if valid:
                 break
         if valid or not retry:
@@ -366,14 +367,44 @@ def tail_pass(groups, directions, kinds, deltas, epsilons, plan, res, *, want, n
         # at or above the answer still certifies epsilon <= start, so the bracket is never
         # worse than that query's upper end (a sweep, which asks for lower ends, gave 1.548
         # where dpsgd_epsilon gave 0.537: sigma 0.50, q 2.2e-6, T 348, delta 2.8e-11).
-        guide = [{k: v for k, v in r.items() if k != "down"} for r in plain]
+        no_down = [{k: v for k, v in r.items() if k != "down"} for r in plain]
         for frac in _TILT_GUESSES:
-            res, valid, retry = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
-                                            level=level, frac=frac, n_max=n_max, wrap_level=wrap_level,
-                                            guide=guide, mgf=mgf, toward=_TILT_TOWARD[0], caps=caps)
+            res, valid, retry, high = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res,
+                                                  want=want, level=level, frac=frac, n_max=n_max,
+                                                  wrap_level=wrap_level, guide=_guide(no_down, res, want),
+                                                  mgf=mgf, toward=_TILT_TOWARD[0], caps=caps)
             if valid or not retry:
                 break
+    if not valid and high:
+        # The plan sets the tilt from a probe of the log-MGF; the program places the window from
+        # the grid's own, whose heavier tail can put the window's start above y_v, so that no
+        # curve reaches the answer.  Shallower tilts lower that start (same program, same shape):
+        # sigma 0.50, q 2.2e-6, T 348, delta 2.8e-11 kept the certified 0.530 where the plan's
+        # tilt (4.22) started the window at 2.56; 0.9 of it answers 0.38420 (bracket [0.38356, 0.38395]).
+        for shrink in _TILT_SHRINK:
+            res, valid, _, high = _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, want=want,
+                                              level=level, frac=_TILT_GUESSES[-1], n_max=n_max,
+                                              wrap_level=wrap_level, guide=_guide(plain, res, want), mgf=mgf,
+                                              toward=_TILT_TOWARD[0], caps=caps, shrink=shrink)
+            if valid or not high:
+                break
     return res
+
+
+#: Multiples of the planned tilt :func:`tail_pass` tries last, while no window served an answer.
+_TILT_SHRINK = (0.9, 0.75, 0.5)
+
+
+def _guide(plain, res, want):
+    """The results that place the next tilted window: ``plain`` (the ordinary run) with each
+    direction's upper end replaced by the best one certified so far.  A tilted run that served no
+    answer still certified ``epsilon <= valid_from``; centring the next window between its guess
+    and that smaller upper end, not the ordinary one, keeps the tilt shallow enough to reach the
+    answer (sigma 0.50, q 2.2e-6, delta 2.8e-11: at T = 348 every later window was centred
+    near 1.4 and its curves started above 2.4, leaving 0.537, where T = 785 gives 0.487)."""
+    if want != "eps":
+        return plain
+    return [{**p, "up": r["up"]} for p, r in zip(plain, res)]
 
 
 #: Where :func:`_tilted_run` centres the tilted bulk between the window's start ``y_v`` and the
@@ -408,7 +439,7 @@ def _support_tops(plan):
 
 
 def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want, level, frac, n_max=None,
-                wrap_level=None, guide=None, mgf=None, toward=0.5, caps=None):
+                wrap_level=None, guide=None, mgf=None, toward=0.5, caps=None, shrink=1.0):
     """One tilted run (see :func:`tail_pass`); returns (merged results, whether every
     direction's tilted upper end at the smallest target was an answer, whether a lower guess of
     ``y_v`` may help: some ``y_v`` was a guess and every direction that gave no answer has a
@@ -417,7 +448,8 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     that place the tilted window (default ``res``, into which the tilted results are merged);
     ``mgf``: :func:`dpjax.pld.plan.tilt_log_mgf` of ``groups`` on ``plan``'s supports, when known;
     ``toward``: where the tilted bulk is centred, that fraction of the way from ``y_v`` to the
-    ordinary upper end (:data:`_TILT_TOWARD`).
+    ordinary upper end (:data:`_TILT_TOWARD`); ``shrink``: a factor applied to the planned tilts
+    (:data:`_TILT_SHRINK`).
 
     A tilted upper end at or below ``valid_from`` is no answer, but it still certifies
     ``epsilon <= valid_from``: the tilted delta curve is exact-or-above the truth for every
@@ -448,10 +480,11 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
                                         level=level if wrap_level is None else wrap_level,
                                         max_width=max(plan.dx * n_max, _TILT_MAX_WIDTH),
                                         support_tops=_support_tops(plan), mgf=mgf)
+    tilt = tilt * shrink
     if not fits.any():
         # No tilted window reaches down to y_v in any direction: nothing to gain from the run,
         # nor from a lower guess (a lower y_v only asks for a wider window).
-        return res, False, False
+        return res, False, False, False
     # A wider window: n times a power of two at the same spacing (offsets and supports
     # unchanged), or, beyond n_max points, n_max points at a coarser spacing.
     scale = max(1, round(width / (plan.n * plan.dx)))
@@ -462,8 +495,8 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     out = unpack(program(grid.groups, grid.dx, thetas, grid.log_tau, deltas, epsilons, directions=directions,
                            ms=grid.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
                            tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
-    merged, valid, retry = [], True, guessed
-    for r, t, fit in zip(res, out, fits):
+    merged, valid, retry, high = [], True, guessed, False
+    for r, t, fit, yv in zip(res, out, fits, y_v):
         m = {}
         for kind in r:
             a, b = dict(r[kind]), t.get(kind)
@@ -487,13 +520,15 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
                 answered = bool(np.asarray(ok & (vb <= va * (1 + 1e-3))).reshape(-1)[int(np.argmin(deltas))]
                                 if want == "eps" else True)
                 valid = valid and answered
+                # The program's window started above y_v: a shallower tilt may reach lower.
+                high = high or (want == "eps" and not answered and math.isfinite(vf) and vf > yv + grid.dx)
                 # A direction with no window reaching y_v will not fit a lower one either.
                 retry = retry and (answered or bool(fit))
             else:
                 a["value"] = np.where(ok, np.maximum(va, vb), va)
             m[kind] = a
         merged.append(m)
-    return merged, valid, retry
+    return merged, valid, retry, high
 
 
 # ------------------------------------------------------------------------------------------
