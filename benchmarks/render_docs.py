@@ -889,6 +889,30 @@ def render_train_dpftrl(d: dict) -> Rendered:
                     "bench_train_dpftrl.py")
 
 
+def render_scaling(d: dict) -> Rendered:
+    """``bench_scaling.py``: Monte Carlo samples per second on forced host devices and processes."""
+    rows = [[r["layout"], r["processes"], r["devices"], num(r["samples_per_second"]), seconds(r["seconds"]),
+             ratio(r["speedup"]), num(r["efficiency"], 2),
+             num(r["process0_cpu_seconds"] / r["seconds"], 2) if r.get("process0_cpu_seconds") is not None else "-",
+             num(r["load_average_before"], 2) if r.get("load_average_before") is not None else "-"]
+            for r in d["rows"]]
+    cores = d.get("cores")
+    body = "\n\n".join([
+        f"The plain balls-in-bins Monte Carlo sums (`dpjax.montecarlo.sharded_monte_carlo_sums`, b = "
+        f"{d['batches_per_epoch']}, E = {d['epochs']}) of {num(d['samples'])} samples per call over every device of "
+        f"every process; the median of {d['repeats']} calls after a warm-up call, each layout in fresh processes. "
+        "Efficiency: the speed-up over one device divided by the number of devices. Cores busy: process 0's CPU "
+        "time per call over the call's wall time. Load: the machine's one-minute load average before the layout "
+        "ran (other work took cores from it). "
+        + (f"The machine has {cores} cores: forced host devices beyond {cores} take turns on them, so their "
+           "efficiency measures what splitting the sample costs, not a speed-up. " if cores else "")
+        + ("The sums were the same bits on every layout." if d.get("same_bits_on_every_layout")
+           else "The sums were NOT the same bits on every layout."),
+        table(["layout", "processes", "devices", "samples/s", "per call", "speed-up", "efficiency",
+               "cores busy (process 0)", "load"], rows)])
+    return Rendered("Monte Carlo over several devices and processes", body, "bench_scaling.py")
+
+
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "table_amplified_mf.json": render_amplified_mf,
@@ -923,6 +947,7 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_example_memory.json": render_example_memory,
     "bench_traced.json": render_traced,
     "train_dpftrl.json": render_train_dpftrl,
+    "bench_scaling.json": render_scaling,
 }
 
 #: Result files kept as records but not tabulated here (name pattern -> why).

@@ -100,19 +100,24 @@ def _samples_per_second(spec):
 
     from dpjax.montecarlo import gram_from_columns, sharded_monte_carlo_sums
 
+    import resource
+
     b, epochs, m = int(spec.get("b", 128)), int(spec.get("epochs", 16)), int(spec["samples"])
     with jax.enable_x64(True):
         gram = gram_from_columns(jnp.asarray(0.7 ** np.arange(8)), b, epochs)
         key = jax.random.key(0)
-        times = []
+        times, cpu = [], []
         for _ in range(int(spec.get("repeats", 3)) + 1):
-            t0 = time.perf_counter()
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             sums = sharded_monte_carlo_sums(gram, 4.0, jnp.array([2.0]), key, m)
             jax.block_until_ready(sums)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
             times.append(time.perf_counter() - t0)
+            cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     seconds = float(np.median(times[1:]))
+    # CPU seconds of this process (process 0) per timed call: how many cores it kept busy.
     return {"seconds": seconds, "samples_per_second": m / seconds, "first_call_seconds": times[0],
-            "total": _hex(np.asarray(sums.total)[0, 0])}
+            "cpu_seconds": float(np.median(cpu[1:])), "total": _hex(np.asarray(sums.total)[0, 0])}
 
 
 def free_port() -> int:
