@@ -143,6 +143,8 @@ def launch(spec: dict, num_processes: int = 1, *, host_devices: int | None = Non
 
     env = dict(os.environ if env is None else env, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
+    # Compile in each run: no program store shared with the user's processes (or between runs).
+    env.setdefault("DPJAX_COMPILATION_CACHE", "0")
     if host_devices is not None:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host_devices}"
     port = free_port()

@@ -124,7 +124,7 @@ def test_killed_two_process_sweep_resumes(tmp_path):
     out = tmp_path / "sweep.csv"
     journal = out.with_suffix(".jsonl")
     spec = {"tasks": [["sweep", "sweep"]], "sweep": {"configs": count, "seed": 4, "out": str(out), "resume": True}}
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", DPJAX_COMPILATION_CACHE="0")
     env.pop("XLA_FLAGS", None)
     port = worker.free_port()
     procs = [subprocess.Popen([sys.executable, worker.__file__, json.dumps(spec), str(pid), "2", str(port)],
