@@ -11,6 +11,12 @@ the result is the same bits on one device, on eight, or on the devices of severa
 * a chunk is the same computation on arrays of the same shapes wherever it runs;
 * the chunk sums are added in one order, the one a single device's loop uses.
 
+The same computation must also compile to the same arithmetic, and a program for several devices
+passes through XLA's SPMD partitioning, which changes which of XLA's algebraic rewrites fire
+(docs/design.md §14).  So the chunk loop's inputs and results pass through
+``lax.optimization_barrier``, every chunk runs under the same ``lax.cond`` on every layout, and
+the per-sample code multiplies by reciprocals it forms instead of dividing by broadcast scalars.
+
 Derivatives are formed the same way (a ``jax.custom_vjp``): the VJP of every chunk, gathered
 and added in chunk order, so a gradient does not depend on the layout either.  Forward-mode
 slopes (the Newton steps of a calibration) are per-chunk ``jax.jvp`` results added the same way.
