@@ -889,6 +889,19 @@ def render_train_dpftrl(d: dict) -> Rendered:
                     "bench_train_dpftrl.py")
 
 
+def _busy_text(rows: list[dict]) -> str:
+    """What the cores-busy column says about one process against several, from the rows."""
+    def busy(r):
+        return r["process0_cpu_seconds"] / r["seconds"]
+
+    one = [busy(r) for r in rows if r["processes"] == 1 and r["devices"] > 1 and r.get("process0_cpu_seconds")]
+    many = [busy(r) for r in rows if r["processes"] > 1 and r.get("process0_cpu_seconds")]
+    if not one or not many:
+        return ""
+    return (f"One process kept at most {num(max(one), 2)} cores busy whatever its number of forced host devices; "
+            f"with several processes each kept {num(min(many), 2)} busy. ")
+
+
 def render_scaling(d: dict) -> Rendered:
     """``bench_scaling.py``: Monte Carlo samples per second on forced host devices and processes."""
     rows = [[r["layout"], r["processes"], r["devices"], num(r["samples_per_second"]), seconds(r["seconds"]),
@@ -906,6 +919,7 @@ def render_scaling(d: dict) -> Rendered:
         "ran (other work took cores from it). "
         + (f"The machine has {cores} cores: forced host devices beyond {cores} take turns on them, so their "
            "efficiency measures what splitting the sample costs, not a speed-up. " if cores else "")
+        + _busy_text(d["rows"])
         + ("The sums were the same bits on every layout." if d.get("same_bits_on_every_layout")
            else "The sums were NOT the same bits on every layout."),
         table(["layout", "processes", "devices", "samples/s", "per call", "speed-up", "efficiency",
