@@ -270,10 +270,17 @@ def logsumexp_rows(x):
     return m + jnp.log(jnp.sum(jnp.exp(x - m[..., None]), axis=-1))
 
 
+def as_wide(x):
+    """``x`` as an array of the widest float enabled (float64 inside dpjax's float64 scope): a
+    float32 noise multiplier from float32 code must not make ``1 / sigma`` a float32 reciprocal,
+    whose rounding (~3e-8 relative) would reach every loss."""
+    return jnp.asarray(x, jnp.result_type(float))
+
+
 def scaled_privacy_losses(gram, scaled_projections, noise_multiplier, mode_index):
     """Both directions' losses from ``W / sigma`` ``(S, b)`` (``W ~ N(0, G)``); the one formula."""
     b = gram.shape[0]
-    sigma = noise_multiplier
+    sigma = as_wide(noise_multiplier)
     # Products with the reciprocal, not divisions by a broadcast scalar: XLA turns the latter
     # into the former in some programs and not in others (it depends on what surrounds the
     # expression: one device or several), and the two round differently.  Written out, every
@@ -305,7 +312,8 @@ def privacy_losses(gram, sqrt_gram, noise_multiplier, mode_index, u):
     ``X ~ P`` and ``y_qp = log Q/P (X)`` with ``X ~ Q`` (formulas in the module docstring).
     """
     # w / sigma with w = L U ~ N(0, G): fold 1/sigma into the (b, b) factor, not the (S, b) array.
-    return scaled_privacy_losses(gram, u @ (sqrt_gram.T * (1.0 / noise_multiplier)), noise_multiplier, mode_index)
+    scale = 1.0 / as_wide(noise_multiplier)
+    return scaled_privacy_losses(gram, u @ (sqrt_gram.T * scale), noise_multiplier, mode_index)
 
 
 @float64
@@ -314,7 +322,8 @@ def privacy_losses_from_projections(gram, projections, noise_multiplier, mode_in
 
     ``W`` does not depend on ``sigma``: a calibration over ``sigma`` computes it once.
     """
-    return scaled_privacy_losses(gram, projections * (1.0 / noise_multiplier), noise_multiplier, mode_index)
+    return scaled_privacy_losses(gram, projections * (1.0 / as_wide(noise_multiplier)), noise_multiplier,
+                                 mode_index)
 
 
 def hockey_stick_terms(losses, epsilon):
