@@ -71,7 +71,7 @@ from dpjax import pld
 t_import = time.perf_counter() - t0
 cache_dir = {cache_dir!r}
 if cache_dir is not None:
-    from dpjax.pld.cache import enable_persistent_cache
+    from dpjax.numerics.cache import enable_persistent_cache
     enable_persistent_cache(cache_dir)
 s, q, T, d = {s}, {q}, {T}, {d}
 opts = {opts}
@@ -204,7 +204,7 @@ def main(argv=None):
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
-    print("cold*: fresh process with a warm persistent XLA compilation cache (dpjax.pld.cache; the CLI default)")
+    print("cold*: fresh process with a warm persistent XLA compilation cache (dpjax.numerics.cache; the CLI default)")
     print(f"wrote {args.out}")
 
 

@@ -6,7 +6,7 @@ traced calls run the PLD program on the host and compile nothing (``tests/test_p
 checks it); what compiles is
 
 * the sweeps' bucket programs: one per stage of the PLD program
-  (``dpjax.pld.program.stage_names``) for each bucket structure.  The buckets listed are those of the
+  (``dpjax.pld.grid.program.stage_names``) for each bucket structure.  The buckets listed are those of the
   broad sweep distribution (``bench_sweep.py --dist broad``) and of its variants that change the
   program's structure: upper end only, delta queries, deltas below the floor-free threshold,
   group privacy;
@@ -47,7 +47,7 @@ def _compile(lower, repeats: int):
     """``(lowering seconds, median compile seconds, HLO instructions)`` of a fresh compile."""
     import jax
 
-    from dpjax import _xla
+    from dpjax._base import xla as _xla
 
     # JAX keeps compiled executables in memory by module (the sweep runner may have compiled this
     # very program in its background pool): cleared so that every repeat is a real compile.
@@ -67,10 +67,11 @@ def _compile(lower, repeats: int):
 def sweep_programs(configs: list[dict], label: str, with_lower: bool, repeats: int) -> list[dict]:
     import jax
 
-    from dpjax.pld import program as prog
-    from dpjax.pld import sweep_plan, sweep_run
-    from dpjax.pld.sweep_config import as_configs
-    from dpjax.pld.sweep_plan import BucketPolicy
+    from dpjax.pld.grid import program as prog
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import programs as sweep_run
+    from dpjax.pld.sweeps.config import as_configs
+    from dpjax.pld.sweeps.plan import BucketPolicy
 
     cfgs = as_configs(configs)
     kinds = ("up", "down") if with_lower else ("up",)
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     os.environ["DPJAX_COMPILATION_CACHE"] = "0"
     from bench_sweep import CONFIGS
 
-    from dpjax.pld import cache
+    from dpjax.numerics import cache
 
     cache.disable()
     namespace: dict = {}

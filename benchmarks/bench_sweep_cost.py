@@ -1,4 +1,4 @@
-"""The sweep's run-cost model (``dpjax.pld.sweeping.BucketPolicy``): per-configuration CPU time
+"""The sweep's run-cost model (``dpjax.pld.sweeps.driver.BucketPolicy``): per-configuration CPU time
 of a compiled bucket program at several FFT lengths, the compile time of each program, and a
 least-squares fit of the model's FFT terms.
 
@@ -39,8 +39,10 @@ def main(argv=None):
     import jax
     import numpy as np
 
-    from dpjax import _xla
-    from dpjax.pld import sweep_plan as sp, sweep_run as sr, sweeping as sw
+    from dpjax._base import xla as _xla
+    from dpjax.pld.sweeps import plan as sp
+    from dpjax.pld.sweeps import programs as sr
+    from dpjax.pld.sweeps import driver as sw
 
     mesh = sr.make_mesh(jax.devices()[:1])
     kinds = ("up", "down")

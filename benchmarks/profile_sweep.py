@@ -128,7 +128,7 @@ def main(argv=None):
     cfg = ns["configs"](args.dist, args.configs)
     import jax
     import dpjax
-    from dpjax.pld import sweep_run
+    from dpjax.pld.sweeps import programs as sweep_run
 
     t0 = time.perf_counter()
     first = dpjax.sweep(cfg, progress_bar=False)

@@ -40,7 +40,7 @@ SCHEMES = ("poisson", "random_allocation", "balls_in_bins", "none")
 
 def epsilon(scheme: str, sigma: float, b: int, E: int) -> float:
     import dpjax
-    from dpjax.pld.exact import gaussian_epsilon
+    from dpjax.numerics.exact import gaussian_epsilon
 
     if scheme == "poisson":
         return float(dpjax.dpsgd_epsilon(sigma, 1.0 / b, b * E, DELTA))

@@ -18,12 +18,14 @@ Layers (one sub-package each):
   Opacus-style names and a running accountant.
 * :mod:`dpjax.cli` -- the ``dpjax`` command.
 
-Imports run one way: ``pld``, ``matrices`` -> ``montecarlo`` -> ``calibration`` ->
-``optimization`` -> ``interop``, ``cli`` (``baselines`` and ``group`` build on ``pld``), inside
-function bodies too, with no cycle (docs/design.md §9); any sub-package can be imported first.
+Folders are layers and imports run one way: ``_base`` (private foundation) -> ``numerics``
+(root finder, exact Gaussian curve, RDP, program cache), ``matrices`` -> ``pld`` -> ``group``,
+``baselines``, ``report`` -> ``montecarlo`` -> ``calibration`` -> ``optimization`` ->
+``interop``, ``cli``, inside function bodies too, with no cycle (docs/design.md §9); any
+sub-package can be imported first.
 
 All numerics run in float64 whatever the global ``jax_enable_x64`` flag (see
-:mod:`dpjax._x64`).
+:mod:`dpjax._base.x64`).
 """
 
 __version__ = "0.1.0"
@@ -40,7 +42,7 @@ _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "
 # sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
 # unchanged (see dpjax.group.group_dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
 # (batches_per_epoch=, selections_per_epoch=, epochs=) work in dpsgd_epsilon, dpsgd_delta,
-# dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation_dpsgd).
+# dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation.dpsgd).
 _ATTRS = {
     "dpsgd_delta": "dpjax.group:group_dpsgd_delta",
     "dpsgd_noise_multiplier": "dpjax.calibration",
@@ -48,7 +50,7 @@ _ATTRS = {
     "group_accounting": "dpjax.group",
     "group_delta": "dpjax.group",
     "group_epsilon": "dpjax.group",
-    "sweep": "dpjax.pld.sweeping",
+    "sweep": "dpjax.pld.sweeps.driver",
     "epsilon_curve": "dpjax.pld.curve",
     "dpsgd_privacy_report": "dpjax.report",
 }

@@ -33,9 +33,10 @@ import dataclasses
 
 import numpy as np
 
-from dpjax import _traced, _validate
-from dpjax._names import resolve_aliases, steps_from_epochs
-from dpjax._x64 import float64
+from dpjax._base import traced as _traced
+from dpjax._base import validate as _validate
+from dpjax._base.names import resolve_aliases, steps_from_epochs
+from dpjax._base.x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
 
@@ -286,7 +287,7 @@ def group_dpsgd_epsilon(
         ``noise_multiplier`` (example-level Poisson only).
       batches_per_epoch, selections_per_epoch: with ``sampling="random_allocation"`` or
         ``"balls_in_bins"`` (example level, add/remove adjacency; ``epochs`` is then the number
-        of epochs): :func:`dpjax.pld.dpsgd_epsilon` (see :mod:`dpjax.pld.allocation_dpsgd`).
+        of epochs): :func:`dpjax.pld.dpsgd_epsilon` (see :mod:`dpjax.pld.allocation.dpsgd`).
 
     Traceable: ``jax.grad`` (in ``noise_multiplier``, ``sampling_prob``, ``target_delta``),
     ``jax.vmap`` and ``jax.jit``, from float32 code too (see :mod:`dpjax.pld.dpsgd`).
@@ -349,7 +350,7 @@ def _group_dpsgd(query, noise_multiplier, sampling_prob, steps, target, target_a
     """:func:`group_dpsgd_epsilon` / :func:`group_dpsgd_delta`: random allocation and
     example-level Poisson go to :mod:`dpjax.pld.dpsgd`, groups and fixed batches to
     :func:`group_epsilon` / :func:`group_delta`."""
-    from dpjax.pld import allocation_dpsgd
+    from dpjax.pld.allocation import dpsgd as allocation_dpsgd
     from dpjax.pld import dpsgd_delta, dpsgd_epsilon
 
     example_level = dpsgd_epsilon if query == "epsilon" else dpsgd_delta

@@ -235,7 +235,7 @@ def correlated_noise_aggregate(noise: StreamingNoise, noise_multiplier, clip_nor
     """
     import optax
 
-    from dpjax import _validate
+    from dpjax._base import validate as _validate
 
     sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
     clip = float(_validate.positive("clip_norm", clip_norm))

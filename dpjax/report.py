@@ -75,9 +75,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import Adjacency
-from dpjax._results import ResultMixin
+from dpjax._base import validate as _validate
+from dpjax._base.enums import Adjacency
+from dpjax._base.results import ResultMixin
 
 __all__ = ["PrivacyReport", "privacy_report", "dpsgd_privacy_report", "DEFAULT_TARGET_DELTAS", "DEFAULT_FPR",
            "trade_off_upper", "gdp_mu_estimate"]
@@ -108,7 +108,7 @@ _GDP_BETA_FLOOR = 1e-9
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyReport(ResultMixin):
-    """What a privacy report holds (``to_dict`` / ``to_json`` / ``load``: :mod:`dpjax._results`).
+    """What a privacy report holds (``to_dict`` / ``to_json`` / ``load``: :mod:`dpjax._base.results`).
 
     Attributes:
       target_delta: (K,) the deltas.
@@ -291,7 +291,7 @@ def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, ta
     """The privacy report (module docstring) of one DP-SGD configuration.
 
     The configuration is given as to :func:`dpjax.dpsgd_epsilon` (the accounting family's
-    arguments and keywords, ``epochs=`` by :func:`dpjax._names.epochs_to_steps` included), and
+    arguments and keywords, ``epochs=`` by :func:`dpjax._base.names.epochs_to_steps` included), and
     each ``report.epsilon[i]`` equals ``dpjax.dpsgd_epsilon(..., target_delta=report.target_delta[i])``.
 
     Args:
@@ -307,9 +307,10 @@ def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, ta
     Returns:
       :class:`PrivacyReport` (``adjacency`` ``"replace"`` for ``sampling="fixed_batch"``).
     """
-    from dpjax import _names
+    from dpjax._base import names as _names
     from dpjax.group import group_accounting, group_dpsgd_epsilon
-    from dpjax.pld import allocation_dpsgd, dpsgd_accounting
+    from dpjax.pld import dpsgd_accounting
+    from dpjax.pld.allocation import dpsgd as allocation_dpsgd
     from dpjax.pld.group_spec import Sampling
 
     sigma = _validate.positive("noise_multiplier", noise_multiplier)

@@ -61,8 +61,8 @@ from typing import Iterator
 import numpy as np
 import scipy.stats
 
-from dpjax import _validate
-from dpjax._names import epochs_to_steps
+from dpjax._base import validate as _validate
+from dpjax._base.names import epochs_to_steps
 
 __all__ = ["BallsInBinsSampler", "PoissonSampler", "balls_in_bins_truncation_delta"]
 
@@ -309,7 +309,7 @@ class PoissonSampler:
     def from_epochs(cls, num_examples: int, sampling_prob: float, epochs: float, batch_size: int,
                     seed: int = 0) -> "PoissonSampler":
         """The sampler of ``epochs`` epochs: ``steps`` by dpjax's one epochs rule
-        (:func:`dpjax._names.epochs_to_steps`: ``epochs / sampling_prob`` rounded up, never fewer
+        (:func:`dpjax._base.names.epochs_to_steps`: ``epochs / sampling_prob`` rounded up, never fewer
         steps than the epochs take), the count every accounting entry point uses for ``epochs=``."""
         return cls(num_examples, sampling_prob, epochs_to_steps(epochs, sampling_prob), batch_size, seed)
 

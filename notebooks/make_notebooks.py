@@ -393,7 +393,7 @@ def sweeps_notebook():
             "# Sweeps, eps(T) curves and heterogeneous compositions\n\n"
             "* **Heat map** of the certified epsilon over (sigma, q) with `dpjax.sweep`: every configuration "
             "planned on the sweep's own grid policy (each row within the stated slack "
-            "`dpjax.pld.sweeping.SWEEP_SLACK` = 1e-3 of `dpsgd_epsilon`, planned for a quarter of it, and inside its "
+            "`dpjax.pld.sweeps.driver.SWEEP_SLACK` = 1e-3 of `dpsgd_epsilon`, planned for a quarter of it, and inside its "
             "own certified bracket), "
             "bucketed into a few power-of-two grid shapes, one compiled program per bucket (docs/design.md §2.5).\n"
             "* **eps(T) curves** with `dpjax.epsilon_curve`: epsilon after every epoch from one forward transform "
@@ -447,7 +447,7 @@ def sweeps_notebook():
         ),
         new_code_cell(
             "from dpjax.baselines import DEFAULT_RDP_ORDERS\n"
-            "from dpjax.baselines.rdp import rdp_poisson_subsampled_gaussian, rdp_to_epsilon\n"
+            "from dpjax.numerics.rdp import rdp_poisson_subsampled_gaussian, rdp_to_epsilon\n"
             "Q, DELTA = 0.01, 1e-5\n"
             "rows = []\n"
             "for T in (500, 1000, 2000, 4000):\n"
@@ -589,7 +589,7 @@ def progress_notebook():
             "log file or a CI log it becomes a plain line every `DPJAX_PROGRESS_INTERVAL` seconds (10 by "
             "default).\n\n"
             "`progress=False` (or `progress_bar=False` for `dpjax.sweep`), the environment variable "
-            "`DPJAX_PROGRESS=0`, `dpjax._progress.set_progress(False)` and the CLI's `--quiet` turn it off; it "
+            "`DPJAX_PROGRESS=0`, `dpjax._base.progress.set_progress(False)` and the CLI's `--quiet` turn it off; it "
             "never changes a number."
         ),
         new_code_cell(
@@ -660,7 +660,7 @@ def allocation_notebook():
             "`benchmarks/table_allocation.py` into `docs/benchmarks.md`; this notebook computes a slice live and "
             "loads the table."
         ),
-        new_code_cell(SETUP + "from dpjax.pld.exact import gaussian_epsilon\n"
+        new_code_cell(SETUP + "from dpjax.numerics.exact import gaussian_epsilon\n"
                       "from dpjax.pld import allocation_accountant as ra\n"),
         new_code_cell(
             "B, SIGMA, DELTA = 128, 1.0, 1e-5\n"

@@ -53,7 +53,7 @@ def _no_persistent_compilation_cache(monkeypatch):
 #: executable holds ~190 mappings and Linux allows a process 65,530 (``vm.max_map_count``); a
 #: single test worker that runs the whole suite compiles thousands of programs, and its next
 #: compile past the limit fails inside LLVM with a segmentation fault.  (dpjax bounds its own
-#: accountant programs, dpjax._xla.MAX_LIVE_PROGRAMS; the tests compile many other programs.)
+#: accountant programs, dpjax._base.xla.MAX_LIVE_PROGRAMS; the tests compile many other programs.)
 _MAPPINGS_LIMIT = 30000
 
 

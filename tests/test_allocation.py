@@ -1,4 +1,4 @@
-"""Random allocation / balls-in-bins accountant (dpjax.pld.allocation*, docs/design.md §12)."""
+"""Random allocation / balls-in-bins accountant (dpjax.pld.allocation.lattice*, docs/design.md §12)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpjax.pld import allocation as A
-from dpjax.pld import allocation_accountant as R
+from dpjax.pld.allocation import lattice as A
+from dpjax.pld.allocation import accountant as R
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _allocation_oracle as oracle  # noqa: E402
@@ -64,7 +64,7 @@ def test_blocks_of_k_of_t():
 
 
 def test_every_step_selected_is_the_exact_gaussian():
-    from dpjax.pld.exact import gaussian_epsilon
+    from dpjax.numerics.exact import gaussian_epsilon
 
     r = R.allocation_accounting(2.0, 10, 3, target_delta=1e-6, selections_per_epoch=10)
     assert r.epsilon == pytest.approx(float(gaussian_epsilon(1e-6, math.sqrt(30) / 2.0)), rel=1e-9)

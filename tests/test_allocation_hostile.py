@@ -1,6 +1,6 @@
 """Random allocation / balls-in-bins on hostile inputs: tiny deltas, few steps with large noise,
 huge step counts, tiny noise, plans evaluated away from their noise multiplier, batches of
-targets (dpjax.pld.allocation*, docs/design.md §12.7).
+targets (dpjax.pld.allocation.lattice*, docs/design.md §12.7).
 
 Every upper end is checked against the unamplified Gaussian (``mu = sqrt(k E) / sigma``; balls-in-
 bins ``sqrt(E) / sigma``), which dominates the scheme whatever the allocation, and every lower
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.pld import allocation as A
-from dpjax.pld import allocation_accountant as R
-from dpjax.pld.engine import exact_epsilon
+from dpjax.pld.allocation import lattice as A
+from dpjax.pld.allocation import accountant as R
+from dpjax.pld.grid.engine import exact_epsilon
 
 RA = dict(sampling="random_allocation")
 

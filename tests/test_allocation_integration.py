@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.pld import allocation_accountant as R
+from dpjax.pld.allocation import accountant as R
 
 SIGMA, T, E, DELTA = 1.3, 48, 3, 1e-5
 

@@ -27,8 +27,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from dpjax.pld import allocation_accountant as R
-from dpjax.pld.engine import exact_epsilon
+from dpjax.pld.allocation import accountant as R
+from dpjax.pld.grid.engine import exact_epsilon
 
 DATA = pathlib.Path(__file__).parent / "data" / "allocation_oracle.json"
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpjax.baselines import rdp as rdp_mod
-from dpjax.baselines.rdp import DEFAULT_RDP_ORDERS, rdp_epsilon, rdp_poisson_subsampled_gaussian, rdp_to_epsilon
+from dpjax.numerics import rdp as rdp_mod
+from dpjax.numerics.rdp import DEFAULT_RDP_ORDERS, rdp_epsilon, rdp_poisson_subsampled_gaussian, rdp_to_epsilon
 
 
 def _quadrature_rdp(sigma: float, q: float, alpha: float) -> float:

@@ -18,7 +18,7 @@ from scipy import stats
 
 from dpjax.matrices import Toeplitz
 from dpjax.montecarlo import BallsInBins
-from dpjax.pld.exact import gaussian_delta
+from dpjax.numerics.exact import gaussian_delta
 
 
 def _quadrature_delta(gram_modes, sigma, eps, step=0.01, span=11.0):

@@ -229,7 +229,7 @@ def test_grid_too_small_says_which_cli_flag_to_raise(capsys):
     # 560050), and the reason names the CLI flag that would give a tighter one.
     import math
 
-    from dpjax.pld.exact import gaussian_epsilon
+    from dpjax.numerics.exact import gaussian_epsilon
 
     assert main(["epsilon", "--noise-multiplier", "0.3", "--sampling-prob", "0.5", "--steps", "100000",
                  "--delta", "1e-5", "--max-grid-points", "1024", "--json"]) == 0
@@ -255,7 +255,7 @@ def test_cli_mode_choices_are_the_library_modes():
     no fewer."""
     import argparse
 
-    from dpjax._enums import AllocationSampling
+    from dpjax._base.enums import AllocationSampling
     from dpjax.cli.main import build_parser
     from dpjax.montecarlo.evr import CertificateMethod
     from dpjax.optimization.loop import Estimator

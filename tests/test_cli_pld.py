@@ -81,7 +81,7 @@ def test_subprocess_bad_input_no_traceback():
 
 def test_cache_environment_switch(tmp_path, monkeypatch):
     """DPJAX_COMPILATION_CACHE="0" (or unset with default_on=False) leaves JAX's config alone."""
-    from dpjax.pld import cache
+    from dpjax.numerics import cache
 
     monkeypatch.setenv("DPJAX_COMPILATION_CACHE", "0")
     assert cache.enable_from_environment(default_on=True) is None

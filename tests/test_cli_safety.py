@@ -116,7 +116,7 @@ def test_out_writes_what_its_extension_says(tmp_path, capsys):
 
 
 def test_out_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
-    from dpjax import _io
+    from dpjax._base import io as _io
     from dpjax.cli.main import write_out
 
     for name in ("r.json", "r.csv"):

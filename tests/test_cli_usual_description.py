@@ -1,6 +1,6 @@
 """``--dataset-size N --batch-size B --epochs E`` in ``dpjax epsilon``, ``delta`` and ``noise``:
 each answer equals the Python call with the arguments the one rule of each sampling scheme
-gives (Poisson: ``q = B / N``, steps by :func:`dpjax._names.epochs_to_steps`; random
+gives (Poisson: ``q = B / N``, steps by :func:`dpjax._base.names.epochs_to_steps`; random
 allocation and balls-in-bins: ``floor(N / B)`` batches per epoch), and mixing the two
 descriptions is an error naming both options."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import dpjax
 from dpjax import pld
-from dpjax._names import epochs_to_steps
+from dpjax._base.names import epochs_to_steps
 from dpjax.cli.main import main
 
 

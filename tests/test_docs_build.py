@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One public name per API page: each must come out as an anchor of its page.
 EXPECTED = {
     "pld": ["dpjax.pld.dpsgd_epsilon", "dpjax.pld.GridOptions", "dpjax.pld.sweep",
-            "dpjax.pld.allocation_accountant.allocation_accounting", "dpjax.pld.allocation_dpsgd.query"],
+            "dpjax.pld.allocation.accountant.allocation_accounting", "dpjax.pld.allocation.dpsgd.query"],
     "group": ["dpjax.group.group_dpsgd_epsilon", "dpjax.group.Sampling"],
     "report": ["dpjax.report.dpsgd_privacy_report", "dpjax.report.PrivacyReport"],
     "baselines": ["dpjax.baselines.rdp_epsilon"],

@@ -36,7 +36,7 @@ import pytest
 import scipy.special
 
 import dpjax
-from dpjax.pld.engine import exact_epsilon
+from dpjax.pld.grid.engine import exact_epsilon
 
 DATA = pathlib.Path(__file__).parent / "data" / "dpsgd_oracle.json"
 MONOTONE_TOL = 1e-3

@@ -10,7 +10,7 @@ import pytest
 
 import dpjax
 from dpjax import pld
-from dpjax._names import epochs_to_steps
+from dpjax._base.names import epochs_to_steps
 from dpjax.interop import get_noise_multiplier
 from dpjax.interop.opacus import steps_from_epochs as opacus_steps_from_epochs
 from dpjax.sampling import PoissonSampler

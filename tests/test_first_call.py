@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.pld import exact
+from dpjax.numerics import exact
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import dpjax
 from dpjax import calibration as cal
-from dpjax.pld.fixed_grid import LOOSE_FRACTION, LooseBoundWarning
+from dpjax.pld.grid.fixed_grid import LOOSE_FRACTION, LooseBoundWarning
 
 Q, T, DELTA = 0.01, 1000, 1e-5
 

@@ -1,4 +1,4 @@
-"""The float64 contract (dpjax._x64) on the PLD / calibration side, seen from float32 code.
+"""The float64 contract (dpjax._base.x64) on the PLD / calibration side, seen from float32 code.
 
 Matrix: function x {eager, grad, vmap, jit} x {x64 on, off}.  The suite runs with
 ``jax_enable_x64`` off (what users have); the x64-on column is computed inside
@@ -51,7 +51,7 @@ def grids():
                                   options=SMALL)
     dpsgd = calibration.dpsgd_grid(0.9, 0.01, T, target_delta=DELTA, options=SMALL)
     with jax.enable_x64(True):
-        tab = pld.fixed_grid.tables(generic)[0]
+        tab = pld.grid.fixed_grid.tables(generic)[0]
     return dict(generic=generic, dpsgd=dpsgd, table=tab)
 
 

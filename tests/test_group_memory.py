@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.pld import engine
+from dpjax.pld.grid import engine
 from dpjax.pld.mog import GroupSubsampledGaussian
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

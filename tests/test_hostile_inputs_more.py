@@ -85,7 +85,7 @@ def test_replace_one_randomized_response_with_p_one_has_epsilon_zero():
 
 @pytest.mark.parametrize("bad", [0, False, -1, 1.5])
 def test_sweep_mapping_group_size_zero_or_false_is_an_error(bad):
-    from dpjax.pld.sweeping import SweepConfig
+    from dpjax.pld.sweeps.driver import SweepConfig
 
     with pytest.raises(ValueError, match=r"group_size must be an integer >= 1"):
         SweepConfig.from_mapping(dict(noise_multiplier=1.0, sampling_prob=0.01, steps=10, delta=1e-5,
@@ -126,7 +126,7 @@ def test_noise_multiplier_at_q_one_leaks_no_warning():
         warnings.simplefilter("error")
         sigma = dpjax.dpsgd_noise_multiplier(1.0, 1, 2.0, 1e-5)
     # q = 1, T = 1: the Gaussian mechanism; its exact epsilon at sigma meets the target.
-    from dpjax.pld.exact import gaussian_epsilon
+    from dpjax.numerics.exact import gaussian_epsilon
 
     assert float(gaussian_epsilon(1e-5, 1.0 / sigma)) <= 2.0
 

@@ -1,26 +1,21 @@
 """One direction of imports across all of ``dpjax``, function bodies included.
 
-Every module has a layer, and a module imports only from its own layer or lower ones.  From the
+Every package has one layer, and a module imports only from its own layer or lower ones.  From the
 bottom up:
 
-0. the foundation: dpjax's top-level private modules (``dpjax._validate``, ``dpjax._x64``,
-   ``dpjax._xla``, ``dpjax._results``, ``dpjax._root`` -- the monotone root finder and its
-   implicit adjoint, which the Monte Carlo and calibration layers both solve with -- ...);
-1. self-contained building blocks on the foundation alone: ``dpjax.matrices``, and two leaves of
-   the PLD package that import nothing else of it, ``dpjax.pld.exact`` (the closed-form
-   Gaussian curve) and ``dpjax.pld.cache`` (the persistent compiled-program cache);
-2. ``dpjax.noise`` (on matrices) and the classical baselines ``dpjax.baselines.rdp`` (on the
-   program cache) and ``dpjax.baselines.strong_composition`` (on the Gaussian curve);
-3. ``dpjax.pld``: the PLD accountant (its fallback bounds use the RDP baseline);
-4. what builds on the PLD accountant: ``dpjax.group``, ``dpjax.baselines.group_privacy``, the
-   ``dpjax.baselines`` package that re-exports the baselines, and ``dpjax.report`` (privacy
-   reports of any composition or DP-SGD configuration, groups included);
-5. ``dpjax.montecarlo`` (on matrices and the Gaussian curve; its calibration solvers, which
-   ``BallsInBins.calibrate`` and Estimate-Verify-Release use, live in
-   ``dpjax.montecarlo.calibrate``) and ``dpjax.sampling`` (batch schedules, accounted by the
-   Monte Carlo and PLD layers);
-6. ``dpjax.calibration`` (re-exports the root finder and the Monte Carlo solvers; adds the
-   Gaussian, PLD and group calibrations);
+0. ``dpjax._base``, the foundation: validation, float64 scopes, XLA options, result records,
+   I/O, progress bars;
+1. building blocks on the foundation alone: ``dpjax.numerics`` (the monotone root finder and its
+   implicit adjoint, the closed-form Gaussian curve, Renyi-DP of the subsampled Gaussian, the
+   compiled-program cache) and ``dpjax.matrices``;
+2. ``dpjax.noise`` (streaming correlated noise, on matrices);
+3. ``dpjax.pld``: the PLD accountant (grid pipeline, random allocation, sweeps; its fallback
+   bounds use the RDP curve of ``dpjax.numerics``);
+4. what builds on the PLD accountant: ``dpjax.group``, ``dpjax.baselines`` (RDP, strong
+   composition and the group-privacy lemma, for comparison) and ``dpjax.report``;
+5. ``dpjax.montecarlo`` (on matrices and the Gaussian curve) and ``dpjax.sampling`` (batch
+   schedules, accounted by the Monte Carlo and PLD layers);
+6. ``dpjax.calibration``;
 7. ``dpjax.optimization``;
 8. the front ends: ``dpjax.interop``, ``dpjax.cli``, ``dpjax.__main__`` and the top package
    ``dpjax`` itself (whose ``__init__`` re-exports names on first access; the CLI reads its
@@ -56,19 +51,22 @@ PACKAGE = ROOT / "dpjax"
 SUBPACKAGES = ["dpjax.pld", "dpjax.matrices", "dpjax.montecarlo", "dpjax.calibration",
                "dpjax.optimization", "dpjax.baselines", "dpjax.group", "dpjax.cli.main"]
 
-#: Layer of each package or module (the longest matching prefix wins; ``"dpjax"`` matches only
-#: the top package itself).  The foundation (layer 0) is every top-level private module
-#: ``dpjax._*``.  See the module docstring for the reasons of the order.
+#: Layer of each package or top-level module (the longest matching prefix wins; ``"dpjax"``
+#: matches only the top package itself).  See the module docstring for the reasons of the order.
 LAYERS = {
-    "dpjax.matrices": 1, "dpjax.pld.exact": 1, "dpjax.pld.cache": 1,
-    "dpjax.noise": 2, "dpjax.baselines.rdp": 2, "dpjax.baselines.strong_composition": 2,
+    "dpjax._base": 0,
+    "dpjax.numerics": 1, "dpjax.matrices": 1,
+    "dpjax.noise": 2,
     "dpjax.pld": 3,
-    "dpjax.group": 4, "dpjax.baselines.group_privacy": 4, "dpjax.baselines": 4, "dpjax.report": 4,
+    "dpjax.group": 4, "dpjax.baselines": 4, "dpjax.report": 4,
     "dpjax.montecarlo": 5, "dpjax.sampling": 5,
     "dpjax.calibration": 6,
     "dpjax.optimization": 7,
     "dpjax.interop": 8, "dpjax.cli": 8, "dpjax.__main__": 8, "dpjax": 8,
 }
+
+#: The most modules (``__init__`` included) one folder of the package may hold.
+MAX_MODULES_PER_FOLDER = 12
 
 
 # ------------------------------------------------------------------------------------------
@@ -162,11 +160,8 @@ def cycles(graph) -> list[list[str]]:
 
 
 def layer(module: str, layers: dict[str, int] = LAYERS) -> int | None:
-    """The layer of ``module``: 0 for a top-level private module of the package, else the
-    entry of the longest matching prefix (the top package's own entry matches only itself)."""
-    parts = module.split(".")
-    if len(parts) == 2 and parts[1].startswith("_") and not parts[1].startswith("__"):
-        return 0
+    """The layer of ``module``: the entry of the longest matching prefix (the top package's own
+    entry matches only itself)."""
     best = None
     for prefix, value in layers.items():
         if module == prefix or ("." in prefix and module.startswith(prefix + ".")):
@@ -223,6 +218,14 @@ def test_every_layer_entry_names_a_module(graph):
     assert not stale, stale
 
 
+def test_no_folder_holds_more_than_twelve_modules():
+    sizes = {str(d.relative_to(ROOT)): len(list(d.glob("*.py")))
+             for d in [PACKAGE, *PACKAGE.rglob("*")] if d.is_dir() and d.name != "__pycache__"}
+    crowded = {d: n for d, n in sizes.items() if n > MAX_MODULES_PER_FOLDER}
+    assert not crowded, crowded
+    assert sizes["dpjax"] >= 2  # the walk saw the package
+
+
 @pytest.mark.parametrize("module", SUBPACKAGES)
 def test_imports_first_in_a_fresh_interpreter(module):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -249,7 +252,7 @@ def test_no_import_hooks_installed():
 
 def test_checker_reports_an_added_upward_import(graph):
     # One extra edge from the PLD accountant up to the calibration layer: reported as an upward
-    # import, and as a cycle (the PLD calibration reaches the accountant through pld.batched).
+    # import, and as a cycle (the PLD calibration reaches the accountant through pld.grid.batched).
     assert "dpjax.calibration.pld" not in graph["dpjax.pld.accountant"]
     extra = {m: dict(edges) for m, edges in graph.items()}
     extra["dpjax.pld.accountant"]["dpjax.calibration.pld"] = [(1, True)]
@@ -285,6 +288,6 @@ def test_checker_on_a_synthetic_package(tmp_path):
     assert g["pkg.low"] == {"pkg.low.core": [(1, False)]}
     assert g["pkg.high"] == {"pkg.low.core": [(1, False)]}
     assert cycles(g) == [["pkg.high", "pkg.low.core"]]
-    layers = {"pkg.low": 1, "pkg.high": 2, "pkg": 2}
+    layers = {"pkg._base": 0, "pkg.low": 1, "pkg.high": 2, "pkg": 2}
     assert layer("pkg._base", layers) == 0
     assert upward_imports(g, layers) == ["pkg.low.core (layer 1, line 4, in a function) imports pkg.high (layer 2)"]

@@ -1,4 +1,4 @@
-"""dpjax's private-JAX uses (dpjax/_jax_private.py) and their fallbacks.
+"""dpjax's private-JAX uses (dpjax/_base/jax_private.py) and their fallbacks.
 
 Each private name is made missing (its lookup pointed at a name JAX does not have: what a JAX
 release that renames it looks like to dpjax) and the public fallback must give the same
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax import _jax_private
+from dpjax._base import jax_private as _jax_private
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def test_float64_contract_without_the_private_helper(monkeypatch):
 
 
 def test_compile_options_fallback_gives_the_same_numbers(monkeypatch):
-    from dpjax import _xla
+    from dpjax._base import xla as _xla
 
     f = _xla.jit(lambda x: jnp.cumsum(jnp.exp(-x * jnp.arange(1.0, 65.0))))
     with jax.enable_x64(True):

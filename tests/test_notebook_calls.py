@@ -33,7 +33,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from dpjax import _validate
+from dpjax._base import validate as _validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["group_privacy.ipynb", "moments_accountant.ipynb", "matrix_mechanisms.ipynb", "sweeps.ipynb",

@@ -233,7 +233,7 @@ def test_no_save_writes_nothing(tmp_path, capsys):
 
 
 def test_verbose_adds_the_details_and_progress_names_the_stages(capsys, monkeypatch):
-    from dpjax import _progress
+    from dpjax._base import progress as _progress
 
     monkeypatch.setenv("DPJAX_PROGRESS", "1")
     argv = [a for a in BASE if a != "--quiet"] + ["--verbose", "--no-save"]

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from dpjax import _io
+from dpjax._base import io as _io
 from dpjax.cli.main import main
 
 EPSILON = ["epsilon", "--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "100", "--delta", "1e-5",

@@ -1,4 +1,4 @@
-"""The planner's Chernoff search (dpjax.pld.plan._chernoff_search) evaluates the probe's log-MGF
+"""The planner's Chernoff search (dpjax.pld.grid.plan._chernoff_search) evaluates the probe's log-MGF
 at part of its grid only; it must find what evaluating every grid point finds."""
 
 import math
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dpjax import pld
-from dpjax.pld import engine, plan
+from dpjax.pld.grid import engine
+from dpjax.pld.grid import plan
 
 
 def _full_grid_search(masses_d, counts, lam_gauss, log_tau, mid, factors=plan._LAMBDA_GRID):

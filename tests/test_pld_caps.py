@@ -32,7 +32,7 @@ import pytest
 import dpjax
 from dpjax import pld
 from dpjax.pld.accountant import delta_caps, epsilon_caps, one_step_epsilon_lower
-from dpjax.pld.engine import dpsgd_components, stack
+from dpjax.pld.grid.engine import dpsgd_components, stack
 
 mpmath.mp.dps = 40
 

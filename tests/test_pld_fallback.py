@@ -12,7 +12,7 @@ import pytest
 import dpjax
 from dpjax import pld
 from dpjax.pld import fallback
-from dpjax.pld.exact import gaussian_epsilon
+from dpjax.numerics.exact import gaussian_epsilon
 
 TINY = (0.5, 1e-9, 1000, 1e-5)   # q T = 1e-6, ten times below delta: epsilon is 0
 
@@ -86,7 +86,7 @@ def test_every_fallback_bound_lies_above_the_certified_lower_end(sigma, q, steps
 
 
 def test_rdp_bound_matches_the_baseline():
-    from dpjax.baselines.rdp import rdp_epsilon
+    from dpjax.numerics.rdp import rdp_epsilon
 
     comps = [(pld.PoissonSubsampledGaussian(1.0, 0.01), 1000)]
     got = float(fallback.rdp_bound(comps, [1e-5])[0])

@@ -1,4 +1,4 @@
-"""The generic fixed-grid API (dpjax.pld.fixed_grid): closed-form epsilon, gradients, soundness
+"""The generic fixed-grid API (dpjax.pld.grid.fixed_grid): closed-form epsilon, gradients, soundness
 away from the planning point, stacking, typed enums/records and bad input."""
 
 from __future__ import annotations

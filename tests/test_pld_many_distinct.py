@@ -32,7 +32,7 @@ def test_300_distinct_sigmas_member_by_member_tight():
 def test_many_distinct_padding_and_blocking_threshold():
     """Groups of > 256 mechanisms pad to a multiple of 256 (not the next power of two), and a
     schedule is blocked only beyond max_distinct."""
-    from dpjax.pld.engine import prepare
+    from dpjax.pld.grid.engine import prepare
     sched = np.linspace(2.0, 1.5, 300)
     comps = [(pld.PoissonSubsampledGaussian(sched, np.full(300, 0.01)), 1)]
     up, lo, _, blocked = prepare(comps, 4096)

@@ -1,4 +1,4 @@
-"""The PLD program (dpjax.pld.program) against plain definitions, on both backends.
+"""The PLD program (dpjax.pld.grid.program) against plain definitions, on both backends.
 
 * The block-search conversion (only one block's suffix sums) equals ``eps_at(table(...))`` (all
   suffix sums) on random PMFs: same segment, same closed form, agreement to round-off; a broken
@@ -23,10 +23,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dpjax import pld
-from dpjax._ops import NUMPY, jax_ops
-from dpjax.pld import convert, engine
-from dpjax.pld import program as prog
-from dpjax.pld.compose import ComposedPLD
+from dpjax._base.ops import NUMPY, jax_ops
+from dpjax.pld.grid import convert
+from dpjax.pld.grid import engine
+from dpjax.pld.grid import program as prog
+from dpjax.pld.grid.compose import ComposedPLD
 from dpjax.pld.mechanisms import _np_erfc_nonneg
 
 
@@ -47,7 +48,7 @@ def _random_pld(seed: int, n: int | None = None) -> ComposedPLD:
 
 
 def _program_epsilon(ops, p: ComposedPLD, deltas, bound):
-    """The program's conversion of one row (``p``'s constants as ``dpjax.pld.convert.curve_terms``)."""
+    """The program's conversion of one row (``p``'s constants as ``dpjax.pld.grid.convert.curve_terms``)."""
     xp = ops.xp
     up = bound == "upper"
     const = p.p_inf + p.tail_above + p.roundoff if up else p.p_inf - p.tail_below - p.roundoff
@@ -215,7 +216,7 @@ def test_compiled_batch_program_equals_the_host_program(sigma, q, steps, delta):
 def test_compiled_program_serves_every_support_and_frequency_count_of_its_length():
     # Two configurations of one FFT length, with different supports and kept frequencies, run in
     # one compiled program (one compile per stage), each equal to its own host run.
-    from dpjax import _jax_private
+    from dpjax._base import jax_private as _jax_private
 
     with jax.enable_x64(True):
         plans = [_pow2(_plan(*c)) for c in [(1.0, 0.01, 1000, 1e-5), (1.3, 0.02, 900, 1e-5)]]
@@ -337,7 +338,7 @@ def test_curve_counts_equal_single_runs():
 
 
 def test_host_gaussian_epsilon_is_zero_matches_the_bisection():
-    from dpjax.pld.exact import host_gaussian_epsilon, host_gaussian_epsilon_is_zero
+    from dpjax.numerics.exact import host_gaussian_epsilon, host_gaussian_epsilon_is_zero
 
     deltas = np.array([1e-12, 1e-5, 0.1, 0.5, 0.9])
     mus = np.array([0.0, 1e-300, 1e-12, 1e-6, 1e-3, 0.1, 1.0, 10.0])

@@ -2,7 +2,7 @@
 heavy-tailed.  The Chernoff parameters used to sit around the Gaussian optimum z/sigma_c, orders
 of magnitude too large there, every wrap-around bound saturated at 1 and the accountant returned
 inf (or delta = 1).  Both answers were sound but useless; the planner now picks lambda from the
-probe's own log-MGF (dpjax.pld.plan._chernoff_search)."""
+probe's own log-MGF (dpjax.pld.grid.plan._chernoff_search)."""
 
 import math
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dpjax import pld
-from dpjax.pld.engine import prepare, program, unpack
+from dpjax.pld.grid.engine import prepare, program, unpack
 
 
 def _plan(components, target_delta=1e-5):

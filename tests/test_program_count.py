@@ -2,7 +2,7 @@
 
 docs/design.md §2.5 states the bound: any sequence of one-configuration DP-SGD queries (epsilon,
 delta, noise multiplier, arrays of them, eps(T) curves, group privacy, fixed batches) runs the PLD
-program on the host and compiles no XLA program at all (dpjax.pld.program.DPSGD_QUERY_PROGRAMS).
+program on the host and compiles no XLA program at all (dpjax.pld.grid.program.DPSGD_QUERY_PROGRAMS).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 import dpjax
-from dpjax.pld import program
+from dpjax.pld.grid import program
 
 
 def _queries(count: int, seed: int):

@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-import dpjax._progress as prog
-from dpjax._progress import Progress, progress_enabled
+import dpjax._base.progress as prog
+from dpjax._base.progress import Progress, progress_enabled
 
 # Group calibration at four targets: several rounds of root finding, each one meter update.
 NOISE = [sys.executable, "-m", "dpjax", "noise", "--epsilon", "1,2,4,8", "--delta", "1e-5", "--sampling-prob", "0.01",
@@ -247,7 +247,7 @@ def test_pluggable_backend():
 def test_one_progress_state(monkeypatch):
     from dpjax.montecarlo import core
 
-    assert not hasattr(core, "_ACTIVE_BAR")  # the Monte Carlo bar lives in dpjax._progress's state
+    assert not hasattr(core, "_ACTIVE_BAR")  # the Monte Carlo bar lives in dpjax._base.progress's state
     monkeypatch.setattr(prog, "LONG_CALL_DELAY", 0.0)
     with core.progress_bar(3, "mc", enabled=True) as pb:
         assert prog._STATE.active is pb.bar
@@ -289,7 +289,7 @@ def test_monte_carlo_bar_ticks_per_chunk_and_never_changes_the_numbers(monkeypat
 
 
 class _Clock:
-    """A clock the test sets (the meters read ``dpjax._progress._clock``; tqdm its ``_time``)."""
+    """A clock the test sets (the meters read ``dpjax._base.progress._clock``; tqdm its ``_time``)."""
 
     def __init__(self):
         self.t = 0.0

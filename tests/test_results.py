@@ -1,7 +1,7 @@
 """Every public result type round-trips through to_dict / to_json / from_dict / load.
 
 ``json.dumps(result)`` used to fail on ndarray fields; every result now inherits
-:class:`dpjax._results.ResultMixin`.  ``test_every_public_result_type_is_covered`` enumerates the
+:class:`dpjax._base.results.ResultMixin`.  ``test_every_public_result_type_is_covered`` enumerates the
 public classes of every sub-package whose name marks a result and fails when one is neither in
 ``CASES`` below nor exempted with a reason, so a new result type without ``to_json`` is caught.
 """
@@ -23,7 +23,7 @@ SUBPACKAGES = ("dpjax.pld", "dpjax.montecarlo", "dpjax.baselines", "dpjax.calibr
 RESULT_SUFFIXES = ("Result", "Estimate", "Report", "Certificate", "Table", "Curve", "Solution")
 # Public names that end like results but are not user-facing results (with the reason).
 EXEMPT: dict[str, str] = {
-    "HockeyStickTable": "a precomputed pytree of grid tables (dpjax.pld.fixed_grid), an input to jitted code, not a result",
+    "HockeyStickTable": "a precomputed pytree of grid tables (dpjax.pld.grid.fixed_grid), an input to jitted code, not a result",
 }
 
 
@@ -262,7 +262,7 @@ def test_baseline_row_round_trip_is_strict_json(tmp_path):
 
 
 def test_io_strict_json_and_atomic_write(tmp_path):
-    from dpjax import _io
+    from dpjax._base import io as _io
 
     data = {"a": [1.0, math.inf, -math.inf], "b": np.float64(math.nan), "c": np.arange(3), "d": ("x", None)}
     text = _io.dumps(data)

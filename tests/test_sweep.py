@@ -23,13 +23,13 @@ from dpjax.cli.sweep import parse_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-#: The bucket slack (dpjax.pld.sweeping docstring): padding the single-step support length and
+#: The bucket slack (dpjax.pld.sweeps.driver docstring): padding the single-step support length and
 #: the kept frequencies to the bucket's largest only moves the truncation / wrap-around terms,
 #: which together stay below tail_fraction * delta = 1e-6 delta; stated as 1e-6 relative in epsilon.
 SLACK = 1e-6
-#: The sweep's own grid policy for epsilon queries (dpjax.pld.sweeping.SWEEP_OPTIONS, 1e-4 relative
+#: The sweep's own grid policy for epsilon queries (dpjax.pld.sweeps.driver.SWEEP_OPTIONS, 1e-4 relative
 #: accuracy) against dpsgd_epsilon's grids: stated as SWEEP_SLACK (1e-3 relative) in the sweep docstring.
-SWEEP_SLACK = pld.sweeping.SWEEP_SLACK
+SWEEP_SLACK = pld.sweeps.driver.SWEEP_SLACK
 
 
 def _random_configs(n, seed, t_max=3000):
@@ -135,7 +135,7 @@ def _subprocess_sweep(configs, devices, per_device):
 
 
 def test_sweep_eight_devices_same_table(monkeypatch):
-    from dpjax.pld import sweep_run
+    from dpjax.pld.sweeps import programs as sweep_run
 
     configs = _random_configs(6, seed=3, t_max=2000)
     # Bucket as the fresh 8-device process does: without the programs earlier tests left in this
@@ -259,8 +259,10 @@ def test_sweep_program_equals_the_host_program():
     floor agrees to 1e-9."""
     import jax
 
-    from dpjax.pld import program as prog
-    from dpjax.pld import sweep_plan, sweep_run, sweeping
+    from dpjax.pld.grid import program as prog
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import programs as sweep_run
+    from dpjax.pld.sweeps import driver as sweeping
 
     plans = [sweep_plan.plan_config(i, sweeping.SweepConfig.from_mapping(c), None)
              for i, c in enumerate(_broad_configs(3, seed=11))]
@@ -281,13 +283,15 @@ def test_sweep_program_equals_the_host_program():
 
 
 def _plans(configs):
-    from dpjax.pld import sweep_plan, sweeping
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import driver as sweeping
 
     return [sweep_plan.plan_config(i, sweeping.SweepConfig.from_mapping(c), None) for i, c in enumerate(configs)]
 
 
 def test_bucket_policy_caps_padding_and_fits_every_row():
-    from dpjax.pld import sweep_plan, sweeping
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import driver as sweeping
 
     plans = _plans(_broad_configs(40, seed=12))
     for policy in (sweeping.BucketPolicy(), sweeping.BucketPolicy(max_padding=1.5),
@@ -312,7 +316,8 @@ def test_bucket_policy_caps_padding_and_fits_every_row():
 
 def test_bucket_policy_without_padding_keeps_every_length():
     """max_padding = 1: no configuration runs on an FFT longer than its own."""
-    from dpjax.pld import sweep_plan, sweeping
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import driver as sweeping
 
     plans = _plans(_broad_configs(40, seed=12))
     buckets = sweep_plan.bucket_plan(plans, {}, sweeping.BucketPolicy(max_padding=1.0), rows=4)
@@ -323,7 +328,8 @@ def test_bucket_policy_without_padding_keeps_every_length():
 
 
 def test_bucketing_prefers_existing_programs():
-    from dpjax.pld import sweep_plan, sweeping
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import driver as sweeping
 
     plans = _plans(_broad_configs(30, seed=13))
     policy = sweeping.BucketPolicy()
@@ -338,7 +344,8 @@ def test_bucketing_prefers_existing_programs():
 def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
     """The accelerator layout (``block`` configurations vmapped per loop step) gives the loop's
     table on CPU."""
-    from dpjax.pld import sweep_run, sweeping
+    from dpjax.pld.sweeps import programs as sweep_run
+    from dpjax.pld.sweeps import driver as sweeping
 
     configs = _broad_configs(5, seed=15)
     policy = sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12)       # one program
@@ -386,7 +393,9 @@ def test_cli_second_process_loads_programs_and_plans(tmp_path):
 
 @pytest.mark.slow  # spawns planning processes (an import of dpjax each)
 def test_parallel_planning_equals_serial(monkeypatch):
-    from dpjax.pld import sweep_config, sweep_plan, sweeping
+    from dpjax.pld.sweeps import config as sweep_config
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import driver as sweeping
 
     configs = [sweeping.SweepConfig.from_mapping(c) for c in _broad_configs(6, seed=16)]
     serial = [sweep_plan.plan_uncached(i, c, sweep_config.options_for(c, None)) for i, c in enumerate(configs)]
@@ -414,8 +423,8 @@ def test_floor_free_bound_is_below_the_floor_free_answer(seed, log_delta):
     bound <= u0 <= u, where u0 is the same conversion with no round-off allowance (the clipped
     bins alone), u the row's answer and bound its epsilon at the floor-free target, on random
     windows with round-off noise."""
-    from dpjax._ops import NUMPY
-    from dpjax.pld import program as prog
+    from dpjax._base.ops import NUMPY
+    from dpjax.pld.grid import program as prog
 
     n, dx = 1024, 2e-3
     raw, w_lo = _window(n, dx, seed)
@@ -452,8 +461,8 @@ def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
     """A sweep whose deltas are all at least FLOOR_FREE_BELOW compiles its programs without the
     floor-free column (less to compile and run); its rows equal those of the same programs with
     the column, to the bit."""
-    from dpjax.pld import sweep_run as sr
-    from dpjax.pld.sweep_config import as_configs
+    from dpjax.pld.sweeps import programs as sr
+    from dpjax.pld.sweeps.config import as_configs
 
     configs = [dict(noise_multiplier=s, sampling_prob=q, steps=t, delta=1e-5)
                for s, q, t in ((0.9, 0.01, 1000), (1.7, 0.003, 20000), (2.5, 0.02, 300))]
@@ -475,7 +484,9 @@ def test_retried_row_keeps_its_fft_length_and_first_round_program():
     re-planned on the same FFT length at a coarser spacing, so it runs in its first round's
     program instead of compiling one more: one program for this sweep (two before).  Its value
     stays within SWEEP_SLACK of the single call and the two certified brackets overlap."""
-    from dpjax.pld import sweep_plan, sweep_run, sweeping
+    from dpjax.pld.sweeps import plan as sweep_plan
+    from dpjax.pld.sweeps import programs as sweep_run
+    from dpjax.pld.sweeps import driver as sweeping
 
     c = dict(noise_multiplier=0.9691459403650766, sampling_prob=0.0032194557932541967, steps=407,
              delta=1.1200911395398857e-07)
@@ -497,7 +508,7 @@ def test_retry_at_the_length_cap_widens_the_spacing():
     """plan_grid with a min_width that the FFT length cap cannot hold at the planned spacing:
     the window reaches min_width at a coarser spacing on the capped length (before, the window
     stayed as it was, so the retry could not help)."""
-    from dpjax.pld import engine
+    from dpjax.pld.grid import engine
 
     opts = pld.GridOptions(n_min=2**12, n_max=2**12)
     groups, _, _, _ = engine.prepare(engine.dpsgd_components(1.0, 0.01, 1000), opts.max_distinct)

@@ -2,7 +2,7 @@
 
 ``dpjax.dpsgd_epsilon``, ``dpjax.dpsgd_delta``, ``dpjax.dpsgd_noise_multiplier`` and the group
 accountant plan their grid on the host; traced, they run through a host callback with
-derivatives on the accountant's grid (``dpjax._traced``, ``dpjax.pld.batched``).  The suite runs
+derivatives on the accountant's grid (``dpjax._base.traced``, ``dpjax.pld.grid.batched``).  The suite runs
 with x64 off, as users do.
 
 Tolerances:
@@ -10,7 +10,7 @@ Tolerances:
 * gradients against central finite differences of the eager (float64) calls: 1e-4 relative.
   The gradient is computed in float64 and rounded once to float32 (1.2e-7); the difference
   that remains is the derivative of the accountant's plan, which moves with its arguments
-  (``dpjax.pld.batched``: ~1e-5 relative at these configurations), and the finite
+  (``dpjax.pld.grid.batched``: ~1e-5 relative at these configurations), and the finite
   difference's own truncation (step 1e-3 relative: ~1e-6 of the curvature terms);
 * a vmapped batch against the single eager calls: 1e-9 relative in float64 (the batch program
   is the accountant's program inside a loop; bit-identical in our runs), and the float32
@@ -157,7 +157,7 @@ def test_group_epsilon_grad_vmap_jit():
 def test_group_delta_and_noise_multiplier_grad():
     # A delta query's grid is planned from epsilon and re-planned with sigma; on this short
     # mixture composition the plan's motion moves the eager finite difference by ~6e-4 (the
-    # gradient itself is the fixed grid's: see dpjax.pld.batched), hence 2e-3 here.
+    # gradient itself is the fixed grid's: see dpjax.pld.grid.batched), hence 2e-3 here.
     f = lambda s: group.group_delta(s, Q, GT, 2.0, **GK)
     assert float(jax.grad(f)(1.0)) == pytest.approx(_fd(f, 1.0, rel=1e-4), rel=2e-3)
     c = lambda e: dpjax.dpsgd_noise_multiplier(Q, GT, e, DELTA, **GK)

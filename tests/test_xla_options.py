@@ -1,11 +1,11 @@
-"""dpjax._xla.jit: XLA:CPU compile options for one-shot programs, without changing any number."""
+"""dpjax._base.xla.jit: XLA:CPU compile options for one-shot programs, without changing any number."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax import _xla
+from dpjax._base import xla as _xla
 
 
 @pytest.fixture
@@ -55,8 +55,8 @@ def _compiled_epsilon(sigma, q, steps, delta):
     import dataclasses
 
     import dpjax
-    from dpjax.pld import engine
-    from dpjax.pld import program as prog
+    from dpjax.pld.grid import engine
+    from dpjax.pld.grid import program as prog
 
     opts = dpjax.pld.GridOptions()
     groups, _, _, _ = engine.prepare(engine.dpsgd_components(sigma, q, steps), opts.max_distinct)
@@ -74,7 +74,7 @@ def test_switch_off_gives_identical_program_results(monkeypatch, restore_xla):
     # other multiply-adds, which moves the last bits of the FFT round-off, and the per-bin noise
     # floor allowance is measured from that round-off (about 1e-17 per bin, over ~1e5 bins above
     # epsilon at delta 1e-5): the bracket moves by ~1e-10 relative, far below its width.
-    from dpjax.pld import program as prog
+    from dpjax.pld.grid import program as prog
 
     on = _compiled_epsilon(1.3, 0.02, 300, 1e-5)
     prog._jitted.cache_clear()

@@ -1,6 +1,6 @@
 """Baselines users compare the tight PLD accountant with.
 
-* :mod:`dpjax.baselines.rdp` -- the moments accountant (RDP of the Poisson-subsampled Gaussian,
+* :mod:`dpjax.numerics.rdp` -- the moments accountant (RDP of the Poisson-subsampled Gaussian,
   Mironov, Talwar & Zhang 2019), with the standard and improved RDP-to-DP conversions.
 * :mod:`dpjax.baselines.strong_composition` -- amplification by subsampling + advanced
   composition (the "strong composition" curve of Abadi et al. 2016, Fig. 2).
@@ -10,7 +10,7 @@
 All are upper bounds on epsilon (sound), looser than :func:`dpjax.dpsgd_epsilon`.
 """
 
-from dpjax.baselines.rdp import (
+from dpjax.numerics.rdp import (
     DEFAULT_RDP_ORDERS,
     rdp_epsilon,
     rdp_poisson_subsampled_gaussian,

@@ -41,11 +41,11 @@ import math
 
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import Adjacency
-from dpjax._results import ResultMixin
-from dpjax._x64 import float64
-from dpjax.baselines.rdp import rdp_epsilon
+from dpjax._base import validate as _validate
+from dpjax._base.enums import Adjacency
+from dpjax._base.results import ResultMixin
+from dpjax._base.x64 import float64
+from dpjax.numerics.rdp import rdp_epsilon
 from dpjax.pld.group_spec import Sampling
 
 
@@ -62,7 +62,7 @@ class GroupLemmaResult(ResultMixin):
       adjacency: the neighbouring relation of the guarantee, per example (a group of k:
         add/remove-k or replace-k): ``"add_or_remove"`` (Poisson) or ``"replace"`` (fixed batch).
 
-    ``to_dict()`` / ``to_json(path)`` / ``GroupLemmaResult.load(path)``: see :mod:`dpjax._results`.
+    ``to_dict()`` / ``to_json(path)`` / ``GroupLemmaResult.load(path)``: see :mod:`dpjax._base.results`.
     """
 
     epsilon: float
@@ -75,7 +75,7 @@ class GroupLemmaResult(ResultMixin):
 
 def _rdp_log_delta_curve(sigma: float, q: float, steps: int):
     """``eps -> log delta`` upper bound from RDP (improved conversion, default orders), vectorized."""
-    from dpjax.baselines.rdp import DEFAULT_RDP_ORDERS, rdp_poisson_subsampled_gaussian
+    from dpjax.numerics.rdp import DEFAULT_RDP_ORDERS, rdp_poisson_subsampled_gaussian
 
     orders = np.asarray(DEFAULT_RDP_ORDERS)
     orders = orders[orders > 1.01]  # the improved conversion is unstable next to 1

@@ -23,9 +23,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dpjax import _validate
-from dpjax._x64 import float64
-from dpjax.pld.exact import gaussian_epsilon
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64
+from dpjax.numerics.exact import gaussian_epsilon
 
 _SPLITS = 199  # fractions f = 0.005, 0.010, ..., 0.995
 

@@ -6,7 +6,7 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 * :mod:`dpjax.calibration.root` -- the generic machinery: :func:`bisect_monotone` (fixed
   iteration count, result on the safe side), :func:`solve_monotone_root` with a named adjoint
   (:class:`ImplicitAdjoint`, :class:`StopGradientAdjoint`).  Its code lives in the foundation
-  module ``dpjax._root``, because the Monte Carlo layer below this package solves with it too.
+  module ``dpjax.numerics.root``, because the Monte Carlo layer below this package solves with it too.
 * :mod:`dpjax.calibration.gaussian` -- the exact T-fold Gaussian mechanism (analytic oracle;
   the curve itself is :func:`dpjax.pld.gaussian_delta`).
 * :mod:`dpjax.calibration.pld` -- DP-SGD: :func:`dpsgd_noise_multiplier` (batched, certified

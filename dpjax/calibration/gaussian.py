@@ -3,7 +3,7 @@
 ``T`` compositions of the Gaussian mechanism with noise multiplier ``sigma`` (sensitivity 1) are
 exactly one Gaussian mechanism with ``s = sigma / sqrt(T)`` (Balle & Wang 2018; Koskela & Honkela,
 "Computing Differential Privacy Guarantees for Heterogeneous Compositions Using FFT", 2021); the
-curve itself is defined once, in :mod:`dpjax.pld.exact` (``mu = 1/s``)::
+curve itself is defined once, in :mod:`dpjax.numerics.exact` (``mu = 1/s``)::
 
     delta(eps; s) = Phi(-eps*s + 1/(2s)) - e^eps * Phi(-eps*s - 1/(2s))
 
@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._x64 import float64, host_only
-from dpjax.pld.exact import gaussian_log_delta
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64, host_only
+from dpjax.numerics.exact import gaussian_log_delta
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
-from dpjax import _xla
+from dpjax._base import xla as _xla
 
 __all__ = ["composed_gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
 

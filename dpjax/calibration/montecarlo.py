@@ -57,9 +57,9 @@ import functools
 
 import jax
 
-from dpjax import _validate
-from dpjax._root import ImplicitAdjoint
-from dpjax._x64 import float64
+from dpjax._base import validate as _validate
+from dpjax.numerics.root import ImplicitAdjoint
+from dpjax._base.x64 import float64
 from dpjax.matrices import correlation_array
 from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, NewtonIllinois,
                                         calibrate_accountant, calibrate_on_draws,
@@ -108,7 +108,7 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
     upper end of the final bracket; ``jax.grad`` gives ``d sigma*/d C`` by implicit
     differentiation.  Usable under ``grad``/``vmap`` from float32 code, and inside ``jit``
     traced with x64 on (inside a ``jit`` traced with x64 off it raises a ``ValueError`` naming
-    the fix; see :mod:`dpjax._x64`).  With traced inputs, validation of traced values is
+    the fix; see :mod:`dpjax._base.x64`).  With traced inputs, validation of traced values is
     skipped and an unreachable target gives NaN instead of raising.
 
     Its home is the calibration layer: ``dpjax.calibration.calibrated_noise`` (it is not

@@ -1,5 +1,5 @@
 """DP-SGD noise calibration and a differentiable epsilon: the DP-SGD specialisation of the
-fixed-grid PLD API (:mod:`dpjax.pld.fixed_grid`).
+fixed-grid PLD API (:mod:`dpjax.pld.grid.fixed_grid`).
 
 Everything here is a root problem on the certified (pessimistic, connect-the-dots) epsilon /
 delta curve of the PLD accountant (Koskela & Honkela, "Computing Differential Privacy
@@ -33,7 +33,7 @@ Guarantees for Heterogeneous Compositions Using FFT", 2021):
   the bracketing grid segment (:func:`dpjax.pld.grid_epsilon_fn`), differentiable in
   ``(noise_multiplier, sampling_prob, target_delta)`` through the delta-curve table.
 
-All of them follow the float64 contract of :mod:`dpjax._x64`: eager, ``grad`` and ``vmap`` calls
+All of them follow the float64 contract of :mod:`dpjax._base.x64`: eager, ``grad`` and ``vmap`` calls
 from float32 code get float64 answers; inside a user's ``jit`` trace with x64 enabled.
 
 Usage::
@@ -56,15 +56,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _progress, _validate
-from dpjax._x64 import float64, host_only
+from dpjax._base import progress as _progress
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
-from dpjax.pld.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
-from dpjax.pld.fixed_grid import grid_epsilon_fn
-from dpjax.pld.compose import Group
-from dpjax.pld.exact import host_gaussian_log_delta
+from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
+from dpjax.pld.grid.fixed_grid import grid_epsilon_fn
+from dpjax.pld.grid.compose import Group
+from dpjax.numerics.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
-from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax.pld.grid.plan import GridOptions, plan_grid
 
 __all__ = [
     "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "dpsgd_epsilon_fn",
@@ -272,8 +273,8 @@ def _run_plans(plans, sigmas, deltas, templates):
     """Certified epsilon of each probe on its plan (the PLD program on the host), with the
     largest wrap-around bound and the window width it asks for: ``[(eps, tail, need)]`` (the
     last two drive the window widening of :func:`_evaluate`, as in the accountant)."""
-    from dpjax.pld import program as prog
-    from dpjax.pld.engine import DIAGNOSTICS
+    from dpjax.pld.grid import program as prog
+    from dpjax.pld.grid.engine import DIAGNOSTICS
 
     col = {name: 1 + i for i, name in enumerate(DIAGNOSTICS)}
     out = []
@@ -479,7 +480,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
 
     * default ``options`` (any number of targets): the search runs on ``g`` itself (each
       probe is the accountant's value at that sigma; the probes of many targets are evaluated
-      together by :func:`dpjax.pld.batched.epsilon_many`, equal to the single calls), so an
+      together by :func:`dpjax.pld.grid.batched.epsilon_many`, equal to the single calls), so an
       array of targets gives what separate calls give.  The bracketing search stops at a
       relative width :data:`RELATIVE_TOLERANCE` (1e-4), then a secant step on its final
       bracket (one or two more accountant calls) returns a sigma evaluated feasible within
@@ -496,7 +497,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
     search) and the gradient is the implicit derivative on the accountant's grid at the
     returned sigma: ``d sigma/d target_epsilon = -(d delta/d eps) / (d delta/d sigma)``,
     ``d sigma/d target_delta = 1 / (d delta/d sigma)``, ``d sigma/d sampling_prob =
-    -(d delta/d q) / (d delta/d sigma)`` (:mod:`dpjax.pld.batched`).
+    -(d delta/d q) / (d delta/d sigma)`` (:mod:`dpjax.pld.grid.batched`).
 
     The accountant's curve itself is within its discretization error of the exact one (by
     default ``min(1e-3 epsilon, 8e-9 steps)`` in epsilon, see :data:`CALIBRATION_OPTIONS`;
@@ -511,7 +512,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
     **Argument order** (the accounting family's one order, docs/api_names.md):
     ``(sampling_prob, steps, target_epsilon, target_delta)``; Opacus-style aliases
     ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = epochs / sampling_prob``
-    rounded up: :func:`dpjax._names.epochs_to_steps`).
+    rounded up: :func:`dpjax._base.names.epochs_to_steps`).
 
     Unreachable targets raise ``ValueError`` saying why: ``target_delta >= 1 - (1 - q)^T``
     (vacuous: every sigma meets it), or a sigma outside :data:`SIGMA_RANGE` would be needed.
@@ -531,9 +532,9 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
         ``"random_allocation"`` / ``"balls_in_bins"`` (add/remove adjacency): then
         ``batches_per_epoch``, ``epochs`` (the number of epochs) and ``selections_per_epoch``
         replace ``sampling_prob`` and ``steps``; the search runs on the certified bound of
-        :mod:`dpjax.pld.allocation_accountant` (its
-        :func:`~dpjax.pld.allocation_accountant.allocation_noise_multiplier`), traced targets
-        get its implicit gradient (:func:`dpjax.pld.allocation_dpsgd.noise_multiplier`).
+        :mod:`dpjax.pld.allocation.accountant` (its
+        :func:`~dpjax.pld.allocation.accountant.allocation_noise_multiplier`), traced targets
+        get its implicit gradient (:func:`dpjax.pld.allocation.dpsgd.noise_multiplier`).
       dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
         ``sampling_prob`` must be None or ``batch_size / dataset_size``.
       batches_per_epoch, selections_per_epoch: random allocation / balls-in-bins (see
@@ -541,7 +542,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`; Poisson and fixed batches).
       progress: progress on stderr, one tick per round of the search (group calibration can take
         tens of seconds): ``None`` (default) shows it once the call runs over a second (a bar in
-        a terminal or notebook, lines in a log; see :mod:`dpjax._progress`), ``False`` never,
+        a terminal or notebook, lines in a log; see :mod:`dpjax._base.progress`), ``False`` never,
         ``True`` always.
 
     Returns:
@@ -560,19 +561,20 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
         >>> dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sampling="random_allocation",
         ...                              batches_per_epoch=100, epochs=10)               # doctest: +SKIP
     """
-    from dpjax import _names, _traced
+    from dpjax._base import names as _names
+    from dpjax._base import traced as _traced
 
     name = "dpsgd_noise_multiplier"
     a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon,
                                           target_delta=target_delta),
                                dict(sample_rate=sample_rate, epsilon=epsilon, delta=delta))
     q, eps, dlt = a["sampling_prob"], a["target_epsilon"], a["target_delta"]
-    from dpjax.pld import allocation_dpsgd
+    from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
     if allocation_dpsgd.is_allocation(sampling):
         if options is not None:
             raise ValueError(f"options (GridOptions) are for sampling='poisson' and 'fixed_batch'; "
-                             f"sampling={sampling!r} plans its own grid (dpjax.pld.allocation_accountant)")
+                             f"sampling={sampling!r} plans its own grid (dpjax.pld.allocation.accountant)")
         return allocation_dpsgd.noise_multiplier(name, eps, dlt, sampling=sampling, batches_per_epoch=batches_per_epoch,
                                                  selections_per_epoch=selections_per_epoch, epochs=epochs,
                                                  sampling_prob=q, steps=steps, group_size=group_size,
@@ -591,7 +593,7 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
 def _check_order(steps) -> None:
     """``steps`` in (0, 1) is a target delta given in the order of earlier releases
     ``(target_epsilon, target_delta, sampling_prob, steps)``: say so instead of a bare range error."""
-    from dpjax import _traced
+    from dpjax._base import traced as _traced
 
     if steps is None or _traced.is_traced(steps) or isinstance(steps, (str, bytes, bool)):
         return
@@ -609,7 +611,7 @@ def _check_order(steps) -> None:
 
 def _traced_noise_multiplier(q, steps, eps, dlt, **kw):
     """:func:`dpsgd_noise_multiplier` under ``jax.grad`` / ``vmap`` / ``jit`` (see its docstring)."""
-    from dpjax import _traced
+    from dpjax._base import traced as _traced
 
     fixed = kw["sampling"] == "fixed_batch"
     floats = {"target_epsilon": eps, "target_delta": dlt}
@@ -643,7 +645,7 @@ def _traced_noise_multiplier(q, steps, eps, dlt, **kw):
 def _sigma_partials(sigma, q, steps, delta, *, group_size, sampling, dataset_size, batch_size, options):
     """Implicit derivatives of the calibrated ``sigma`` on the accountant's grid at ``sigma``."""
     from dpjax.group import group_components
-    from dpjax.pld.batched import grid_partials
+    from dpjax.pld.grid.batched import grid_partials
     from dpjax.pld.group_spec import validate_group_spec
 
     spec = validate_group_spec(q, group_size=group_size, sampling=sampling, dataset_size=dataset_size,
@@ -700,7 +702,7 @@ def _noise_multiplier(target_epsilon, target_delta, sampling_prob, steps, *, gro
     try:
         if on_accountant:
             # The default grid: the search's curve is the public accountant itself (one call per
-            # probe, or the batch of a round's probes through dpjax.pld.batched.epsilon_many, equal
+            # probe, or the batch of a round's probes through dpjax.pld.grid.batched.epsilon_many, equal
             # to those calls), so the returned sigma is within RELATIVE_TOLERANCE of the smallest
             # sigma meeting the target on the very curve a user checks it with, and a single
             # target's first call compiles only the accountant's program(s) (one per static grid
@@ -740,12 +742,12 @@ def _evaluate_on_accountant(sigmas, deltas, steps, templates, options, *, k, sam
     """The search's probes evaluated by the public accountant (the ``evaluate`` of
     :func:`_calibrate` with the default grid): one call each for a round of up to two probes
     (one search: the accountant's own compiled program), else the whole round at once through
-    :func:`dpjax.pld.batched.epsilon_many` (each value equal to its single call).  ``templates``
+    :func:`dpjax.pld.grid.batched.epsilon_many` (each value equal to its single call).  ``templates``
     give the sampling probabilities; ``options`` is unused (the accountant plans the default
     grid at each sigma)."""
     from dpjax.group import group_components
     from dpjax.group import group_dpsgd_epsilon as accountant_epsilon
-    from dpjax.pld.batched import epsilon_many
+    from dpjax.pld.grid.batched import epsilon_many
     from dpjax.pld.group_spec import validate_group_spec
 
     kw = _accountant_kwargs(k, sampling, n_data, b_size)

@@ -42,9 +42,9 @@ Usage::
     jax.grad(root)(1.0)  # d/dtheta sqrt(4/theta) = -1.0
 """
 
-# The code lives in dpjax._root (a foundation module: the Monte Carlo layer, below this one,
+# The code lives in dpjax.numerics.root (a foundation module: the Monte Carlo layer, below this one,
 # solves with it too); this module is its public import path.
-from dpjax._root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
+from dpjax.numerics.root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
                          bisect_monotone, solve_monotone_root)
 
 __all__ = [

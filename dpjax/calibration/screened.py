@@ -50,8 +50,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpjax import _validate
-from dpjax._root import ImplicitAdjoint, Solution, SolverStats, SolverStatus
+from dpjax._base import validate as _validate
+from dpjax.numerics.root import ImplicitAdjoint, Solution, SolverStats, SolverStatus
 from dpjax.montecarlo.calibrate import (BRACKET_RELATIVE, NewtonIllinois, newton_illinois,
                                        value_and_slope)
 from dpjax.montecarlo import draws as _draws
@@ -358,7 +358,7 @@ def _full_solve(p: _Problem, sol):
 
 
 def _forward(cfg, theta, log_target, consts):
-    """The screened solve: ``(outputs, aux)`` for :meth:`dpjax._root.ImplicitAdjoint.apply`.
+    """The screened solve: ``(outputs, aux)`` for :meth:`dpjax.numerics.root.ImplicitAdjoint.apply`.
 
     ``outputs = (t, t_lo, t_hi, status, passes, screened, reused, new_state)``; ``aux =
     (level index, candidates)``: 0 when the candidates suffice (their estimate equals the full

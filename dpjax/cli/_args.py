@@ -16,9 +16,9 @@ import math
 
 # The library's limits (one definition each): seeds jax.random.key tells apart without x64,
 # Monte Carlo sample counts.
-from dpjax._enums import Adjacency, AllocationSampling
-from dpjax._names import epochs_to_steps
-from dpjax._validate import MAX_SAMPLES, MAX_SEED
+from dpjax._base.enums import Adjacency, AllocationSampling
+from dpjax._base.names import epochs_to_steps
+from dpjax._base.validate import MAX_SAMPLES, MAX_SEED
 
 MAX_STEPS = 2**31 - 1        # ~2e9 steps: far beyond any training run, exact in float64
 MAX_COUNT = 2**53            # dataset / batch sizes: integers exact in float64
@@ -232,7 +232,7 @@ def resolve_batching(args) -> argparse.Namespace:
     ``batch_size`` and ``epochs`` kept, for the output).
 
     * ``poisson``: ``q = B / N`` (instead of ``--sampling-prob``); ``--epochs`` gives
-      ``steps = dpjax._names.epochs_to_steps(E, q)``, the one epochs rule of dpjax (also with
+      ``steps = dpjax._base.names.epochs_to_steps(E, q)``, the one epochs rule of dpjax (also with
       ``--sampling-prob``).
     * ``fixed_batch``: batches of ``B`` out of ``N`` (required, as before); ``--epochs`` gives the
       steps by the same rule at ``q = B / N``.

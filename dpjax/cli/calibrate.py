@@ -21,7 +21,7 @@ exact minimal noise is the accountant's discretization error (at most min(1e-3 e
 per value and print a table.  Group calibration is slow (tens of seconds): a progress bar is
 drawn on stderr when it is a terminal (--quiet turns it off).  --sampling random_allocation
 (--batches-per-epoch, --selections-per-epoch, --epochs) and --sampling balls_in_bins calibrate
-on the random-allocation accountant (dpjax.pld.allocation_accountant; add/remove adjacency).
+on the random-allocation accountant (dpjax.pld.allocation.accountant; add/remove adjacency).
 --dataset-size N --batch-size B --epochs E is the usual description instead of --sampling-prob
 and --steps (Poisson: q = B / N, steps = E / q rounded up) or --batches-per-epoch
 (random_allocation, balls_in_bins: floor(N / B) batches per epoch).

@@ -13,7 +13,7 @@ import argparse
 import math
 import time
 
-from dpjax._enums import Adjacency
+from dpjax._base.enums import Adjacency
 from dpjax.cli import _args
 
 

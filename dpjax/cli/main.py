@@ -28,7 +28,7 @@ CSV, ``optimize``'s loadable result) sets ``owns_out=True`` and writes it itself
 subcommand against these rules.
 
 Every subcommand runs with JAX's persistent compilation cache on (``~/.cache/dpjax/xla``;
-``DPJAX_COMPILATION_CACHE=0`` disables it, ``=<dir>`` relocates it): see :mod:`dpjax.pld.cache`.
+``DPJAX_COMPILATION_CACHE=0`` disables it, ``=<dir>`` relocates it): see :mod:`dpjax.numerics.cache`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import sys
 import warnings
 from typing import Any, Sequence
 
-from dpjax import _io
+from dpjax._base import io as _io
 from dpjax.cli import _args
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -136,7 +136,7 @@ def write_out(path: str, result: dict) -> None:
     """``--out FILE``: the format its extension says -- ``.csv`` a CSV table (one row per result
     row, or one row), ``.json`` the JSON object ``--json`` prints (other extensions are refused
     before the run, :func:`check_out_extension`).  Written atomically
-    (:func:`dpjax._io.atomic_write`): an interrupted run leaves the previous file, never part of
+    (:func:`dpjax._base.io.atomic_write`): an interrupted run leaves the previous file, never part of
     a new one."""
     if os.path.splitext(path)[1].lower() == ".csv":
         rows = [_flat(r) for r in result["rows"]] if isinstance(result.get("rows"), list) else [_flat(result)]
@@ -353,12 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     # A CLI process owns its JAX configuration: every subcommand keeps compiled programs on disk
-    # (dpjax.pld.cache; DPJAX_COMPILATION_CACHE=0 turns it off, =<dir> relocates it), so a second
+    # (dpjax.numerics.cache; DPJAX_COMPILATION_CACHE=0 turns it off, =<dir> relocates it), so a second
     # run of any subcommand skips XLA compilation.
-    from dpjax.pld.cache import enable_from_environment
+    from dpjax.numerics.cache import enable_from_environment
 
     enable_from_environment(default_on=True)
-    from dpjax._progress import get_progress, set_progress
+    from dpjax._base.progress import get_progress, set_progress
 
     progress_state = get_progress()[0]  # restored below: a subcommand's switch ends with it
     if args.quiet:

@@ -8,7 +8,7 @@ import argparse
 
 import numpy as np
 
-from dpjax._enums import Adjacency
+from dpjax._base.enums import Adjacency
 from dpjax.cli import _args
 
 ADJACENCY = Adjacency.ADD_OR_REMOVE  # balls-in-bins Monte Carlo: max over the add and remove directions

@@ -25,7 +25,7 @@ and never overwrites anything: when that name is taken the first free ``...-2.js
 
 Progress goes to stderr (off with ``--quiet`` or ``--json``): one line when each stage starts
 (the alternatives, the optimisation, the certificate) and the optimisation's meter (a bar in a
-terminal or notebook, a line every 10 s in a log; :mod:`dpjax._progress`).  The JSON object
+terminal or notebook, a line every 10 s in a log; :mod:`dpjax._base.progress`).  The JSON object
 holds ``noise_multiplier`` (certified), ``noise_multiplier_estimate``, ``first_column``,
 ``rmse`` (at the certified sigma), ``certificate`` and ``out`` (the file written, with
 ``out_replaced``).
@@ -37,7 +37,7 @@ import argparse
 import math
 import os
 
-from dpjax._enums import Adjacency, StrEnum
+from dpjax._base.enums import Adjacency, StrEnum
 from dpjax.cli import _args
 
 
@@ -126,7 +126,7 @@ def write_new(path: str, text: str) -> str:
     """Write ``text`` to ``path`` or, if that name is taken by the time of writing, to the next
     free name (:func:`free_path`); never replaces a file.  The file appears complete (a hard link
     of a finished temporary file).  Returns the path written."""
-    from dpjax import _io
+    from dpjax._base import io as _io
 
     tmp = _io.write_temp(path, text)
     try:
@@ -158,7 +158,7 @@ def _writable_directory(directory: str, flag: str) -> None:
 
 def _stage(text: str) -> None:
     """One line on stderr when a stage starts (where progress shows: not with --quiet/--json)."""
-    from dpjax._progress import note
+    from dpjax._base.progress import note
 
     note(f"dpjax optimize: {text}")
 
@@ -241,7 +241,7 @@ def check_sampler_args(args) -> None:
 
 
 def _run(args) -> dict:
-    from dpjax._progress import set_progress
+    from dpjax._base.progress import set_progress
     from dpjax.optimization import make_parameterization, optimize_correlation
     from dpjax.optimization.loop import default_optimizer
 
@@ -321,7 +321,7 @@ def save(result: dict, args, text: str | None = None) -> dict:
     ``out_replaced``.  ``--no-save``: nothing is written."""
     if args.no_save:
         return result
-    from dpjax import _io
+    from dpjax._base import io as _io
 
     if text is None:
         text = _io.dumps(result, indent=1)

@@ -55,7 +55,7 @@ def _cli_reason(reason: str | None) -> str | None:
 def _prepare_jax() -> None:
     # A CLI process owns its JAX configuration: keep compiled programs on disk so that the next
     # invocation skips compilation (DPJAX_COMPILATION_CACHE=0 turns this off).
-    from dpjax.pld.cache import enable_from_environment
+    from dpjax.numerics.cache import enable_from_environment
 
     enable_from_environment(default_on=True)
 
@@ -66,7 +66,7 @@ def _account(args, **target):
     from dpjax.cli import group as group_cli
 
     if args.sampling in _args.ALLOCATION_SAMPLINGS:
-        from dpjax.pld import allocation_dpsgd
+        from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
         if args.group_size != 1:
             raise ValueError(f"--group-size does not apply to --sampling {args.sampling}")
@@ -139,7 +139,7 @@ guarantees for DP-SGD with sampling via mixture of Gaussians mechanisms".  --sam
 random_allocation (each example in --selections-per-epoch of the --batches-per-epoch steps of
 every epoch, --epochs epochs; Feldman & Shenfeld, "Privacy amplification by random allocation")
 and --sampling balls_in_bins (one bin per example for the whole run, C = I) are accounted under
-add/remove adjacency by dpjax.pld.allocation_accountant (no --steps or --sampling-prob then).
+add/remove adjacency by dpjax.pld.allocation.accountant (no --steps or --sampling-prob then).
 --dataset-size N --batch-size B --epochs E is the usual description of a run instead of
 --sampling-prob and --steps: Poisson sampling takes q = B / N and steps = E / q rounded up (the
 rule of dpjax.dpsgd_epsilon(epochs=)); random_allocation and balls_in_bins take floor(N / B)

@@ -100,7 +100,7 @@ def _draw(report, steps, eps_by_steps, delta: float, path: str) -> None:
     import numpy as np
     from scipy.special import ndtr, ndtri
 
-    from dpjax._io import atomic_write
+    from dpjax._base.io import atomic_write
 
     Figure = _figure_class()
     fig = Figure(figsize=(11, 4.5), layout="constrained")

@@ -9,8 +9,8 @@ import json
 import math
 import os
 
-from dpjax import _io
-from dpjax._enums import Adjacency
+from dpjax._base import io as _io
+from dpjax._base.enums import Adjacency
 from dpjax.cli import _args
 
 
@@ -54,7 +54,7 @@ def parse_values(name: str, text: str, *, integer: bool = False) -> list:
 
 
 def _configs(args):
-    from dpjax.pld.sweeping import SweepConfig, sweep_grid
+    from dpjax.pld.sweeps.driver import SweepConfig, sweep_grid
 
     if args.grid is not None:
         if any(v is not None for v in (args.noise_multiplier, args.sampling_prob, args.steps, args.delta,
@@ -78,7 +78,7 @@ def _configs(args):
 
 
 def _run_allocation(args, store) -> tuple:
-    from dpjax.pld.sweeping import sweep
+    from dpjax.pld.sweeps.driver import sweep
 
     if args.grid is not None:
         if any(v is not None for v in (args.noise_multiplier, args.batches_per_epoch, args.epochs, args.delta,
@@ -117,7 +117,7 @@ def _read_grid(path: str) -> list:
 
 
 def _run(args) -> dict:
-    from dpjax.pld.sweeping import sweep
+    from dpjax.pld.sweeps.driver import sweep
 
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
@@ -160,11 +160,11 @@ def _run(args) -> dict:
 
 
 def _table_lines(rows) -> list[str]:
-    from dpjax.pld.sweeping import ROW_FIELDS
+    from dpjax.pld.sweeps.driver import ROW_FIELDS
 
     fields = ROW_FIELDS
     if rows and "batches_per_epoch" in rows[0]:
-        from dpjax.pld.allocation_accountant import SWEEP_ROW_FIELDS as fields
+        from dpjax.pld.allocation.accountant import SWEEP_ROW_FIELDS as fields
     return [",".join(fields)] + [",".join("" if r.get(f) is None else str(r.get(f)) for f in fields)
                                  for r in rows]
 

@@ -7,7 +7,7 @@
   own ``RandomAllocationDpEvent``, where the installed dp_accounting has one, is read the same way.
 * :class:`AllocationAccountant` -- a ``dp_accounting.PrivacyAccountant`` for trees of such events
   (``SelfComposedDpEvent`` / ``ComposedDpEvent`` of them, add/remove adjacency), answered by
-  :mod:`dpjax.pld.allocation_accountant` (certified upper bounds).
+  :mod:`dpjax.pld.allocation.accountant` (certified upper bounds).
 * :class:`RunningAllocationAccountant` -- a training loop's accountant for random allocation or
   balls-in-bins: ``epoch(noise_multiplier=...)`` per epoch (a partial epoch counts as a whole
   one: its outputs are a post-processing of the whole epoch's), ``get_epsilon(delta)``,
@@ -30,8 +30,8 @@ import dataclasses
 import math
 from collections import OrderedDict
 
-from dpjax import _validate
-from dpjax._enums import AllocationSampling
+from dpjax._base import validate as _validate
+from dpjax._base.enums import AllocationSampling
 
 __all__ = ["RandomAllocationDpEvent", "AllocationAccountant", "RunningAllocationAccountant", "allocation_blocks_of"]
 
@@ -110,7 +110,7 @@ def _account(blocks, *, target_delta=None, target_epsilon=None):
     composition of every 1-of-t_b block with its own noise multiplier."""
     import numpy as np
 
-    from dpjax.pld import allocation_accountant as ra
+    from dpjax.pld.allocation import accountant as ra
 
     merged: "OrderedDict[tuple, int]" = OrderedDict()
     for sigma, t, k, e in blocks:
@@ -223,7 +223,7 @@ class RunningAllocationAccountant:
         return list(self._phases.items())
 
     def _result(self, **target):
-        from dpjax.pld import allocation_accountant as ra
+        from dpjax.pld.allocation import accountant as ra
 
         t, k = self.batches_per_epoch, self.selections_per_epoch
         if self.sampling is AllocationSampling.BALLS_IN_BINS:

@@ -68,7 +68,8 @@ import dp_accounting as _dpa_pkg
 from dp_accounting import dp_event as _dpa
 import numpy as np
 
-from dpjax import _validate, pld
+from dpjax import pld
+from dpjax._base import validate as _validate
 from dpjax.pld.mog import MixtureOfGaussians
 
 __all__ = ["PLDAccountant", "PLDAccountantConfig", "UnsupportedDpEventError", "events_to_components"]

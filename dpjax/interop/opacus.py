@@ -46,11 +46,12 @@ from collections import OrderedDict
 import jax
 import numpy as np
 
-from dpjax import _validate, pld
-from dpjax._enums import StrEnum
-from dpjax._names import epochs_to_steps
-from dpjax._root import bisect_integer
-from dpjax._x64 import float64
+from dpjax import pld
+from dpjax._base import validate as _validate
+from dpjax._base.enums import StrEnum
+from dpjax._base.names import epochs_to_steps
+from dpjax.numerics.root import bisect_integer
+from dpjax._base.x64 import float64
 
 __all__ = ["RunningAccountant", "get_noise_multiplier", "calibrate_steps", "calibrate_batch_size", "steps_from_epochs"]
 
@@ -65,7 +66,7 @@ def _steps_from(sample_rate: float, steps, epochs) -> int:
 
 def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     """The number of steps of ``epochs`` epochs at sampling rate ``sample_rate``: dpjax's one
-    rule, :func:`dpjax._names.epochs_to_steps` (``epochs / sample_rate`` rounded to the nearest
+    rule, :func:`dpjax._base.names.epochs_to_steps` (``epochs / sample_rate`` rounded to the nearest
     integer when it is within float rounding of one, so 7 epochs at 0.07 are 100 steps, else
     rounded up: a partial last epoch is still trained on).  Opacus truncates with ``int()``,
     which can certify one step fewer than the training takes."""

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64
 
 
 def _is_concrete(x) -> bool:

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax._results import ResultMixin
+from dpjax._base.results import ResultMixin
 
-from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64
 from dpjax.montecarlo import core, evr
 from dpjax.montecarlo.evr import Certificate
-from dpjax.pld.exact import gaussian_delta, gaussian_epsilon
+from dpjax.numerics.exact import gaussian_delta, gaussian_epsilon
 
 
 # --------------------------------------------------------------------------- results
@@ -33,7 +33,7 @@ class DeltaEstimate(ResultMixin):
       delta_add, se_add: ``(K,)`` direction Q||P (``X ~ Q``, loss ``log Q/P``).
       num_samples: sample count (the same draws serve both directions and every epsilon).
 
-    ``to_dict()`` / ``to_json(path)`` / ``DeltaEstimate.load(path)``: see :mod:`dpjax._results`.
+    ``to_dict()`` / ``to_json(path)`` / ``DeltaEstimate.load(path)``: see :mod:`dpjax._base.results`.
     """
 
     epsilon: np.ndarray
@@ -198,7 +198,7 @@ class BallsInBins:
 
         ``progress``: a bar on stderr over the sample chunks (single device): ``None`` (default)
         in a terminal or notebook once the call runs over a second, ``False`` never, ``True``
-        always, also as lines in a log (:mod:`dpjax._progress`).  It never changes the numbers.
+        always, also as lines in a log (:mod:`dpjax._base.progress`).  It never changes the numbers.
         """
         confidence = _confidence(confidence)
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))

@@ -205,7 +205,7 @@ def _total_fwd(layout, per_chunk, diff, const, shard):
 def _total_bwd(layout, per_chunk, residuals, cotangent):
     diff, const, shard = residuals
     # Run in float64 whatever the caller's scope (the backward pass runs after the public
-    # function's float64 scope has exited; see dpjax._x64).
+    # function's float64 scope has exited; see dpjax._base.x64).
     with jax.enable_x64(True):
         def chunk_vjp(c, r, s):
             d, k, ct = r

@@ -6,7 +6,7 @@ sample (common random numbers from ``key``), the estimate ``delta_hat(sigma; G)`
 :func:`dpjax.montecarlo.delta_estimate` (max over the two directions) is a deterministic,
 continuous, decreasing function of ``sigma``; the calibrated noise multiplier is the smallest
 ``sigma`` with ``delta_hat(sigma; G) <= target_delta`` at ``target_epsilon``, differentiable in
-``G`` by the implicit function theorem (:mod:`dpjax._root`).
+``G`` by the implicit function theorem (:mod:`dpjax.numerics.root`).
 
 * :func:`calibrated_noise_core` -- fixed-length bisection in ``log sigma`` (jittable);
 * :func:`calibrate_accountant` -- the implementation of ``BallsInBins.calibrate``;
@@ -36,10 +36,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dpjax import _validate
-from dpjax._root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
+from dpjax._base import validate as _validate
+from dpjax.numerics.root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
                          solve_monotone_root)
-from dpjax._x64 import float64
+from dpjax._base.x64 import float64
 from dpjax.montecarlo import _spread
 from dpjax.montecarlo.core import (as_prng_key, gram_sqrt, hockey_stick_terms, privacy_losses_from_projections,
                                    rbg_key)

@@ -6,7 +6,7 @@ Exact Privacy Amplification for Matrix Mechanisms", 2024): the layer that
 :mod:`dpjax.optimization` build on.  Everything here is a pure function of arrays; only
 :func:`gram_matrix` validates (through :func:`dpjax.matrices.correlation_array`), the other
 functions trust their inputs (the user-facing wrappers validate).  The exported functions follow
-the float64 contract of :mod:`dpjax._x64` (the sampler consumes uint64 random words): they run
+the float64 contract of :mod:`dpjax._base.x64` (the sampler consumes uint64 random words): they run
 in float64 for eager, ``grad`` and ``vmap`` callers with x64 off, and inside a ``jax.jit``
 traced with x64 off they raise a ``ValueError`` naming the fix.
 
@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._x64 import float64
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64
 from dpjax.matrices import correlation_array
 from dpjax.montecarlo._normal import normal_from_bits, uniform_open
 
@@ -398,8 +398,8 @@ def _chunk_sums(gram, sqrt_gram, sigma, epsilon, key, first_block, *, num_sample
 
 def _tick(_):
     # Host side of the compiled loop's per-chunk callback: advance the bar that the enclosing
-    # :class:`progress_bar` made active (dpjax._progress keeps the process's one progress state).
-    from dpjax import _progress
+    # :class:`progress_bar` made active (dpjax._base.progress keeps the process's one progress state).
+    from dpjax._base import progress as _progress
 
     _progress.tick(1)
 
@@ -409,7 +409,7 @@ class progress_bar:
     with ``progress=True`` inside it (one tick per chunk, from a ``jax.debug.callback``)."""
 
     def __init__(self, num_chunks: int, desc: str = "monte carlo", enabled=None):
-        from dpjax import _progress
+        from dpjax._base import progress as _progress
 
         self.bar = _progress.progress(num_chunks, desc, enabled=enabled, unit="chunks",
                                       delay=_progress.long_call_delay())
@@ -423,13 +423,13 @@ class progress_bar:
         return self.bar.enabled and (self.bar.live or self._asked is True)
 
     def __enter__(self):
-        from dpjax import _progress
+        from dpjax._base import progress as _progress
 
         _progress.set_active(self.bar)
         return self
 
     def __exit__(self, *exc):
-        from dpjax import _progress
+        from dpjax._base import progress as _progress
 
         _progress.set_active(None)
         self.bar.close()
@@ -614,8 +614,8 @@ def sharded_monte_carlo_sums(gram, noise_multiplier, epsilon, key, num_samples: 
         if progress or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args)):
             return monte_carlo_sums(*args, **static)
         # Host call: through dpjax's program store (a later process loads the executable instead
-        # of tracing and compiling it; dpjax.pld.cache).
-        from dpjax.pld.cache import call
+        # of tracing and compiling it; dpjax.numerics.cache).
+        from dpjax.numerics.cache import call
 
         return MonteCarloSums(*call("monte_carlo_sums", _monte_carlo_sums_tuple, args, static))
     gram = jnp.asarray(gram, jnp.float64)

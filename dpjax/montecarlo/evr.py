@@ -37,9 +37,9 @@ import math
 
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import StrEnum
-from dpjax._results import ResultMixin
+from dpjax._base import validate as _validate
+from dpjax._base.enums import StrEnum
+from dpjax._base.results import ResultMixin
 
 # scipy is imported inside the functions that use it: importing scipy.optimize costs ~0.4 s of a
 # cold start, and most users of the Monte Carlo layer never reach Estimate-Verify-Release.
@@ -133,7 +133,7 @@ def minimum_samples(target_delta: float, base_delta: float | None = None, num_te
         hi *= 2
         if hi > 1 << 62:
             raise ValueError("no sample count certifies this target_delta with this base_delta")
-    from dpjax._root import bisect_integer
+    from dpjax.numerics.root import bisect_integer
 
     return bisect_integer(ok, hi // 2 if hi > 1 else 0, hi)
 
@@ -195,7 +195,7 @@ class Certificate(ResultMixin):
         mixture weights of the variance-reduced proposal's P||Q components (defensive, per-mode
         range, large-deviation shift, tilted of order k).
 
-    ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._results`.
+    ``to_dict()`` / ``to_json(path)`` / ``Certificate.load(path)``: see :mod:`dpjax._base.results`.
     """
 
     verified: bool
@@ -270,7 +270,7 @@ def _certify_fixed_kl(accountant, noise_multiplier: float, epsilon: float, targe
 def _calibration_fn(num_samples: int, devices=None):
     import jax
 
-    from dpjax._root import StopGradientAdjoint
+    from dpjax.numerics.root import StopGradientAdjoint
     from dpjax.montecarlo.calibrate import NewtonIllinois, calibrate_on_draws
 
     def run(gram, eps, base, key, sigma0):
@@ -422,7 +422,7 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
 def _importance_calibration_fn(num_samples: int, devices=None):
     import jax
 
-    from dpjax._root import StopGradientAdjoint
+    from dpjax.numerics.root import StopGradientAdjoint
     from dpjax.montecarlo.calibrate import NewtonIllinois, calibrate_on_draws
 
     def run(gram, eps, key, sigma0, proposal, scale):

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax._x64 import float64
+from dpjax._base.x64 import float64
 from dpjax.montecarlo._normal import normal_from_bits, uniform_open
 from dpjax.montecarlo.core import (BLOCK_SIZE, block_words_fn, logsumexp_rows, chunk_plan, gram_sqrt,
                                    rbg_key)

@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._results import ResultMixin
+from dpjax._base import validate as _validate
+from dpjax._base.results import ResultMixin
 from dpjax.matrices import Toeplitz
 from dpjax.montecarlo import Certificate
 from dpjax.optimization.objectives import prefix_sum_error
@@ -91,7 +91,7 @@ class BaselineRow(ResultMixin):
         Monte Carlo row (:func:`balls_in_bins_certified`), ``None`` for the other rows.
 
     ``to_dict()`` / ``to_json(path)`` (strict JSON) / ``BaselineRow.load(path)``: see
-    :mod:`dpjax._results`.
+    :mod:`dpjax._base.results`.
     """
 
     name: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dpjax import _validate
+from dpjax._base import validate as _validate
 from dpjax.montecarlo import BallsInBins, evr
 
 __all__ = ["certify_noise", "ladder_base_delta", "ladder_minimum_samples",

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
+from dpjax._base import validate as _validate
 from dpjax.matrices import BLT, Toeplitz
 
 __all__ = ["to_jax_privacy", "from_jax_privacy"]

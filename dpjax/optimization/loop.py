@@ -21,7 +21,7 @@ err(C))`` (``err`` the noise-free objective, by default :func:`prefix_sum_error`
 
 The jitted step is cached on its static configuration (parameterization, ``b``, ``E``,
 ``num_samples``, optimizer, objective, solver), so repeated calls and resumed runs reuse one
-compiled program.  Checkpoints (strict JSON, written atomically: :func:`dpjax._io.atomic_write`) hold the
+compiled program.  Checkpoints (strict JSON, written atomically: :func:`dpjax._base.io.atomic_write`) hold the
 parameters, the optimizer state, the step, the warm-start sigma and the history, with the
 screen state in a binary sidecar ``<checkpoint>.screen-<step>.npz``, so a killed run resumes to
 the identical result.  A non-finite loss or parameter stops the run, keeps the
@@ -54,12 +54,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpjax import _io, _validate
-from dpjax._enums import StrEnum
-from dpjax._results import ResultMixin
-from dpjax._progress import elapsed_meter as _elapsed_meter
-from dpjax._progress import note as _note
-from dpjax._progress import progress as _progress
+from dpjax._base import io as _io
+from dpjax._base import validate as _validate
+from dpjax._base.enums import StrEnum
+from dpjax._base.results import ResultMixin
+from dpjax._base.progress import elapsed_meter as _elapsed_meter
+from dpjax._base.progress import note as _note
+from dpjax._base.progress import progress as _progress
 from dpjax.montecarlo.calibrate import MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
@@ -142,7 +143,7 @@ class OptimizationResult(ResultMixin):
         ``noise_multiplier`` on that sampler is ``(target_epsilon, target_delta)``-DP.
 
     ``to_dict()`` / ``to_json(path)`` / ``OptimizationResult.load(path)``: see
-    :mod:`dpjax._results`; the JSON also holds ``format`` (``"dpjax-optimize-result-1"``) and
+    :mod:`dpjax._base.results`; the JSON also holds ``format`` (``"dpjax-optimize-result-1"``) and
     ``gap_to_estimate`` (certified over estimated sigma, minus 1) for its readers.
     """
 
@@ -555,7 +556,7 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         :class:`~dpjax.calibration.Bisection` (Algorithm 2 as written).
       checkpoint_path, checkpoint_every: JSON checkpoint every ``k`` steps (and at the end).
       resume: continue from ``checkpoint_path`` if it exists (same configuration required).
-      progress: progress bar on stderr (``None``: auto, see :mod:`dpjax._progress`).
+      progress: progress bar on stderr (``None``: auto, see :mod:`dpjax._base.progress`).
       certify: certify the result (:func:`dpjax.montecarlo.evr.certify_noise`).
       certify_samples: verification samples (default: ``"importance_betting"`` sizes it from its
         calibration sample, between 2^16 and 2^22; ``"bernoulli_kl"``

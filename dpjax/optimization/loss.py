@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpjax._x64 import float64
+from dpjax._base.x64 import float64
 from dpjax.matrices import Toeplitz, prefix_sum_rmse
 from dpjax.calibration import calibrated_noise
 

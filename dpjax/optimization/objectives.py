@@ -46,9 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import StrEnum
-from dpjax._x64 import float64
+from dpjax._base import validate as _validate
+from dpjax._base.enums import StrEnum
+from dpjax._base.x64 import float64
 from dpjax.matrices import BLT, Toeplitz, correlation_array, inverse_toeplitz_column, toeplitz_dense
 from dpjax.matrices._structured import truncated_product
 

@@ -58,9 +58,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import StrEnum
-from dpjax._x64 import float64
+from dpjax._base import validate as _validate
+from dpjax._base.enums import StrEnum
+from dpjax._base.x64 import float64
 from dpjax.matrices import BLT, Toeplitz
 
 __all__ = [

@@ -34,7 +34,7 @@ import dataclasses
 import os
 from typing import Any
 
-from dpjax import _validate
+from dpjax._base import validate as _validate
 
 __all__ = ["TrainingSetup", "training_setup"]
 

@@ -5,23 +5,23 @@ Layers (one module each; docs/design.md §1-2, Koskela & Honkela 2021):
 * :mod:`~dpjax.pld.mechanisms` -- mechanisms as privacy-loss distributions (pytree dataclasses:
   :class:`Gaussian`, :class:`PoissonSubsampledGaussian`, :class:`Laplace`,
   :class:`RandomizedResponse`; the interface new mechanisms implement is documented there).
-* :mod:`~dpjax.pld.discretize` -- grid PMFs: pessimistic connect-the-dots split (dominating
+* :mod:`~dpjax.pld.grid.discretize` -- grid PMFs: pessimistic connect-the-dots split (dominating
   pair, ``O(dx^2)`` error per step) and optimistic round-down.
-* :mod:`~dpjax.pld.compose` -- FFT composition (self-composition and heterogeneous lists), with
+* :mod:`~dpjax.pld.grid.compose` -- FFT composition (self-composition and heterogeneous lists), with
   the wrap-around mass bounded by Chernoff bounds on the discretized log-MGF.
-* :mod:`~dpjax.pld.convert` -- ``delta(eps)`` / ``eps(delta)``, exact on each grid segment,
+* :mod:`~dpjax.pld.grid.convert` -- ``delta(eps)`` / ``eps(delta)``, exact on each grid segment,
   vectorized over targets.
-* :mod:`~dpjax.pld.plan` -- grid choice from the requested accuracy (host side).
-* :mod:`~dpjax.pld.fixed_grid` -- a grid planned once, then jittable, differentiable
+* :mod:`~dpjax.pld.grid.plan` -- grid choice from the requested accuracy (host side).
+* :mod:`~dpjax.pld.grid.fixed_grid` -- a grid planned once, then jittable, differentiable
   ``delta_fn`` / ``grid_epsilon_fn`` in the mechanism parameters.
 * :mod:`~dpjax.pld.accountant` -- the public entry points for any mechanisms
   (:func:`epsilon`, :func:`delta`); :mod:`~dpjax.pld.dpsgd` -- DP-SGD (:func:`dpsgd_accounting`,
   :func:`dpsgd_epsilon`, :func:`dpsgd_delta`: Poisson sampling here, random allocation and
-  balls-in-bins routed to :mod:`~dpjax.pld.allocation_dpsgd`).
-* :mod:`~dpjax.pld.sweeping` -- many configurations in a handful of compiled programs
+  balls-in-bins routed to :mod:`~dpjax.pld.allocation.dpsgd`).
+* :mod:`~dpjax.pld.sweeps.driver` -- many configurations in a handful of compiled programs
   (:func:`sweep`, buckets chosen by cost (:class:`BucketPolicy`), sharded over every device;
-  :mod:`~dpjax.pld.sweep_store` writes and resumes).
-* :mod:`~dpjax.pld.program` -- the PLD program every path runs (discretize, compose, window,
+  :mod:`~dpjax.pld.sweeps.store` writes and resumes).
+* :mod:`~dpjax.pld.grid.program` -- the PLD program every path runs (discretize, compose, window,
   convert; NumPy on the host, compiled JAX for sweeps and traced parameters).
 * :mod:`~dpjax.pld.curve` -- epsilon after every ``T`` of a list from one transform
   (:func:`epsilon_curve`).
@@ -51,7 +51,7 @@ which compose exactly as one Gaussian and are merged into it (no bracket).
 
 A jittable, differentiable ``delta(eps; params)`` / ``eps(delta; params)`` on a FIXED grid
 ----------------------------------------------------------------------------------------
-:mod:`~dpjax.pld.fixed_grid` (for calibration, sweeps, optimization loops): plan the grid once
+:mod:`~dpjax.pld.grid.fixed_grid` (for calibration, sweeps, optimization loops): plan the grid once
 on the host for any mechanisms with counts, then evaluate inside your own ``jit`` / ``grad`` /
 ``vmap`` with the mechanism parameters traced.  The result is a certified upper bound for
 *any* parameters (mass leaving the grid goes to the ``+inf`` atom or is covered by the
@@ -79,16 +79,16 @@ and :class:`Bound`.
 from dpjax.pld.accountant import delta, epsilon
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
 from dpjax.pld.dpsgd import dpsgd_accounting, dpsgd_delta, dpsgd_epsilon
-from dpjax.pld.compose import ComposedPLD, Composition, Group, compose
-from dpjax.pld.convert import Bound, HockeyStickTable, delta_at, eps_at, table
-from dpjax.pld.discretize import GridPMF, discretize
-from dpjax.pld.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
-from dpjax.pld.fixed_grid import FixedGrid, delta_fn, grid_epsilon_fn, plan_fixed_grid, stack_grids
+from dpjax.pld.grid.compose import ComposedPLD, Composition, Group, compose
+from dpjax.pld.grid.convert import Bound, HockeyStickTable, delta_at, eps_at, table
+from dpjax.pld.grid.discretize import GridPMF, discretize
+from dpjax.numerics.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
+from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, grid_epsilon_fn, plan_fixed_grid, stack_grids
 from dpjax.pld.mechanisms import (
     DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
 )
-from dpjax.pld.plan import GridOptions, GridPlan, plan_grid
-from dpjax.pld.sweeping import BucketPolicy, SweepConfig, SweepTable, sweep, sweep_grid
+from dpjax.pld.grid.plan import GridOptions, GridPlan, plan_grid
+from dpjax.pld.sweeps.driver import BucketPolicy, SweepConfig, SweepTable, sweep, sweep_grid
 from dpjax.pld.curve import EpsilonCurve, epsilon_curve
 
 __all__ = [

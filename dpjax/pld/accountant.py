@@ -20,7 +20,7 @@ certified from below (optimistic grid, wrap-around from below subtracted); it is
 This module holds the entry points and what only they do (dropping lossless mechanisms, the
 rare-sampling floor, the fallback bounds and the refusal reason when the grid cannot certify);
 the steps they share with every other FFT path (stacking, the jitted program, runs, the tilted
-tail pass, the Gaussian shortcut) are in :mod:`dpjax.pld.engine`, and the result records in
+tail pass, the Gaussian shortcut) are in :mod:`dpjax.pld.grid.engine`, and the result records in
 :mod:`dpjax.pld.records` (re-exported here).
 """
 
@@ -31,14 +31,14 @@ import math
 
 import numpy as np
 
-from dpjax import _validate
-from dpjax._x64 import float64, host_only
-from dpjax.pld.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64, host_only
+from dpjax.pld.grid.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                               exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                               stacked_mechanisms)
-from dpjax.pld.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
+from dpjax.numerics.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
-from dpjax.pld.plan import GridOptions
+from dpjax.pld.grid.plan import GridOptions
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult  # noqa: F401 (re-exported)
 
 
@@ -451,9 +451,9 @@ def epsilon_caps(components, deltas, mu_dom=None, stacked=None):
     """Per direction (``"remove"``, ``"add"``), the cheap certified upper bounds every answer is
     capped by: the support bound (``sum_i c_i max_loss_i``: no loss above it) and the epsilon of
     the Gaussian mechanism dominating the composition without amplification
-    (:func:`~dpjax.pld.engine.dominating_gaussian_mu`), whichever is smaller: ``{direction:
+    (:func:`~dpjax.pld.grid.engine.dominating_gaussian_mu`), whichever is smaller: ``{direction:
     array}`` shaped like ``deltas``."""
-    from dpjax.pld.exact import host_gaussian_epsilon
+    from dpjax.numerics.exact import host_gaussian_epsilon
     from dpjax.pld.fallback import support_bound
 
     deltas = np.asarray(deltas, np.float64)

@@ -7,7 +7,7 @@ evaluated for many ``T`` from ONE forward transform.  :func:`epsilon_curve` does
 
 1. one grid is planned for the largest ``T`` (the widest window, the strictest single-step
    truncation ``tau / T_max``) and held for every ``T`` of the list;
-2. the PLD program (:mod:`dpjax.pld.program`, on the host) discretizes the single step and takes
+2. the PLD program (:mod:`dpjax.pld.grid.program`, on the host) discretizes the single step and takes
    its forward FFT once (neither depends on ``T``), then for each ``T`` raises it to the power
    ``T``, inverts, places the window from that ``T``'s own log-MGF and converts to epsilon; the
    inverses are the only per-``T`` transforms;
@@ -49,12 +49,12 @@ import numpy as np
 
 from dpjax.pld.records import EpsilonCurve
 
-from dpjax import _validate
-from dpjax._x64 import host_only
-from dpjax.pld import engine
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import host_only
+from dpjax.pld.grid import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
-from dpjax.pld.plan import GridOptions, plan_grid
+from dpjax.pld.grid.plan import GridOptions, plan_grid
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
 
@@ -65,7 +65,7 @@ DEFAULT_BATCH = 16
 
 
 def _needs_tail_pass(plan, res, delta: float) -> bool:
-    """The single call's rule (:func:`dpjax.pld.engine.tail_pass`): the FFT round-off floor
+    """The single call's rule (:func:`dpjax.pld.grid.engine.tail_pass`): the FFT round-off floor
     summed over the window is not negligible at ``delta``."""
     floor = max(float(r[k]["noise_floor"]) * plan.n for r in res for k in r)
     return floor > engine.TAIL_PASS_FRACTION * delta
@@ -100,7 +100,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
       sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"`` with
         ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` (an integer: every epoch up to
         it, or a list) instead of ``sampling_prob`` and ``steps``: epsilon after each epoch
-        (:func:`dpjax.pld.allocation_accountant.allocation_epsilon_curve`; ``steps`` of the result
+        (:func:`dpjax.pld.allocation.accountant.allocation_epsilon_curve`; ``steps`` of the result
         are the steps after each entry).
     Returns:
       :class:`EpsilonCurve`.
@@ -146,8 +146,8 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
 def _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, *, sampling, batches_per_epoch,
                       selections_per_epoch, epochs) -> EpsilonCurve:
     """``epsilon_curve(sampling="random_allocation" | "balls_in_bins")``: epsilon after each epoch
-    (:func:`dpjax.pld.allocation_accountant.allocation_epsilon_curve`)."""
-    from dpjax.pld.allocation_accountant import allocation_epsilon_curve
+    (:func:`dpjax.pld.allocation.accountant.allocation_epsilon_curve`)."""
+    from dpjax.pld.allocation.accountant import allocation_epsilon_curve
 
     if sampling not in ("random_allocation", "balls_in_bins"):
         raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
@@ -165,8 +165,8 @@ def _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, *, s
 def _run_curve(plan, uniq, delta, directions, kinds, batch):
     """The packed program output ``(K, directions, kinds, 1 + diagnostics)`` at every distinct
     ``T`` of ``uniq``: the PLD program on the host, one discretization and forward transform for
-    every ``T`` (:func:`dpjax.pld.program.run_host_counts`)."""
-    from dpjax.pld import program as prog
+    every ``T`` (:func:`dpjax.pld.grid.program.run_host_counts`)."""
+    from dpjax.pld.grid import program as prog
 
     inp, spec = prog.host_inputs(plan, [delta], kinds=kinds, want="eps")
     return prog.run_host_counts(inp, spec, uniq)

@@ -6,18 +6,18 @@
   the upper end of its bracket), unchanged;
 * **a batch**: array arguments (noise multipliers, sampling probabilities, steps, targets,
   broadcast together) give one answer per element, each equal to the call with that element's
-  scalars (:func:`dpjax.pld.batched.epsilon_many`: every element on its own grid, the elements
+  scalars (:func:`dpjax.pld.grid.batched.epsilon_many`: every element on its own grid, the elements
   of one grid shape in one compiled program), an array of targets included (for one
   composition read at several targets on one transform, see :func:`dpsgd_accounting`);
 * **a per-step noise schedule**: ``noise_schedule=`` (a 1-D array of length ``steps``), never
   an array ``noise_multiplier``;
 * **traced arguments** (``jax.grad``, ``jax.vmap``, a user's ``jax.jit``, from float32 code too):
-  :func:`dpjax._traced.host_call` -- the batch path on the host through ``jax.pure_callback``,
-  with derivatives on the accountant's grid (:func:`dpjax.pld.batched.grid_partials`):
+  :func:`dpjax._base.traced.host_call` -- the batch path on the host through ``jax.pure_callback``,
+  with derivatives on the accountant's grid (:func:`dpjax.pld.grid.batched.grid_partials`):
   ``d eps / d sigma``, ``d eps / d q``, ``d eps / d target_delta`` (and for delta
   ``d delta / d target_epsilon``).  ``steps`` may be traced (an integer; no derivative).
 
-Argument order and aliases: :mod:`dpjax._names` (``sample_rate=``, ``delta=``/``epsilon=``,
+Argument order and aliases: :mod:`dpjax._base.names` (``sample_rate=``, ``delta=``/``epsilon=``,
 ``epochs=``).  The group accountants (:mod:`dpjax.group`) use the same dispatch with their own
 per-step mechanism.
 """
@@ -30,11 +30,13 @@ from typing import TYPE_CHECKING, Callable
 import jax
 import numpy as np
 
-from dpjax import _names, _traced, _validate
-from dpjax._x64 import host_only
+from dpjax._base import names as _names
+from dpjax._base import traced as _traced
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import host_only
 
 if TYPE_CHECKING:
-    from dpjax.pld.plan import GridOptions
+    from dpjax.pld.grid.plan import GridOptions
 
 __all__ = ["dpsgd_epsilon", "dpsgd_delta", "dpsgd_accounting", "dispatch"]
 
@@ -82,7 +84,7 @@ def _validate_concrete(query, sigma, q, steps, target) -> None:
 
 def _values(query, components: Callable, scalar: Callable, options, sigma, q, steps, target):
     """Elementwise values of flat concrete arrays (the batch path)."""
-    from dpjax.pld import batched
+    from dpjax.pld.grid import batched
 
     sigma, q, steps, target = (np.asarray(a).reshape(-1) for a in (sigma, q, steps, target))
     qs = [None if math.isnan(v) else float(v) for v in q]
@@ -96,7 +98,7 @@ def _values(query, components: Callable, scalar: Callable, options, sigma, q, st
 def _partials(query, components: Callable, scalar: Callable, options, wrt, sigma, q, steps, target):
     """Values and the derivatives named in ``wrt`` (``noise_multiplier``, ``sampling_prob``,
     ``target``) of flat concrete arrays, on each element's grid."""
-    from dpjax.pld import batched
+    from dpjax.pld.grid import batched
 
     shape = np.shape(sigma)
     flat = [np.asarray(a).reshape(-1) for a in (sigma, q, steps, target)]
@@ -205,12 +207,12 @@ def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Call
     # (dpsgd_accounting reads one composition at an array of targets on the grid planned for the
     # smallest, which may differ from an element's own grid within the grid's accuracy.)
     flat, shape = _validate_batch(query, sigma, q, steps, target)
-    with jax.enable_x64(True):  # the float64 contract (dpjax._x64): eager batches compute in float64
+    with jax.enable_x64(True):  # the float64 contract (dpjax._base.x64): eager batches compute in float64
         return _values(query, components, scalar, options, *flat).reshape(shape)
 
 
 def _components(sigma, q, steps):
-    from dpjax.pld import engine
+    from dpjax.pld.grid import engine
 
     return engine.dpsgd_components(sigma, q, steps)
 
@@ -231,13 +233,15 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
       noise_schedule: a per-step schedule instead of ``noise_multiplier`` (1-D, length ``steps``).
       sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``:
         ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` instead of
-        ``sampling_prob`` and ``steps`` (:func:`dpjax.pld.allocation_dpsgd.accounting`; the
+        ``sampling_prob`` and ``steps`` (:func:`dpjax.pld.allocation.dpsgd.accounting`; the
         result has the same fields, ``options`` do not apply).
       batches_per_epoch, selections_per_epoch, epochs: see ``sampling``.
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
-    from dpjax.pld import accountant, allocation_dpsgd, engine
+    from dpjax.pld import accountant
+    from dpjax.pld.allocation import dpsgd as allocation_dpsgd
+    from dpjax.pld.grid import engine
 
     if allocation_dpsgd.is_allocation(sampling):
         if noise_schedule is not None or options is not None:
@@ -315,7 +319,7 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
       noise_schedule: instead of ``noise_multiplier``, a per-step schedule (1-D, length
         ``steps``; ``steps`` may then be left out).
       sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``
-        (:mod:`dpjax.pld.allocation_dpsgd`): then ``batches_per_epoch``, ``epochs`` (the number
+        (:mod:`dpjax.pld.allocation.dpsgd`): then ``batches_per_epoch``, ``epochs`` (the number
         of epochs) and, for random allocation, ``selections_per_epoch`` replace
         ``sampling_prob`` and ``steps``.
       batches_per_epoch: steps per epoch t (random allocation, balls-in-bins).
@@ -355,7 +359,7 @@ def _query(query, name, sigma, q, steps, target, noise_schedule, sampling, batch
         return _allocation_query(query, name, sigma, q, steps, target, noise_schedule, sampling,
                                  batches_per_epoch, selections_per_epoch, epochs)
     if batches_per_epoch is not None or selections_per_epoch != 1:
-        from dpjax.pld import allocation_dpsgd
+        from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
         allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     steps = _names.steps_from_epochs(name, q, steps, epochs)
@@ -366,7 +370,7 @@ def _query(query, name, sigma, q, steps, target, noise_schedule, sampling, batch
 
 def _allocation(sampling) -> bool:
     """True for random allocation / balls-in-bins; False for Poisson; other values refused."""
-    from dpjax.pld import allocation_dpsgd
+    from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
     if allocation_dpsgd.is_allocation(sampling):
         return True
@@ -377,7 +381,7 @@ def _allocation(sampling) -> bool:
 
 def _allocation_query(query, name, sigma, q, steps, target, noise_schedule, sampling, batches_per_epoch,
                       selections_per_epoch, epochs):
-    from dpjax.pld import allocation_dpsgd
+    from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
     if noise_schedule is not None:
         raise ValueError(f"{name}: noise_schedule is for sampling='poisson'; random allocation takes one "

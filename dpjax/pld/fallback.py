@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from dpjax.pld.exact import np_gaussian_log_delta
+from dpjax.numerics.exact import np_gaussian_log_delta
 
 __all__ = ["direction_epsilon"]
 
@@ -173,7 +173,7 @@ def rdp_bound(components, deltas) -> np.ndarray:
             pairs[(float(si), float(qi))] = pairs.get((float(si), float(qi)), 0) + int(ci)
     if not pairs or len(pairs) > 16:  # per-pair RDP curves: a fallback, not a schedule accountant
         return np.full(deltas.shape, np.inf)
-    from dpjax.baselines.rdp import DEFAULT_RDP_ORDERS, rdp_poisson_subsampled_gaussian, rdp_to_epsilon
+    from dpjax.numerics.rdp import DEFAULT_RDP_ORDERS, rdp_poisson_subsampled_gaussian, rdp_to_epsilon
 
     orders = np.asarray(DEFAULT_RDP_ORDERS, np.float64)
     per = [(c, np.asarray(rdp_poisson_subsampled_gaussian(s, q, orders), np.float64)) for (s, q), c in pairs.items()
@@ -206,7 +206,7 @@ def direction_epsilon(components, direction: str, deltas, *, dominating_mu: floa
     if _psg_parameters(components) is not None:
         cands["Renyi DP"] = rdp_bound(components, deltas)
     if dominating_mu is not None:
-        from dpjax.pld.exact import host_gaussian_epsilon
+        from dpjax.numerics.exact import host_gaussian_epsilon
 
         cands["dominating Gaussian (sampling_prob taken as 1)"] = np.asarray(
             host_gaussian_epsilon(deltas, dominating_mu), np.float64).reshape(deltas.shape)

@@ -27,15 +27,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import Adjacency, StrEnum
+from dpjax._base import validate as _validate
+from dpjax._base.enums import Adjacency, StrEnum
 
 __all__ = ["Sampling", "GroupSpec", "validate_group_spec", "SAMPLINGS"]
 
 
 class Sampling(StrEnum):
-    """How DP-SGD forms its batches (a :class:`~dpjax._enums.StrEnum`: ``"poisson"`` and
-    ``"fixed_batch"`` still work; :meth:`~dpjax._enums.StrEnum.parse` names ``sampling`` and the
+    """How DP-SGD forms its batches (a :class:`~dpjax._base.enums.StrEnum`: ``"poisson"`` and
+    ``"fixed_batch"`` still work; :meth:`~dpjax._base.enums.StrEnum.parse` names ``sampling`` and the
     valid values in its error)."""
 
     POISSON = "poisson"

@@ -2,7 +2,7 @@
 
 A *mechanism* here is an immutable pytree dataclass that knows the distribution of its privacy
 loss ``Y = log(dP/dQ)(X)`` for a dominating pair ``(P, Q)`` (docs/design.md §1).  The discretizer
-(:mod:`dpjax.pld.discretize`) needs nothing else than four vectorized functions of a loss value
+(:mod:`dpjax.pld.grid.discretize`) needs nothing else than four vectorized functions of a loss value
 ``y`` (right-continuous, so atoms sit in bins ``(y_i, y_{i+1}]``)::
 
     P(Y <= y),  P(Y > y),  Q(Y <= y),  Q(Y > y)
@@ -62,9 +62,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
-from dpjax._enums import StrEnum
-from dpjax._ops import is_jax, jax_ops
+from dpjax._base import validate as _validate
+from dpjax._base.enums import StrEnum
+from dpjax._base.ops import is_jax, jax_ops
 
 
 class Direction(StrEnum):
@@ -89,7 +89,7 @@ class LossCDFs(NamedTuple):
 
 
 def _ops(ops):
-    """The array namespace of a mechanism call (:mod:`dpjax._ops`; None: JAX)."""
+    """The array namespace of a mechanism call (:mod:`dpjax._base.ops`; None: JAX)."""
     return jax_ops() if ops is None else ops
 
 

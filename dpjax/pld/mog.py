@@ -40,7 +40,7 @@ import jax
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from dpjax import _validate
+from dpjax._base import validate as _validate
 from dpjax.pld.group_spec import SAMPLINGS, Sampling, validate_group_spec
 from dpjax.pld.mechanisms import LossCDFs, _ops, check_direction, normal_cdf_sf
 
@@ -193,7 +193,7 @@ def mog_loss_cdfs(direction: str, y: jax.Array, scaled_sensitivities: jax.Array,
     c = xp.asarray(scaled_sensitivities, np.float64)
     probs = xp.asarray(probabilities, np.float64)
     # log 0 = -inf for padding, without the 0/0 its derivative would be (same values; finite
-    # gradients in the mechanism's parameters, dpjax.pld.batched).
+    # gradients in the mechanism's parameters, dpjax.pld.grid.batched).
     positive = probs > 0
     log_probs = xp.where(positive, xp.log(xp.where(positive, probs, 1.0)), -np.inf)
     y = xp.asarray(y, np.float64)
@@ -519,7 +519,7 @@ class GroupSubsampledGaussian:
 
         Sound without any bookkeeping: the kept mixture is a sub-measure of the full one (so the
         optimistic grid of it still gives lower bounds), and the dropped P-mass, below the
-        1e-290 flush threshold of :func:`dpjax.pld.discretize.grid_pmf`, is inside the
+        1e-290 flush threshold of :func:`dpjax.pld.grid.discretize.grid_pmf`, is inside the
         ``2 m 1e-290`` it already puts on the ``+inf`` atom of the pessimistic grid.  For
         ``group_size=1000``, ``sampling_prob=0.01`` this keeps 512 padded components instead of
         1024.  Concrete parameters only (traced ones keep every component).

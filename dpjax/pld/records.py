@@ -6,9 +6,9 @@ everything built on them; :mod:`dpjax.pld.accountant` re-exports them), :class:`
 (returned by :func:`dpjax.pld.epsilon_curve`) and :class:`SweepTable` (returned by
 :func:`dpjax.pld.sweep`) are plain records.  They live in this module, which
 imports nothing else of :mod:`dpjax.pld`, so that the random-allocation accountant
-(:mod:`dpjax.pld.allocation_accountant`) can return them while :mod:`dpjax.pld.curve` and
-:mod:`dpjax.pld.sweeping` dispatch to it; both modules re-export them, so
-``dpjax.pld.curve.EpsilonCurve`` and ``dpjax.pld.sweeping.SweepTable`` keep working.
+(:mod:`dpjax.pld.allocation.accountant`) can return them while :mod:`dpjax.pld.curve` and
+:mod:`dpjax.pld.sweeps.driver` dispatch to it; both modules re-export them, so
+``dpjax.pld.curve.EpsilonCurve`` and ``dpjax.pld.sweeps.driver.SweepTable`` keep working.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from dpjax._enums import Adjacency
-from dpjax._results import ResultMixin
+from dpjax._base.enums import Adjacency
+from dpjax._base.results import ResultMixin
 
 __all__ = ["DirectionReport", "EpsilonResult", "DeltaResult", "EpsilonCurve", "SweepTable"]
 
@@ -28,7 +28,7 @@ __all__ = ["DirectionReport", "EpsilonResult", "DeltaResult", "EpsilonCurve", "S
 class DirectionReport(ResultMixin):
     """Per-direction diagnostics (floats; arrays when several targets were asked).
 
-    ``to_dict()`` / ``to_json(path)`` / ``DirectionReport.load(path)``: see :mod:`dpjax._results`.
+    ``to_dict()`` / ``to_json(path)`` / ``DirectionReport.load(path)``: see :mod:`dpjax._base.results`.
     """
 
     direction: str
@@ -58,12 +58,12 @@ class EpsilonResult(ResultMixin):
     ``epsilon`` is ``inf`` when the upper bound cannot certify ``target_delta`` (``reason`` says
     why).  ``directions`` holds the add/remove (or single symmetric) reports; ``blocked`` is True
     when a long heterogeneous schedule was bracketed by blocks (see :class:`GridOptions`).
-    ``adjacency`` names the neighbouring relation (an :class:`~dpjax._enums.Adjacency`):
+    ``adjacency`` names the neighbouring relation (an :class:`~dpjax._base.enums.Adjacency`):
     ``"add_or_remove"`` (the max over the add and remove directions; Poisson sampling) or
     ``"replace"`` (fixed batches, :mod:`dpjax.group`).
 
     ``to_dict()`` / ``to_json(path)`` / ``EpsilonResult.load(path)`` keep every field (arrays as
-    lists; see :mod:`dpjax._results`); ``as_dict()`` is the compact report keyed by direction.
+    lists; see :mod:`dpjax._base.results`); ``as_dict()`` is the compact report keyed by direction.
     """
 
     _nested = {"directions": DirectionReport}
@@ -120,7 +120,7 @@ def _py(x):
 @dataclasses.dataclass(frozen=True)
 class EpsilonCurve(ResultMixin):
     """Certified epsilon after each number of steps (``to_dict`` / ``to_json`` / ``load`` from
-    :class:`dpjax._results.ResultMixin`).
+    :class:`dpjax._base.results.ResultMixin`).
 
     Attributes:
       steps: (K,) int64, the numbers of steps, in the order given.
@@ -147,15 +147,15 @@ class EpsilonCurve(ResultMixin):
 @dataclasses.dataclass(frozen=True)
 class SweepTable(ResultMixin):
     """The result of :func:`dpjax.pld.sweep`: ``rows`` (dicts with
-    :data:`dpjax.pld.sweeping.ROW_FIELDS`) in input order.
+    :data:`dpjax.pld.sweeps.driver.ROW_FIELDS`) in input order.
 
-    Row fields (:data:`~dpjax.pld.sweeping.ROW_FIELDS`): the configuration, its target
+    Row fields (:data:`~dpjax.pld.sweeps.driver.ROW_FIELDS`): the configuration, its target
     (``target_delta`` for an epsilon query, ``target_epsilon`` for a delta query); ``query``
     ("epsilon" or "delta"); the certified value in the queried column (``epsilon`` for an
     epsilon query, ``delta`` for a delta query: an upper bound, ``inf`` / 1 when nothing can be
     certified; the other column is None); ``lower`` / ``upper`` the certified bracket of that
     value (``upper`` is the value); ``grid`` the grid policy it was computed on ("sweep":
-    :data:`~dpjax.pld.sweeping.SWEEP_OPTIONS`, within :data:`~dpjax.pld.sweeping.SWEEP_SLACK` of
+    :data:`~dpjax.pld.sweeps.driver.SWEEP_OPTIONS`, within :data:`~dpjax.pld.sweeps.driver.SWEEP_SLACK` of
     the single call; "accountant": the single call's own grid, as
     :func:`dpjax.pld.dpsgd_epsilon`; "custom": the ``options`` given; "closed_form": q = 1, no
     grid) and ``n``, ``dx`` its size and spacing; ``path`` "batched" (bucket program), "exact"
@@ -187,7 +187,7 @@ class SweepTable(ResultMixin):
 
     def to_dict(self) -> dict:
         """Plain data: ``rows`` (list of dicts), ``programs``, ``seconds``, ``devices``, ``compiled``,
-        ``loaded``; ``to_json`` / ``load`` (from :class:`dpjax._results.ResultMixin`) write and read
+        ``loaded``; ``to_json`` / ``load`` (from :class:`dpjax._base.results.ResultMixin`) write and read
         it as strict JSON."""
         return dict(rows=[dict(r) for r in self.rows], programs=self.programs, seconds=self.seconds,
                     devices=self.devices, compiled=self.compiled, loaded=self.loaded)
@@ -195,7 +195,7 @@ class SweepTable(ResultMixin):
     @classmethod
     def from_dict(cls, data: dict) -> "SweepTable":
         """Rebuild a table from :meth:`to_dict` (or parsed :meth:`to_json`) data."""
-        from dpjax._io import restore_nonfinite
+        from dpjax._base.io import restore_nonfinite
 
         rows = tuple({k: restore_nonfinite(v) for k, v in r.items()} for r in data["rows"])
         return cls(rows=rows, programs=int(data.get("programs", 0)), seconds=float(data.get("seconds", 0.0)),

@@ -1,0 +1,176 @@
+"""The float64 contract: float64 answers whatever the caller's ``jax_enable_x64`` setting.
+
+Privacy accounting needs double precision: a delta of 1e-10 is below float32's resolution next
+to 1, and FFT round-off in float32 is ~1e-7 per bin.  dpjax does not flip the global flag (that
+would change the user's own model code).  Instead every public numeric entry point is wrapped in
+:func:`float64`.  The contract (docs/design.md §8):
+
+* **x64 on** (the caller enabled it): nothing to do; the function runs as written.
+* **Eager call from float32 code**: the call runs inside ``jax.enable_x64(True)``, a scoped
+  context manager; the result is float64.
+* **Under ``jax.grad`` / ``jax.vjp`` / ``jax.vmap`` from float32 code**: JAX transposes (runs the
+  backward pass of) a function *after* it has returned, i.e. outside any scope the function set up
+  for itself, and transpose rules that create float64 zeros then get float32 ones and fail with a
+  dtype clash.  So a traced call goes through a ``jax.custom_vjp`` whose forward *and* backward
+  passes run in the float64 scope.  Inexact traced inputs are promoted to float64 inside; inexact
+  outputs are cast to the caller's float dtype (``float32``) at the boundary, and cotangents are
+  cast back to each input's dtype.  The arithmetic is float64 throughout; only the one value
+  handed back to float32 code is rounded to float32, as any float32 caller's value must be.
+* **Inside a user's ``jax.jit`` (or ``lax.scan``/``lax.map``/``lax.cond``) traced without x64**:
+  float64 operations cannot be staged into a program that is lowered with x64 off (XLA lowering
+  canonicalizes some 64-bit types to 32 bits and the program fails to verify), so the call
+  raises, at trace time, a ``ValueError`` that names the function and the fix: call it outside
+  ``jit``, or trace the region with x64 on (``with jax.enable_x64(True): jax.jit(f)(...)``),
+  where it works.  Host-side entry points (grid planning, certificates) cannot be traced at all
+  and say so through :func:`require_concrete`.
+
+Forward-mode differentiation (``jax.jvp`` / ``jax.jacfwd``) of a traced call from float32 code is
+not supported by a ``custom_vjp`` (JAX raises); with x64 enabled by the caller it works as usual.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+F = TypeVar("F", bound=Callable)
+
+__all__ = ["float64", "x64_enabled", "require_concrete", "host_only"]
+
+
+def x64_enabled() -> bool:
+    """Whether 64-bit JAX types are enabled in the current (possibly scoped) configuration."""
+    return bool(jax.config.jax_enable_x64)
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _under_staging(leaves: list) -> bool:
+    """True while tracing into a staged program (jit, scan, cond, ...), not under plain grad/vmap
+    (private JAX, with a public fallback: :func:`dpjax._base.jax_private.under_jit`)."""
+    from dpjax._base import jax_private as _jax_private
+
+    return _jax_private.under_jit(leaves)
+
+
+def _is_inexact(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def float64(fn: F) -> F:
+    """Decorator: run ``fn`` in float64 for eager and traced (grad, vmap, jit) float32 callers.
+
+    See the module docstring for the contract.  ``fn`` must be a function of its arguments only
+    (no closed-over tracers); non-array arguments (ints, strings, dataclasses of NumPy arrays)
+    pass through unchanged.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if x64_enabled():
+            return fn(*args, **kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        if not any(_is_tracer(leaf) for leaf in leaves):
+            with jax.enable_x64(True):
+                return fn(*args, **kwargs)
+        if _under_staging(leaves):
+            raise ValueError(
+                f"{fn.__module__}.{fn.__qualname__} was traced inside jax.jit (or lax.scan/map/"
+                "cond) with jax_enable_x64 off. dpjax computes in float64, which cannot be staged "
+                "into a program lowered without x64. Call it outside jit (eager, grad and vmap "
+                "work from float32 code), or trace with x64 on: "
+                "`with jax.enable_x64(True): jax.jit(f)(...)`.")
+        return _traced_call(fn, leaves, treedef)
+
+    wrapper.__wrapped_float64__ = fn  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def _traced_call(fn: Callable, leaves: list, treedef) -> Any:
+    """One traced call of ``fn`` from float32 code, through a float64-scoped ``custom_vjp``."""
+    # Inexact tracers are the differentiable inputs; everything else (integer tracers, PRNG keys,
+    # concrete arrays, Python scalars) is passed as a non-differentiable operand.
+    diff_index = [i for i, leaf in enumerate(leaves) if _is_tracer(leaf) and _is_inexact(leaf)]
+    other_index = [i for i, leaf in enumerate(leaves)
+                   if i not in set(diff_index) and _is_tracer(leaf)]
+    static = {i: leaf for i, leaf in enumerate(leaves) if not _is_tracer(leaf)}
+    in_dtypes = [jnp.result_type(leaves[i]) for i in diff_index]
+    out_meta: list = []
+
+    def call(diff_values, other_values):
+        values = dict(static)
+        values.update(zip(diff_index, (jnp.asarray(v, jnp.float64) for v in diff_values)))
+        values.update(zip(other_index, other_values))
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, [values[i] for i in range(len(leaves))])
+        return fn(*args, **kwargs)
+
+    def to_caller(out):
+        # Inexact outputs go back in the caller's default float dtype (float32 here).
+        leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+        out_meta[:] = [out_tree]
+        return [leaf.astype(jnp.float32) if _is_inexact(leaf) and jnp.result_type(leaf) == jnp.float64
+                else leaf for leaf in leaves_out]
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=())
+    def primal(diff_values, other_values):
+        with jax.enable_x64(True):
+            return to_caller(call(diff_values, other_values))
+
+    def primal_fwd(diff_values, other_values):
+        with jax.enable_x64(True):
+            out, vjp = jax.vjp(lambda d: to_caller(call(d, other_values)), diff_values)
+        return out, (vjp, other_values)
+
+    def primal_bwd(residuals, cotangents):
+        vjp, other_values = residuals
+        with jax.enable_x64(True):
+            (diff_bar,) = vjp(cotangents)
+        diff_bar = [jnp.asarray(c).astype(d) for c, d in zip(diff_bar, in_dtypes)]
+        other_bar = [_zero_cotangent(v) for v in other_values]
+        return diff_bar, other_bar
+
+    primal.defvjp(primal_fwd, primal_bwd)
+    out_leaves = primal([leaves[i] for i in diff_index], [leaves[i] for i in other_index])
+    return jax.tree_util.tree_unflatten(out_meta[0], out_leaves)
+
+
+def _zero_cotangent(value):
+    if _is_inexact(value):
+        return jnp.zeros(jnp.shape(value), jnp.result_type(value))
+    return np.zeros(jnp.shape(value), jax.dtypes.float0)
+
+
+def require_concrete(name: str, value: Any, *, use_instead: str) -> None:
+    """Raise a ``ValueError`` if ``value`` is a tracer: for host-side entry points.
+
+    Host-side entry points (grid planning, certificates, anything that returns Python floats)
+    cannot run inside ``jax.jit``; they say so at trace time and name the traceable alternative.
+    """
+    if any(_is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(value)):
+        raise ValueError(
+            f"{name} must be a concrete value, got a JAX tracer: this function plans on the host "
+            f"and cannot be traced by jax.jit/vmap/grad. Use {use_instead} instead.")
+
+
+def host_only(use_instead: str) -> Callable[[F], F]:
+    """Decorator for host-side entry points: any JAX tracer among the arguments raises the
+    :func:`require_concrete` ``ValueError`` (naming ``use_instead``) before anything else runs,
+    so that under ``jax.jit`` with x64 off the caller learns that the function is not traceable
+    at all (rather than being told to enable x64)."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            require_concrete(f"{fn.__module__}.{fn.__qualname__}: every argument", (args, kwargs),
+                             use_instead=use_instead)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -1,0 +1,1 @@
+"""The PLD grid pipeline: discretize, compose by FFT, convert, plan, the program and its engine."""

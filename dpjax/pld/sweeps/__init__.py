@@ -1,0 +1,1 @@
+"""Sweeps of many DP-SGD configurations: configurations, planning, bucket programs, storage, driver."""
