@@ -52,6 +52,7 @@ def test_warm_start_converges_in_few_passes():
             assert int(r.num_passes) <= 4, (rel, int(r.num_passes))
 
 
+@pytest.mark.slow
 def test_newton_implicit_gradient_matches_bisection_and_fd():
     with jax.enable_x64(True):
         c = jnp.array([0.5, 0.2], jnp.float64)
@@ -86,6 +87,7 @@ def test_precomputed_draws_and_chunked_path_agree():
     assert float(s) == pytest.approx(float(a), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_estimate_mode_accepts_any_sample_count():
     # m << 1/delta = 1e5: still a finite calibrated estimate (continuous hockey-stick terms).
     col = jnp.array([1.0, 0.5])
@@ -114,6 +116,7 @@ def test_unreachable_and_vacuous_status():
         assert np.isnan(float(unr.root))
 
 
+@pytest.mark.slow
 def test_importance_calibration_in_chunks_matches_the_whole_sample(monkeypatch):
     # The variance-reduced estimate on materialised draws is summed chunk by chunk (the chunks
     # bound the temporaries and are what the devices share); the root and its implicit gradient

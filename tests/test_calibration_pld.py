@@ -117,6 +117,7 @@ def test_epsilon_fn_gradient_vs_finite_differences_and_reference(reference_cases
 COARSE = GridOptions(relative_accuracy=1e-3, n_min=2**12, n_max=2**12)
 
 
+@pytest.mark.slow
 def test_calibrated_sigma_gradients_vs_finite_differences():
     with jax.enable_x64(True):
         grid = dpsgd_grid(0.95 / 1.15, 0.01, 1000, target_epsilon=2.0, options=COARSE)

@@ -121,6 +121,7 @@ def test_default_num_candidates_and_bad_input():
             calibrate_screened(g, EPS, DELTA, d, num_candidates=0)
 
 
+@pytest.mark.slow
 def test_reused_screen_gives_the_full_estimates_root_and_gradient():
     """calibrate_screened_reusing: a screen taken at (C_0, sigma_0) is reused at a nearby C when
     the drift bound proves no excluded sample can reach eps, and the root and gradient are

@@ -148,6 +148,7 @@ def test_cli_single_query_compiles_nothing(tmp_path):
     assert _cli(argv, "0") == first
 
 
+@pytest.mark.slow
 def test_cli_sweep_second_run_loads_serialized_programs(tmp_path):
     # The sweep's bucket programs (shard_map over the configuration axis) go through the same
     # serialized-program path: the second process skips tracing and compiling, same table.

@@ -45,6 +45,7 @@ def test_read_below_the_planned_sigma_is_flagged(grid):
     assert float(rep.epsilon_lower_estimate) <= fresh
 
 
+@pytest.mark.slow
 def test_at_the_planning_point_nothing_is_flagged(grid):
     with warnings.catch_warnings():
         warnings.simplefilter("error", LooseBoundWarning)

@@ -86,6 +86,7 @@ def test_no_bias_against_plain(name, corr, b, e, eps, guess):
     assert np.all(z_t < 3.0), (name, z_t, t_mean, p_mean, t_se, p_se)
 
 
+@pytest.mark.slow
 def test_draws_are_a_prefix_and_chunk_invariant():
     m = 2 * BLOCK_SIZE + 333
     with jax.enable_x64(True):
@@ -243,6 +244,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sharded_equals_single_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], env=env, capture_output=True, text=True,
@@ -254,6 +256,7 @@ def test_sharded_equals_single_device():
         np.testing.assert_array_equal(sharded, single, err_msg=key)
 
 
+@pytest.mark.slow
 def test_smooth_and_differentiable_for_fixed_draws():
     key = jax.random.key(9)
     m = 1 << 12
@@ -302,6 +305,7 @@ def test_summands_never_exceed_their_proven_range(corr, b, e, sigma, eps):
         assert r_f <= 1 / 0.05 * (1 + 1e-9) and r_r <= 1 / 0.05 * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_range_bound_is_attained_in_the_limit():
     """The P||Q bound is the supremum over all configurations: at the equal-spread configuration
     (every a_J proportional to exp((1+theta) G_JJ/(2 sigma^2))^(1/theta)) near the maximising loss,

@@ -73,6 +73,7 @@ def test_dpsgd_epsilon_monotone(cfg, f, which):
     assert _ok(base, dpjax.dpsgd_epsilon(*other)), (cfg, which, other)
 
 
+@pytest.mark.slow
 @settings(max_examples=1, deadline=None)   # a curve at tiny q and delta is slow; the slow tier draws 30
 @given(st.floats(0.5, 3.0), st.floats(-9.0, -1.0), st.floats(-14.0, -4.0))
 def test_epsilon_curve_monotone_in_steps(s, lq, ld):

@@ -61,6 +61,7 @@ def one_process(tmp_path_factory):
     return result, out
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_one_process_numbers(one_process, tmp_path):
     one, one_csv = one_process
     two_csv = tmp_path / "two.csv"

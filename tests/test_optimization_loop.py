@@ -60,6 +60,7 @@ def test_checkpoint_resume_gives_identical_result(tmp_path):
                              **{**KW, "target_epsilon": 3.0})
 
 
+@pytest.mark.slow
 def test_resume_mid_sampling_period_on_the_screened_path_is_identical(tmp_path):
     """Samples shared by resample_every = 3 steps, checkpoints every 2 (periods and checkpoints
     not aligned), m = 2048 > the 256 candidate slots (the plain estimator's screened path): resuming at step 4,
@@ -146,6 +147,7 @@ def test_kill_minus_9_then_resume_is_identical(tmp_path):
     assert [h["loss"] for h in out["history"]] == [h["loss"] for h in ref.history]
 
 
+@pytest.mark.slow
 def test_nan_stop_keeps_last_good_checkpoint(tmp_path):
     def nan_after(k):
         def init(params):
@@ -189,6 +191,7 @@ def test_bad_input_names_the_argument_and_writes_nothing(tmp_path):
         optimize_correlation("blt", num_steps=1, **KW)
 
 
+@pytest.mark.slow
 def test_result_round_trip_and_certificate(tmp_path):
     res = optimize_correlation(_param(), num_steps=4, certify=True, certify_samples=1 << 16, **KW)
     cert = res.certificate

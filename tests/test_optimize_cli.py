@@ -101,6 +101,7 @@ def test_baselines_rows_in_the_results_units(capsys):
     assert rows["dpsgd_poisson"]["noise_multiplier"] < s
 
 
+@pytest.mark.slow
 def test_amplification_auto_prints_every_candidate_and_returns_the_best(capsys):
     argv = [a for a in BASE if a not in ("--certify-samples", "65536")]
     assert main(argv + ["--amplification", "auto", "--json"]) == 0
@@ -132,6 +133,7 @@ def test_amplification_cyclic_poisson_is_the_pld_calibration(capsys):
     assert d["rmse"] == min(r["rmse"] for r in d["per_bands"])
 
 
+@pytest.mark.slow
 def test_mc_calibrate_certify_json(capsys):
     argv = ["mc-calibrate", "--toeplitz", "1,0.5", "--batches-per-epoch", "8", "--epochs", "2",
             "--epsilon", "2", "--delta", "1e-3", "--certify", "--certify-samples", "65536", "--json"]

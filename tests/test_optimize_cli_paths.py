@@ -62,6 +62,7 @@ def test_resume_without_a_checkpoint(tmp_path, capsys):
                     "--resume", "no checkpoint")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_resume_with_a_damaged_or_missing_sidecar(tmp_path, capsys, damage):
     # The screen-state sidecar belongs to the plain estimator's screened path.

@@ -126,6 +126,7 @@ def small_result():
                                 certify_samples=65536, dataset_size=400, batch_size=140, progress=False)
 
 
+@pytest.mark.slow
 def test_the_certificate_is_for_delta_less_truncation(small_result):
     """The wiring on a small problem (the slow test above runs the full one): the certificate's
     target is ``delta - truncation_delta`` and the sampler's run stays within delta."""

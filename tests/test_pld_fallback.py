@@ -28,6 +28,7 @@ def test_tiny_q_single_call_is_small_not_the_unsampled_value():
     assert 0.0 < d0 <= 1e-6   # was 1.0 (the add direction's grid failed there too)
 
 
+@pytest.mark.slow
 def test_tiny_q_every_surface_agrees():
     dp_accounting = pytest.importorskip("dp_accounting")
     from dpjax.interop import RunningAccountant
@@ -47,6 +48,7 @@ def test_tiny_q_every_surface_agrees():
         assert acc.get_epsilon(1e-5) == 0.0
 
 
+@pytest.mark.slow
 def test_tiny_q_curve_fits_in_memory_and_is_small():
     # Was RESOURCE_EXHAUSTED (a 37 GB request: 16 padded copies of a 2^21-point program).
     c = dpjax.epsilon_curve(0.5, 1e-9, [1, 1000], 1e-5)

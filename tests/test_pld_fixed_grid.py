@@ -52,6 +52,7 @@ def test_closed_form_epsilon_inverts_delta(grid):
         assert float(pld.delta_fn(grid, eps * (1 - 1e-7), mechs)) > DELTA - 1e-13
 
 
+@pytest.mark.slow
 def test_epsilon_gradient_vs_finite_differences(grid):
     with jax.enable_x64(True):
         f = jax.jit(lambda a, b, q: pld.grid_epsilon_fn(grid, DELTA, _mechs(a, b, q)))

@@ -99,6 +99,7 @@ def _large_pld(seed: int) -> ComposedPLD:
                        needed_width=f(1.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_block_epsilon_equals_table_epsilon_fixed_shapes(seed):
     # n = 3072 and 2^17 (the two-level block suffix sums and the factored weights e^{y_ref - y_t}).

@@ -47,6 +47,7 @@ def test_dpsgd_delta_roundtrip(reference_cases):
     assert d == pytest.approx(1e-5, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_heterogeneous_linear_schedule_T10000(reference_cases):
     case = reference_cases["D_linear_T10000"]
     p = case["params"]

@@ -53,6 +53,7 @@ def _unflat(keys, template, x):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,kw", [("toeplitz", {}), ("banded", {"bands": 4}),
                                        ("blt", {"num_buffers": 2})])
 def test_rmse_gradient_matches_central_finite_differences(family, kw):

@@ -457,6 +457,7 @@ def test_sweep_recomputes_a_row_only_where_the_floor_can_move_it():
         assert r["lower"] <= single
 
 
+@pytest.mark.slow
 def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
     """A sweep whose deltas are all at least FLOOR_FREE_BELOW compiles its programs without the
     floor-free column (less to compile and run); its rows equal those of the same programs with

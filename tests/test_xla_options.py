@@ -83,6 +83,7 @@ def test_switch_off_gives_identical_program_results(monkeypatch, restore_xla):
     np.testing.assert_allclose(on, off, rtol=1e-8, atol=0)
 
 
+@pytest.mark.slow
 def test_live_programs_are_bounded_and_the_numbers_unchanged(monkeypatch):
     # Each XLA:CPU executable holds ~190 memory mappings; with one program per shape, a process
     # that compiled a few hundred programs passed Linux's 65,530 and crashed in the next compile.
