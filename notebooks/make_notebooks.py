@@ -446,8 +446,7 @@ def sweeps_notebook():
             "show(fig, 'sweeps_epsilon_curves')"
         ),
         new_code_cell(
-            "from dpjax.baselines import DEFAULT_RDP_ORDERS\n"
-            "from dpjax.numerics.rdp import rdp_poisson_subsampled_gaussian, rdp_to_epsilon\n"
+            "from dpjax.baselines import DEFAULT_RDP_ORDERS, rdp_poisson_subsampled_gaussian, rdp_to_epsilon\n"
             "Q, DELTA = 0.01, 1e-5\n"
             "rows = []\n"
             "for T in (500, 1000, 2000, 4000):\n"
@@ -660,8 +659,8 @@ def allocation_notebook():
             "`benchmarks/table_allocation.py` into `docs/benchmarks.md`; this notebook computes a slice live and "
             "loads the table."
         ),
-        new_code_cell(SETUP + "from dpjax.numerics.exact import gaussian_epsilon\n"
-                      "from dpjax.pld import allocation_accountant as ra\n"),
+        new_code_cell(SETUP + "from dpjax.pld import gaussian_epsilon\n"
+                      "from dpjax.pld.allocation import accountant as ra\n"),
         new_code_cell(
             "B, SIGMA, DELTA = 128, 1.0, 1e-5\n"
             "EPOCHS = [1, 2, 4, 8, 16]\n"
