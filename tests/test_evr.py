@@ -116,7 +116,6 @@ def test_betting_certificate_fixed_verified_and_not():
     assert not bad.verified and bad.delta == math.inf and bad.delta_estimate > 1e-3
 
 
-@pytest.mark.slow
 def test_betting_ladder_counts_every_rung_and_releases_near_the_estimate():
     acc = BallsInBins(Toeplitz(jnp.array([1.0, 0.5])), 16, 4)
     cert = evr.certify_noise(acc, target_epsilon=2.0, target_delta=1e-3, num_samples=1 << 16, key=1,
