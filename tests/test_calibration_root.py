@@ -155,6 +155,7 @@ def _closed_form_dsigma_deps(eps, sigma, steps):
     return -d_delta_d_eps / d_delta_d_sigma, 1.0 / d_delta_d_sigma
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps,delta,steps", [(0.5, 1e-5, 16), (2.0, 1e-8, 1000), (8.0, 1e-3, 1)])
 def test_implicit_gradient_matches_closed_form_and_finite_differences(eps, delta, steps):
     f = lambda e, d, t: gaussian_noise_multiplier_core(e, d, t).root

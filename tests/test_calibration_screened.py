@@ -57,6 +57,7 @@ def _screened_value_and_grad(par, draws_, k):
     return vg
 
 
+@pytest.mark.slow
 def test_screened_root_and_gradient_equal_the_full_estimate():
     cases = [
         (1.01, 128, True),    # the loop's case: warm start within a step of the root

@@ -31,6 +31,7 @@ def grid():
     return cal.dpsgd_grid(1.0, Q, T, target_delta=DELTA)
 
 
+@pytest.mark.slow
 def test_read_below_the_planned_sigma_is_flagged(grid):
     """Planned at sigma 1.0, read at 0.8: twice the accountant's epsilon -- flagged and warned."""
     fresh = dpjax.dpsgd_epsilon(0.8, Q, T, DELTA)

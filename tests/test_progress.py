@@ -93,6 +93,7 @@ class _FakeTerminal(io.StringIO):
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tty,quiet,expect_bar", [(True, False, True), (True, True, False), (False, False, True),
                                                   (False, True, False)])
 def test_in_process_progress_follows_tty_and_quiet(monkeypatch, capsys, tty, quiet, expect_bar):
