@@ -36,7 +36,7 @@ LIST_EXEMPT: dict[tuple[str, str], str] = {
 MC = ["--batches-per-epoch", "2", "--epochs", "1", "--toeplitz", "1,0.5"]
 # Calibration and the group (mixture-of-Gaussians) accountant compile for tens of seconds: those
 # cases run in the slow tier; every subcommand has a default-tier case too.
-SLOW_JSON_CASES = {"noise", "delta-group", "mc-certify"}
+SLOW_JSON_CASES = {"noise", "delta-group"}
 JSON_ARGV: dict[str, tuple[list[str], str]] = {
     "epsilon": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5,1e-6"],
                 "add_or_remove"),
