@@ -49,6 +49,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _meta import run_metadata  # noqa: E402
+
 PYTEST_ARGS = ["-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider"]
 DEFAULT_TIMEOUT_S = 900
 OUTPUT_TAIL_CHARS = 3000
@@ -528,7 +531,8 @@ def main(argv=None) -> int:
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                pytest_command="python " + " ".join(a if " " not in a else repr(a) for a in PYTEST_ARGS) + " <targets>",
                environment=dict(PYTHONPATH="<copy>", DPJAX_COMPILATION_CACHE="0"),
-               timeout_s=args.timeout, baseline=None, void=None, mutations=[], counts=None, seconds=None)
+               timeout_s=args.timeout, baseline=None, void=None, mutations=[], counts=None, seconds=None,
+               meta=run_metadata(__file__, argv))
     if not args.no_baseline:
         print(f"baseline: {len(_union(selected))} target(s)", flush=True)
         doc["baseline"] = check_baseline(repo, doc["commit"], _union(selected), args.timeout)

@@ -459,6 +459,21 @@ def render_plancherel(d: dict) -> Rendered:
     return Rendered("eps(T) kernels: inverse transform against Plancherel", body, "bench_plancherel.py")
 
 
+def render_mutation_check(d: dict) -> Rendered:
+    c = d["counts"]
+    rows = [[f"`{m['id']}`", f"`{m['file']}:{m['line']}`", m["description"], m["outcome"],
+             f"`{m['first_failure']}`" if m.get("first_failure") else "", seconds(m["seconds"])]
+            for m in d["mutations"]]
+    base = d["baseline"] or {}
+    body = "\n\n".join([
+        f"One-line bugs seeded into soundness-critical code, one at a time in a fresh clone of commit "
+        f"`{d['commit'][:7]}`, each run against its default-tier test files (`{d['pytest_command']}`). "
+        f"Caught: {num(c['caught'])} of {num(c['total'])}; not caught: {num(c['not_caught'])}; errors: "
+        f"{num(c['errors'])}. The unmutated baseline on every target: {base.get('summary', 'not run')}.",
+        table(["mutation", "line", "what it breaks", "outcome", "first failing test", "time"], rows)])
+    return Rendered("Mutation check of the default test tier", body, "mutation_check.py")
+
+
 def render_interop(d: dict) -> Rendered:
     parts, heads = [], []
     c = d.get("calibrate")
@@ -929,6 +944,7 @@ def render_scaling(d: dict) -> Rendered:
 
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
+    "mutation_check.json": render_mutation_check,
     "table_amplified_mf.json": render_amplified_mf,
     "bench_pld.json": render_pld,
     "bench_first_call.json": render_first_call,
