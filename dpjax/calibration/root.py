@@ -45,7 +45,7 @@ Usage::
 # The code lives in dpjax.numerics.root (a foundation module: the Monte Carlo layer, below this one,
 # solves with it too); this module is its public import path.
 from dpjax.numerics.root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
-                         bisect_monotone, solve_monotone_root)
+                                 bisect_monotone, solve_monotone_root)
 
 __all__ = [
     "SolverStatus",

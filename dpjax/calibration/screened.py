@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from dpjax._base import validate as _validate
 from dpjax.numerics.root import ImplicitAdjoint, Solution, SolverStats, SolverStatus
 from dpjax.montecarlo.calibrate import (BRACKET_RELATIVE, NewtonIllinois, newton_illinois,
-                                       value_and_slope)
+                                        value_and_slope)
 from dpjax.montecarlo import draws as _draws
 from dpjax.montecarlo import gram_sqrt
 from dpjax.montecarlo.core import scaled_privacy_losses, delta_from_projections, hockey_stick_terms

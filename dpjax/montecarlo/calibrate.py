@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from dpjax._base import validate as _validate
 from dpjax.numerics.root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
-                         solve_monotone_root)
+                                 solve_monotone_root)
 from dpjax._base.x64 import float64
 from dpjax.montecarlo import _spread
 from dpjax.montecarlo.core import (as_prng_key, gram_sqrt, hockey_stick_terms, privacy_losses_from_projections,

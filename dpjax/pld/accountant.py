@@ -34,8 +34,8 @@ import numpy as np
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import float64, host_only
 from dpjax.pld.grid.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
-                              exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
-                              stacked_mechanisms)
+                                   exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
+                                   stacked_mechanisms)
 from dpjax.numerics.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions

@@ -156,7 +156,7 @@ from dpjax.pld.grid import engine
 from dpjax.pld.grid.plan import GridOptions
 from dpjax.pld.records import SweepTable
 from dpjax.pld.sweeps.config import (ROW_FIELDS, SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, as_configs, matches,
-                                    sweep_grid)
+                                     sweep_grid)
 from dpjax.pld.sweeps.plan import BucketPolicy, join_stores, plan_configs, struct_of, validate_policy
 from dpjax.pld.sweeps.programs import ORIGIN, BucketRunner, HostRunner, exact_row, floor_free_needed, make_mesh
 

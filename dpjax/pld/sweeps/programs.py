@@ -30,7 +30,7 @@ from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions
 from dpjax.pld.grid.program import STAGES
 from dpjax.pld.sweeps.config import (SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
-                                    options_for)
+                                     options_for)
 from dpjax.pld.sweeps.plan import BucketPolicy, Planned, bucket_plan, plan_config
 
 __all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "STAGE_BYTES", "fit_per_device", "Chain", "make_mesh", "COMPILE_WORKERS", "chunk_args", "share_rows",
