@@ -519,3 +519,22 @@ def test_retry_at_the_length_cap_widens_the_spacing():
                          min_width=3 * base.n * base.dx)
     assert wide.n == base.n == 2**12
     assert (wide.n - 2) * wide.dx >= 3 * base.n * base.dx * (1 - 1e-12)
+
+
+def test_planning_worker_processes_plan_as_this_process(monkeypatch):
+    """Sweeps of thousands of configurations on many cores plan in worker processes
+    (``plan_parallel``); the workers import the planner by its module path and must give the plans
+    this process gives.  Planning here is made to fail, so a worker failure (whose fallback is
+    planning here) fails the test."""
+    from dpjax.pld.sweeps import plan as sweep_plan
+
+    configs = dpjax.pld.sweep_grid(noise_multiplier=[0.9, 2.0], sampling_prob=[0.01],
+                                   steps=[100, 1000], delta=[1e-6])
+    expected = [sweep_plan.plan_config(i, configs[i], None) for i in range(len(configs))]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("planned in this process: a planning worker failed")
+
+    monkeypatch.setattr(sweep_plan, "plan_config", refuse)
+    got = sweep_plan.plan_parallel(list(range(len(configs))), configs, None, workers=2)
+    assert [(p.index, p.plan.n, p.plan.dx) for p in got] == [(p.index, p.plan.n, p.plan.dx) for p in expected]

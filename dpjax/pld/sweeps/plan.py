@@ -15,6 +15,7 @@ import concurrent.futures
 import dataclasses
 import math
 import os
+import pathlib
 import pickle
 import threading
 from typing import Any
@@ -145,10 +146,10 @@ def plan_parallel(todo, configs, options, workers: int) -> list[Planned]:
     size = -(-len(items) // workers)
     parts = [items[k:k + size] for k in range(0, len(items), size)]
     # This dpjax, whatever put it on this process's path.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(pathlib.Path(__file__).resolve().parents[3])
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([root] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    code = "from dpjax.pld import sweep_plan; sweep_plan.plan_worker_main()"
+    code = f"from {__name__} import plan_worker_main; plan_worker_main()"
     results: list = [None] * len(parts)
 
     def run(k):
