@@ -34,8 +34,6 @@ __version__ = "0.1.0"
 # (the Monte Carlo, calibration and optimization layers pull in scipy.optimize / optax; importing
 # them eagerly cost ~1 s of every cold start).  ``dpjax.X`` and ``from dpjax import X`` work as
 # before.
-import importlib as _importlib
-
 _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
                "sampling", "noise", "interop", "report")
 # name -> module that defines it ("module:attribute" where the defining name differs).  Group privacy: dpjax.dpsgd_epsilon gains group_size /
@@ -58,17 +56,6 @@ _ATTRS = {
 __all__ = sorted(set(_ATTRS) | set(_SUBMODULES))
 
 
-def __getattr__(name):
-    if name in _ATTRS:
-        module, _, attribute = _ATTRS[name].partition(":")
-        value = getattr(_importlib.import_module(module), attribute or name)
-    elif name in _SUBMODULES:
-        value = _importlib.import_module(f"dpjax.{name}")
-    else:
-        raise AttributeError(f"module 'dpjax' has no attribute {name!r}")
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
+from dpjax._base import lazy_exports as _lazy_exports  # noqa: E402
 
-
-def __dir__():
-    return sorted(set(globals()) | set(_ATTRS) | set(_SUBMODULES))
+__getattr__, __dir__ = _lazy_exports("dpjax", _ATTRS, _SUBMODULES)

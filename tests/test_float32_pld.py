@@ -30,6 +30,7 @@ import pytest
 
 import dpjax
 from dpjax import calibration, pld
+from dpjax.pld.grid import fixed_grid
 
 T = 100          # small compositions: fast programs
 DELTA = 1e-5
@@ -51,7 +52,7 @@ def grids():
                                   options=SMALL)
     dpsgd = calibration.dpsgd_grid(0.9, 0.01, T, target_delta=DELTA, options=SMALL)
     with jax.enable_x64(True):
-        tab = pld.grid.fixed_grid.tables(generic)[0]
+        tab = fixed_grid.tables(generic)[0]
     return dict(generic=generic, dpsgd=dpsgd, table=tab)
 
 

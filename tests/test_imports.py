@@ -291,3 +291,20 @@ def test_checker_on_a_synthetic_package(tmp_path):
     layers = {"pkg._base": 0, "pkg.low": 1, "pkg.high": 2, "pkg": 2}
     assert layer("pkg._base", layers) == 0
     assert upward_imports(g, layers) == ["pkg.low.core (layer 1, line 4, in a function) imports pkg.high (layer 2)"]
+
+
+def test_lazy_pld_names_match_their_static_imports():
+    """``dpjax.pld`` loads its names on first access (``_ATTRS``) and states the same imports under
+    ``TYPE_CHECKING`` for static analysis (the API reference): the two lists must agree."""
+    import ast
+
+    import dpjax.pld
+
+    tree = ast.parse(pathlib.Path(dpjax.pld.__file__).read_text())
+    static = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                static.update({alias.asname or alias.name: imp.module for alias in imp.names})
+    assert static == dpjax.pld._ATTRS
+    assert sorted(dpjax.pld.__all__) == sorted(static)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import dpjax
 from dpjax import pld
+from dpjax.pld.sweeps import driver as sweep_driver
 from dpjax.cli.main import main
 from dpjax.cli.sweep import parse_values
 
@@ -29,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLACK = 1e-6
 #: The sweep's own grid policy for epsilon queries (dpjax.pld.sweeps.driver.SWEEP_OPTIONS, 1e-4 relative
 #: accuracy) against dpsgd_epsilon's grids: stated as SWEEP_SLACK (1e-3 relative) in the sweep docstring.
-SWEEP_SLACK = pld.sweeps.driver.SWEEP_SLACK
+SWEEP_SLACK = sweep_driver.SWEEP_SLACK
 
 
 def _random_configs(n, seed, t_max=3000):

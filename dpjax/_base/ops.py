@@ -2,7 +2,8 @@
 
 dpjax's accounting numerics (the PLD program, :mod:`dpjax.pld.grid.program`; random allocation,
 :mod:`dpjax.pld.allocation.lattice`) are written against an :class:`Ops` value instead of ``jax.numpy``
-directly.  :data:`NUMPY` runs them eagerly on the host with NumPy and SciPy: no compilation, so a
+directly.  :data:`NUMPY` runs them eagerly on the host with NumPy and SciPy (imported on first use): no
+compilation, so a
 one-shot query costs what its arithmetic costs.  :func:`jax_ops` runs the same code in JAX:
 jittable, vmappable, differentiable, on any device.  The two give the same numbers up to the
 last bits of the elementary functions (SciPy's and XLA's ``erfc``, ``exp``, ``log`` differ by an
@@ -19,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Ops", "NUMPY", "jax_ops", "is_jax"]
+__all__ = ["Ops", "NUMPY", "jax_ops", "is_jax", "host_tree_flatten", "tree_flatten", "tree_unflatten", "tree_map"]
 
 
 class Ops:
@@ -85,8 +86,18 @@ def _np_suffix(a):
     return (within + after[..., None]).reshape(a.shape[:-1] + (nb * _SUFFIX_BLOCK,))[..., :n]
 
 
+def _scipy_special():
+    import scipy.special  # on first use: importing it costs ~0.12 s, more than most queries
+
+    return scipy.special
+
+
 def _make_numpy() -> Ops:
-    import scipy.special as sp
+    def erfc(x):
+        return _scipy_special().erfc(x)
+
+    def gammaln(x):
+        return _scipy_special().gammaln(x)
 
     def scatter_add(n, idx, vals):
         idx = np.asarray(idx).reshape(-1)
@@ -132,11 +143,130 @@ def _make_numpy() -> Ops:
         start = int(start)
         return a[..., start:start + size]
 
-    return Ops("numpy", np, erfc=sp.erfc, gammaln=sp.gammaln, scatter_add=scatter_add, stop=lambda x: x,
+    return Ops("numpy", np, erfc=erfc, gammaln=gammaln, scatter_add=scatter_add, stop=lambda x: x,
                materialize=lambda fn, ok=True: fn(), take_along_axis=np.take_along_axis, suffix_sum=_np_suffix,
                suffix_small=_np_suffix,
                fori_loop=fori_loop, scan=scan, map=map_, cond=cond, set_at=set_at, add_at=add_at,
                dynamic_slice=dynamic_slice, dot=np.dot, matmul=np.matmul)
+
+
+class _HostTreeDef:
+    """The structure of a tree flattened by :func:`tree_flatten` before JAX was imported."""
+
+    __slots__ = ("kind", "meta", "children")
+
+    def __init__(self, kind, meta, children):
+        self.kind, self.meta, self.children = kind, meta, children
+
+    def node_data(self):
+        """As JAX's ``PyTreeDef.node_data``: ``(class, static fields)`` of a dataclass node."""
+        if self.kind == "dataclass":
+            return self.meta[0], self.meta[2]
+        return self.kind, self.meta
+
+    def __repr__(self):
+        if self.kind == "leaf":
+            return "*"
+        if self.kind == "none":
+            return "None"
+        kids = ", ".join(map(repr, self.children))
+        if self.kind == "dataclass":
+            cls, _, static = self.meta
+            return f"{cls.__module__}.{cls.__qualname__}{dict(static)}[{kids}]"
+        if self.kind == "namedtuple":
+            return f"{self.meta.__qualname__}({kids})"
+        if self.kind == "dict":
+            return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.meta, self.children)) + "}"
+        return ("[%s]" if self.kind is list else "(%s,)") % kids
+
+    def _key(self):
+        return (self.kind, self.meta, self.children)
+
+    def __eq__(self, other):
+        return isinstance(other, _HostTreeDef) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+
+def _data_fields(cls) -> tuple[list, list]:
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    return ([f.name for f in fields if not f.metadata.get("static", False)],
+            [f.name for f in fields if f.metadata.get("static", False)])
+
+
+def _host_flatten(x, leaves: list) -> _HostTreeDef:
+    from dpjax._base import PYTREE_DATACLASSES
+
+    if x is None:
+        return _HostTreeDef("none", None, ())
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return _HostTreeDef("namedtuple", type(x), tuple(_host_flatten(v, leaves) for v in x))
+    if type(x) in (tuple, list):
+        return _HostTreeDef(type(x), None, tuple(_host_flatten(v, leaves) for v in x))
+    if type(x) is dict:
+        keys = tuple(sorted(x))
+        return _HostTreeDef("dict", keys, tuple(_host_flatten(x[k], leaves) for k in keys))
+    if type(x) in PYTREE_DATACLASSES:
+        data, static = _data_fields(type(x))
+        return _HostTreeDef("dataclass", (type(x), tuple(data), tuple((k, getattr(x, k)) for k in static)),
+                            tuple(_host_flatten(getattr(x, k), leaves) for k in data))
+    leaves.append(x)
+    return _HostTreeDef("leaf", None, ())
+
+
+def _host_unflatten(td: _HostTreeDef, it):
+    if td.kind == "leaf":
+        return next(it)
+    if td.kind == "none":
+        return None
+    kids = [_host_unflatten(c, it) for c in td.children]
+    if td.kind == "namedtuple":
+        return td.meta(*kids)
+    if td.kind in (tuple, list):
+        return td.kind(kids)
+    if td.kind == "dict":
+        return dict(zip(td.meta, kids))
+    cls, data, static = td.meta
+    return cls(**dict(zip(data, kids)), **dict(static))
+
+
+def host_tree_flatten(x):
+    """``(leaves, structure)`` flattened as JAX does, always on the host, whether or not JAX is
+    imported: a structure whose ``repr`` names each node's class and static fields, the same in
+    every process (a key for programs and stored plans)."""
+    leaves: list = []
+    return leaves, _host_flatten(x, leaves)
+
+
+def tree_flatten(x):
+    """``jax.tree_util.tree_flatten``; before JAX is imported, the same flattening on the host
+    (tuples, lists, dicts, named tuples, None and dpjax's registered dataclasses), so the host
+    program never imports JAX."""
+    from dpjax._base import jax_loaded
+
+    if jax_loaded():
+        import jax
+
+        return jax.tree_util.tree_flatten(x)
+    return host_tree_flatten(x)
+
+
+def tree_unflatten(treedef, leaves):
+    """The inverse of :func:`tree_flatten` (either kind of tree structure)."""
+    if isinstance(treedef, _HostTreeDef):
+        return _host_unflatten(treedef, iter(leaves))
+    import jax
+
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def tree_map(f, x):
+    """``jax.tree_util.tree_map`` over one tree (host flattening before JAX is imported)."""
+    leaves, treedef = tree_flatten(x)
+    return tree_unflatten(treedef, [f(leaf) for leaf in leaves])
 
 
 def _tree_leaves(x) -> list:
@@ -145,9 +275,7 @@ def _tree_leaves(x) -> list:
     if isinstance(x, dict):
         return [leaf for k in sorted(x) for leaf in _tree_leaves(x[k])]
     if hasattr(x, "__dataclass_fields__"):
-        import jax
-
-        return jax.tree_util.tree_leaves(x)
+        return tree_flatten(x)[0]
     return [x]
 
 
@@ -169,9 +297,7 @@ def _tree_map(f, x):
     if isinstance(x, dict):
         return {k: _tree_map(f, v) for k, v in x.items()}
     if hasattr(x, "__dataclass_fields__"):
-        import jax
-
-        return jax.tree_util.tree_map(f, x)
+        return tree_map(f, x)
     return f(x)
 
 

@@ -25,15 +25,24 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+from dpjax._base import jax_loaded, lazy_module as _lazy_module
 
-__all__ = ["is_traced", "host_call"]
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
+
+__all__ = ["is_tracer", "is_traced", "host_call"]
+
+
+def is_tracer(x) -> bool:
+    """True when ``x`` is a JAX tracer (never before JAX is imported)."""
+    return jax_loaded() and isinstance(x, jax.core.Tracer)
 
 
 def is_traced(*values) -> bool:
-    """True when any leaf of ``values`` is a JAX tracer."""
+    """True when any leaf of ``values`` is a JAX tracer (never before JAX is imported)."""
+    if not jax_loaded():
+        return False
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(values))
 
 

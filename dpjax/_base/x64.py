@@ -33,9 +33,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 F = TypeVar("F", bound=Callable)
 
@@ -73,6 +75,10 @@ def float64(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if not jax_loaded():
+            # No argument can be a JAX value; JAX is imported (in float64) only if used inside.
+            with deferred_x64():
+                return fn(*args, **kwargs)
         if x64_enabled():
             return fn(*args, **kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -152,6 +158,8 @@ def require_concrete(name: str, value: Any, *, use_instead: str) -> None:
     Host-side entry points (grid planning, certificates, anything that returns Python floats)
     cannot run inside ``jax.jit``; they say so at trace time and name the traceable alternative.
     """
+    if not jax_loaded():
+        return
     if any(_is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(value)):
         raise ValueError(
             f"{name} must be a concrete value, got a JAX tracer: this function plans on the host "

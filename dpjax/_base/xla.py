@@ -25,8 +25,10 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from dpjax._base import jax_loaded, lazy_module as _lazy_module
 
-import jax
+jax = _lazy_module("jax")
+
 
 def usable_cpus() -> int:
     """Cores this process may run on: its CPU affinity where the OS reports one (a container's
@@ -35,6 +37,38 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def process_index() -> int:
+    """``jax.process_index()``; 0 before JAX is imported (no ``jax.distributed`` set-up yet)."""
+    return jax.process_index() if jax_loaded() else 0
+
+
+def process_count() -> int:
+    """``jax.process_count()``; 1 before JAX is imported."""
+    return jax.process_count() if jax_loaded() else 1
+
+
+#: Packages whose presence means JAX may find an accelerator (PJRT plugins, TPU runtime).
+_ACCELERATOR_PACKAGES = ("jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                         "jax_rocm7_plugin", "libtpu")
+
+
+def one_cpu_without_jax() -> bool:
+    """True when JAX is not imported and would find exactly one device, the CPU: ``JAX_PLATFORMS``
+    is ``cpu``, or no accelerator plugin is installed and ``XLA_FLAGS`` does not force several
+    host devices.  Host work (the NumPy PLD program) then proceeds without importing JAX; in every
+    other case the caller asks JAX for its devices."""
+    if jax_loaded():
+        return False
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return False
+    platforms = os.environ.get("JAX_PLATFORMS", os.environ.get("JAX_PLATFORM_NAME", "")).strip().lower()
+    if platforms:
+        return platforms == "cpu"
+    import importlib.util
+
+    return not any(importlib.util.find_spec(name) is not None for name in _ACCELERATOR_PACKAGES)
 
 
 #: XLA debug options for dpjax's one-shot programs on CPU (see the module docstring).
@@ -97,11 +131,29 @@ class _Jit:
     Every instance counts towards :data:`MAX_LIVE_PROGRAMS`."""
 
     def __init__(self, fun, **jit_kwargs):
-        self._plain = jax.jit(fun, **jit_kwargs)
-        self._fast = jax.jit(fun, compiler_options=CPU_COMPILE_OPTIONS, **jit_kwargs)
+        # The ``jax.jit`` pair is made on first use: defining a dpjax function must not import
+        # JAX (eager queries run in NumPy; see :mod:`dpjax._base`).
+        self._fun = fun
+        self._jit_kwargs = jit_kwargs
+        self._pair = None
         functools.update_wrapper(self, fun)
         self._live_seen = None   # (programs, limit) at the last bound check
         _INSTANCES.add(self)
+
+    def _jits(self):
+        pair = self._pair
+        if pair is None:
+            pair = self._pair = (jax.jit(self._fun, **self._jit_kwargs),
+                                 jax.jit(self._fun, compiler_options=CPU_COMPILE_OPTIONS, **self._jit_kwargs))
+        return pair
+
+    @property
+    def _plain(self):
+        return self._jits()[0]
+
+    @property
+    def _fast(self):
+        return self._jits()[1]
 
     def __call__(self, *args, **kwargs):
         out = self._call(*args, **kwargs)
@@ -141,9 +193,13 @@ class _Jit:
         """Programs compiled and kept for this function (both variants)."""
         from dpjax._base.jax_private import jit_cache_size
 
+        if self._pair is None:
+            return 0
         return jit_cache_size(self._plain) + jit_cache_size(self._fast)
 
     def clear_cache(self):
+        if self._pair is None:
+            return
         self._plain.clear_cache()
         self._fast.clear_cache()
         # A recompile after this may bring the count back to its last checked value: check again.

@@ -28,7 +28,7 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
 # Lazy exports (PEP 562), as in :mod:`dpjax`: ``dpsgd_noise_multiplier`` needs only the PLD
 # layer, while the Monte Carlo modules pull in :mod:`dpjax.montecarlo` and scipy.optimize
 # (~0.7 s of a cold start on 2 cores, measured with ``python -X importtime``).
-import importlib as _importlib
+from dpjax._base import lazy_exports as _lazy_exports
 
 _ATTRS = {
     **dict.fromkeys(("composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
@@ -62,15 +62,4 @@ __all__ = [
 _SUBMODULES = ("gaussian", "montecarlo", "pld", "root", "screened")
 
 
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return _importlib.import_module(f"dpjax.calibration.{name}")
-    if name not in _ATTRS:
-        raise AttributeError(f"module 'dpjax.calibration' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(_ATTRS[name]), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_ATTRS) | set(_SUBMODULES))
+__getattr__, __dir__ = _lazy_exports("dpjax.calibration", _ATTRS, _SUBMODULES)

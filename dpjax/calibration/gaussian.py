@@ -20,16 +20,18 @@ Usage::
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import float64, host_only
 from dpjax.numerics.exact import gaussian_log_delta
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
 from dpjax._base import xla as _xla
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 __all__ = ["composed_gaussian_delta", "gaussian_noise_multiplier_core", "gaussian_noise_multiplier"]
 

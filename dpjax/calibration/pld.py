@@ -52,12 +52,12 @@ import dataclasses
 import functools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module
 from dpjax._base import progress as _progress
 from dpjax._base import validate as _validate
+from dpjax._base import traced as _traced
 from dpjax._base.x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
 from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
@@ -66,6 +66,9 @@ from dpjax.pld.grid.compose import Group
 from dpjax.numerics.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 __all__ = [
     "DPSGDGrid", "dpsgd_grid", "dpsgd_delta_fn", "dpsgd_epsilon_fn",
@@ -122,7 +125,7 @@ def _template(q, group_size=1, sampling="poisson", dataset_size=None, batch_size
 def _with(mech, noise_multiplier, sampling_prob=None):
     """``mech`` with its noise multiplier (and sampling probability, when given) replaced."""
     def one(v):  # concrete values stay NumPy (no staging compile), traced ones go through jnp
-        if isinstance(v, jax.core.Tracer):
+        if _traced.is_tracer(v):
             return jnp.reshape(jnp.asarray(v, jnp.float64), (1,))
         return np.reshape(np.asarray(v, np.float64), (1,))
 
@@ -189,8 +192,7 @@ def dpsgd_epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, gr
         jax.grad(lambda s: dpsgd_epsilon_fn(s, 0.01, 1000, 1e-5, grid=grid))(1.0)
     """
     if grid is None:
-        leaves = jax.tree_util.tree_leaves((noise_multiplier, sampling_prob, steps, target_delta))
-        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        if _traced.is_traced(noise_multiplier, sampling_prob, steps, target_delta):
             raise ValueError(
                 "dpsgd_epsilon_fn under jit/grad/vmap needs a fixed grid: pass "
                 "grid=dpsgd_grid(noise_multiplier, sampling_prob, steps, target_delta=...) "

@@ -16,7 +16,7 @@
   :class:`AllocationAccountant`, and :class:`RunningAllocationAccountant` for training loops.
 """
 
-import importlib as _importlib
+from dpjax._base import lazy_exports as _lazy_exports
 
 _ATTRS = {
     "PLDAccountant": "dpjax.interop.dp_accounting",
@@ -35,13 +35,4 @@ _ATTRS = {
 __all__ = sorted(_ATTRS)
 
 
-def __getattr__(name):
-    if name in _ATTRS:
-        value = getattr(_importlib.import_module(_ATTRS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dpjax.interop' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_ATTRS))
+__getattr__, __dir__ = _lazy_exports("dpjax.interop", _ATTRS)

@@ -43,15 +43,17 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-import jax
 import numpy as np
 
 from dpjax import pld
+from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
 from dpjax._base import validate as _validate
 from dpjax._base.enums import StrEnum
 from dpjax._base.names import epochs_to_steps
 from dpjax.numerics.root import bisect_integer
 from dpjax._base.x64 import float64
+
+jax = _lazy_module("jax")
 
 __all__ = ["RunningAccountant", "get_noise_multiplier", "calibrate_steps", "calibrate_batch_size", "steps_from_epochs"]
 
@@ -254,7 +256,7 @@ class RunningAccountant:
             self._grids[gkey] = pld.plan_fixed_grid(comps, target_delta=delta, options=self.options)
         grid = self._grids[gkey]
         counts = tuple(np.asarray([self._phases[p]], np.int64) for p in phases)
-        with jax.enable_x64(True):
+        with _deferred_x64():
             return float(_epsilon_on_grid(grid, np.float64(delta), counts))
 
     # ------------------------------------------------------------------ checkpoints

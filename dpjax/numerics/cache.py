@@ -265,17 +265,24 @@ def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Pa
     """Turn on JAX's persistent compilation cache in ``path`` (a process-wide JAX setting: the
     CLI, which owns its process, calls it for the programs it does not build through the store;
     a library user may call it for their own).  Returns the directory, or None when it could not
-    be created."""
-    import jax
+    be created.  Before JAX is imported the setting waits for its import (a one-shot query that
+    runs on the host never imports JAX)."""
+    from dpjax._base import when_jax_imported
 
     p = pathlib.Path(path) if path is not None else DEFAULT_DIR / "xla"
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    jax.config.update("jax_compilation_cache_dir", str(p))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+    def apply():
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(p))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+    when_jax_imported(apply)
     return p
 
 

@@ -34,13 +34,17 @@ from __future__ import annotations
 
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import log_ndtr
 
+from dpjax._base import lazy_module as _lazy_module
 from dpjax._base.x64 import float64
+from dpjax._base import ops as _ops
+from dpjax._base import traced as _traced
 from dpjax._base import xla as _xla
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
+_jax_special = _lazy_module("jax.scipy.special")
 
 __all__ = ["gaussian_delta", "gaussian_log_delta", "gaussian_epsilon", "np_gaussian_log_delta"]
 
@@ -71,7 +75,7 @@ def _log_delta_xp(xp, log_phi, eps, mu):
 
 def _log_delta(eps, mu):
     """``log delta(eps; mu)`` for ``mu > 0`` (float64 jax arrays, broadcast)."""
-    return _log_delta_xp(jnp, log_ndtr, eps, mu)
+    return _log_delta_xp(jnp, _jax_special.log_ndtr, eps, mu)
 
 
 def np_gaussian_log_delta(epsilon, mu) -> np.ndarray:
@@ -209,9 +213,9 @@ _HOST_MAX_SIZE = 256
 
 
 def _concrete(*args) -> bool:
-    leaves = jax.tree_util.tree_leaves(args)
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if _traced.is_traced(*args):
         return False
+    leaves = _ops.tree_flatten(args)[0]
     try:
         size = int(np.prod(np.broadcast_shapes(*(np.shape(x) for x in leaves)), dtype=np.int64))
     except ValueError:  # shapes that do not broadcast: let the jitted path raise as before

@@ -32,14 +32,16 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, log_ndtr, logsumexp
 
+from dpjax._base import lazy_module as _lazy_module
 from dpjax._base import validate as _validate
 from dpjax._base.enums import StrEnum
 from dpjax._base.x64 import float64
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
+_jax_special = _lazy_module("jax.scipy.special")
 
 # The default order grid of the moments accountant (the same orders the reference rows
 # B*_rdp list: 1.1..10.9 in steps of 0.1, 11..63, 128, 256, 512, 1024).
@@ -74,7 +76,7 @@ def _log_abs_binom_and_sign(alpha: jax.Array, i: jax.Array) -> tuple[jax.Array, 
     # gammaln is log|Gamma|; Gamma(x) < 0 iff x < 0 and floor(x) is odd.
     gamma_negative = (x < 0) & (jnp.mod(jnp.floor(x), 2.0) == 1.0)
     safe_x = jnp.where(is_pole, 0.5, x)
-    log_abs = gammaln(alpha + 1.0) - gammaln(i + 1.0) - gammaln(safe_x)
+    log_abs = _jax_special.gammaln(alpha + 1.0) - _jax_special.gammaln(i + 1.0) - _jax_special.gammaln(safe_x)
     sign = jnp.where(is_pole, 0.0, jnp.where(gamma_negative, -1.0, 1.0))
     return log_abs, sign
 
@@ -83,19 +85,19 @@ def _log_a_integer(alpha, log_q, log_1mq, sigma, i):
     log_abs, sign = _log_abs_binom_and_sign(alpha, i)
     valid = (i <= alpha) & (sign != 0)
     log_terms = log_abs + i * log_q + (alpha - i) * log_1mq + (i * i - i) / (2.0 * sigma**2)
-    return logsumexp(jnp.where(valid, log_terms, -jnp.inf))
+    return _jax_special.logsumexp(jnp.where(valid, log_terms, -jnp.inf))
 
 
 def _log_a_fractional(alpha, log_q, log_1mq, sigma, i):
     log_abs, sign = _log_abs_binom_and_sign(alpha, i)
     z0 = sigma**2 * (log_1mq - log_q) + 0.5
     j = alpha - i
-    log_s0 = log_abs + i * log_q + j * log_1mq + (i * i - i) / (2.0 * sigma**2) + log_ndtr((z0 - i) / sigma)
-    log_s1 = log_abs + j * log_q + i * log_1mq + (j * j - j) / (2.0 * sigma**2) + log_ndtr((j - z0) / sigma)
+    log_s0 = log_abs + i * log_q + j * log_1mq + (i * i - i) / (2.0 * sigma**2) + _jax_special.log_ndtr((z0 - i) / sigma)
+    log_s1 = log_abs + j * log_q + i * log_1mq + (j * j - j) / (2.0 * sigma**2) + _jax_special.log_ndtr((j - z0) / sigma)
     log_s = jnp.concatenate([log_s0, log_s1])
     signs = jnp.concatenate([sign, sign])
     log_s = jnp.where(signs != 0, log_s, -jnp.inf)
-    log_sum, sum_sign = logsumexp(log_s, b=signs, return_sign=True)
+    log_sum, sum_sign = _jax_special.logsumexp(log_s, b=signs, return_sign=True)
     # Alternating tail beyond the last kept term: bounded by the magnitude of the last kept
     # term of each series (terms decrease in magnitude there); add it to stay an upper bound.
     log_tail = jnp.logaddexp(log_s0[-1], log_s1[-1])

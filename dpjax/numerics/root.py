@@ -13,12 +13,14 @@ import enum
 import functools
 from typing import Any, Callable, Tuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module, register_pytree_dataclass as _register_pytree_dataclass
 from dpjax._base.results import ResultMixin
 from dpjax._base.x64 import float64
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 __all__ = [
     "SolverStatus",
@@ -49,7 +51,7 @@ class SolverStatus(enum.IntEnum):
     MET_AT_BRACKET_END = 2
 
 
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class SolverStats(ResultMixin):
     """Solver-specific extras of a :class:`Solution` (``None`` where a solver has no such number).
@@ -66,7 +68,7 @@ class SolverStats(ResultMixin):
     screened: jax.Array | None = None
 
 
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class Solution(ResultMixin):
     """Outcome of every root solve and calibration of dpjax (fields have the batch shape of the
@@ -313,9 +315,20 @@ def _hoist_closure(fn, x_example, theta):
     return fn_conv, hoisted
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _implicit(forward, level, theta, target, consts):
+def _implicit_primal(forward, level, theta, target, consts):
     return forward(theta, target, consts)[0]
+
+
+@functools.cache
+def _implicit_vjp():
+    # Built on first use: defining the solver must not import JAX (see dpjax._base).
+    fn = jax.custom_vjp(_implicit_primal, nondiff_argnums=(0, 1))
+    fn.defvjp(_implicit_fwd, _implicit_bwd)
+    return fn
+
+
+def _implicit(forward, level, theta, target, consts):
+    return _implicit_vjp()(forward, level, theta, target, consts)
 
 
 def _implicit_fwd(forward, level, theta, target, consts):
@@ -371,8 +384,6 @@ def _zero_cotangent(x):
         return jnp.zeros_like(x)
     return np.zeros(x.shape, dtype=jax.dtypes.float0)
 
-
-_implicit.defvjp(_implicit_fwd, _implicit_bwd)
 
 
 @float64

@@ -76,20 +76,46 @@ These run from float32 code (float64 inside); under a user's ``jax.jit`` trace w
 and :class:`Bound`.
 """
 
-from dpjax.pld.accountant import delta, epsilon
-from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
-from dpjax.pld.dpsgd import dpsgd_accounting, dpsgd_delta, dpsgd_epsilon
-from dpjax.pld.grid.compose import ComposedPLD, Composition, Group, compose
-from dpjax.pld.grid.convert import Bound, HockeyStickTable, delta_at, eps_at, table
-from dpjax.pld.grid.discretize import GridPMF, discretize
-from dpjax.numerics.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
-from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, grid_epsilon_fn, plan_fixed_grid, stack_grids
-from dpjax.pld.mechanisms import (
-    DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
-)
-from dpjax.pld.grid.plan import GridOptions, GridPlan, plan_grid
-from dpjax.pld.sweeps.driver import BucketPolicy, SweepConfig, SweepTable, sweep, sweep_grid
-from dpjax.pld.curve import EpsilonCurve, epsilon_curve
+# Lazy exports (PEP 562, dpjax._base.lazy_exports): a DP-SGD query loads the accountant's
+# modules only, not the sweeps, curves or fixed grids.
+from typing import TYPE_CHECKING
+
+from dpjax._base import lazy_exports as _lazy_exports
+
+_ATTRS = {
+    **dict.fromkeys(("delta", "epsilon"), "dpjax.pld.accountant"),
+    **dict.fromkeys(("DeltaResult", "DirectionReport", "EpsilonResult"), "dpjax.pld.records"),
+    **dict.fromkeys(("dpsgd_accounting", "dpsgd_delta", "dpsgd_epsilon"), "dpjax.pld.dpsgd"),
+    **dict.fromkeys(("ComposedPLD", "Composition", "Group", "compose"), "dpjax.pld.grid.compose"),
+    **dict.fromkeys(("Bound", "HockeyStickTable", "delta_at", "eps_at", "table"), "dpjax.pld.grid.convert"),
+    **dict.fromkeys(("GridPMF", "discretize"), "dpjax.pld.grid.discretize"),
+    **dict.fromkeys(("gaussian_delta", "gaussian_epsilon", "gaussian_log_delta"), "dpjax.numerics.exact"),
+    **dict.fromkeys(("FixedGrid", "delta_fn", "grid_epsilon_fn", "plan_fixed_grid", "stack_grids"),
+                    "dpjax.pld.grid.fixed_grid"),
+    **dict.fromkeys(("DIRECTIONS", "Direction", "Gaussian", "Laplace", "LossCDFs", "PoissonSubsampledGaussian",
+                     "RandomizedResponse"), "dpjax.pld.mechanisms"),
+    **dict.fromkeys(("GridOptions", "GridPlan", "plan_grid"), "dpjax.pld.grid.plan"),
+    **dict.fromkeys(("BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid"), "dpjax.pld.sweeps.driver"),
+    **dict.fromkeys(("EpsilonCurve", "epsilon_curve"), "dpjax.pld.curve"),
+}
+_SUBMODULES = ("accountant", "allocation", "curve", "dpsgd", "fallback", "grid", "group_spec", "mechanisms", "mog",
+               "records", "sweeps")
+
+if TYPE_CHECKING:  # the same names for static analysis (type checkers, the API reference)
+    from dpjax.pld.accountant import delta, epsilon
+    from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
+    from dpjax.pld.dpsgd import dpsgd_accounting, dpsgd_delta, dpsgd_epsilon
+    from dpjax.pld.grid.compose import ComposedPLD, Composition, Group, compose
+    from dpjax.pld.grid.convert import Bound, HockeyStickTable, delta_at, eps_at, table
+    from dpjax.pld.grid.discretize import GridPMF, discretize
+    from dpjax.numerics.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
+    from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, grid_epsilon_fn, plan_fixed_grid, stack_grids
+    from dpjax.pld.mechanisms import (
+        DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
+    )
+    from dpjax.pld.grid.plan import GridOptions, GridPlan, plan_grid
+    from dpjax.pld.sweeps.driver import BucketPolicy, SweepConfig, SweepTable, sweep, sweep_grid
+    from dpjax.pld.curve import EpsilonCurve, epsilon_curve
 
 __all__ = [
     "Bound", "ComposedPLD", "Composition", "DIRECTIONS", "DeltaResult", "Direction", "DirectionReport",
@@ -101,3 +127,5 @@ __all__ = [
     "gaussian_delta", "gaussian_epsilon", "gaussian_log_delta",
     "BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "EpsilonCurve", "epsilon_curve",
 ]
+
+__getattr__, __dir__ = _lazy_exports("dpjax.pld", _ATTRS, _SUBMODULES)

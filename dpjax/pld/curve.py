@@ -44,9 +44,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import numpy as np
 
+from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
 from dpjax.pld.records import EpsilonCurve
 
 from dpjax._base import validate as _validate
@@ -55,6 +55,8 @@ from dpjax.pld.grid import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
+
+jax = _lazy_module("jax")
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
 
@@ -124,7 +126,7 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
     kinds = ("up", "down") if with_lower else ("up",)
     directions = ("remove", "add")
     uniq = np.unique(t_list)
-    with jax.enable_x64(True):
+    with _deferred_x64():
         groups, _lo, _sym, _blocked = engine.prepare([(PoissonSubsampledGaussian(sigma, q), t_max)],
                                                     options.max_distinct)
         tail_mass = options.tail_fraction * delta

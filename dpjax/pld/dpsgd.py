@@ -27,13 +27,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
-import jax
 import numpy as np
 
+from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
 from dpjax._base import names as _names
 from dpjax._base import traced as _traced
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import host_only
+
+jax = _lazy_module("jax")
 
 if TYPE_CHECKING:
     from dpjax.pld.grid.plan import GridOptions
@@ -207,7 +209,7 @@ def dispatch(query: str, name: str, sigma, q, steps, target, *, components: Call
     # (dpsgd_accounting reads one composition at an array of targets on the grid planned for the
     # smallest, which may differ from an element's own grid within the grid's accuracy.)
     flat, shape = _validate_batch(query, sigma, q, steps, target)
-    with jax.enable_x64(True):  # the float64 contract (dpjax._base.x64): eager batches compute in float64
+    with _deferred_x64():  # the float64 contract (dpjax._base.x64): eager batches compute in float64
         return _values(query, components, scalar, options, *flat).reshape(shape)
 
 

@@ -58,13 +58,15 @@ import dataclasses
 import math
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module, register_pytree_dataclass as _register_pytree_dataclass
 from dpjax._base import validate as _validate
 from dpjax._base.enums import StrEnum
 from dpjax._base.ops import is_jax, jax_ops
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 
 class Direction(StrEnum):
@@ -152,7 +154,7 @@ def _f64(x):
 
 
 # --------------------------------------------------------------------------------------------
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class Gaussian:
     """Gaussian mechanism with noise std ``noise_multiplier`` and L2 sensitivity ``sensitivity``.
@@ -198,7 +200,7 @@ _MEANS = np.array([0.0, 1.0])
 
 
 # --------------------------------------------------------------------------------------------
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class PoissonSubsampledGaussian:
     """One DP-SGD step: Poisson sampling with probability ``sampling_prob``, Gaussian noise.
@@ -422,7 +424,7 @@ class PoissonSubsampledGaussian:
 
 
 # --------------------------------------------------------------------------------------------
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class Laplace:
     """Laplace mechanism with scale ``scale`` (b) and L1 sensitivity ``sensitivity`` (Delta).
@@ -467,7 +469,7 @@ class Laplace:
 
 
 # --------------------------------------------------------------------------------------------
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class RandomizedResponse:
     """k-ary randomized response, replace adjacency (the true value changes).

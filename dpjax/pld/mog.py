@@ -36,13 +36,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import numpy as np
-from jax.scipy.special import logsumexp
 
+from dpjax._base import lazy_module as _lazy_module, register_pytree_dataclass as _register_pytree_dataclass
 from dpjax._base import validate as _validate
 from dpjax.pld.group_spec import SAMPLINGS, Sampling, validate_group_spec
 from dpjax.pld.mechanisms import LossCDFs, _ops, check_direction, normal_cdf_sf
+
+jax = _lazy_module("jax")
+_jax_special = _lazy_module("jax.scipy.special")
 
 # Newton steps for z(y).  The start is within log(K) / min c_j of the root and convergence is
 # quadratic from there: on the family-C mixtures 4-6 steps reach float64 round-off; 8 leaves a
@@ -84,7 +86,7 @@ def mog_privacy_loss(z: jax.Array, scaled_sensitivities: jax.Array, log_probs: j
     """
     c = scaled_sensitivities
     a = log_probs + c * z[..., None] - 0.5 * c * c
-    return logsumexp(a, axis=-1)
+    return _jax_special.logsumexp(a, axis=-1)
 
 
 def _newton_h(u, z, log_pos, c, steps: int, ops=None):
@@ -273,7 +275,7 @@ def _tuple_of_floats(name, values) -> tuple[float, ...]:
     return tuple(float(v) for v in arr)
 
 
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class MixtureOfGaussians:
     """Scalar mixture-of-Gaussians mechanism (Ganesh 2024, Def. 2.8), add/remove dominating pairs.
@@ -449,7 +451,7 @@ def group_mixture_params(noise_multiplier, group_size, sampling_prob=None, datas
     return sampling.sensitivity * j, xp.exp(log_p), sigma
 
 
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class GroupSubsampledGaussian:
     """One DP-SGD step as seen by a group of ``group_size`` examples: a MoG with scalar parameters.

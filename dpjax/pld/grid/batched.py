@@ -39,14 +39,16 @@ import math
 import os
 from typing import Sequence
 
-import jax
 import numpy as np
 
+from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
 from dpjax._base import xla as _xla
 from dpjax.pld import accountant as _acc
 from dpjax.pld.grid import engine
 from dpjax.pld.grid import program as prog
 from dpjax.pld.grid.plan import GridOptions, plan_grid
+
+jax = _lazy_module("jax")
 
 __all__ = ["epsilon_many", "delta_many", "grid_partials"]
 
@@ -97,12 +99,13 @@ def _many(components_list, targets, *, want, options):
     comps = [engine.as_components(c) for c in components_list]
     if len(comps) == 1:
         return np.asarray([_one(comps[0], targets[0], want=want, options=options)])
-    # The worker inherits the caller's x64 setting (a thread-local JAX configuration).
-    x64 = bool(jax.config.jax_enable_x64)
+    # The worker inherits the caller's x64 setting (a thread-local JAX configuration); before
+    # JAX is imported, the float64 scope it would enter on first use.
+    x64 = bool(jax.config.jax_enable_x64) if jax_loaded() else None
 
     def run(i):
         # Each worker answers whole elements; their directions run serially (no nested threads).
-        with jax.enable_x64(x64):
+        with (deferred_x64() if x64 is None else jax.enable_x64(x64)):
             return prog.worker(_one, comps[i], targets[i], want=want, options=options)
 
     return np.asarray(list(_workers().map(run, range(len(comps)))), np.float64)

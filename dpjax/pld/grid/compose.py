@@ -48,11 +48,12 @@ import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
-
+from dpjax._base import lazy_module as _lazy_module, register_pytree_dataclass as _register_pytree_dataclass
 from dpjax._base import xla as _xla
 from dpjax.pld.mechanisms import Direction
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 
 class Group(NamedTuple):
@@ -107,7 +108,7 @@ class ComposedPLD(NamedTuple):
     needed_width: jax.Array
     truncation: jax.Array = 0.0
     noise_floor: jax.Array = 0.0
-    valid_from: jax.Array = -jnp.inf
+    valid_from: jax.Array = -float("inf")
 
     @property
     def losses(self) -> jax.Array:
@@ -115,7 +116,7 @@ class ComposedPLD(NamedTuple):
         return (self.w_lo + jnp.arange(self.pmf.shape[-1])) * self.dx
 
 
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class Composition:
     """What :func:`compose` returns: one :class:`ComposedPLD` per

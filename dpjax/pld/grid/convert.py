@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-
+from dpjax._base import lazy_module as _lazy_module
 from dpjax._base.ops import jax_ops
 from dpjax._base.x64 import float64
 from dpjax.pld.grid.compose import ComposedPLD
 from dpjax._base.enums import StrEnum
+
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
 
 
 class Bound(StrEnum):

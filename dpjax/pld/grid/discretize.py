@@ -34,9 +34,11 @@ keep their relative accuracy.
 from __future__ import annotations
 
 from typing import NamedTuple
+from dpjax._base import lazy_module as _lazy_module
 
-import jax
-import jax.numpy as jnp
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
+
 
 
 

@@ -47,10 +47,9 @@ import dataclasses
 import warnings
 from typing import Any, NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module, register_pytree_dataclass as _register_pytree_dataclass
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import float64, host_only
 from dpjax.pld.grid.compose import Group, compose
@@ -58,11 +57,14 @@ from dpjax.pld.grid.convert import Bound, HockeyStickTable, delta_at, eps_at, ta
 from dpjax.pld.mechanisms import DIRECTIONS, Direction
 from dpjax.pld.grid.plan import GridOptions, plan_grid
 
+jax = _lazy_module("jax")
+jnp = _lazy_module("jax.numpy")
+
 __all__ = ["FixedGrid", "plan_fixed_grid", "stack_grids", "delta_fn", "grid_epsilon_fn", "tables", "EpsilonReport",
            "LooseBoundWarning", "LOOSE_FRACTION"]
 
 
-@jax.tree_util.register_dataclass
+@_register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class FixedGrid:
     """A grid planned once for a composition, held fixed while the parameters vary.

@@ -31,7 +31,8 @@ import math
 import threading
 from typing import Sequence
 
-import jax
+
+from dpjax._base import ops as _ops
 import numpy as np
 
 from dpjax.pld.grid.compose import Group
@@ -149,10 +150,10 @@ def _probe(mechanism, directions, y):
     nothing compiled)."""
     from dpjax._base.ops import NUMPY
 
-    leaves, treedef = jax.tree_util.tree_flatten(mechanism)
+    leaves, treedef = _ops.tree_flatten(mechanism)
     leaves = [np.atleast_1d(np.asarray(x, np.float64)) for x in leaves]
     G = leaves[0].shape[0] if leaves else 1
-    members = [jax.tree_util.tree_unflatten(treedef, [x[g] for x in leaves]) for g in range(G)]
+    members = [_ops.tree_unflatten(treedef, [x[g] for x in leaves]) for g in range(G)]
     y = np.asarray(y, np.float64)
     out = []
     for d in directions:
@@ -179,7 +180,7 @@ def _host_probe(mechanism, directions, y):
     if not hasattr(type(mechanism), "host_loss_cdfs"):
         return None
     try:
-        leaves, treedef = jax.tree_util.tree_flatten(mechanism)
+        leaves, treedef = _ops.tree_flatten(mechanism)
         leaves = [np.asarray(x) for x in leaves]
     except Exception:  # traced parameters (a plan made inside a transformation)
         return None

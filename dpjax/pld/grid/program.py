@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpjax._base.ops import NUMPY, Ops, is_jax, jax_ops
+from dpjax._base.ops import NUMPY, Ops, is_jax, jax_ops, tree_flatten, tree_map, tree_unflatten
 from dpjax.pld.mechanisms import LossCDFs
 
 __all__ = ["DIAGNOSTICS", "UNIT_ROUNDOFF", "FLUSH", "Spec", "GroupSpec", "Inputs", "run_host", "run_jit",
@@ -584,9 +584,7 @@ def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int, members_pmf=None):
 
 
 def _index(tree, i):
-    import jax
-
-    return jax.tree_util.tree_map(lambda a: a[i], tree)
+    return tree_map(lambda a: a[i], tree)
 
 
 def _power(ops: Ops, logabs, angle, F, sq, c, nf, nf_len: int, dynamic: bool):
@@ -1252,8 +1250,6 @@ def inputs(groups, dx, lambdas, log_tau, targets, *, directions, ms, n, kinds, w
     are kept (None: all).  ``tilt`` / ``tilt_from`` (``(D,)``): the tilted mode.  ``traced``:
     mechanism parameters, counts and the scalars may be JAX values (a program under ``jit``):
     they are kept as they are instead of converted to NumPy."""
-    import jax
-
     asf = (lambda x: x) if traced else (lambda x: np.asarray(x, np.float64))
     asi = (lambda x: x) if traced else (lambda x: np.asarray(x, np.int64))
     D = len(directions)
@@ -1262,9 +1258,9 @@ def inputs(groups, dx, lambdas, log_tau, targets, *, directions, ms, n, kinds, w
     for gi in range(len(groups[0])):
         g = groups[0][gi]
         m = max(int(ms[d][gi]) for d in range(D))
-        leaves, treedef = jax.tree_util.tree_flatten(g.mechanism)
+        leaves, treedef = tree_flatten(g.mechanism)
         G = int(np.shape(g.counts)[0])
-        mechs.append(jax.tree_util.tree_unflatten(treedef, [asf(x) for x in leaves]))
+        mechs.append(tree_unflatten(treedef, [asf(x) for x in leaves]))
         counts.append(asi(g.counts))
         offsets.append(_stack_last([asi(groups[d][gi].offsets) for d in range(D)], traced))
         support.append(m)

@@ -146,8 +146,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-import jax
-
+from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
 from dpjax._base import validate as _validate
 from dpjax._base import xla as _xla
 from dpjax._base.progress import progress as _progress_bar
@@ -159,6 +158,8 @@ from dpjax.pld.sweeps.config import (ROW_FIELDS, SWEEP_OPTIONS, SWEEP_SLACK, Swe
                                      sweep_grid)
 from dpjax.pld.sweeps.plan import BucketPolicy, join_stores, plan_configs, struct_of, validate_policy
 from dpjax.pld.sweeps.programs import ORIGIN, BucketRunner, HostRunner, exact_row, floor_free_needed, make_mesh
+
+jax = _lazy_module("jax")
 
 __all__ = ["BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS",
            "SWEEP_SLACK"]
@@ -236,20 +237,20 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
         per_device = _validate.positive_int("per_device", per_device)
     if resume and out is None:
         raise ValueError("resume=True needs out (the file a previous run wrote)")
-    devices, per_device = _devices(devices, per_device)
+    devices, per_device = _devices(devices, per_device, backend)
     backend = _backend(backend, devices)
     kinds = ("up", "down") if with_lower else ("up",)
     store, done = _open_store(out, resume, configs)
     rows: dict[int, dict] = dict(done)
     todo = [i for i in range(len(configs)) if i not in done]
-    if jax.process_index() != 0:
+    if _xla.process_index() != 0:
         show = False   # one bar, on process 0
-    with jax.enable_x64(True), _progress_bar(total=len(configs), desc="sweep", enabled=show,
+    with _deferred_x64(), _progress_bar(total=len(configs), desc="sweep", enabled=show,
                                         initial=len(done), unit="cfg") as bar:
         todo = _exact_rows(todo, configs, rows, store, bar)
-        if backend == "host" and jax.process_count() > 1:
+        if backend == "host" and _xla.process_count() > 1:
             # Each process plans and runs its share (HostRunner shares the rows).
-            todo = todo[jax.process_index()::jax.process_count()]
+            todo = todo[_xla.process_index()::_xla.process_count()]
         pending = plan_configs(todo, configs, options)
         if backend == "host":
             runner = HostRunner(kinds, options, with_lower, floor_free=floor_free_needed(configs),
@@ -300,13 +301,27 @@ def _backend(backend, devices) -> str:
         return backend
     # One CPU device per process (one process, or several after jax.distributed.initialize()):
     # the host program on each process's cores.
-    one_cpu_each = (all(d.platform == "cpu" for d in devices) and len(devices) == jax.process_count()
+    one_cpu_each = (all(d.platform == "cpu" for d in devices) and len(devices) == _xla.process_count()
                     and len({d.process_index for d in devices}) == len(devices))
     return "host" if one_cpu_each else "compiled"
 
 
-def _devices(devices, per_device):
+class _OneCPU:
+    """Stands in for the one CPU device JAX would list (see :func:`dpjax._base.xla.one_cpu_without_jax`)."""
+
+    platform = "cpu"
+    process_index = 0
+    id = 0
+
+
+_ONE_CPU = _OneCPU()
+
+
+def _devices(devices, per_device, backend="auto"):
     """``(devices, per_device)`` with their defaults: every device, and the platform's chunk size."""
+    if devices is None and backend != "compiled" and _xla.one_cpu_without_jax():
+        # The host program on this process's cores: no need to import JAX to list one CPU.
+        devices = [_ONE_CPU]
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("devices must not be empty")
@@ -324,7 +339,7 @@ def _open_store(out, resume, configs):
     if out is None:
         return None, {}
     store, done, error = None, {}, None
-    if jax.process_index() == 0:
+    if _xla.process_index() == 0:
         from dpjax.pld.sweeps.store import SweepStore
 
         try:
@@ -335,13 +350,13 @@ def _open_store(out, resume, configs):
                                      f"resume only the sweep that wrote it (or write to a new file)")
                 done[i] = dict(row, path="resumed")
         except (OSError, ValueError) as exc:
-            if jax.process_count() == 1:
+            if _xla.process_count() == 1:
                 raise
             error = f"{type(exc).__name__}: {exc}"
-    if jax.process_count() > 1:
+    if _xla.process_count() > 1:
         from dpjax.pld.sweeps.programs import share_rows
 
-        shared = share_rows([{"error": error, "rows": list(done.values())}] if jax.process_index() == 0 else [])
+        shared = share_rows([{"error": error, "rows": list(done.values())}] if _xla.process_index() == 0 else [])
         if shared[0]["error"] is not None:
             raise ValueError(f"out: process 0 could not use {out}: {shared[0]['error']}")
         done = {int(row["index"]): row for row in shared[0]["rows"]}

@@ -20,14 +20,17 @@ import pickle
 import threading
 from typing import Any
 
-import jax
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module
+from dpjax._base import ops as _ops
 from dpjax._base import xla as _xla
 from dpjax.numerics import cache as _cache
 from dpjax.pld.grid import engine
 from dpjax.pld.grid.plan import GridOptions, n_freq_at, plan_grid
 from dpjax.pld.sweeps.config import SweepConfig, config_components, options_for
+
+jax = _lazy_module("jax")
 
 __all__ = ["Planned", "plan_config", "plan_configs", "join_stores", "PARALLEL_PLANNING_MIN", "plan_worker_main",
            "plan_parallel", "plan_uncached", "shape_of", "struct_of", "BucketPolicy", "COMPILE_COST",
@@ -53,8 +56,8 @@ class Planned:
 def _signature(groups) -> tuple:
     sig = []
     for g in groups:
-        leaves, tree = jax.tree_util.tree_flatten(g.mechanism)
-        sig.append((type(g.mechanism), str(tree), tuple(np.shape(x) for x in leaves), len(g.counts)))
+        leaves, tree = _ops.host_tree_flatten(g.mechanism)
+        sig.append((type(g.mechanism), repr(tree), tuple(np.shape(x) for x in leaves), len(g.counts)))
     return tuple(sig)
 
 

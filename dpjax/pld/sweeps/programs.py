@@ -18,9 +18,9 @@ import dataclasses
 import functools
 import math
 
-import jax
 import numpy as np
 
+from dpjax._base import lazy_module as _lazy_module
 from dpjax._base import xla as _xla
 from dpjax._base.enums import Query
 from dpjax.pld import accountant as _acc
@@ -32,6 +32,8 @@ from dpjax.pld.grid.program import STAGES
 from dpjax.pld.sweeps.config import (SWEEP_OPTIONS, SWEEP_SLACK, SweepConfig, config_components, config_fields, grid_name,
                                      options_for)
 from dpjax.pld.sweeps.plan import BucketPolicy, Planned, bucket_plan, plan_config
+
+jax = _lazy_module("jax")
 
 __all__ = ["FLOOR_FREE_BELOW", "floor_free_needed", "BLOCK_BYTES", "STAGE_BYTES", "fit_per_device", "Chain", "make_mesh", "COMPILE_WORKERS", "chunk_args", "share_rows",
            "COMPILED", "ORIGIN", "bucket_spec", "known_programs", "disk_programs", "program_key", "compile_program",
@@ -159,7 +161,7 @@ def share_rows(rows: list[dict]) -> list[dict]:
     """Every process's ``rows`` on every process (``jax.distributed``), process by process; the
     rows of this process alone without it.  The rows travel as strict JSON
     (:func:`dpjax._base.io.dumps`), so every float arrives bit for bit."""
-    if jax.process_count() == 1:
+    if _xla.process_count() == 1:
         return list(rows)
     from jax.experimental import multihost_utils
 
@@ -328,7 +330,7 @@ def compile_program(key, mesh, spec, args, struct=None, chunk=None):
                 if i == len(programs) - 1 and struct is not None and chunk is not None:
                     meta = dict(struct=_struct_id(struct), n=int(spec.n), kinds=list(spec.kinds), chunk=int(chunk),
                                 devices=int(mesh.devices.size), floor_free=bool(spec.floor_free))
-                if mesh.devices.size == 1 and jax.process_count() == 1:
+                if mesh.devices.size == 1 and _xla.process_count() == 1:
                     stages.append(_cache.compiled(f"sweep_{stage}", program, stage_args, static_key, meta=meta,
                                                   compile_options=_xla.compile_options()))
                 else:  # an executable for one device layout: compiled in this process only
@@ -657,7 +659,7 @@ class HostRunner(BucketRunner):
 
     def run(self, pending: list[Planned], rows: dict, store, bar) -> None:
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers) as pool:
-            if jax.process_count() > 1:
+            if _xla.process_count() > 1:
                 self._run_processes(pool, pending, rows, store, bar)
                 return
             while pending:
