@@ -11,7 +11,11 @@ Parts (``--parts``, all by default):
   process on the store the first one left ("warm").  Per call times; imports timed separately
   (dpjax's includes loading its modules, which it does on first attribute access); the session
   ratio is reported over the calls (``speedup``) and with both imports added
-  (``speedup_with_imports``).
+  (``speedup_with_imports``).  Imported one after the other in one process, the second library
+  finds the modules both use (SciPy) already loaded, so the ``whole`` rows also time each
+  library's whole session alone: a fresh process that imports it and answers the same queries,
+  dpjax and dp_accounting alternating ``--repeats`` times, dpjax's first run on an empty store
+  and the rest on the store it left (medians).
 * ``cli``: ``python -m dpjax epsilon --noise-multiplier 1 --sampling-prob 0.01 --steps 1000
   --delta 1e-5`` in a fresh process on an empty store and again on the warm store, against a
   ``python -c`` script answering the same with dp_accounting; whole processes, imports included,
@@ -19,6 +23,10 @@ Parts (``--parts``, all by default):
 * ``sweep``: ``benchmarks/bench_sweep.py``'s broad distribution (``--sweep-configs``
   configurations): dp_accounting's loop, dpjax.sweep's first process (empty store: first and
   second pass) and a second process on the warm store.
+
+dpjax's bytecode is compiled first (``python -m compileall``), as installing a package does:
+dp_accounting's is, and with ``PYTHONDONTWRITEBYTECODE`` set an editable checkout would
+otherwise compile its sources in every process.
 
 Writes ``benchmarks/results/bench_session.json`` (``--out``) with the machine, date and command.
 
@@ -79,6 +87,30 @@ print(json.dumps(dict(import_dpjax_s=import_dpjax, import_dp_accounting_s=import
                       dp_accounting_s=dpa_s, dpjax_epsilon=dpjax_eps, dp_accounting_epsilon=dpa_eps)))
 """
 
+ALONE = QUERIES + r"""
+import json, time
+qs = queries({n}, {seed})
+t = time.perf_counter()
+{body}
+print(json.dumps(dict(seconds=time.perf_counter() - t)))
+"""
+
+DPJAX_ALONE = r"""
+import dpjax
+for c in qs:
+    dpjax.dpsgd_epsilon(c["noise_multiplier"], c["sampling_prob"], c["steps"], c["delta"])
+"""
+
+DPA_ALONE = r"""
+import dp_accounting
+from dp_accounting.pld import pld_privacy_accountant
+for c in qs:
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        c["sampling_prob"], dp_accounting.GaussianDpEvent(c["noise_multiplier"])), c["steps"]))
+    acc.get_epsilon(c["delta"])
+"""
+
 DPA_SCRIPT = r"""
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
@@ -135,6 +167,24 @@ def session(n: int, seed: int) -> dict:
     return out
 
 
+def whole_sessions(n: int, seed: int, repeats: int) -> dict:
+    """Each library's whole session (import and queries) alone in a fresh process, alternating."""
+    runs = {"dpjax": [], "dp_accounting": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        for _ in range(repeats):
+            for lib, body in (("dpjax", DPJAX_ALONE), ("dp_accounting", DPA_ALONE)):
+                stdout, wall, load = _run(["-c", ALONE.format(n=n, seed=seed, body=body)], store)
+                runs[lib].append(dict(seconds=json.loads(stdout.strip().splitlines()[-1])["seconds"],
+                                      process_wall_s=wall, **load))
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
+    wall = {k: statistics.median(r["process_wall_s"] for r in v) for k, v in runs.items()}
+    return dict(queries=n, repeats=repeats, median_s=med, median_process_wall_s=wall,
+                speedup=med["dp_accounting"] / med["dpjax"],
+                speedup_process_wall=wall["dp_accounting"] / wall["dpjax"],
+                dpjax_first_run_empty_store_s=runs["dpjax"][0]["seconds"], runs=runs)
+
+
 def cli(repeats: int) -> dict:
     rows = {"dpjax CLI, empty program store": [], "dpjax CLI, warm program store": [],
             "dp_accounting script": []}
@@ -187,11 +237,15 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_session.json"))
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    out = dict(benchmark="bench_session")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "dpjax")], check=True)
+    out = dict(benchmark="bench_session", bytecode="dpjax compiled with compileall before the runs")
     if "session" in parts:
         out["session"] = session(args.queries, args.seed)
         for label, rec in out["session"].items():
             print(label, json.dumps(rec["summary"]))
+        out["whole_session"] = whole_sessions(args.queries, args.seed, args.repeats)
+        print("whole sessions alone", json.dumps(out["whole_session"]["median_s"]),
+              f"{out['whole_session']['speedup']:.2f}x")
     if "cli" in parts:
         out["cli"] = cli(args.repeats)
         print("cli", json.dumps(out["cli"]["median_s"]))
