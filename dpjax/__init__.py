@@ -51,6 +51,8 @@ _ATTRS = {
     "sweep": "dpjax.pld.sweeps.driver",
     "epsilon_curve": "dpjax.pld.curve",
     "dpsgd_privacy_report": "dpjax.report",
+    **dict.fromkeys(("TrainingScenario", "Poisson", "FixedBatch", "RandomAllocation", "BallsInBins"),
+                    "dpjax.pld.scenario"),
 }
 
 __all__ = sorted(set(_ATTRS) | set(_SUBMODULES))

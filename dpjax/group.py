@@ -39,6 +39,7 @@ from dpjax._base.names import resolve_aliases, steps_from_epochs
 from dpjax._base.x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
+from dpjax.pld.scenario import accepts_scenario
 
 __all__ = ["Sampling", "GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon",
            "group_delta", "group_dpsgd_epsilon", "group_dpsgd_delta", "group_components"]
@@ -245,6 +246,7 @@ def _group_query(query, name, noise_multiplier, sampling_prob, steps, target, al
     return _dispatch(query, name, noise_multiplier, q, steps, a[target_name], **kw)
 
 
+@accepts_scenario("target_delta", name="dpjax.dpsgd_epsilon")
 def group_dpsgd_epsilon(
     noise_multiplier=None,
     sampling_prob=None,
@@ -311,6 +313,7 @@ def group_dpsgd_epsilon(
                         batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
 
 
+@accepts_scenario("target_epsilon", name="dpjax.dpsgd_delta")
 def group_dpsgd_delta(
     noise_multiplier=None,
     sampling_prob=None,

@@ -78,6 +78,7 @@ import numpy as np
 from dpjax._base import validate as _validate
 from dpjax._base.enums import Adjacency
 from dpjax._base.results import ResultMixin
+from dpjax.pld.scenario import accepts_scenario
 
 __all__ = ["PrivacyReport", "privacy_report", "dpsgd_privacy_report", "DEFAULT_TARGET_DELTAS", "DEFAULT_FPR",
            "trade_off_upper", "gdp_mu_estimate"]
@@ -285,6 +286,7 @@ def privacy_report(components, *, target_delta=DEFAULT_TARGET_DELTAS, fpr=None, 
     return _report(account, lambda d: account(target_delta=d).epsilon, target_delta, fpr)
 
 
+@accepts_scenario("target_delta", name="dpjax.dpsgd_privacy_report")
 def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, target_delta=DEFAULT_TARGET_DELTAS,
                          fpr=None, epochs=None, sampling="poisson", batches_per_epoch=None, selections_per_epoch=1,
                          group_size=1, dataset_size=None, batch_size=None) -> PrivacyReport:

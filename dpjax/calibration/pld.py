@@ -66,6 +66,7 @@ from dpjax.pld.grid.compose import Group
 from dpjax.numerics.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
+from dpjax.pld.scenario import accepts_scenario
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
@@ -464,6 +465,7 @@ def _clt_guess(eps, delta, q, steps):
     return np.asarray(out)
 
 
+@accepts_scenario("target_epsilon", "target_delta", name="dpjax.dpsgd_noise_multiplier", noise="calibrate")
 def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, target_delta=None, *, group_size=1,
                            sampling="poisson", dataset_size=None, batch_size=None,
                            options: GridOptions | None = None, progress: bool | None = None, sample_rate=None,

@@ -34,6 +34,7 @@ from dpjax._base import names as _names
 from dpjax._base import traced as _traced
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import host_only
+from dpjax.pld.scenario import accepts_scenario
 
 jax = _lazy_module("jax")
 
@@ -306,6 +307,7 @@ def _schedule(query, name, sigma, q, steps, target, noise_schedule):
     return _scalar(query)(None, q, steps, target, noise_schedule=noise_schedule)
 
 
+@accepts_scenario("target_delta", name="dpjax.pld.dpsgd_epsilon")
 def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_delta=None, *, noise_schedule=None,
                   sample_rate=None, epochs=None, delta=None, sampling="poisson", batches_per_epoch=None,
                   selections_per_epoch=1):
@@ -393,6 +395,7 @@ def _allocation_query(query, name, sigma, q, steps, target, noise_schedule, samp
                                   steps=steps)
 
 
+@accepts_scenario("target_epsilon", name="dpjax.pld.dpsgd_delta")
 def dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_epsilon=None, *, noise_schedule=None,
                 sample_rate=None, epochs=None, epsilon=None, sampling="poisson", batches_per_epoch=None,
                 selections_per_epoch=1):

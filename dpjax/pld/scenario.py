@@ -1,0 +1,286 @@
+"""One record of a DP-SGD training run: :class:`TrainingScenario`, with its sampling scheme as a
+typed value (:class:`Poisson`, :class:`FixedBatch`, :class:`RandomAllocation`,
+:class:`BallsInBins`).
+
+The accounting of a run depends on its noise, on how batches are drawn, on how many steps it
+takes and on the unit of privacy (one example or a group).  The keyword functions
+(:func:`dpjax.dpsgd_epsilon`, :func:`dpjax.dpsgd_delta`, :func:`dpjax.dpsgd_noise_multiplier`,
+:func:`dpjax.epsilon_curve`, :func:`dpjax.dpsgd_privacy_report`) spell these as a dozen keywords
+whose valid combinations depend on ``sampling``; the record states them once, is checked when it
+is made, and every one of those functions takes it in place of the keywords::
+
+    >>> import dpjax
+    >>> run = dpjax.TrainingScenario(noise_multiplier=1.0, sampling=dpjax.Poisson(0.07), epochs=7)
+    >>> run.steps                     # the one epochs rule: 7 / 0.07 is 100 steps
+    100
+    >>> dpjax.dpsgd_epsilon(run, target_delta=1e-5)              # doctest: +SKIP
+    >>> dpjax.dpsgd_noise_multiplier(run.replace(noise_multiplier=None), target_epsilon=2.0,
+    ...                              target_delta=1e-5)          # doctest: +SKIP
+
+Epochs become steps once, here, by :func:`dpjax._base.names.epochs_to_steps` (never fewer steps
+than training takes) for Poisson and fixed batches (``q = batch_size / dataset_size``); random
+allocation and balls-in-bins take ``batches_per_epoch`` steps per epoch.  The neighbouring
+relation follows from the scheme: add/remove for Poisson, random allocation and balls-in-bins,
+replace-one for fixed batches (:attr:`TrainingScenario.adjacency`).
+
+New schemes are new record types with a ``keywords()`` method giving the keyword functions'
+arguments; the functions themselves do not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Union
+
+import numpy as np
+
+from dpjax._base import validate as _validate
+from dpjax._base.names import epochs_to_steps
+
+__all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "SamplingScheme", "TrainingScenario",
+           "accepts_scenario"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Poisson:
+    """Each example joins each batch independently with probability ``sampling_prob`` (in (0, 1])."""
+
+    sampling_prob: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "sampling_prob",
+                           float(_validate.probability_open_closed("sampling_prob", self.sampling_prob)))
+
+    def keywords(self) -> dict:
+        return dict(sampling="poisson", sampling_prob=self.sampling_prob)
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return 1.0 / self.sampling_prob
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedBatch:
+    """Batches of exactly ``batch_size`` examples drawn without replacement from ``dataset_size``
+    (replace-one adjacency; Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with
+    Sampling via Mixture of Gaussians Mechanisms")."""
+
+    batch_size: int
+    dataset_size: int
+
+    def __post_init__(self):
+        n = _validate.positive_int("dataset_size", self.dataset_size)
+        b = _validate.positive_int("batch_size", self.batch_size, maximum=n)
+        object.__setattr__(self, "dataset_size", n)
+        object.__setattr__(self, "batch_size", b)
+
+    @property
+    def sampling_prob(self) -> float:
+        return self.batch_size / self.dataset_size
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.dataset_size / self.batch_size
+
+    def keywords(self) -> dict:
+        return dict(sampling="fixed_batch", dataset_size=self.dataset_size, batch_size=self.batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomAllocation:
+    """Each epoch, each example takes part in ``selections_per_epoch`` of the ``batches_per_epoch``
+    steps, drawn afresh (Feldman & Shenfeld, "Privacy amplification by random allocation")."""
+
+    batches_per_epoch: int
+    selections_per_epoch: int = 1
+
+    def __post_init__(self):
+        t = _validate.positive_int("batches_per_epoch", self.batches_per_epoch)
+        k = _validate.positive_int("selections_per_epoch", self.selections_per_epoch, maximum=t)
+        object.__setattr__(self, "batches_per_epoch", t)
+        object.__setattr__(self, "selections_per_epoch", k)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.batches_per_epoch
+
+    def keywords(self) -> dict:
+        return dict(sampling="random_allocation", batches_per_epoch=self.batches_per_epoch,
+                    selections_per_epoch=self.selections_per_epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class BallsInBins:
+    """Each epoch, each example falls into one of ``batches_per_epoch`` bins uniformly at random
+    (Chua et al., "Balls-and-bins sampling for DP-SGD"; accounted with ``C = I``)."""
+
+    batches_per_epoch: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "batches_per_epoch",
+                           _validate.positive_int("batches_per_epoch", self.batches_per_epoch))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.batches_per_epoch
+
+    def keywords(self) -> dict:
+        return dict(sampling="balls_in_bins", batches_per_epoch=self.batches_per_epoch)
+
+
+SamplingScheme = Union[Poisson, FixedBatch, RandomAllocation, BallsInBins]
+_SCHEMES = (Poisson, FixedBatch, RandomAllocation, BallsInBins)
+_PER_EPOCH = (RandomAllocation, BallsInBins)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingScenario:
+    """A DP-SGD training run as the accountant sees it.
+
+    Attributes:
+      noise_multiplier: the Gaussian noise's standard deviation over the clipping norm, a number
+        > 0; or a schedule, one value per step (Poisson only; its length is the step count); or
+        None for a scenario whose noise is to be calibrated (:func:`dpjax.dpsgd_noise_multiplier`).
+      sampling: how batches are drawn (:class:`Poisson`, :class:`FixedBatch`,
+        :class:`RandomAllocation`, :class:`BallsInBins`).
+      steps: the number of training steps; or
+      epochs: the number of passes over the data (give one of the two).  Random allocation and
+        balls-in-bins take whole epochs of ``batches_per_epoch`` steps.
+      group_size: the unit of privacy in examples (1: example-level; larger: group privacy,
+        Poisson and fixed batches).
+
+    The record is checked when it is made (a ``ValueError`` naming the field and its valid
+    range); :attr:`steps` is the resolved step count whichever was given.
+    """
+
+    noise_multiplier: object
+    sampling: SamplingScheme
+    steps: int | None = None
+    epochs: float | None = None
+    group_size: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.sampling, _SCHEMES):
+            raise ValueError(f"sampling must be Poisson(q), FixedBatch(batch_size, dataset_size), "
+                             f"RandomAllocation(batches_per_epoch, selections_per_epoch) or "
+                             f"BallsInBins(batches_per_epoch), got {self.sampling!r}")
+        object.__setattr__(self, "group_size", _validate.positive_int("group_size", self.group_size))
+        if self.group_size != 1 and isinstance(self.sampling, _PER_EPOCH):
+            raise ValueError(f"group_size must be 1 with {type(self.sampling).__name__} (group privacy is "
+                             f"accounted for Poisson and FixedBatch), got {self.group_size}")
+        schedule = self.noise_multiplier is not None and np.ndim(self.noise_multiplier) > 0
+        if self.noise_multiplier is not None:
+            sigma = _validate.positive("noise_multiplier", self.noise_multiplier)
+            object.__setattr__(self, "noise_multiplier",
+                               tuple(float(s) for s in np.ravel(sigma)) if schedule else float(sigma))
+        if schedule and not isinstance(self.sampling, Poisson):
+            raise ValueError(f"a noise schedule (one noise_multiplier per step) is accounted with Poisson "
+                             f"sampling, not {type(self.sampling).__name__}")
+        if schedule and self.steps is None and self.epochs is None:
+            object.__setattr__(self, "steps", len(self.noise_multiplier))
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("give steps or epochs (one of the two), got "
+                             f"steps={self.steps!r}, epochs={self.epochs!r}")
+        if self.epochs is not None:
+            if isinstance(self.sampling, _PER_EPOCH):
+                epochs = _validate.positive_int("epochs", self.epochs)
+                steps = epochs * self.sampling.batches_per_epoch
+            else:
+                epochs = float(_validate.positive("epochs", self.epochs))
+                steps = epochs_to_steps(epochs, self.sampling.sampling_prob)
+            object.__setattr__(self, "epochs", epochs)
+            object.__setattr__(self, "steps", steps)
+        else:
+            steps = _validate.positive_int("steps", self.steps)
+            if isinstance(self.sampling, _PER_EPOCH) and steps % self.sampling.batches_per_epoch:
+                raise ValueError(f"steps must be a multiple of batches_per_epoch = "
+                                 f"{self.sampling.batches_per_epoch} with {type(self.sampling).__name__} "
+                                 f"(whole epochs), got {steps}")
+            object.__setattr__(self, "steps", steps)
+        if schedule and len(self.noise_multiplier) != self.steps:
+            raise ValueError(f"the noise schedule has {len(self.noise_multiplier)} values for {self.steps} steps")
+
+    @property
+    def adjacency(self) -> str:
+        """``"replace"`` for fixed batches, ``"add_or_remove"`` for the other schemes."""
+        return "replace" if isinstance(self.sampling, FixedBatch) else "add_or_remove"
+
+    def replace(self, **changes) -> "TrainingScenario":
+        """A copy with some fields changed (``steps`` or ``epochs`` given alone replaces both)."""
+        if "steps" in changes and "epochs" not in changes:
+            changes["epochs"] = None
+        elif "epochs" in changes and "steps" not in changes:
+            changes["steps"] = None
+        elif "steps" not in changes and self.epochs is not None:
+            changes["steps"] = None  # resolved again from the epochs (the scheme may change)
+        return dataclasses.replace(self, **changes)
+
+    def keywords(self) -> dict:
+        """The keyword arguments of the keyword functions for this run (``target_*`` aside)."""
+        kw = dict(self.sampling.keywords())
+        if isinstance(self.sampling, _PER_EPOCH):
+            kw["epochs"] = self.steps // self.sampling.batches_per_epoch
+        else:
+            kw["steps"] = self.steps
+            if self.group_size != 1:
+                kw["group_size"] = self.group_size
+        if isinstance(self.noise_multiplier, tuple):
+            kw["noise_schedule"] = np.asarray(self.noise_multiplier)
+        elif self.noise_multiplier is not None:
+            kw["noise_multiplier"] = self.noise_multiplier
+        return kw
+
+
+def accepts_scenario(*targets: str, name: str, noise: str = "use"):
+    """Decorator: the keyword function also takes a :class:`TrainingScenario` as its first
+    argument, followed by ``targets`` (positional or by name), and nothing the scenario states.
+
+    ``name`` is the public name errors use; ``noise="use"`` passes the scenario's noise,
+    ``"calibrate"`` requires it to be None (the function finds it)."""
+
+    def decorate(fn):
+        import inspect
+
+        params = set(inspect.signature(fn).parameters)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not args or not isinstance(args[0], TrainingScenario):
+                return fn(*args, **kwargs)
+            scenario, rest = args[0], args[1:]
+            if len(rest) > len(targets):
+                raise ValueError(f"{name}(scenario, ...) takes {', '.join(targets)} after the scenario, "
+                                 f"got {len(rest)} positional values")
+            given = dict(zip(targets, rest))
+            for target in targets:
+                if target in kwargs:
+                    if target in given:
+                        raise ValueError(f"{name}: {target} given twice")
+                    given[target] = kwargs.pop(target)
+            owned = scenario.keywords()
+            clash = sorted(set(kwargs) & (set(owned) | {"noise_multiplier", "noise_schedule", "sampling_prob",
+                                                        "steps", "epochs", "group_size", "sampling",
+                                                        "dataset_size", "batch_size", "batches_per_epoch",
+                                                        "selections_per_epoch", "sample_rate"}))
+            if clash:
+                raise ValueError(f"{name}: {', '.join(clash)} given with a TrainingScenario, which "
+                                 f"states them; change the scenario instead (scenario.replace(...))")
+            if noise == "calibrate":
+                if scenario.noise_multiplier is not None:
+                    raise ValueError(f"{name} finds the noise multiplier: give a scenario with "
+                                     f"noise_multiplier=None, got {scenario.noise_multiplier!r}")
+            elif scenario.noise_multiplier is None:
+                raise ValueError(f"{name} needs the scenario's noise_multiplier (it is None)")
+            unknown = sorted(set(owned) - params)
+            if unknown:
+                raise ValueError(f"{name} does not take {', '.join(unknown)}: this scenario "
+                                 f"({type(scenario.sampling).__name__}"
+                                 f"{', a noise schedule' if 'noise_schedule' in unknown else ''}) is not "
+                                 f"accounted by it")
+            return fn(**owned, **given, **kwargs)
+
+        wrapper.__wrapped_keywords__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
