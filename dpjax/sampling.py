@@ -135,6 +135,13 @@ def balls_in_bins_truncation_delta(num_examples, batches_per_epoch, batch_size, 
     return _truncation_delta(_balls_in_bins_log_overflow(n, b, bs), eps)
 
 
+def _num_examples(value) -> int:
+    """A dataset size the samplers can index with int32."""
+    n = _validate.positive_int("num_examples", value)
+    if n >= 2**31:
+        raise ValueError(f"num_examples must be < 2**31 (int32 indices), got {n}")
+    return n
+
 @dataclasses.dataclass(frozen=True)
 class BallsInBinsSampler:
     """Balls-in-bins batch schedule (Choquette-Choo et al. 2024, Def. 3.1 and §5.2.1).
@@ -160,9 +167,7 @@ class BallsInBinsSampler:
     seed: int = 0
 
     def __post_init__(self):
-        n = _validate.positive_int("num_examples", self.num_examples)
-        if n >= 2**31:
-            raise ValueError(f"num_examples must be < 2**31 (int32 indices), got {n}")
+        n = _num_examples(self.num_examples)
         b = _validate.positive_int("batches_per_epoch", self.batches_per_epoch)
         e = _validate.positive_int("epochs", self.epochs)
         bs = _validate.positive_int("batch_size", self.batch_size)
@@ -295,9 +300,7 @@ class PoissonSampler:
     seed: int = 0
 
     def __post_init__(self):
-        n = _validate.positive_int("num_examples", self.num_examples)
-        if n >= 2**31:
-            raise ValueError(f"num_examples must be < 2**31 (int32 indices), got {n}")
+        n = _num_examples(self.num_examples)
         q = float(_validate.probability_open_closed("sampling_prob", self.sampling_prob))
         object.__setattr__(self, "num_examples", n)
         object.__setattr__(self, "sampling_prob", q)

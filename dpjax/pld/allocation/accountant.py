@@ -628,13 +628,17 @@ def allocation_accounting(noise_multiplier, batches_per_epoch, epochs, target_de
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
     sigma, t, k, E = _validate_allocation(noise_multiplier, batches_per_epoch, epochs, selections_per_epoch)
+    target_delta, target_epsilon = _validated_query(options, target_delta, target_epsilon)
+    return _allocation_result(sigma, t, k, E, target_delta, target_epsilon, options)
+
+
+def _validated_query(options, target_delta, target_epsilon):
+    """``(target_delta, target_epsilon)`` validated (the one given), and ``options`` checked."""
     if options is not None and not isinstance(options, AllocationOptions):
         raise ValueError(f"options must be a dpjax.pld.allocation.accountant.AllocationOptions, got {options!r}")
     if target_delta is not None:
-        target_delta = _validate.probability_open("target_delta", target_delta)
-    else:
-        target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
-    return _allocation_result(sigma, t, k, E, target_delta, target_epsilon, options)
+        return _validate.probability_open("target_delta", target_delta), None
+    return None, _validate.nonnegative("target_epsilon", target_epsilon)
 
 
 def _allocation_result(sigma, t, k, E, target_delta, target_epsilon, options, mu=None):
@@ -705,12 +709,7 @@ def balls_in_bins_accounting(noise_multiplier, batches_per_epoch, epochs, target
         raise ValueError(f"noise_multiplier / sqrt(epochs) must be in [{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}] for "
                          f"balls-in-bins accounting, got {float(sigma)!r} / sqrt({E})")
     s_eff, b, _, _ = _validate_allocation(float(sigma) / math.sqrt(E), batches_per_epoch, 1, 1)
-    if options is not None and not isinstance(options, AllocationOptions):
-        raise ValueError(f"options must be a dpjax.pld.allocation.accountant.AllocationOptions, got {options!r}")
-    if target_delta is not None:
-        target_delta = _validate.probability_open("target_delta", target_delta)
-    else:
-        target_epsilon = _validate.nonnegative("target_epsilon", target_epsilon)
+    target_delta, target_epsilon = _validated_query(options, target_delta, target_epsilon)
     # The unamplified Gaussian: E observations of one bin, mu = sqrt(E) / sigma.
     return _allocation_result(s_eff, b, 1, 1, target_delta, target_epsilon, options, mu=math.sqrt(E) / float(sigma))
 

@@ -86,6 +86,17 @@ def allocation_args(sampling, *, sampling_prob=None, steps=None, batches_per_epo
     return t, k, E
 
 
+def _by_element(shape, wrt, partials_at) -> dict:
+    """``{name: array of shape}`` filled element by element from ``partials_at(index)`` (a dict
+    with every name of ``wrt``): the partial derivatives of a batch, each from its own call."""
+    parts = {w: np.zeros(shape) for w in wrt}
+    for i in np.ndindex(shape):
+        d = partials_at(i)
+        for w in wrt:
+            parts[w][i] = d[w]
+    return parts
+
+
 def no_allocation_args(sampling, batches_per_epoch=None, selections_per_epoch=1) -> None:
     """Refuse the random-allocation arguments with the other schemes."""
     if batches_per_epoch is not None or selections_per_epoch not in (None, 1):
@@ -198,12 +209,8 @@ def query(q: str, name: str, noise_multiplier, target, *, sampling, batches_per_
         def partials(wrt, noise_multiplier, target):
             vals = values(noise_multiplier, target)
             s_b, t_b = np.broadcast_arrays(np.asarray(noise_multiplier, np.float64), np.asarray(target, np.float64))
-            parts = {w: np.zeros(vals.shape) for w in wrt}
-            for i in np.ndindex(vals.shape):
-                d = _one_partials(q, sampling, float(s_b[i]), float(t_b[i]), t, k, E, options, float(vals[i]))
-                for w in wrt:
-                    parts[w][i] = d[w]
-            return vals, parts
+            return vals, _by_element(vals.shape, wrt, lambda i: _one_partials(
+                q, sampling, float(s_b[i]), float(t_b[i]), t, k, E, options, float(vals[i])))
 
         return _traced.host_call(values, partials, {"noise_multiplier": noise_multiplier, "target": target},
                                  name=name)
@@ -254,12 +261,8 @@ def noise_multiplier(name: str, target_epsilon, target_delta, *, sampling, batch
         def partials(wrt, target_epsilon, target_delta):
             sig = values(target_epsilon, target_delta)
             e_b, d_b = np.broadcast_arrays(np.asarray(target_epsilon, np.float64), np.asarray(target_delta, np.float64))
-            parts = {w: np.zeros(sig.shape) for w in wrt}
-            for i in np.ndindex(sig.shape):
-                d = sigma_partials(sampling, float(sig[i]), float(d_b[i]), t, k, E, options)
-                for w in wrt:
-                    parts[w][i] = d[w]
-            return sig, parts
+            return sig, _by_element(sig.shape, wrt, lambda i: sigma_partials(
+                sampling, float(sig[i]), float(d_b[i]), t, k, E, options))
 
         return _traced.host_call(values, partials, {"target_epsilon": target_epsilon, "target_delta": target_delta},
                                  name=name)
