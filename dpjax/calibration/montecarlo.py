@@ -65,14 +65,12 @@ from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, Newto
                                         calibrate_accountant, calibrate_on_draws,
                                         calibrated_noise_core, estimate_minimum_samples,
                                         raise_on_status)
-from dpjax.montecarlo import calibrate as _calibrate
 from dpjax.montecarlo.core import as_prng_key, gram_matrix
 
 #: The Monte Carlo calibration's public names (:mod:`dpjax.montecarlo.calibrate`) and
 #: :func:`calibrated_noise`, defined here.
-__all__ = ["calibrated_noise", *(name for name in _calibrate.__all__ if name in (
-    "calibrated_noise_core", "calibrate_accountant", "estimate_minimum_samples", "DEFAULT_NUM_ITERATIONS",
-    "Bisection", "NewtonIllinois", "calibrate_on_draws"))]
+__all__ = ["calibrated_noise", "calibrated_noise_core", "calibrate_accountant", "estimate_minimum_samples",
+           "DEFAULT_NUM_ITERATIONS", "Bisection", "NewtonIllinois", "calibrate_on_draws"]
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9))

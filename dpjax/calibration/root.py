@@ -44,9 +44,9 @@ Usage::
 
 # The code lives in dpjax.numerics.root (a foundation module: the Monte Carlo layer, below this one,
 # solves with it too); this module is its public import path.
-from dpjax.numerics import root as _root
 from dpjax.numerics.root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
                                  bisect_monotone, solve_monotone_root)
 
 #: Every public name of the solver module but its integer bisection (an internal of the samplers).
-__all__ = [name for name in _root.__all__ if name != "bisect_integer"]
+__all__ = ["SolverStatus", "Solution", "SolverStats", "bisect_monotone", "ImplicitAdjoint", "StopGradientAdjoint",
+           "solve_monotone_root"]
