@@ -135,3 +135,43 @@ def test_replace_resolves_the_steps_again():
 def test_bad_records_and_calls_are_refused_with_the_reason(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_epsilon_curve_through_the_record():
+    run = TrainingScenario(1.0, Poisson(0.01), steps=1000)
+    np.testing.assert_array_equal(dpjax.epsilon_curve(run, 1e-5, steps=[10, 100, 1000]).epsilon,
+                                  dpjax.epsilon_curve(1.0, 0.01, [10, 100, 1000], 1e-5).epsilon)
+    assert dpjax.epsilon_curve(run, 1e-5).epsilon[0] == dpjax.epsilon_curve(1.0, 0.01, [1000], 1e-5).epsilon[0]
+    per_epoch = TrainingScenario(2.0, RandomAllocation(20), epochs=3)
+    got = dpjax.epsilon_curve(per_epoch, 1e-5)
+    np.testing.assert_array_equal(got.steps, [20, 40, 60])
+    np.testing.assert_array_equal(got.epsilon, dpjax.epsilon_curve(
+        2.0, target_delta=1e-5, sampling="random_allocation", batches_per_epoch=20, epochs=3).epsilon)
+    with pytest.raises(ValueError, match="group_size"):
+        dpjax.epsilon_curve(run.replace(group_size=2), 1e-5)
+
+
+@pytest.mark.parametrize("run", [
+    TrainingScenario(1.0, Poisson(0.07), epochs=7),
+    TrainingScenario(None, FixedBatch(70, 1000), steps=20, group_size=2),
+    TrainingScenario(2.0, RandomAllocation(100, 2), epochs=3),
+    TrainingScenario(2.0, BallsInBins(10), steps=30),
+    TrainingScenario(np.linspace(1.0, 2.0, 5), Poisson(0.1)),
+], ids=["poisson-epochs", "fixed-batch", "random-allocation", "balls-in-bins", "schedule"])
+def test_saved_and_loaded(run, tmp_path):
+    path = tmp_path / "run.json"
+    run.to_json(path)
+    assert TrainingScenario.load(path) == run
+    assert TrainingScenario.from_dict(run.to_dict()).keywords().keys() == run.keywords().keys()
+
+
+def test_edited_files_are_refused():
+    data = TrainingScenario(1.0, Poisson(0.07), epochs=7).to_dict()
+    with pytest.raises(ValueError, match="does not match"):
+        TrainingScenario.from_dict({**data, "steps": 99})
+    with pytest.raises(ValueError, match="scheme"):
+        TrainingScenario.from_dict({**data, "sampling": {"scheme": "shuffle", "sampling_prob": 0.1}})
+    with pytest.raises(ValueError, match="format"):
+        TrainingScenario.from_dict({k: v for k, v in data.items() if k != "format"})
+    with pytest.raises(ValueError, match="unknown"):
+        TrainingScenario.from_dict({**data, "adjacency": "replace"})

@@ -48,13 +48,13 @@ import numpy as np
 
 from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
 from dpjax.pld.records import EpsilonCurve
-
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import host_only
 from dpjax.pld.grid import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
+from dpjax.pld.scenario import accepts_scenario
 
 jax = _lazy_module("jax")
 
@@ -83,6 +83,7 @@ def _plan_at(plan, t: int, t_max: int):
                                sigma_composed=tuple(s * r**0.5 for s in plan.sigma_composed))
 
 
+@accepts_scenario("target_delta", name="dpjax.epsilon_curve", overridable=("steps", "epochs"))
 @host_only("dpjax.pld.grid_epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
 def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, *,
                   options: GridOptions | None = None, with_lower: bool = True, batch: int = DEFAULT_BATCH,
@@ -104,6 +105,12 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
         it, or a list) instead of ``sampling_prob`` and ``steps``: epsilon after each epoch
         (:func:`dpjax.pld.allocation.accountant.allocation_epsilon_curve`; ``steps`` of the result
         are the steps after each entry).
+
+    Also ``epsilon_curve(scenario, target_delta, steps=[...])`` with a
+    :class:`~dpjax.pld.scenario.TrainingScenario` (Poisson), or ``epochs=[...]`` for random
+    allocation and balls-in-bins; without the list, the curve has the scenario's own step count
+    (every epoch up to the scenario's, for the per-epoch schemes).
+
     Returns:
       :class:`EpsilonCurve`.
     """

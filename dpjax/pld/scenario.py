@@ -37,6 +37,7 @@ import numpy as np
 
 from dpjax._base import validate as _validate
 from dpjax._base.names import epochs_to_steps
+from dpjax._base.results import ResultMixin
 
 __all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "SamplingScheme", "TrainingScenario",
            "accepts_scenario"]
@@ -134,8 +135,12 @@ _SCHEMES = (Poisson, FixedBatch, RandomAllocation, BallsInBins)
 _PER_EPOCH = (RandomAllocation, BallsInBins)
 
 
+_SCHEME_NAMES = {"poisson": Poisson, "fixed_batch": FixedBatch, "random_allocation": RandomAllocation,
+                 "balls_in_bins": BallsInBins}
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainingScenario:
+class TrainingScenario(ResultMixin):
     """A DP-SGD training run as the accountant sees it.
 
     Attributes:
@@ -151,8 +156,12 @@ class TrainingScenario:
         Poisson and fixed batches).
 
     The record is checked when it is made (a ``ValueError`` naming the field and its valid
-    range); :attr:`steps` is the resolved step count whichever was given.
+    range); :attr:`steps` is the resolved step count whichever was given.  It saves as JSON
+    (``to_json(path)`` / ``TrainingScenario.load(path)``), the scheme as
+    ``{"scheme": "poisson", "sampling_prob": ...}``.
     """
+
+    _format = "dpjax-training-scenario-1"
 
     noise_multiplier: object
     sampling: SamplingScheme
@@ -216,6 +225,35 @@ class TrainingScenario:
             changes["steps"] = None  # resolved again from the epochs (the scheme may change)
         return dataclasses.replace(self, **changes)
 
+    def to_dict(self) -> dict:
+        """Plain data: the fields, the scheme as ``{"scheme": name, **its fields}``."""
+        sampling = {"scheme": self.sampling.keywords()["sampling"], **dataclasses.asdict(self.sampling)}
+        noise = list(self.noise_multiplier) if isinstance(self.noise_multiplier, tuple) else self.noise_multiplier
+        return {"format": self._format, "noise_multiplier": noise, "sampling": sampling, "steps": self.steps,
+                "epochs": self.epochs, "group_size": self.group_size}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainingScenario":
+        """The record of :meth:`to_dict` data; a step count that its epochs no longer give (an
+        edited file) is refused."""
+        if not isinstance(data, dict) or data.get("format") != cls._format:
+            raise ValueError(f"not a TrainingScenario (format {cls._format!r} expected)")
+        unknown = set(data) - {"format", "noise_multiplier", "sampling", "steps", "epochs", "group_size"}
+        if unknown:
+            raise ValueError(f"TrainingScenario.from_dict: unknown fields {sorted(unknown)}")
+        spec = dict(data.get("sampling") or {})
+        scheme = _SCHEME_NAMES.get(spec.pop("scheme", None))
+        if scheme is None:
+            raise ValueError(f"sampling.scheme must be one of {sorted(_SCHEME_NAMES)}, got {data.get('sampling')!r}")
+        noise = data.get("noise_multiplier")
+        run = cls(np.asarray(noise, np.float64) if isinstance(noise, list) else noise, scheme(**spec),
+                  steps=None if data.get("epochs") is not None else data.get("steps"), epochs=data.get("epochs"),
+                  group_size=data.get("group_size", 1))
+        if data.get("steps") is not None and run.steps != data["steps"]:
+            raise ValueError(f"steps {data['steps']!r} does not match epochs {data['epochs']!r} "
+                             f"({run.steps} steps by the epochs rule)")
+        return run
+
     def keywords(self) -> dict:
         """The keyword arguments of the keyword functions for this run (``target_*`` aside)."""
         kw = dict(self.sampling.keywords())
@@ -232,9 +270,10 @@ class TrainingScenario:
         return kw
 
 
-def accepts_scenario(*targets: str, name: str, noise: str = "use"):
+def accepts_scenario(*targets: str, name: str, noise: str = "use", overridable: tuple[str, ...] = ()):
     """Decorator: the keyword function also takes a :class:`TrainingScenario` as its first
-    argument, followed by ``targets`` (positional or by name), and nothing the scenario states.
+    argument, followed by ``targets`` (positional or by name), and nothing the scenario states
+    but the ``overridable`` keywords (an eps(T) curve's list of step counts or epochs).
 
     ``name`` is the public name errors use; ``noise="use"`` passes the scenario's noise,
     ``"calibrate"`` requires it to be None (the function finds it)."""
@@ -259,6 +298,10 @@ def accepts_scenario(*targets: str, name: str, noise: str = "use"):
                         raise ValueError(f"{name}: {target} given twice")
                     given[target] = kwargs.pop(target)
             owned = scenario.keywords()
+            overrides = {k: kwargs.pop(k) for k in overridable if k in kwargs}
+            if overrides:
+                owned = {k: v for k, v in owned.items() if k not in ("steps", "epochs")}
+                owned.update(overrides)
             clash = sorted(set(kwargs) & (set(owned) | {"noise_multiplier", "noise_schedule", "sampling_prob",
                                                         "steps", "epochs", "group_size", "sampling",
                                                         "dataset_size", "batch_size", "batches_per_epoch",
