@@ -175,3 +175,21 @@ def test_edited_files_are_refused():
         TrainingScenario.from_dict({k: v for k, v in data.items() if k != "format"})
     with pytest.raises(ValueError, match="unknown"):
         TrainingScenario.from_dict({**data, "adjacency": "replace"})
+
+
+def test_sweep_of_scenarios_equals_the_keyword_sweep_and_single_calls():
+    runs = [TrainingScenario(s, Poisson(0.01), steps=t) for s in (1.0, 2.0) for t in (100, 1000)]
+    got = dpjax.sweep(runs, delta=1e-5, progress=False)
+    grid = dpjax.sweep(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01], steps=[100, 1000], delta=[1e-5],
+                       progress=False)
+    assert [r["epsilon"] for r in got.rows] == [r["epsilon"] for r in grid.rows]
+    per_epoch = [TrainingScenario(2.0, RandomAllocation(20), epochs=e) for e in (1, 2)]
+    rows = dpjax.sweep(per_epoch, delta=[1e-5, 1e-6], progress=False).rows
+    assert [r["epsilon"] for r in rows] == [dpjax.dpsgd_epsilon(per_epoch[0], 1e-5),
+                                            dpjax.dpsgd_epsilon(per_epoch[1], 1e-6)]
+    with pytest.raises(ValueError, match="steps given"):
+        dpjax.sweep(runs, delta=1e-5, steps=[10])
+    with pytest.raises(ValueError, match="one sampling scheme"):
+        dpjax.sweep(runs + per_epoch, delta=1e-5)
+    with pytest.raises(ValueError, match="FixedBatch"):
+        dpjax.sweep([TrainingScenario(1.0, FixedBatch(10, 100), steps=5)], delta=1e-5)

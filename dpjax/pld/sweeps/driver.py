@@ -146,6 +146,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import numpy as np
+
 from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
 from dpjax._base import validate as _validate
 from dpjax._base import xla as _xla
@@ -186,8 +188,10 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     Args:
       configs: a list of configurations (:class:`SweepConfig` or mappings with
         ``noise_multiplier``, ``sampling_prob``, ``steps``, ``delta`` or ``epsilon``, optional
-        ``group_size``), or a dict of equal-length columns.  Or leave it None and give the grid
-        keywords instead.
+        ``group_size``), or a dict of equal-length columns.  Or a list of
+        :class:`~dpjax.pld.scenario.TrainingScenario` of one scheme (Poisson, random allocation or
+        balls-in-bins) with ``delta`` or ``epsilon`` (one number, or one per scenario).  Or leave
+        it None and give the grid keywords instead.
       noise_multiplier, sampling_prob, steps, delta, epsilon, group_size: a grid
         (:func:`sweep_grid`: Cartesian product, scalars or sequences).
       out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
@@ -224,6 +228,13 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     if progress is not None and progress_bar is not None:
         raise ValueError("give progress or its former name progress_bar, not both")
     show = progress if progress_bar is None else progress_bar
+    if _scenarios_given(configs):
+        configs, sampling = scenario_configs(configs, delta=delta, epsilon=epsilon,
+                                             grid=dict(noise_multiplier=noise_multiplier, sampling_prob=sampling_prob,
+                                                       steps=steps, group_size=group_size, sampling=sampling,
+                                                       batches_per_epoch=batches_per_epoch, epochs=epochs,
+                                                       selections_per_epoch=selections_per_epoch))
+        delta = epsilon = None
     if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
         return _allocation_sweep(configs, sampling=sampling, noise_multiplier=noise_multiplier,
                                  sampling_prob=sampling_prob, steps=steps, group_size=group_size,
@@ -268,6 +279,49 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
     if store is not None:
         store.finalize(table.rows)
     return table
+
+
+def _scenarios_given(configs) -> bool:
+    from dpjax.pld.scenario import TrainingScenario
+
+    return isinstance(configs, (list, tuple)) and bool(configs) and isinstance(configs[0], TrainingScenario)
+
+
+def scenario_configs(scenarios, *, delta=None, epsilon=None, grid: dict) -> tuple[list[dict], str]:
+    """``(configs, sampling)`` of a sweep over :class:`~dpjax.pld.scenario.TrainingScenario` values:
+    one configuration each, at ``delta`` (epsilon rows) or ``epsilon`` (delta rows), a number or
+    one per scenario.  Every scenario has the same kind of scheme and its noise; fixed batches are
+    not swept, and the grid keywords (``grid``, their defaults) cannot be mixed in."""
+    from dpjax.pld.scenario import FixedBatch, Poisson, TrainingScenario
+
+    mixed = sorted(k for k, v in grid.items()
+                   if v is not None and v != {"group_size": 1, "sampling": "poisson", "selections_per_epoch": 1}.get(k))
+    if mixed:
+        raise ValueError(f"sweep(configs=[TrainingScenario, ...]): {', '.join(mixed)} given with the scenarios, "
+                         f"which state them")
+    if (delta is None) == (epsilon is None):
+        raise ValueError("sweep(configs=[TrainingScenario, ...]) needs exactly one of delta and epsilon")
+    kinds = {type(s.sampling) for s in scenarios if isinstance(s, TrainingScenario)}
+    if len(kinds) != 1 or not all(isinstance(s, TrainingScenario) for s in scenarios):
+        raise ValueError("sweep(configs=[...]) needs TrainingScenario values of one sampling scheme, got "
+                         f"{sorted(k.__name__ for k in kinds)}")
+    if FixedBatch in kinds:
+        raise ValueError("sweep does not account FixedBatch scenarios (call dpjax.dpsgd_epsilon for each)")
+    name, value = ("delta", delta) if delta is not None else ("epsilon", epsilon)
+    targets = list(np.ravel(np.asarray(value, dtype=object)))
+    if len(targets) not in (1, len(scenarios)):
+        raise ValueError(f"{name} must be one number or one per scenario ({len(scenarios)}), got {len(targets)}")
+    targets = targets * len(scenarios) if len(targets) == 1 else targets
+    configs = []
+    for s, target in zip(scenarios, targets):
+        if s.noise_multiplier is None or isinstance(s.noise_multiplier, tuple):
+            raise ValueError(f"a swept scenario needs one noise multiplier, got {s.noise_multiplier!r}")
+        kw = s.keywords()
+        kw.pop("sampling")
+        if isinstance(s.sampling, Poisson):
+            kw.setdefault("group_size", 1)
+        configs.append({**kw, name: target})
+    return configs, scenarios[0].sampling.keywords()["sampling"]
 
 
 def _allocation_sweep(configs, *, sampling, sampling_prob, steps, group_size, **kw) -> SweepTable:
