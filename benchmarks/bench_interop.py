@@ -2,7 +2,7 @@
 
 Three parts, all in one process, delta = 1e-5:
 
-1. ``events``: the 20 DpEvents of tests/test_interop_dp_accounting.py (nested compositions
+1. ``events``: the 20 DpEvents of tests/interop/test_interop_dp_accounting.py (nested compositions
    included).  dpjax ``dpjax.interop.PLDAccountant().compose(e).get_epsilon(1e-5)`` vs
    dp_accounting 0.6.0 ``PLDAccountant(value_discretization_interval=1e-5)`` (pessimistic,
    the anchor) and its optimistic estimate at 1e-5 (a lower bound on the truth: dpjax must not
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _load_events():
-    spec = importlib.util.spec_from_file_location("_events", ROOT / "tests" / "test_interop_dp_accounting.py")
+    spec = importlib.util.spec_from_file_location("_events", ROOT / "tests" / "interop" / "test_interop_dp_accounting.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -2,7 +2,7 @@
 optimizations) and its compile time, on this machine.
 
 Single queries, arrays of them, eps(T) curves, calibration, group privacy and the derivatives of
-traced calls run the PLD program on the host and compile nothing (``tests/test_program_count.py``
+traced calls run the PLD program on the host and compile nothing (``tests/pld/grid/test_program_count.py``
 checks it); what compiles is
 
 * the sweeps' bucket programs: one per stage of the PLD program

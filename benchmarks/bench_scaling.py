@@ -3,7 +3,7 @@
 The plain balls-in-bins sums of :func:`dpjax.montecarlo.sharded_monte_carlo_sums` (b = 128,
 E = 16: the n = 2048 matrices of Choquette-Choo et al., *Near exact privacy amplification for
 matrix mechanisms*) over every device of every process, each layout in fresh processes started by
-``tests/_multiprocess_worker.py``: ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` for
+``tests/montecarlo/_multiprocess_worker.py``: ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` for
 ``D`` devices in one process, ``jax.distributed`` on localhost (gloo collectives) for two
 processes of one device each.  Each layout times ``--repeats`` calls after a warm-up call (the
 median is reported) and records the sums' bits, which must be the same on every layout, the
@@ -28,7 +28,7 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "montecarlo"))
 
 from _meta import run_metadata  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Reference brackets for the random-allocation / balls-in-bins property tests
-(``tests/test_allocation_properties.py``): pld-accounting's ``gaussian_allocation_epsilon_range``
+(``tests/pld/allocation/test_allocation_properties.py``): pld-accounting's ``gaussian_allocation_epsilon_range``
 (Feldman & Shenfeld's PLD accountant, its default accuracy) on seeded random configurations.
 
 pld-accounting is not a dependency of dpjax (nor of its tests): this script runs in an

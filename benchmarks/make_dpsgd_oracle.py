@@ -1,4 +1,4 @@
-"""Independent lower bounds for the DP-SGD property tests (``tests/test_dpsgd_properties.py``).
+"""Independent lower bounds for the DP-SGD property tests (``tests/pld/test_dpsgd_properties.py``).
 
 Draws random DP-SGD configurations (Poisson sampling and fixed batches) and records, for each,
 dp_accounting's *optimistic* PLD epsilon (``pessimistic_estimate=False``, no connect-the-dots,

@@ -17,6 +17,6 @@ python -m venv "$venv"
 "$venv/bin/python" -m pip install -q --no-deps -e .
 "$venv/bin/python" -m pip list 2>/dev/null | grep -E -i "^(jax|jaxlib|optax|numpy|scipy|chex|ml.dtypes) "
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" -n 2 \
-  tests/test_pld_core.py tests/test_pld_gaussian.py tests/test_float32_pld.py tests/test_float32_montecarlo.py \
-  tests/test_calibration_root.py tests/test_matrices.py tests/test_optimization.py tests/test_xla_options.py \
-  tests/test_jax_private.py tests/test_results.py tests/test_imports.py
+  tests/pld/test_pld_core.py tests/pld/test_pld_gaussian.py tests/pld/test_float32_pld.py tests/montecarlo/test_float32_montecarlo.py \
+  tests/calibration/test_calibration_root.py tests/matrices/test_matrices.py tests/optimization/test_optimization.py tests/_base/test_xla_options.py \
+  tests/_base/test_jax_private.py tests/_base/test_results.py tests/test_imports.py

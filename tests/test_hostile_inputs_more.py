@@ -1,6 +1,6 @@
 """Reproductions of wrong answers and crashes on the newer surfaces (interop, sampling, noise,
 sweep, curves), each pinned to the right number or to a clear ValueError; the CLI half is in
-tests/test_optimize_cli_paths.py, the fallback bounds in tests/test_pld_fallback.py."""
+tests/cli/test_optimize_cli_paths.py, the fallback bounds in tests/pld/test_pld_fallback.py."""
 
 from __future__ import annotations
 

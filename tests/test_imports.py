@@ -308,3 +308,18 @@ def test_lazy_pld_names_match_their_static_imports():
                 static.update({alias.asname or alias.name: imp.module for alias in imp.names})
     assert static == dpjax.pld._ATTRS
     assert sorted(dpjax.pld.__all__) == sorted(static)
+
+
+def test_test_folders_mirror_the_package():
+    """``tests/`` is laid out like ``dpjax/``: each folder of tests is a package of dpjax
+    (``tests/pld/grid`` holds the tests of ``dpjax/pld/grid``); tests of top-level modules and of
+    the project as a whole stay at the top."""
+    tests = pathlib.Path(__file__).resolve().parent
+    package = tests.parent / "dpjax"
+    folders = [p for p in tests.rglob("*") if p.is_dir() and p.name not in ("data", "__pycache__")
+               and "data" not in p.relative_to(tests).parts]
+    assert folders, "tests/ has no package folders"
+    for folder in folders:
+        rel = folder.relative_to(tests)
+        assert (package / rel / "__init__.py").exists(), f"tests/{rel} mirrors no package dpjax/{rel}"
+        assert any(folder.glob("test_*.py")), f"tests/{rel} holds no test module"

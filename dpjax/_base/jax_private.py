@@ -3,7 +3,7 @@
 JAX may rename or remove anything under ``jax._src`` in any release.  dpjax reads private JAX
 in exactly the functions below; each looks the private name up when called and, when it is
 missing, falls back to behaviour that gives the same numbers (at worst a slower compile or a
-less specific error message).  ``tests/test_jax_private.py`` deletes each private name and checks
+less specific error message).  ``tests/_base/test_jax_private.py`` deletes each private name and checks
 the fallback.
 
 =====================================  ==========================================  =======================================

@@ -24,7 +24,7 @@ and ``parser.set_defaults(vectorized=("epsilon",))`` for list options that ``fn`
 ``SUBCOMMAND_MODULES`` below.  A subcommand whose ``--out`` is its own file format (``sweep``'s
 CSV, ``optimize``'s loadable result) sets ``owns_out=True`` and writes it itself, and
 ``out_formats`` (extension -> what is written) when those are not ``.json`` and ``.csv``.
-``tests/test_cli_consistency.py`` checks every registered
+``tests/cli/test_cli_consistency.py`` checks every registered
 subcommand against these rules.
 
 Every subcommand runs with JAX's persistent compilation cache on (``~/.cache/dpjax/xla``;

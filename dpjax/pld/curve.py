@@ -30,7 +30,7 @@ Error bound against separate calls.  A separate call ``dpsgd_epsilon(sigma, q, T
 a grid planned for ``T``; both values are certified upper bounds and both lie above the true
 epsilon, above each other's certified lower end.  So ``|curve - separate| <= max(upper) -
 min(lower)`` of the two brackets; with the default accuracy both are within ``relative_accuracy``
-(1e-3) of the true value (measured differences in ``tests/test_curve.py``).
+(1e-3) of the true value (measured differences in ``tests/pld/test_curve.py``).
 
 Example::
 

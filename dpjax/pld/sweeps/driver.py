@@ -86,7 +86,7 @@ step, at least 2^16 points) are sized for one answer; for epsilon queries the sw
 which shortens ``n`` and ``m`` several times on typical DP-SGD configurations.  It is as sound
 as any grid (soundness never depends on the plan, docs/design.md §2.4); the only change is
 tightness: each epsilon row is within :data:`SWEEP_SLACK` (1e-3) relative of
-:func:`dpjax.pld.dpsgd_epsilon` on that configuration (``tests/test_sweep.py`` checks it on
+:func:`dpjax.pld.dpsgd_epsilon` on that configuration (``tests/pld/sweeps/test_sweep.py`` checks it on
 random configurations), and the two certified brackets overlap (each value lies above the
 other's certified lower end), so neither is below the truth, the exact oracle (q = 1 rows are
 answered from the closed form) or dp_accounting's optimistic estimate.  The lower end of the

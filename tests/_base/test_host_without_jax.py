@@ -21,7 +21,7 @@ import pytest
 
 import dpjax
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 CHILD = r'''
 import json, sys

@@ -166,7 +166,7 @@ def test_caps_leave_scipy_stats_unimported():
 
 
 HEAVY = (0.6291005376737504, 1.3958098043021708e-08, 353, 4.849276483929471e-13)
-# Certified upper end of HEAVY (pld.dpsgd_accounting; tests/test_pld_tilted_tail.py, slow tier).
+# Certified upper end of HEAVY (pld.dpsgd_accounting; tests/pld/test_pld_tilted_tail.py, slow tier).
 HEAVY_UPPER = 1.2406745796100793e-04
 
 

@@ -202,7 +202,7 @@ def test_once_refused_and_loose_targets_are_calibrated_to_the_smallest_sigma(tar
     eps, delta, q, steps = target
     sigma = dpsgd_noise_multiplier(q, steps, eps, delta)
     # dp_accounting's calibrate_dp_mechanism at a 1e-4 interval: 0.856629 and 1.201499 (checked
-    # with tests/test_calibration_targets.py); ours is the certified pessimistic end.
+    # with tests/calibration/test_calibration_targets.py); ours is the certified pessimistic end.
     assert sigma == pytest.approx(expected, rel=2e-4)
     with jax.disable_jit():  # op by op: no compile per grid shape for the two checks
         assert dpjax.dpsgd_epsilon(sigma, q, steps, delta) <= eps

@@ -13,7 +13,7 @@ is ``eps(more private) <= eps(less private) * (1 + TOL_REL) + TOL_ABS`` with TOL
 against was 3.1e-4 at q = 3e-8 against 0 at q = 1e-7).
 
 Each property has a small hypothesis version in the default suite and a large seeded run behind
-the ``slow`` marker (``pytest -m slow tests/test_monotonicity_properties.py``): 600 sweep rows,
+the ``slow`` marker (``pytest -m slow tests/pld/test_monotonicity_properties.py``): 600 sweep rows,
 240 ``dpsgd_epsilon`` and 120 ``PLDAccountant`` configurations, and 30 curves of 37 steps each
 (1,110 configurations), 2,070 in all.
 """

@@ -1,6 +1,6 @@
 """Properties of the DP-SGD accountant over many random configurations (slow tier), for Poisson
 sampling and fixed batches; random allocation and balls-in-bins are in
-``tests/test_allocation_properties.py``.
+``tests/pld/allocation/test_allocation_properties.py``.
 
 Per configuration (sigma 0.4 to 5, q 1e-4 to 1, 1 to 3,000 steps, delta 1e-14 to 1e-3; fixed
 batches of datasets of 1,000 to 60,000), the certified epsilon of :func:`dpjax.dpsgd_epsilon` is
@@ -38,7 +38,7 @@ import scipy.special
 import dpjax
 from dpjax.pld.grid.engine import exact_epsilon
 
-DATA = pathlib.Path(__file__).parent / "data" / "dpsgd_oracle.json"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "dpsgd_oracle.json"
 MONOTONE_TOL = 1e-3
 
 

@@ -10,7 +10,7 @@ near 1e-12: B6 (sigma 1.1, q 1e-3, T 1e5) at 1e-11 gave 2.3765 (truth 2.3458), a
 Oracles:
 
 * Gaussian compositions forced onto the grid (``exact_gaussian=False``) against the
-  50-digit closed form (``tests/test_pld_small_delta.py``'s mpmath oracle).
+  50-digit closed form (``tests/pld/test_pld_small_delta.py``'s mpmath oracle).
 * 100 Gaussians (sigma 10) with 100 randomized responses (p = 0.52): exact mixture of
   Gaussian curves over the binomial count of +-ell steps (mpmath, as reference case
   D_mixed_gauss_rr).

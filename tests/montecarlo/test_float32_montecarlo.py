@@ -12,7 +12,7 @@ Tolerances (justified per cell):
 * grad, x64 on: the same float64 program -> 1e-12; also against central finite differences
   (``fd_rel`` per function: 1e-6 for smooth closed forms with h = 1e-5, where truncation is
   ~h^2 ~ 1e-10 relative and round-off ~1e-16/h ~ 1e-11; 1e-3 for the Monte Carlo functions,
-  whose common-random-numbers estimate has kinks, see tests/test_calibration_montecarlo.py).
+  whose common-random-numbers estimate has kinks, see tests/calibration/test_calibration_montecarlo.py).
 * grad, x64 off: the float64 gradient rounded to float32 at the boundary (6e-8 relative), then
   pulled back through the caller's own float32 code (``C(a) = I + a * subdiag``: a float32 sum
   of <= 16 cotangent entries, each rounded at 6e-8) -> ``REL_F32 = 2e-6``.

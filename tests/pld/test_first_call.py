@@ -19,7 +19,7 @@ import pytest
 import dpjax
 from dpjax.numerics import exact
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _jitted_epsilon(delta, mu):

@@ -30,7 +30,7 @@ import pytest
 from dpjax.pld.allocation import accountant as R
 from dpjax.pld.grid.engine import exact_epsilon
 
-DATA = pathlib.Path(__file__).parent / "data" / "allocation_oracle.json"
+DATA = pathlib.Path(__file__).resolve().parents[2] / "data" / "allocation_oracle.json"
 
 
 def _oracle():

@@ -18,7 +18,7 @@ import pytest
 
 from dpjax._base import jax_private as _jax_private
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_private_jax_is_read_in_one_module_only():

@@ -252,7 +252,7 @@ def test_verbose_adds_the_details_and_progress_names_the_stages(capsys, monkeypa
 def _readme_example() -> str:
     import pathlib
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     return text.split("It prints\n\n```text\n", 1)[1].split("\n```", 1)[0]
 
 

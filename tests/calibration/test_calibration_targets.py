@@ -28,7 +28,7 @@ for long grids (319 s against 0.15 s jitted), so it was dropped.
 
 Run the full set (>= 300 targets) as a script, it writes one JSON line per target::
 
-    PYTHONPATH=. python tests/test_calibration_targets.py --n 300 --seed 14 --out sweep.jsonl
+    PYTHONPATH=. python tests/calibration/test_calibration_targets.py --n 300 --seed 14 --out sweep.jsonl
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_without_jax_privacy_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "jax_privacy.matrix_factorization", None)
     with pytest.raises(ImportError, match=r'pip install -e "\.\[jax-privacy\]"'):
         to_jax_privacy(BLT(jnp.array([0.9]), jnp.array([0.1])), 8)
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(r.startswith("jax-privacy") for r in extras["jax-privacy"])
     readme = (root / "README.md").read_text()

@@ -1,7 +1,7 @@
 """Runs over several processes (``jax.distributed`` on localhost, CPU collectives) and several
 devices give the one-process numbers, bit for bit (docs/design.md §14).
 
-Each run is a set of fresh processes started by ``tests/_multiprocess_worker.py`` (its
+Each run is a set of fresh processes started by ``tests/montecarlo/_multiprocess_worker.py`` (its
 ``launch`` waits for them within a timeout and kills whatever is left, whatever happens), which
 prints every float as ``float.hex``: the comparisons below are exact.
 

@@ -22,7 +22,7 @@ from dpjax.pld.sweeps import driver as sweep_driver
 from dpjax.cli.main import main
 from dpjax.cli.sweep import parse_values
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 #: The bucket slack (dpjax.pld.sweeps.driver docstring): padding the single-step support length and
 #: the kept frequencies to the bucket's largest only moves the truncation / wrap-around terms,

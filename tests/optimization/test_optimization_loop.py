@@ -21,7 +21,7 @@ import pytest
 from dpjax.optimization import (OptimizationResult, make_parameterization, optimize_correlation)
 from dpjax.optimization import loop as loop_mod
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 B, E = 4, 2
 KW = dict(batches_per_epoch=B, epochs=E, target_epsilon=2.0, target_delta=1e-3, num_samples=256,
           key=5, progress=False)

@@ -1,8 +1,8 @@
-"""One process of a multi-process run for tests/test_multiprocess.py (and benchmarks/bench_scaling.py).
+"""One process of a multi-process run for tests/montecarlo/test_multiprocess.py (and benchmarks/bench_scaling.py).
 
 Usage::
 
-    python tests/_multiprocess_worker.py SPEC_JSON PROCESS_ID NUM_PROCESSES PORT
+    python tests/montecarlo/_multiprocess_worker.py SPEC_JSON PROCESS_ID NUM_PROCESSES PORT
 
 ``NUM_PROCESSES > 1`` joins a ``jax.distributed`` run on ``127.0.0.1:PORT`` with CPU collectives
 (gloo); ``NUM_PROCESSES = 1`` runs alone (``XLA_FLAGS`` may force several host devices).  The

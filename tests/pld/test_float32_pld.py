@@ -16,7 +16,7 @@ Matrix: function x {eager, grad, vmap, jit} x {x64 on, off}.  The suite runs wit
 Host-side entry points (plan on the host, return Python floats) give the float64 value from
 float32 code; the general ones (``pld.epsilon``, ``calibration.gaussian_noise_multiplier``)
 raise a ValueError under ``jit`` saying that they cannot be traced and naming the traceable
-alternative, while the DP-SGD headline functions are traceable (tests/test_traced_headline.py).
+alternative, while the DP-SGD headline functions are traceable (tests/pld/test_traced_headline.py).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def test_host_entry_point_values_are_float64_resolution():
 
 
 # The headline functions (dpsgd_epsilon, dpsgd_delta, dpsgd_noise_multiplier) are traceable:
-# tests/test_traced_headline.py.  The remaining host-side entry points refuse tracers.
+# tests/pld/test_traced_headline.py.  The remaining host-side entry points refuse tracers.
 HOST_ONLY = ("pld.epsilon", "calibration.gaussian_noise_multiplier")
 
 

@@ -84,7 +84,7 @@ def test_screened_root_and_gradient_equal_the_full_estimate():
 @pytest.mark.slow  # ~20 compiled evaluations: ~1 min idle, several under load
 def test_screened_gradient_matches_central_finite_differences():
     """For the loop's calibration: d log RMSE / d params against central
-    differences with the same sample (h = 1e-5; see tests/test_rmse_gradients.py for the
+    differences with the same sample (h = 1e-5; see tests/optimization/test_rmse_gradients.py for the
     error budget), relative error <= 1e-4 of the largest component."""
     with jax.enable_x64(True):
         par, params, d = _setup()
