@@ -88,7 +88,7 @@ MUTATIONS = [
         "return max(int(x), 1)",
         "A partial last epoch is truncated instead of counted: the guarantee covers fewer steps "
         "than training takes.",
-        ("tests/test_epochs_rule.py",)),
+        ("tests/pld/test_epochs_rule.py",)),
     # --- PLD discretization (connect-the-dots split, +inf atom)
     Mutation(
         "grid-split-rounds-down", "dpjax/pld/grid/program.py",
@@ -96,14 +96,14 @@ MUTATIONS = [
         "a = p_bin",
         "The pessimistic discretization puts each bin's whole P-mass on its lower grid point "
         "(every loss rounded down): the 'upper' PMF no longer dominates the mechanism.",
-        ("tests/test_pld_gaussian.py",)),
+        ("tests/pld/test_pld_gaussian.py",)),
     Mutation(
         "grid-top-mass-dropped", "dpjax/pld/grid/program.py",
         "return xp.concatenate(rows, axis=0), c.p_gt[..., -1] + 2 * m * FLUSH",
         "return xp.concatenate(rows, axis=0), 2 * m * FLUSH",
         "The P-mass above the last grid point is not put on the +inf atom: it is lost from "
         "every delta.",
-        ("tests/test_pld_core.py",)),
+        ("tests/pld/test_pld_core.py",)),
     # --- FFT composition: wrap-around, +inf atom, frequency truncation, round-off floor
     Mutation(
         "wrap-tail-above-dropped", "dpjax/pld/grid/program.py",
@@ -111,34 +111,35 @@ MUTATIONS = [
         "const = xp.where(is_up, p_inf + roundoff, p_inf - below - roundoff)",
         "The Chernoff bound on mass wrapped around from above the window is not added to the "
         "upper delta curve.",
-        ("tests/test_pld_gaussian.py", "tests/test_pld_references.py", "tests/test_pld_tilted_tail.py")),
+        ("tests/pld/test_pld_gaussian.py", "tests/pld/test_pld_references.py", "tests/pld/test_pld_tilted_tail.py",
+         "tests/pld/grid/test_pld_program.py")),
     Mutation(
         "fixed-grid-tail-above-dropped", "dpjax/pld/grid/convert.py",
         "const = pld.p_inf + pld.tail_above + pld.roundoff",
         "const = pld.p_inf + pld.roundoff",
         "The fixed grid's upper delta curve leaves out the mass wrapped around from above its "
         "window (large when the grid is read away from its planning point).",
-        ("tests/test_fixed_grid_looseness.py", "tests/test_pld_fixed_grid.py")),
+        ("tests/pld/grid/test_fixed_grid_looseness.py", "tests/pld/grid/test_pld_fixed_grid.py")),
     Mutation(
         "inf-atom-not-composed", "dpjax/pld/grid/program.py",
         'log_fin = carry["log_fin"] + xp.where(live, c * xp.log1p(-p_inf_up), 0.0) if "up" in spec.kinds \\',
         'log_fin = carry["log_fin"] + xp.where(live, xp.log1p(-p_inf_up), 0.0) if "up" in spec.kinds \\',
         "The +inf atom of a mechanism composed c times is counted once instead of "
         "1 - (1 - p_inf)^c: the composed delta misses mass at infinite loss.",
-        ("tests/test_pld_gaussian.py", "tests/test_pld_program.py")),
+        ("tests/pld/test_pld_gaussian.py", "tests/pld/grid/test_pld_program.py")),
     Mutation(
         "freq-truncation-half-power", "dpjax/pld/grid/program.py",
         'log_hi = xp.where(inp.nf < half, 0.5 * xp.log(xp.maximum(top, 1e-300)), 0.0)',
         'log_hi = xp.where(inp.nf < half, xp.log(xp.maximum(top, 1e-300)), 0.0)',
         "The bound on the dropped frequencies uses |F|^2 instead of |F| per coefficient, "
         "so the allowance for frequency truncation is too small.",
-        ("tests/test_pld_truncation.py", "tests/test_pld_program.py")),
+        ("tests/pld/test_pld_truncation.py", "tests/pld/grid/test_pld_program.py")),
     Mutation(
         "noise-floor-dropped", "dpjax/pld/grid/program.py",
         "rows.append(xp.maximum(r[sl], 0.0) + nu[sl, None])",
         "rows.append(xp.maximum(r[sl], 0.0))",
         "The FFT round-off allowance is no longer added to every bin of the pessimistic PMF.",
-        ("tests/test_pld_small_delta.py",)),
+        ("tests/pld/test_pld_small_delta.py",)),
     # --- conversion to (epsilon, delta)
     Mutation(
         "delta-segment-above", "dpjax/pld/grid/program.py",
@@ -146,14 +147,14 @@ MUTATIONS = [
         "j = xp.clip(xp.ceil((eps - y0) / dx).astype(np.int64), -1, n - 1)",
         "delta(eps) is read on the segment above eps: the grid point just above eps drops out "
         "of the hockey-stick sum.",
-        ("tests/test_pld_gaussian.py",)),
+        ("tests/pld/test_pld_gaussian.py",)),
     Mutation(
         "eps-grid-point-below", "dpjax/pld/grid/program.py",
         "eps = xp.where((ratio > 0) & (B > 0), xp.clip(eps, lo_end, hi_end), hi_end)",
         "eps = xp.where((ratio > 0) & (B > 0), lo_end, hi_end)",
         "epsilon(delta) is the grid point below the crossing instead of the crossing: up to one "
         "grid spacing too small.",
-        ("tests/test_pld_gaussian.py",)),
+        ("tests/pld/test_pld_gaussian.py",)),
     # --- exact Gaussian curve
     Mutation(
         "gaussian-curve-sign", "dpjax/numerics/exact.py",
@@ -161,75 +162,75 @@ MUTATIONS = [
         "log_a = py_log_ndtr(-eps / mu - 0.5 * mu)",
         "Sign slip in the first term of the exact Gaussian curve (host path): the oracle's "
         "delta collapses.",
-        ("tests/test_pld_program.py",)),
+        ("tests/pld/grid/test_pld_program.py",)),
     Mutation(
         "gaussian-epsilon-margin-sign", "dpjax/numerics/exact.py",
         "bar = _log(target_delta) - _LOG_DELTA_MARGIN",
         "bar = _log(target_delta) + _LOG_DELTA_MARGIN",
         "The exact Gaussian epsilon's rounding margin is applied on the unsafe side: the returned "
         "epsilon may have delta above the target.",
-        ("tests/test_pld_small_delta.py",)),
+        ("tests/pld/test_pld_small_delta.py",)),
     # --- RDP
     Mutation(
         "rdp-order-denominator", "dpjax/numerics/rdp.py",
         "return log_a / (alpha - 1.0)",
         "return log_a / alpha",
         "The per-step RDP is log(A_alpha) / alpha instead of / (alpha - 1): too small at every order.",
-        ("tests/test_baselines_rdp.py",)),
+        ("tests/baselines/test_baselines_rdp.py",)),
     Mutation(
         "rdp-zero-eps-test", "dpjax/numerics/rdp.py",
         "eps = jnp.where(delta**2 + jnp.expm1(-rdp) > 0, 0.0, eps)",
         "eps = jnp.where(delta + jnp.expm1(-rdp) > 0, 0.0, eps)",
         "The Bretagnolle-Huber shortcut certifies epsilon = 0 when delta >= 1 - exp(-rdp) "
         "instead of delta^2 >= 1 - exp(-rdp).",
-        ("tests/test_baselines_rdp.py", "tests/test_pld_fallback.py", "tests/test_baselines_group.py")),
+        ("tests/baselines/test_baselines_rdp.py", "tests/pld/test_pld_fallback.py", "tests/baselines/test_baselines_group.py")),
     Mutation(
         "rdp-standard-conversion", "dpjax/numerics/rdp.py",
         "eps = rdp - jnp.log(delta) / (orders - 1.0)",
         "eps = rdp - jnp.log(delta) / orders",
         "Mironov's conversion divides log(1/delta) by alpha instead of alpha - 1.",
-        ("tests/test_baselines_rdp.py",)),
+        ("tests/baselines/test_baselines_rdp.py",)),
     # --- fallback bounds
     Mutation(
         "support-bound-ignores-count", "dpjax/pld/fallback.py",
         "total += float(np.sum(m * np.asarray(count, np.float64)))",
         "total += float(np.sum(m))",
         "The pure-DP composition bound adds one mechanism's largest loss instead of count times it.",
-        ("tests/test_pld_fallback.py",)),
+        ("tests/pld/test_pld_fallback.py",)),
     Mutation(
         "mixture-bound-off-by-one", "dpjax/pld/fallback.py",
         "prev_sf = np.r_[1.0, sf[:-1]]",
         "prev_sf = sf",
         "The binomial mixture bound weights each Gaussian increment by P(K > k_j) instead of "
         "P(K > k_{j-1}): the mass of every mixture point is shifted down.",
-        ("tests/test_pld_fallback.py",)),
+        ("tests/pld/test_pld_fallback.py",)),
     # --- accountant: directions, caps, lower ends
     Mutation(
         "directions-min", "dpjax/pld/grid/engine.py",
         "upper = np.max([r.upper for r in dir_reports], axis=0)",
         "upper = np.min([r.upper for r in dir_reports], axis=0)",
         "The add/remove guarantee takes the smaller of the two directions' epsilons.",
-        ("tests/test_pld_references.py",)),
+        ("tests/pld/test_pld_references.py",)),
     Mutation(
         "fallback-directions-min", "dpjax/pld/accountant.py",
         "upper = np.max([r.upper for r in out], axis=0)",
         "upper = np.min([r.upper for r in out], axis=0)",
         "Where the grid failed, the fallback answer takes the smaller direction.",
-        ("tests/test_pld_fallback.py", "tests/test_pld_small_qt.py", "tests/test_monotonicity_properties.py")),
+        ("tests/pld/test_pld_fallback.py", "tests/pld/test_pld_small_qt.py", "tests/pld/test_monotonicity_properties.py")),
     Mutation(
         "one-step-lower-drops-q", "dpjax/pld/accountant.py",
         "rows.append(np.log(q) + np_gaussian_log_delta(shifted, mu))",
         "rows.append(np_gaussian_log_delta(shifted, mu))",
         "The closed-form one-step lower end forgets the factor q of amplification: the certified "
         "lower end of epsilon is too high.",
-        ("tests/test_pld_caps.py",)),
+        ("tests/pld/test_pld_caps.py",)),
     Mutation(
         "dominating-mixture-min", "dpjax/pld/grid/engine.py",
         's = max((si for si, pi in zip(static["sensitivities"], static["probabilities"]) if pi > 0), default=0.0)',
         's = min((si for si, pi in zip(static["sensitivities"], static["probabilities"]) if pi > 0), default=0.0)',
         "The Gaussian said to dominate a mixture of Gaussians uses its smallest sensitivity: the "
         "cap it imposes is not an upper bound.",
-        ("tests/test_group_mog.py", "tests/test_interop_dp_accounting.py")),
+        ("tests/test_group_mog.py", "tests/interop/test_interop_dp_accounting.py")),
     # --- group privacy mixtures
     Mutation(
         "fixed-batch-sensitivity", "dpjax/pld/mog.py",
@@ -250,106 +251,106 @@ MUTATIONS = [
         "blocks.append((lo + 1, r * E))",
         "blocks.append((lo + 1, r))",
         "The larger 1-of-t blocks of a k-of-t allocation are composed for one epoch instead of E.",
-        ("tests/test_allocation.py",)),
+        ("tests/pld/allocation/test_allocation.py",)),
     Mutation(
         "allocation-inf-atom-dropped", "dpjax/pld/allocation/lattice.py",
         "const = xp.where(is_up, comp.p_inf + comp.tail_above, comp.p_inf - comp.tail_below)",
         "const = xp.where(is_up, comp.tail_above, comp.p_inf - comp.tail_below)",
         "The allocation lattice's +inf atom (truncated bands) is left out of the upper delta curve.",
-        ("tests/test_allocation.py", "tests/test_allocation_integration.py", "tests/test_allocation_hostile.py")),
+        ("tests/pld/allocation/test_allocation.py", "tests/pld/allocation/test_allocation_integration.py", "tests/pld/allocation/test_allocation_hostile.py")),
     Mutation(
         "allocation-directions-min", "dpjax/pld/allocation/accountant.py",
         "upper = up.max(0)",
         "upper = up.min(0)",
         "Random allocation's add/remove guarantee takes the smaller direction.",
-        ("tests/test_allocation.py",)),
+        ("tests/pld/allocation/test_allocation.py",)),
     Mutation(
         "allocation-summed-mu-unamplified", "dpjax/pld/allocation/accountant.py",
         "return float(math.sqrt(sum(int(c) / (int(tb) * sb * sb) for sb, (tb, c) in zip(sig, blocks))))",
         "return float(math.sqrt(sum(int(c) / (sb * sb) for sb, (tb, c) in zip(sig, blocks))))",
         "The Gaussian released by an epoch's summed outputs forgets the variance of its t_b steps: "
         "the lower end it certifies is the unamplified Gaussian's.",
-        ("tests/test_allocation.py",)),
+        ("tests/pld/allocation/test_allocation.py",)),
     # --- Monte Carlo: Estimate-Verify-Release, confidence intervals, losses
     Mutation(
         "evr-union-bound-dropped", "dpjax/montecarlo/evr.py",
         "return tau * base_delta + k * failure_probability(num_samples, base_delta, tau)",
         "return tau * base_delta + failure_probability(num_samples, base_delta, tau)",
         "The certified delta of a procedure with K tests counts one test's failure probability.",
-        ("tests/test_evr.py",)),
+        ("tests/montecarlo/test_evr.py",)),
     Mutation(
         "evr-base-delta-unsafe-end", "dpjax/montecarlo/evr.py",
         "return lo",
         "return hi",
         "base_delta_for_target returns the end of its bisection bracket whose overall delta "
         "exceeds the target.",
-        ("tests/test_montecarlo.py",), occurrence=0),
+        ("tests/montecarlo/test_montecarlo.py",), occurrence=0),
     Mutation(
         "betting-one-direction", "dpjax/montecarlo/evr.py",
         "passed = all(ranges[d] <= level or (np.isfinite(wealth[d]) and wealth[d] >= log_inv_beta) for d in range(2))",
         "passed = any(ranges[d] <= level or (np.isfinite(wealth[d]) and wealth[d] >= log_inv_beta) for d in range(2))",
         "The betting test passes when either direction passes, not both.",
-        ("tests/test_evr.py", "tests/test_montecarlo.py", "tests/test_importance.py")),
+        ("tests/montecarlo/test_evr.py", "tests/montecarlo/test_montecarlo.py", "tests/montecarlo/test_importance.py")),
     Mutation(
         "betting-level-without-beta", "dpjax/montecarlo/evr.py",
         "level = target - beta - _sampler_allowance(b)",
         "level = target - _sampler_allowance(b)",
         "The one-test certificate tests at target_delta without reserving its failure "
         "probability: the released delta exceeds the target.",
-        ("tests/test_evr.py",)),
+        ("tests/montecarlo/test_evr.py",)),
     Mutation(
         "ladder-rungs-not-counted", "dpjax/montecarlo/evr.py",
         "log_inv_beta = math.log(rungs / beta_total)",
         "log_inv_beta = math.log(1.0 / beta_total)",
         "Each rung of the betting ladder is tested at the whole failure probability instead of "
         "its share: the union bound over rungs is lost.",
-        ("tests/test_evr.py",)),
+        ("tests/montecarlo/test_evr.py",)),
     Mutation(
         "mc-interval-min-direction", "dpjax/montecarlo/_accountant.py",
         "delta_low=np.max(lo, axis=0), delta_high=np.max(hi, axis=0), confidence=confidence)",
         "delta_low=np.max(lo, axis=0), delta_high=np.min(hi, axis=0), confidence=confidence)",
         "The upper confidence bound on the max-direction delta is the smaller direction's.",
-        ("tests/test_montecarlo_interval.py",)),
+        ("tests/montecarlo/test_montecarlo_interval.py",)),
     Mutation(
         "mc-interval-no-union-bound", "dpjax/montecarlo/_accountant.py",
         "lo, hi = _kl_bounds(mean, m, 1.0 - (1.0 - confidence) / 2.0)",
         "lo, hi = _kl_bounds(mean, m, confidence)",
         "The per-direction confidence bounds are taken at the overall level: the max-direction "
         "interval no longer holds with the stated confidence.",
-        ("tests/test_montecarlo_interval.py", "tests/test_mc_epsilon_interval.py")),
+        ("tests/montecarlo/test_montecarlo_interval.py", "tests/montecarlo/test_mc_epsilon_interval.py")),
     Mutation(
         "mc-nan-loss-is-zero", "dpjax/montecarlo/core.py",
         "return jnp.where(jnp.isnan(losses), jnp.inf, losses)",
         "return jnp.where(jnp.isnan(losses), 0.0, losses)",
         "A privacy loss that cannot be evaluated counts as 0 instead of +inf.",
-        ("tests/test_montecarlo_extreme_sigma.py",)),
+        ("tests/montecarlo/test_montecarlo_extreme_sigma.py",)),
     Mutation(
         "mc-half-norm-doubled", "dpjax/montecarlo/core.py",
         "half_norms = (0.5 * inv_var) * jnp.diagonal(gram)",
         "half_norms = inv_var * jnp.diagonal(gram)",
         "The Gaussian log-likelihood ratio subtracts |c|^2 / sigma^2 instead of half of it: every "
         "sampled remove-direction loss is too small.",
-        ("tests/test_montecarlo.py",)),
+        ("tests/montecarlo/test_montecarlo.py",)),
     # --- calibration: the safe end of a bracket
     Mutation(
         "root-unsafe-end", "dpjax/numerics/root.py",
         "root = jnp.where(status == int(SolverStatus.CONVERGED), good, jnp.where(ok_bad, bad0, jnp.nan))",
         "root = jnp.where(status == int(SolverStatus.CONVERGED), bad, jnp.where(ok_bad, bad0, jnp.nan))",
         "The monotone root finder returns the infeasible end of its final bracket.",
-        ("tests/test_calibration_root.py",)),
+        ("tests/calibration/test_calibration_root.py",)),
     Mutation(
         "pld-calibration-tolerance", "dpjax/calibration/pld.py",
         "feas = [x for x, y in self.points if y <= 0]",
         "feas = [x for x, y in self.points if y <= 1e-3]",
         "The PLD calibration accepts a noise multiplier whose certified epsilon is up to 0.1% "
         "above the target.",
-        ("tests/test_calibration_pld.py",)),
+        ("tests/calibration/test_calibration_pld.py",)),
     Mutation(
         "gaussian-calibration-drops-steps", "dpjax/calibration/gaussian.py",
         "mu = jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)",
         "mu = 1.0 / jnp.asarray(noise_multiplier, jnp.float64)",
         "The Gaussian calibration accounts for one step whatever the number of steps.",
-        ("tests/test_calibration_root.py",)),
+        ("tests/calibration/test_calibration_root.py",)),
     # --- sampling truncation term
     Mutation(
         "truncation-one-neighbour", "dpjax/sampling.py",
