@@ -64,7 +64,7 @@ def test_keywords_spell_the_scheme_as_the_keyword_functions_do():
         sampling="random_allocation", batches_per_epoch=100, selections_per_epoch=2, epochs=3, noise_multiplier=2.0)
     assert TrainingScenario(2.0, BallsInBins(50), steps=100).keywords() == dict(
         sampling="balls_in_bins", batches_per_epoch=50, epochs=2, noise_multiplier=2.0)
-    # The issue that motivated the one rule: 7 epochs at 0.07 are 100 steps, not int(7 / 0.07) = 99.
+    # The case that motivated the one rule: 7 epochs at 0.07 are 100 steps, not int(7 / 0.07) = 99.
     assert dpjax.dpsgd_epsilon(TrainingScenario(1.0, Poisson(0.07), epochs=7), 1e-5) == \
         dpjax.dpsgd_epsilon(1.0, 0.07, 100, 1e-5)
 
