@@ -195,3 +195,17 @@ def test_rdp_matches_dp_accounting_on_the_cifar10_group_grid(noise_multiplier):
     ref = acc.get_epsilon(1e-5)
     ours, _ = rdp_epsilon(noise_multiplier, 0.01, 2000, 1e-5)
     assert abs(ours - ref) <= 5e-3 * ref
+
+
+@pytest.mark.parametrize("sigma", [30.0, 100.0, 1000.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+def test_rdp_epsilon_of_one_gaussian_is_at_least_the_exact_epsilon(sigma, delta):
+    """The RDP bound of one Gaussian step (q = 1, T = 1) is an upper bound of its exact epsilon
+    (dpjax.pld.gaussian_epsilon), also at large noise where the exact value is small but positive:
+    the zero-epsilon shortcut applies only when delta^2 >= 1 - exp(-rdp)."""
+    from dpjax.baselines import rdp_epsilon
+    from dpjax.pld import gaussian_epsilon
+
+    eps, _ = rdp_epsilon(sigma, 1.0, 1, delta)
+    exact = float(gaussian_epsilon(delta, 1.0 / sigma))
+    assert eps >= exact

@@ -54,3 +54,28 @@ def test_one_sample_has_no_standard_error():
     assert est.delta_low[0] <= est.delta[0] <= est.delta_high[0]
     # One [0, 1] draw at 95%: the KL upper bound is 1 unless the draw is 1... the interval is wide.
     assert est.delta_high[0] - est.delta_low[0] > 0.5
+
+
+def test_each_direction_bound_holds_at_the_union_bound_level():
+    """The delta interval is the max over the two directions of per-direction Chernoff-KL
+    bounds, each at level ``1 - (1 - confidence) / 2`` so that both hold together with
+    probability ``>= confidence`` (union bound): for each direction, ``m KL(mean || bound) >=
+    log(4 / (1 - confidence))`` at the reported upper bound (checked with the KL written here)."""
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 4, 2)
+    conf, m = 0.9, 4096
+    est = acc.estimate(1.0, [0.5, 1.0, 2.0], m, 3, confidence=conf)
+
+    def kl(a, b):
+        return a * math.log(a / b) + (1 - a) * math.log((1 - a) / (1 - b))
+
+    need = math.log(4.0 / (1.0 - conf))
+    for i in range(3):
+        hi, lo = float(est.delta_high[i]), float(est.delta_low[i])
+        for mean in (float(est.delta_remove[i]), float(est.delta_add[i])):
+            assert 0.0 < mean < 1.0
+            assert m * kl(mean, hi) >= need * (1 - 1e-6)
+        assert lo <= float(est.delta[i]) <= hi
+    # The larger direction's bound is tight at that level (the bisection's solution, not a looser one).
+    i = 0
+    top = max(float(est.delta_remove[i]), float(est.delta_add[i]))
+    assert m * kl(top, float(est.delta_high[i])) == pytest.approx(need, rel=1e-6)
