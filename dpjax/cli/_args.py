@@ -208,6 +208,66 @@ def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-G
                    help="batch size B, an integer in [1, N] (with --dataset-size, see there)")
 
 
+def add_scenario_arg(p) -> None:
+    """``--scenario FILE``: a :class:`dpjax.TrainingScenario` saved as JSON in place of the run's
+    options (noise multiplier where the command takes one, batching, steps or epochs, group size)."""
+    p.add_argument("--scenario", metavar="FILE", default=None,
+                   help="a dpjax.TrainingScenario saved as JSON (TrainingScenario.to_json): the run's noise "
+                        "multiplier, sampling, steps or epochs and group size, in place of those options "
+                        "(giving any of them too is an error)")
+
+
+#: Options a scenario states, with their defaults (an option at its default counts as not given).
+_SCENARIO_OPTIONS = {"noise_multiplier": None, "sampling_prob": None, "steps": None, "epochs": None,
+                     "sampling": "poisson", "dataset_size": None, "batch_size": None, "batches_per_epoch": None,
+                     "selections_per_epoch": 1, "group_size": 1}
+
+
+def apply_scenario(args) -> argparse.Namespace:
+    """``args`` with ``--scenario FILE``'s run in the options it states (a copy; ``args`` itself
+    when no scenario is given).  A ``ValueError`` names an option given beside the scenario, a
+    file that is not a scenario, and a noise multiplier where the command finds one (or none
+    where it needs one)."""
+    path = getattr(args, "scenario", None)
+    if path is None:
+        return args
+    from dpjax.pld.scenario import TrainingScenario
+
+    clash = sorted("--" + k.replace("_", "-") for k, default in _SCENARIO_OPTIONS.items()
+                   if hasattr(args, k) and getattr(args, k) != default)
+    if clash:
+        raise ValueError(f"--scenario states the run; do not give {', '.join(clash)} with it")
+    try:
+        run = TrainingScenario.load(path)
+    except OSError as exc:
+        raise ValueError(f"--scenario: cannot read {path!r}: {exc.strerror}") from None
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--scenario: {path!r} is not a saved TrainingScenario: {exc}") from None
+    out = argparse.Namespace(**vars(args))
+    if isinstance(run.noise_multiplier, tuple):
+        raise ValueError("--scenario: a noise schedule is not accounted by the command line (use "
+                         "dpjax.dpsgd_epsilon(scenario, ...) in Python)")
+    if hasattr(args, "noise_multiplier"):
+        if run.noise_multiplier is None:
+            raise ValueError("--scenario: the scenario has no noise_multiplier (this command needs one)")
+        out.noise_multiplier = run.noise_multiplier
+    elif run.noise_multiplier is not None:
+        raise ValueError(f"--scenario: this command finds the noise multiplier; the scenario gives "
+                         f"{run.noise_multiplier!r} (save it with noise_multiplier=None)")
+    kw = run.keywords()
+    for key in ("sampling", "sampling_prob", "steps", "epochs", "dataset_size", "batch_size", "batches_per_epoch",
+                "selections_per_epoch", "group_size"):
+        if key in kw:
+            setattr(out, key, kw[key])
+    return out
+
+
+def require_noise_multiplier(args) -> None:
+    """``--noise-multiplier`` is required unless ``--scenario`` gave it."""
+    if getattr(args, "noise_multiplier", None) is None:
+        raise ValueError("--noise-multiplier is required (a number > 0, or comma list), unless --scenario gives it")
+
+
 def add_allocation_args(p, *, title="random allocation / balls-in-bins (--sampling random_allocation|balls_in_bins)"):
     """``--batches-per-epoch``, ``--selections-per-epoch``, ``--epochs`` (the same for every subcommand)."""
     g = p.add_argument_group(title)

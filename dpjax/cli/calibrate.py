@@ -53,6 +53,7 @@ def _run_noise(args) -> dict:
     from dpjax.calibration import dpsgd_noise_multiplier
     from dpjax.cli.pld import setting
 
+    args = _args.apply_scenario(args)
     r = _args.resolve_batching(args)
     if r.sampling in _args.ALLOCATION_SAMPLINGS:
         if r.group_size != 1:
@@ -113,6 +114,7 @@ def register(subparsers) -> None:
     _args.add_steps(p, required=False)
     _args.add_group_args(p)
     _args.add_allocation_args(p)
+    _args.add_scenario_arg(p)
     p.set_defaults(run=_run_noise)
 
     p = subparsers.add_parser("mc-calibrate",

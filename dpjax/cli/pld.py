@@ -11,7 +11,7 @@ from dpjax.cli import _args
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    _args.add_noise_multiplier(p)
+    _args.add_noise_multiplier(p, required=False)
     _args.add_sampling_prob(p, extra=" (--sampling poisson: this, or --dataset-size and --batch-size)")
     _args.add_steps(p, required=False)
     p.add_argument("--relative-accuracy", type=_args.real(0, 1, lo_open=True), default=None,
@@ -25,6 +25,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "the grid is too small (memory grows linearly with N)")
     _args.add_group_args(p)
     _args.add_allocation_args(p)
+    _args.add_scenario_arg(p)
 
 
 def _options(args):
@@ -103,6 +104,8 @@ def setting(args, resolved) -> dict:
 
 
 def _run_epsilon(args) -> dict:
+    args = _args.apply_scenario(args)
+    _args.require_noise_multiplier(args)
     resolved = _args.resolve_batching(args)
     res = _account(resolved, target_delta=args.delta)
     out = {"epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower, "epsilon_upper": res.epsilon_upper,
@@ -113,6 +116,8 @@ def _run_epsilon(args) -> dict:
 
 
 def _run_delta(args) -> dict:
+    args = _args.apply_scenario(args)
+    _args.require_noise_multiplier(args)
     resolved = _args.resolve_batching(args)
     res = _account(resolved, target_epsilon=args.epsilon)
     return {"delta": res.delta, "delta_lower": res.delta_lower, "delta_upper": res.delta_upper,
@@ -145,6 +150,8 @@ add/remove adjacency by dpjax.pld.allocation.accountant (no --steps or --samplin
 rule of dpjax.dpsgd_epsilon(epochs=)); random_allocation and balls_in_bins take floor(N / B)
 batches per epoch (a loader's last, smaller batch is not counted as a full one: that never
 understates epsilon); mixing the two descriptions is an error.
+--scenario FILE reads the whole run (noise, sampling, steps or epochs, group size) from a
+dpjax.TrainingScenario saved with to_json, in place of those options.
 Comma lists run once
 per value and print a table.  Compiled programs are cached on disk (~/.cache/dpjax/xla;
 DPJAX_COMPILATION_CACHE=0 disables, =<dir> relocates)."""

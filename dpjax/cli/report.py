@@ -146,7 +146,9 @@ def _row(args, sigma: float) -> tuple[dict, object, argparse.Namespace]:
 
 
 def _run(args):
-    sigmas = args.noise_multiplier
+    args = _args.apply_scenario(args)
+    _args.require_noise_multiplier(args)
+    sigmas = args.noise_multiplier if isinstance(args.noise_multiplier, list) else [args.noise_multiplier]
     if args.plot is not None:
         if len(sigmas) != 1:
             raise ValueError("--plot draws one configuration: give one --noise-multiplier")
@@ -185,7 +187,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="privacy report of DP-SGD: epsilon at several deltas, the trade-off "
                                              "curve of both directions, a Gaussian-DP estimate (--plot draws it)",
                               description=REPORT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _args.add_noise_multiplier(p)
+    _args.add_noise_multiplier(p, required=False)
     _args.add_sampling_prob(p, extra=" (--sampling poisson: this, or --dataset-size and --batch-size)")
     _args.add_steps(p, required=False)
     _args.add_target_delta(p, required=False, default=list(DEFAULT_TARGET_DELTAS), help_prefix="",
@@ -198,4 +200,5 @@ def register(subparsers) -> None:
                         f"--delta into FILE (.png, .pdf or .svg; needs matplotlib: {PLOT_EXTRA})")
     _args.add_group_args(p)
     _args.add_allocation_args(p)
+    _args.add_scenario_arg(p)
     p.set_defaults(run=_run, render=_render, vectorized=("delta", "fpr", "noise_multiplier"))

@@ -31,7 +31,8 @@ ROWS = [
     (EPS + ["--steps", "10", "--delta", "nan"], ["--delta", "(0, 1)"]),
     (EPS + ["--steps", "10", "--noise-multiplier", "inf"], ["--noise-multiplier", "(0, inf)"]),
     (MC + ["--samples", "1e30"], ["--samples", "[1, 1099511627776]"]),
-    (["epsilon", "--steps", "10"], ["required", "--noise-multiplier"]),       # argparse: one line, no usage
+    (["epsilon", "--steps", "10"], ["required", "--delta"]),                  # argparse: one line, no usage
+    (["epsilon", "--steps", "10", "--delta", "1e-5"], ["--noise-multiplier is required", "--scenario"]),
     (["epsilon", "--no-such-flag"], ["unknown option --no-such-flag"]),   # named before the required ones
     (["no-such-command"], ["invalid choice"]),
     (["demo", "--noise-multiplier", "1e-300", "--steps", "10", "--json"], ["--noise-multiplier", "0.5"]),
