@@ -46,7 +46,7 @@ import functools
 
 import numpy as np
 
-from dpjax._base import deferred_x64 as _deferred_x64, lazy_module as _lazy_module
+from dpjax._base import deferred_x64 as _deferred_x64
 from dpjax.pld.records import EpsilonCurve
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import host_only
@@ -55,8 +55,6 @@ from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
 from dpjax.pld.scenario import accepts_scenario
-
-jax = _lazy_module("jax")
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
 
