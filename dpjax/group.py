@@ -242,7 +242,8 @@ def _group_query(query, name, noise_multiplier, sampling_prob, steps, target, al
     a = resolve_aliases(name, {"sampling_prob": sampling_prob, target_name: target_value},
                         {"sample_rate": sample_rate, alias_name: alias_value})
     q = a["sampling_prob"]
-    steps = steps_from_epochs(name, q, steps, epochs)
+    steps = steps_from_epochs(name, q, steps, epochs, sampling=kw.get("sampling", "poisson"),
+                              dataset_size=kw.get("dataset_size"), batch_size=kw.get("batch_size"))
     return _dispatch(query, name, noise_multiplier, q, steps, a[target_name], **kw)
 
 

@@ -334,11 +334,8 @@ def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, ta
         return _report(account, epsilon_at, target_delta, fpr)
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     q = sampling_prob
-    if q is None and Sampling.parse(sampling) is Sampling.FIXED_BATCH and dataset_size is not None \
-            and batch_size is not None:
-        # The steps of epochs= at q = B / N (dpjax.cli._args.resolve_batching, the same rule).
-        q = _validate.positive_int("batch_size", batch_size) / _validate.positive_int("dataset_size", dataset_size)
-    t = _names.steps_from_epochs("dpsgd_privacy_report", q, steps, epochs)
+    t = _names.steps_from_epochs("dpsgd_privacy_report", q, steps, epochs, sampling=Sampling.parse(sampling),
+                                 dataset_size=dataset_size, batch_size=batch_size)
     _names.require("dpsgd_privacy_report", steps=t)
     example_level = Sampling.parse(sampling) is Sampling.POISSON and group_size == 1
 

@@ -71,12 +71,19 @@ def epochs_to_steps(epochs, sampling_prob) -> int:
     return max(int(math.ceil(x)), 1)
 
 
-def steps_from_epochs(fn_name: str, sampling_prob, steps, epochs):
-    """``steps``, or :func:`epochs_to_steps` of ``epochs`` when ``epochs`` is given."""
+def steps_from_epochs(fn_name: str, sampling_prob, steps, epochs, *, sampling="poisson", dataset_size=None,
+                      batch_size=None):
+    """``steps``, or :func:`epochs_to_steps` of ``epochs`` when ``epochs`` is given; with
+    ``sampling="fixed_batch"`` and no ``sampling_prob``, at ``q = batch_size / dataset_size`` (the
+    same rule as :class:`dpjax.TrainingScenario` and the CLI)."""
     if epochs is None:
         return steps
     if steps is not None:
         raise ValueError(f"{fn_name}: give steps or epochs=, not both")
+    if sampling_prob is None and getattr(sampling, "value", sampling) == "fixed_batch" \
+            and dataset_size is not None and batch_size is not None:
+        sampling_prob = (_validate.positive_int("batch_size", batch_size)
+                         / _validate.positive_int("dataset_size", dataset_size))
     if sampling_prob is None:
         raise ValueError(f"{fn_name}: epochs= needs sampling_prob (steps = epochs / sampling_prob, rounded up)")
     return epochs_to_steps(epochs, sampling_prob)

@@ -585,7 +585,8 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
                                                  dataset_size=dataset_size, batch_size=batch_size)
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     _check_order(steps)
-    steps = _names.steps_from_epochs(name, q, steps, epochs)
+    steps = _names.steps_from_epochs(name, q, steps, epochs, sampling=sampling, dataset_size=dataset_size,
+                                     batch_size=batch_size)
     _names.require(name, steps=steps, target_epsilon=eps, target_delta=dlt)
     kw = dict(group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
               options=options)

@@ -193,3 +193,16 @@ def test_sweep_of_scenarios_equals_the_keyword_sweep_and_single_calls():
         dpjax.sweep(runs + per_epoch, delta=1e-5)
     with pytest.raises(ValueError, match="FixedBatch"):
         dpjax.sweep([TrainingScenario(1.0, FixedBatch(10, 100), steps=5)], delta=1e-5)
+
+
+def test_keyword_fixed_batch_epochs_use_the_batch_fraction():
+    """The keyword functions resolve ``epochs=`` of a fixed-batch run at ``q = B / N`` as the
+    record does (they used to ask for ``sampling_prob`` although ``B / N`` fixes it)."""
+    run = TrainingScenario(1.0, FixedBatch(70, 1000), epochs=7)
+    kw = dict(sampling="fixed_batch", dataset_size=1000, batch_size=70, epochs=7)
+    assert dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, **kw) == dpjax.dpsgd_epsilon(run, 1e-5)
+    assert dpjax.dpsgd_delta(1.0, target_epsilon=2.0, **kw) == dpjax.dpsgd_delta(run, 2.0)
+    assert dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, **kw) == \
+        dpjax.dpsgd_noise_multiplier(run.replace(noise_multiplier=None), 2.0, 1e-5)
+    assert dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, **kw) == dpjax.dpsgd_epsilon(
+        1.0, None, 100, 1e-5, sampling="fixed_batch", dataset_size=1000, batch_size=70)
