@@ -333,8 +333,8 @@ def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, ta
 
         return _report(account, epsilon_at, target_delta, fpr)
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
-    q = sampling_prob
-    t = _names.steps_from_epochs("dpsgd_privacy_report", q, steps, epochs, sampling=Sampling.parse(sampling),
+    t = _names.steps_from_epochs("dpsgd_privacy_report", sampling_prob, steps, epochs,
+                                 sampling=Sampling.parse(sampling),
                                  dataset_size=dataset_size, batch_size=batch_size)
     _names.require("dpsgd_privacy_report", steps=t)
     example_level = Sampling.parse(sampling) is Sampling.POISSON and group_size == 1

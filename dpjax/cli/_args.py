@@ -217,12 +217,6 @@ def add_scenario_arg(p) -> None:
                         "(giving any of them too is an error)")
 
 
-#: Options a scenario states, with their defaults (an option at its default counts as not given).
-_SCENARIO_OPTIONS = {"noise_multiplier": None, "sampling_prob": None, "steps": None, "epochs": None,
-                     "sampling": "poisson", "dataset_size": None, "batch_size": None, "batches_per_epoch": None,
-                     "selections_per_epoch": 1, "group_size": 1}
-
-
 def apply_scenario(args) -> argparse.Namespace:
     """``args`` with ``--scenario FILE``'s run in the options it states (a copy; ``args`` itself
     when no scenario is given).  A ``ValueError`` names an option given beside the scenario, a
@@ -231,9 +225,10 @@ def apply_scenario(args) -> argparse.Namespace:
     path = getattr(args, "scenario", None)
     if path is None:
         return args
-    from dpjax.pld.scenario import TrainingScenario
+    from dpjax.pld.scenario import STATED_KEYWORDS, TrainingScenario
 
-    clash = sorted("--" + k.replace("_", "-") for k, default in _SCENARIO_OPTIONS.items()
+    # An option at its default counts as not given.
+    clash = sorted("--" + k.replace("_", "-") for k, default in STATED_KEYWORDS.items()
                    if hasattr(args, k) and getattr(args, k) != default)
     if clash:
         raise ValueError(f"--scenario states the run; do not give {', '.join(clash)} with it")

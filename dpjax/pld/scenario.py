@@ -40,7 +40,7 @@ from dpjax._base.names import epochs_to_steps
 from dpjax._base.results import ResultMixin
 
 __all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "SamplingScheme", "TrainingScenario",
-           "accepts_scenario"]
+           "accepts_scenario", "STATED_KEYWORDS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +270,14 @@ class TrainingScenario(ResultMixin):
         return kw
 
 
+#: The keyword arguments a :class:`TrainingScenario` states, with the keyword functions' defaults
+#: (a keyword at its default is not "given"): the one list the functions taking a scenario, the
+#: sweep and the command line check against.
+STATED_KEYWORDS = {"noise_multiplier": None, "noise_schedule": None, "sampling_prob": None, "sample_rate": None,
+                   "steps": None, "epochs": None, "group_size": 1, "sampling": "poisson", "dataset_size": None,
+                   "batch_size": None, "batches_per_epoch": None, "selections_per_epoch": 1}
+
+
 def accepts_scenario(*targets: str, name: str, noise: str = "use", overridable: tuple[str, ...] = ()):
     """Decorator: the keyword function also takes a :class:`TrainingScenario` as its first
     argument, followed by ``targets`` (positional or by name), and nothing the scenario states
@@ -302,10 +310,7 @@ def accepts_scenario(*targets: str, name: str, noise: str = "use", overridable: 
             if overrides:
                 owned = {k: v for k, v in owned.items() if k not in ("steps", "epochs")}
                 owned.update(overrides)
-            clash = sorted(set(kwargs) & (set(owned) | {"noise_multiplier", "noise_schedule", "sampling_prob",
-                                                        "steps", "epochs", "group_size", "sampling",
-                                                        "dataset_size", "batch_size", "batches_per_epoch",
-                                                        "selections_per_epoch", "sample_rate"}))
+            clash = sorted(set(kwargs) & (set(owned) | set(STATED_KEYWORDS)))
             if clash:
                 raise ValueError(f"{name}: {', '.join(clash)} given with a TrainingScenario, which "
                                  f"states them; change the scenario instead (scenario.replace(...))")

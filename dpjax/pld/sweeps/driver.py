@@ -292,10 +292,9 @@ def scenario_configs(scenarios, *, delta=None, epsilon=None, grid: dict) -> tupl
     one configuration each, at ``delta`` (epsilon rows) or ``epsilon`` (delta rows), a number or
     one per scenario.  Every scenario has the same kind of scheme and its noise; fixed batches are
     not swept, and the grid keywords (``grid``, their defaults) cannot be mixed in."""
-    from dpjax.pld.scenario import FixedBatch, Poisson, TrainingScenario
+    from dpjax.pld.scenario import STATED_KEYWORDS, FixedBatch, Poisson, TrainingScenario
 
-    mixed = sorted(k for k, v in grid.items()
-                   if v is not None and v != {"group_size": 1, "sampling": "poisson", "selections_per_epoch": 1}.get(k))
+    mixed = sorted(k for k, v in grid.items() if v != STATED_KEYWORDS[k])
     if mixed:
         raise ValueError(f"sweep(configs=[TrainingScenario, ...]): {', '.join(mixed)} given with the scenarios, "
                          f"which state them")
