@@ -245,6 +245,11 @@ class TrainingScenario(ResultMixin):
         scheme = _SCHEME_NAMES.get(spec.pop("scheme", None))
         if scheme is None:
             raise ValueError(f"sampling.scheme must be one of {sorted(_SCHEME_NAMES)}, got {data.get('sampling')!r}")
+        fields = {f.name for f in dataclasses.fields(scheme)}
+        required = {f.name for f in dataclasses.fields(scheme) if f.default is dataclasses.MISSING}
+        if set(spec) - fields or required - set(spec):
+            raise ValueError(f"sampling fields of {scheme.__name__} are {sorted(fields)} ({sorted(required)} "
+                             f"required), got {sorted(spec)}")
         noise = data.get("noise_multiplier")
         run = cls(np.asarray(noise, np.float64) if isinstance(noise, list) else noise, scheme(**spec),
                   steps=None if data.get("epochs") is not None else data.get("steps"), epochs=data.get("epochs"),

@@ -175,6 +175,10 @@ def test_edited_files_are_refused():
         TrainingScenario.from_dict({k: v for k, v in data.items() if k != "format"})
     with pytest.raises(ValueError, match="unknown"):
         TrainingScenario.from_dict({**data, "adjacency": "replace"})
+    with pytest.raises(ValueError, match="sampling fields"):
+        TrainingScenario.from_dict({**data, "sampling": {"scheme": "poisson", "q": 0.1}})
+    with pytest.raises(ValueError, match="required"):
+        TrainingScenario.from_dict({**data, "sampling": {"scheme": "poisson"}})
 
 
 def test_sweep_of_scenarios_equals_the_keyword_sweep_and_single_calls():
