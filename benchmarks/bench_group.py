@@ -39,6 +39,7 @@ DPJAX_COLD = r"""
 import time, json
 t0 = time.perf_counter()
 import dpjax
+from dpjax import FixedBatch
 kw = {kw}
 eps = dpjax.dpsgd_epsilon({sigma}, {q}, {T}, {delta}, group_size={k}, **kw)
 print(json.dumps(dict(eps=eps, seconds=time.perf_counter() - t0)))
@@ -69,7 +70,7 @@ def run_dp_accounting(sigma: float, sampling: str) -> dict:
 
 
 def _kwargs(sampling: str):
-    return dict(sampling="fixed_batch", dataset_size=N, batch_size=B) if sampling == "fixed_batch" else {}
+    return dict(sampling=dpjax.FixedBatch(B, N)) if sampling == "fixed_batch" else {}
 
 
 def run_dpjax(sigma: float, sampling: str, repeats: int) -> dict:

@@ -91,7 +91,7 @@ out = dict(import_s=t_import)
 for k in range(PASSES):
     if k:
         t0, c0 = time.perf_counter(), time.process_time()
-    table = dpjax.sweep(cfg, with_lower=WITH_LOWER, progress_bar=False)
+    table = dpjax.sweep(cfg, with_lower=WITH_LOWER, progress=False)
     out[f"pass{{k + 1}}_s"] = time.perf_counter() - t0
     out[f"pass{{k + 1}}_cpu_s"] = time.process_time() - c0
     out[f"pass{{k + 1}}_programs"] = table.programs
@@ -155,7 +155,7 @@ def dpa_loop():
         acc.get_epsilon(c["delta"])
 
 def sweep():
-    dpjax.sweep(cfg, progress_bar=False)
+    dpjax.sweep(cfg, progress=False)
 
 def loop():
     for c in cfg:
@@ -164,7 +164,7 @@ def loop():
 # The same work on both sides: the sweep's upper ends alone against the loop of dpsgd_epsilon
 # (upper ends), and the loop of dpsgd_accounting (certified brackets) against the default sweep.
 def sweep_upper():
-    dpjax.sweep(cfg, progress_bar=False, with_lower=False)
+    dpjax.sweep(cfg, progress=False, with_lower=False)
 
 def loop_bracket():
     for c in cfg:
@@ -389,7 +389,7 @@ out = dict(import_s=time.perf_counter() - t0, device=str(jax.devices()[0]), devi
            jax=jax.__version__, backend=jax.default_backend())
 for k in range(PASSES):
     t0 = time.perf_counter()
-    table = dpjax.sweep(cfg, progress_bar=False)
+    table = dpjax.sweep(cfg, progress=False)
     out[f"pass{{k + 1}}_s"] = time.perf_counter() - t0
     out[f"pass{{k + 1}}_programs"] = table.programs
     out[f"pass{{k + 1}}_compiled"] = table.compiled

@@ -47,7 +47,7 @@ def measure(args) -> None:
           flush=True)
     for k in range(args.passes):
         t0 = time.perf_counter()
-        table = dpjax.sweep(cfg, progress_bar=False)
+        table = dpjax.sweep(cfg, progress=False)
         seconds = time.perf_counter() - t0
         eps = [float(r["epsilon"]) for r in table.rows]
         paths = {p: sum(r["path"] == p for r in table.rows) for p in sorted(set(r["path"] for r in table.rows))}
@@ -71,7 +71,7 @@ def compare(args) -> None:
     data = json.loads(path.read_text())
     n = min(args.subset, len(data["epsilon"]))
     cfg = configs(data["dist"], data["configs"])[:n]
-    here = np.array(dpjax.sweep(cfg, progress_bar=False).epsilon, dtype=float)
+    here = np.array(dpjax.sweep(cfg, progress=False).epsilon, dtype=float)
     there = np.array(data["epsilon"][:n], dtype=float)
     finite = np.isfinite(here) & np.isfinite(there)
     rel = np.abs(there[finite] - here[finite]) / np.maximum(here[finite], 1e-300)

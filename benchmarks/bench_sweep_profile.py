@@ -45,10 +45,10 @@ from dpjax.pld import sweeping as S, sweep_plan as SP, sweep_run as SR
 
 own = BucketPolicy(max_padding=1.0)
 variants = dict(
-    sweep=lambda: dpjax.sweep(cfg, progress_bar=False),
-    sweep_upper=lambda: dpjax.sweep(cfg, progress_bar=False, with_lower=False),
-    sweep_own_shapes=lambda: dpjax.sweep(cfg, progress_bar=False, bucketing=own),
-    sweep_upper_own_shapes=lambda: dpjax.sweep(cfg, progress_bar=False, with_lower=False, bucketing=own),
+    sweep=lambda: dpjax.sweep(cfg, progress=False),
+    sweep_upper=lambda: dpjax.sweep(cfg, progress=False, with_lower=False),
+    sweep_own_shapes=lambda: dpjax.sweep(cfg, progress=False, execution=dpjax.SweepExecution(bucketing=own)),
+    sweep_upper_own_shapes=lambda: dpjax.sweep(cfg, progress=False, with_lower=False, execution=dpjax.SweepExecution(bucketing=own)),
     loop=lambda: [dpjax.dpsgd_epsilon(c["noise_multiplier"], c["sampling_prob"], c["steps"], c["delta"]) for c in cfg],
 )
 programs = dict()

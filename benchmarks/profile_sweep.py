@@ -131,10 +131,10 @@ def main(argv=None):
     from dpjax.pld.sweeps import programs as sweep_run
 
     t0 = time.perf_counter()
-    first = dpjax.sweep(cfg, progress_bar=False)
+    first = dpjax.sweep(cfg, progress=False)
     t_first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dpjax.sweep(cfg, progress_bar=False)
+    dpjax.sweep(cfg, progress=False)
     t_second = time.perf_counter() - t0
     texts = {}
     for fn in sweep_run.COMPILED.values():
@@ -143,7 +143,7 @@ def main(argv=None):
             m = re.match(r"HloModule (\S+?),", text)
             if m:
                 texts[m.group(1)] = op_parts(text)
-    events = trace_ops(lambda: dpjax.sweep(cfg, progress_bar=False))
+    events = trace_ops(lambda: dpjax.sweep(cfg, progress=False))
     per_prog = collections.defaultdict(collections.Counter)
     for e in events:
         a = e.get("args") or {}

@@ -27,6 +27,7 @@ import math
 import pathlib
 import sys
 import time
+from dpjax.pld.scenario import scheme_from_keywords
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "table_allocation.json"
 
@@ -46,7 +47,7 @@ def epsilon(scheme: str, sigma: float, b: int, E: int) -> float:
         return float(dpjax.dpsgd_epsilon(sigma, 1.0 / b, b * E, DELTA))
     if scheme == "none":
         return float(gaussian_epsilon(DELTA, math.sqrt(E) / sigma))
-    return float(dpjax.dpsgd_epsilon(sigma, target_delta=DELTA, sampling=scheme, batches_per_epoch=b, epochs=E))
+    return float(dpjax.dpsgd_epsilon(sigma, target_delta=DELTA, sampling=scheme_from_keywords(scheme, batches_per_epoch=b), epochs=E))
 
 
 def noise(scheme: str, target: float, b: int, E: int) -> float:
@@ -58,8 +59,7 @@ def noise(scheme: str, target: float, b: int, E: int) -> float:
                                                   target_delta=DELTA))
     if scheme == "none":
         return float(gaussian_noise_multiplier(target, DELTA, E))
-    return float(dpjax.dpsgd_noise_multiplier(target_epsilon=target, target_delta=DELTA, sampling=scheme,
-                                              batches_per_epoch=b, epochs=E))
+    return float(dpjax.dpsgd_noise_multiplier(target_epsilon=target, target_delta=DELTA, sampling=scheme_from_keywords(scheme, batches_per_epoch=b), epochs=E))
 
 
 def _write(rows: list, sig: list, seconds: float, complete: bool, earlier: list | None = None) -> dict:

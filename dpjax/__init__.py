@@ -37,10 +37,10 @@ __version__ = "0.1.0"
 _SUBMODULES = ("pld", "matrices", "montecarlo", "calibration", "optimization", "baselines", "group",
                "sampling", "noise", "interop", "report")
 # name -> module that defines it ("module:attribute" where the defining name differs).  Group privacy: dpjax.dpsgd_epsilon gains group_size /
-# sampling="fixed_batch" keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
-# unchanged (see dpjax.group.group_dpsgd_epsilon).  sampling="random_allocation" / "balls_in_bins"
-# (batches_per_epoch=, selections_per_epoch=, epochs=) work in dpsgd_epsilon, dpsgd_delta,
-# dpsgd_noise_multiplier, sweep and epsilon_curve (dpjax.pld.allocation.dpsgd).
+# sampling=FixedBatch(...) keywords; with the defaults it delegates to dpjax.pld.dpsgd_epsilon
+# unchanged (see dpjax.group.group_dpsgd_epsilon).  sampling=RandomAllocation(...) / BallsInBins(...)
+# with epochs= work in dpsgd_epsilon, dpsgd_delta, dpsgd_noise_multiplier, sweep_grid and
+# epsilon_curve (dpjax.pld.allocation.dpsgd).
 _ATTRS = {
     "dpsgd_delta": "dpjax.group:group_dpsgd_delta",
     "dpsgd_noise_multiplier": "dpjax.calibration",
@@ -48,7 +48,7 @@ _ATTRS = {
     "group_accounting": "dpjax.group",
     "group_delta": "dpjax.group",
     "group_epsilon": "dpjax.group",
-    "sweep": "dpjax.pld.sweeps.driver",
+    **dict.fromkeys(("sweep", "sweep_grid", "SweepExecution"), "dpjax.pld.sweeps.driver"),
     "epsilon_curve": "dpjax.pld.curve",
     "dpsgd_privacy_report": "dpjax.report",
     **dict.fromkeys(("TrainingScenario", "Poisson", "FixedBatch", "RandomAllocation", "BallsInBins"),

@@ -39,7 +39,7 @@ from dpjax._base.names import resolve_aliases, steps_from_epochs
 from dpjax._base.x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
-from dpjax.pld.scenario import accepts_scenario
+from dpjax.pld.scenario import FixedBatch, Poisson, SchemeKeywords, accepts_scenario, scheme_keywords
 
 __all__ = ["Sampling", "GroupSpec", "validate_group_args", "group_mechanism", "group_accounting", "group_epsilon",
            "group_delta", "group_dpsgd_epsilon", "group_dpsgd_delta", "group_components"]
@@ -84,36 +84,37 @@ def group_components(noise_multiplier, steps, spec: GroupSpec):
     return [(group_mechanism(sigma, spec), t)]
 
 
+#: The schemes group privacy is accounted for (Ganesh (2024), Thms 3.1 and 3.3).
+_GROUP_SCHEMES = (Poisson, FixedBatch)
+
+
 @float64
-def group_accounting(
-    noise_multiplier: float,
-    sampling_prob: float | None,
-    steps: int,
-    target_delta=None,
-    target_epsilon=None,
-    *,
-    group_size: int = 1,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
-    options=None,
-    with_lower: bool = True,
-):
+def group_accounting(noise_multiplier: float, sampling_prob: float | None, steps: int, target_delta=None,
+                     target_epsilon=None, *, group_size: int = 1, sampling="poisson", options=None,
+                     with_lower: bool = True):
     """Group-level DP-SGD accounting: a :class:`dpjax.pld.EpsilonResult` or :class:`~dpjax.pld.DeltaResult`.
 
     Args:
       noise_multiplier: sigma > 0 (noise std / clip norm).
-      sampling_prob: Poisson probability q (``sampling="poisson"``); for ``"fixed_batch"`` None or
-        ``batch_size / dataset_size``.
+      sampling_prob: Poisson probability q (``sampling="poisson"``); None with a scheme record.
       steps: number of steps T.
       target_delta / target_epsilon: exactly one of them (scalar or 1-D array).
       group_size: k >= 1 examples protected together.
-      sampling, dataset_size, batch_size: see :func:`validate_group_args`; ``sampling`` is a
-        :class:`Sampling` or its string (``"poisson"``: add/remove adjacency; ``"fixed_batch"``:
-        replace adjacency, noise std = ``noise_multiplier``).
+      sampling: ``"poisson"`` (add/remove adjacency), :class:`dpjax.Poisson` ``(q)``, or
+        :class:`dpjax.FixedBatch` ``(batch_size, dataset_size)`` (replace adjacency; noise std
+        = ``noise_multiplier``).
       options: :class:`dpjax.pld.GridOptions` (accuracy knobs).
       with_lower: also compute the optimistic lower bracket.
     """
+    s = scheme_keywords("group_accounting", sampling, sampling_prob, accepts=_GROUP_SCHEMES)
+    return _group_accounting(noise_multiplier, s.sampling_prob, steps, target_delta, target_epsilon,
+                             group_size=group_size, sampling=s.sampling, dataset_size=s.dataset_size,
+                             batch_size=s.batch_size, options=options, with_lower=with_lower)
+
+
+def _group_accounting(noise_multiplier, sampling_prob, steps, target_delta, target_epsilon, *, group_size, sampling,
+                      dataset_size, batch_size, options, with_lower):
+    """:func:`group_accounting` with the scheme as the accounting layer's keywords."""
     from dpjax import pld
 
     if (target_delta is None) == (target_epsilon is None):
@@ -153,8 +154,9 @@ def _dispatch(query, name, noise_multiplier, sampling_prob, steps, target, *, gr
         return group_components(sigma, t, spec)
 
     def scalar(sigma, q, t, tg):
-        target_kw = {"target_delta": tg} if query == "epsilon" else {"target_epsilon": tg}
-        res = group_accounting(sigma, q, t, **target_kw, **kw, options=options, with_lower=False)
+        target_kw = {"target_delta": tg, "target_epsilon": None} if query == "epsilon" else \
+            {"target_delta": None, "target_epsilon": tg}
+        res = _group_accounting(sigma, q, t, **target_kw, **kw, options=options, with_lower=False)
         v = res.epsilon if query == "epsilon" else res.delta
         return float(np.asarray(v)) if np.ndim(v) == 0 else v
 
@@ -162,36 +164,25 @@ def _dispatch(query, name, noise_multiplier, sampling_prob, steps, target, *, gr
                     scalar=scalar, options=options, q_required=not fixed)
 
 
-def group_epsilon(
-    noise_multiplier=None,
-    sampling_prob: float | None = None,
-    steps=None,
-    target_delta=None,
-    *,
-    group_size: int = 1,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
-    options=None,
-    sample_rate=None,
-    epochs=None,
-    delta=None,
-):
+def group_epsilon(noise_multiplier=None, sampling_prob: float | None = None, steps=None, target_delta=None, *,
+                  group_size: int = 1, sampling="poisson", options=None, sample_rate=None, epochs=None):
     """Certified, tight epsilon of DP-SGD for groups of ``group_size`` examples.
 
     Args:
       noise_multiplier: sigma > 0; an array gives one epsilon per entry (a batch, broadcast with
         ``sampling_prob``, ``steps`` and ``target_delta``).
-      sampling_prob: q in (0, 1] for Poisson sampling (alias ``sample_rate=``); None (or B/N)
-        for fixed batch.
+      sampling_prob: q in (0, 1] for Poisson sampling (alias ``sample_rate=``); None with a
+        scheme record.
       steps: T >= 1 (or ``epochs=``: ``T = epochs / sampling_prob``
         rounded up, never fewer steps than training takes).
-      target_delta: in (0, 1) (alias ``delta=``).
+      target_delta: in (0, 1).
       group_size: k >= 1 (<= batch_size for fixed batch).
-      sampling: ``"poisson"`` (add/remove adjacency: adding or removing k examples) or
-        ``"fixed_batch"`` (replace adjacency: replacing k examples; batches of ``batch_size``
-        drawn without replacement from ``dataset_size``; the mixture's noise std is
-        ``noise_multiplier`` itself, Ganesh (2024), Thm 3.3).
+      sampling: ``"poisson"`` or :class:`dpjax.Poisson` ``(q)`` (add/remove adjacency: adding or
+        removing k examples), or :class:`dpjax.FixedBatch` ``(batch_size, dataset_size)``
+        (replace adjacency: replacing k examples; batches of ``batch_size`` drawn without
+        replacement from ``dataset_size``; the mixture's noise std is ``noise_multiplier``
+        itself, Ganesh (2024), Thm 3.3).
+      options: :class:`dpjax.pld.GridOptions` (accuracy knobs).
     Returns:
       epsilon (float, or an array for a batch): an upper bound, never below the truth; ``inf``
       only when the grid cannot certify ``target_delta`` at all.  Traceable: under
@@ -203,68 +194,41 @@ def group_epsilon(
         >>> group_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8)   # doctest: +SKIP
         32.035...   (the group-privacy lemma gives inf here)
     """
-    return _group_query("epsilon", "group_epsilon", noise_multiplier, sampling_prob, steps,
-                        ("target_delta", target_delta), ("delta", delta), sample_rate=sample_rate,
-                        epochs=epochs, group_size=group_size, sampling=sampling,
-                        dataset_size=dataset_size, batch_size=batch_size, options=options)
-
-
-def group_delta(
-    noise_multiplier=None,
-    sampling_prob: float | None = None,
-    steps=None,
-    target_epsilon=None,
-    *,
-    group_size: int = 1,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
-    options=None,
-    sample_rate=None,
-    epochs=None,
-    epsilon=None,
-):
-    """Certified delta of group-level DP-SGD at ``target_epsilon`` (>= 0; alias ``epsilon=``):
-    as :func:`group_epsilon` (batches and traced calls included)."""
-    return _group_query("delta", "group_delta", noise_multiplier, sampling_prob, steps,
-                        ("target_epsilon", target_epsilon), ("epsilon", epsilon),
-                        sample_rate=sample_rate, epochs=epochs, group_size=group_size,
-                        sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
+    return _group_query("epsilon", "group_epsilon", noise_multiplier, sampling_prob, steps, target_delta,
+                        sample_rate=sample_rate, epochs=epochs, group_size=group_size, sampling=sampling,
                         options=options)
 
 
-def _group_query(query, name, noise_multiplier, sampling_prob, steps, target, alias, *, sample_rate,
-                 epochs, **kw):
-    """The argument handling :func:`group_epsilon` and :func:`group_delta` share: the aliases
-    (``sample_rate=``, and ``delta=`` / ``epsilon=`` for the ``target = (name, value)``),
-    ``epochs=`` -> steps, then :func:`_dispatch`."""
-    (target_name, target_value), (alias_name, alias_value) = target, alias
-    a = resolve_aliases(name, {"sampling_prob": sampling_prob, target_name: target_value},
-                        {"sample_rate": sample_rate, alias_name: alias_value})
-    q = a["sampling_prob"]
-    steps = steps_from_epochs(name, q, steps, epochs, sampling=kw.get("sampling", "poisson"),
-                              dataset_size=kw.get("dataset_size"), batch_size=kw.get("batch_size"))
-    return _dispatch(query, name, noise_multiplier, q, steps, a[target_name], **kw)
+def group_delta(noise_multiplier=None, sampling_prob: float | None = None, steps=None, target_epsilon=None, *,
+                group_size: int = 1, sampling="poisson", options=None, sample_rate=None, epochs=None):
+    """Certified delta of group-level DP-SGD at ``target_epsilon`` (>= 0): as
+    :func:`group_epsilon` (batches and traced calls included)."""
+    return _group_query("delta", "group_delta", noise_multiplier, sampling_prob, steps, target_epsilon,
+                        sample_rate=sample_rate, epochs=epochs, group_size=group_size, sampling=sampling,
+                        options=options)
+
+
+def _group_query(query, name, noise_multiplier, sampling_prob, steps, target, *, sample_rate, epochs, group_size,
+                 sampling, options):
+    """The argument handling :func:`group_epsilon` and :func:`group_delta` share: the
+    ``sample_rate=`` alias, the scheme record, ``epochs=`` -> steps, then :func:`_dispatch`."""
+    q = resolve_aliases(name, {"sampling_prob": sampling_prob}, {"sample_rate": sample_rate})["sampling_prob"]
+    s = scheme_keywords(name, sampling, q, accepts=_GROUP_SCHEMES)
+    return _group_query_keywords(query, name, noise_multiplier, s, steps, target, epochs=epochs,
+                                 group_size=group_size, options=options)
+
+
+def _group_query_keywords(query, name, noise_multiplier, s: SchemeKeywords, steps, target, *, epochs, group_size,
+                          options=None):
+    steps = steps_from_epochs(name, s.sampling_prob, steps, epochs, sampling=s.sampling,
+                              dataset_size=s.dataset_size, batch_size=s.batch_size)
+    return _dispatch(query, name, noise_multiplier, s.sampling_prob, steps, target, group_size=group_size,
+                     sampling=s.sampling, dataset_size=s.dataset_size, batch_size=s.batch_size, options=options)
 
 
 @accepts_scenario("target_delta", name="dpjax.dpsgd_epsilon")
-def group_dpsgd_epsilon(
-    noise_multiplier=None,
-    sampling_prob=None,
-    steps=None,
-    target_delta=None,
-    *,
-    group_size: int = 1,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
-    noise_schedule=None,
-    sample_rate=None,
-    epochs=None,
-    delta=None,
-    batches_per_epoch=None,
-    selections_per_epoch=1,
-):
+def group_dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_delta=None, *,
+                        group_size: int = 1, sampling="poisson", noise_schedule=None, sample_rate=None, epochs=None):
     """Certified epsilon of DP-SGD, example-level or for groups of ``group_size`` examples.
 
     Public as :func:`dpjax.dpsgd_epsilon` (the top-level name); named apart from
@@ -276,21 +240,20 @@ def group_dpsgd_epsilon(
 
     Args:
       noise_multiplier: sigma > 0; an array gives one epsilon per entry (a batch).
-      sampling_prob: Poisson q in (0, 1] (alias ``sample_rate=``); for ``"fixed_batch"`` None or
-        ``batch_size / dataset_size``.
+      sampling_prob: Poisson q in (0, 1] (alias ``sample_rate=``); None with a scheme record.
       steps: T >= 1 (or ``epochs=``: ``T = epochs / sampling_prob``
         rounded up, never fewer steps than training takes).
-      target_delta: in (0, 1) (alias ``delta=``).
+      target_delta: in (0, 1).
       group_size: k >= 1.
-      sampling: ``"poisson"`` (add/remove adjacency) or ``"fixed_batch"`` (replace adjacency; then
-        ``dataset_size`` and ``batch_size`` are required).  Fixed batch at k = 1 is the
-        subsampled Gaussian with sensitivity 2, not Poisson DP-SGD.  Also
-        ``"random_allocation"`` / ``"balls_in_bins"`` (below).
+      sampling: ``"poisson"`` (the default: add/remove adjacency, probability ``sampling_prob``)
+        or a scheme record that states its sizes: :class:`dpjax.Poisson` ``(q)``,
+        :class:`dpjax.FixedBatch` ``(batch_size, dataset_size)`` (replace adjacency; at k = 1 the
+        subsampled Gaussian with sensitivity 2, not Poisson DP-SGD),
+        :class:`dpjax.RandomAllocation` ``(batches_per_epoch, selections_per_epoch)`` or
+        :class:`dpjax.BallsInBins` ``(batches_per_epoch)`` (example level, add/remove adjacency;
+        ``epochs`` is then the number of epochs; see :mod:`dpjax.pld.allocation.dpsgd`).
       noise_schedule: a per-step schedule (1-D, length ``steps``) instead of
         ``noise_multiplier`` (example-level Poisson only).
-      batches_per_epoch, selections_per_epoch: with ``sampling="random_allocation"`` or
-        ``"balls_in_bins"`` (example level, add/remove adjacency; ``epochs`` is then the number
-        of epochs): :func:`dpjax.pld.dpsgd_epsilon` (see :mod:`dpjax.pld.allocation.dpsgd`).
 
     Traceable: ``jax.grad`` (in ``noise_multiplier``, ``sampling_prob``, ``target_delta``),
     ``jax.vmap`` and ``jax.jit``, from float32 code too (see :mod:`dpjax.pld.dpsgd`).
@@ -304,37 +267,20 @@ def group_dpsgd_epsilon(
         -3.82...
         >>> dpjax.dpsgd_epsilon(1.0, 0.01, 2000, 1e-5, group_size=8)          # doctest: +SKIP
         32.035...
-        >>> dpjax.dpsgd_epsilon(2.0, None, 2000, 1e-5, group_size=8, sampling="fixed_batch",
-        ...                     dataset_size=50_000, batch_size=500)          # doctest: +SKIP
+        >>> dpjax.dpsgd_epsilon(2.0, None, 2000, 1e-5, group_size=8,
+        ...                     sampling=dpjax.FixedBatch(500, 50_000))       # doctest: +SKIP
         32.03...
     """
-    return _group_dpsgd("epsilon", noise_multiplier, sampling_prob, steps, target_delta, delta, group_size=group_size,
-                        sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
-                        noise_schedule=noise_schedule, sample_rate=sample_rate, epochs=epochs,
-                        batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
+    return _group_dpsgd("epsilon", noise_multiplier, sampling_prob, steps, target_delta, group_size=group_size,
+                        sampling=sampling, noise_schedule=noise_schedule, sample_rate=sample_rate, epochs=epochs)
 
 
 @accepts_scenario("target_epsilon", name="dpjax.dpsgd_delta")
-def group_dpsgd_delta(
-    noise_multiplier=None,
-    sampling_prob=None,
-    steps=None,
-    target_epsilon=None,
-    *,
-    group_size: int = 1,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
-    noise_schedule=None,
-    sample_rate=None,
-    epochs=None,
-    epsilon=None,
-    batches_per_epoch=None,
-    selections_per_epoch=1,
-):
+def group_dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_epsilon=None, *,
+                      group_size: int = 1, sampling="poisson", noise_schedule=None, sample_rate=None, epochs=None):
     """Certified delta of DP-SGD at ``target_epsilon`` (>= 0), example-level or for groups of
-    ``group_size`` examples: :func:`group_dpsgd_epsilon` with the target epsilon last (alias
-    ``epsilon=``), the same keywords and the same dispatch.  Public as :func:`dpjax.dpsgd_delta`.
+    ``group_size`` examples: :func:`group_dpsgd_epsilon` with the target epsilon last, the same
+    keywords and the same dispatch.  Public as :func:`dpjax.dpsgd_delta`.
 
     Example::
 
@@ -342,39 +288,29 @@ def group_dpsgd_delta(
         >>> dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)                        # doctest: +SKIP
         >>> dpjax.dpsgd_delta(2.0, 0.01, 2000, 32.0, group_size=8)         # doctest: +SKIP
     """
-    return _group_dpsgd("delta", noise_multiplier, sampling_prob, steps, target_epsilon, epsilon,
-                        group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size,
-                        noise_schedule=noise_schedule, sample_rate=sample_rate, epochs=epochs,
-                        batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch)
+    return _group_dpsgd("delta", noise_multiplier, sampling_prob, steps, target_epsilon, group_size=group_size,
+                        sampling=sampling, noise_schedule=noise_schedule, sample_rate=sample_rate, epochs=epochs)
 
 
-def _group_dpsgd(query, noise_multiplier, sampling_prob, steps, target, target_alias, *, group_size, sampling,
-                 dataset_size, batch_size, noise_schedule, sample_rate, epochs, batches_per_epoch,
-                 selections_per_epoch):
+def _group_dpsgd(query, noise_multiplier, sampling_prob, steps, target, *, group_size, sampling, noise_schedule,
+                 sample_rate, epochs):
     """:func:`group_dpsgd_epsilon` / :func:`group_dpsgd_delta`: random allocation and
     example-level Poisson go to :mod:`dpjax.pld.dpsgd`, groups and fixed batches to
     :func:`group_epsilon` / :func:`group_delta`."""
     from dpjax.pld.allocation import dpsgd as allocation_dpsgd
-    from dpjax.pld import dpsgd_delta, dpsgd_epsilon
+    from dpjax.pld import dpsgd as pld_dpsgd
 
-    example_level = dpsgd_epsilon if query == "epsilon" else dpsgd_delta
-    alias = {"delta" if query == "epsilon" else "epsilon": target_alias}
-    if allocation_dpsgd.is_allocation(sampling):
-        allocation_dpsgd.allocation_args(sampling, sampling_prob=sampling_prob if sample_rate is None else sample_rate,
-                                         steps=steps, batches_per_epoch=batches_per_epoch,
-                                         selections_per_epoch=selections_per_epoch, epochs=epochs,
-                                         group_size=group_size, dataset_size=dataset_size, batch_size=batch_size)
-        return example_level(noise_multiplier, sampling_prob, steps, target, noise_schedule=noise_schedule,
-                             sample_rate=sample_rate, epochs=epochs, sampling=sampling,
-                             batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch, **alias)
-    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
-    if group_size == 1 and sampling == "poisson" and dataset_size is None and batch_size is None:
-        return example_level(noise_multiplier, sampling_prob, steps, target, noise_schedule=noise_schedule,
-                             sample_rate=sample_rate, epochs=epochs, **alias)
+    name = f"dpsgd_{query}"
+    q = resolve_aliases(name, {"sampling_prob": sampling_prob}, {"sample_rate": sample_rate})["sampling_prob"]
+    s = scheme_keywords(name, sampling, q)
+    if allocation_dpsgd.is_allocation(s.sampling):
+        allocation_dpsgd.allocation_args(s.sampling, steps=steps, batches_per_epoch=s.batches_per_epoch,
+                                         selections_per_epoch=s.selections_per_epoch, epochs=epochs,
+                                         group_size=group_size)
+    if allocation_dpsgd.is_allocation(s.sampling) or (group_size == 1 and s.sampling == "poisson"):
+        return pld_dpsgd.query_keywords(query, name, noise_multiplier, s, steps, target, noise_schedule, epochs)
     if noise_schedule is not None:
         raise ValueError("noise_schedule is supported for example-level Poisson DP-SGD only (group_size=1, "
                          "sampling='poisson')")
-    grouped = group_epsilon if query == "epsilon" else group_delta
-    return grouped(noise_multiplier, sampling_prob, steps, target, group_size=group_size, sampling=sampling,
-                   dataset_size=dataset_size, batch_size=batch_size, sample_rate=sample_rate, epochs=epochs,
-                   **alias)
+    return _group_query_keywords(query, f"group_{query}", noise_multiplier, s, steps, target, epochs=epochs,
+                                 group_size=group_size)

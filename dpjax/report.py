@@ -288,8 +288,7 @@ def privacy_report(components, *, target_delta=DEFAULT_TARGET_DELTAS, fpr=None, 
 
 @accepts_scenario("target_delta", name="dpjax.dpsgd_privacy_report")
 def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, target_delta=DEFAULT_TARGET_DELTAS,
-                         fpr=None, epochs=None, sampling="poisson", batches_per_epoch=None, selections_per_epoch=1,
-                         group_size=1, dataset_size=None, batch_size=None) -> PrivacyReport:
+                         fpr=None, epochs=None, sampling="poisson", group_size=1) -> PrivacyReport:
     """The privacy report (module docstring) of one DP-SGD configuration.
 
     The configuration is given as to :func:`dpjax.dpsgd_epsilon` (the accounting family's
@@ -298,54 +297,53 @@ def dpsgd_privacy_report(noise_multiplier, sampling_prob=None, steps=None, *, ta
 
     Args:
       noise_multiplier: sigma > 0 (noise std / clip norm), a scalar.
-      sampling_prob: Poisson sampling probability q in (0, 1] (``fixed_batch``: None or
-        ``batch_size / dataset_size``; random allocation, balls-in-bins: None).
+      sampling_prob: Poisson sampling probability q in (0, 1] (None with a scheme record).
       steps: number of steps T >= 1 (or ``epochs``).
       target_delta: the deltas to give epsilon at (default :data:`DEFAULT_TARGET_DELTAS`).
       fpr: false-positive rates in (0, 1) (default :data:`DEFAULT_FPR`).
-      epochs, sampling, batches_per_epoch, selections_per_epoch: as for :func:`dpjax.dpsgd_epsilon`.
-      group_size, dataset_size, batch_size: as for :func:`dpjax.dpsgd_epsilon` (groups, fixed batches).
+      epochs, sampling, group_size: as for :func:`dpjax.dpsgd_epsilon` (``sampling`` a scheme
+        record: :class:`dpjax.FixedBatch`, :class:`dpjax.RandomAllocation`, ...).
 
     Returns:
-      :class:`PrivacyReport` (``adjacency`` ``"replace"`` for ``sampling="fixed_batch"``).
+      :class:`PrivacyReport` (``adjacency`` ``"replace"`` for fixed batches).
     """
     from dpjax._base import names as _names
-    from dpjax.group import group_accounting, group_dpsgd_epsilon
+    from dpjax.group import _group_accounting, group_dpsgd_epsilon
     from dpjax.pld import dpsgd_accounting
     from dpjax.pld.allocation import dpsgd as allocation_dpsgd
-    from dpjax.pld.group_spec import Sampling
+    from dpjax.pld.scenario import scheme_keywords
 
     sigma = _validate.positive("noise_multiplier", noise_multiplier)
     if sigma.ndim != 0:
         raise ValueError(f"noise_multiplier must be a scalar > 0 for a report, got shape {sigma.shape}")
     sigma = float(sigma)
-    config = dict(batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
-                  group_size=group_size, dataset_size=dataset_size, batch_size=batch_size)
-    if allocation_dpsgd.is_allocation(sampling):
-        allocation_dpsgd.allocation_args(sampling, sampling_prob=sampling_prob, steps=steps, epochs=epochs, **config)
+    s = scheme_keywords("dpsgd_privacy_report", sampling, sampling_prob)
+    if allocation_dpsgd.is_allocation(s.sampling):
+        allocation_dpsgd.allocation_args(s.sampling, steps=steps, epochs=epochs, group_size=group_size,
+                                         batches_per_epoch=s.batches_per_epoch,
+                                         selections_per_epoch=s.selections_per_epoch)
 
         def account(**target):
-            return dpsgd_accounting(sigma, None, None, sampling=sampling, batches_per_epoch=batches_per_epoch,
-                                    selections_per_epoch=selections_per_epoch, epochs=epochs, **target)
+            return dpsgd_accounting(sigma, None, None, sampling=sampling, epochs=epochs, **target)
 
         def epsilon_at(d):
-            return group_dpsgd_epsilon(sigma, None, steps, d, epochs=epochs, sampling=sampling, **config)
+            return group_dpsgd_epsilon(sigma, None, steps, d, epochs=epochs, sampling=sampling)
 
         return _report(account, epsilon_at, target_delta, fpr)
-    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
-    t = _names.steps_from_epochs("dpsgd_privacy_report", sampling_prob, steps, epochs,
-                                 sampling=Sampling.parse(sampling),
-                                 dataset_size=dataset_size, batch_size=batch_size)
+    t = _names.steps_from_epochs("dpsgd_privacy_report", s.sampling_prob, steps, epochs, sampling=s.sampling,
+                                 dataset_size=s.dataset_size, batch_size=s.batch_size)
     _names.require("dpsgd_privacy_report", steps=t)
-    example_level = Sampling.parse(sampling) is Sampling.POISSON and group_size == 1
+    example_level = s.sampling == "poisson" and group_size == 1
 
     def account(**target):
         if example_level:
-            return dpsgd_accounting(sigma, sampling_prob, t, **target)
-        return group_accounting(sigma, sampling_prob, t, group_size=group_size, sampling=sampling,
-                                dataset_size=dataset_size, batch_size=batch_size, **target)
+            return dpsgd_accounting(sigma, s.sampling_prob, t, **target)
+        target = {"target_delta": None, "target_epsilon": None, **target}
+        return _group_accounting(sigma, s.sampling_prob, t, group_size=group_size, sampling=s.sampling,
+                                 dataset_size=s.dataset_size, batch_size=s.batch_size, options=None,
+                                 with_lower=True, **target)
 
     def epsilon_at(d):
-        return group_dpsgd_epsilon(sigma, sampling_prob, t, d, sampling=sampling, **config)
+        return group_dpsgd_epsilon(sigma, sampling_prob, t, d, sampling=sampling, group_size=group_size)
 
     return _report(account, epsilon_at, target_delta, fpr)

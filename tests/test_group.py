@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import dpjax
 from dpjax.group import group_accounting, group_epsilon
 from dpjax.pld.mog import group_mixture_params, mog_loss_cdfs
+from dpjax.pld.scenario import scheme_from_keywords
 
 SIGMAS = (1, 2, 4)
 ALL_KS = (1, 2, 4, 8, 16)
@@ -71,7 +72,7 @@ def test_fixed_batch_k1_is_the_sensitivity_2_subsampled_gaussian():
     sensitivity 2 and noise sigma (Ganesh (2024), Thm 3.3), i.e. the sensitivity-1 subsampled
     Gaussian at q = B/N with noise multiplier sigma / 2 -- exactly, same program -- and NOT
     Poisson DP-SGD at sigma (which is add/remove adjacency, sensitivity 1)."""
-    fixed = dpjax.dpsgd_epsilon(2.0, None, 2000, 1e-5, sampling="fixed_batch", dataset_size=50_000, batch_size=500)
+    fixed = dpjax.dpsgd_epsilon(2.0, None, 2000, 1e-5, sampling=dpjax.FixedBatch(500, 50_000))
     assert fixed == dpjax.pld.dpsgd_epsilon(1.0, 0.01, 2000, 1e-5)
     poisson = dpjax.pld.dpsgd_epsilon(2.0, 0.01, 2000, 1e-5)
     assert fixed > 2.5 * poisson  # 2.584 vs 0.900
@@ -82,8 +83,7 @@ def test_issue_example_fixed_batch_k6():
     (the old 'noise 2 sigma' reading gave 4.04, an understated epsilon).  Oracle: the same
     mixture {2j: Hypergeometric(50000, 6, 500)(j)}, std 3, through dp_accounting's PLD at
     interval 1e-4 (10.4563, pessimistic); 0.5%: the tolerance against dp_accounting."""
-    eps = dpjax.dpsgd_epsilon(3.0, None, 2000, 1e-5, group_size=6, sampling="fixed_batch",
-                              dataset_size=50_000, batch_size=500)
+    eps = dpjax.dpsgd_epsilon(3.0, None, 2000, 1e-5, group_size=6, sampling=dpjax.FixedBatch(500, 50_000))
     assert eps == pytest.approx(10.4563, rel=5e-3)
     assert eps > 10.0
 
@@ -164,13 +164,11 @@ def test_accounting_returns_bracket_and_delta():
         (dict(group_size=2.5), "group_size"),
         (dict(group_size=True), "group_size"),
         (dict(sampling="shuffle"), "sampling"),
-        (dict(sampling="fixed_batch", dataset_size=None, batch_size=10), "dataset_size"),
-        (dict(sampling="fixed_batch", dataset_size=100, batch_size=None), "batch_size"),
-        (dict(sampling="fixed_batch", dataset_size=100, batch_size=200), "batch_size"),
-        (dict(sampling="fixed_batch", dataset_size=100, batch_size=4, group_size=5), "group_size"),
-        (dict(sampling="fixed_batch", dataset_size=100, batch_size=10, sampling_prob=0.2), "sampling_prob"),
+        (dict(sampling="fixed_batch"), r"FixedBatch\(batch_size, dataset_size\)"),
+        (dict(sampling=dpjax.FixedBatch(4, 100), sampling_prob=None, group_size=5), "group_size"),
+        (dict(sampling=dpjax.FixedBatch(10, 100), sampling_prob=0.2), "sampling_prob"),
         (dict(sampling_prob=None), "sampling_prob"),
-        (dict(dataset_size=1000, batch_size=10), "only for sampling='fixed_batch'"),
+        (dict(sampling=dpjax.BallsInBins(10)), r"FixedBatch\(batch_size, dataset_size\) \(the schemes it accounts\)"),
         (dict(sampling_prob=1.5), "sampling_prob"),
         (dict(noise_multiplier=-1.0), "noise_multiplier"),
         (dict(noise_multiplier=[1.0, -2.0]), "noise_multiplier"),   # a batch with a bad element
@@ -196,13 +194,16 @@ def test_fixed_batch_accepts_consistent_sampling_prob():
     assert c.sampling is Sampling.POISSON and c.adjacency == "add_or_remove"
 
 
-def test_sampling_enum_and_string_give_the_same_answer():
+def test_fixed_batch_is_a_record_not_a_name():
+    """A fixed batch states its sizes: the name alone (string or enum) is refused with the
+    record to write instead, and Poisson's name and record give the same answer."""
     from dpjax.group import Sampling
 
-    kw = dict(group_size=2, dataset_size=50_000, batch_size=500)
-    a = group_epsilon(4.0, None, 2000, 1e-5, sampling="fixed_batch", **kw)
-    b = group_epsilon(4.0, None, 2000, 1e-5, sampling=Sampling.FIXED_BATCH, **kw)
-    assert a == b
+    for name in ("fixed_batch", Sampling.FIXED_BATCH):
+        with pytest.raises(ValueError, match=r"sampling=dpjax\.FixedBatch\(batch_size, dataset_size\)"):
+            group_epsilon(4.0, None, 2000, 1e-5, group_size=2, sampling=name)
+    a = group_epsilon(4.0, None, 2000, 1e-5, group_size=2, sampling=dpjax.Poisson(0.01))
+    assert a == group_epsilon(4.0, 0.01, 2000, 1e-5, group_size=2, sampling=Sampling.POISSON)
     assert Sampling.POISSON.sensitivity == 1.0 and Sampling.FIXED_BATCH.sensitivity == 2.0
     assert str(Sampling.FIXED_BATCH) == "fixed_batch" and Sampling("poisson") is Sampling.POISSON
 
@@ -217,7 +218,7 @@ def test_one_validator_for_every_entry_point():
     from dpjax.pld.mog import GroupSubsampledGaussian
 
     assert validate_group_args is group_spec.validate_group_spec
-    bad = dict(group_size=20, sampling="fixed_batch", dataset_size=1000, batch_size=10)
+    bad = dict(group_size=20, sampling=dpjax.FixedBatch(10, 1000))
     messages = set()
     for call in (
         lambda: group_epsilon(1.0, None, 10, 1e-5, **bad),
@@ -229,8 +230,8 @@ def test_one_validator_for_every_entry_point():
             call()
         messages.add(str(info.value).split(", got")[0])
     assert len(messages) == 1
-    # Poisson sampling with fixed-batch sizes is rejected everywhere (not silently ignored).
-    with pytest.raises(ValueError, match="only for sampling='fixed_batch'"):
-        group_epsilon(1.0, 0.01, 10, 1e-5, group_size=2, dataset_size=1000)
+    # A sampling probability beside a fixed batch is rejected (not silently ignored).
+    with pytest.raises(ValueError, match="sampling_prob is stated by"):
+        group_epsilon(1.0, 0.01, 10, 1e-5, group_size=2, sampling=dpjax.FixedBatch(10, 1000))
     with pytest.raises(ValueError, match="sampling must be one of"):
         GroupSubsampledGaussian(1.0, 2.0, sampling_prob=0.1, sampling="shuffle").validate()

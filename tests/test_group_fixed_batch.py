@@ -26,8 +26,7 @@ def _fixed_row_epsilon(case):
     p = case["params"]
     # The corrected rows: the mixture's std IS the run's noise multiplier.
     assert p["mog_standard_deviation"] == p["noise_multiplier"] == 2 * p["seed000_fig2_sigma"]
-    return group_epsilon(p["noise_multiplier"], None, p["steps"], p["delta"], group_size=p["group_size"],
-                         sampling="fixed_batch", dataset_size=p["dataset_size"], batch_size=p["batch_size"])
+    return group_epsilon(p["noise_multiplier"], None, p["steps"], p["delta"], group_size=p["group_size"], sampling=dpjax.FixedBatch(p["batch_size"], p["dataset_size"]))
 
 
 def _check_fixed_row(case):
@@ -83,7 +82,7 @@ def test_k1_fixed_batch_is_the_sensitivity_2_subsampled_gaussian():
     import dp_accounting
 
     sigma, q, steps, delta = 8.0, 500 / 50_000, 2000, 1e-5
-    ours = dpjax.dpsgd_epsilon(sigma, None, steps, delta, sampling="fixed_batch", dataset_size=50_000, batch_size=500)
+    ours = dpjax.dpsgd_epsilon(sigma, None, steps, delta, sampling=dpjax.FixedBatch(500, 50_000))
     mog = lambda: dp_accounting.dp_event.MixtureOfGaussiansDpEvent(sigma, [0.0, 2.0], [1 - q, q])
     ref = _dp_accounting_epsilon(mog(), steps, delta)
     ref_coarse = _dp_accounting_epsilon(mog(), steps, delta, interval=2e-4)
@@ -117,6 +116,5 @@ def test_live_jax_privacy_user_level_fixed_batch(group_size):
     epsilon grows)."""
     sigma, steps, n, b, delta = 8.0, 2000, 50_000, 500, 1e-5
     theirs = _jax_privacy_fixed_batch_epsilon(sigma, group_size, steps, n, b, delta)
-    ours = group_epsilon(sigma, None, steps, delta, group_size=group_size, sampling="fixed_batch",
-                         dataset_size=n, batch_size=b)
+    ours = group_epsilon(sigma, None, steps, delta, group_size=group_size, sampling=dpjax.FixedBatch(b, n))
     assert ours == pytest.approx(theirs, rel=5e-4)

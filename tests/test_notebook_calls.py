@@ -315,8 +315,8 @@ def test_the_check_catches_the_earlier_argument_order():
     assert "target_delta = 1000 is out of range" in problems[2]
     new = setup + ("s = dpjax.dpsgd_noise_multiplier(1 / B, B * E, TARGET, DELTA)\n"
                    "t = dpjax.dpsgd_noise_multiplier(target_epsilon=TARGET, target_delta=DELTA, "
-                   "sampling='random_allocation', batches_per_epoch=B, epochs=E)\n")
-    assert check_notebook("new.ipynb", [new]) == ([], 2)
+                   "sampling=dpjax.RandomAllocation(B), epochs=E)\n")
+    assert check_notebook("new.ipynb", [new]) == ([], 3)
     # A removed keyword, a removed function and a method of a dpjax object are caught too.
     other = setup + ("from dpjax import montecarlo, matrices\nimport numpy as np\n"
                      "dpjax.dpsgd_epsilon(1.0, 0.01, 1000, target_dleta=DELTA)\n"

@@ -162,12 +162,10 @@ def test_epsilon_entries_equal_their_public_calls_and_round_trip():
 
 
 def test_replace_adjacency_has_one_curve():
-    rep = dpsgd_privacy_report(2.0, None, 100, sampling="fixed_batch", dataset_size=1000, batch_size=10,
-                               target_delta=1e-5)
+    rep = dpsgd_privacy_report(2.0, None, 100, sampling=dpjax.FixedBatch(10, 1000), target_delta=1e-5)
     assert rep.adjacency == "replace"
     np.testing.assert_array_equal(rep.tpr_remove, rep.tpr_add)
-    assert rep.epsilon[0] == dpjax.dpsgd_epsilon(2.0, None, 100, 1e-5, sampling="fixed_batch", dataset_size=1000,
-                                                 batch_size=10)
+    assert rep.epsilon[0] == dpjax.dpsgd_epsilon(2.0, None, 100, 1e-5, sampling=dpjax.FixedBatch(10, 1000))
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -212,8 +210,7 @@ def test_cli_report_random_allocation(capsys):
                         "--fpr", "1e-4,0.1", "--json")
     assert rc == 0, err
     res = json.loads(out)
-    rep = dpsgd_privacy_report(1.0, sampling="random_allocation", batches_per_epoch=3, epochs=2, target_delta=1e-5,
-                               fpr=[1e-4, 0.1])
+    rep = dpsgd_privacy_report(1.0, sampling=dpjax.RandomAllocation(3), epochs=2, target_delta=1e-5, fpr=[1e-4, 0.1])
     assert res["batches_per_epoch"] == 3
     assert res["epsilon"] == list(rep.epsilon) and res["tpr_remove"] == list(rep.tpr_remove)
 

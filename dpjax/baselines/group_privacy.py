@@ -102,16 +102,15 @@ def group_lemma_epsilon(
     target_delta: float,
     *,
     group_size: int,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
+    sampling="poisson",
     grid_points: int = 1024,
     rdp_tail: bool = True,
     options=None,
 ) -> GroupLemmaResult:
     """Group-privacy lemma applied to the tight (certified PLD) k = 1 guarantee of DP-SGD.
 
-    Takes the arguments of :func:`dpjax.group_epsilon`, plus ``grid_points`` and ``rdp_tail``.
+    Takes the arguments of :func:`dpjax.group_epsilon` (``sampling``: ``"poisson"``,
+    :class:`dpjax.Poisson` or :class:`dpjax.FixedBatch`), plus ``grid_points`` and ``rdp_tail``.
 
     Args:
       grid_points: eps_1 grid per search stage.
@@ -127,8 +126,7 @@ def group_lemma_epsilon(
     """
     from dpjax import pld
 
-    spec, sigma = _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling,
-                                        dataset_size, batch_size)
+    spec, sigma = _group_spec_and_sigma("group_lemma_epsilon", noise_multiplier, sampling_prob, group_size, sampling)
     t = _validate.positive_int("steps", steps)
     delta_k = float(_validate.PrivacyTarget(delta=target_delta).delta)
     m = _validate.positive_int("grid_points", grid_points, minimum=16)
@@ -157,14 +155,15 @@ def group_lemma_epsilon(
     return GroupLemmaResult(k * eps1, eps1, delta1, k * math.exp((k - 1) * eps1) * delta1, adjacency=spec.adjacency)
 
 
-def _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling, dataset_size,
-                          batch_size):
-    """The validated group (:func:`dpjax.group.validate_group_args`) and noise multiplier."""
+def _group_spec_and_sigma(name, noise_multiplier, sampling_prob, group_size, sampling):
+    """The validated group (:func:`dpjax.group.validate_group_args`; ``sampling`` is ``"poisson"``,
+    :class:`dpjax.Poisson` or :class:`dpjax.FixedBatch`) and noise multiplier."""
     from dpjax import group as group_mod
+    from dpjax.pld.scenario import FixedBatch, Poisson, scheme_keywords
 
-    spec = group_mod.validate_group_args(
-        sampling_prob, group_size=group_size, sampling=sampling, dataset_size=dataset_size, batch_size=batch_size
-    )
+    s = scheme_keywords(name, sampling, sampling_prob, accepts=(Poisson, FixedBatch))
+    spec = group_mod.validate_group_args(s.sampling_prob, group_size=group_size, sampling=s.sampling,
+                                         dataset_size=s.dataset_size, batch_size=s.batch_size)
     return spec, float(_validate.positive("noise_multiplier", noise_multiplier))
 
 
@@ -240,9 +239,7 @@ def group_rdp_epsilon(
     target_delta: float,
     *,
     group_size: int,
-    sampling: str = "poisson",
-    dataset_size: int | None = None,
-    batch_size: int | None = None,
+    sampling="poisson",
     orders=None,
 ) -> tuple[float, float]:
     """The group-privacy note's RDP over-approximation of group privacy: ``(epsilon, optimal_order)``.
@@ -257,8 +254,7 @@ def group_rdp_epsilon(
 
         >>> group_rdp_epsilon(1.0, 0.01, 2000, 1e-5, group_size=4)    # doctest: +SKIP
     """
-    spec, sigma = _group_spec_and_sigma(noise_multiplier, sampling_prob, group_size, sampling,
-                                        dataset_size, batch_size)
+    spec, sigma = _group_spec_and_sigma("group_rdp_epsilon", noise_multiplier, sampling_prob, group_size, sampling)
     k = spec.group_size
     if spec.sampling is Sampling.POISSON:
         q_eff = -math.expm1(k * math.log1p(-spec.sampling_prob)) if spec.sampling_prob < 1 else 1.0

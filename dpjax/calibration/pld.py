@@ -66,7 +66,7 @@ from dpjax.pld.grid.compose import Group
 from dpjax.numerics.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
-from dpjax.pld.scenario import accepts_scenario
+from dpjax.pld.scenario import FixedBatch, accepts_scenario, scheme_keywords
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
@@ -467,9 +467,8 @@ def _clt_guess(eps, delta, q, steps):
 
 @accepts_scenario("target_epsilon", "target_delta", name="dpjax.dpsgd_noise_multiplier", noise="calibrate")
 def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, target_delta=None, *, group_size=1,
-                           sampling="poisson", dataset_size=None, batch_size=None,
-                           options: GridOptions | None = None, progress: bool | None = None, sample_rate=None,
-                           epochs=None, epsilon=None, delta=None, batches_per_epoch=None, selections_per_epoch=1):
+                           sampling="poisson", options: GridOptions | None = None, progress: bool | None = None,
+                           sample_rate=None, epochs=None):
     """Smallest DP-SGD noise multiplier whose certified epsilon meets ``target_epsilon``.
 
     Poisson sampling with probability ``sampling_prob`` for ``steps`` steps, add/remove
@@ -514,35 +513,30 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
     in batched programs (grouped by grid shape).
 
     **Argument order** (the accounting family's one order, docs/api_names.md):
-    ``(sampling_prob, steps, target_epsilon, target_delta)``; Opacus-style aliases
-    ``sample_rate=``, ``epsilon=``, ``delta=``, ``epochs=`` (``steps = epochs / sampling_prob``
-    rounded up: :func:`dpjax._base.names.epochs_to_steps`).
+    ``(sampling_prob, steps, target_epsilon, target_delta)``; Opacus-style ``sample_rate=`` and
+    ``epochs=`` (``steps = epochs / sampling_prob`` rounded up:
+    :func:`dpjax._base.names.epochs_to_steps`).
 
     Unreachable targets raise ``ValueError`` saying why: ``target_delta >= 1 - (1 - q)^T``
     (vacuous: every sigma meets it), or a sigma outside :data:`SIGMA_RANGE` would be needed.
 
     Args:
-      sampling_prob: q in (0, 1] (alias ``sample_rate=``; None for ``sampling="fixed_batch"``).
+      sampling_prob: q in (0, 1] (alias ``sample_rate=``; None with a scheme record).
       steps: integer >= 1 (or ``epochs=``).
-      target_epsilon: > 0 (alias ``epsilon=``).
-      target_delta: in (0, 1) (alias ``delta=``).
+      target_epsilon: > 0.
+      target_delta: in (0, 1).
       group_size: k >= 1 (scalar): calibrate the guarantee of groups of k examples (mixture of
         Gaussians of Ganesh (2024), "Tight Group-Level DP Guarantees for DP-SGD with Sampling
         via Mixture of Gaussians Mechanisms", Thm 3.1 / 3.3, via
         :class:`dpjax.pld.mog.GroupSubsampledGaussian`).
-      sampling: ``"poisson"`` or ``"fixed_batch"`` (batch ``batch_size`` of ``dataset_size``,
-        replace-one (replace-k) adjacency: sensitivities ``2j`` with noise std
-        ``noise_multiplier``, Ganesh (2024), Thm 3.3, as in :mod:`dpjax.group`); or
-        ``"random_allocation"`` / ``"balls_in_bins"`` (add/remove adjacency): then
-        ``batches_per_epoch``, ``epochs`` (the number of epochs) and ``selections_per_epoch``
-        replace ``sampling_prob`` and ``steps``; the search runs on the certified bound of
-        :mod:`dpjax.pld.allocation.accountant` (its
+      sampling: ``"poisson"`` or :class:`dpjax.Poisson` ``(q)``; :class:`dpjax.FixedBatch`
+        ``(batch_size, dataset_size)`` (replace-one (replace-k) adjacency: sensitivities ``2j``
+        with noise std ``noise_multiplier``, Ganesh (2024), Thm 3.3, as in :mod:`dpjax.group`);
+        or :class:`dpjax.RandomAllocation` / :class:`dpjax.BallsInBins` (add/remove adjacency):
+        then ``epochs`` (the number of epochs) replaces ``sampling_prob`` and ``steps``; the
+        search runs on the certified bound of :mod:`dpjax.pld.allocation.accountant` (its
         :func:`~dpjax.pld.allocation.accountant.allocation_noise_multiplier`), traced targets
         get its implicit gradient (:func:`dpjax.pld.allocation.dpsgd.noise_multiplier`).
-      dataset_size, batch_size: only (and required) for ``"fixed_batch"``; then
-        ``sampling_prob`` must be None or ``batch_size / dataset_size``.
-      batches_per_epoch, selections_per_epoch: random allocation / balls-in-bins (see
-        ``sampling``).
       options: grid accuracy (default :data:`CALIBRATION_OPTIONS`; Poisson and fixed batches).
       progress: progress on stderr, one tick per round of the search (group calibration can take
         tens of seconds): ``None`` (default) shows it once the call runs over a second (a bar in
@@ -560,21 +554,22 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
 
         >>> dpjax.dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5)   # doctest: +SKIP
         0.95910...
-        >>> dpjax.dpsgd_noise_multiplier(sample_rate=0.01, epochs=10, epsilon=2.0, delta=1e-5)  # doctest: +SKIP
+        >>> dpjax.dpsgd_noise_multiplier(sample_rate=0.01, epochs=10, target_epsilon=2.0,
+        ...                              target_delta=1e-5)                               # doctest: +SKIP
         0.95910...
-        >>> dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sampling="random_allocation",
-        ...                              batches_per_epoch=100, epochs=10)               # doctest: +SKIP
+        >>> dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5,
+        ...                              sampling=dpjax.RandomAllocation(100), epochs=10)  # doctest: +SKIP
     """
     from dpjax._base import names as _names
     from dpjax._base import traced as _traced
-
-    name = "dpsgd_noise_multiplier"
-    a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon,
-                                          target_delta=target_delta),
-                               dict(sample_rate=sample_rate, epsilon=epsilon, delta=delta))
-    q, eps, dlt = a["sampling_prob"], a["target_epsilon"], a["target_delta"]
     from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
+    name = "dpsgd_noise_multiplier"
+    q = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob), dict(sample_rate=sample_rate))["sampling_prob"]
+    eps, dlt = target_epsilon, target_delta
+    scheme = scheme_keywords(name, sampling, q)
+    q, sampling, dataset_size, batch_size = scheme.sampling_prob, scheme.sampling, scheme.dataset_size, scheme.batch_size
+    batches_per_epoch, selections_per_epoch = scheme.batches_per_epoch, scheme.selections_per_epoch
     if allocation_dpsgd.is_allocation(sampling):
         if options is not None:
             raise ValueError(f"options (GridOptions) are for sampling='poisson' and 'fixed_batch'; "
@@ -758,7 +753,8 @@ def _evaluate_on_accountant(sigmas, deltas, steps, templates, options, *, k, sam
     kw = _accountant_kwargs(k, sampling, n_data, b_size)
     qs = [None if sampling == "fixed_batch" else float(np.asarray(m.sampling_prob).ravel()[0]) for m in templates]
     if len(sigmas) <= 2:
-        return np.asarray([float(accountant_epsilon(float(s), q, int(t), float(d), **kw))
+        scheme = FixedBatch(b_size, n_data) if sampling == "fixed_batch" else "poisson"
+        return np.asarray([float(accountant_epsilon(float(s), q, int(t), float(d), group_size=int(k), sampling=scheme))
                            for s, d, t, q in zip(sigmas, deltas, steps, qs)])
     comps = [group_components(float(s), int(t), validate_group_spec(q, **kw)) for s, t, q in zip(sigmas, steps, qs)]
     return epsilon_many(comps, np.asarray(deltas, np.float64))

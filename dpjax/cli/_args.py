@@ -225,10 +225,11 @@ def apply_scenario(args) -> argparse.Namespace:
     path = getattr(args, "scenario", None)
     if path is None:
         return args
-    from dpjax.pld.scenario import STATED_KEYWORDS, TrainingScenario
+    from dpjax.pld.scenario import STATED_KEYWORDS, SchemeKeywords, TrainingScenario
 
-    # An option at its default counts as not given.
-    clash = sorted("--" + k.replace("_", "-") for k, default in STATED_KEYWORDS.items()
+    # An option at its default counts as not given (the scheme's sizes are options here).
+    stated = {**STATED_KEYWORDS, **SchemeKeywords()._asdict()}
+    clash = sorted("--" + k.replace("_", "-") for k, default in stated.items()
                    if hasattr(args, k) and getattr(args, k) != default)
     if clash:
         raise ValueError(f"--scenario states the run; do not give {', '.join(clash)} with it")
@@ -249,12 +250,31 @@ def apply_scenario(args) -> argparse.Namespace:
     elif run.noise_multiplier is not None:
         raise ValueError(f"--scenario: this command finds the noise multiplier; the scenario gives "
                          f"{run.noise_multiplier!r} (save it with noise_multiplier=None)")
-    kw = run.keywords()
+    kw = {**run.keywords(), **run.sampling.keywords()}   # the scheme as the options spell it
     for key in ("sampling", "sampling_prob", "steps", "epochs", "dataset_size", "batch_size", "batches_per_epoch",
                 "selections_per_epoch", "group_size"):
         if key in kw:
             setattr(out, key, kw[key])
     return out
+
+
+def sampling_scheme(args):
+    """The ``sampling=`` value of the Python functions for the options ``--sampling``,
+    ``--dataset-size``, ``--batch-size``, ``--batches-per-epoch`` and ``--selections-per-epoch``
+    (``"poisson"``, whose probability is ``--sampling-prob``, or a scheme record)."""
+    from dpjax.pld.scenario import scheme_from_keywords
+
+    def get(name, default=None):
+        return getattr(args, name, default)
+
+    sampling = get("sampling", "poisson")
+    # N and B describe a fixed batch; for the other schemes resolve_batching has turned them into
+    # q = B / N or floor(N / B) batches per epoch (and keeps them for the output only).
+    fixed = sampling == "fixed_batch"
+    return scheme_from_keywords(sampling, dataset_size=get("dataset_size") if fixed else None,
+                                batch_size=get("batch_size") if fixed else None,
+                                batches_per_epoch=get("batches_per_epoch"),
+                                selections_per_epoch=get("selections_per_epoch", 1))
 
 
 def require_noise_multiplier(args) -> None:

@@ -58,9 +58,8 @@ def _run_noise(args) -> dict:
     if r.sampling in _args.ALLOCATION_SAMPLINGS:
         if r.group_size != 1:
             raise ValueError(f"--group-size does not apply to --sampling {r.sampling}")
-        sigma = dpsgd_noise_multiplier(None, r.steps, args.epsilon, args.delta, sampling=r.sampling,
-                                       batches_per_epoch=r.batches_per_epoch,
-                                       selections_per_epoch=r.selections_per_epoch, epochs=r.epochs)
+        sigma = dpsgd_noise_multiplier(None, r.steps, args.epsilon, args.delta, sampling=_args.sampling_scheme(r),
+                                       epochs=r.epochs)
         accountant = "pld (random allocation)"
     else:
         if r.steps is None:
@@ -69,10 +68,9 @@ def _run_noise(args) -> dict:
         if r.sampling == "poisson" and r.sampling_prob is None:
             raise ValueError("--sampling-prob (or --dataset-size and --batch-size) is required for --sampling "
                              "poisson (a number in (0, 1])")
-        sigma = dpsgd_noise_multiplier(r.sampling_prob, r.steps, args.epsilon, args.delta,
-                                       group_size=r.group_size, sampling=r.sampling,
-                                       dataset_size=r.dataset_size, batch_size=r.batch_size,
-                                       progress=None if not args.quiet else False)
+        sigma = dpsgd_noise_multiplier(r.sampling_prob, r.steps,
+                                       args.epsilon, args.delta, group_size=r.group_size,
+                                       sampling=_args.sampling_scheme(r), progress=None if not args.quiet else False)
         accountant = "pld"
     out = dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
                **{k: v for k, v in setting(args, r).items() if k != "noise_multiplier"})

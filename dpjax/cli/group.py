@@ -27,8 +27,9 @@ def accounting(args, options, **target):
 
     if args.sampling == "poisson" and args.sampling_prob is None:
         raise ValueError("--sampling-prob is required for --sampling poisson (a number in (0, 1])")
+    from dpjax.cli import _args
+
     return group_accounting(
         args.noise_multiplier, args.sampling_prob, args.steps, group_size=args.group_size,
-        sampling=args.sampling, dataset_size=args.dataset_size, batch_size=args.batch_size,
-        options=options, **target,
+        sampling=_args.sampling_scheme(args), options=options, **target,
     )

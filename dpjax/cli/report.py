@@ -60,15 +60,14 @@ def _report(sigma: float, r):
         if r.batches_per_epoch is None or r.epochs is None:
             raise ValueError(f"--sampling {r.sampling} needs --epochs and --batches-per-epoch (or --dataset-size "
                              "and --batch-size)")
-        return dpsgd_privacy_report(sigma, sampling=r.sampling, batches_per_epoch=r.batches_per_epoch,
-                                    selections_per_epoch=r.selections_per_epoch, epochs=r.epochs, **kw)
+        return dpsgd_privacy_report(sigma, sampling=_args.sampling_scheme(r), epochs=r.epochs, **kw)
     if r.steps is None:
         raise ValueError("--steps (or --epochs) is required for --sampling poisson and fixed_batch (an integer >= 1)")
     if r.sampling == "poisson" and r.sampling_prob is None:
         raise ValueError("--sampling-prob (or --dataset-size and --batch-size) is required for --sampling poisson "
                          "(a number in (0, 1])")
-    return dpsgd_privacy_report(sigma, r.sampling_prob, r.steps, group_size=r.group_size, sampling=r.sampling,
-                                dataset_size=r.dataset_size, batch_size=r.batch_size, **kw)
+    return dpsgd_privacy_report(sigma, r.sampling_prob, r.steps,
+                                group_size=r.group_size, sampling=_args.sampling_scheme(r), **kw)
 
 
 def _epsilon_by_steps(sigma: float, r, delta: float, points: int = 16):
@@ -81,16 +80,14 @@ def _epsilon_by_steps(sigma: float, r, delta: float, points: int = 16):
 
     if r.sampling in _args.ALLOCATION_SAMPLINGS:
         epochs = sorted({int(e) for e in np.linspace(1, r.epochs, min(points, r.epochs)).round()})
-        curve = dpjax.epsilon_curve(sigma, target_delta=delta, sampling=r.sampling,
-                                    batches_per_epoch=r.batches_per_epoch,
-                                    selections_per_epoch=r.selections_per_epoch, epochs=epochs)
+        curve = dpjax.epsilon_curve(sigma, target_delta=delta, sampling=_args.sampling_scheme(r), epochs=epochs)
         return np.asarray(curve.steps), np.asarray(curve.epsilon)
     steps = np.unique(np.linspace(1, r.steps, min(points, r.steps)).round().astype(np.int64))
     if r.sampling == "poisson" and r.group_size == 1:
         curve = dpjax.epsilon_curve(sigma, r.sampling_prob, steps.tolist(), delta)
         return np.asarray(curve.steps), np.asarray(curve.epsilon)
-    eps = dpjax.dpsgd_epsilon(sigma, r.sampling_prob, steps, delta, group_size=r.group_size, sampling=r.sampling,
-                              dataset_size=r.dataset_size, batch_size=r.batch_size)
+    eps = dpjax.dpsgd_epsilon(sigma, r.sampling_prob, steps, delta,
+                              group_size=r.group_size, sampling=_args.sampling_scheme(r))
     return steps, np.asarray(eps)
 
 

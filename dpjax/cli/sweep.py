@@ -80,26 +80,29 @@ def _configs(args):
 def _run_allocation(args, store) -> tuple:
     from dpjax.pld.sweeps.driver import sweep
 
+    from dpjax.pld.scenario import scheme_from_keywords
+    from dpjax.pld.sweeps.config import sweep_grid
+
     if args.grid is not None:
         if any(v is not None for v in (args.noise_multiplier, args.batches_per_epoch, args.epochs, args.delta,
                                        args.epsilon)):
             raise ValueError("give either --grid FILE or the value lists (--noise-multiplier ...), not both")
-        configs, grid = _read_grid(args.grid), {}
+        configs = [dict(c, sampling=c.get("sampling", args.sampling)) if isinstance(c, dict) else c
+                   for c in _read_grid(args.grid)]
     else:
-        configs = None
         if args.noise_multiplier is None or args.batches_per_epoch is None or args.epochs is None:
             raise ValueError("--sampling random_allocation / balls_in_bins needs --noise-multiplier, "
                              "--batches-per-epoch and --epochs (or --grid FILE)")
-        grid = dict(noise_multiplier=parse_values("noise_multiplier", args.noise_multiplier),
-                    batches_per_epoch=parse_values("batches_per_epoch", args.batches_per_epoch, integer=True),
-                    selections_per_epoch=parse_values("selections_per_epoch", args.selections_per_epoch, integer=True),
-                    epochs=parse_values("epochs", args.epochs, integer=True),
-                    delta=None if args.delta is None else parse_values("delta", args.delta),
-                    epsilon=None if args.epsilon is None else parse_values("epsilon", args.epsilon))
+        schemes = [scheme_from_keywords(args.sampling, batches_per_epoch=int(t), selections_per_epoch=int(k))
+                   for t in parse_values("batches_per_epoch", args.batches_per_epoch, integer=True)
+                   for k in parse_values("selections_per_epoch", args.selections_per_epoch, integer=True)]
+        configs = sweep_grid(parse_values("noise_multiplier", args.noise_multiplier), sampling=schemes,
+                             epochs=parse_values("epochs", args.epochs, integer=True),
+                             delta=None if args.delta is None else parse_values("delta", args.delta),
+                             epsilon=None if args.epsilon is None else parse_values("epsilon", args.epsilon))
     if args.sampling_prob is not None or args.steps is not None or args.group_size != "1":
         raise ValueError("--sampling-prob, --steps and --group-size are for --sampling poisson")
-    table = sweep(configs, sampling=args.sampling, out=store, resume=args.resume, with_lower=not args.no_lower,
-                  **grid)
+    table = sweep(configs, out=store, resume=args.resume, with_lower=not args.no_lower)
     return table, dict(sampling=args.sampling)
 
 
@@ -117,7 +120,7 @@ def _read_grid(path: str) -> list:
 
 
 def _run(args) -> dict:
-    from dpjax.pld.sweeps.driver import sweep
+    from dpjax.pld.sweeps.driver import SweepExecution, sweep
 
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out (the file the killed sweep wrote)")
@@ -135,7 +138,7 @@ def _run(args) -> dict:
                              "random_allocation or balls_in_bins")
         configs = _configs(args)
         table = sweep(configs, out=store, resume=args.resume, with_lower=not args.no_lower,
-                      per_device=args.per_device, backend=args.backend)
+                      execution=SweepExecution(per_device=args.per_device, backend=args.backend))
         extra = {}
     eps = [r["epsilon"] for r in table.rows if r["query"] == "epsilon"]
     # Poisson-sampled DP-SGD (and its groups), random allocation, balls-in-bins: the add/remove

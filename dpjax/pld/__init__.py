@@ -95,7 +95,8 @@ _ATTRS = {
     **dict.fromkeys(("DIRECTIONS", "Direction", "Gaussian", "Laplace", "LossCDFs", "PoissonSubsampledGaussian",
                      "RandomizedResponse"), "dpjax.pld.mechanisms"),
     **dict.fromkeys(("GridOptions", "GridPlan", "plan_grid"), "dpjax.pld.grid.plan"),
-    **dict.fromkeys(("BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid"), "dpjax.pld.sweeps.driver"),
+    **dict.fromkeys(("BucketPolicy", "SweepConfig", "SweepExecution", "SweepTable", "sweep", "sweep_grid"),
+                   "dpjax.pld.sweeps.driver"),
     **dict.fromkeys(("EpsilonCurve", "epsilon_curve"), "dpjax.pld.curve"),
 }
 _SUBMODULES = ("accountant", "allocation", "curve", "dpsgd", "fallback", "grid", "group_spec", "mechanisms", "mog",
@@ -114,7 +115,7 @@ if TYPE_CHECKING:  # the same names for static analysis (type checkers, the API 
         DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
     )
     from dpjax.pld.grid.plan import GridOptions, GridPlan, plan_grid
-    from dpjax.pld.sweeps.driver import BucketPolicy, SweepConfig, SweepTable, sweep, sweep_grid
+    from dpjax.pld.sweeps.driver import BucketPolicy, SweepConfig, SweepExecution, SweepTable, sweep, sweep_grid
     from dpjax.pld.curve import EpsilonCurve, epsilon_curve
 
 __all__ = [
@@ -125,7 +126,7 @@ __all__ = [
     "dpsgd_epsilon", "epsilon", "grid_epsilon_fn", "eps_at", "plan_fixed_grid", "plan_grid", "stack_grids",
     "table",
     "gaussian_delta", "gaussian_epsilon", "gaussian_log_delta",
-    "BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "EpsilonCurve", "epsilon_curve",
+    "BucketPolicy", "SweepConfig", "SweepExecution", "SweepTable", "sweep", "sweep_grid", "EpsilonCurve", "epsilon_curve",
 ]
 
 __getattr__, __dir__ = _lazy_exports("dpjax.pld", _ATTRS, _SUBMODULES)

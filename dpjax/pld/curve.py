@@ -54,7 +54,7 @@ from dpjax.pld.grid import engine
 from dpjax.pld.dpsgd import dpsgd_accounting
 from dpjax.pld.mechanisms import PoissonSubsampledGaussian
 from dpjax.pld.grid.plan import GridOptions, plan_grid
-from dpjax.pld.scenario import accepts_scenario
+from dpjax.pld.scenario import BallsInBins, Poisson, RandomAllocation, accepts_scenario, scheme_keywords
 
 __all__ = ["EpsilonCurve", "epsilon_curve"]
 
@@ -85,8 +85,7 @@ def _plan_at(plan, t: int, t_max: int):
 @host_only("dpjax.pld.grid_epsilon_fn with counts=... on a grid from dpjax.pld.plan_fixed_grid")
 def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, *,
                   options: GridOptions | None = None, with_lower: bool = True, batch: int = DEFAULT_BATCH,
-                  sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1,
-                  epochs=None) -> EpsilonCurve:
+                  sampling="poisson", epochs=None) -> EpsilonCurve:
     """Certified epsilon of DP-SGD after every ``T`` in ``steps``, from one transform.
 
     Args:
@@ -98,9 +97,9 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
       with_lower: also compute the certified lower ends.
       batch: accepted for compatibility (an integer >= 1; each ``T`` is evaluated in turn from
         the shared transform).
-      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"`` with
-        ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` (an integer: every epoch up to
-        it, or a list) instead of ``sampling_prob`` and ``steps``: epsilon after each epoch
+      sampling: ``"poisson"`` (default) or :class:`dpjax.Poisson` ``(q)``; or
+        :class:`dpjax.RandomAllocation` / :class:`dpjax.BallsInBins` with ``epochs`` (an integer:
+        every epoch up to it, or a list) instead of ``sampling_prob`` and ``steps``: epsilon after each epoch
         (:func:`dpjax.pld.allocation.accountant.allocation_epsilon_curve`; ``steps`` of the result
         are the steps after each entry).
 
@@ -112,10 +111,12 @@ def epsilon_curve(noise_multiplier, sampling_prob=None, steps=None, target_delta
     Returns:
       :class:`EpsilonCurve`.
     """
-    if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
-        return _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, sampling=sampling,
-                                 batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
-                                 epochs=epochs)
+    scheme = scheme_keywords("epsilon_curve", sampling, sampling_prob, accepts=(Poisson, RandomAllocation, BallsInBins))
+    sampling_prob = scheme.sampling_prob
+    if scheme.sampling != "poisson" or epochs is not None:
+        return _allocation_curve(noise_multiplier, sampling_prob, steps, target_delta, sampling=scheme.sampling,
+                                 batches_per_epoch=scheme.batches_per_epoch,
+                                 selections_per_epoch=scheme.selections_per_epoch, epochs=epochs)
     if sampling_prob is None or steps is None or target_delta is None:
         raise ValueError("epsilon_curve needs sampling_prob, steps and target_delta (Poisson sampling)")
     options = engine.grid_options(options)

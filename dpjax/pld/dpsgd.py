@@ -34,7 +34,7 @@ from dpjax._base import names as _names
 from dpjax._base import traced as _traced
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import host_only
-from dpjax.pld.scenario import accepts_scenario
+from dpjax.pld.scenario import BallsInBins, Poisson, RandomAllocation, accepts_scenario, scheme_keywords
 
 jax = _lazy_module("jax")
 
@@ -223,7 +223,7 @@ def _components(sigma, q, steps):
 @host_only("dpjax.calibration.dpsgd_epsilon_fn / dpsgd_delta_fn on a grid from dpjax.calibration.dpsgd_grid")
 def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_delta=None, target_epsilon=None, *,
                      options: GridOptions | None = None, with_lower: bool = True, noise_schedule=None,
-                     sampling: str = "poisson", batches_per_epoch=None, selections_per_epoch=1, epochs=None):
+                     sampling="poisson", epochs=None):
     """DP-SGD (Poisson sampling, add/remove adjacency): :class:`~dpjax.pld.EpsilonResult` or
     :class:`~dpjax.pld.DeltaResult`.
 
@@ -234,11 +234,11 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
       target_delta / target_epsilon: exactly one of them (scalar or 1-D array: one transform
         serves every target).
       noise_schedule: a per-step schedule instead of ``noise_multiplier`` (1-D, length ``steps``).
-      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``:
-        ``batches_per_epoch``, ``selections_per_epoch`` and ``epochs`` instead of
+      sampling: ``"poisson"`` (default) or :class:`dpjax.Poisson` ``(q)``; or
+        :class:`dpjax.RandomAllocation` / :class:`dpjax.BallsInBins` with ``epochs`` instead of
         ``sampling_prob`` and ``steps`` (:func:`dpjax.pld.allocation.dpsgd.accounting`; the
         result has the same fields, ``options`` do not apply).
-      batches_per_epoch, selections_per_epoch, epochs: see ``sampling``.
+      epochs: the number of epochs (random allocation and balls-in-bins).
     """
     if (target_delta is None) == (target_epsilon is None):
         raise ValueError("give exactly one of target_delta and target_epsilon")
@@ -246,17 +246,16 @@ def dpsgd_accounting(noise_multiplier, sampling_prob=None, steps=None, target_de
     from dpjax.pld.allocation import dpsgd as allocation_dpsgd
     from dpjax.pld.grid import engine
 
-    if allocation_dpsgd.is_allocation(sampling):
+    s = scheme_keywords("dpsgd_accounting", sampling, sampling_prob, accepts=(Poisson, RandomAllocation, BallsInBins))
+    sampling_prob = s.sampling_prob
+    if allocation_dpsgd.is_allocation(s.sampling):
         if noise_schedule is not None or options is not None:
             raise ValueError(f"noise_schedule and options are for sampling='poisson', not {sampling!r}")
-        return allocation_dpsgd.accounting(noise_multiplier, sampling_prob, steps, target_delta, target_epsilon,
-                                           sampling=sampling, batches_per_epoch=batches_per_epoch,
-                                           selections_per_epoch=selections_per_epoch, epochs=epochs)
-    if sampling != "poisson":
-        raise ValueError(f"sampling must be 'poisson', 'random_allocation' or 'balls_in_bins' here, got {sampling!r}")
+        return allocation_dpsgd.accounting(noise_multiplier, None, steps, target_delta, target_epsilon,
+                                           sampling=s.sampling, batches_per_epoch=s.batches_per_epoch,
+                                           selections_per_epoch=s.selections_per_epoch, epochs=epochs)
     if epochs is not None:
-        raise ValueError("epochs is for sampling='random_allocation' / 'balls_in_bins' here (give steps)")
-    allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
+        raise ValueError("epochs is for random allocation / balls-in-bins here (give steps)")
     if noise_multiplier is not None and noise_schedule is not None:
         raise ValueError("give noise_multiplier or noise_schedule, not both")
     comps = engine.dpsgd_components(noise_multiplier, sampling_prob, steps, noise_schedule)
@@ -309,8 +308,7 @@ def _schedule(query, name, sigma, q, steps, target, noise_schedule):
 
 @accepts_scenario("target_delta", name="dpjax.pld.dpsgd_epsilon")
 def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_delta=None, *, noise_schedule=None,
-                  sample_rate=None, epochs=None, delta=None, sampling="poisson", batches_per_epoch=None,
-                  selections_per_epoch=1):
+                  sample_rate=None, epochs=None, sampling="poisson"):
     """Certified epsilon of DP-SGD (Poisson sampling, add/remove adjacency) at ``target_delta``.
 
     Args:
@@ -319,16 +317,13 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
       sampling_prob: Poisson sampling probability q in (0, 1] (alias ``sample_rate=``).
       steps: number of steps T >= 1 (or ``epochs=``: ``T = epochs / sampling_prob``
         rounded up, never fewer steps than training takes).
-      target_delta: in (0, 1) (alias ``delta=``).
+      target_delta: in (0, 1).
       noise_schedule: instead of ``noise_multiplier``, a per-step schedule (1-D, length
         ``steps``; ``steps`` may then be left out).
-      sampling: ``"poisson"`` (default), or ``"random_allocation"`` / ``"balls_in_bins"``
-        (:mod:`dpjax.pld.allocation.dpsgd`): then ``batches_per_epoch``, ``epochs`` (the number
-        of epochs) and, for random allocation, ``selections_per_epoch`` replace
-        ``sampling_prob`` and ``steps``.
-      batches_per_epoch: steps per epoch t (random allocation, balls-in-bins).
-      selections_per_epoch: steps per epoch each example takes part in, k in [1, t] (random
-        allocation; default 1).
+      sampling: ``"poisson"`` (default) or :class:`dpjax.Poisson` ``(q)``; or
+        :class:`dpjax.RandomAllocation` ``(batches_per_epoch, selections_per_epoch)`` /
+        :class:`dpjax.BallsInBins` ``(batches_per_epoch)`` (:mod:`dpjax.pld.allocation.dpsgd`):
+        then ``epochs`` (the number of epochs) replaces ``sampling_prob`` and ``steps``.
 
     Returns:
       a float (scalar arguments), a float64 ndarray (arrays), or, traced (``jax.grad``,
@@ -344,14 +339,27 @@ def dpsgd_epsilon(noise_multiplier=None, sampling_prob=None, steps=None, target_
         >>> dpjax.dpsgd_epsilon(np.array([0.8, 1.0, 1.2]), 0.01, 1000, 1e-5)     # doctest: +SKIP
         >>> jax.grad(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 1000, 1e-5))(1.0)    # doctest: +SKIP
         -3.82...
-        >>> dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, sampling="random_allocation",
-        ...                     batches_per_epoch=100, epochs=10)              # doctest: +SKIP
+        >>> dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, sampling=dpjax.RandomAllocation(100),
+        ...                     epochs=10)                                     # doctest: +SKIP
     """
-    name = "dpsgd_epsilon"
-    a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_delta=target_delta),
-                               dict(sample_rate=sample_rate, delta=delta))
-    return _query("epsilon", name, noise_multiplier, a["sampling_prob"], steps, a["target_delta"], noise_schedule,
-                  sampling, batches_per_epoch, selections_per_epoch, epochs)
+    return _public_query("epsilon", "dpsgd_epsilon", noise_multiplier, sampling_prob, steps, target_delta,
+                         noise_schedule, sample_rate, epochs, sampling)
+
+
+def _public_query(query, name, sigma, sampling_prob, steps, target, noise_schedule, sample_rate, epochs, sampling):
+    """:func:`dpsgd_epsilon` / :func:`dpsgd_delta`: the ``sample_rate=`` alias and the scheme
+    record resolved, then :func:`query_keywords`."""
+
+    q = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob), dict(sample_rate=sample_rate))["sampling_prob"]
+    s = scheme_keywords(name, sampling, q, accepts=(Poisson, RandomAllocation, BallsInBins))
+    return query_keywords(query, name, sigma, s, steps, target, noise_schedule, epochs)
+
+
+def query_keywords(query, name, sigma, s, steps, target, noise_schedule, epochs):
+    """The query with the scheme ``s`` as the accounting layer's keywords
+    (:class:`dpjax.pld.scenario.SchemeKeywords`; Poisson, random allocation or balls-in-bins)."""
+    return _query(query, name, sigma, s.sampling_prob, steps, target, noise_schedule, s.sampling,
+                  s.batches_per_epoch, s.selections_per_epoch, epochs)
 
 
 def _query(query, name, sigma, q, steps, target, noise_schedule, sampling, batches_per_epoch, selections_per_epoch,
@@ -397,13 +405,9 @@ def _allocation_query(query, name, sigma, q, steps, target, noise_schedule, samp
 
 @accepts_scenario("target_epsilon", name="dpjax.pld.dpsgd_delta")
 def dpsgd_delta(noise_multiplier=None, sampling_prob=None, steps=None, target_epsilon=None, *, noise_schedule=None,
-                sample_rate=None, epochs=None, epsilon=None, sampling="poisson", batches_per_epoch=None,
-                selections_per_epoch=1):
+                sample_rate=None, epochs=None, sampling="poisson"):
     """Certified delta of DP-SGD at ``target_epsilon`` (>= 0): as :func:`dpsgd_epsilon`, with
-    the target epsilon last (alias ``epsilon=``), and the same ``sampling`` spellings.
+    the target epsilon last, and the same ``sampling`` values.
     Derivatives (traced) in ``noise_multiplier``, ``sampling_prob`` and ``target_epsilon``."""
-    name = "dpsgd_delta"
-    a = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob, target_epsilon=target_epsilon),
-                               dict(sample_rate=sample_rate, epsilon=epsilon))
-    return _query("delta", name, noise_multiplier, a["sampling_prob"], steps, a["target_epsilon"], noise_schedule,
-                  sampling, batches_per_epoch, selections_per_epoch, epochs)
+    return _public_query("delta", "dpsgd_delta", noise_multiplier, sampling_prob, steps, target_epsilon,
+                         noise_schedule, sample_rate, epochs, sampling)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Union
+from typing import NamedTuple, Union
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from dpjax._base.names import epochs_to_steps
 from dpjax._base.results import ResultMixin
 
 __all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "SamplingScheme", "TrainingScenario",
-           "accepts_scenario", "STATED_KEYWORDS"]
+           "accepts_scenario", "STATED_KEYWORDS", "SchemeKeywords", "scheme_keywords", "scheme_from_keywords"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +137,74 @@ _PER_EPOCH = (RandomAllocation, BallsInBins)
 
 _SCHEME_NAMES = {"poisson": Poisson, "fixed_batch": FixedBatch, "random_allocation": RandomAllocation,
                  "balls_in_bins": BallsInBins}
+
+_SCHEME_SPELLINGS = ("Poisson(sampling_prob)", "FixedBatch(batch_size, dataset_size)",
+                     "RandomAllocation(batches_per_epoch, selections_per_epoch)", "BallsInBins(batches_per_epoch)")
+
+
+class SchemeKeywords(NamedTuple):
+    """A sampling scheme spelt as the accounting layer's keywords (:func:`scheme_keywords`)."""
+
+    sampling: str = "poisson"
+    sampling_prob: object = None
+    dataset_size: int | None = None
+    batch_size: int | None = None
+    batches_per_epoch: int | None = None
+    selections_per_epoch: int = 1
+
+
+def scheme_from_keywords(sampling="poisson", *, dataset_size=None, batch_size=None, batches_per_epoch=None,
+                         selections_per_epoch=1):
+    """The ``sampling=`` value of the accounting layer's keywords: ``"poisson"`` (the sampling
+    probability stays a separate argument, a number or an array) or the scheme record
+    (:class:`FixedBatch`, :class:`RandomAllocation`, :class:`BallsInBins`), checked; the
+    inverse of :func:`scheme_keywords` for the command line and the sweep's rows."""
+    name = getattr(sampling, "value", sampling)
+    if name not in _SCHEME_NAMES:
+        raise ValueError(f"sampling must be one of {sorted(_SCHEME_NAMES)}, got {sampling!r}")
+    given = {k for k, v in dict(dataset_size=dataset_size, batch_size=batch_size, batches_per_epoch=batches_per_epoch,
+                                 selections_per_epoch=None if selections_per_epoch == 1 else selections_per_epoch
+                                 ).items() if v is not None}
+    fields = {f.name for f in dataclasses.fields(_SCHEME_NAMES[name])} - {"sampling_prob"}
+    if given - fields:
+        raise ValueError(f"{', '.join(sorted(given - fields))} do not apply to sampling={name!r} "
+                         f"(its sizes: {', '.join(sorted(fields)) or 'none'})")
+    if name == "poisson":
+        return "poisson"
+    if name == "fixed_batch":
+        if dataset_size is None or batch_size is None:
+            raise ValueError("sampling='fixed_batch' needs dataset_size and batch_size (integers >= 1)")
+        return FixedBatch(batch_size, dataset_size)
+    if batches_per_epoch is None:
+        raise ValueError(f"sampling={name!r} needs batches_per_epoch (an integer >= 1)")
+    if name == "balls_in_bins":
+        return BallsInBins(batches_per_epoch)
+    return RandomAllocation(batches_per_epoch, selections_per_epoch)
+
+
+def scheme_keywords(name: str, sampling, sampling_prob=None, *, accepts: tuple = _SCHEMES) -> SchemeKeywords:
+    """The scheme of a public function's ``sampling=`` argument as the accounting layer's keywords.
+
+    ``sampling`` is ``"poisson"`` (the default of every DP-SGD function: the sampling
+    probability is then ``sampling_prob``, a number, an array or a tracer) or a scheme record
+    (:class:`Poisson`, :class:`FixedBatch`, :class:`RandomAllocation`, :class:`BallsInBins`),
+    which states its own sizes, so ``sampling_prob`` must then be None.  ``accepts`` lists the
+    schemes the function ``name`` accounts; any other value is a ``ValueError`` naming them.
+    """
+    if isinstance(sampling, str) or sampling is None:
+        if sampling is None or getattr(sampling, "value", sampling) == "poisson":
+            return SchemeKeywords(sampling_prob=sampling_prob)
+        scheme = _SCHEME_NAMES.get(getattr(sampling, "value", sampling))
+        if scheme is not None and scheme in accepts:
+            raise ValueError(f"{name}: sampling={sampling!r} is given as a record that states its sizes: "
+                             f"sampling=dpjax.{_SCHEME_SPELLINGS[_SCHEMES.index(scheme)]}")
+    if not isinstance(sampling, accepts):
+        raise ValueError(f"{name}: sampling must be 'poisson' or "
+                         f"{' or '.join('dpjax.' + _SCHEME_SPELLINGS[_SCHEMES.index(s)] for s in accepts)} "
+                         f"(the schemes it accounts), got {sampling!r}")
+    if sampling_prob is not None:
+        raise ValueError(f"{name}: sampling_prob is stated by sampling={sampling!r}; leave sampling_prob out")
+    return SchemeKeywords(**sampling.keywords())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,8 +328,12 @@ class TrainingScenario(ResultMixin):
         return run
 
     def keywords(self) -> dict:
-        """The keyword arguments of the keyword functions for this run (``target_*`` aside)."""
-        kw = dict(self.sampling.keywords())
+        """The keyword arguments of the keyword functions for this run (``target_*`` aside):
+        ``sampling_prob`` for Poisson, ``sampling=`` the scheme record for the other schemes."""
+        if isinstance(self.sampling, Poisson):
+            kw = {"sampling_prob": self.sampling.sampling_prob}
+        else:
+            kw = {"sampling": self.sampling}
         if isinstance(self.sampling, _PER_EPOCH):
             kw["epochs"] = self.steps // self.sampling.batches_per_epoch
         else:
@@ -279,8 +351,7 @@ class TrainingScenario(ResultMixin):
 #: (a keyword at its default is not "given"): the one list the functions taking a scenario, the
 #: sweep and the command line check against.
 STATED_KEYWORDS = {"noise_multiplier": None, "noise_schedule": None, "sampling_prob": None, "sample_rate": None,
-                   "steps": None, "epochs": None, "group_size": 1, "sampling": "poisson", "dataset_size": None,
-                   "batch_size": None, "batches_per_epoch": None, "selections_per_epoch": 1}
+                   "steps": None, "epochs": None, "group_size": 1, "sampling": "poisson"}
 
 
 def accepts_scenario(*targets: str, name: str, noise: str = "use", overridable: tuple[str, ...] = ()):

@@ -41,14 +41,13 @@ from dpjax.cli.main import main
 
 out = {}
 out["poisson"] = dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5)
-out["fixed_batch"] = dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5, sampling="fixed_batch", dataset_size=10000,
-                                         batch_size=100)
+out["fixed_batch"] = dpjax.dpsgd_epsilon(1.0, None, 1000, 1e-5, sampling=dpjax.FixedBatch(100, 10000))
 out["group"] = dpjax.dpsgd_epsilon(2.0, 0.01, 1000, 1e-5, group_size=2)
 out["delta"] = dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0)
 out["sigma"] = dpjax.dpsgd_noise_multiplier(sampling_prob=0.01, steps=1000, target_epsilon=2.0, target_delta=1e-5)
 out["array"] = [float(v) for v in dpjax.dpsgd_epsilon(np.array([1.0, 1.5]), 0.01, 1000, 1e-5)]
 out["curve"] = [float(v) for v in dpjax.epsilon_curve(1.0, 0.01, [10, 1000], 1e-5).epsilon]
-table = dpjax.sweep(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01], steps=[100], delta=[1e-5])
+table = dpjax.sweep(dpjax.sweep_grid(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01], steps=[100], delta=[1e-5]))
 out["sweep"] = [row["epsilon"] for row in table.rows]
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
@@ -97,16 +96,14 @@ def test_queries_ran_without_importing_jax(child):
 def test_values_equal_the_calls_with_jax_imported(child):
     expect = {
         "poisson": dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5),
-        "fixed_batch": dpjax.dpsgd_epsilon(1.0, 0.01, 1000, 1e-5, sampling="fixed_batch", dataset_size=10000,
-                                           batch_size=100),
+        "fixed_batch": dpjax.dpsgd_epsilon(1.0, None, 1000, 1e-5, sampling=dpjax.FixedBatch(100, 10000)),
         "group": dpjax.dpsgd_epsilon(2.0, 0.01, 1000, 1e-5, group_size=2),
         "delta": dpjax.dpsgd_delta(1.0, 0.01, 1000, 2.0),
         "sigma": dpjax.dpsgd_noise_multiplier(sampling_prob=0.01, steps=1000, target_epsilon=2.0,
                                               target_delta=1e-5),
         "array": [float(v) for v in dpjax.dpsgd_epsilon(np.array([1.0, 1.5]), 0.01, 1000, 1e-5)],
         "curve": [float(v) for v in dpjax.epsilon_curve(1.0, 0.01, [10, 1000], 1e-5).epsilon],
-        "sweep": [r["epsilon"] for r in dpjax.sweep(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01],
-                                                    steps=[100], delta=[1e-5], progress=False).rows],
+        "sweep": [r["epsilon"] for r in dpjax.sweep(dpjax.sweep_grid(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01], steps=[100], delta=[1e-5]), progress=False).rows],
     }
     for key, value in expect.items():
         assert child[key] == (float(value) if not isinstance(value, list) else value), key

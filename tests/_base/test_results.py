@@ -18,6 +18,8 @@ import math
 import numpy as np
 import pytest
 
+import dpjax
+
 SUBPACKAGES = ("dpjax.pld", "dpjax.montecarlo", "dpjax.baselines", "dpjax.calibration",
                "dpjax.optimization", "dpjax.matrices", "dpjax.group", "dpjax.report")
 RESULT_SUFFIXES = ("Result", "Estimate", "Report", "Certificate", "Table", "Curve", "Solution")
@@ -290,8 +292,7 @@ def test_computed_results_round_trip_and_name_their_adjacency():
 
     eps = pld.dpsgd_accounting(1.0, 0.01, 100, target_delta=np.array([1e-5, 1e-6]))
     dlt = pld.dpsgd_accounting(1.0, 0.01, 100, target_epsilon=1.0)
-    grp = group_accounting(2.0, None, 20, target_delta=1e-5, group_size=2, sampling="fixed_batch",
-                           dataset_size=1000, batch_size=10)
+    grp = group_accounting(2.0, None, 20, target_delta=1e-5, group_size=2, sampling=dpjax.FixedBatch(10, 1000))
     assert eps.adjacency == dlt.adjacency == "add_or_remove" and grp.adjacency == "replace"
     for r in (eps, dlt, grp):
         _assert_same(r, type(r).load(r.to_json()))

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+import dpjax
+
 from dpjax.baselines import group_lemma_epsilon, group_rdp_epsilon, rdp_epsilon
 
 
@@ -14,7 +16,7 @@ def _lemma(case, **extra):
     kw = dict(group_size=p["group_size"], **extra)
     q = p["sampling_probability"]
     if "fixed" in case["id"]:
-        kw.update(sampling="fixed_batch", dataset_size=p["dataset_size"], batch_size=p["batch_size"])
+        kw.update(sampling=dpjax.FixedBatch(p["batch_size"], p["dataset_size"]))
         q = None
     return group_lemma_epsilon(p["noise_multiplier"], q, p["steps"], p["delta"], **kw)
 
@@ -66,8 +68,7 @@ def test_group_rdp_overapproximation(reference_cases):
         eps, _ = group_rdp_epsilon(2.0, 0.01, 2000, 1e-5, group_size=k)
         fixed_row = reference_cases[f"C_fixed_s2_k{k}"]
         # The fixed row's run: noise multiplier 4 (mixture {2j}, std 4; replace adjacency).
-        eps_fixed, _ = group_rdp_epsilon(fixed_row["params"]["noise_multiplier"], None, 2000, 1e-5, group_size=k,
-                                         sampling="fixed_batch", dataset_size=50_000, batch_size=500)
+        eps_fixed, _ = group_rdp_epsilon(fixed_row["params"]["noise_multiplier"], None, 2000, 1e-5, group_size=k, sampling=dpjax.FixedBatch(500, 50_000))
         tight = reference_cases[f"C_poisson_s2_k{k}"]["value"]
         # Sound over-approximation: above the tight MoG value (which is within 2e-5 of the truth),
         # and (the group-privacy note) looser the larger k.
@@ -89,7 +90,7 @@ def test_group_rdp_fixed_batch_q_eff():
 
     n, b, k = 1000, 37, 5
     p0 = hypergeom.pmf(0, n, k, b)
-    got = group_rdp_epsilon(1.5, None, 300, 1e-5, group_size=k, sampling="fixed_batch", dataset_size=n, batch_size=b)
+    got = group_rdp_epsilon(1.5, None, 300, 1e-5, group_size=k, sampling=dpjax.FixedBatch(b, n))
     # Replace adjacency: all mass at the largest sensitivity 2k with noise sigma, i.e. the
     # sensitivity-1 subsampled Gaussian with noise multiplier sigma / (2k).
     want = group_privacy.rdp_epsilon(1.5 / (2 * k), 1 - p0, 300, 1e-5)
@@ -103,8 +104,7 @@ def test_fixed_batch_rdp_is_above_the_tight_fixed_batch_epsilon(reference_cases)
     for k in (2, 8):
         row = reference_cases[f"C_fixed_s1_k{k}"]
         p = row["params"]
-        eps, _ = group_rdp_epsilon(p["noise_multiplier"], None, p["steps"], p["delta"], group_size=k,
-                                   sampling="fixed_batch", dataset_size=p["dataset_size"], batch_size=p["batch_size"])
+        eps, _ = group_rdp_epsilon(p["noise_multiplier"], None, p["steps"], p["delta"], group_size=k, sampling=dpjax.FixedBatch(p["batch_size"], p["dataset_size"]))
         assert eps >= row["value"]
 
 
@@ -112,7 +112,7 @@ def test_fixed_batch_rdp_is_above_the_tight_fixed_batch_epsilon(reference_cases)
     "kwargs,name",
     [
         (dict(group_size=0), "group_size"),
-        (dict(sampling="fixed_batch"), "dataset_size"),
+        (dict(sampling="fixed_batch"), r"FixedBatch\(batch_size, dataset_size\)"),
         (dict(grid_points=3), "grid_points"),
     ],
 )

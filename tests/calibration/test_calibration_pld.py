@@ -146,12 +146,11 @@ def test_bad_input():
     with pytest.raises(ValueError, match="group_size"):
         dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, group_size=0)
     with pytest.raises(ValueError, match="group_size must be <= batch_size"):
-        dpsgd_noise_multiplier(None, 1000, 2.0, 1e-5, group_size=20, sampling="fixed_batch",
-                               dataset_size=1000, batch_size=10)
-    with pytest.raises(ValueError, match="dataset_size"):
+        dpsgd_noise_multiplier(None, 1000, 2.0, 1e-5, group_size=20, sampling=dpjax.FixedBatch(10, 1000))
+    with pytest.raises(ValueError, match=r"FixedBatch\(batch_size, dataset_size\)"):
         dpsgd_noise_multiplier(None, 1000, 2.0, 1e-5, sampling="fixed_batch")
-    with pytest.raises(ValueError, match="only for sampling='fixed_batch'"):
-        dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, dataset_size=1000)
+    with pytest.raises(ValueError, match="sampling_prob is stated by"):
+        dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, sampling=dpjax.FixedBatch(10, 1000))
     with pytest.raises(ValueError, match="sampling"):
         dpsgd_noise_multiplier(0.01, 1000, 2.0, 1e-5, sampling="shuffle")
     with pytest.raises(ValueError, match="target_delta"):
@@ -180,7 +179,7 @@ def test_group_calibration_reproduces_family_c(reference_cases, case_id):
     p = c["params"]
     kw = dict(group_size=p["group_size"])
     if "fixed" in case_id:
-        kw.update(sampling="fixed_batch", dataset_size=p["dataset_size"], batch_size=p["batch_size"])
+        kw.update(sampling=dpjax.FixedBatch(p["batch_size"], p["dataset_size"]))
         q = None
     else:
         q = p["sampling_probability"]

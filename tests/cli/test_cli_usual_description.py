@@ -62,8 +62,7 @@ def test_random_allocation_counts_full_batches(capsys):
     assert rc == 0, err
     res = json.loads(out)
     assert res["batches_per_epoch"] == 234 and res["epochs"] == 30
-    assert res["epsilon"] == dpjax.dpsgd_epsilon(1.1, target_delta=1e-5, sampling="random_allocation",
-                                                 batches_per_epoch=234, epochs=30)
+    assert res["epsilon"] == dpjax.dpsgd_epsilon(1.1, target_delta=1e-5, sampling=dpjax.RandomAllocation(234), epochs=30)
 
 
 def test_floor_never_understates_epsilon(capsys):
@@ -75,9 +74,9 @@ def test_floor_never_understates_epsilon(capsys):
     assert rc == 0, err
     res = json.loads(out)
     assert res["batches_per_epoch"] == 3
-    kw = dict(target_delta=1e-5, sampling="random_allocation", epochs=2)
-    floor_eps = dpjax.dpsgd_epsilon(1.0, batches_per_epoch=3, **kw)
-    ceil_eps = dpjax.dpsgd_epsilon(1.0, batches_per_epoch=4, **kw)
+    kw = dict(target_delta=1e-5, epochs=2)
+    floor_eps = dpjax.dpsgd_epsilon(1.0, sampling=dpjax.RandomAllocation(3), **kw)
+    ceil_eps = dpjax.dpsgd_epsilon(1.0, sampling=dpjax.RandomAllocation(4), **kw)
     assert res["epsilon"] == floor_eps
     # Far apart (a quarter of the steps fewer), so the comparison does not rest on the
     # accountant's 1e-3 relative discretization.
@@ -90,13 +89,11 @@ def test_balls_in_bins_and_its_noise(capsys):
     assert rc == 0, err
     res = json.loads(out)
     assert res["batches_per_epoch"] == 3
-    assert res["delta"] == dpjax.dpsgd_delta(2.0, target_epsilon=1.0, sampling="balls_in_bins", batches_per_epoch=3,
-                                             epochs=2)
+    assert res["delta"] == dpjax.dpsgd_delta(2.0, target_epsilon=1.0, sampling=dpjax.BallsInBins(3), epochs=2)
     rc, out, err = _run(capsys, "noise", "--dataset-size", "1000", "--batch-size", "300", "--epochs", "2",
                         "--epsilon", "2", "--delta", "1e-5", "--sampling", "random_allocation")
     assert rc == 0, err
-    assert json.loads(out)["noise_multiplier"] == dpjax.dpsgd_noise_multiplier(
-        target_epsilon=2.0, target_delta=1e-5, sampling="random_allocation", batches_per_epoch=3, epochs=2)
+    assert json.loads(out)["noise_multiplier"] == dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sampling=dpjax.RandomAllocation(3), epochs=2)
 
 
 def test_fixed_batch_epochs_use_the_same_rule(capsys):
@@ -105,8 +102,7 @@ def test_fixed_batch_epochs_use_the_same_rule(capsys):
     assert rc == 0, err
     res = json.loads(out)
     assert res["steps"] == epochs_to_steps(3, 30 / 1000) == 100 and res["adjacency"] == "replace"
-    assert res["epsilon"] == dpjax.dpsgd_epsilon(2.0, 30 / 1000, epochs=3, target_delta=1e-5, sampling="fixed_batch",
-                                                 dataset_size=1000, batch_size=30)
+    assert res["epsilon"] == dpjax.dpsgd_epsilon(2.0, None, epochs=3, target_delta=1e-5, sampling=dpjax.FixedBatch(30, 1000))
 
 
 def test_epochs_with_sampling_prob(capsys):

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+import dpjax
+
 from dpjax.cli.main import main
 from dpjax.group import group_epsilon
 
@@ -29,7 +31,7 @@ def test_cli_group_poisson_and_fixed_batch(capsys):
     rc, out, _ = _run(capsys, base + ["--sampling", "fixed_batch", "--dataset-size", "50000", "--batch-size", "500"])
     assert rc == 0
     res = json.loads(out)
-    want = group_epsilon(2.0, None, 2000, 1e-5, group_size=4, sampling="fixed_batch", dataset_size=50_000, batch_size=500)
+    want = group_epsilon(2.0, None, 2000, 1e-5, group_size=4, sampling=dpjax.FixedBatch(500, 50_000))
     assert res["epsilon"] == want and res["adjacency"] == "replace"
     # The row C_fixed_s1_k4 is this run (noise std = --noise-multiplier 2): 13.0999, not the
     # 4.25 of the old doubled-noise reading.

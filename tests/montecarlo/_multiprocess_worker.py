@@ -87,8 +87,9 @@ def _sweep(spec):
     import dpjax
 
     configs = sweep_configs(int(spec["configs"]), int(spec.get("seed", 1)))
-    table = dpjax.sweep(configs, backend=spec.get("backend", "auto"), out=spec.get("out"),
-                        resume=bool(spec.get("resume", False)), per_device=spec.get("per_device"), progress=False)
+    execution = dpjax.SweepExecution(backend=spec.get("backend", "auto"), per_device=spec.get("per_device"))
+    table = dpjax.sweep(configs, out=spec.get("out"), resume=bool(spec.get("resume", False)), progress=False,
+                        execution=execution)
     fields = ("epsilon", "lower", "upper", "n", "dx", "grid")
     return {"rows": [[(_hex(r[f]) if isinstance(r[f], float) else r[f]) for f in fields] for r in table.rows],
             "paths": [r["path"] for r in table.rows], "programs": table.programs}

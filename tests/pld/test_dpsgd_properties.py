@@ -44,8 +44,7 @@ MONOTONE_TOL = 1e-3
 
 def _epsilon(c) -> float:
     if c["scheme"] == "fixed_batch":
-        return float(dpjax.dpsgd_epsilon(c["sigma"], None, c["steps"], c["delta"], sampling="fixed_batch",
-                                         dataset_size=c["dataset_size"], batch_size=c["batch_size"]))
+        return float(dpjax.dpsgd_epsilon(c["sigma"], None, c["steps"], c["delta"], sampling=dpjax.FixedBatch(c["batch_size"], c["dataset_size"])))
     return float(dpjax.dpsgd_epsilon(c["sigma"], c["q"], c["steps"], c["delta"]))
 
 

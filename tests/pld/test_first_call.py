@@ -92,8 +92,7 @@ def test_single_queries_compile_nothing():
         calls.append(lambda s=s, q=q, t=t, d=d: dpjax.dpsgd_epsilon(s, q, t, d))
         calls.append(lambda s=s, q=q, t=t: dpjax.dpsgd_delta(s, q, t, 1.5))
     calls.append(lambda: dpjax.dpsgd_epsilon(2.0, 0.01, 300, 1e-5, group_size=3))
-    calls.append(lambda: dpjax.dpsgd_epsilon(2.0, None, 300, 1e-5, group_size=2, sampling="fixed_batch",
-                                             dataset_size=10_000, batch_size=100))
+    calls.append(lambda: dpjax.dpsgd_epsilon(2.0, None, 300, 1e-5, group_size=2, sampling=dpjax.FixedBatch(100, 10_000)))
     calls.append(lambda: dpjax.pld.dpsgd_accounting(1.0, 0.01, 1000, target_delta=1e-5))
     assert _compile_events(calls) == []
 

@@ -98,8 +98,7 @@ def test_sweep_monotone_on_random_configurations():
         for partner in _partners(cfg, rng).values():
             pairs.append((i, len(configs)))
             configs.append(partner)
-    table = dpjax.sweep([dict(noise_multiplier=s, sampling_prob=q, steps=t, delta=d) for s, q, t, d in configs],
-                        progress_bar=False)
+    table = dpjax.sweep([dict(noise_multiplier=s, sampling_prob=q, steps=t, delta=d) for s, q, t, d in configs], progress=False)
     eps = table.epsilon
     assert np.all(np.isfinite(eps)), [configs[i] for i in np.flatnonzero(~np.isfinite(eps))][:5]
     _check_pairs({i: float(e) for i, e in enumerate(eps)}, pairs, f"sweep ({len(configs)} configurations)")

@@ -86,8 +86,7 @@ FIXED_DP_ACCOUNTING = 18.876
 
 def test_fixed_batch_step_at_tiny_delta_is_amplified():
     f = FIXED
-    eps = float(dpjax.dpsgd_epsilon(f["noise_multiplier"], None, f["steps"], f["target_delta"], sampling="fixed_batch",
-                                    dataset_size=f["dataset_size"], batch_size=f["batch_size"]))
+    eps = float(dpjax.dpsgd_epsilon(f["noise_multiplier"], None, f["steps"], f["target_delta"], sampling=dpjax.FixedBatch(f["batch_size"], f["dataset_size"])))
     unamplified = float(pld.gaussian_epsilon(f["target_delta"], 2.0 / f["noise_multiplier"]))
     assert eps < 0.8 * unamplified, (eps, unamplified)  # 23.81 before
     # Within 0.2% of dp_accounting's pessimistic value (its own grid error is ~1e-4 absolute).

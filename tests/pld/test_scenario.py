@@ -57,13 +57,13 @@ def test_keywords_spell_the_scheme_as_the_keyword_functions_do():
     """The keywords are those a user writes for each scheme (so the equality above compares the
     record against the documented keyword usage, not against itself)."""
     assert TrainingScenario(1.0, Poisson(0.07), epochs=7).keywords() == dict(
-        sampling="poisson", sampling_prob=0.07, steps=100, noise_multiplier=1.0)
+        sampling_prob=0.07, steps=100, noise_multiplier=1.0)
     assert TrainingScenario(1.0, FixedBatch(70, 1000), steps=20, group_size=2).keywords() == dict(
-        sampling="fixed_batch", dataset_size=1000, batch_size=70, steps=20, group_size=2, noise_multiplier=1.0)
+        sampling=FixedBatch(70, 1000), steps=20, group_size=2, noise_multiplier=1.0)
     assert TrainingScenario(2.0, RandomAllocation(100, 2), epochs=3).keywords() == dict(
-        sampling="random_allocation", batches_per_epoch=100, selections_per_epoch=2, epochs=3, noise_multiplier=2.0)
+        sampling=RandomAllocation(100, 2), epochs=3, noise_multiplier=2.0)
     assert TrainingScenario(2.0, BallsInBins(50), steps=100).keywords() == dict(
-        sampling="balls_in_bins", batches_per_epoch=50, epochs=2, noise_multiplier=2.0)
+        sampling=BallsInBins(50), epochs=2, noise_multiplier=2.0)
     # The case that motivated the one rule: 7 epochs at 0.07 are 100 steps, not int(7 / 0.07) = 99.
     assert dpjax.dpsgd_epsilon(TrainingScenario(1.0, Poisson(0.07), epochs=7), 1e-5) == \
         dpjax.dpsgd_epsilon(1.0, 0.07, 100, 1e-5)
@@ -75,7 +75,7 @@ def test_noise_multiplier_report_and_schedule_through_the_record():
     fixed = TrainingScenario(None, FixedBatch(70, 1000), epochs=7)
     assert fixed.steps == 100
     assert dpjax.dpsgd_noise_multiplier(fixed, target_epsilon=2.0, target_delta=1e-5) == \
-        dpjax.dpsgd_noise_multiplier(0.07, 100, 2.0, 1e-5, sampling="fixed_batch", dataset_size=1000, batch_size=70)
+        dpjax.dpsgd_noise_multiplier(None, 100, 2.0, 1e-5, sampling=dpjax.FixedBatch(70, 1000))
     report = dpjax.dpsgd_privacy_report(run.replace(noise_multiplier=1.2), target_delta=(1e-5, 1e-7))
     expect = dpjax.dpsgd_privacy_report(1.2, 0.07, 100, target_delta=(1e-5, 1e-7))
     np.testing.assert_array_equal(report.epsilon, expect.epsilon)
@@ -145,8 +145,7 @@ def test_epsilon_curve_through_the_record():
     per_epoch = TrainingScenario(2.0, RandomAllocation(20), epochs=3)
     got = dpjax.epsilon_curve(per_epoch, 1e-5)
     np.testing.assert_array_equal(got.steps, [20, 40, 60])
-    np.testing.assert_array_equal(got.epsilon, dpjax.epsilon_curve(
-        2.0, target_delta=1e-5, sampling="random_allocation", batches_per_epoch=20, epochs=3).epsilon)
+    np.testing.assert_array_equal(got.epsilon, dpjax.epsilon_curve(2.0, target_delta=1e-5, sampling=dpjax.RandomAllocation(20), epochs=3).epsilon)
     with pytest.raises(ValueError, match="group_size"):
         dpjax.epsilon_curve(run.replace(group_size=2), 1e-5)
 
@@ -184,15 +183,16 @@ def test_edited_files_are_refused():
 def test_sweep_of_scenarios_equals_the_keyword_sweep_and_single_calls():
     runs = [TrainingScenario(s, Poisson(0.01), steps=t) for s in (1.0, 2.0) for t in (100, 1000)]
     got = dpjax.sweep(runs, delta=1e-5, progress=False)
-    grid = dpjax.sweep(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01], steps=[100, 1000], delta=[1e-5],
-                       progress=False)
+    grid = dpjax.sweep(dpjax.sweep_grid(noise_multiplier=[1.0, 2.0], sampling_prob=[0.01], steps=[100, 1000], delta=[1e-5]), progress=False)
     assert [r["epsilon"] for r in got.rows] == [r["epsilon"] for r in grid.rows]
     per_epoch = [TrainingScenario(2.0, RandomAllocation(20), epochs=e) for e in (1, 2)]
     rows = dpjax.sweep(per_epoch, delta=[1e-5, 1e-6], progress=False).rows
     assert [r["epsilon"] for r in rows] == [dpjax.dpsgd_epsilon(per_epoch[0], 1e-5),
                                             dpjax.dpsgd_epsilon(per_epoch[1], 1e-6)]
-    with pytest.raises(ValueError, match="steps given"):
-        dpjax.sweep(runs, delta=1e-5, steps=[10])
+    with pytest.raises(ValueError, match="exactly one of delta and epsilon"):
+        dpjax.sweep(runs)
+    with pytest.raises(ValueError, match="state their own"):
+        dpjax.sweep(dpjax.sweep_grid(1.0, 0.01, 100, delta=1e-5), delta=1e-5)
     with pytest.raises(ValueError, match="one sampling scheme"):
         dpjax.sweep(runs + per_epoch, delta=1e-5)
     with pytest.raises(ValueError, match="FixedBatch"):
@@ -203,10 +203,9 @@ def test_keyword_fixed_batch_epochs_use_the_batch_fraction():
     """The keyword functions resolve ``epochs=`` of a fixed-batch run at ``q = B / N`` as the
     record does (they used to ask for ``sampling_prob`` although ``B / N`` fixes it)."""
     run = TrainingScenario(1.0, FixedBatch(70, 1000), epochs=7)
-    kw = dict(sampling="fixed_batch", dataset_size=1000, batch_size=70, epochs=7)
+    kw = dict(sampling=FixedBatch(70, 1000), epochs=7)
     assert dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, **kw) == dpjax.dpsgd_epsilon(run, 1e-5)
     assert dpjax.dpsgd_delta(1.0, target_epsilon=2.0, **kw) == dpjax.dpsgd_delta(run, 2.0)
     assert dpjax.dpsgd_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, **kw) == \
         dpjax.dpsgd_noise_multiplier(run.replace(noise_multiplier=None), 2.0, 1e-5)
-    assert dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, **kw) == dpjax.dpsgd_epsilon(
-        1.0, None, 100, 1e-5, sampling="fixed_batch", dataset_size=1000, batch_size=70)
+    assert dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, **kw) == dpjax.dpsgd_epsilon(1.0, None, 100, 1e-5, sampling=dpjax.FixedBatch(70, 1000))

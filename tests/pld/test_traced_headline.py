@@ -182,11 +182,11 @@ def test_array_of_sigmas_is_a_batch_and_a_schedule_needs_its_keyword():
 
 def test_opacus_aliases_give_the_same_numbers():
     base = dpjax.dpsgd_epsilon(1.0, Q, T, DELTA)
-    assert dpjax.dpsgd_epsilon(1.0, sample_rate=Q, steps=T, delta=DELTA) == base
-    assert dpjax.dpsgd_epsilon(1.0, sample_rate=Q, epochs=10, delta=DELTA) == base   # T = int(10 / 0.01)
-    assert dpjax.dpsgd_delta(1.0, sample_rate=Q, steps=T, epsilon=2.0) == dpjax.dpsgd_delta(1.0, Q, T, 2.0)
+    assert dpjax.dpsgd_epsilon(1.0, sample_rate=Q, steps=T, target_delta=DELTA) == base
+    assert dpjax.dpsgd_epsilon(1.0, sample_rate=Q, epochs=10, target_delta=DELTA) == base   # T = int(10 / 0.01)
+    assert dpjax.dpsgd_delta(1.0, sample_rate=Q, steps=T, target_epsilon=2.0) == dpjax.dpsgd_delta(1.0, Q, T, 2.0)
     with pytest.raises(ValueError, match="not both"):
-        dpjax.dpsgd_epsilon(1.0, Q, T, DELTA, delta=DELTA)
+        dpjax.dpsgd_epsilon(1.0, Q, T, DELTA, sample_rate=Q)
     with pytest.raises(ValueError, match="steps or epochs"):
         dpjax.dpsgd_epsilon(1.0, Q, T, DELTA, epochs=10)
 

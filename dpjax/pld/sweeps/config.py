@@ -132,21 +132,64 @@ def _as_list(name, v) -> list:
     return list(a)
 
 
-def sweep_grid(noise_multiplier, sampling_prob, steps, delta=None, epsilon=None, group_size=1) -> list[SweepConfig]:
-    """The Cartesian product of the given values (scalars or sequences), as configurations.
+def sweep_grid(noise_multiplier, sampling_prob=None, steps=None, delta=None, epsilon=None, group_size=1, *,
+               sampling="poisson", epochs=None) -> list:
+    """The Cartesian product of the given values (scalars or sequences), as configurations of
+    :func:`dpjax.sweep`.
 
-    Order: ``noise_multiplier`` varies slowest, then ``sampling_prob``, ``steps``, ``delta`` /
-    ``epsilon``, ``group_size`` (``itertools.product`` order).  Exactly one of ``delta`` and
-    ``epsilon``.
+    Poisson (``sampling="poisson"``, the default): :class:`SweepConfig` values; order:
+    ``noise_multiplier`` varies slowest, then ``sampling_prob``, ``steps``, ``delta`` /
+    ``epsilon``, ``group_size`` (``itertools.product`` order).
+
+    Random allocation and balls-in-bins: ``sampling`` a :class:`dpjax.RandomAllocation` /
+    :class:`dpjax.BallsInBins` or a sequence of them, and ``epochs`` (integers) instead of
+    ``sampling_prob``, ``steps`` and ``group_size``: mappings with ``sampling``,
+    ``noise_multiplier``, ``batches_per_epoch``, ``selections_per_epoch``, ``epochs`` and the
+    target, in the order ``noise_multiplier``, ``sampling``, ``epochs``, ``delta`` / ``epsilon``.
+
+    Exactly one of ``delta`` and ``epsilon``.
+
+    Example::
+
+        >>> sweep_grid([0.8, 1.0], [0.001, 0.01], 1000, delta=1e-5)                     # doctest: +SKIP
+        >>> sweep_grid(1.0, sampling=[dpjax.RandomAllocation(t) for t in (10, 100)], epochs=[1, 5],
+        ...            delta=1e-5)                                                        # doctest: +SKIP
     """
     if (delta is None) == (epsilon is None):
         raise ValueError("give exactly one of delta and epsilon")
+    if not (isinstance(sampling, str) and sampling == "poisson"):
+        return _allocation_grid(noise_multiplier, sampling_prob, steps, delta, epsilon, group_size, sampling, epochs)
+    if epochs is not None:
+        raise ValueError("epochs is for random-allocation and balls-in-bins grids (give steps)")
     out = []
     for s, q, t, d, e, k in itertools.product(
             _as_list("noise_multiplier", noise_multiplier), _as_list("sampling_prob", sampling_prob),
             _as_list("steps", steps), _as_list("delta", delta), _as_list("epsilon", epsilon),
             _as_list("group_size", group_size)):
         out.append(SweepConfig(s, q, t, d, e, k).validate())
+    return out
+
+
+def _allocation_grid(noise_multiplier, sampling_prob, steps, delta, epsilon, group_size, sampling, epochs) -> list:
+    """:func:`sweep_grid` of random-allocation / balls-in-bins schemes."""
+    from dpjax.pld.scenario import BallsInBins, RandomAllocation
+
+    schemes = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling]
+    if not schemes or not all(isinstance(x, (RandomAllocation, BallsInBins)) for x in schemes):
+        raise ValueError(f"sampling must be 'poisson', or a RandomAllocation / BallsInBins (or a sequence of them) "
+                         f"for a sweep grid, got {sampling!r}")
+    if sampling_prob is not None or steps is not None or group_size != 1:
+        raise ValueError("sampling_prob, steps and group_size are for Poisson grids; random allocation and "
+                         "balls-in-bins take the scheme and epochs")
+    if epochs is None:
+        raise ValueError("a random-allocation / balls-in-bins grid needs epochs (integers >= 1)")
+    out = []
+    for s, scheme, e, d, eps in itertools.product(
+            _as_list("noise_multiplier", noise_multiplier), schemes, _as_list("epochs", epochs),
+            _as_list("delta", delta), _as_list("epsilon", epsilon)):
+        kw = scheme.keywords()
+        kw.setdefault("selections_per_epoch", 1)
+        out.append(dict(kw, noise_multiplier=s, epochs=e, delta=d, epsilon=eps))
     return out
 
 

@@ -6,7 +6,7 @@ probability ``q``, steps ``T``, and either a target ``delta`` (an epsilon query)
 row per configuration, in input order, with the certified value, its certified bracket
 ``[lower, upper]`` and the grid used (``n``, ``dx``).
 
-Two backends (``backend=``).  On one CPU device (``"auto"``, the default there) every
+Two backends (``SweepExecution(backend=...)``).  On one CPU device (``"auto"``, the default there) every
 configuration runs the PLD program on the host (:func:`dpjax.pld.grid.program.run_host`: NumPy, no
 compile), on threads over the usable cores, on its own planned FFT length: the first pass costs
 what every later one costs.  With accelerators or several devices (``"compiled"``) the
@@ -143,6 +143,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
@@ -163,7 +164,7 @@ from dpjax.pld.sweeps.programs import ORIGIN, BucketRunner, HostRunner, exact_ro
 
 jax = _lazy_module("jax")
 
-__all__ = ["BucketPolicy", "SweepConfig", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS",
+__all__ = ["BucketPolicy", "SweepConfig", "SweepExecution", "SweepTable", "sweep", "sweep_grid", "ROW_FIELDS", "SWEEP_OPTIONS",
            "SWEEP_SLACK"]
 
 
@@ -176,84 +177,100 @@ DEFAULT_PER_DEVICE = {"cpu": 32}
 DEFAULT_PER_DEVICE_ACCELERATOR = 256
 
 
-@host_only("dpjax.pld.grid_epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
-def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None, delta=None, epsilon=None,
-          group_size=1, out=None, resume: bool = False, options: GridOptions | None = None,
-          with_lower: bool = True, devices: Sequence | None = None, per_device: int | None = None,
-          progress: bool | None = None, progress_bar: bool | None = None,
-          bucketing: BucketPolicy | None = None, sampling: str = "poisson",
-          batches_per_epoch=None, selections_per_epoch=1, epochs=None, backend: str = "auto") -> SweepTable:
-    """Certified epsilon (or delta) for every configuration; one row each, in input order.
+@dataclasses.dataclass(frozen=True)
+class SweepExecution:
+    """Where and how a sweep runs; the rows do not depend on it beyond the last bits of the FFTs.
 
-    Args:
-      configs: a list of configurations (:class:`SweepConfig` or mappings with
-        ``noise_multiplier``, ``sampling_prob``, ``steps``, ``delta`` or ``epsilon``, optional
-        ``group_size``), or a dict of equal-length columns.  Or a list of
-        :class:`~dpjax.pld.scenario.TrainingScenario` of one scheme (Poisson, random allocation or
-        balls-in-bins) with ``delta`` or ``epsilon`` (one number, or one per scenario).  Or leave
-        it None and give the grid keywords instead.
-      noise_multiplier, sampling_prob, steps, delta, epsilon, group_size: a grid
-        (:func:`sweep_grid`: Cartesian product, scalars or sequences).
-      out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
-        ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).  Several processes: process 0
-        writes it (give every process the same arguments).
-      resume: with ``out``, skip configurations already recorded there (a killed sweep resumes).
-      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs) for every row, as for
-        :func:`dpjax.pld.epsilon`.  Default None: :data:`SWEEP_OPTIONS` for epsilon queries
-        (within :data:`SWEEP_SLACK` of :func:`dpjax.pld.dpsgd_epsilon`), ``GridOptions()`` for
-        delta queries; ``GridOptions()`` gives every row the single call's grid.
-      with_lower: also compute the certified lower end of the bracket (about doubles the work).
+    Attributes:
       devices: devices to shard the configuration axis over (default ``jax.devices()``: all).
       per_device: configurations per device in one program call (None: 32 on CPU, 256 on an
-        accelerator).
-      progress: show progress on stderr (None: auto, see :mod:`dpjax._base.progress`; False: never;
-        the keyword of every dpjax function with a bar; ``progress_bar`` is its former name).
-      bucketing: :class:`BucketPolicy` (how configurations share compiled programs; default
-        ``BucketPolicy()``).
-      sampling: ``"poisson"`` (default: the configurations above), or ``"random_allocation"`` /
-        ``"balls_in_bins"``: then the grid keywords are ``noise_multiplier``,
-        ``batches_per_epoch``, ``selections_per_epoch``, ``epochs`` and ``delta`` / ``epsilon``
-        (or ``configs`` with those fields), and every row is the single call's value
-        (:func:`dpjax.pld.allocation.accountant.allocation_sweep`).
-      batches_per_epoch, selections_per_epoch, epochs: the random-allocation grid keywords
-        (``t``, ``k``, ``E``; see ``sampling``).
+        accelerator), an integer >= 1.
       backend: ``"host"`` (the PLD program in NumPy on each process's cores: nothing compiled;
         several processes share the configurations out), ``"compiled"`` (bucket programs
         sharded over ``devices``), or ``"auto"`` (the default: host where ``devices`` are one CPU
         device per process, compiled otherwise).  The two give the same certified brackets up
         to the last bits of their FFTs (1e-9 relative).
+      bucketing: :class:`BucketPolicy` (how configurations share compiled programs; default
+        ``BucketPolicy()``).
+    """
+
+    devices: Sequence | None = None
+    per_device: int | None = None
+    backend: str = "auto"
+    bucketing: BucketPolicy | None = None
+
+    def __post_init__(self):
+        if self.per_device is not None:
+            object.__setattr__(self, "per_device", _validate.positive_int("per_device", self.per_device))
+        if self.backend not in ("auto", "host", "compiled"):
+            raise ValueError(f"backend must be 'auto', 'host' or 'compiled', got {self.backend!r}")
+        if self.bucketing is not None:
+            validate_policy(self.bucketing)
+
+
+@host_only("dpjax.pld.grid_epsilon_fn on a grid from dpjax.pld.plan_fixed_grid (jax.vmap over parameters)")
+def sweep(configs, *, delta=None, epsilon=None, options: GridOptions | None = None, with_lower: bool = True,
+          out=None, resume: bool = False, progress: bool | None = None,
+          execution: SweepExecution | None = None) -> SweepTable:
+    """Certified epsilon (or delta) for every configuration; one row each, in input order.
+
+    Args:
+      configs: a list of configurations (:class:`SweepConfig` or mappings with
+        ``noise_multiplier``, ``sampling_prob``, ``steps``, ``delta`` or ``epsilon``, optional
+        ``group_size``), or a dict of equal-length columns, or a grid of :func:`sweep_grid`
+        (Cartesian products; random allocation and balls-in-bins rows too: mappings with
+        ``sampling``, ``noise_multiplier``, ``batches_per_epoch``, ``selections_per_epoch``,
+        ``epochs`` and ``delta`` / ``epsilon``, each row the single call's value,
+        :func:`dpjax.pld.allocation.accountant.allocation_sweep`).  Or a list of
+        :class:`~dpjax.pld.scenario.TrainingScenario` of one scheme (Poisson, random allocation
+        or balls-in-bins) with ``delta`` or ``epsilon``.
+      delta, epsilon: with a list of scenarios, the target (one number, or one per scenario):
+        ``delta`` for epsilon rows, ``epsilon`` for delta rows.  Configurations state their own.
+      options: :class:`~dpjax.pld.GridOptions` (accuracy knobs) for every row, as for
+        :func:`dpjax.pld.epsilon`.  Default None: :data:`SWEEP_OPTIONS` for epsilon queries
+        (within :data:`SWEEP_SLACK` of :func:`dpjax.pld.dpsgd_epsilon`), ``GridOptions()`` for
+        delta queries; ``GridOptions()`` gives every row the single call's grid.  Poisson rows only.
+      with_lower: also compute the certified lower end of the bracket (about doubles the work).
+      out: optional path (e.g. ``"sweep.csv"``): rows are written as they are computed (CSV and
+        ``.jsonl``; ``.parquet`` at the end if pyarrow is installed).  Several processes: process 0
+        writes it (give every process the same arguments).
+      resume: with ``out``, skip configurations already recorded there (a killed sweep resumes).
+      progress: show progress on stderr (None: auto, see :mod:`dpjax._base.progress`; False: never).
+      execution: :class:`SweepExecution` (devices, configurations per device, backend, bucketing;
+        Poisson rows only).
     Returns:
       :class:`SweepTable` (``programs`` = number of distinct batched programs run).
     """
-    if progress is not None and progress_bar is not None:
-        raise ValueError("give progress or its former name progress_bar, not both")
-    show = progress if progress_bar is None else progress_bar
+    if execution is None:
+        execution = SweepExecution()
+    elif not isinstance(execution, SweepExecution):
+        raise ValueError(f"execution must be a SweepExecution, got {execution!r}")
     if _scenarios_given(configs):
-        configs, sampling = scenario_configs(configs, delta=delta, epsilon=epsilon,
-                                             grid=dict(noise_multiplier=noise_multiplier, sampling_prob=sampling_prob,
-                                                       steps=steps, group_size=group_size, sampling=sampling,
-                                                       batches_per_epoch=batches_per_epoch, epochs=epochs,
-                                                       selections_per_epoch=selections_per_epoch))
-        delta = epsilon = None
-    if sampling != "poisson" or batches_per_epoch is not None or epochs is not None:
-        return _allocation_sweep(configs, sampling=sampling, noise_multiplier=noise_multiplier,
-                                 sampling_prob=sampling_prob, steps=steps, group_size=group_size,
-                                 batches_per_epoch=batches_per_epoch, selections_per_epoch=selections_per_epoch,
-                                 epochs=epochs, delta=delta, epsilon=epsilon, out=out, resume=resume,
-                                 with_lower=with_lower, progress=show)
+        configs = scenario_configs(configs, delta=delta, epsilon=epsilon)
+    elif delta is not None or epsilon is not None:
+        raise ValueError("delta and epsilon are the targets of a list of TrainingScenario; configurations state "
+                         "their own (a delta or an epsilon each)")
+    if _allocation_rows(configs):
+        if options is not None or execution != SweepExecution():
+            raise ValueError("options and execution are for Poisson rows; random-allocation rows are each the "
+                             "single call's value, computed on the host")
+        from dpjax.pld.allocation.accountant import allocation_sweep
+
+        return allocation_sweep(configs, out=out, resume=resume, with_lower=with_lower, progress=progress)
     t0 = time.perf_counter()
     options = None if options is None else engine.grid_options(options)
-    configs = _configs_of(configs, noise_multiplier, sampling_prob, steps, delta, epsilon, group_size)
-    if per_device is not None:
-        per_device = _validate.positive_int("per_device", per_device)
+    if configs is None:
+        raise ValueError("configs must be a list of configurations (see dpjax.pld.sweep_grid), got None")
+    configs = as_configs(configs)
     if resume and out is None:
         raise ValueError("resume=True needs out (the file a previous run wrote)")
-    devices, per_device = _devices(devices, per_device, backend)
-    backend = _backend(backend, devices)
+    devices, per_device = _devices(execution.devices, execution.per_device, execution.backend)
+    backend = _backend(execution.backend, devices)
     kinds = ("up", "down") if with_lower else ("up",)
     store, done = _open_store(out, resume, configs)
     rows: dict[int, dict] = dict(done)
     todo = [i for i in range(len(configs)) if i not in done]
+    show = progress
     if _xla.process_index() != 0:
         show = False   # one bar, on process 0
     with _deferred_x64(), _progress_bar(total=len(configs), desc="sweep", enabled=show,
@@ -268,8 +285,8 @@ def sweep(configs=None, *, noise_multiplier=None, sampling_prob=None, steps=None
                                 workers=_xla.usable_cpus())
         else:
             runner = BucketRunner(make_mesh(devices), per_device, per_device * len(devices), kinds,
-                                  validate_policy(bucketing), options, with_lower, {struct_of(p) for p in pending},
-                                  floor_free=floor_free_needed(configs))
+                                  validate_policy(execution.bucketing), options, with_lower,
+                                  {struct_of(p) for p in pending}, floor_free=floor_free_needed(configs))
         runner.run(pending, rows, store, bar)
     join_stores()
     origins = [ORIGIN.get(k) for k in runner.programs if k in runner.made]
@@ -287,17 +304,21 @@ def _scenarios_given(configs) -> bool:
     return isinstance(configs, (list, tuple)) and bool(configs) and isinstance(configs[0], TrainingScenario)
 
 
-def scenario_configs(scenarios, *, delta=None, epsilon=None, grid: dict) -> tuple[list[dict], str]:
-    """``(configs, sampling)`` of a sweep over :class:`~dpjax.pld.scenario.TrainingScenario` values:
-    one configuration each, at ``delta`` (epsilon rows) or ``epsilon`` (delta rows), a number or
-    one per scenario.  Every scenario has the same kind of scheme and its noise; fixed batches are
-    not swept, and the grid keywords (``grid``, their defaults) cannot be mixed in."""
-    from dpjax.pld.scenario import STATED_KEYWORDS, FixedBatch, Poisson, TrainingScenario
+def _allocation_rows(configs) -> bool:
+    """Whether ``configs`` are random-allocation / balls-in-bins rows (mappings naming the scheme)."""
+    from dpjax.pld.allocation.dpsgd import is_allocation
 
-    mixed = sorted(k for k, v in grid.items() if v != STATED_KEYWORDS[k])
-    if mixed:
-        raise ValueError(f"sweep(configs=[TrainingScenario, ...]): {', '.join(mixed)} given with the scenarios, "
-                         f"which state them")
+    return isinstance(configs, (list, tuple)) and bool(configs) and isinstance(configs[0], dict) \
+        and is_allocation(configs[0].get("sampling"))
+
+
+def scenario_configs(scenarios, *, delta=None, epsilon=None) -> list[dict]:
+    """The configurations of a sweep over :class:`~dpjax.pld.scenario.TrainingScenario` values:
+    one each, at ``delta`` (epsilon rows) or ``epsilon`` (delta rows), a number or one per
+    scenario.  Every scenario has the same kind of scheme and its noise; fixed batches are not
+    swept."""
+    from dpjax.pld.scenario import FixedBatch, Poisson, TrainingScenario
+
     if (delta is None) == (epsilon is None):
         raise ValueError("sweep(configs=[TrainingScenario, ...]) needs exactly one of delta and epsilon")
     kinds = {type(s.sampling) for s in scenarios if isinstance(s, TrainingScenario)}
@@ -315,41 +336,16 @@ def scenario_configs(scenarios, *, delta=None, epsilon=None, grid: dict) -> tupl
     for s, target in zip(scenarios, targets):
         if s.noise_multiplier is None or isinstance(s.noise_multiplier, tuple):
             raise ValueError(f"a swept scenario needs one noise multiplier, got {s.noise_multiplier!r}")
-        kw = s.keywords()
-        kw.pop("sampling")
+        kw = {**s.keywords(), **s.sampling.keywords()}   # the scheme as the rows spell it
         if isinstance(s.sampling, Poisson):
+            kw.pop("sampling")
             kw.setdefault("group_size", 1)
         configs.append({**kw, name: target})
-    return configs, scenarios[0].sampling.keywords()["sampling"]
-
-
-def _allocation_sweep(configs, *, sampling, sampling_prob, steps, group_size, **kw) -> SweepTable:
-    """``sweep(sampling="random_allocation" | "balls_in_bins")``: every row the single call's
-    value (:func:`dpjax.pld.allocation.accountant.allocation_sweep`)."""
-    from dpjax.pld.allocation.accountant import allocation_sweep
-
-    if sampling not in ("random_allocation", "balls_in_bins"):
-        raise ValueError(f"sampling must be one of ('poisson', 'random_allocation', 'balls_in_bins'), got "
-                         f"{sampling!r}")
-    if sampling_prob is not None or steps is not None or group_size != 1:
-        raise ValueError(f"sampling_prob, steps and group_size are for sampling='poisson', not {sampling!r}")
-    return allocation_sweep(configs, sampling=sampling, **kw)
-
-
-def _configs_of(configs, noise_multiplier, sampling_prob, steps, delta, epsilon, group_size) -> list[SweepConfig]:
-    """The validated configurations: ``configs`` as given, or the grid of the keywords."""
-    if configs is not None:
-        return as_configs(configs)
-    if noise_multiplier is None or sampling_prob is None or steps is None:
-        raise ValueError("give configs, or the grid keywords noise_multiplier, sampling_prob, steps and "
-                         "delta (or epsilon)")
-    return sweep_grid(noise_multiplier, sampling_prob, steps, delta, epsilon, group_size)
+    return configs
 
 
 def _backend(backend, devices) -> str:
     """``"host"`` or ``"compiled"`` (see :func:`sweep`)."""
-    if backend not in ("auto", "host", "compiled"):
-        raise ValueError(f"backend must be 'auto', 'host' or 'compiled', got {backend!r}")
     if backend != "auto":
         return backend
     # One CPU device per process (one process, or several after jax.distributed.initialize()):

@@ -17,9 +17,7 @@ import dpjax
 from dpjax.pld.allocation import lattice as A
 from dpjax.pld.allocation import accountant as R
 from dpjax.pld.grid.engine import exact_epsilon
-
-RA = dict(sampling="random_allocation")
-
+from dpjax.pld.scenario import scheme_from_keywords
 
 def _unamplified(sigma, delta, participations):
     """The Gaussian's certified epsilon (upper end) with ``mu = sqrt(participations) / sigma``."""
@@ -44,7 +42,7 @@ def test_tiny_delta_is_never_above_the_unamplified_gaussian(sigma, t, k, E, delt
     gauss = _unamplified(sigma, delta, k * E)
     assert upper <= gauss
     assert 0 < lower <= upper
-    eps = dpjax.dpsgd_epsilon(sigma, None, None, delta, batches_per_epoch=t, epochs=E, selections_per_epoch=k, **RA)
+    eps = dpjax.dpsgd_epsilon(sigma, None, None, delta, epochs=E, sampling=dpjax.RandomAllocation(t, k))
     assert eps == upper
 
 
@@ -95,7 +93,7 @@ def test_epsilon_is_monotone_in_sigma_at_a_million_steps():
     """From sigma 3 to 10.8 epsilon was inf at t = 10^6 (the lower laws' windows missed their
     rounding bias), while sigma 2 gave 9.3e-4."""
     sig = [2.0, 3.0, 5.0, 10.82, 30.0]
-    ups = [dpjax.dpsgd_epsilon(s, target_delta=1e-5, batches_per_epoch=10**6, epochs=1, **RA) for s in sig]
+    ups = [dpjax.dpsgd_epsilon(s, target_delta=1e-5, epochs=1, sampling=dpjax.RandomAllocation(10**6)) for s in sig]
     assert all(math.isfinite(u) for u in ups)
     assert all(b <= a for a, b in zip(ups, ups[1:]))
     assert ups[0] < 1e-3
@@ -118,7 +116,7 @@ def test_epsilon_is_monotone_in_delta_across_the_tilted_pass():
 def test_calibration_finds_the_small_sigma():
     """target 0.05 at t = 2 raised 'needs a noise multiplier outside [1e-3, 1e4]' although sigma
     50 certifies 0.0400; the returned sigma meets the target and one 0.1% smaller does not."""
-    kw = dict(target_delta=1e-5, batches_per_epoch=2, epochs=1, **RA)
+    kw = dict(target_delta=1e-5, sampling=dpjax.RandomAllocation(2), epochs=1)
     sigma = dpjax.dpsgd_noise_multiplier(target_epsilon=0.05, **kw)
     assert dpjax.dpsgd_epsilon(sigma, **kw) <= 0.05 < dpjax.dpsgd_epsilon(sigma / 1.001, **kw)
     assert sigma < 50.0
@@ -127,14 +125,14 @@ def test_calibration_finds_the_small_sigma():
 @pytest.mark.slow
 def test_calibration_at_a_million_steps():
     """10.824 was returned (sigma 2 certifies 9.3e-4 <= 1e-3), after 43 s."""
-    kw = dict(target_delta=1e-5, batches_per_epoch=10**6, epochs=1, **RA)
+    kw = dict(target_delta=1e-5, sampling=dpjax.RandomAllocation(10**6), epochs=1)
     sigma = dpjax.dpsgd_noise_multiplier(target_epsilon=1e-3, **kw)
     assert sigma <= 2.0
     assert dpjax.dpsgd_epsilon(sigma, **kw) <= 1e-3 < dpjax.dpsgd_epsilon(sigma / 1.001, **kw)
 
 
 def test_calibration_balls_in_bins_meets_the_target_within_tolerance():
-    kw = dict(target_delta=1e-5, batches_per_epoch=2, epochs=3, sampling="balls_in_bins")
+    kw = dict(target_delta=1e-5, epochs=3, sampling=dpjax.BallsInBins(2))
     sigma = dpjax.dpsgd_noise_multiplier(target_epsilon=0.05, **kw)
     assert dpjax.dpsgd_epsilon(sigma, **kw) <= 0.05 < dpjax.dpsgd_epsilon(sigma / 1.001, **kw)
 
@@ -154,7 +152,7 @@ def test_calibration_of_a_huge_target_returns_the_bottom_of_the_range():
 @pytest.mark.parametrize("sigma, sampling", [(0.01, "random_allocation"), (1e-3, "random_allocation"),
                                              (1e-3, "balls_in_bins")])
 def test_tiny_noise_is_answered(sigma, sampling):
-    r = dpjax.pld.dpsgd_accounting(sigma, target_delta=1e-5, sampling=sampling, batches_per_epoch=10, epochs=1)
+    r = dpjax.pld.dpsgd_accounting(sigma, target_delta=1e-5, sampling=scheme_from_keywords(sampling, batches_per_epoch=10), epochs=1)
     gauss = _unamplified(sigma, 1e-5, 1)
     assert float(r.epsilon) <= gauss
     # Amplification by 1-of-10 allocation gains at most about log 10 here (one step's ratio
@@ -167,7 +165,7 @@ def test_gradient_where_the_closed_form_decides():
     closed form's derivative: a central difference of the call (float32 gradient, hence 1e-4)."""
     import jax
 
-    kw = dict(target_delta=1e-5, batches_per_epoch=10, epochs=1, **RA)
+    kw = dict(target_delta=1e-5, sampling=dpjax.RandomAllocation(10), epochs=1)
     g = float(jax.grad(lambda s: dpjax.dpsgd_epsilon(s, **kw))(0.05))
     h = 1e-5
     fd = (dpjax.dpsgd_epsilon(0.05 + h, **kw) - dpjax.dpsgd_epsilon(0.05 - h, **kw)) / (2 * h)
@@ -207,14 +205,13 @@ def test_plan_lower_end_at_another_sigma_jax():
 
 
 def test_array_of_targets_gives_each_own_call():
-    kw = dict(batches_per_epoch=48, epochs=3, **RA)
+    kw = dict(sampling=dpjax.RandomAllocation(48), epochs=3)
     deltas = np.array([1e-5, 1e-7])
     many = dpjax.dpsgd_epsilon(1.3, target_delta=deltas, **kw)
     assert list(many) == [dpjax.dpsgd_epsilon(1.3, target_delta=float(d), **kw) for d in deltas]
     eps = np.array([1.0, 2.0])
-    many = dpjax.dpsgd_delta(1.3, target_epsilon=eps, sampling="balls_in_bins", batches_per_epoch=48, epochs=3)
-    assert list(many) == [dpjax.dpsgd_delta(1.3, target_epsilon=float(e), sampling="balls_in_bins",
-                                            batches_per_epoch=48, epochs=3) for e in eps]
+    many = dpjax.dpsgd_delta(1.3, target_epsilon=eps, sampling=dpjax.BallsInBins(48), epochs=3)
+    assert list(many) == [dpjax.dpsgd_delta(1.3, target_epsilon=float(e), sampling=dpjax.BallsInBins(48), epochs=3) for e in eps]
 
 
 def test_delta_1e_300_is_not_above_the_unamplified_gaussian():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import dpjax
+from dpjax.pld.scenario import scheme_from_keywords
 from dpjax.pld.allocation import accountant as R
 
 SIGMA, T, E, DELTA = 1.3, 48, 3, 1e-5
@@ -23,20 +24,17 @@ def reference():
 
 
 def test_dpsgd_entry_points(reference):
-    eps = dpjax.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T, epochs=E)
+    eps = dpjax.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling=dpjax.RandomAllocation(T), epochs=E)
     assert eps == reference.epsilon
-    res = dpjax.pld.dpsgd_accounting(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T,
-                                     epochs=E)
+    res = dpjax.pld.dpsgd_accounting(SIGMA, target_delta=DELTA, sampling=dpjax.RandomAllocation(T), epochs=E)
     assert res.epsilon_lower == reference.epsilon_lower and res.adjacency == "add_or_remove"
-    d = dpjax.dpsgd_delta(SIGMA, target_epsilon=eps, sampling="random_allocation", batches_per_epoch=T, epochs=E)
+    d = dpjax.dpsgd_delta(SIGMA, target_epsilon=eps, sampling=dpjax.RandomAllocation(T), epochs=E)
     assert d == R.allocation_delta(SIGMA, T, E, eps)
-    bib = dpjax.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling="balls_in_bins", batches_per_epoch=T, epochs=E)
+    bib = dpjax.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling=dpjax.BallsInBins(T), epochs=E)
     assert bib == R.balls_in_bins_epsilon(SIGMA, T, E, DELTA)
-    assert dpjax.pld.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T,
-                                   epochs=E) == eps
+    assert dpjax.pld.dpsgd_epsilon(SIGMA, target_delta=DELTA, sampling=dpjax.RandomAllocation(T), epochs=E) == eps
     # steps, where given, is t * E.
-    assert dpjax.dpsgd_epsilon(SIGMA, steps=T * E, target_delta=DELTA, sampling="random_allocation",
-                               batches_per_epoch=T, epochs=E) == eps
+    assert dpjax.dpsgd_epsilon(SIGMA, steps=T * E, target_delta=DELTA, sampling=dpjax.RandomAllocation(T), epochs=E) == eps
     # Poisson keeps its positional spelling and value.
     assert dpjax.dpsgd_epsilon(1.0, 0.01, 100, 1e-5) == dpjax.pld.dpsgd_epsilon(1.0, 0.01, 100, 1e-5)
 
@@ -48,7 +46,7 @@ def test_batches_and_traced_calls_give_the_call(reference):
     import jax
     import jax.numpy as jnp
 
-    kw = dict(sampling="random_allocation", batches_per_epoch=T, epochs=E)
+    kw = dict(sampling=dpjax.RandomAllocation(T), epochs=E)
     sigmas = np.array([SIGMA, 2.0])
     many = dpjax.dpsgd_epsilon(sigmas, target_delta=DELTA, **kw)
     assert many.shape == (2,) and many[0] == reference.epsilon
@@ -64,35 +62,46 @@ def test_batches_and_traced_calls_give_the_call(reference):
     h = 2e-3
     fd = (R.allocation_epsilon(SIGMA + h, T, E, DELTA) - R.allocation_epsilon(SIGMA - h, T, E, DELTA)) / (2 * h)
     assert g < 0 and g == pytest.approx(fd, rel=2e-2)
-    gb = float(jax.grad(lambda s: dpjax.dpsgd_epsilon(s, target_delta=DELTA, sampling="balls_in_bins",
-                                                       batches_per_epoch=T, epochs=E))(SIGMA))
+    gb = float(jax.grad(lambda s: dpjax.dpsgd_epsilon(s, target_delta=DELTA, sampling=dpjax.BallsInBins(T), epochs=E))(SIGMA))
     fdb = (R.balls_in_bins_epsilon(SIGMA + h, T, E, DELTA) - R.balls_in_bins_epsilon(SIGMA - h, T, E, DELTA)) / (2 * h)
     assert gb == pytest.approx(fdb, rel=2e-2)
 
 
+RA10 = dpjax.RandomAllocation(10)
+
+
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(sampling="random_allocation", batches_per_epoch=10), "epochs"),
-    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2, sampling_prob=0.1), "sampling_prob"),
-    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2, steps=7), "steps"),
-    (dict(sampling="balls_in_bins", batches_per_epoch=10, epochs=2, selections_per_epoch=2), "selections_per_epoch"),
-    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2, group_size=2), "group_size"),
-    (dict(sampling="shuffle", batches_per_epoch=10, epochs=2), "sampling"),
-    (dict(sampling_prob=0.1, steps=10, batches_per_epoch=10), "batches_per_epoch"),
-    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2, noise_schedule=[1.0] * 20), "noise_schedule"),
-    (dict(sampling="random_allocation", batches_per_epoch=0, epochs=2), "batches_per_epoch"),
-    (dict(sampling="random_allocation", batches_per_epoch=10, epochs=2.5), "epochs"),
+    (dict(sampling=RA10), "epochs"),
+    (dict(sampling=RA10, epochs=2, sampling_prob=0.1), "sampling_prob"),
+    (dict(sampling=RA10, epochs=2, steps=7), "steps"),
+    (dict(sampling=RA10, epochs=2, group_size=2), "group_size"),
+    (dict(sampling="shuffle", epochs=2), "sampling"),
+    (dict(sampling="random_allocation", epochs=2), r"RandomAllocation\(batches_per_epoch, selections_per_epoch\)"),
+    (dict(sampling=RA10, epochs=2, noise_schedule=[1.0] * 20), "noise_schedule"),
+    (dict(sampling=RA10, epochs=2.5), "epochs"),
 ])
 def test_dpsgd_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dpjax.dpsgd_epsilon(1.0, target_delta=1e-5, **kwargs)
 
 
+@pytest.mark.parametrize("make,match", [
+    (lambda: dpjax.BallsInBins(0), "batches_per_epoch"),
+    (lambda: dpjax.RandomAllocation(0), "batches_per_epoch"),
+    (lambda: dpjax.RandomAllocation(10, 11), "selections_per_epoch"),
+    (lambda: scheme_from_keywords("balls_in_bins", batches_per_epoch=10, selections_per_epoch=2),
+     "selections_per_epoch"),
+    (lambda: scheme_from_keywords("poisson", batches_per_epoch=10), "batches_per_epoch"),
+])
+def test_scheme_records_refuse_bad_sizes(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
 def test_sweep_and_curve_give_the_call(reference):
-    table = dpjax.sweep(noise_multiplier=[SIGMA], batches_per_epoch=T, epochs=[1, E], delta=DELTA,
-                        sampling="random_allocation")
+    table = dpjax.sweep(dpjax.sweep_grid(noise_multiplier=[SIGMA], delta=DELTA, epochs=[1, E], sampling=[dpjax.RandomAllocation(T)]))
     assert table.rows[1]["epsilon"] == reference.epsilon and table.rows[1]["lower"] == reference.epsilon_lower
-    curve = dpjax.epsilon_curve(SIGMA, target_delta=DELTA, sampling="random_allocation", batches_per_epoch=T,
-                                epochs=E)
+    curve = dpjax.epsilon_curve(SIGMA, target_delta=DELTA, sampling=dpjax.RandomAllocation(T), epochs=E)
     assert list(curve.steps) == [T, 2 * T, 3 * T]
     # The last entry is planned exactly as the call; earlier ones on the same plan (their brackets
     # overlap the single calls').
@@ -104,10 +113,8 @@ def test_sweep_and_curve_give_the_call(reference):
 
 def test_sweep_journal_and_resume(tmp_path, reference):
     out = tmp_path / "ra.csv"
-    t1 = dpjax.sweep(noise_multiplier=[SIGMA, 2.0], batches_per_epoch=T, epochs=E, delta=DELTA,
-                     sampling="random_allocation", out=str(out))
-    t2 = dpjax.sweep(noise_multiplier=[SIGMA, 2.0], batches_per_epoch=T, epochs=E, delta=DELTA,
-                     sampling="random_allocation", out=str(out), resume=True)
+    t1 = dpjax.sweep(dpjax.sweep_grid(noise_multiplier=[SIGMA, 2.0], delta=DELTA, epochs=E, sampling=[dpjax.RandomAllocation(T)]), out=str(out))
+    t2 = dpjax.sweep(dpjax.sweep_grid(noise_multiplier=[SIGMA, 2.0], delta=DELTA, epochs=E, sampling=[dpjax.RandomAllocation(T)]), out=str(out), resume=True)
     assert [r["path"] for r in t2.rows] == ["resumed", "resumed"]
     assert t2.rows[0]["epsilon"] == t1.rows[0]["epsilon"] == reference.epsilon
 
@@ -176,7 +183,7 @@ def test_calibration_meets_target_and_gradient_matches_finite_differences():
     import jax
 
     target, delta, t, epochs = 1.0, 1e-5, 32, 2
-    kw = dict(sampling="random_allocation", batches_per_epoch=t, epochs=epochs)
+    kw = dict(sampling=dpjax.RandomAllocation(t), epochs=epochs)
     sigma = dpjax.dpsgd_noise_multiplier(target_epsilon=target, target_delta=delta, **kw)
     eps = R.allocation_epsilon(sigma, t, epochs, delta)
     assert target - 1e-4 <= eps <= target

@@ -31,8 +31,7 @@ def _queries(count: int, seed: int):
         elif kind == 6:
             n = int(rng.choice([10_000, 60_000]))
             b = int(n * q) + 1
-            calls.append(lambda s=sigma, t=steps, d=delta, k=k, n=n, b=b: dpjax.dpsgd_epsilon(
-                2 * s, None, t, d, group_size=k, sampling="fixed_batch", dataset_size=n, batch_size=b))
+            calls.append(lambda s=sigma, t=steps, d=delta, k=k, n=n, b=b: dpjax.dpsgd_epsilon(2 * s, None, t, d, group_size=k, sampling=dpjax.FixedBatch(b, n)))
         elif kind == 7:
             calls.append(lambda s=sigma, q=q, t=steps, d=delta: dpjax.dpsgd_epsilon(
                 np.array([s, 1.2 * s]), q, t, d))

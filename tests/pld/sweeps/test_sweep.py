@@ -120,7 +120,7 @@ import json, sys
 import jax
 import dpjax
 configs = json.loads(sys.argv[1])
-table = dpjax.sweep(configs, per_device=int(sys.argv[2]), with_lower=True)
+table = dpjax.sweep(configs, execution=dpjax.SweepExecution(per_device=int(sys.argv[2])), with_lower=True)
 print(json.dumps(dict(devices=len(jax.devices()), programs=table.programs,
                       rows=[[r["epsilon"], r["lower"], r["n"]] for r in table.rows])))
 """
@@ -142,7 +142,7 @@ def test_sweep_eight_devices_same_table(monkeypatch):
     # Bucket as the fresh 8-device process does: without the programs earlier tests left in this
     # process (a row may otherwise join a larger one: a longer FFT, another certified value).
     monkeypatch.setattr(sweep_run, "_SHAPES", {})
-    one = dpjax.sweep(configs, devices=dpjax_devices()[:1], backend="compiled")
+    one = dpjax.sweep(configs, execution=dpjax.SweepExecution(devices=dpjax_devices()[:1], backend="compiled"))
     eight = _subprocess_sweep(configs, devices=8, per_device=1)
     assert eight["devices"] == 8
     # The same grids and the same program; XLA partitions the 8-device program and code
@@ -350,10 +350,10 @@ def test_sweep_vmapped_blocks_equal_the_loop(monkeypatch):
 
     configs = _broad_configs(5, seed=15)
     policy = sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12)       # one program
-    loop = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False, backend="compiled")
+    loop = dpjax.sweep(configs, progress=False, execution=dpjax.SweepExecution(per_device=4, backend="compiled", bucketing=policy))
     monkeypatch.setattr(sweep_run, "_block_size", lambda mesh, n, rows, per_device: 2)
     sweep_run.COMPILED.clear()
-    blocks = dpjax.sweep(configs, per_device=4, bucketing=policy, progress_bar=False, backend="compiled")
+    blocks = dpjax.sweep(configs, progress=False, execution=dpjax.SweepExecution(per_device=4, backend="compiled", bucketing=policy))
     sweep_run.COMPILED.clear()
     # Batched transforms round differently, which moves the measured FFT round-off floor (the
     # per-bin allowance, docs/design.md section 2.4) and hence the small-delta end of a row by
@@ -471,9 +471,9 @@ def test_floor_free_column_only_where_a_delta_is_small(monkeypatch):
     assert not sr.floor_free_needed(as_configs(configs))
     assert sr.floor_free_needed(as_configs(configs + [dict(configs[0], delta=1e-7)]))
     assert not sr.floor_free_needed(as_configs([dict(configs[0], delta=None, epsilon=1e-3)]))
-    plain = dpjax.sweep(configs, backend="compiled")
+    plain = dpjax.sweep(configs, execution=dpjax.SweepExecution(backend="compiled"))
     monkeypatch.setattr(sr, "FLOOR_FREE_BELOW", 1.0)
-    with_column = dpjax.sweep(configs, backend="compiled")
+    with_column = dpjax.sweep(configs, execution=dpjax.SweepExecution(backend="compiled"))
     assert [r["path"] for r in plain.rows] == ["batched"] * 3
     for a, b in zip(plain.rows, with_column.rows):
         assert (a["epsilon"], a["lower"], a["n"]) == (b["epsilon"], b["lower"], b["n"])
@@ -493,10 +493,10 @@ def test_retried_row_keeps_its_fft_length_and_first_round_program():
     c = dict(noise_multiplier=0.9691459403650766, sampling_prob=0.0032194557932541967, steps=407,
              delta=1.1200911395398857e-07)
     first = sweep_plan.plan_config(0, sweeping.SweepConfig.from_mapping(c), None)
-    table = dpjax.sweep([c], progress_bar=False, backend="compiled")
+    table = dpjax.sweep([c], progress=False, execution=dpjax.SweepExecution(backend="compiled"))
     r = table.rows[0]
     assert table.programs == 1 and r["path"] == "batched"
-    host = dpjax.sweep([c], progress_bar=False, backend="host").rows[0]      # the same retry on the host
+    host = dpjax.sweep([c], progress=False, execution=dpjax.SweepExecution(backend="host")).rows[0]      # the same retry on the host
     # (The new spacing comes from the measured window width: the same up to the last bits.)
     assert (host["n"], host["path"]) == (r["n"], r["path"]) and host["dx"] == pytest.approx(r["dx"], rel=1e-12)
     assert r["n"] == first.plan.n and r["dx"] > first.plan.dx     # the retry happened, on the same n
