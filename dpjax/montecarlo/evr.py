@@ -105,9 +105,8 @@ def base_delta_for_target(num_samples: int, target_delta: float, num_tests: int 
     lo, hi = target_delta * 1e-12, target_delta
     if overall_delta(num_samples, lo, num_tests)[0] > target_delta:
         return None
-    sol = _BASE_DELTA_BISECTION.solve(lambda b: overall_delta(num_samples, b, num_tests)[0] <= target_delta,
-                                      lo, hi, check_ends=False)
-    return sol.root
+    return _BASE_DELTA_BISECTION.root(lambda b: overall_delta(num_samples, b, num_tests)[0] <= target_delta,
+                                      lo, hi)
 
 
 #: ``log base_delta`` halved to 1e-9 relative (35 halvings of the 1e12 ratio); the lower end is kept.
@@ -410,8 +409,7 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
 
     if wealth(0.0) < log_inv_beta:
         return 0.0
-    return _BETTING_MARGIN_BISECTION.solve(lambda mu: wealth(mu) >= log_inv_beta, 0.0, level,
-                                           check_ends=False).root
+    return _BETTING_MARGIN_BISECTION.root(lambda mu: wealth(mu) >= log_inv_beta, 0.0, level)
 
 
 #: 60 halvings of ``[0, level]``; the lower end (expected wealth reaches the threshold) is kept.

@@ -297,7 +297,7 @@ def _py_gaussian_epsilon(target_delta: float, mu: float) -> float:
         return math.inf
     # The jitted loop's halvings; HostBisection stops early only at the fixed point (adjacent
     # floats), where further halvings cannot change the bracket.
-    return _HOST_EPSILON_BISECTION.solve(feasible, 0.0, hi, check_ends=False).root
+    return _HOST_EPSILON_BISECTION.root(feasible, 0.0, hi)
 
 
 def _elementwise(fn, a, b) -> np.ndarray:

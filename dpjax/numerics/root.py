@@ -449,6 +449,7 @@ def bisect_integer(predicate: Callable[[int], bool], lo: int, hi: int) -> int:
 # evaluated true (or the caller's end, vouched for), never a midpoint that was not tested.
 
 _SAFE_SIDES = ("lower", "upper")
+_NO_LIMIT = float("inf")
 _SCALES = ("linear", "log")
 
 
@@ -533,33 +534,55 @@ class HostBisection:
             if ok_other:
                 other = hi if self.safe == "lower" else lo
                 return _host_solution(other, lo, hi, SolverStatus.MET_AT_BRACKET_END, passes)
+        lo, hi, n = self._halve(feasible, lo, hi)
+        root = lo if self.safe == "lower" else hi
+        return _host_solution(root, lo, hi, SolverStatus.CONVERGED, passes + n)
+
+    def root(self, feasible: Callable[[float], bool], lower: float, upper: float) -> float:
+        """``solve(feasible, lower, upper, check_ends=False).root`` without the record: the safe
+        end of the final bracket, for host loops that need only the float."""
+        lo, hi = _host_bracket(lower, upper, self.scale)
+        lo, hi, _ = self._halve(feasible, lo, hi)
+        return lo if self.safe == "lower" else hi
+
+    def _halve(self, feasible, lo, hi):
+        """The halvings on floats: ``(lo, hi, number of halvings)``."""
         log = self.scale == "log"
         lower_safe = self.safe == "lower"
-        atol, rtol = self.atol, self.rtol
-        ratio = None if rtol is None or not log else 1.0 + rtol
-        limit = self.max_halvings
+        limit = _NO_LIMIT if self.max_halvings is None else self.max_halvings
+        # Width rule: 0 none, 1 ratio (log), 2 relative, 3 absolute.
+        if self.rtol is not None:
+            rule, tol = (1, 1.0 + self.rtol) if log else (2, self.rtol)
+        else:
+            rule, tol = (0, 0.0) if self.atol is None else (3, self.atol)
         n = 0
-        while limit is None or n < limit:
+        while n < limit:
             mid = math.sqrt(lo * hi) if log else 0.5 * (lo + hi)
             n += 1
-            if bool(feasible(mid)) is lower_safe:
-                same = mid == lo
-                lo = mid
+            # A halving that leaves the bracket as it was (the midpoint rounds to the end it
+            # replaces) is repeated by every later one: stop there.
+            if feasible(mid):
+                if lower_safe:
+                    same, lo = mid == lo, mid
+                else:
+                    same, hi = mid == hi, mid
+            elif lower_safe:
+                same, hi = mid == hi, mid
             else:
-                same = mid == hi
-                hi = mid
+                same, lo = mid == lo, mid
             if same:
                 break
-            if ratio is not None:
-                if hi <= lo * ratio:
+            if rule == 0:
+                continue
+            if rule == 1:
+                if hi <= lo * tol:
                     break
-            elif rtol is not None:
-                if hi - lo <= rtol * abs(hi):
+            elif rule == 2:
+                if hi - lo <= tol * abs(hi):
                     break
-            elif atol is not None and hi - lo <= atol:
+            elif hi - lo <= tol:
                 break
-        root = lo if lower_safe else hi
-        return _host_solution(root, lo, hi, SolverStatus.CONVERGED, passes + n)
+        return lo, hi, n
 
     # --- NumPy arrays, elementwise ---
     def solve_array(self, feasible: Callable[[np.ndarray], np.ndarray], lower, upper, *,
@@ -595,17 +618,26 @@ class HostBisection:
         log = self.scale == "log"
         atol, rtol, limit = self.atol, self.rtol, self.max_halvings
         ratio = None if rtol is None or not log else 1.0 + rtol
+        masked = not act.all()
+        inactive = ~act
+        prev = None
         n = 0
         while limit is None or n < limit:
             mid = np.sqrt(lo * hi) if log else 0.5 * (lo + hi)
-            n += 1
-            ok = np.asarray(feasible(mid), bool)
-            to_lo = (ok if lower_safe else ~ok) & act
-            to_hi = act & ~to_lo
-            changed = np.any(to_lo & (mid != lo)) or np.any(to_hi & (mid != hi))
-            lo, hi = np.where(to_lo, mid, lo), np.where(to_hi, mid, hi)
-            if not changed:
+            # The last halving's midpoint again: that halving moved an end onto it, and this one
+            # would move the same end onto the same point (the predicate is deterministic), so
+            # the bracket is at its fixed point (adjacent floats) and every later halving too.
+            if prev is not None and (mid == prev).all():
                 break
+            prev = mid
+            n += 1
+            to_lo = np.asarray(feasible(mid), bool)
+            if not lower_safe:
+                to_lo = ~to_lo
+            if masked:
+                lo, hi = np.where(to_lo & act, mid, lo), np.where(inactive | to_lo, hi, mid)
+            else:
+                lo, hi = np.where(to_lo, mid, lo), np.where(to_lo, hi, mid)
             if ratio is not None:
                 done = hi <= lo * ratio
             elif rtol is not None:
@@ -614,7 +646,7 @@ class HostBisection:
                 done = hi - lo <= atol
             else:
                 continue
-            if np.all(done | ~act):
+            if (done | inactive).all() if masked else done.all():
                 break
         root = lo if lower_safe else hi
         if check_ends:

@@ -148,7 +148,7 @@ def mixture_bound(components, deltas) -> np.ndarray:
             out[i] = np.inf
             continue
         # bound(0) > d and bound(hi) <= d, both tested above.
-        out[i] = _MIXTURE_BISECTION.solve(lambda e: bound(e) <= d, 0.0, hi, check_ends=False).root
+        out[i] = _MIXTURE_BISECTION.root(lambda e: bound(e) <= d, 0.0, hi)
     return out
 
 

@@ -103,9 +103,13 @@ def test_ends_vouched_for_by_the_caller_are_not_evaluated():
         calls.append(x)
         return x <= 0.3
 
-    sol = HostBisection(safe="lower", max_halvings=5).solve(feasible, 0.0, 1.0, check_ends=False)
+    solver = HostBisection(safe="lower", max_halvings=5)
+    sol = solver.solve(feasible, 0.0, 1.0, check_ends=False)
     assert 0.0 not in calls and 1.0 not in calls and len(calls) == 5 == sol.num_passes
     assert sol.status == SolverStatus.CONVERGED and sol.root == 0.28125
+    # The float-only form: the same halvings, the same root.
+    calls.clear()
+    assert solver.root(feasible, 0.0, 1.0) == 0.28125 and len(calls) == 5
 
 
 # ---------------------------------------------------------------------------------------------
