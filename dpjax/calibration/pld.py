@@ -60,6 +60,7 @@ from dpjax._base import validate as _validate
 from dpjax._base import traced as _traced
 from dpjax._base.x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
+from dpjax.numerics.root import HostBisection
 from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
 from dpjax.pld.grid.fixed_grid import grid_epsilon_fn
 from dpjax.pld.grid.compose import Group
@@ -444,13 +445,13 @@ def _gdp_mu(eps, delta):
         return math.exp(lo)
     if f(hi) < 0:
         return math.exp(hi)
-    while hi - lo > 1e-6:  # ~24 halvings of [log 1e-4, log 1e3]
-        mid = 0.5 * (lo + hi)
-        if f(mid) < 0:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(0.5 * (lo + hi))
+    # A starting point, not a bound: the final bracket's midpoint is returned.
+    sol = _GDP_MU_BISECTION.solve(lambda log_mu: f(log_mu) < 0, lo, hi, check_ends=False)
+    return math.exp(0.5 * (sol.lower + sol.upper))
+
+
+#: ``log mu`` to 1e-6 (~24 halvings of ``[log 1e-4, log 1e3]``); ``f < 0`` below the root.
+_GDP_MU_BISECTION = HostBisection(safe="lower", atol=1e-6)
 
 
 def _clt_guess(eps, delta, q, steps):

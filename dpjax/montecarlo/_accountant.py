@@ -16,6 +16,7 @@ from dpjax._base.x64 import float64
 from dpjax.montecarlo import core, evr
 from dpjax.montecarlo.evr import Certificate
 from dpjax.numerics.exact import gaussian_delta, gaussian_epsilon
+from dpjax.numerics.root import HostBisection
 
 
 # --------------------------------------------------------------------------- results
@@ -103,16 +104,22 @@ def _kl_bounds(mean, m: int, level: float):
             t2 = np.where(a < 1, (1 - a) * np.log((1 - a) / (1 - b)), 0.0)
         return t1 + t2
 
-    lo_a, lo_b = np.zeros_like(mean), mean.copy()      # lower bound in [0, mean]
-    hi_a, hi_b = mean.copy(), np.ones_like(mean)       # upper bound in [mean, 1]
-    for _ in range(100):
-        mid = 0.5 * (lo_a + lo_b)
-        far = kl(mean, np.maximum(mid, 1e-300)) > rhs   # mid too small: bound is above it
-        lo_a, lo_b = np.where(far, mid, lo_a), np.where(far, lo_b, mid)
-        mid = 0.5 * (hi_a + hi_b)
-        far = kl(mean, np.minimum(mid, 1 - 1e-16)) > rhs
-        hi_a, hi_b = np.where(far, hi_a, mid), np.where(far, mid, hi_b)
+    # Each bound is the end of its final bracket outside the confidence set (KL above the
+    # level): the lower bound in [0, mean] is approached from below, the upper one in [mean, 1]
+    # from above, so the interval returned contains the set.
+    # (A NaN mean gives (0, 1): its bracket is left as it is.)
+    finite = np.isfinite(mean)
+    lo_a = _KL_LOWER_BISECTION.solve_array(lambda p: kl(mean, np.maximum(p, 1e-300)) > rhs,
+                                           np.zeros_like(mean), mean, active=finite, check_ends=False).root
+    hi_b = _KL_UPPER_BISECTION.solve_array(lambda p: kl(mean, np.minimum(p, 1 - 1e-16)) > rhs,
+                                           mean, np.ones_like(mean), active=finite, check_ends=False).root
     return np.where(mean > 0, lo_a, 0.0), np.where(mean < 1, hi_b, 1.0)
+
+
+#: 100 halvings of ``[0, mean]``, the end below the confidence set kept.
+_KL_LOWER_BISECTION = HostBisection(safe="lower", max_halvings=100)
+#: 100 halvings of ``[mean, 1]``, the end above the confidence set kept.
+_KL_UPPER_BISECTION = HostBisection(safe="upper", max_halvings=100)
 
 
 # --------------------------------------------------------------------------- validation

@@ -40,6 +40,7 @@ import numpy as np
 from dpjax._base import validate as _validate
 from dpjax._base.enums import StrEnum
 from dpjax._base.results import ResultMixin
+from dpjax.numerics.root import HostBisection
 
 # scipy is imported inside the functions that use it: importing scipy.optimize costs ~0.4 s of a
 # cold start, and most users of the Monte Carlo layer never reach Estimate-Verify-Release.
@@ -104,15 +105,12 @@ def base_delta_for_target(num_samples: int, target_delta: float, num_tests: int 
     lo, hi = target_delta * 1e-12, target_delta
     if overall_delta(num_samples, lo, num_tests)[0] > target_delta:
         return None
-    for _ in range(100):
-        mid = math.sqrt(lo * hi)
-        if overall_delta(num_samples, mid, num_tests)[0] <= target_delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi / lo < 1 + 1e-9:
-            break
-    return lo
+    return _BASE_DELTA_BISECTION.root(lambda b: overall_delta(num_samples, b, num_tests)[0] <= target_delta,
+                                      lo, hi)
+
+
+#: ``log base_delta`` halved to 1e-9 relative (35 halvings of the 1e12 ratio); the lower end is kept.
+_BASE_DELTA_BISECTION = HostBisection(safe="lower", scale="log", rtol=1e-9, max_halvings=100)
 
 
 def minimum_samples(target_delta: float, base_delta: float | None = None, num_tests: int = 1) -> int:
@@ -409,13 +407,13 @@ def _betting_margin(mean: float, var: float, rng: float, level: float, n: int, l
         lam = min(gap / (v + gap * gap), cap)
         return n * (lam * gap - 0.5 * lam * lam * (v + gap * gap))
 
-    lo, hi = 0.0, level
     if wealth(0.0) < log_inv_beta:
         return 0.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if wealth(mid) >= log_inv_beta else (lo, mid)
-    return lo
+    return _BETTING_MARGIN_BISECTION.root(lambda mu: wealth(mu) >= log_inv_beta, 0.0, level)
+
+
+#: 60 halvings of ``[0, level]``; the lower end (expected wealth reaches the threshold) is kept.
+_BETTING_MARGIN_BISECTION = HostBisection(safe="lower", max_halvings=60)
 
 
 @functools.lru_cache(maxsize=32)

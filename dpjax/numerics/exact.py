@@ -41,6 +41,7 @@ from dpjax._base.x64 import float64
 from dpjax._base import ops as _ops
 from dpjax._base import traced as _traced
 from dpjax._base import xla as _xla
+from dpjax.numerics.root import HostBisection
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
@@ -277,6 +278,10 @@ def _py_gaussian_log_delta(eps: float, mu: float) -> float:
     return _py_log_delta(eps, mu) if mu > 0.0 else -math.inf
 
 
+#: The bisection of :func:`_epsilon_bisection` on floats (the upper end is the feasible one).
+_HOST_EPSILON_BISECTION = HostBisection(safe="upper", max_halvings=_BISECTION_STEPS)
+
+
 def _py_gaussian_epsilon(target_delta: float, mu: float) -> float:
     """The bisection of :func:`_epsilon_bisection` on floats."""
     bar = _log(target_delta) - _LOG_DELTA_MARGIN
@@ -286,21 +291,13 @@ def _py_gaussian_epsilon(target_delta: float, mu: float) -> float:
         if feasible(hi):  # fixed point: every later step keeps hi
             break
         hi = 2.0 * hi
-    reachable = feasible(hi)
-    lo = 0.0
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        if feasible(mid):
-            if mid == hi:
-                break  # fixed point (adjacent floats): later steps change nothing
-            hi = mid
-        else:
-            if mid == lo:
-                break
-            lo = mid
     if feasible(0.0):
         return 0.0
-    return hi if reachable else math.inf
+    if not feasible(hi):
+        return math.inf
+    # The jitted loop's halvings; HostBisection stops early only at the fixed point (adjacent
+    # floats), where further halvings cannot change the bracket.
+    return _HOST_EPSILON_BISECTION.root(feasible, 0.0, hi)
 
 
 def _elementwise(fn, a, b) -> np.ndarray:

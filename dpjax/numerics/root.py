@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 from typing import Any, Callable, Tuple
 
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = [
     "StopGradientAdjoint",
     "solve_monotone_root",
     "bisect_integer",
+    "HostBisection",
 ]
 
 class SolverStatus(enum.IntEnum):
@@ -436,3 +438,247 @@ def bisect_integer(predicate: Callable[[int], bool], lo: int, hi: int) -> int:
         else:
             lo = mid
     return hi
+
+
+# ------------------------------------------------------------------------------------------
+# Host bisection
+#
+# The host paths (closed forms on Python floats, NumPy accountants, planning searches) answer
+# without compiling anything, so their searches cannot use the jitted loop above.  The same
+# contract holds there: the returned end of the final bracket is the one whose predicate was
+# evaluated true (or the caller's end, vouched for), never a midpoint that was not tested.
+
+_SAFE_SIDES = ("lower", "upper")
+_NO_LIMIT = float("inf")
+_SCALES = ("linear", "log")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBisection:
+    """Bisection on the host for the boundary of a monotone predicate, safe side stated.
+
+    ``feasible(x)`` is true on one side of a boundary in the bracket and false on the other;
+    ``safe`` names the feasible side and so the end of the final bracket returned as the root:
+    ``"lower"`` when ``feasible`` holds below the boundary (e.g. ``f(x) <= target`` for an
+    increasing ``f``), ``"upper"`` when it holds above (a decreasing ``f``).  That end is always
+    a point at which ``feasible`` was evaluated true, or the caller's own bracket end when
+    ``check_ends=False`` and no probe moved it.  A predicate that answers false on NaN moves the
+    bracket away from the safe end, the conservative direction.
+
+    Attributes:
+      safe: ``"lower"`` or ``"upper"`` (see above).
+      scale: ``"linear"`` (midpoint ``0.5 * (lo + hi)``) or ``"log"`` (geometric midpoint
+        ``sqrt(lo * hi)``: relative precision for positive scale parameters; the product must
+        stay within the float64 range, so brackets within about ``1e-150 .. 1e150``).
+      atol: stop once ``hi - lo <= atol`` (linear scale only).
+      rtol: stop once ``hi - lo <= rtol * |hi|`` (linear) or ``hi <= lo * (1 + rtol)`` (log).
+      max_halvings: stop after this many halvings (alone: a fixed number of them).
+
+    The stopping rule is tested after each halving (the first halving always happens), and
+    the search also stops as soon as a halving leaves the bracket unchanged: the midpoint
+    rounds to an end, so every later halving would repeat it (the predicate is deterministic),
+    and stopping there gives the same bracket as running on.  At most one of ``atol`` /
+    ``rtol``; at least one of the three.
+    """
+
+    safe: str = "lower"
+    scale: str = "linear"
+    atol: float | None = None
+    rtol: float | None = None
+    max_halvings: int | None = None
+
+    def __post_init__(self):
+        if self.safe not in _SAFE_SIDES:
+            raise ValueError(f"safe must be 'lower' or 'upper', got {self.safe!r}")
+        if self.scale not in _SCALES:
+            raise ValueError(f"scale must be 'linear' or 'log', got {self.scale!r}")
+        if self.atol is not None and self.rtol is not None:
+            raise ValueError("atol and rtol: give at most one of them")
+        if self.atol is None and self.rtol is None and self.max_halvings is None:
+            raise ValueError("atol, rtol, max_halvings: give a stopping rule (at least one of them)")
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)
+                                          and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.atol is not None and self.scale == "log":
+            raise ValueError("atol applies to scale='linear' only (use rtol on a log scale)")
+        if self.max_halvings is not None and (isinstance(self.max_halvings, bool)
+                                              or not isinstance(self.max_halvings, int)
+                                              or self.max_halvings < 0):
+            raise ValueError(f"max_halvings must be an int >= 0, got {self.max_halvings!r}")
+
+    # --- Python floats ---
+    def solve(self, feasible: Callable[[float], bool], lower: float, upper: float, *,
+              check_ends: bool = True) -> Solution:
+        """Bisect ``feasible`` on ``[lower, upper]`` (Python floats; one call per probe).
+
+        ``check_ends=True`` evaluates both ends first: the status is
+        :attr:`SolverStatus.UNREACHABLE` (root NaN) when the safe end is infeasible,
+        :attr:`SolverStatus.MET_AT_BRACKET_END` (root the other end) when both are feasible,
+        else :attr:`SolverStatus.CONVERGED`.  ``check_ends=False``: the caller vouches that the
+        safe end is feasible and the other one not (status ``CONVERGED``).
+
+        Returns:
+          :class:`Solution` of Python floats (``status`` a :class:`SolverStatus`,
+          ``stats.num_passes`` the number of predicate calls).
+        """
+        lo, hi = _host_bracket(lower, upper, self.scale)
+        passes = 0
+        if check_ends:
+            ok_lo, ok_hi = bool(feasible(lo)), bool(feasible(hi))
+            passes = 2
+            ok_safe, ok_other = (ok_lo, ok_hi) if self.safe == "lower" else (ok_hi, ok_lo)
+            if not ok_safe:
+                return _host_solution(math.nan, lo, hi, SolverStatus.UNREACHABLE, passes)
+            if ok_other:
+                other = hi if self.safe == "lower" else lo
+                return _host_solution(other, lo, hi, SolverStatus.MET_AT_BRACKET_END, passes)
+        lo, hi, n = self._halve(feasible, lo, hi)
+        root = lo if self.safe == "lower" else hi
+        return _host_solution(root, lo, hi, SolverStatus.CONVERGED, passes + n)
+
+    def root(self, feasible: Callable[[float], bool], lower: float, upper: float) -> float:
+        """``solve(feasible, lower, upper, check_ends=False).root`` without the record: the safe
+        end of the final bracket, for host loops that need only the float."""
+        lo, hi = _host_bracket(lower, upper, self.scale)
+        lo, hi, _ = self._halve(feasible, lo, hi)
+        return lo if self.safe == "lower" else hi
+
+    def _halve(self, feasible, lo, hi):
+        """The halvings on floats: ``(lo, hi, number of halvings)``."""
+        log = self.scale == "log"
+        lower_safe = self.safe == "lower"
+        limit = _NO_LIMIT if self.max_halvings is None else self.max_halvings
+        # Width rule: 0 none, 1 ratio (log), 2 relative, 3 absolute.
+        if self.rtol is not None:
+            rule, tol = (1, 1.0 + self.rtol) if log else (2, self.rtol)
+        else:
+            rule, tol = (0, 0.0) if self.atol is None else (3, self.atol)
+        n = 0
+        while n < limit:
+            mid = math.sqrt(lo * hi) if log else 0.5 * (lo + hi)
+            n += 1
+            # A halving that leaves the bracket as it was (the midpoint rounds to the end it
+            # replaces) is repeated by every later one: stop there.
+            if feasible(mid):
+                if lower_safe:
+                    same, lo = mid == lo, mid
+                else:
+                    same, hi = mid == hi, mid
+            elif lower_safe:
+                same, hi = mid == hi, mid
+            else:
+                same, lo = mid == lo, mid
+            if same:
+                break
+            if rule == 0:
+                continue
+            if rule == 1:
+                if hi <= lo * tol:
+                    break
+            elif rule == 2:
+                if hi - lo <= tol * abs(hi):
+                    break
+            elif hi - lo <= tol:
+                break
+        return lo, hi, n
+
+    # --- NumPy arrays, elementwise ---
+    def solve_array(self, feasible: Callable[[np.ndarray], np.ndarray], lower, upper, *,
+                    active=None, check_ends: bool = True) -> Solution:
+        """Bisect ``feasible`` elementwise on the arrays ``[lower, upper]``: one call of
+        ``feasible`` per halving on the whole array of midpoints (a boolean array back).
+
+        Every element is halved until the stopping rule holds for *all* active ones (an element
+        that met it early goes on halving with the others); elements where ``active`` is false
+        keep their bracket, and their ends need not be finite.  The stopping rule's width test
+        and ``check_ends`` act per element as in :meth:`solve`; elements not ``CONVERGED`` by the
+        end check are left out of the halving.
+
+        Returns:
+          :class:`Solution` of float64 arrays of the broadcast shape (``status`` int32).
+        """
+        lo, hi = np.broadcast_arrays(np.asarray(lower, np.float64), np.asarray(upper, np.float64))
+        lo, hi = lo.copy(), hi.copy()
+        act = (np.ones(lo.shape, bool) if active is None
+               else np.broadcast_to(np.asarray(active, bool), lo.shape).copy())
+        _host_bracket_array(lo, hi, act, self.scale)
+        lower_safe = self.safe == "lower"
+        status = np.full(lo.shape, int(SolverStatus.CONVERGED), np.int32)
+        passes = 0
+        if check_ends:
+            ok_lo, ok_hi = np.asarray(feasible(lo), bool), np.asarray(feasible(hi), bool)
+            passes = 2
+            ok_safe, ok_other = (ok_lo, ok_hi) if lower_safe else (ok_hi, ok_lo)
+            status = np.where(act & ~ok_safe, int(SolverStatus.UNREACHABLE),
+                              np.where(act & ok_other, int(SolverStatus.MET_AT_BRACKET_END),
+                                       status)).astype(np.int32)
+            act = act & (status == int(SolverStatus.CONVERGED))
+        log = self.scale == "log"
+        atol, rtol, limit = self.atol, self.rtol, self.max_halvings
+        ratio = None if rtol is None or not log else 1.0 + rtol
+        masked = not act.all()
+        inactive = ~act
+        prev = None
+        n = 0
+        while limit is None or n < limit:
+            mid = np.sqrt(lo * hi) if log else 0.5 * (lo + hi)
+            # The last halving's midpoint again: that halving moved an end onto it, and this one
+            # would move the same end onto the same point (the predicate is deterministic), so
+            # the bracket is at its fixed point (adjacent floats) and every later halving too.
+            if prev is not None and (mid == prev).all():
+                break
+            prev = mid
+            n += 1
+            to_lo = np.asarray(feasible(mid), bool)
+            if not lower_safe:
+                to_lo = ~to_lo
+            if masked:
+                lo, hi = np.where(to_lo & act, mid, lo), np.where(inactive | to_lo, hi, mid)
+            else:
+                lo, hi = np.where(to_lo, mid, lo), np.where(to_lo, hi, mid)
+            if ratio is not None:
+                done = hi <= lo * ratio
+            elif rtol is not None:
+                done = hi - lo <= rtol * np.abs(hi)
+            elif atol is not None:
+                done = hi - lo <= atol
+            else:
+                continue
+            if (done | inactive).all() if masked else done.all():
+                break
+        root = lo if lower_safe else hi
+        if check_ends:
+            other = hi if lower_safe else lo
+            root = np.where(status == int(SolverStatus.UNREACHABLE), np.nan,
+                            np.where(status == int(SolverStatus.MET_AT_BRACKET_END), other, root))
+        return Solution(root=root, lower=lo, upper=hi, status=status,
+                        stats=SolverStats(num_passes=passes + n))
+
+
+def _host_bracket(lower, upper, scale):
+    lo, hi = float(lower), float(upper)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"bracket must be finite, got ({lower!r}, {upper!r})")
+    if lo > hi:
+        raise ValueError(f"bracket must have lower <= upper, got ({lower!r}, {upper!r})")
+    if scale == "log" and not lo > 0.0:
+        raise ValueError(f"bracket must be > 0 on a log scale, got ({lower!r}, {upper!r})")
+    return lo, hi
+
+
+def _host_bracket_array(lo, hi, active, scale):
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        if np.any(active & ~finite):
+            raise ValueError("bracket must be finite where active")
+        if np.any(active & (lo > hi)):
+            raise ValueError("bracket must have lower <= upper where active")
+        if scale == "log" and np.any(active & ~(lo > 0.0)):
+            raise ValueError("bracket must be > 0 on a log scale where active")
+
+
+def _host_solution(root, lo, hi, status, passes) -> Solution:
+    return Solution(root=root, lower=lo, upper=hi, status=status,
+                    stats=SolverStats(num_passes=passes))

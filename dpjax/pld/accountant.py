@@ -38,6 +38,7 @@ from dpjax.pld.grid.engine import (account, as_components, combine, dominating_g
                                    stacked_mechanisms)
 from dpjax.numerics.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
+from dpjax.numerics.root import HostBisection
 from dpjax.pld.grid.plan import GridOptions
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult  # noqa: F401 (re-exported)
 
@@ -114,13 +115,16 @@ def one_step_epsilon_lower(stacked, deltas, upper) -> np.ndarray | None:
     hi = np.where(np.isfinite(hi), hi, np.finfo(np.float64).max / 4)
     lo = np.zeros_like(hi)
     above0 = np.max(_one_step_log_delta(stacked, lo), axis=0) > log_t
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        above = np.max(_one_step_log_delta(stacked, mid), axis=0) > log_t
-        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
-        if np.all(hi - lo <= 1e-12 * hi):
-            break
+
+    def above(eps):
+        return np.max(_one_step_log_delta(stacked, eps), axis=0) > log_t
+
+    lo = _ONE_STEP_BISECTION.solve_array(above, lo, hi, check_ends=False).root
     return np.where(above0, lo, 0.0).reshape(np.shape(deltas))
+
+
+#: Epsilon to 1e-12 relative; the lower end (a step's delta still above the target) is kept.
+_ONE_STEP_BISECTION = HostBisection(safe="lower", rtol=1e-12, max_halvings=200)
 
 
 def one_step_delta_lower(stacked, eps) -> np.ndarray | None:
@@ -228,14 +232,14 @@ def threshold_test_epsilon_lower(stacked, deltas, upper, lower) -> np.ndarray | 
     above = ok & (threshold_test_delta(rows, lo) > need)
     if not above.any():
         return None
-    lo0 = lo.copy()
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        up = threshold_test_delta(rows, mid) > need
-        lo, hi = np.where(above & up, mid, lo), np.where(above & ~up, mid, hi)
-        if np.all(~above | (hi - lo <= 1e-10 * hi)):
-            break
-    return np.where(above, lo, lo0).reshape(np.shape(deltas))
+    # Elements where the test is not above the target at ``lower`` keep ``lower``.
+    sol = _THRESHOLD_BISECTION.solve_array(lambda eps: threshold_test_delta(rows, eps) > need, lo, hi,
+                                           active=above, check_ends=False)
+    return sol.root.reshape(np.shape(deltas))
+
+
+#: Epsilon to 1e-10 relative; the lower end (the test's delta still above the target) is kept.
+_THRESHOLD_BISECTION = HostBisection(safe="lower", rtol=1e-10, max_halvings=60)
 
 
 def threshold_test_delta_lower(stacked, eps) -> np.ndarray | None:

@@ -40,6 +40,7 @@ import math
 import numpy as np
 
 from dpjax.numerics.exact import np_gaussian_log_delta
+from dpjax.numerics.root import HostBisection
 
 __all__ = ["direction_epsilon"]
 
@@ -146,15 +147,13 @@ def mixture_bound(components, deltas) -> np.ndarray:
         if bound(hi) > d:
             out[i] = np.inf
             continue
-        lo = 0.0
-        while hi - lo > 1e-10 * hi:
-            mid = 0.5 * (lo + hi)
-            if bound(mid) <= d:
-                hi = mid
-            else:
-                lo = mid
-        out[i] = hi
+        # bound(0) > d and bound(hi) <= d, both tested above.
+        out[i] = _MIXTURE_BISECTION.root(lambda e: bound(e) <= d, 0.0, hi)
     return out
+
+
+#: Epsilon to 1e-10 relative; the upper end (delta at most the target there) is returned.
+_MIXTURE_BISECTION = HostBisection(safe="upper", rtol=1e-10)
 
 
 def rdp_bound(components, deltas) -> np.ndarray:

@@ -39,6 +39,7 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.pld.allocation import lattice as A
 from dpjax.pld.grid.engine import exact_delta_result, exact_epsilon, exact_epsilon_result, scalar
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
+from dpjax.numerics.root import HostBisection, SolverStatus
 
 __all__ = [
     "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
@@ -575,13 +576,13 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
     if not np.any(ok0):
         return upper, lower_sum
     hi = np.where(np.isfinite(upper), upper, 1e4)
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        a = above(mid)
-        lo = np.where(a, mid, lo)
-        hi = np.where(a, hi, mid)
+    lo = _CLOSED_LOWER_BISECTION.solve_array(above, lo, hi, check_ends=False).root
     lower = np.where(ok0, np.minimum(lo, upper), 0.0)
     return upper, np.maximum(lower, lower_sum)
+
+
+#: 60 halvings of ``[0, upper]``; the lower end (the lower curve still above the target) is kept.
+_CLOSED_LOWER_BISECTION = HostBisection(safe="lower", max_halvings=60)
 
 
 def _reports(plan: AllocationPlan, comp: A.Composed, up, lo) -> tuple:
@@ -885,20 +886,15 @@ def _gaussian_sigma(scale: float, target_epsilon: float, target_delta: float) ->
     def ok(sig):
         return float(np_gaussian_log_delta(target_epsilon, scale / sig)) <= log_t
 
-    lo, hi = 1e-6, 1e8
-    if not ok(hi):
+    sol = _GAUSSIAN_SIGMA_BISECTION.solve(ok, 1e-6, 1e8)
+    if sol.status == SolverStatus.UNREACHABLE:
         return math.inf
-    if ok(lo):
-        return lo
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi <= lo * (1.0 + 1e-12):
-            break
-    return hi
+    return sol.root  # MET_AT_BRACKET_END: the bottom, 1e-6, meets the target already
+
+
+#: ``log sigma`` halved until ``hi <= lo (1 + 1e-12)`` (45 halvings of ``[1e-6, 1e8]``); the upper
+#: end (delta at most the target there) is kept.
+_GAUSSIAN_SIGMA_BISECTION = HostBisection(safe="upper", scale="log", rtol=1e-12, max_halvings=200)
 
 
 def _search_sigma(f, target: float, guess: float, hi: float, tol: float = CALIBRATION_TOLERANCE,

@@ -45,6 +45,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from dpjax.numerics.root import HostBisection
+
 _U = 2.0**-52
 _TINY = 1e-300
 _SQRT1_2 = 0.7071067811865476
@@ -1224,6 +1226,10 @@ def compose_tilted(ops, pmfs: EpochPMFs, counts, dx, log_tau, *, n_comp: int, ti
                     roundoff_rel=roundoff_rel + rel_t + rel_u, noise_floor=floor, valid_from=valid_from)
 
 
+#: 50 halvings of each row's ``[0, hi]``; the lower end (tilted mean still below the target) is kept.
+_TILT_BISECTION = HostBisection(safe="lower", max_halvings=50)
+
+
 def choose_tilt(pmfs: EpochPMFs, counts, dx, comp: Composed, *, target_delta=None, target_epsilon=None,
                 lower_hint=0.0):
     """``(tilt, tilt_from)`` (4 floats each) for :func:`compose_tilted`, or None where the ordinary
@@ -1258,10 +1264,8 @@ def choose_tilt(pmfs: EpochPMFs, counts, dx, comp: Composed, *, target_delta=Non
             if not grow.any() or hi.max() > 1e6:
                 break
             hi = np.where(grow, 2.0 * hi, hi)
-        for _ in range(50):
-            mid = 0.5 * (lo + hi)
-            below = tilted_mean(np, pmfs, counts, dx, mid) < target
-            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        lo = _TILT_BISECTION.solve_array(lambda t: tilted_mean(np, pmfs, counts, dx, t) < target, lo, hi,
+                                         check_ends=False).root
     lam = np.where(np.isfinite(base) & (base < target), lo, 0.0)
     return tuple(float(v) for v in lam), (target,) * 4
 
