@@ -116,23 +116,12 @@ def blt_noise(blt) -> StreamingNoise:
         raise ValueError(f"buffer_decays and output_scales must be 1-D of equal length, got {theta.shape}, {omega.shape}")
     d = theta.shape[0]
 
-    def init(params):
-        return BLTNoiseState(
-            buffers=jax.tree_util.tree_map(lambda p: jnp.zeros((d,) + jnp.shape(p), jnp.result_type(p)), params),
-            step=jnp.zeros((), jnp.int32))
+    def leaf(zl, s):
+        th = theta.astype(s.dtype).reshape((d,) + (1,) * (s.ndim - 1))
+        y = zl - jnp.tensordot(omega.astype(s.dtype), s, axes=1)
+        return y, th * s + y[None]
 
-    def update(z, state):
-        def leaf(zl, s):
-            th = theta.astype(s.dtype).reshape((d,) + (1,) * (s.ndim - 1))
-            y = zl - jnp.tensordot(omega.astype(s.dtype), s, axes=1)
-            return y, th * s + y[None]
-
-        pairs = jax.tree_util.tree_map(leaf, z, state.buffers)
-        y = jax.tree_util.tree_map(lambda _, p: p[0], z, pairs)
-        buffers = jax.tree_util.tree_map(lambda _, p: p[1], z, pairs)
-        return y, BLTNoiseState(buffers=buffers, step=state.step + 1)
-
-    return StreamingNoise(init, update)
+    return _leafwise_noise(d, leaf, BLTNoiseState)
 
 
 def toeplitz_noise(correlation) -> StreamingNoise:
@@ -154,22 +143,30 @@ def toeplitz_noise(correlation) -> StreamingNoise:
         raise ValueError(f"the first coefficient (diagonal of C) must be > 0, got {float(np.asarray(coeffs)[0])!r}")
     k = coeffs.shape[0]
 
+    def leaf(zl, h):
+        c = coeffs.astype(h.dtype)
+        y = (zl - jnp.tensordot(c[1:], h, axes=1)) / c[0]
+        # Newest first; keep k - 1 rows (none for a diagonal C).
+        return y, jnp.concatenate([y[None], h], axis=0)[: k - 1]
+
+    return _leafwise_noise(k - 1, leaf, ToeplitzNoiseState)
+
+
+def _leafwise_noise(rows: int, leaf, state_type) -> StreamingNoise:
+    """The generator both streaming noises are: the state (``state_type``, a ``(buffer, step)``
+    pair) keeps ``rows`` arrays of each parameter leaf's shape and dtype, and each update maps
+    ``leaf(z_leaf, buffer_leaf) -> (y_leaf, new buffer_leaf)`` over the pytree."""
+
     def init(params):
-        return ToeplitzNoiseState(
-            history=jax.tree_util.tree_map(lambda p: jnp.zeros((k - 1,) + jnp.shape(p), jnp.result_type(p)), params),
-            step=jnp.zeros((), jnp.int32))
+        return state_type(
+            jax.tree_util.tree_map(lambda p: jnp.zeros((rows,) + jnp.shape(p), jnp.result_type(p)), params),
+            jnp.zeros((), jnp.int32))
 
     def update(z, state):
-        def leaf(zl, h):
-            c = coeffs.astype(h.dtype)
-            y = (zl - jnp.tensordot(c[1:], h, axes=1)) / c[0]
-            # Newest first; keep k - 1 rows (none for a diagonal C).
-            return y, jnp.concatenate([y[None], h], axis=0)[: k - 1]
-
-        pairs = jax.tree_util.tree_map(leaf, z, state.history)
+        pairs = jax.tree_util.tree_map(leaf, z, state[0])
         y = jax.tree_util.tree_map(lambda _, p: p[0], z, pairs)
-        history = jax.tree_util.tree_map(lambda _, p: p[1], z, pairs)
-        return y, ToeplitzNoiseState(history=history, step=state.step + 1)
+        buffers = jax.tree_util.tree_map(lambda _, p: p[1], z, pairs)
+        return y, state_type(buffers, state.step + 1)
 
     return StreamingNoise(init, update)
 
