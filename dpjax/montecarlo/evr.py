@@ -310,23 +310,36 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
         if float(est.delta[0]) <= base:
             released = sigma
             break
-    verified = math.isfinite(released)
     d_hat = float(est.delta[0])
-    if verified:
-        reason = (f"verified: delta_hat = {d_hat:.4g} <= base_delta = {base:.4g} at sigma = {released:.6g} "
-                  f"(rung {tries} of {rungs}) with {m} independent samples; "
-                  f"(eps, tau*base_delta + {rungs}*beta) = ({eps:g}, {overall:.4g})")
-    else:
-        reason = (f"not verified: delta_hat = {d_hat:.4g} > base_delta = {base:.4g} at every rung up to "
-                  f"sigma = {sigma0 * growth ** (rungs - 1):.6g}; nothing certified")
-    return Certificate(
-        verified=bool(verified), method="bernoulli_kl", procedure="ladder", epsilon=eps,
-        delta=float(overall) if verified else math.inf, target_delta=target, base_delta=float(base),
-        tau=float(tau), failure_probability=float(beta_total), num_tests=rungs, num_samples=m,
-        calibration_samples=m_cal, noise_multiplier=released, noise_multiplier_estimate=sigma0,
+    return _ladder_certificate(
+        eps, overall, rungs, released, tries, growth,
+        passed=f"delta_hat = {d_hat:.4g} <= base_delta = {base:.4g}", samples=f"{m} independent samples",
+        bound=f"tau*base_delta + {rungs}*beta", failed=f"delta_hat = {d_hat:.4g} > base_delta = {base:.4g}",
+        top_sigma=sigma0 * growth ** (rungs - 1), failed_detail="",
+        method="bernoulli_kl", target_delta=target, base_delta=float(base),
+        tau=float(tau), failure_probability=float(beta_total), num_samples=m,
+        calibration_samples=m_cal, noise_multiplier_estimate=sigma0,
         delta_estimate=d_hat, standard_error=float(est.standard_error[0]),
-        delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]), tests_run=tries,
-        growth=growth, range_remove=1.0, range_add=1.0, reason=reason)
+        delta_remove=float(est.delta_remove[0]), delta_add=float(est.delta_add[0]),
+        range_remove=1.0, range_add=1.0)
+
+
+def _ladder_certificate(eps, delta, rungs, released, tries, growth, *, passed, samples, bound, failed, top_sigma,
+                        failed_detail, **fields) -> Certificate:
+    """The certificate of a ladder of ``rungs`` tests, as both procedures word it: verified when a
+    rung passed (``released`` finite, at rung ``tries``), certifying ``(eps, delta)``; else nothing
+    (delta ``inf``).  The reason names the test that passed (``passed``, with ``samples``; ``delta``
+    is ``bound``) or the one that ``failed`` at every rung up to ``top_sigma``; ``fields``: the
+    procedure's own fields of :class:`Certificate`."""
+    verified = math.isfinite(released)
+    if verified:
+        reason = (f"verified: {passed} at sigma = {released:.6g} (rung {tries} of {rungs}) with {samples}; "
+                  f"(eps, {bound}) = ({eps:g}, {delta:.4g})")
+    else:
+        reason = f"not verified: {failed} at every rung up to sigma = {top_sigma:.6g}{failed_detail}; nothing certified"
+    return Certificate(
+        verified=bool(verified), procedure="ladder", epsilon=eps, delta=float(delta) if verified else math.inf,
+        num_tests=rungs, noise_multiplier=released, tests_run=tries, growth=growth, reason=reason, **fields)
 
 
 # --------------------------------------------------------------------------- betting (variance-reduced)
@@ -721,23 +734,18 @@ def _certify_ladder_betting(accountant, *, eps, target, num_samples, key, initia
     se = np.sqrt(var / n)
     top = int(np.argmax(mean))
     delta = level + beta_total + _sampler_allowance(b)
-    verified = math.isfinite(released)
-    if verified:
-        reason = (f"verified: betting tests of both directions against {level:.4g} passed at sigma = {released:.6g} "
-                  f"(rung {tries} of {rungs}) with {n} independent variance-reduced samples "
-                  f"(estimate {mean[top]:.4g} +- {se[top]:.2g}, summands <= {max(rng):.3g}); "
-                  f"(eps, level + failure probability) = ({eps:g}, {delta:.4g})")
-    else:
-        reason = (f"not verified: a betting test failed at every rung up to sigma = {sig:.6g} "
-                  f"(estimate {mean[top]:.4g} +- {se[top]:.2g} against {level:.4g}); nothing certified")
-    return Certificate(
-        verified=bool(verified), method="importance_betting", procedure="ladder", epsilon=eps,
-        delta=float(delta) if verified else math.inf, target_delta=target, base_delta=float(level), tau=1.0,
-        failure_probability=float(beta_total), num_tests=rungs, num_samples=int(n), calibration_samples=int(m_cal),
-        noise_multiplier=released, noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
-        standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]), tests_run=tries,
-        growth=growth, range_remove=float(rng[0]), range_add=float(rng[1]), reason=reason,
-        proposal=_describe(prop))
+    return _ladder_certificate(
+        eps, delta, rungs, released, tries, growth,
+        passed=f"betting tests of both directions against {level:.4g} passed",
+        samples=(f"{n} independent variance-reduced samples "
+                 f"(estimate {mean[top]:.4g} +- {se[top]:.2g}, summands <= {max(rng):.3g})"),
+        bound="level + failure probability", failed="a betting test failed", top_sigma=sig,
+        failed_detail=f" (estimate {mean[top]:.4g} +- {se[top]:.2g} against {level:.4g})",
+        method="importance_betting", target_delta=target, base_delta=float(level), tau=1.0,
+        failure_probability=float(beta_total), num_samples=int(n), calibration_samples=int(m_cal),
+        noise_multiplier_estimate=sigma, delta_estimate=float(mean[top]),
+        standard_error=float(se[top]), delta_remove=float(mean[0]), delta_add=float(mean[1]),
+        range_remove=float(rng[0]), range_add=float(rng[1]), proposal=_describe(prop))
 
 
 # --------------------------------------------------------------------------- public procedures
