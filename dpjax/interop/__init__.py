@@ -10,7 +10,8 @@
 * :mod:`dpjax.interop.opacus` -- ``get_noise_multiplier(*, target_epsilon, target_delta,
   sample_rate, steps=None, epochs=None)``, a running :class:`RDPStyleAccountant`-like
   :class:`RunningAccountant` (``step`` / ``get_epsilon`` / ``state_dict``), and calibration of
-  the number of steps or the batch size (no third-party import).
+  the number of steps or the batch size (no third-party import); each also takes a Poisson
+  :class:`dpjax.TrainingScenario` in place of the run's keywords.
 * :mod:`dpjax.interop.allocation` -- random allocation / balls-in-bins: the
   :class:`RandomAllocationDpEvent` (and dp_accounting's own, where installed), its
   :class:`AllocationAccountant`, and :class:`RunningAllocationAccountant` for training loops.

@@ -13,6 +13,14 @@
 
 All accounting is Poisson-subsampled Gaussian, add/remove adjacency (docs/design.md §1-2).
 
+Each of these also takes a :class:`dpjax.TrainingScenario` in place of the run's keywords
+(``acc.step(scenario)``, ``get_noise_multiplier(scenario, target_epsilon=..., target_delta=...)``,
+...) and gives the keyword call's value.  The scenario must be one this module accounts:
+:class:`dpjax.Poisson` sampling at group size 1 (a fixed-batch run is replace-one adjacency,
+random allocation and balls-in-bins are other mechanisms: :func:`dpjax.dpsgd_epsilon` and
+:func:`dpjax.dpsgd_noise_multiplier` take those scenarios); anything else is a ``ValueError``
+saying so.
+
 Running accountant: cost of a query
 ------------------------------------
 The history is kept as one count per distinct ``(noise_multiplier, sample_rate)`` phase
@@ -51,6 +59,7 @@ from dpjax._base import validate as _validate
 from dpjax._base.enums import StrEnum
 from dpjax._base.names import epochs_to_steps
 from dpjax.numerics.root import bisect_integer
+from dpjax.pld.scenario import Poisson, TrainingScenario
 from dpjax._base.x64 import float64
 
 jax = _lazy_module("jax")
@@ -64,6 +73,37 @@ def _steps_from(sample_rate: float, steps, epochs) -> int:
     if steps is not None:
         return _validate.positive_int("steps", steps)
     return steps_from_epochs(epochs, sample_rate)
+
+
+def _poisson_run(name: str, scenario, stated: dict, *, noise: str) -> tuple:
+    """``(noise_multiplier, sample_rate, steps)`` of a scenario this module accounts (Poisson
+    sampling, group size 1), for the function ``name``.  ``stated``: the keywords the scenario
+    replaces, as given (each must be None).  ``noise``: ``"scalar"`` (one noise multiplier),
+    ``"any"`` (also a per-step schedule, as a tuple) or ``"calibrate"`` (None: the function finds it)."""
+    if not isinstance(scenario, TrainingScenario):
+        raise ValueError(f"{name}: scenario must be a dpjax.TrainingScenario, got {scenario!r}")
+    given = sorted(k for k, v in stated.items() if v is not None)
+    if given:
+        raise ValueError(f"{name}: {', '.join(given)} given with a TrainingScenario, which states them; "
+                         f"change the scenario instead (scenario.replace(...))")
+    if not isinstance(scenario.sampling, Poisson):
+        raise ValueError(f"{name} accounts Poisson sampling (add/remove adjacency), got "
+                         f"{type(scenario.sampling).__name__} (adjacency {scenario.adjacency!r}): "
+                         f"dpjax.dpsgd_epsilon(scenario, ...) and dpjax.dpsgd_noise_multiplier(scenario, ...) "
+                         f"account it")
+    if scenario.group_size != 1:
+        raise ValueError(f"{name} accounts example-level privacy (group_size 1), got group_size "
+                         f"{scenario.group_size}: dpjax.dpsgd_epsilon(scenario, ...) accounts groups")
+    sigma = scenario.noise_multiplier
+    if noise == "calibrate" and sigma is not None:
+        raise ValueError(f"{name} finds the noise multiplier: give a scenario with noise_multiplier=None, "
+                         f"got {sigma!r}")
+    if noise != "calibrate" and sigma is None:
+        raise ValueError(f"{name} needs the scenario's noise_multiplier (it is None)")
+    if noise == "scalar" and isinstance(sigma, tuple):
+        raise ValueError(f"{name} takes one noise multiplier for every step, got a noise schedule of "
+                         f"{len(sigma)} values")
+    return sigma, scenario.sampling.sampling_prob, scenario.steps
 
 
 def steps_from_epochs(epochs: float, sample_rate: float) -> int:
@@ -82,11 +122,17 @@ class Accountant(StrEnum):
     PLD = "pld"
 
 
-def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=None, epochs=None,
+def get_noise_multiplier(scenario=None, *, target_epsilon, target_delta, sample_rate=None, steps=None, epochs=None,
                          accountant: str = "pld", **kwargs) -> float:
     """Smallest certified DP-SGD noise multiplier for ``(target_epsilon, target_delta)`` (Opacus's name).
 
+    ``get_noise_multiplier(scenario, target_epsilon=..., target_delta=...)``: the same for a
+    :class:`dpjax.TrainingScenario` with ``noise_multiplier=None`` and :class:`dpjax.Poisson`
+    sampling, in place of ``sample_rate`` and ``steps`` / ``epochs`` (its resolved step count).
+
     Args:
+      scenario: a :class:`dpjax.TrainingScenario` (Poisson, group size 1, noise None), or None
+        for the keyword form.
       target_epsilon: > 0.
       target_delta: in (0, 1).
       sample_rate: Poisson sampling probability ``q`` in (0, 1].
@@ -105,8 +151,14 @@ def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, steps=Non
     unknown = set(kwargs) - {"epsilon_tolerance"}
     if unknown:
         raise ValueError(f"unexpected keyword arguments {sorted(unknown)}")
-    q = float(_validate.probability_open_closed("sample_rate", sample_rate))
-    t = _steps_from(q, steps, epochs)
+    if scenario is not None:
+        _, q, t = _poisson_run("get_noise_multiplier", scenario, dict(sample_rate=sample_rate, steps=steps,
+                                                                      epochs=epochs), noise="calibrate")
+    else:
+        if sample_rate is None:
+            raise ValueError("get_noise_multiplier needs sample_rate (or a TrainingScenario)")
+        q = float(_validate.probability_open_closed("sample_rate", sample_rate))
+        t = _steps_from(q, steps, epochs)
     from dpjax.calibration import dpsgd_noise_multiplier
 
     return float(dpsgd_noise_multiplier(q, t, target_epsilon, target_delta))
@@ -122,17 +174,33 @@ def _largest_feasible(lo: int, hi: int, feasible) -> int | None:
     return bisect_integer(lambda n: not feasible(n), lo, hi) - 1
 
 
-def calibrate_steps(*, noise_multiplier, sample_rate, target_epsilon, target_delta, max_steps: int = 10**7) -> int:
+def calibrate_steps(scenario=None, *, noise_multiplier=None, sample_rate=None, target_epsilon, target_delta,
+                    max_steps: int | None = None) -> int:
     """Largest number of DP-SGD steps whose certified epsilon is ``<= target_epsilon``.
+
+    Keyword form: ``noise_multiplier`` (> 0), ``sample_rate`` (Poisson ``q`` in (0, 1]) and
+    ``max_steps`` (an integer >= 1, default ``10**7``), the longest run considered.
+
+    Scenario form: ``calibrate_steps(scenario, target_epsilon=..., target_delta=...)`` with a
+    :class:`dpjax.TrainingScenario` of :class:`dpjax.Poisson` sampling, one noise multiplier and
+    group size 1; its step count (``steps``, or ``epochs`` resolved) is the longest run
+    considered, i.e. the keyword form with ``max_steps=scenario.steps``.
 
     Exponential then binary search on the (monotone) certified epsilon; ``ValueError`` if not
     even one step fits.  Returns ``max_steps`` if that still fits.
     """
-    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
-    q = float(_validate.probability_open_closed("sample_rate", sample_rate))
+    if scenario is not None:
+        sigma, q, max_steps = _poisson_run("calibrate_steps", scenario, dict(
+            noise_multiplier=noise_multiplier, sample_rate=sample_rate, max_steps=max_steps), noise="scalar")
+    else:
+        if noise_multiplier is None or sample_rate is None:
+            raise ValueError("calibrate_steps needs noise_multiplier and sample_rate (or a TrainingScenario)")
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        q = float(_validate.probability_open_closed("sample_rate", sample_rate))
     target = _validate.PrivacyTarget(target_epsilon, target_delta)
     eps, delta = float(target.epsilon), float(target.delta)
-    max_steps = _validate.positive_int("max_steps", max_steps)
+    if scenario is None:
+        max_steps = _validate.positive_int("max_steps", 10**7 if max_steps is None else max_steps)
     ok = lambda t: pld.dpsgd_epsilon(sigma, q, t, delta) <= eps  # noqa: E731
     if not ok(1):
         raise ValueError(f"even one step exceeds target_epsilon = {eps} at noise_multiplier = {sigma}, "
@@ -143,24 +211,60 @@ def calibrate_steps(*, noise_multiplier, sample_rate, target_epsilon, target_del
     return _largest_feasible(lo, hi, ok)
 
 
-def calibrate_batch_size(*, noise_multiplier, num_examples, steps, target_epsilon, target_delta) -> int:
-    """Largest expected batch size ``B`` (``q = B / N``) for ``steps`` steps within ``(eps, delta)``.
+def calibrate_batch_size(scenario=None, *, noise_multiplier=None, num_examples, steps=None, target_epsilon,
+                         target_delta, max_batch_size: int | None = None) -> int:
+    """Largest expected batch size ``B`` (Poisson sampling at ``q = B / N``) for ``steps`` steps
+    within ``(eps, delta)``.
 
     As jax_privacy's ``calibrate_batch_size``: noise multiplier and number of updates fixed; a
     larger batch samples each example more often.  ``ValueError`` if ``B = 1`` already exceeds
     the target.
+
+    Keyword form: ``noise_multiplier`` (> 0), ``num_examples`` ``N`` (an integer >= 1), ``steps``
+    (an integer >= 1) and ``max_batch_size`` (an integer in [1, N], default ``N``), the largest
+    batch considered.
+
+    Scenario form: ``calibrate_batch_size(scenario, num_examples=N, target_epsilon=...,
+    target_delta=...)`` with a :class:`dpjax.TrainingScenario` of :class:`dpjax.Poisson` sampling,
+    one noise multiplier and group size 1: its noise multiplier and step count are the run's, and
+    its sampling rate ``q`` the largest considered, i.e. the keyword form with ``max_batch_size``
+    the largest ``B <= N`` with ``B / N <= q`` (``Poisson(1.0)`` searches every size).  A
+    :class:`dpjax.FixedBatch` scenario is refused: fixed batches are replace-one adjacency, which
+    this Poisson accounting does not bound.
     """
-    sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
-    n = _validate.positive_int("num_examples", num_examples)
-    t = _validate.positive_int("steps", steps)
+    if scenario is not None:
+        sigma, q, t = _poisson_run("calibrate_batch_size", scenario, dict(
+            noise_multiplier=noise_multiplier, steps=steps, max_batch_size=max_batch_size), noise="scalar")
+        n = _validate.positive_int("num_examples", num_examples)
+        largest = _largest_batch_at_rate(q, n)
+    else:
+        if noise_multiplier is None or steps is None:
+            raise ValueError("calibrate_batch_size needs noise_multiplier and steps (or a TrainingScenario)")
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        n = _validate.positive_int("num_examples", num_examples)
+        t = _validate.positive_int("steps", steps)
+        largest = n if max_batch_size is None else _validate.positive_int("max_batch_size", max_batch_size, maximum=n)
     target = _validate.PrivacyTarget(target_epsilon, target_delta)
     eps, delta = float(target.epsilon), float(target.delta)
     ok = lambda b: pld.dpsgd_epsilon(sigma, b / n, t, delta) <= eps  # noqa: E731
-    best = _largest_feasible(1, n, ok)
+    best = _largest_feasible(1, largest, ok)
     if best is None:
         raise ValueError(f"batch size 1 already exceeds target_epsilon = {eps} (noise_multiplier {sigma}, "
                          f"{t} steps, {n} examples)")
     return best
+
+
+def _largest_batch_at_rate(q: float, n: int) -> int:
+    """The largest ``B`` in [1, n] with ``B / n <= q`` (the division the accounting uses)."""
+    b = min(n, math.floor(q * n))
+    while b < n and (b + 1) / n <= q:
+        b += 1
+    while b > 0 and b / n > q:
+        b -= 1
+    if b < 1:
+        raise ValueError(f"calibrate_batch_size: the scenario's sampling_prob {q!r} is below 1 / num_examples "
+                         f"= 1 / {n} (no batch of one example or more)")
+    return b
 
 
 # One jitted program for every accountant: the grid is a pytree whose static part (FFT length,
@@ -190,11 +294,28 @@ class RunningAccountant:
         self._grids: dict = {}
 
     # ------------------------------------------------------------------ history
-    def step(self, *, noise_multiplier, sample_rate, num_steps: int = 1) -> "RunningAccountant":
-        """Record ``num_steps`` DP-SGD steps with this ``noise_multiplier`` and ``sample_rate``."""
+    def step(self, scenario=None, *, noise_multiplier=None, sample_rate=None,
+             num_steps: int | None = None) -> "RunningAccountant":
+        """Record ``num_steps`` (an integer >= 1, default 1) DP-SGD steps with this
+        ``noise_multiplier`` (> 0) and ``sample_rate`` (in (0, 1]).
+
+        ``step(scenario)``: record a :class:`dpjax.TrainingScenario`'s steps, the same history as
+        the keyword calls.  The accountant accounts Poisson sampling at group size 1 (add/remove
+        adjacency); a per-step noise schedule records each step at its own noise multiplier.
+        Fixed batches (replace-one adjacency), random allocation, balls-in-bins and group
+        privacy are a ``ValueError``.
+        """
+        if scenario is not None:
+            sigma, q, t = _poisson_run("RunningAccountant.step", scenario, dict(
+                noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=num_steps), noise="any")
+            for s in (sigma if isinstance(sigma, tuple) else (sigma,)):
+                self.step(noise_multiplier=s, sample_rate=q, num_steps=1 if isinstance(sigma, tuple) else t)
+            return self
+        if noise_multiplier is None or sample_rate is None:
+            raise ValueError("RunningAccountant.step needs noise_multiplier and sample_rate (or a TrainingScenario)")
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         q = float(_validate.probability_open_closed("sample_rate", sample_rate))
-        k = _validate.positive_int("num_steps", num_steps)
+        k = _validate.positive_int("num_steps", 1 if num_steps is None else num_steps)
         self._phases[(sigma, q)] = self._phases.get((sigma, q), 0) + k
         self._cache.clear()
         return self
