@@ -40,6 +40,7 @@ host, for one-shot calls: no compilation).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -1304,14 +1305,29 @@ def _best_of(ops, a, b):
     return xp.where(is_up, xp.minimum(a, b), xp.maximum(a, b))
 
 
-def delta_of(ops, comp: Composed, eps):
-    """Delta of every row at ``eps`` (array of any shape): (4,) + eps.shape, clipped to [0, 1]."""
+def _row_query(query):
+    """The four rows' answer to ``query(ops, comp, (y, A, B, y_ref), x)`` for targets ``x`` of any
+    shape, as (4,) + x.shape: on a :class:`Composed` its curves (:func:`_curves`) and the targets
+    flattened to (T,), giving (4, T); on a :class:`Pair` the better of its two parts row by row
+    (:func:`_best_of`)."""
+
+    @functools.wraps(query)
+    def rows(ops, comp, x):
+        if isinstance(comp, Pair):
+            return _best_of(ops, rows(ops, comp.ordinary, x), rows(ops, comp.tilted, x))
+        out = query(ops, comp, _curves(ops, comp), ops.xp.reshape(x, (-1,)))
+        return out.reshape((4,) + ops.xp.shape(x))
+
+    return rows
+
+
+@_row_query
+def delta_of(ops, comp: Composed, curves, e):
+    """``delta_of(ops, comp, eps)``: delta of every row at ``eps`` (array of any shape; here
+    flattened, ``e``): (4,) + eps.shape, clipped to [0, 1]."""
     xp = ops.xp
-    if isinstance(comp, Pair):
-        return _best_of(ops, delta_of(ops, comp.ordinary, eps), delta_of(ops, comp.tilted, eps))
-    y, A, B, y_ref = _curves(ops, comp)
+    y, A, B, y_ref = curves
     n = y.shape[-1]
-    e = xp.reshape(eps, (-1,))
     j = xp.clip(xp.floor((e[None, :] - y[:, :1]) / comp.dx).astype(np.int64), -1, n - 1)   # (4, T)
     Aj = xp.take_along_axis(A, j + 1, axis=-1)
     Bj = xp.take_along_axis(B, j + 1, axis=-1)
@@ -1322,18 +1338,16 @@ def delta_of(ops, comp: Composed, eps):
     if comp.valid_from is not None:
         # Below valid_from the upper curves lack the bins under it: no bound there.
         d = xp.where((xp.arange(4)[:, None] < 2) & (e[None, :] < comp.valid_from[:, None]), 1.0, d)
-    return d.reshape((4,) + xp.shape(eps))
+    return d
 
 
-def eps_of(ops, comp: Composed, delta):
-    """Smallest ``eps >= 0`` with ``delta_row(eps) <= delta`` for every row (``inf`` if none):
-    (4,) + delta.shape."""
+@_row_query
+def eps_of(ops, comp: Composed, curves, dl):
+    """``eps_of(ops, comp, delta)``: smallest ``eps >= 0`` with ``delta_row(eps) <= delta`` for
+    every row (``inf`` if none; ``delta`` of any shape, here flattened, ``dl``): (4,) + delta.shape."""
     xp = ops.xp
-    if isinstance(comp, Pair):
-        return _best_of(ops, eps_of(ops, comp.ordinary, delta), eps_of(ops, comp.tilted, delta))
-    y, A, B, y_ref = _curves(ops, comp)
+    y, A, B, y_ref = curves
     n = y.shape[-1]
-    dl = xp.reshape(delta, (-1,))
     Dg = A[:, 1:] - xp.exp(y - y_ref[:, None]) * B[:, 1:]                  # delta(y_j), (4, n)
     k = xp.sum(Dg[:, None, :] > dl[None, :, None], -1)                      # (4, T) in 0..n
     Ak = xp.take_along_axis(A, k, axis=-1)
@@ -1361,7 +1375,7 @@ def eps_of(ops, comp: Composed, delta):
         # curve is non-increasing, so it is at most the target there too).  The lower curves only
         # lack mass below it: still lower bounds everywhere.
         val = xp.where(is_up, xp.maximum(val, comp.valid_from[:, None]), val)
-    return val.reshape((4,) + xp.shape(delta))
+    return val
 
 
 # ------------------------------------------------------------------------------------------
