@@ -123,18 +123,22 @@ GRID = [(e, b, m) for m in (17, 20) for e in (16, 32, 64) for b in (32, 64, 128)
 def run_one(epochs: int, b: int, log2m: int, steps: int, solver: str,
             resample_every: int = 10, precompute: bool | None = None) -> dict:
     import jax
+    import dpjax
     from dpjax.calibration import Bisection, NewtonIllinois
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    from dpjax.optimization import (CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
 
     param = make_parameterization("blt", b * epochs, num_buffers=BUFFERS)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=EPS,
+                                 target_delta=DELTA)
     # "newton": the screened plain estimate; "importance": the variance-reduced estimate (fresh
     # draws every step, full passes); "bisection": Algorithm 2 as written.
-    res = optimize_correlation(
-        param, batches_per_epoch=b, epochs=epochs, target_epsilon=EPS, target_delta=DELTA,
-        num_steps=steps, num_samples=1 << log2m, key=0, progress=False, certify=False,
+    settings = OptimizerSettings(
+        num_steps=steps, num_samples=1 << log2m, key=0,
         solver=Bisection() if solver == "bisection" else NewtonIllinois(xtol=1e-9),
         resample_every=resample_every, precompute=precompute if solver == "newton" else None,
         estimator="importance" if solver == "importance" else "plain")
+    res = optimize_correlation(param, problem, settings, certify=False, progress=False)
     t = res.timings
     # The first step and the first draw carry the compilations; the rest is steady state
     # (later draws, every resample_every steps, are included in it, amortised).
@@ -167,7 +171,7 @@ def profile(epochs: int, b: int, log2m: int) -> dict:
     """Time the pieces of one step (jitted separately, steady state, median of 3)."""
     import jax
     import jax.numpy as jnp
-    from dpjax.calibration import NewtonIllinois, calibrate_on_draws
+    from dpjax.calibration import DrawPlan, NewtonIllinois, calibrate_on_draws
     from dpjax.montecarlo import draws, gram_matrix, gram_sqrt
     from dpjax.montecarlo.core import delta_from_projections
     from dpjax.optimization import make_parameterization, prefix_sum_error
@@ -181,7 +185,7 @@ def profile(epochs: int, b: int, log2m: int) -> dict:
         key = jax.random.key(0)
         corr = param.correlation(params)
         gram = gram_matrix(corr, b, epochs)
-        sigma = float(calibrate_on_draws(gram, EPS, DELTA, key=key, num_samples=m).root)
+        sigma = float(calibrate_on_draws(gram, EPS, DELTA, DrawPlan(key=key, num_samples=m)).root)
 
         def gram_of(p):
             return gram_matrix(param.correlation(p), b, epochs)
@@ -208,7 +212,7 @@ def profile(epochs: int, b: int, log2m: int) -> dict:
 
         def full(p):
             g = gram_of(p)
-            r = calibrate_on_draws(g, EPS, DELTA, key=key, num_samples=m,
+            r = calibrate_on_draws(g, EPS, DELTA, DrawPlan(key=key, num_samples=m),
                                    solver=NewtonIllinois(xtol=1e-9), initial_noise=sigma * 1.01)
             return jnp.log(r.root * prefix_sum_error(param.correlation(p), b * epochs))
 

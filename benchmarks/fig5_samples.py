@@ -37,7 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dpjax.calibration import NewtonIllinois, StopGradientAdjoint, calibrate_on_draws  # noqa: E402
+from dpjax.calibration import DrawPlan, NewtonIllinois, StopGradientAdjoint, calibrate_on_draws  # noqa: E402
 from dpjax.matrices import Toeplitz  # noqa: E402
 from dpjax.montecarlo import BallsInBins  # noqa: E402
 from dpjax.montecarlo.importance import default_proposal  # noqa: E402
@@ -56,10 +56,10 @@ def evaluate(first_column, b, epochs, eps, delta, guess):
     with jax.enable_x64(True):
         for _ in range(2):
             prop = default_proposal(acc.gram, sigma, eps)
-            sigma = float(calibrate_on_draws(jnp.asarray(acc.gram), eps, delta, key=jax.random.key(EVAL_KEY),
-                                             num_samples=EVAL_SAMPLES, solver=NewtonIllinois(xtol=1e-10),
-                                             adjoint=StopGradientAdjoint(), initial_noise=sigma,
-                                             proposal=prop).root)
+            plan = DrawPlan(key=jax.random.key(EVAL_KEY), num_samples=EVAL_SAMPLES, proposal=prop)
+            sigma = float(calibrate_on_draws(jnp.asarray(acc.gram), eps, delta, plan,
+                                             solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
+                                             initial_noise=sigma).root)
     return sigma, sigma * float(prefix_sum_error(corr, b * epochs))
 
 
@@ -74,7 +74,8 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=None)
     args = parser.parse_args()
     logging.getLogger("absl").setLevel(logging.ERROR)
-    from dpjax.optimization import optimize_correlation
+    import dpjax
+    from dpjax.optimization import CorrelationProblem, OptimizerSettings, optimize_correlation
 
     from _meta import run_metadata
 
@@ -107,10 +108,10 @@ def main():
 
             extra["optimizer"] = default_optimizer(args.learning_rate)
         t0 = time.perf_counter()
-        res = optimize_correlation(par, batches_per_epoch=b, epochs=epochs, target_epsilon=eps,
-                                   target_delta=delta, num_steps=args.steps, num_samples=m,
-                                   key=17, progress=False, certify=False, estimator=estimator,
-                                   **extra)
+        problem = CorrelationProblem(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=eps,
+                                     target_delta=delta)
+        settings = OptimizerSettings(num_steps=args.steps, num_samples=m, key=17, estimator=estimator, **extra)
+        res = optimize_correlation(par, problem, settings, certify=False, progress=False)
         secs = time.perf_counter() - t0
         d = res.to_dict()
         guess = d["noise_multiplier_estimate"] if math.isfinite(d["noise_multiplier_estimate"]) else 1.0

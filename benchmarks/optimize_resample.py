@@ -44,9 +44,11 @@ def main() -> None:
 
     import jax
     import numpy as np
-    from dpjax.calibration import NewtonIllinois, calibrate_on_draws
+    import dpjax
+    from dpjax.calibration import DrawPlan, NewtonIllinois, calibrate_on_draws
     from dpjax.montecarlo import draws, gram_matrix
-    from dpjax.optimization import make_parameterization, optimize_correlation, prefix_sum_error
+    from dpjax.optimization import (CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation, prefix_sum_error)
     from dpjax.optimization.parameterizations import params_from_list
 
     n = args.b * args.epochs
@@ -58,7 +60,7 @@ def main() -> None:
         with jax.enable_x64(True):
             corr = par.correlation(params_from_list(params))
             g = gram_matrix(corr, args.b, args.epochs)
-            s = calibrate_on_draws(g, args.epsilon, args.delta, draws_=score_draws,
+            s = calibrate_on_draws(g, args.epsilon, args.delta, DrawPlan(draws=score_draws),
                                    solver=NewtonIllinois(xtol=1e-12)).root
             return float(s), float(s * prefix_sum_error(corr, n))
 
@@ -66,10 +68,11 @@ def main() -> None:
     for r in (1, 10):
         for seed in range(args.seeds):
             t0 = time.perf_counter()
-            res = optimize_correlation(par, batches_per_epoch=args.b, epochs=args.epochs,
-                                       target_epsilon=args.epsilon, target_delta=args.delta,
-                                       num_steps=args.steps, num_samples=1 << args.log2m,
-                                       key=seed, progress=False, certify=False, resample_every=r)
+            problem = CorrelationProblem(sampling=dpjax.BallsInBins(args.b), epochs=args.epochs,
+                                         target_epsilon=args.epsilon, target_delta=args.delta)
+            settings = OptimizerSettings(num_steps=args.steps, num_samples=1 << args.log2m, key=seed,
+                                         resample_every=r)
+            res = optimize_correlation(par, problem, settings, certify=False, progress=False)
             sigma, rmse = score(res.params)
             row = {"resample_every": r, "seed": seed, "score_sigma": sigma, "score_rmse": rmse,
                    "final_rmse_estimate": res.history[-1]["rmse"], "seconds": time.perf_counter() - t0,

@@ -48,14 +48,17 @@ def main() -> None:
     if args.table:
         return recheck_table(args)
 
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
 
     b, e = args.batches_per_epoch, args.epochs
     param = make_parameterization("blt", b * e, num_buffers=2)
     t0 = time.perf_counter()
-    res = optimize_correlation(param, batches_per_epoch=b, epochs=e, target_epsilon=args.epsilon,
-                               target_delta=args.delta, num_steps=args.steps, num_samples=1 << 12,
-                               key=0, progress=False)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(b), epochs=e, target_epsilon=args.epsilon,
+                                 target_delta=args.delta)
+    res = optimize_correlation(param, problem, OptimizerSettings(num_steps=args.steps, num_samples=1 << 12, key=0),
+                               progress=False)
     t_opt = time.perf_counter() - t0
     sigma = res.noise_multiplier
     assert res.certificate.verified, res.certificate.reason

@@ -149,7 +149,8 @@ def run_group(group, eps_values, delta, b, epochs, args):
 
 def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
     """dpjax's optimized BLT(4) and Toeplitz under balls-in-bins, certified sigma."""
-    from dpjax.optimization import prefix_sum_error
+    import dpjax
+    from dpjax.optimization import CertifySettings, CorrelationProblem, OptimizerSettings, prefix_sum_error
 
     n = b * epochs
     rows = []
@@ -159,11 +160,13 @@ def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
         for i, eps in enumerate(eps_values):
             par = make_parameterization(family, n, **kw)
             t0 = time.perf_counter()
-            res = optimize_correlation(par, batches_per_epoch=b, epochs=epochs, target_epsilon=eps,
-                                       target_delta=delta, num_steps=args.steps,
-                                       num_samples=args.samples, key=2000 + i, progress=None,
-                                       certify=True, certify_samples=args.certify_samples,
-                                       estimator=args.estimator, certify_method=args.certify_method)
+            problem = CorrelationProblem(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=eps,
+                                         target_delta=delta)
+            settings = OptimizerSettings(num_steps=args.steps, num_samples=args.samples, key=2000 + i,
+                                         estimator=args.estimator)
+            res = optimize_correlation(par, problem, settings, progress=None,
+                                       certify=CertifySettings(num_samples=args.certify_samples,
+                                                               method=args.certify_method))
             secs = time.perf_counter() - t0
             d = res.to_dict()
             sigma = float(d["noise_multiplier"])

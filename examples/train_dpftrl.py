@@ -49,10 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import dpjax
 from dpjax.matrices import BLT, Toeplitz, prefix_sum_rmse
 from dpjax.montecarlo import BallsInBins
 from dpjax.noise import correlated_noise_aggregate, streaming_noise
-from dpjax.optimization import OptimizationResult, make_parameterization, optimize_correlation, training_setup
+from dpjax.optimization import (CorrelationProblem, OptimizationResult, OptimizerSettings, make_parameterization,
+                                optimize_correlation, training_setup)
 from dpjax.sampling import balls_in_bins_truncation_delta
 
 HAND_BLT = BLT(jnp.array([0.95, 0.6]), jnp.array([0.3, 0.2]))
@@ -186,10 +188,10 @@ def main(argv=None):
         raise SystemExit(f"--matrix: the result was certified for dataset_size {result.dataset_size}, "
                          f"the training set has {n} examples")
     if result is None:
+        problem = CorrelationProblem(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=eps,
+                                     target_delta=delta, dataset_size=n, batch_size=shape)
         result = optimize_correlation(make_parameterization("blt", b * epochs, num_buffers=2 if args.quick else 4),
-                                      batches_per_epoch=b, epochs=epochs, target_epsilon=eps, target_delta=delta,
-                                      num_steps=10 if args.quick else 300, dataset_size=n, batch_size=shape,
-                                      progress=False)
+                                      problem, OptimizerSettings(num_steps=10 if args.quick else 300), progress=False)
     seconds = {"optimize": time.perf_counter() - t_start}
     trunc = balls_in_bins_truncation_delta(n, b, shape, eps)
     baselines = {"DP-SGD (C = I)": Toeplitz(jnp.array([1.0])), "hand BLT": HAND_BLT}

@@ -595,7 +595,8 @@ def progress_notebook():
             "import time\n"
             "import numpy as np\n"
             "import dpjax\n"
-            "from dpjax.optimization import make_parameterization, optimize_correlation"
+            "from dpjax.optimization import CorrelationProblem, OptimizerSettings, make_parameterization, "
+            "optimize_correlation"
         ),
         new_markdown_cell(
             "## A 300-step optimization\n\n"
@@ -607,10 +608,10 @@ def progress_notebook():
         ),
         new_code_cell(
             "t0 = time.perf_counter()\n"
-            "res = optimize_correlation(make_parameterization(\"blt\", 32, num_buffers=2), batches_per_epoch=8, "
-            "epochs=4,\n"
-            "                           target_epsilon=2.0, target_delta=1e-5, num_steps=300, num_samples=1024, "
-            "certify=False)\n"
+            "problem = CorrelationProblem(sampling=dpjax.BallsInBins(8), epochs=4, target_epsilon=2.0, "
+            "target_delta=1e-5)\n"
+            "res = optimize_correlation(make_parameterization(\"blt\", 32, num_buffers=2), problem,\n"
+            "                           OptimizerSettings(num_steps=300, num_samples=1024), certify=False)\n"
             "print(f\"{res.status}: RMSE estimate {res.rmse_estimate:.3f} after 300 steps, "
             "{time.perf_counter() - t0:.0f} s\")\n"
             "assert res.status == \"completed\""

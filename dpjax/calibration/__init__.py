@@ -16,8 +16,9 @@ Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> :mod:`dpjax.montecarlo` -> 
   :func:`calibrated_noise` (differentiable in ``C``; its home, not re-exported by
   :mod:`dpjax.montecarlo`), :func:`calibrate_accountant` (``BallsInBins.calibrate``),
   :func:`estimate_minimum_samples`; the in-loop solver objects :class:`NewtonIllinois`,
-  :class:`Bisection` and :func:`calibrate_on_draws`.  All but :func:`calibrated_noise` live in
-  :mod:`dpjax.montecarlo.calibrate` (``BallsInBins.calibrate`` and Estimate-Verify-Release use
+  :class:`Bisection` and :func:`calibrate_on_draws` (its sample and estimate: :class:`DrawPlan`).
+  All but :func:`calibrated_noise` live in :mod:`dpjax.montecarlo.calibrate`
+  (``BallsInBins.calibrate`` and Estimate-Verify-Release use
   them) and are re-exported here.
 * :mod:`dpjax.calibration.screened` -- the optimisation loop's calibration
   :func:`calibrate_screened`: the full estimate's root and implicit gradient from one float32
@@ -33,7 +34,7 @@ from dpjax._base import lazy_exports as _lazy_exports
 _ATTRS = {
     **dict.fromkeys(("composed_gaussian_delta", "gaussian_noise_multiplier", "gaussian_noise_multiplier_core"),
                     "dpjax.calibration.gaussian"),
-    **dict.fromkeys(("Bisection", "NewtonIllinois", "calibrate_accountant",
+    **dict.fromkeys(("Bisection", "DrawPlan", "NewtonIllinois", "calibrate_accountant",
                      "calibrate_on_draws", "calibrated_noise", "estimate_minimum_samples"),
                     "dpjax.calibration.montecarlo"),
     **dict.fromkeys(("DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
@@ -53,7 +54,7 @@ __all__ = [
     "DPSGDGrid", "dpsgd_delta_fn", "dpsgd_grid", "dpsgd_noise_multiplier",
     "dpsgd_noise_multiplier_core", "dpsgd_epsilon_fn",
     "calibrate_accountant", "calibrated_noise", "estimate_minimum_samples",
-    "Bisection", "NewtonIllinois", "calibrate_on_draws",
+    "Bisection", "NewtonIllinois", "calibrate_on_draws", "DrawPlan",
     "calibrate_screened", "screened_draws", "ScreenedDraws",
     "calibrate_screened_reusing", "empty_screen_state", "ScreenState", "ScreenedStep",
 ]

@@ -34,7 +34,8 @@ Choquette-Choo et al. 2024, §5.1.4: few samples while optimising).  It is not a
 Where the code lives.  :func:`calibrated_noise` is defined here; the solvers it shares with the
 Monte Carlo layer (:func:`calibrated_noise_core`, :func:`calibrate_accountant`,
 :func:`estimate_minimum_samples`, :class:`NewtonIllinois`, :class:`Bisection`,
-:func:`calibrate_on_draws`) live in :mod:`dpjax.montecarlo.calibrate` and are re-exported here,
+:func:`calibrate_on_draws` with its :class:`DrawPlan`) live in :mod:`dpjax.montecarlo.calibrate`
+and are re-exported here,
 so ``BallsInBins.calibrate`` and Estimate-Verify-Release never import this layer.
 
 Usage::
@@ -61,7 +62,7 @@ from dpjax._base import validate as _validate
 from dpjax.numerics.root import ImplicitAdjoint
 from dpjax._base.x64 import float64
 from dpjax.matrices import correlation_array
-from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, NewtonIllinois,
+from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, Bisection, DrawPlan, NewtonIllinois,
                                         calibrate_accountant, calibrate_on_draws,
                                         calibrated_noise_core, estimate_minimum_samples,
                                         raise_on_status)
@@ -70,7 +71,7 @@ from dpjax.montecarlo.core import as_prng_key, gram_matrix
 #: The Monte Carlo calibration's public names (:mod:`dpjax.montecarlo.calibrate`) and
 #: :func:`calibrated_noise`, defined here.
 __all__ = ["calibrated_noise", "calibrated_noise_core", "calibrate_accountant", "estimate_minimum_samples",
-           "DEFAULT_NUM_ITERATIONS", "Bisection", "NewtonIllinois", "calibrate_on_draws"]
+           "DEFAULT_NUM_ITERATIONS", "Bisection", "NewtonIllinois", "calibrate_on_draws", "DrawPlan"]
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9))
@@ -78,8 +79,8 @@ def _calibrate_jit(correlation, target_epsilon, target_delta, key, b, epochs, nu
                    num_iterations, adjoint, solver=None):
     gram = gram_matrix(correlation, b, epochs)
     if solver is not None:
-        return calibrate_on_draws(gram, target_epsilon, target_delta, key=key,
-                                  num_samples=num_samples, solver=solver, adjoint=adjoint)
+        return calibrate_on_draws(gram, target_epsilon, target_delta, DrawPlan(key=key, num_samples=num_samples),
+                                  solver=solver, adjoint=adjoint)
     return calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples,
                                  num_iterations=num_iterations, adjoint=adjoint)
 

@@ -242,8 +242,10 @@ def check_sampler_args(args) -> None:
 
 def _run(args) -> dict:
     from dpjax._base.progress import set_progress
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    from dpjax.optimization import (CertifySettings, Checkpoint, CorrelationProblem, OptimizerSettings,
+                                    make_parameterization, optimize_correlation)
     from dpjax.optimization.loop import default_optimizer
+    from dpjax.pld.scenario import BallsInBins
 
     check_args(args)
     n = args.batches_per_epoch * args.epochs
@@ -260,13 +262,18 @@ def _run(args) -> dict:
         _stage("the alternatives (DP-SGD unamplified, Poisson, balls-in-bins; the family's unamplified optimum)")
     rows = baseline_rows(param, args) if args.baselines else None
     _stage(f"optimizing C: {args.optimizer_steps} optimizer steps, then the certificate")
+    problem = CorrelationProblem(sampling=BallsInBins(args.batches_per_epoch), epochs=args.epochs,
+                                 target_epsilon=args.epsilon, target_delta=args.delta,
+                                 dataset_size=args.dataset_size, batch_size=args.batch_size)
+    settings = OptimizerSettings(num_steps=args.optimizer_steps, num_samples=args.samples,
+                                 optimizer=default_optimizer(args.learning_rate), key=args.seed,
+                                 estimator=args.estimator)
+    certify = False if args.no_certify else CertifySettings(num_samples=args.certify_samples,
+                                                            method=args.certify_method)
     res = optimize_correlation(
-        param, batches_per_epoch=args.batches_per_epoch, epochs=args.epochs,
-        target_epsilon=args.epsilon, target_delta=args.delta, num_steps=args.optimizer_steps,
-        num_samples=args.samples, optimizer=default_optimizer(args.learning_rate), key=args.seed,
-        checkpoint_path=checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
-        certify=not args.no_certify, certify_samples=args.certify_samples, estimator=args.estimator,
-        certify_method=args.certify_method, dataset_size=args.dataset_size, batch_size=args.batch_size)
+        param, problem, settings, certify=certify,
+        checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
+                                                              resume=args.resume))
     out = balls_in_bins_output(res, rows, args)
     if args.amplification == Amplification.AUTO:
         saved = save(best_of(out, cyclic_poisson_result(args)), args)

@@ -35,6 +35,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax._base import validate as _validate
 from dpjax.numerics.root import (ImplicitAdjoint, Solution, SolverStats, SolverStatus, StopGradientAdjoint,
@@ -52,6 +53,7 @@ __all__ = [
     "Bisection",
     "NewtonIllinois",
     "calibrate_on_draws",
+    "DrawPlan",
     "raise_on_status",
     "BRACKET_RELATIVE",
     "newton_illinois",
@@ -100,9 +102,9 @@ def calibrated_noise_core(gram, target_epsilon, target_delta, key, num_samples: 
       :class:`~dpjax.calibration.Solution` (``root`` is the upper end of the final
       bracket: ``delta_hat(root) <= target_delta``).
     """
-    return calibrate_on_draws(gram, target_epsilon, target_delta, key=key, num_samples=num_samples,
-                              solver=Bisection(num_iterations), adjoint=adjoint, precompute=precompute,
-                              devices=devices)
+    plan = DrawPlan(key=key, num_samples=num_samples, precompute=precompute, devices=devices)
+    return calibrate_on_draws(gram, target_epsilon, target_delta, plan, solver=Bisection(num_iterations),
+                              adjoint=adjoint)
 
 
 def raise_on_status(res: Solution, target_epsilon, target_delta):
@@ -454,42 +456,84 @@ def _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, d
     return _Estimate(layout, per_chunk, num_samples), const, shard
 
 
-def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samples: int | None = None,
-                       draws_=None, solver=NewtonIllinois(), adjoint=ImplicitAdjoint(),
-                       initial_noise=None, precompute: bool | None = None, proposal=None,
-                       direction_scale=None, devices=None, sqrt_gram=None) -> Solution:
-    """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
+@dataclasses.dataclass(frozen=True)
+class DrawPlan:
+    """The Monte Carlo estimate a calibration solves: its sample and how it is evaluated.
 
-    Args:
-      gram: ``(b, b)`` Gram matrix of the modes; gradients flow to it through ``adjoint``.
-      target_epsilon, target_delta: scalars (differentiable).
-      key, num_samples: the common random numbers (the sampler's stream of
-        :mod:`dpjax.montecarlo.core`; ``num_samples`` static, any ``>= 1``).
-      draws_: optional precomputed ``(mode_index (m,), U (m, b))`` (:func:`dpjax.montecarlo.draws`
-        of the same key), e.g. drawn once per optimisation step.
-      solver: :class:`NewtonIllinois` (default) or :class:`Bisection`.
-      adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` (one extra reverse pass at the root)
-        or :class:`~dpjax.calibration.StopGradientAdjoint`.
-      initial_noise: warm start for :class:`NewtonIllinois` (default: the geometric middle of
-        the search range is *not* used; the unamplified Gaussian-ish guess ``sensitivity``).
-      precompute: materialise ``W = U L^T`` (default when ``m * b <= 2^24``); else every pass
-        re-draws chunk by chunk (bounded memory, the chunks of
-        :func:`dpjax.montecarlo.monte_carlo_sums`).
+    One record for what :func:`calibrate_on_draws` estimates ``delta_hat(sigma; G)`` on, so that
+    the solve itself takes only the matrix, the target and the solver.  Made inside a traced
+    function, its array fields may be tracers (only ``num_samples`` and ``precompute`` are
+    static and checked by value).
+
+    Attributes:
+      key: JAX PRNG key (typed or raw ``uint32[2]``) of the common random numbers (the
+        sampler's stream of :mod:`dpjax.montecarlo.core`); ``None`` when ``draws`` are given.
+      num_samples: static ``m``, any integer ``>= 1`` (``None`` with ``draws``: their length).
+      draws: optional precomputed ``(mode_index (m,), U (m, b))`` (:func:`dpjax.montecarlo.draws`
+        of the same key), e.g. drawn once per optimisation step; with a ``proposal``,
+        ``(mode_index, U, component_uniform)`` of
+        :func:`~dpjax.montecarlo.importance.importance_draws`.
       proposal: ``None`` (the plain estimator) or a
         :class:`dpjax.montecarlo.importance.Proposal`: solve the variance-reduced estimate
-        (:mod:`dpjax.montecarlo.importance`; ``draws_`` then holds ``(mode_index, U,
-        component_uniform)`` of :func:`~dpjax.montecarlo.importance.importance_draws`).  The
-        proposal is a constant of the solve (no gradient flows to it).
+        (:mod:`dpjax.montecarlo.importance`).  A constant of the solve (no gradient flows to it).
       direction_scale: ``(2,)`` factors of the two directions' estimates before their max
         (default ``(1, 1)``; a certificate aims the directions at different levels with it;
-        importance estimator only).
+        with a ``proposal`` only).
+      precompute: materialise ``W = U L^T`` (``None``: when ``m * b <= 2^24``, or ``draws`` are
+        given); ``False``: every pass re-draws chunk by chunk (bounded memory, the chunks of
+        :func:`dpjax.montecarlo.monte_carlo_sums`).
       devices: the devices the sample is spread over (default ``jax.devices()``: every device
         of every process, after ``jax.distributed.initialize()``).  The sample is cut into
         chunks that depend on ``(m, b)`` only; each device evaluates its chunks, and the chunk
         sums (and, for the gradient, the chunks' VJPs) are added in chunk order
         (:mod:`dpjax.montecarlo._spread`), so the root and its gradient are the same bits on
-        any number of devices and processes.  Everything else (the solver's steps, ``G``,
-        its square root) is replicated.
+        any number of devices and processes.
+
+    Example::
+
+        DrawPlan(key=jax.random.key(0), num_samples=1 << 14)
+        DrawPlan(draws=dpjax.montecarlo.draws(key, b, m))
+
+    Raises:
+      ValueError: neither ``key`` nor ``draws`` given, ``key`` without ``num_samples``,
+        ``num_samples`` not an integer ``>= 1``, ``precompute`` not ``None`` / ``True`` /
+        ``False`` (each naming the field).
+    """
+
+    key: object = None
+    num_samples: int | None = None
+    draws: tuple | None = None
+    proposal: object = None
+    direction_scale: object = None
+    precompute: bool | None = None
+    devices: object = None
+
+    def __post_init__(self):
+        if self.draws is None:
+            if self.key is None:
+                raise ValueError("key: a DrawPlan needs the key of its draws (with num_samples), or draws=")
+            if self.num_samples is None:
+                raise ValueError("num_samples: a DrawPlan with a key needs num_samples (an integer >= 1)")
+        if self.num_samples is not None:
+            object.__setattr__(self, "num_samples", _validate.positive_int("num_samples", self.num_samples))
+        if self.precompute is not None and not isinstance(self.precompute, (bool, np.bool_)):
+            raise ValueError(f"precompute must be None, True or False, got {self.precompute!r}")
+
+
+def calibrate_on_draws(gram, target_epsilon, target_delta, plan: DrawPlan, *, solver=NewtonIllinois(),
+                       adjoint=ImplicitAdjoint(), initial_noise=None, sqrt_gram=None) -> Solution:
+    """Jittable in-loop calibration: ``sigma*`` with ``delta_hat(sigma*; G) = target_delta``.
+
+    Args:
+      gram: ``(b, b)`` Gram matrix of the modes; gradients flow to it through ``adjoint``.
+      target_epsilon, target_delta: scalars (differentiable).
+      plan: the :class:`DrawPlan` (key and sample count, or precomputed draws; the proposal of
+        the variance-reduced estimate; precompute; devices).
+      solver: :class:`NewtonIllinois` (default) or :class:`Bisection`.
+      adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` (one extra reverse pass at the root)
+        or :class:`~dpjax.calibration.StopGradientAdjoint`.
+      initial_noise: warm start for :class:`NewtonIllinois` (default: the geometric middle of
+        the search range is *not* used; the unamplified Gaussian-ish guess ``sensitivity``).
       sqrt_gram: a square root ``L`` of ``gram`` (``L L^T = G``, :func:`dpjax.montecarlo.gram_sqrt`;
         computed here when not given).  The gradient of the root reaches ``gram`` and ``L``
         alike, so a caller that passes ``L`` differentiates the square root on its own side (the
@@ -497,10 +541,24 @@ def calibrate_on_draws(gram, target_epsilon, target_delta, *, key=None, num_samp
         calibration on all of them).
 
     Returns:
-      :class:`~dpjax.calibration.Solution` (``stats.num_passes``: passes over the sample).
-      An *estimate*: certify with many samples
-      (:meth:`dpjax.montecarlo.BallsInBins.certify`).
+      :class:`~dpjax.calibration.Solution` (``root``: the noise multiplier, noise std over the
+      clipping norm; ``stats.num_passes``: passes over the sample).  An *estimate*: certify with
+      many samples (:meth:`dpjax.montecarlo.BallsInBins.certify`).
+
+    Example::
+
+        gram = dpjax.montecarlo.gram_matrix(Toeplitz(jnp.array([1.0, 0.3])), 8, 2)
+        sigma = calibrate_on_draws(gram, 2.0, 1e-3, DrawPlan(key=jax.random.key(0),
+                                                               num_samples=1 << 14)).root
+
+    Raises:
+      ValueError: ``plan`` not a :class:`DrawPlan`; ``solver`` not :class:`NewtonIllinois` or
+        :class:`Bisection`.
     """
+    if not isinstance(plan, DrawPlan):
+        raise ValueError(f"plan must be a DrawPlan(key=..., num_samples=...) or DrawPlan(draws=...), got {plan!r}")
+    key, num_samples, draws_, precompute = plan.key, plan.num_samples, plan.draws, plan.precompute
+    proposal, direction_scale, devices = plan.proposal, plan.direction_scale, plan.devices
     gram = jnp.asarray(gram, jnp.float64)
     sqrt_gram = gram_sqrt(gram) if sqrt_gram is None else jnp.asarray(sqrt_gram, jnp.float64)
     b = gram.shape[0]

@@ -269,12 +269,12 @@ def _calibration_fn(num_samples: int, devices=None):
     import jax
 
     from dpjax.numerics.root import StopGradientAdjoint
-    from dpjax.montecarlo.calibrate import NewtonIllinois, calibrate_on_draws
+    from dpjax.montecarlo.calibrate import DrawPlan, NewtonIllinois, calibrate_on_draws
 
     def run(gram, eps, base, key, sigma0):
-        return calibrate_on_draws(gram, eps, base, key=key, num_samples=num_samples,
-                                  solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
-                                  initial_noise=sigma0, precompute=False, devices=devices)
+        plan = DrawPlan(key=key, num_samples=num_samples, precompute=False, devices=devices)
+        return calibrate_on_draws(gram, eps, base, plan, solver=NewtonIllinois(xtol=1e-10),
+                                  adjoint=StopGradientAdjoint(), initial_noise=sigma0)
 
     return jax.jit(run)
 
@@ -434,13 +434,13 @@ def _importance_calibration_fn(num_samples: int, devices=None):
     import jax
 
     from dpjax.numerics.root import StopGradientAdjoint
-    from dpjax.montecarlo.calibrate import NewtonIllinois, calibrate_on_draws
+    from dpjax.montecarlo.calibrate import DrawPlan, NewtonIllinois, calibrate_on_draws
 
     def run(gram, eps, key, sigma0, proposal, scale):
-        return calibrate_on_draws(gram, eps, 1.0, key=key, num_samples=num_samples,
-                                  solver=NewtonIllinois(xtol=1e-10), adjoint=StopGradientAdjoint(),
-                                  initial_noise=sigma0, proposal=proposal, direction_scale=scale,
-                                  devices=devices)
+        plan = DrawPlan(key=key, num_samples=num_samples, proposal=proposal, direction_scale=scale,
+                        devices=devices)
+        return calibrate_on_draws(gram, eps, 1.0, plan, solver=NewtonIllinois(xtol=1e-10),
+                                  adjoint=StopGradientAdjoint(), initial_noise=sigma0)
 
     return jax.jit(run)
 

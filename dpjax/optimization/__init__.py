@@ -7,8 +7,12 @@
 * :mod:`~dpjax.optimization.parameterizations` -- Toeplitz, banded, BLT and dense families of
   ``C`` (static config + unconstrained parameter pytree), :func:`make_parameterization`.
 * :func:`optimize_correlation` -- the loop (Newton in-loop calibration, one compiled step,
-  checkpoints, resume, certification); :class:`OptimizationResult`.
-* :func:`certify_noise` -- Estimate-Verify-Release certificate of an optimised ``(C, sigma)``.
+  checkpoints, resume, certification); :class:`OptimizationResult`.  Its records:
+  :class:`CorrelationProblem` (target, scheme ``dpjax.BallsInBins(b)``, epochs, objective,
+  training sampler), :class:`OptimizerSettings` (steps, optax optimizer, in-loop samples,
+  solver, key), :class:`Checkpoint` (path, every, resume), :class:`CertifySettings`.
+* :func:`certify_result` -- the certify step of an optimised result;
+  :func:`certify_noise` -- Estimate-Verify-Release certificate of a ``C``.
 * :mod:`~dpjax.optimization.objectives` -- :func:`prefix_sum_error`, :func:`max_error`,
   :func:`workload_error` (noise-free; multiply by ``sigma``), O(n log n) for Toeplitz/BLT.
 * :mod:`~dpjax.optimization.export` -- :func:`to_jax_privacy` / :func:`from_jax_privacy`
@@ -18,10 +22,11 @@
   noise and optax update (:class:`TrainingSetup`).
 """
 
-from dpjax.optimization.certify import certify_noise, default_certify_samples
+from dpjax.optimization.certify import CertifySettings, certify_noise, default_certify_samples
 from dpjax.optimization.export import from_jax_privacy, to_jax_privacy
-from dpjax.optimization.loop import OptimizationResult, default_optimizer, optimize_correlation
+from dpjax.optimization.loop import OptimizationResult, certify_result, default_optimizer, optimize_correlation
 from dpjax.optimization.loss import fit, log_rmse_balls_in_bins, toeplitz_from_params
+from dpjax.optimization.problem import Checkpoint, CorrelationProblem, OptimizerSettings
 from dpjax.optimization.objectives import (max_error, prefix_sum_error, sgd_workload,
                                            workload_error)
 from dpjax.optimization.training import TrainingSetup, training_setup
@@ -39,4 +44,5 @@ __all__ += [
     "unamplified_loss", "unamplified_sensitivity", "from_jax_privacy", "to_jax_privacy",
 ]
 __all__ += ["OptimizationResult", "optimize_correlation", "default_optimizer", "certify_noise",
-            "default_certify_samples", "TrainingSetup", "training_setup"]
+            "default_certify_samples", "TrainingSetup", "training_setup", "CorrelationProblem",
+            "OptimizerSettings", "Checkpoint", "CertifySettings", "certify_result"]

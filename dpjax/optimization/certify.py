@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
+
+import numpy as np
 
 from dpjax._base import validate as _validate
 from dpjax.montecarlo import BallsInBins, evr
 
-__all__ = ["certify_noise", "ladder_base_delta", "ladder_minimum_samples",
+__all__ = ["certify_noise", "CertifySettings", "ladder_base_delta", "ladder_minimum_samples",
            "default_certify_samples", "sampler_terms", "SamplerTerms", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_GROWTH"]
 
 #: Rungs of the verification ladder (union bound: failure probability x this).
@@ -43,28 +46,140 @@ def default_certify_samples(target_delta: float, attempts: int = DEFAULT_MAX_ATT
     return evr.default_samples(target_delta, attempts, base_fraction)
 
 
-def certify_noise(correlation, batches_per_epoch: int, epochs: int, *, target_epsilon: float,
-                  target_delta: float, num_samples: int | None, key, initial_noise: float | None = None,
-                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float | None = None,
-                  calibration_samples: int | None = None, method: str = evr.DEFAULT_METHOD) -> dict:
-    """Certified noise multiplier for ``C`` at ``(target_epsilon, target_delta)``.
+def _check_key(name: str, key: Any) -> None:
+    """An int seed in ``[0, 2**32 - 1]`` or a JAX PRNG key (typed, or raw ``uint32`` data);
+    checked without making a key (no JAX work when a record is made)."""
+    import jax
 
-    :func:`dpjax.montecarlo.evr.certify_noise` on ``BallsInBins(correlation, b, E)`` with
-    ``max_attempts`` rungs and ``method`` (``"importance_betting"`` by default,
-    ``"bernoulli_kl"``); returns its :class:`~dpjax.montecarlo.Certificate` as a dict
-    (``verified``, ``noise_multiplier`` -- ``inf`` if not verified --, ``noise_multiplier_estimate``,
-    ``epsilon``, ``delta``, ``base_delta``, ``failure_probability``, ``num_tests``,
-    ``num_samples``, ``method``, ``reason``, ...).
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        _validate.prng_seed(name, key)
+        return
+    if isinstance(key, jax.Array) and (jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                       or key.dtype == np.uint32):
+        return
+    if isinstance(key, np.ndarray) and key.dtype == np.uint32:
+        return
+    _validate.prng_seed(name, key)  # raises, naming the argument
+
+
+@dataclasses.dataclass(frozen=True)
+class CertifySettings:
+    """How a certificate of an optimised ``C`` is computed (Estimate-Verify-Release).
+
+    Used by :func:`certify_noise`, the certify step :func:`dpjax.optimization.certify_result`
+    and ``optimize_correlation(..., certify=CertifySettings(...))``.
+
+    Attributes:
+      num_samples: verification samples, an integer ``>= 1`` (default ``None``:
+        ``"importance_betting"`` sizes it from its calibration sample, between 2^16 and 2^22;
+        ``"bernoulli_kl"`` :func:`default_certify_samples`, 2^23 at ``delta = 1e-5``).
+      key: int seed in ``[0, 2**32 - 1]`` or JAX key of the certificate's draws (default
+        ``None``: for an optimised result, derived from the optimisation's key by a fold the
+        optimisation never uses, ``fold_in(key, 2^31 - 1)``, so the draws are independent of
+        the optimisation's; :func:`certify_noise` needs it given).
+      max_attempts: rungs of the verification ladder, an integer ``>= 1`` (default 8; union
+        bound: failure probability times this).
+      growth: ratio between rungs, ``> 1`` (default ``None``: the method's, 1.02 for
+        ``"bernoulli_kl"``; ``"importance_betting"`` spaces the rungs from its calibration).
+      method: ``"importance_betting"`` (default: the variance-reduced certificate,
+        docs/design.md §4.2) or ``"bernoulli_kl"`` (plain draws, Hoeffding's bound).
+      calibration_samples: draws of the calibration sample, an integer ``>= 1`` (default
+        ``None``: the method's, see :func:`dpjax.montecarlo.evr.certify_noise`).
+
+    Example::
+
+        CertifySettings(num_samples=1 << 20, method="bernoulli_kl")
 
     Raises:
-      ValueError: ``num_samples`` below what can certify ``target_delta`` (says the minimum).
+      ValueError: naming the field: a count below 1 or not an integer, ``growth <= 1``, an
+        unknown ``method``, a ``key`` that is neither a seed nor a JAX key.
     """
+
+    num_samples: int | None = None
+    key: object = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    growth: float | None = None
+    method: str = evr.DEFAULT_METHOD
+    calibration_samples: int | None = None
+
+    def __post_init__(self):
+        def set_(name, value):  # a normalised field of this frozen record
+            object.__setattr__(self, name, value)
+
+        if self.num_samples is not None:
+            set_("num_samples", _validate.positive_int("num_samples", self.num_samples))
+        if self.key is not None:
+            _check_key("key", self.key)
+        set_("max_attempts", _validate.positive_int("max_attempts", self.max_attempts))
+        if self.growth is not None:
+            growth = float(_validate.positive("growth", self.growth))
+            if not growth > 1.0:
+                raise ValueError(f"growth must be > 1, got {self.growth!r}")
+            set_("growth", growth)
+        set_("method", evr.CertificateMethod.parse(self.method, "method"))
+        if self.calibration_samples is not None:
+            set_("calibration_samples", _validate.positive_int("calibration_samples", self.calibration_samples))
+
+    def samples_for(self, target_delta: float, certify_delta: float | None = None) -> int | None:
+        """The verification sample count for ``target_delta``: ``num_samples``, or for
+        ``"bernoulli_kl"`` its default (:func:`default_certify_samples`) -- checked to verify
+        ``certify_delta`` (default ``target_delta``) at all; ``None`` for
+        ``"importance_betting"`` sized by its calibration.
+
+        Raises:
+          ValueError: a ``"bernoulli_kl"`` sample count that cannot verify ``certify_delta``
+            (says the minimum).
+        """
+        if self.method == evr.CertificateMethod.IMPORTANCE_BETTING:
+            return self.num_samples
+        count = default_certify_samples(target_delta, self.max_attempts) if self.num_samples is None \
+            else self.num_samples
+        level = target_delta if certify_delta is None else certify_delta
+        if ladder_base_delta(count, level, self.max_attempts) is None:
+            raise ValueError(
+                f"target_delta = {level:g} is below what certify_samples = {count} can "
+                f"verify: need certify_samples >= {ladder_minimum_samples(level, self.max_attempts)}")
+        return count
+
+
+def certify_noise(correlation, batches_per_epoch: int, epochs: int, *, target_epsilon: float,
+                  target_delta: float, settings: CertifySettings, initial_noise: float | None = None) -> dict:
+    """Certified noise multiplier for ``C`` at ``(target_epsilon, target_delta)``.
+
+    :func:`dpjax.montecarlo.evr.certify_noise` on ``BallsInBins(correlation, b, E)`` with the
+    ladder, method and samples of ``settings``; returns its
+    :class:`~dpjax.montecarlo.Certificate` as a dict (``verified``, ``noise_multiplier`` --
+    ``inf`` if not verified --, ``noise_multiplier_estimate``, ``epsilon``, ``delta``,
+    ``base_delta``, ``failure_probability``, ``num_tests``, ``num_samples``, ``method``,
+    ``reason``, ...).
+
+    Args:
+      correlation: ``C`` (:class:`~dpjax.matrices.Toeplitz`, :class:`~dpjax.matrices.BLT`, a
+        1-D first column or a dense ``(n, n)`` array; ``n = b * E``).
+      batches_per_epoch, epochs: ``b``, ``E`` (integers ``>= 1``).
+      target_epsilon, target_delta: the target (``> 0``; ``(0, 1)``).
+      settings: :class:`CertifySettings`; its ``key`` is required here.
+      initial_noise: the estimate the ladder starts near (default: calibrated afresh).
+
+    Example::
+
+        cert = certify_noise(Toeplitz(jnp.array([1.0, 0.4])), 4, 2, target_epsilon=2.0,
+                             target_delta=1e-2, settings=CertifySettings(num_samples=1 << 16, key=3))
+        cert["noise_multiplier"], cert["failure_probability"]
+
+    Raises:
+      ValueError: ``settings`` not a :class:`CertifySettings` or without a ``key``;
+        ``num_samples`` below what can certify ``target_delta`` (says the minimum).
+    """
+    if not isinstance(settings, CertifySettings):
+        raise ValueError(f"settings must be a CertifySettings(...), got {settings!r}")
+    if settings.key is None:
+        raise ValueError("key: certify_noise needs the key of its draws, CertifySettings(key=...)")
     acc = BallsInBins(correlation, batches_per_epoch, epochs)
-    attempts = _validate.positive_int("max_attempts", max_attempts)
     return evr.certify_noise(acc, target_epsilon=target_epsilon, target_delta=target_delta,
-                             num_samples=num_samples, key=key, initial_noise=initial_noise,
-                             rungs=attempts, growth=growth, calibration_samples=calibration_samples,
-                             method=method).to_dict()
+                             num_samples=settings.num_samples, key=settings.key, initial_noise=initial_noise,
+                             rungs=settings.max_attempts, growth=settings.growth,
+                             calibration_samples=settings.calibration_samples, method=settings.method).to_dict()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,14 +26,23 @@ parameters, the optimizer state, the step, the warm-start sigma and the history,
 screen state in a binary sidecar ``<checkpoint>.screen-<step>.npz``, so a killed run resumes to
 the identical result.  A non-finite loss or parameter stops the run, keeps the
 last good parameters (and checkpoint) and says why.  The result is then certified
-(:func:`dpjax.optimization.certify.certify_noise`) with independent draws.
+by the certify step :func:`certify_result` (:func:`dpjax.optimization.certify.certify_noise`)
+with independent draws.
+
+What is optimised, how, where it checkpoints and how it is certified are records
+(:mod:`dpjax.optimization.problem`: :class:`~dpjax.optimization.CorrelationProblem`,
+:class:`~dpjax.optimization.OptimizerSettings`, :class:`~dpjax.optimization.Checkpoint`;
+:class:`~dpjax.optimization.CertifySettings`).
 
 Usage::
 
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
     p = make_parameterization("blt", 64, num_buffers=2)
-    res = optimize_correlation(p, batches_per_epoch=16, epochs=4, target_epsilon=2.0,
-                               target_delta=1e-5, num_steps=50, num_samples=1 << 10)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(16), epochs=4, target_epsilon=2.0,
+                                 target_delta=1e-5)
+    res = optimize_correlation(p, problem, OptimizerSettings(num_steps=50, num_samples=1 << 10))
     res.noise_multiplier, res.rmse, res.certificate.failure_probability
     res.to_json("result.json")
 """
@@ -55,25 +64,22 @@ import numpy as np
 import optax
 
 from dpjax._base import io as _io
-from dpjax._base import validate as _validate
 from dpjax._base.enums import StrEnum
 from dpjax._base.results import ResultMixin
 from dpjax._base.progress import elapsed_meter as _elapsed_meter
 from dpjax._base.progress import note as _note
 from dpjax._base.progress import progress as _progress
-from dpjax.montecarlo.calibrate import MAX_PRECOMPUTED, Bisection, NewtonIllinois, calibrate_on_draws
+from dpjax.montecarlo.calibrate import MAX_PRECOMPUTED, DrawPlan, NewtonIllinois, calibrate_on_draws
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
-from dpjax.montecarlo import Certificate, as_prng_key, evr, gram_matrix
+from dpjax.montecarlo import Certificate, as_prng_key, gram_matrix
 from dpjax.montecarlo.importance import default_proposal
-from dpjax.optimization.certify import (DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, certify_noise,
-                                        default_certify_samples, ladder_base_delta,
-                                        ladder_minimum_samples, sampler_terms)
-from dpjax.optimization.objectives import prefix_sum_error
+from dpjax.optimization.certify import CertifySettings, certify_noise, sampler_terms
+from dpjax.optimization.problem import Checkpoint, CorrelationProblem, Estimator, OptimizerSettings
 from dpjax.optimization.parameterizations import (Parameterization, make_parameterization,
                                                   params_from_list, params_to_list)
 
-__all__ = ["optimize_correlation", "OptimizationResult", "OptimizationStatus", "Estimator",
+__all__ = ["optimize_correlation", "certify_result", "OptimizationResult", "OptimizationStatus", "Estimator",
            "default_optimizer", "DEFAULT_LEARNING_RATE", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = "dpjax-optimize-checkpoint-1"
@@ -96,19 +102,6 @@ class OptimizationStatus(StrEnum):
 
     COMPLETED = "completed"
     STOPPED = "stopped"
-
-
-class Estimator(StrEnum):
-    """The in-loop Monte Carlo estimate of ``delta_hat(sigma; C)``: ``"importance"`` (the
-    variance-reduced estimate of :mod:`dpjax.montecarlo.importance`) or ``"plain"``."""
-
-    IMPORTANCE = "importance"
-    PLAIN = "plain"
-
-
-#: In-loop estimators and their default samples per step.
-ESTIMATORS = tuple(e.value for e in Estimator)
-DEFAULT_NUM_SAMPLES = {Estimator.IMPORTANCE: 1 << 11, Estimator.PLAIN: 1 << 13}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,9 +231,8 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
             proposal = None
             if importance:
                 proposal = default_proposal(jax.lax.stop_gradient(gram), jax.lax.stop_gradient(start), eps)
-            res = calibrate_on_draws(gram, eps, delta, key=sample, num_samples=num_samples,
-                                     solver=solver, initial_noise=start, precompute=precompute,
-                                     proposal=proposal)
+            plan = DrawPlan(key=sample, num_samples=num_samples, proposal=proposal, precompute=precompute)
+            res = calibrate_on_draws(gram, eps, delta, plan, solver=solver, initial_noise=start)
             flag = reused = jnp.zeros((), bool)
         err = objective(corr, n)
         rmse = res.root * err
@@ -333,9 +325,9 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         return (gram, gram_sqrt(gram), objective(corr, n)), (start, proposal)
 
     def solve(gram, sqrt_gram, eps, delta, sample, step_index, start, proposal):
-        res = calibrate_on_draws(gram, eps, delta, key=jax.random.fold_in(sample, step_index),
-                                 num_samples=num_samples, solver=solver, initial_noise=start, precompute=precompute,
-                                 proposal=proposal, sqrt_gram=sqrt_gram)
+        plan = DrawPlan(key=jax.random.fold_in(sample, step_index), num_samples=num_samples, proposal=proposal,
+                        precompute=precompute)
+        res = calibrate_on_draws(gram, eps, delta, plan, solver=solver, initial_noise=start, sqrt_gram=sqrt_gram)
         return res.root, (res.num_passes, res.status)
 
     def solve_with_gradient(*args):
@@ -479,13 +471,13 @@ def _read_checkpoint(path, config):
         with open(path, "rb") as f:
             data = _io.loads(f.read())
     except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
-        raise ValueError(f"checkpoint_path: cannot read checkpoint {os.fspath(path)!r}: {exc}") from exc
+        raise ValueError(f"checkpoint.path: cannot read checkpoint {os.fspath(path)!r}: {exc}") from exc
     if data.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint_path: {os.fspath(path)!r} is not a dpjax optimize checkpoint")
+        raise ValueError(f"checkpoint.path: {os.fspath(path)!r} is not a dpjax optimize checkpoint")
     stored = data["config"]
     if stored != _io.loads(_io.dumps(config)):
         diff = sorted(k for k in set(stored) | set(config) if stored.get(k) != config.get(k))
-        raise ValueError(f"checkpoint_path: {os.fspath(path)!r} was written by a different "
+        raise ValueError(f"checkpoint.path: {os.fspath(path)!r} was written by a different "
                          f"configuration (differs in {diff}); use another path or resume=False")
     return data
 
@@ -493,153 +485,105 @@ def _read_checkpoint(path, config):
 # --------------------------------------------------------------------------- the loop
 
 
-def _validate_inputs(parameterization, b, epochs, eps, delta, num_steps, num_samples,
-                     checkpoint_every, certify, certify_samples, max_attempts, certify_method="bernoulli_kl",
-                     certify_delta=None):
+def _certify_settings(certify) -> CertifySettings | None:
+    """``certify=`` of :func:`optimize_correlation` as settings, or ``None`` (no certificate)."""
+    if certify is True:
+        return CertifySettings()
+    if certify is False or certify is None:
+        return None
+    if isinstance(certify, CertifySettings):
+        return certify
+    raise ValueError("certify must be a CertifySettings(...), True (the default settings) or False (no "
+                     f"certificate), got {certify!r}")
+
+
+def _check_records(parameterization, problem, settings, checkpoint) -> None:
+    """``ValueError`` naming the argument whose record is of the wrong type."""
     if not isinstance(parameterization, Parameterization):
         raise ValueError("parameterization must be a dpjax.optimization parameterization "
                          f"(make_parameterization(...)), got {type(parameterization).__name__}")
-    b = _validate.positive_int("batches_per_epoch", b)
-    epochs = _validate.positive_int("epochs", epochs)
-    if b * epochs != parameterization.n:
-        raise ValueError(f"n must equal batches_per_epoch * epochs = {b} * {epochs} = {b * epochs}, "
-                         f"got parameterization.n = {parameterization.n}")
-    target = _validate.PrivacyTarget(eps, delta)
-    eps, delta = float(target.epsilon), float(target.delta)
-    num_steps = _validate.positive_int("num_steps", num_steps, minimum=0)
-    num_samples = _validate.positive_int("num_samples", num_samples)
-    checkpoint_every = _validate.positive_int("checkpoint_every", checkpoint_every)
-    if certify:
-        certify_method = evr.CertificateMethod.parse(certify_method, "certify_method")
-    if certify and certify_method == "importance_betting":
-        if certify_samples is not None:
-            certify_samples = _validate.positive_int("certify_samples", certify_samples)
-    elif certify:
-        if certify_samples is None:
-            certify_samples = default_certify_samples(delta, max_attempts)
-        certify_samples = _validate.positive_int("certify_samples", certify_samples)
-        level = delta if certify_delta is None else certify_delta
-        if ladder_base_delta(certify_samples, level, max_attempts) is None:
-            raise ValueError(
-                f"target_delta = {level:g} is below what certify_samples = {certify_samples} can "
-                f"verify: need certify_samples >= {ladder_minimum_samples(level, max_attempts)}")
-    return b, epochs, eps, delta, num_steps, num_samples, checkpoint_every, certify_samples
+    for name, value, kind in (("problem", problem, CorrelationProblem), ("settings", settings, OptimizerSettings)):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name} must be a dpjax.optimization.{kind.__name__}(...), got {value!r}")
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise ValueError(f"checkpoint must be None or a dpjax.optimization.Checkpoint(path, ...), got {checkpoint!r}")
 
 
-def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: int,
-                         target_epsilon: float, target_delta: float, num_steps: int = 300,
-                         num_samples: int | None = None, optimizer: optax.GradientTransformation | None = None,
-                         objective: Callable = prefix_sum_error, key: Any = 0,
-                         init_params: dict | None = None, solver=NewtonIllinois(xtol=1e-9),
-                         checkpoint_path: str | os.PathLike | None = None, checkpoint_every: int = 25,
-                         resume: bool = False, progress: bool | None = None, certify: bool = True,
-                         certify_samples: int | None = None, certify_key: Any = None,
-                         max_attempts: int = DEFAULT_MAX_ATTEMPTS, growth: float | None = None,
-                         precompute: bool | None = None, resample_every: int = 10,
-                         num_candidates: int | None = None, estimator: str = "importance",
-                         certify_method: str = evr.DEFAULT_METHOD, dataset_size: int | None = None,
-                         batch_size: int | None = None) -> OptimizationResult:
+def optimize_correlation(parameterization, problem: CorrelationProblem,
+                         settings: OptimizerSettings = OptimizerSettings(), *,
+                         certify: CertifySettings | bool = True, checkpoint: Checkpoint | None = None,
+                         progress: bool | None = None) -> OptimizationResult:
     """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, then certify.
 
     Args:
       parameterization: from :func:`dpjax.optimization.make_parameterization` (``n = b * E``).
-      batches_per_epoch, epochs: ``b``, ``E``.
-      target_epsilon, target_delta: the privacy target (``> 0``; ``(0, 1)``).
-      num_steps: optimizer steps (``>= 0``).
-      num_samples: Monte Carlo samples per step (any ``>= 1``: an estimate; default
-        :data:`DEFAULT_NUM_SAMPLES` of the ``estimator``).
-      optimizer: any optax transformation (default Adam, learning rate 0.05, on the log RMSE).
-      objective: ``(correlation, n) -> err`` noise-free error (default :func:`prefix_sum_error`).
-      key: int seed or JAX key of the optimisation's draws (step ``k`` uses ``fold_in(key, k)``).
-      init_params: starting parameters (default ``parameterization.init()``, closed form).
-      solver: :class:`~dpjax.calibration.NewtonIllinois` (default) or
-        :class:`~dpjax.calibration.Bisection` (Algorithm 2 as written).
-      checkpoint_path, checkpoint_every: JSON checkpoint every ``k`` steps (and at the end).
-      resume: continue from ``checkpoint_path`` if it exists (same configuration required).
-      progress: progress bar on stderr (``None``: auto, see :mod:`dpjax._base.progress`).
-      certify: certify the result (:func:`dpjax.montecarlo.evr.certify_noise`).
-      certify_samples: verification samples (default: ``"importance_betting"`` sizes it from its
-        calibration sample, between 2^16 and 2^22; ``"bernoulli_kl"``
-        :func:`~dpjax.optimization.certify.default_certify_samples`, 2^23 at ``delta = 1e-5``).
-      certify_key: key of the certification draws (default: derived from ``key`` by a fold
-        the optimisation never uses, so the draws are independent of the optimisation's).
-      max_attempts, growth: the certification ladder (rungs; ratio between rungs, default
-        the method's).
-      certify_method: ``"importance_betting"`` (default: the variance-reduced certificate,
-        docs/design.md §4.2) or ``"bernoulli_kl"`` (plain draws, Hoeffding's bound).
-      precompute: materialise ``W`` per step (default when ``num_samples * b <= 2^24``);
-        ``False`` forces the chunked, unscreened path (bounded memory at any ``num_samples``).
-      resample_every: steps that share one Monte Carlo sample (common random numbers across
-        steps; ``1``: fresh draws every step as in Algorithm 2).  Used by the screened
-        NewtonIllinois path (the default whenever ``num_samples * b <= 2^24``): the sample of
-        steps ``p R .. p R + R - 1`` is drawn from ``fold_in(key, p)``.  Why reuse is sound
-        for the optimisation: each step's sigma and gradient are those of the exact estimate
-        on a valid sample, only the sample is shared by ``R`` consecutive steps; over 300
-        steps the optimiser still sees ``300 / R`` independent samples, far more Monte Carlo
-        data than the ~2^9 fresh samples per step that Choquette-Choo et al. 2024 (§5.1.4,
-        Fig. 5) find sufficient, and the result is certified on independent draws anyway.
-        Within a period the warm start is within a step's change of the root, which keeps the
-        screening valid and the solver at 1-3 passes.
-      num_candidates: samples per direction kept by the screen
-        (:func:`dpjax.calibration.screened.default_num_candidates`).
-      estimator: ``"importance"`` (default: the variance-reduced estimate of
-        :mod:`dpjax.montecarlo.importance`, fresh draws every step, full passes) or ``"plain"``
-        (the plain estimate, screened and resampled every ``resample_every`` steps).
-      dataset_size, batch_size: the training sampler, ``N`` examples in fixed batches of shape
-        ``B`` (:class:`dpjax.sampling.BallsInBinsSampler` ``(N, b, E, B)``; both or neither).
-        The certificate is then for ``target_delta`` less the delta of truncating overflowing
-        bins (:func:`dpjax.optimization.certify.sampler_terms`), so the released sigma holds
-        for that sampler; the optimisation itself runs at ``target_delta``.  Without them the
-        certificate holds for untruncated bins (every example of a bin in its batch).
+      problem: :class:`~dpjax.optimization.CorrelationProblem`, what is optimised: the privacy
+        target, the scheme ``dpjax.BallsInBins(b)``, the epochs ``E``, the objective, and the
+        training sampler's ``dataset_size`` / ``batch_size`` when the certificate must pay for
+        its truncation.
+      settings: :class:`~dpjax.optimization.OptimizerSettings`, how: steps, optax optimizer,
+        in-loop samples and estimator, resampling, screening, solver, key, start (default:
+        300 Adam steps on the importance estimate, 2^11 samples per step, key 0).
+      certify: :class:`~dpjax.optimization.CertifySettings` of the certificate, ``True`` (the
+        default settings) or ``False`` (no certificate: ``noise_multiplier`` and ``rmse`` are
+        NaN).  The certificate is the certify step :func:`certify_result` on the optimised
+        result, its key by default ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
+        never uses; a ``"bernoulli_kl"`` sample count that cannot verify the target is refused
+        before the first step.
+      checkpoint: :class:`~dpjax.optimization.Checkpoint` (path, every, resume), or ``None``.
+      progress: progress bar and stage notes on stderr (``None``: auto, see
+        :mod:`dpjax._base.progress`).
 
     Returns:
-      :class:`OptimizationResult`.
+      :class:`OptimizationResult` (``noise_multiplier``: the certified sigma, noise std over
+      the clipping norm; ``rmse``: at that sigma; floats in float64).
+
+    Example::
+
+        problem = CorrelationProblem(sampling=dpjax.BallsInBins(8), epochs=4, target_epsilon=2.0,
+                                     target_delta=1e-5)
+        res = optimize_correlation(make_parameterization("blt", 32, num_buffers=2), problem,
+                                   OptimizerSettings(num_steps=100))
+        res.noise_multiplier, res.rmse, res.certificate.failure_probability
 
     Raises:
-      ValueError: bad input, naming the argument (``n != b * E``, targets out of range, a
-        ``target_delta`` that ``certify_samples`` cannot verify (says the minimum), bad
-        checkpoint).  Nothing is written before the inputs are validated.
+      ValueError: bad input, naming the argument (a record of the wrong type,
+        ``parameterization.n != b * E``, bad ``init_params``, a ``"bernoulli_kl"``
+        ``num_samples`` that cannot verify the target (says the minimum), a checkpoint of
+        another configuration).  Nothing is written before the inputs are validated.
     """
-    estimator = Estimator.parse(estimator, "estimator")
-    if num_samples is None:
-        num_samples = DEFAULT_NUM_SAMPLES[estimator]
-    sampler = sampler_terms(dataset_size, batch_size, batches_per_epoch, target_epsilon, target_delta)
-    (b, epochs, eps, delta, num_steps, num_samples, checkpoint_every,
-     certify_samples) = _validate_inputs(parameterization, batches_per_epoch, epochs, target_epsilon,
-                                         target_delta, num_steps, num_samples, checkpoint_every,
-                                         certify, certify_samples, max_attempts, certify_method,
-                                         sampler.certify_delta)
-    if not isinstance(solver, (NewtonIllinois, Bisection)):
-        raise ValueError(f"solver must be NewtonIllinois(...) or Bisection(...), got {solver!r}")
-    resample_every = _validate.positive_int("resample_every", resample_every)
-    if num_candidates is not None:
-        num_candidates = _validate.positive_int("num_candidates", num_candidates)
+    _check_records(parameterization, problem, settings, checkpoint)
+    certify = _certify_settings(certify)
+    b, epochs = parameterization._check_pattern(problem.batches_per_epoch, problem.epochs)
+    eps, delta = problem.target_epsilon, problem.target_delta
+    if certify is not None:
+        certify.samples_for(delta, problem.sampler.certify_delta)  # refused now, not after the steps
+    estimator, num_samples, num_steps = settings.estimator, settings.samples_per_step, settings.num_steps
+    solver, precompute, objective = settings.solver, settings.precompute, problem.objective
     importance = estimator == Estimator.IMPORTANCE
     screened = (not importance and isinstance(solver, NewtonIllinois) and precompute is not False
                 and (precompute or num_samples * b <= MAX_PRECOMPUTED))
-    if not screened:
-        resample_every = 1  # the unscreened step draws fresh samples every step
+    # The unscreened step draws fresh samples every step.
+    resample_every = settings.resample_every if screened else 1
+    key = settings.key
     seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
     jkey = as_prng_key(key)
-    optimizer = default_optimizer() if optimizer is None else optimizer
-    if not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
-        raise ValueError(f"optimizer must be an optax GradientTransformation, got {optimizer!r}")
-    params = parameterization.init() if init_params is None else init_params
+    optimizer = default_optimizer() if settings.optimizer is None else settings.optimizer
+    params = parameterization.init() if settings.init_params is None else settings.init_params
     params = params_from_list(params_to_list(parameterization.check_params(params)))
     key_data = np.asarray(jax.random.key_data(jkey)).tolist()
     config = _config(parameterization, b, epochs, eps, delta, num_samples, key_data, solver, objective,
                      resample_every, estimator)
-    if resume and checkpoint_path is None:
-        raise ValueError("resume=True needs a checkpoint_path")
+    checkpoint_path = None if checkpoint is None else checkpoint.path
 
     t_start = time.perf_counter()
     with jax.enable_x64(True):
         fns = _compiled(parameterization, b, epochs, num_samples, optimizer, objective, solver, precompute,
-                        screened, num_candidates, importance)
-        run = _start(params, optimizer.init(params), fns, checkpoint_path if resume else None, config,
-                     num_steps)
+                        screened, settings.num_candidates, importance)
+        run = _start(params, optimizer.init(params), fns,
+                     checkpoint_path if checkpoint is not None and checkpoint.resume else None, config, num_steps)
         _run_steps(run, fns, jkey, eps, delta, num_steps, resample_every if screened else None,
-                   checkpoint_path, checkpoint_every, config, progress)
+                   checkpoint, config, progress)
         done = run.history[-1]["step"] + 1 if run.history else run.start
         if checkpoint_path is not None:
             _save(checkpoint_path, config, done, run)
@@ -648,33 +592,101 @@ def optimize_correlation(parameterization, *, batches_per_epoch: int, epochs: in
         eval_sample = draw_fn(jkey, done) if screened else jkey
         _, aux_f, err_f = eval_fn(run.params, eps, delta, eval_sample, done, run.sigma, run.no_screen)
         sigma_est, err = float(aux_f[0]), float(err_f)
-        corr = parameterization.correlation(run.params)
         first_column = np.asarray(parameterization.first_column(run.params)).tolist()
-    certificate, certify_s = None, 0.0
-    if certify:
-        t_c = time.perf_counter()
-        ckey = jax.random.fold_in(jkey, 2**31 - 1) if certify_key is None else as_prng_key(certify_key)
-        certificate = _certify_result(corr, b, epochs, eps, sampler.certify_delta, certify_samples, ckey, sigma_est,
-                                      max_attempts, growth, certify_method, progress)
-        certify_s = time.perf_counter() - t_c
-    sigma_cert = math.nan if certificate is None else certificate.noise_multiplier
-    return OptimizationResult(
+    sampler = problem.sampler
+    result = OptimizationResult(
         parameterization=parameterization.to_dict(), batches_per_epoch=b, epochs=epochs,
         target_epsilon=eps, target_delta=delta, params=params_to_list(run.params),
-        first_column=first_column, noise_multiplier=sigma_cert, noise_multiplier_estimate=sigma_est,
-        error=err, rmse=sigma_cert * err, rmse_estimate=sigma_est * err, certificate=certificate,
+        first_column=first_column, noise_multiplier=math.nan, noise_multiplier_estimate=sigma_est,
+        error=err, rmse=math.nan, rmse_estimate=sigma_est * err, certificate=None,
         history=run.history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=run.status,
-        stop_reason=run.reason, estimator=estimator, dataset_size=sampler.dataset_size,
+        stop_reason=run.stop_reason, estimator=estimator, dataset_size=sampler.dataset_size,
         batch_size=sampler.batch_size, truncation_delta=sampler.truncation_delta,
-        timings={"compile_and_first_step": run.compile_s, "steps": run.steps_s, "draws": run.draw_s,
-                 "first_draw": run.draw_first_s,
-                 "certify": certify_s,
-                 "total": time.perf_counter() - t_start})
+        timings={**run.timings, "certify": 0.0, "total": time.perf_counter() - t_start})
+    if certify is None:
+        return result
+    ckey = jax.random.fold_in(jkey, _CERTIFY_FOLD) if certify.key is None else as_prng_key(certify.key)
+    return _certify(result, certify, ckey, progress)
+
+
+#: The fold of the optimisation's key that gives the certificate's default key (never a step's).
+_CERTIFY_FOLD = 2**31 - 1
+
+
+def certify_result(result: OptimizationResult, settings: CertifySettings = CertifySettings(), *,
+                   progress: bool | None = None) -> OptimizationResult:
+    """The certify step: ``result`` with its noise multiplier certified by Estimate-Verify-Release.
+
+    Certifies the optimised ``C`` of ``result`` at its ``(target_epsilon, target_delta)`` (less
+    the sampler's ``truncation_delta`` when the result names a training sampler) on draws
+    independent of the optimisation's (:func:`~dpjax.optimization.certify_noise`), starting the
+    ladder near ``result.noise_multiplier_estimate``.
+    ``optimize_correlation(..., certify=settings)`` is this step applied to the uncertified
+    result (``certify=False``), value for value.
+
+    Args:
+      result: an :class:`OptimizationResult` (certified or not; a certificate it holds is
+        replaced).
+      settings: :class:`~dpjax.optimization.CertifySettings`; its ``key`` by default is
+        ``fold_in(key(result.seed), 2^31 - 1)``, the key ``optimize_correlation`` certifies
+        with (a result optimised from a JAX key stores no seed: give ``key`` then).
+      progress: a note and an elapsed-time meter on stderr (``None``: auto).
+
+    Returns:
+      the :class:`OptimizationResult` with ``noise_multiplier`` (the certified sigma; ``inf``
+      when no rung verified), ``rmse = noise_multiplier * error``, ``certificate`` and
+      ``timings["certify"]`` (seconds) set; every other field as in ``result``.
+
+    Example::
+
+        res = optimize_correlation(p, problem, certify=False)
+        res = certify_result(res, CertifySettings(method="bernoulli_kl", num_samples=1 << 21))
+        res.noise_multiplier, res.certificate.failure_probability
+
+    Raises:
+      ValueError: ``result`` or ``settings`` of the wrong type; no ``key`` for a result without
+        a seed; a ``"bernoulli_kl"`` sample count that cannot verify the target (says the
+        minimum).
+    """
+    if not isinstance(result, OptimizationResult):
+        raise ValueError(f"result must be an OptimizationResult (optimize_correlation's), got {type(result).__name__}")
+    if not isinstance(settings, CertifySettings):
+        raise ValueError(f"settings must be a dpjax.optimization.CertifySettings(...), got {settings!r}")
+    if settings.key is not None:
+        ckey = as_prng_key(settings.key)
+    elif result.seed >= 0:
+        ckey = jax.random.fold_in(as_prng_key(result.seed), _CERTIFY_FOLD)
+    else:
+        raise ValueError("key: the result was optimised from a JAX key, which it does not store; give the "
+                         "certificate's key, CertifySettings(key=...)")
+    return _certify(result, settings, ckey, progress)
+
+
+def _certify(result: OptimizationResult, settings: CertifySettings, ckey, progress) -> OptimizationResult:
+    """:func:`certify_result` with the certificate's key resolved."""
+    b, epochs, eps = result.batches_per_epoch, result.epochs, result.target_epsilon
+    certify_delta = sampler_terms(result.dataset_size, result.batch_size, b, eps, result.target_delta).certify_delta
+    settings = dataclasses.replace(settings, num_samples=settings.samples_for(result.target_delta, certify_delta),
+                                   key=ckey)
+    t_c = time.perf_counter()
+    with jax.enable_x64(True):
+        corr = result.correlation()
+    certificate = _certificate(corr, b, epochs, eps, certify_delta, settings, result.noise_multiplier_estimate,
+                               progress)
+    seconds = time.perf_counter() - t_c
+    sigma = certificate.noise_multiplier
+    timings = {**result.timings, "certify": seconds, "total": result.timings.get("total", 0.0) + seconds}
+    return dataclasses.replace(result, noise_multiplier=sigma, rmse=sigma * result.error, certificate=certificate,
+                               timings=timings)
 
 
 @dataclasses.dataclass
 class _Run:
-    """The loop's mutable state: what a checkpoint stores and what the result reports."""
+    """The loop's mutable state: what a checkpoint stores and what the result reports.
+
+    ``stop_reason`` is empty while the run goes on (status ``"completed"``); a step with a
+    non-finite loss or parameter sets it (``"stopped"``).  ``timings``: the loop's seconds under
+    the result's names (``compile_and_first_step``, ``steps``, ``draws``, ``first_draw``)."""
 
     params: Any
     opt_state: Any
@@ -684,12 +696,13 @@ class _Run:
     no_screen: Any
     screen_state: Any
     restored: bool
-    status: OptimizationStatus = OptimizationStatus.COMPLETED
-    reason: str = ""
-    compile_s: float = 0.0
-    steps_s: float = 0.0
-    draw_s: float = 0.0
-    draw_first_s: float = 0.0
+    stop_reason: str = ""
+    timings: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+        ("compile_and_first_step", "steps", "draws", "first_draw"), 0.0))
+
+    @property
+    def status(self) -> OptimizationStatus:
+        return OptimizationStatus.STOPPED if self.stop_reason else OptimizationStatus.COMPLETED
 
 
 def _start(params, opt_state, fns, resume_path, config, num_steps) -> _Run:
@@ -723,11 +736,12 @@ def _save(checkpoint_path, config, step: int, run: _Run) -> None:
     _drop_old_screen_states(checkpoint_path, step)
 
 
-def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, checkpoint_path,
-               checkpoint_every, config, progress) -> None:
+def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, checkpoint: Checkpoint | None,
+               config, progress) -> None:
     """Steps ``run.start .. num_steps - 1`` (fewer if one gives a non-finite loss or parameter),
     updating ``run`` in place.  ``resample_every``: steps per shared sample on the screened
-    path, ``None`` on the unscreened one (each step draws its own)."""
+    path, ``None`` on the unscreened one (each step draws its own).  ``checkpoint``: written
+    every ``checkpoint.every`` steps (``None``: never)."""
     step_fn, _, draw_fn, _ = fns
     screened = resample_every is not None
     every = resample_every if screened else 1
@@ -742,8 +756,8 @@ def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, chec
                 period = k // every
                 sample = jax.block_until_ready(draw_fn(jkey, period))
                 if k == run.start:
-                    run.draw_first_s = time.perf_counter() - t0  # includes its compilation
-                run.draw_s += time.perf_counter() - t0
+                    run.timings["first_draw"] = time.perf_counter() - t0  # includes its compilation
+                run.timings["draws"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
             if k % every == 0 or (k == run.start and not run.restored):
                 # A screen is reused only on the sample it was computed on.  A resumed run
@@ -759,10 +773,9 @@ def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, chec
                 float(scalars[0]), float(scalars[1]), int(scalars[2]), int(scalars[3]),
                 bool(scalars[4]), bool(scalars[5]))
             if k == run.start:
-                run.compile_s = time.perf_counter() - t0
+                run.timings["compile_and_first_step"] = time.perf_counter() - t0
             if not (math.isfinite(loss) and bool(params_finite)) or solver_status != 0:
-                run.status = OptimizationStatus.STOPPED
-                run.reason = (f"step {k}: non-finite loss or parameters (loss={loss}, sigma={s_k}, "
+                run.stop_reason = (f"step {k}: non-finite loss or parameters (loss={loss}, sigma={s_k}, "
                               f"solver status {solver_status}); kept the parameters of step {k}")
                 break
             run.history.append({"step": k, "loss": loss, "rmse": rmse_k, "noise_multiplier": s_k,
@@ -770,34 +783,33 @@ def _run_steps(run: _Run, fns, jkey, eps, delta, num_steps, resample_every, chec
                                 "screen_reused": was_reused})
             run.params, run.opt_state, run.sigma, run.screen_state = new_params, new_state, s_k, aux[6]
             bar.update(1, rmse=f"{rmse_k:.5g}", sigma=f"{s_k:.5g}")
-            if checkpoint_path is not None and ((k + 1) % checkpoint_every == 0):
-                _save(checkpoint_path, config, k + 1, run)
-    run.steps_s = time.perf_counter() - t_steps
+            if checkpoint is not None and ((k + 1) % checkpoint.every == 0):
+                _save(checkpoint.path, config, k + 1, run)
+    run.timings["steps"] = time.perf_counter() - t_steps
 
 
-def _certify_result(corr, b, epochs, eps, delta, certify_samples, ckey, sigma_est, max_attempts, growth,
-                    certify_method, progress) -> Certificate:
+def _certificate(corr, b, epochs, eps, delta, settings: CertifySettings, sigma_est, progress) -> Certificate:
     """The certificate of the optimised ``C`` (:func:`certify_noise`), or, when the
     variance-reduced method finds from its calibration sample that its sample count cannot
     certify this ``C``, an unverified certificate that says why (the optimised ``C`` is kept)."""
-    _note(f"certify: the noise multiplier of the optimized C by Estimate-Verify-Release ({certify_method}) on "
+    method = settings.method
+    _note(f"certify: the noise multiplier of the optimized C by Estimate-Verify-Release ({method}) on "
           "fresh Monte Carlo samples", enabled=progress)
     try:
         with _elapsed_meter("certify", enabled=progress):
             return Certificate.from_dict(certify_noise(
-                corr, b, epochs, target_epsilon=eps, target_delta=delta, num_samples=certify_samples, key=ckey,
-                initial_noise=sigma_est if math.isfinite(sigma_est) else None, max_attempts=max_attempts,
-                growth=growth, method=certify_method))
+                corr, b, epochs, target_epsilon=eps, target_delta=delta, settings=settings,
+                initial_noise=sigma_est if math.isfinite(sigma_est) else None))
     except ValueError as exc:
-        if certify_method != "importance_betting":
+        if method != "importance_betting":
             raise
         # The variance-reduced certificate learns only from its calibration sample whether its
         # sample count can certify this C (the summands' range depends on C).
         nan = math.nan
-        return Certificate(verified=False, method=certify_method, procedure="ladder", epsilon=eps,
+        return Certificate(verified=False, method=method, procedure="ladder", epsilon=eps,
                            delta=math.inf, target_delta=delta, base_delta=nan, tau=nan,
-                           failure_probability=nan, num_tests=int(max_attempts), num_samples=certify_samples,
-                           calibration_samples=0, noise_multiplier=math.inf,
+                           failure_probability=nan, num_tests=int(settings.max_attempts),
+                           num_samples=settings.num_samples, calibration_samples=0, noise_multiplier=math.inf,
                            noise_multiplier_estimate=sigma_est, delta_estimate=nan, standard_error=nan,
                            delta_remove=nan, delta_add=nan, tests_run=0, growth=nan, range_remove=nan,
                            range_add=nan, reason=f"not certified: {exc}")

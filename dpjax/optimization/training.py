@@ -110,7 +110,7 @@ def training_setup(result, *, dataset_size: int | None = None, batch_size: int |
       result: an :class:`~dpjax.optimization.OptimizationResult` or the path of its JSON file
         (``dpjax optimize --out``), with a verified certificate.
       dataset_size, batch_size: ``N`` and the fixed batch shape ``B``; default the ones the
-        result was certified for (``optimize_correlation(dataset_size=, batch_size=)``), which
+        result was certified for (``CorrelationProblem(dataset_size=, batch_size=)``), which
         they must equal when both are known.  For a result certified without a sampler they are
         required, and the returned ``delta`` is the certificate's plus the truncation term
         (possibly above the result's target).

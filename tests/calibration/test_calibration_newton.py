@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax.calibration import (Bisection, NewtonIllinois, SolverStatus, StopGradientAdjoint,
+from dpjax.calibration import (Bisection, DrawPlan, NewtonIllinois, SolverStatus, StopGradientAdjoint,
                                calibrate_on_draws, calibrated_noise)
 from dpjax.montecarlo import draws, gram_from_columns
 
@@ -21,9 +21,11 @@ B, E = 8, 4
 KEY = jax.random.key(3)
 
 
-def _solve(coeffs, solver, *, init=None, m=1 << 13, delta=1e-3, eps=2.0, **kw):
+def _solve(coeffs, solver, *, init=None, m=1 << 13, delta=1e-3, eps=2.0, adjoint=None, **plan):
+    """The calibration of C = Toeplitz(1, coeffs); ``plan``: more fields of its DrawPlan."""
     gram = gram_from_columns(jnp.concatenate([jnp.ones(1), coeffs]), B, E)
-    return calibrate_on_draws(gram, eps, delta, key=KEY, num_samples=m, solver=solver,
+    kw = {} if adjoint is None else {"adjoint": adjoint}
+    return calibrate_on_draws(gram, eps, delta, DrawPlan(key=KEY, num_samples=m, **plan), solver=solver,
                               initial_noise=init, **kw)
 
 
@@ -80,7 +82,7 @@ def test_precomputed_draws_and_chunked_path_agree():
         a = jax.jit(lambda c: _solve(c, NewtonIllinois(), m=m).root)(c)
         b = jax.jit(lambda c: _solve(c, NewtonIllinois(), m=m, precompute=False).root)(c)
         gram = gram_from_columns(jnp.array([1.0, 0.5, 0.2]), B, E)
-        d = jax.jit(lambda g: calibrate_on_draws(g, 2.0, 1e-3, draws_=draws(KEY, B, m)).root)(gram)
+        d = jax.jit(lambda g: calibrate_on_draws(g, 2.0, 1e-3, DrawPlan(draws=draws(KEY, B, m))).root)(gram)
         s = jax.jit(lambda c: _solve(c, NewtonIllinois(), m=m, adjoint=StopGradientAdjoint()).root)(c)
     assert float(b) == pytest.approx(float(a), rel=1e-11)
     assert float(d) == pytest.approx(float(a), rel=1e-12)

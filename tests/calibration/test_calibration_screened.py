@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax.calibration import NewtonIllinois, calibrate_on_draws
+from dpjax.calibration import DrawPlan, NewtonIllinois, calibrate_on_draws
 from dpjax.calibration.screened import (calibrate_screened, default_num_candidates,
                                         screened_draws)
 from dpjax.montecarlo import gram_matrix
@@ -36,7 +36,7 @@ def _full(par, draws_, start):
     @jax.jit
     def f(p):
         g = gram_matrix(par.correlation(p), B, E)
-        return calibrate_on_draws(g, EPS, DELTA, draws_=(draws_.mode_index, draws_.u),
+        return calibrate_on_draws(g, EPS, DELTA, DrawPlan(draws=(draws_.mode_index, draws_.u)),
                                   solver=SOLVER, initial_noise=start).root
     return f
 

@@ -66,17 +66,20 @@ def test_resume_without_a_checkpoint(tmp_path, capsys):
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_resume_with_a_damaged_or_missing_sidecar(tmp_path, capsys, damage):
     # The screen-state sidecar belongs to the plain estimator's screened path.
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (Checkpoint, CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
     from dpjax.optimization.loop import default_optimizer
 
     out = str(tmp_path / "r.json")
     plain = SMALL + ["--estimator", "plain"]
     # The checkpoint a run killed after 2 steps leaves (a completed CLI run removes its own):
     # the same configuration as the command line's.
-    optimize_correlation(make_parameterization("blt", 8, num_buffers=4), batches_per_epoch=4, epochs=2,
-                         target_epsilon=2.0, target_delta=1e-3, num_steps=2, num_samples=512,
-                         optimizer=default_optimizer(0.05), key=0, checkpoint_path=out + ".checkpoint.json",
-                         checkpoint_every=1, certify=False, estimator="plain", progress=False)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(4), epochs=2, target_epsilon=2.0, target_delta=1e-3)
+    optimize_correlation(make_parameterization("blt", 8, num_buffers=4), problem,
+                         OptimizerSettings(num_steps=2, num_samples=512, optimizer=default_optimizer(0.05), key=0,
+                                           estimator="plain"),
+                         certify=False, checkpoint=Checkpoint(out + ".checkpoint.json", every=1), progress=False)
     sidecars = glob.glob(out + ".checkpoint.json.screen-*.npz")
     assert len(sidecars) == 1
     if damage == "truncate":   # was a 33-line zipfile.BadZipFile traceback and status 1

@@ -52,12 +52,15 @@ def _optimization_step(spec):
     import numpy as np
     import optax
 
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
     from dpjax.optimization.loss import log_rmse_balls_in_bins
 
     p = make_parameterization("blt", 16, num_buffers=2)
-    res = optimize_correlation(p, batches_per_epoch=4, epochs=4, target_epsilon=2.0, target_delta=1e-3,
-                               num_steps=1, optimizer=optax.sgd(1.0), certify=False, progress=False, key=3)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(4), epochs=4, target_epsilon=2.0, target_delta=1e-3)
+    res = optimize_correlation(p, problem, OptimizerSettings(num_steps=1, optimizer=optax.sgd(1.0), key=3),
+                               certify=False, progress=False)
     out = {"history": [[_hex(h["loss"]), _hex(h["noise_multiplier"])] for h in res.history],
            "params": {k: [_hex(x) for x in np.ravel(v)] for k, v in sorted(res.params.items())},
            "estimate": _hex(res.noise_multiplier_estimate)}

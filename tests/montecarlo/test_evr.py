@@ -44,7 +44,7 @@ def _counting_verifier(monkeypatch, method, pass_at=None):
 
 def _procedures(method):
     from dpjax.optimization import baselines as bl
-    from dpjax.optimization.certify import certify_noise
+    from dpjax.optimization.certify import CertifySettings, certify_noise
 
     corr = Toeplitz(jnp.array([1.0, 0.5]))
     m = 1 << 14
@@ -54,8 +54,8 @@ def _procedures(method):
         return row.certificate
 
     def ladder():
-        return certify_noise(corr, 2, 2, target_epsilon=2.0, target_delta=1e-2, num_samples=m, key=3,
-                             method=method)
+        return certify_noise(corr, 2, 2, target_epsilon=2.0, target_delta=1e-2,
+                             settings=CertifySettings(num_samples=m, key=3, method=method))
 
     return {"baseline_row": baseline_row, "ladder": ladder}
 

@@ -430,13 +430,17 @@ def test_one_default_certificate_method():
 
     from dpjax.cli.main import build_parser
     from dpjax.montecarlo import evr
-    from dpjax.optimization import certify_noise, optimize_correlation
+    from dpjax.optimization import CertifySettings, certify_result, optimize_correlation
 
     assert evr.DEFAULT_METHOD == "importance_betting"
     for fn, name in ((BallsInBins.certify, "method"), (BallsInBins.certify_noise, "method"),
-                     (BallsInBins.calibrate, "method"), (certify_noise, "method"),
-                     (optimize_correlation, "certify_method")):
+                     (BallsInBins.calibrate, "method"), (CertifySettings, "method")):
         assert inspect.signature(fn).parameters[name].default == evr.DEFAULT_METHOD, fn
+    # certify_noise and the certify step take CertifySettings; optimize_correlation's certify=True
+    # is CertifySettings() and its default.
+    assert CertifySettings().method == evr.DEFAULT_METHOD
+    assert inspect.signature(certify_result).parameters["settings"].default == CertifySettings()
+    assert inspect.signature(optimize_correlation).parameters["certify"].default is True
     parser = build_parser()
     common = ["--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "1", "--delta", "0.1"]
     assert parser.parse_args(["mc-certify", *common, "--noise-multiplier", "1"]).certify_method == evr.DEFAULT_METHOD

@@ -12,30 +12,40 @@ import sys
 import textwrap
 import time
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from dpjax.optimization import (OptimizationResult, make_parameterization, optimize_correlation)
+import dpjax
+from dpjax.optimization import (CertifySettings, Checkpoint, CorrelationProblem, OptimizationResult,
+                                OptimizerSettings, make_parameterization, optimize_correlation)
 from dpjax.optimization import loop as loop_mod
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 B, E = 4, 2
-KW = dict(batches_per_epoch=B, epochs=E, target_epsilon=2.0, target_delta=1e-3, num_samples=256,
-          key=5, progress=False)
+PROBLEM = CorrelationProblem(sampling=dpjax.BallsInBins(B), epochs=E, target_epsilon=2.0, target_delta=1e-3)
+SETTINGS = OptimizerSettings(num_samples=256, key=5)
 
 
 def _param():
     return make_parameterization("blt", B * E, num_buffers=2)
 
 
+def _opt(p, num_steps, *, certify=False, checkpoint=None, problem=PROBLEM, **settings):
+    """The run of these tests: PROBLEM, SETTINGS with ``num_steps`` and ``settings`` changed."""
+    return optimize_correlation(p, problem, dataclasses.replace(SETTINGS, num_steps=num_steps, **settings),
+                                certify=certify, checkpoint=checkpoint, progress=False)
+
+
 def test_loop_reuses_one_compiled_step_and_is_deterministic():
     p = _param()
-    r1 = optimize_correlation(p, num_steps=3, certify=False, **KW)
+    r1 = _opt(p, 3)
     info1 = loop_mod._compiled.cache_info()
-    r2 = optimize_correlation(p, num_steps=3, certify=False, **KW)
+    r2 = _opt(p, 3)
     info2 = loop_mod._compiled.cache_info()
     assert info2.hits == info1.hits + 1 and info2.misses == info1.misses
     assert r1.params == r2.params and r1.history == r2.history
@@ -46,18 +56,16 @@ def test_loop_reuses_one_compiled_step_and_is_deterministic():
 
 def test_checkpoint_resume_gives_identical_result(tmp_path):
     p = _param()
-    ref = optimize_correlation(p, num_steps=6, certify=False, **KW)
+    ref = _opt(p, 6)
     ck = tmp_path / "ck.json"
-    part = optimize_correlation(p, num_steps=4, certify=False, checkpoint_path=ck,
-                                checkpoint_every=2, **KW)
+    part = _opt(p, 4, checkpoint=Checkpoint(ck, every=2))
     assert json.loads(ck.read_text())["step"] == 4 and len(part.history) == 4
-    full = optimize_correlation(p, num_steps=6, certify=False, checkpoint_path=ck, resume=True, **KW)
+    full = _opt(p, 6, checkpoint=Checkpoint(ck, resume=True))
     assert full.params == ref.params
     assert full.history == ref.history
     # A different configuration refuses the checkpoint, naming it.
-    with pytest.raises(ValueError, match="checkpoint_path"):
-        optimize_correlation(p, num_steps=6, certify=False, checkpoint_path=ck, resume=True,
-                             **{**KW, "target_epsilon": 3.0})
+    with pytest.raises(ValueError, match="checkpoint.path"):
+        _opt(p, 6, checkpoint=Checkpoint(ck, resume=True), problem=dataclasses.replace(PROBLEM, target_epsilon=3.0))
 
 
 @pytest.mark.slow
@@ -66,35 +74,36 @@ def test_resume_mid_sampling_period_on_the_screened_path_is_identical(tmp_path):
     not aligned), m = 2048 > the 256 candidate slots (the plain estimator's screened path): resuming at step 4,
     inside the period of steps 3-5, redraws that period's sample and gives the identical run."""
     p = _param()
-    kw = {**KW, "num_samples": 2048, "resample_every": 3, "num_candidates": 256, "estimator": "plain"}
-    ref = optimize_correlation(p, num_steps=7, certify=False, **kw)
+    kw = {"num_samples": 2048, "resample_every": 3, "num_candidates": 256, "estimator": "plain"}
+    ref = _opt(p, 7, **kw)
     assert all(h["screened"] for h in ref.history[1:])
     # Step 4 reuses the screen of step 3 (same sample, small move): resuming at step 4 restores
     # that screen from the checkpoint's sidecar, so the run is identical bit for bit.
     assert [h["step"] for h in ref.history if h["screen_reused"]] == [2, 4]
     ck = tmp_path / "ck.json"
-    optimize_correlation(p, num_steps=4, certify=False, checkpoint_path=ck, checkpoint_every=2, **kw)
+    _opt(p, 4, checkpoint=Checkpoint(ck, every=2), **kw)
     assert os.path.exists(f"{ck}.screen-4.npz")
-    full = optimize_correlation(p, num_steps=7, certify=False, checkpoint_path=ck, resume=True, **kw)
+    full = _opt(p, 7, checkpoint=Checkpoint(ck, resume=True), **kw)
     assert full.params == ref.params and full.history == ref.history
     # Without the sidecar the resumed run screens step 4 afresh from another starting point:
     # Newton stops at another point within its tolerance (xtol = 1e-9 in log sigma), so the run
     # agrees to that tolerance only (measured 3.7e-12 relative), not bit for bit.
-    optimize_correlation(p, num_steps=4, certify=False, checkpoint_path=ck, checkpoint_every=2, **kw)
+    _opt(p, 4, checkpoint=Checkpoint(ck, every=2), **kw)
     os.unlink(f"{ck}.screen-4.npz")
-    again = optimize_correlation(p, num_steps=7, certify=False, checkpoint_path=ck, resume=True, **kw)
+    again = _opt(p, 7, checkpoint=Checkpoint(ck, resume=True), **kw)
     assert not again.history[4]["screen_reused"]
     for name, ref_value in ref.params.items():
         np.testing.assert_allclose(again.params[name], ref_value, rtol=1e-9, atol=0)
     # A different sharing period is a different configuration: the checkpoint is refused.
     with pytest.raises(ValueError, match="resample_every"):
-        optimize_correlation(p, num_steps=7, certify=False, checkpoint_path=ck, resume=True,
-                             **{**kw, "resample_every": 2})
+        _opt(p, 7, checkpoint=Checkpoint(ck, resume=True), **{**kw, "resample_every": 2})
 
 
 _CHILD = textwrap.dedent("""
     import sys, time
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (Checkpoint, CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
     from dpjax.optimization import loop
     _orig = loop._write_checkpoint
     def slow(*a, **k):
@@ -102,10 +111,11 @@ _CHILD = textwrap.dedent("""
         time.sleep(float(sys.argv[2]))   # widen the window in which the parent kills us
     loop._write_checkpoint = slow
     p = make_parameterization("blt", 8, num_buffers=2)
-    r = optimize_correlation(p, batches_per_epoch=4, epochs=2, target_epsilon=2.0,
-                             target_delta=1e-3, num_samples=256, key=5, progress=False,
-                             num_steps=12, certify=False, checkpoint_path=sys.argv[1],
-                             checkpoint_every=2, resume=True)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(4), epochs=2, target_epsilon=2.0,
+                                 target_delta=1e-3)
+    r = optimize_correlation(p, problem, OptimizerSettings(num_samples=256, key=5, num_steps=12),
+                             certify=False, checkpoint=Checkpoint(sys.argv[1], every=2, resume=True),
+                             progress=False)
     print(r.to_json())
 """)
 
@@ -139,7 +149,7 @@ def test_kill_minus_9_then_resume_is_identical(tmp_path):
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     out = json.loads(resumed.stdout)
-    ref = optimize_correlation(_param(), num_steps=12, certify=False, **KW)
+    ref = _opt(_param(), 12)
     for k, v in ref.params.items():
         np.testing.assert_allclose(np.asarray(out["params"][k]), np.asarray(v), rtol=0, atol=1e-12)
     steps = [h["step"] for h in out["history"]]
@@ -161,8 +171,7 @@ def test_nan_stop_keeps_last_good_checkpoint(tmp_path):
 
     ck = tmp_path / "ck.json"
     opt = optax.chain(optax.adam(0.05), nan_after(3))
-    res = optimize_correlation(_param(), num_steps=8, certify=False, optimizer=opt,
-                               checkpoint_path=ck, checkpoint_every=1, **KW)
+    res = _opt(_param(), 8, optimizer=opt, checkpoint=Checkpoint(ck, every=1))
     assert res.status == "stopped" and "non-finite" in res.stop_reason and "step 3" in res.stop_reason
     assert [h["step"] for h in res.history] == [0, 1, 2]
     saved = json.loads(ck.read_text())
@@ -175,25 +184,28 @@ def test_bad_input_names_the_argument_and_writes_nothing(tmp_path):
     p = _param()
     ck = tmp_path / "ck.json"
     bad = [
-        (dict(batches_per_epoch=3), "n must equal batches_per_epoch"),
-        (dict(target_epsilon=-1.0), "target_epsilon"),
-        (dict(target_delta=1.5), "target_delta"),
-        (dict(num_samples=0), "num_samples"),
-        (dict(num_steps=-1), "num_steps"),
-        (dict(target_delta=1e-9, certify=True, certify_samples=1 << 16, certify_method="bernoulli_kl"), "certify_samples >= "),
+        (lambda: _opt(p, 2, problem=dataclasses.replace(PROBLEM, sampling=dpjax.BallsInBins(3)),
+                      checkpoint=Checkpoint(ck)), "n must equal batches_per_epoch"),
+        (lambda: _opt(p, 2, problem=dataclasses.replace(PROBLEM, target_epsilon=-1.0), checkpoint=Checkpoint(ck)),
+         "target_epsilon"),
+        (lambda: _opt(p, 2, problem=dataclasses.replace(PROBLEM, target_delta=1.5), checkpoint=Checkpoint(ck)),
+         "target_delta"),
+        (lambda: _opt(p, 2, num_samples=0, checkpoint=Checkpoint(ck)), "num_samples"),
+        (lambda: _opt(p, -1, checkpoint=Checkpoint(ck)), "num_steps"),
+        (lambda: _opt(p, 2, problem=dataclasses.replace(PROBLEM, target_delta=1e-9), checkpoint=Checkpoint(ck),
+                      certify=CertifySettings(num_samples=1 << 16, method="bernoulli_kl")), "certify_samples >= "),
     ]
-    for override, match in bad:
-        kw = {**KW, "num_steps": 2, "certify": False, **override}
+    for call, match in bad:
         with pytest.raises(ValueError, match=match):
-            optimize_correlation(p, checkpoint_path=ck, **kw)
+            call()
         assert not ck.exists()
     with pytest.raises(ValueError, match="parameterization"):
-        optimize_correlation("blt", num_steps=1, **KW)
+        _opt("blt", 1)
 
 
 @pytest.mark.slow
 def test_result_round_trip_and_certificate(tmp_path):
-    res = optimize_correlation(_param(), num_steps=4, certify=True, certify_samples=1 << 16, **KW)
+    res = _opt(_param(), 4, certify=CertifySettings(num_samples=1 << 16))
     cert = res.certificate
     assert cert.verified and res.noise_multiplier == cert.noise_multiplier
     assert cert.delta <= 1e-3 and 0 < cert.failure_probability < 1e-3
@@ -217,7 +229,7 @@ def test_certified_sigma_rechecked_by_direct_sampler():
     from dpjax.montecarlo.core import (MonteCarloSums, direct_monte_carlo_sums, estimate_from_sums,
                                        modes_from_column)
 
-    res = optimize_correlation(_param(), num_steps=10, certify=True, certify_samples=1 << 18, **KW)
+    res = _opt(_param(), 10, certify=CertifySettings(num_samples=1 << 18))
     assert res.certificate.verified
     m, chunk = 1 << 22, 1 << 19
     with jax.enable_x64(True):
@@ -230,7 +242,7 @@ def test_certified_sigma_rechecked_by_direct_sampler():
             tot, tot_sq = tot + s.total, tot_sq + s.total_sq
         mean, se = estimate_from_sums(MonteCarloSums(tot, tot_sq), m)
     worst = int(np.argmax(np.asarray(mean)[:, 0]))
-    assert float(mean[worst, 0]) < KW["target_delta"]
+    assert float(mean[worst, 0]) < PROBLEM.target_delta
     # The certificate is not loose by orders of magnitude: the true delta sits within the
     # verified base_delta's neighbourhood (EVR slack tau ~ 1.1 at 2^18 samples, delta 1e-3).
     assert float(mean[worst, 0]) > 0.3 * res.certificate.base_delta

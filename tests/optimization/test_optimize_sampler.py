@@ -83,7 +83,9 @@ def test_released_sigma_reverifies_for_the_sampler(tmp_path, capsys):
     problem) is 6.5 (term 8.8e-8, 9% of delta), where subtracting it matters.  Slow tier: two
     optimisations, two certificates and two re-checks, 30-45 s on 2 cores."""
     from dpjax.cli.optimize import _render
-    from dpjax.optimization import OptimizationResult, make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (CorrelationProblem, OptimizationResult, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
 
     n, b, epochs, eps, delta = 16000, 16, 16, 4.0, 1e-6
     out = tmp_path / "result.json"
@@ -94,9 +96,10 @@ def test_released_sigma_reverifies_for_the_sampler(tmp_path, capsys):
     res = OptimizationResult.load(out)
     for batch_size in (1260, 1200):
         if batch_size == 1200:
-            res = optimize_correlation(make_parameterization("blt", b * epochs, num_buffers=2), batches_per_epoch=b,
-                                       epochs=epochs, target_epsilon=eps, target_delta=delta, num_steps=5,
-                                       dataset_size=n, batch_size=batch_size, progress=False)
+            problem = CorrelationProblem(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=eps,
+                                         target_delta=delta, dataset_size=n, batch_size=batch_size)
+            res = optimize_correlation(make_parameterization("blt", b * epochs, num_buffers=2), problem,
+                                       OptimizerSettings(num_steps=5), progress=False)
         trunc = BallsInBinsSampler(n, b, epochs, batch_size).truncation_delta(eps)
         assert res.truncation_delta == trunc and (res.dataset_size, res.batch_size) == (n, batch_size)
         cert = res.certificate
@@ -119,11 +122,15 @@ def test_released_sigma_reverifies_for_the_sampler(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def small_result():
     """A small certified result (b = 4, E = 2) for a sampler of N = 400, B = 140."""
-    from dpjax.optimization import make_parameterization, optimize_correlation
+    import dpjax
+    from dpjax.optimization import (CertifySettings, CorrelationProblem, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
 
-    return optimize_correlation(make_parameterization("blt", 8, num_buffers=2), batches_per_epoch=4, epochs=2,
-                                target_epsilon=2.0, target_delta=1e-3, num_steps=2, num_samples=256,
-                                certify_samples=65536, dataset_size=400, batch_size=140, progress=False)
+    problem = CorrelationProblem(sampling=dpjax.BallsInBins(4), epochs=2, target_epsilon=2.0, target_delta=1e-3,
+                                 dataset_size=400, batch_size=140)
+    return optimize_correlation(make_parameterization("blt", 8, num_buffers=2), problem,
+                                OptimizerSettings(num_steps=2, num_samples=256),
+                                certify=CertifySettings(num_samples=65536), progress=False)
 
 
 @pytest.mark.slow
