@@ -206,6 +206,28 @@ class RunningAllocationAccountant:
         self._phases: "OrderedDict[float, int]" = OrderedDict()
         self._cache: dict = {}
 
+    @classmethod
+    def from_scenario(cls, scenario) -> "RunningAllocationAccountant":
+        """The accountant of a :class:`dpjax.TrainingScenario` of :class:`dpjax.RandomAllocation`
+        or :class:`dpjax.BallsInBins` sampling, with the scenario's epochs recorded at its noise
+        multiplier (``get_epsilon(delta)`` is then ``dpjax.dpsgd_epsilon(scenario, delta)``);
+        later epochs are recorded with :meth:`epoch`.  Other schemes, and a scenario without a
+        noise multiplier, are a ``ValueError``."""
+        from dpjax.pld.scenario import BallsInBins, RandomAllocation, TrainingScenario
+
+        if not isinstance(scenario, TrainingScenario):
+            raise ValueError(f"scenario must be a dpjax.TrainingScenario, got {scenario!r}")
+        run = scenario.sampling
+        if not isinstance(run, (RandomAllocation, BallsInBins)):
+            raise ValueError(f"RunningAllocationAccountant accounts RandomAllocation and BallsInBins sampling, got "
+                             f"{type(run).__name__} (dpjax.interop.opacus.RunningAccountant accounts Poisson)")
+        if scenario.noise_multiplier is None:
+            raise ValueError("RunningAllocationAccountant.from_scenario needs the scenario's noise_multiplier (it is None)")
+        acc = cls(batches_per_epoch=run.batches_per_epoch, selections_per_epoch=getattr(run, "selections_per_epoch", 1),
+                  sampling=run.keywords()["sampling"])
+        return acc.epoch(noise_multiplier=scenario.noise_multiplier,
+                         num_epochs=scenario.steps // run.batches_per_epoch)
+
     def epoch(self, *, noise_multiplier, num_epochs: int = 1) -> "RunningAllocationAccountant":
         """Record ``num_epochs`` epochs at ``noise_multiplier``."""
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
