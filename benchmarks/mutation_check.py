@@ -279,12 +279,18 @@ MUTATIONS = [
         "The certified delta of a procedure with K tests counts one test's failure probability.",
         ("tests/montecarlo/test_evr.py",)),
     Mutation(
-        "evr-base-delta-unsafe-end", "dpjax/montecarlo/evr.py",
-        "return lo",
-        "return hi",
-        "base_delta_for_target returns the end of its bisection bracket whose overall delta "
-        "exceeds the target.",
-        ("tests/montecarlo/test_montecarlo.py",), occurrence=0),
+        "host-bisection-root-unsafe-end", "dpjax/numerics/root.py",
+        'return lo if self.safe == "lower" else hi',
+        'return hi if self.safe == "lower" else lo',
+        "The host bisection returns the end of its final bracket where the predicate failed "
+        "(base_delta_for_target: a base delta whose overall delta exceeds the target).",
+        ("tests/montecarlo/test_montecarlo.py", "tests/numerics/test_root_host.py")),
+    Mutation(
+        "host-bisection-solve-unsafe-end", "dpjax/numerics/root.py",
+        'root = lo if self.safe == "lower" else hi',
+        'root = hi if self.safe == "lower" else lo',
+        "HostBisection.solve returns the infeasible end of its final bracket as the root.",
+        ("tests/numerics/test_root_host.py",)),
     Mutation(
         "betting-one-direction", "dpjax/montecarlo/evr.py",
         "passed = all(ranges[d] <= level or (np.isfinite(wealth[d]) and wealth[d] >= log_inv_beta) for d in range(2))",
