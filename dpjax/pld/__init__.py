@@ -92,8 +92,8 @@ _ATTRS = {
     **dict.fromkeys(("gaussian_delta", "gaussian_epsilon", "gaussian_log_delta"), "dpjax.numerics.exact"),
     **dict.fromkeys(("FixedGrid", "delta_fn", "grid_epsilon_fn", "plan_fixed_grid", "stack_grids"),
                     "dpjax.pld.grid.fixed_grid"),
-    **dict.fromkeys(("DIRECTIONS", "Direction", "Gaussian", "Laplace", "LossCDFs", "PoissonSubsampledGaussian",
-                     "RandomizedResponse"), "dpjax.pld.mechanisms"),
+    **dict.fromkeys(("DIRECTIONS", "Direction", "Gaussian", "Laplace", "LossCDFs", "Mechanism",
+                     "PoissonSubsampledGaussian", "RandomizedResponse"), "dpjax.pld.mechanisms"),
     **dict.fromkeys(("GridOptions", "GridPlan", "plan_grid"), "dpjax.pld.grid.plan"),
     **dict.fromkeys(("BucketPolicy", "SweepConfig", "SweepExecution", "SweepTable", "sweep", "sweep_grid"),
                    "dpjax.pld.sweeps.driver"),
@@ -112,7 +112,7 @@ if TYPE_CHECKING:  # the same names for static analysis (type checkers, the API 
     from dpjax.numerics.exact import gaussian_delta, gaussian_epsilon, gaussian_log_delta
     from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, grid_epsilon_fn, plan_fixed_grid, stack_grids
     from dpjax.pld.mechanisms import (
-        DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, PoissonSubsampledGaussian, RandomizedResponse,
+        DIRECTIONS, Direction, Gaussian, Laplace, LossCDFs, Mechanism, PoissonSubsampledGaussian, RandomizedResponse,
     )
     from dpjax.pld.grid.plan import GridOptions, GridPlan, plan_grid
     from dpjax.pld.sweeps.driver import BucketPolicy, SweepConfig, SweepExecution, SweepTable, sweep, sweep_grid
@@ -121,7 +121,7 @@ if TYPE_CHECKING:  # the same names for static analysis (type checkers, the API 
 __all__ = [
     "Bound", "ComposedPLD", "Composition", "DIRECTIONS", "DeltaResult", "Direction", "DirectionReport",
     "EpsilonResult", "FixedGrid", "Gaussian", "GridOptions", "GridPMF", "GridPlan", "Group",
-    "HockeyStickTable", "Laplace", "LossCDFs", "PoissonSubsampledGaussian", "RandomizedResponse",
+    "HockeyStickTable", "Laplace", "LossCDFs", "Mechanism", "PoissonSubsampledGaussian", "RandomizedResponse",
     "compose", "delta", "delta_at", "delta_fn", "discretize", "dpsgd_accounting", "dpsgd_delta",
     "dpsgd_epsilon", "epsilon", "grid_epsilon_fn", "eps_at", "plan_fixed_grid", "plan_grid", "stack_grids",
     "table",

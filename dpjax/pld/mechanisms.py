@@ -14,6 +14,9 @@ vanish).
 
 The mechanism interface (what :mod:`dpjax.pld.mog` and any new mechanism must provide)
 -------------------------------------------------------------------------------------
+In code: the protocol :class:`Mechanism` (its required members; the accountant takes exactly
+the dataclasses that satisfy it).  In full:
+
 * a frozen dataclass registered with :func:`jax.tree_util.register_dataclass`; numeric parameters
   are data fields (float64 scalars, or arrays with a leading axis when a group of mechanisms of
   one kind is stacked for a heterogeneous composition), non-numeric ones are ``static`` meta
@@ -56,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -88,6 +91,30 @@ class LossCDFs(NamedTuple):
     p_gt: jax.Array
     q_le: jax.Array
     q_gt: jax.Array
+
+
+@runtime_checkable
+class Mechanism(Protocol):
+    """What every mechanism provides (the interface of the module docstring, in code).
+
+    The required members: ``symmetric`` (True when the "remove" and "add" pairs have the same
+    privacy-loss distribution, so one direction is accounted), ``loss_cdfs(direction, y, ops)``
+    (the four distribution functions of the loss at ``y``, pure array code in the namespace
+    ``ops``: JAX by default, jit- / vmap- / grad-able), and ``validate()`` (the parameters
+    checked, a ``ValueError`` naming a bad one; returns the mechanism).  The optional
+    capabilities (``host_loss_cdfs``, ``loss_cdfs_directions``, ``max_loss``,
+    ``privacy_parameter``) are looked up where they are used.  Mechanisms are frozen pytree
+    dataclasses (:func:`dpjax._base.register_pytree_dataclass`); the accountant
+    (:func:`dpjax.pld.grid.engine.as_components`) accepts exactly the dataclasses that satisfy
+    this protocol."""
+
+    symmetric: bool
+
+    def loss_cdfs(self, direction: str, y, ops=None) -> "LossCDFs":
+        ...
+
+    def validate(self) -> "Mechanism":
+        ...
 
 
 def _ops(ops):

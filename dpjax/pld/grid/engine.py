@@ -693,7 +693,9 @@ def grid_options(options):
 
 
 def _is_mechanism(x) -> bool:
-    return hasattr(x, "loss_cdfs") and dataclasses.is_dataclass(x)
+    from dpjax.pld.mechanisms import Mechanism
+
+    return isinstance(x, Mechanism) and dataclasses.is_dataclass(x)
 
 
 def as_components(components) -> list:
@@ -713,7 +715,8 @@ def as_components(components) -> list:
     for item in items:
         mech = item[0] if isinstance(item, tuple) and len(item) == 2 else item
         if not _is_mechanism(mech):
-            raise ValueError(f"not a mechanism (needs loss_cdfs, see dpjax.pld.mechanisms): {mech!r}")
+            raise ValueError(f"not a mechanism (a dataclass with symmetric, loss_cdfs and validate: "
+                             f"dpjax.pld.Mechanism): {mech!r}")
     return items
 
 
