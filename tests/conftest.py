@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
@@ -13,6 +15,26 @@ from hypothesis import settings
 # Hypothesis: deterministic and bounded, so the default suite stays within CI's budget.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# One compilation cache per test session.  JAX's persistent compilation cache in a directory of
+# the session, set in the environment before pytest-xdist starts its workers, so the workers and
+# every child process a test starts share each compiled program instead of compiling it again
+# (JAX reads the JAX_* variables when it is imported; nothing here imports it).  Loaded programs
+# are the compiled ones, so no value changes; tests of dpjax's own program store set
+# DPJAX_COMPILATION_CACHE themselves.
+_SESSION_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="dpjax-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _SESSION_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+def pytest_unconfigure(config):
+    # The process that made the directory removes it (the xdist controller, or a plain run).
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
 
 _REFERENCE_CANDIDATES = [
     pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "reference.json",
