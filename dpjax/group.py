@@ -35,7 +35,7 @@ import numpy as np
 
 from dpjax._base import traced as _traced
 from dpjax._base import validate as _validate
-from dpjax._base.names import resolve_aliases, steps_from_epochs
+from dpjax._base.names import steps_from_epochs
 from dpjax._base.x64 import float64
 from dpjax.pld.group_spec import GroupSpec, Sampling, validate_group_spec
 from dpjax.pld.mog import GroupSubsampledGaussian
@@ -212,8 +212,7 @@ def _group_query(query, name, noise_multiplier, sampling_prob, steps, target, *,
                  sampling, options):
     """The argument handling :func:`group_epsilon` and :func:`group_delta` share: the
     ``sample_rate=`` alias, the scheme record, ``epochs=`` -> steps, then :func:`_dispatch`."""
-    q = resolve_aliases(name, {"sampling_prob": sampling_prob}, {"sample_rate": sample_rate})["sampling_prob"]
-    s = scheme_keywords(name, sampling, q, accepts=_GROUP_SCHEMES)
+    s = scheme_keywords(name, sampling, sampling_prob, sample_rate=sample_rate, accepts=_GROUP_SCHEMES)
     return _group_query_keywords(query, name, noise_multiplier, s, steps, target, epochs=epochs,
                                  group_size=group_size, options=options)
 
@@ -301,8 +300,7 @@ def _group_dpsgd(query, noise_multiplier, sampling_prob, steps, target, *, group
     from dpjax.pld import dpsgd as pld_dpsgd
 
     name = f"dpsgd_{query}"
-    q = resolve_aliases(name, {"sampling_prob": sampling_prob}, {"sample_rate": sample_rate})["sampling_prob"]
-    s = scheme_keywords(name, sampling, q)
+    s = scheme_keywords(name, sampling, sampling_prob, sample_rate=sample_rate)
     if allocation_dpsgd.is_allocation(s.sampling):
         allocation_dpsgd.allocation_args(s.sampling, steps=steps, batches_per_epoch=s.batches_per_epoch,
                                          selections_per_epoch=s.selections_per_epoch, epochs=epochs,

@@ -9,10 +9,10 @@ out the one they compute (docs/api_names.md)::
     dpsgd_delta(noise_multiplier, sampling_prob, steps, target_epsilon)
     dpsgd_noise_multiplier(sampling_prob, steps, target_epsilon, target_delta)
 
-Opacus-style keyword spellings are accepted as aliases (:data:`ALIASES`): ``sample_rate=``
-for ``sampling_prob``, ``delta=`` / ``epsilon=`` for the targets, and ``epochs=`` instead of
-``steps`` (:func:`epochs_to_steps`: ``epochs / sampling_prob`` steps, rounded up unless it is
-within floating-point rounding of an integer).  Giving a name and its alias together is an error.
+Opacus's keyword spellings are accepted: ``sample_rate=`` for ``sampling_prob``
+(:func:`resolve_sample_rate`; giving both is an error) and ``epochs=`` instead of ``steps``
+(:func:`epochs_to_steps`: ``epochs / sampling_prob`` steps, rounded up unless it is within
+floating-point rounding of an integer).
 """
 
 from __future__ import annotations
@@ -21,24 +21,17 @@ import math
 
 from dpjax._base import validate as _validate
 
-__all__ = ["ALIASES", "resolve_aliases", "steps_from_epochs", "epochs_to_steps"]
-
-#: alias -> canonical keyword.
-ALIASES = {"sample_rate": "sampling_prob", "delta": "target_delta", "epsilon": "target_epsilon"}
+__all__ = ["resolve_sample_rate", "steps_from_epochs", "epochs_to_steps"]
 
 
-def resolve_aliases(fn_name: str, bound: dict, aliases: dict) -> dict:
-    """Move alias keywords (``aliases``: alias -> value, None when not given) onto their
-    canonical names in ``bound`` (canonical name -> value, None when not given)."""
-    out = dict(bound)
-    for alias, value in aliases.items():
-        if value is None:
-            continue
-        name = ALIASES[alias]
-        if out.get(name) is not None:
-            raise ValueError(f"{fn_name}: give {name} or its alias {alias}=, not both")
-        out[name] = value
-    return out
+def resolve_sample_rate(fn_name: str, sampling_prob, sample_rate):
+    """``sampling_prob``, or its Opacus spelling ``sample_rate`` when that is given instead (None
+    when neither is); both given is a ``ValueError``."""
+    if sample_rate is None:
+        return sampling_prob
+    if sampling_prob is not None:
+        raise ValueError(f"{fn_name}: give sampling_prob or its alias sample_rate=, not both")
+    return sample_rate
 
 
 def epochs_to_steps(epochs, sampling_prob) -> int:

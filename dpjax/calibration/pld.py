@@ -566,9 +566,8 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
     from dpjax.pld.allocation import dpsgd as allocation_dpsgd
 
     name = "dpsgd_noise_multiplier"
-    q = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob), dict(sample_rate=sample_rate))["sampling_prob"]
     eps, dlt = target_epsilon, target_delta
-    scheme = scheme_keywords(name, sampling, q)
+    scheme = scheme_keywords(name, sampling, sampling_prob, sample_rate=sample_rate)
     q, sampling, dataset_size, batch_size = scheme.sampling_prob, scheme.sampling, scheme.dataset_size, scheme.batch_size
     batches_per_epoch, selections_per_epoch = scheme.batches_per_epoch, scheme.selections_per_epoch
     if allocation_dpsgd.is_allocation(sampling):

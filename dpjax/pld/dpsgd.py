@@ -350,8 +350,8 @@ def _public_query(query, name, sigma, sampling_prob, steps, target, noise_schedu
     """:func:`dpsgd_epsilon` / :func:`dpsgd_delta`: the ``sample_rate=`` alias and the scheme
     record resolved, then :func:`query_keywords`."""
 
-    q = _names.resolve_aliases(name, dict(sampling_prob=sampling_prob), dict(sample_rate=sample_rate))["sampling_prob"]
-    s = scheme_keywords(name, sampling, q, accepts=(Poisson, RandomAllocation, BallsInBins))
+    s = scheme_keywords(name, sampling, sampling_prob, sample_rate=sample_rate,
+                        accepts=(Poisson, RandomAllocation, BallsInBins))
     return query_keywords(query, name, sigma, s, steps, target, noise_schedule, epochs)
 
 

@@ -36,7 +36,7 @@ from typing import NamedTuple, Union
 import numpy as np
 
 from dpjax._base import validate as _validate
-from dpjax._base.names import epochs_to_steps
+from dpjax._base.names import epochs_to_steps, resolve_sample_rate
 from dpjax._base.results import ResultMixin
 
 __all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "SamplingScheme", "TrainingScenario",
@@ -182,15 +182,19 @@ def scheme_from_keywords(sampling="poisson", *, dataset_size=None, batch_size=No
     return RandomAllocation(batches_per_epoch, selections_per_epoch)
 
 
-def scheme_keywords(name: str, sampling, sampling_prob=None, *, accepts: tuple = _SCHEMES) -> SchemeKeywords:
+def scheme_keywords(name: str, sampling, sampling_prob=None, *, sample_rate=None,
+                    accepts: tuple = _SCHEMES) -> SchemeKeywords:
     """The scheme of a public function's ``sampling=`` argument as the accounting layer's keywords.
 
     ``sampling`` is ``"poisson"`` (the default of every DP-SGD function: the sampling
     probability is then ``sampling_prob``, a number, an array or a tracer) or a scheme record
     (:class:`Poisson`, :class:`FixedBatch`, :class:`RandomAllocation`, :class:`BallsInBins`),
-    which states its own sizes, so ``sampling_prob`` must then be None.  ``accepts`` lists the
-    schemes the function ``name`` accounts; any other value is a ``ValueError`` naming them.
+    which states its own sizes, so ``sampling_prob`` must then be None.  ``sample_rate`` is
+    Opacus's spelling of ``sampling_prob`` (:func:`dpjax._base.names.resolve_sample_rate`).
+    ``accepts`` lists the schemes the function ``name`` accounts; any other value is a
+    ``ValueError`` naming them.
     """
+    sampling_prob = resolve_sample_rate(name, sampling_prob, sample_rate)
     if isinstance(sampling, str) or sampling is None:
         if sampling is None or getattr(sampling, "value", sampling) == "poisson":
             return SchemeKeywords(sampling_prob=sampling_prob)
