@@ -91,8 +91,9 @@ def stack(components) -> list[tuple[type, dict, list[str], np.ndarray, np.ndarra
         cnt = np.atleast_1d(np.asarray(count))
         if cnt.ndim != 1 or cnt.shape[0] not in (1, G):
             raise ValueError(f"count must be a positive integer or a 1-D array of length {G}, got {count!r}")
-        cnt = np.broadcast_to(cnt, (G,))
+        # Validated before broadcasting: a schedule's one count is checked once, not per step.
         cnt = np.array([_validate.positive_int("count", c) for c in cnt], np.int64)
+        cnt = np.broadcast_to(cnt, (G,))
         key = (type(mech), tuple((s, getattr(mech, s)) for s in static))
         entry = groups.setdefault(key, (type(mech), {s: getattr(mech, s) for s in static}, data, [], []))
         entry[3].append(np.stack(cols, axis=1))

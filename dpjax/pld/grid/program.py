@@ -178,6 +178,8 @@ def _grid_pmf(ops: Ops, c: LossCDFs, y, dx, kinds):
     PMFs (the P-mass above the last point plus the flush allowance)."""
     xp = ops.xp
     m = y.shape[-1]
+    if not is_jax(ops) and tuple(kinds) == ("up",):
+        return _grid_pmf_up_host(c, y, dx)
     # Flush values below 1e-290 to 0 (denormal arithmetic is ~100x slower); the P-mass this can
     # remove (< 2 m 1e-290) is put on the +inf atom, so the pessimistic PMF stays an upper bound.
     c = LossCDFs(*(xp.where(v < FLUSH, 0.0, v) for v in c))
@@ -197,6 +199,40 @@ def _grid_pmf(ops: Ops, c: LossCDFs, y, dx, kinds):
         else:
             rows.append(_optimistic(ops, a, b, p_bin, c.p_gt[..., -1:], dx, m))
     return xp.concatenate(rows, axis=0), c.p_gt[..., -1] + 2 * m * FLUSH
+
+
+def _grid_pmf_up_host(c: LossCDFs, y, dx):
+    """:func:`_grid_pmf` of the pessimistic PMFs alone in NumPy, with fewer passes over the rows
+    (temporaries reused in place, the shifted sum written into one output): the same operations
+    on the same operands, so the same values bit for bit."""
+    m = y.shape[-1]
+
+    def flushed(v):
+        return np.where(v < FLUSH, 0.0, v)
+
+    def bins(le, gt):
+        le, gt = flushed(le), flushed(gt)
+        up = le[..., 1:] - le[..., :-1]
+        down = gt[..., :-1] - gt[..., 1:]
+        out = np.where(le[..., 1:] <= 0.5, up, down)
+        return np.maximum(out, 0.0, out=out), le
+
+    p_bin, p_le = bins(c.p_le, c.p_gt)
+    q_bin, _ = bins(c.q_le, c.q_gt)
+    a = np.minimum(y[..., 1:], 700.0)
+    np.exp(a, out=a)
+    np.multiply(q_bin, a, out=a)
+    a -= p_bin
+    a /= np.expm1(dx)
+    np.clip(a, 0.0, p_bin, out=a)
+    b = np.subtract(p_bin, a, out=q_bin)
+    pmf = np.empty(y.shape)
+    pmf[..., :m - 1] = a
+    pmf[..., m - 1] = 0.0
+    pmf[..., 1:] += b
+    pmf[..., 0] += p_le[..., 0]
+    p_gt_last = np.where(c.p_gt[..., -1] < FLUSH, 0.0, c.p_gt[..., -1])
+    return pmf, p_gt_last + 2 * m * FLUSH
 
 
 def _optimistic(ops: Ops, a, b, p_bin, p_above, dx, m):
@@ -263,7 +299,10 @@ def _discretize(ops: Ops, mech, directions, o, dx, m: int, kinds, support=None):
     K = len(kinds)
     if support is None:
         y = (o[:, None] + xp.arange(m)[None, :]) * dx
-        pmf, p_inf = _grid_pmf(ops, _cdfs(ops, mech, directions, y, o, dx), y, dx, kinds)
+        # On the host outside a worker thread, the upper half of a lattice evaluation runs on the
+        # direction thread (the same values: the lattice is pointwise).
+        split = None if is_jax(ops) or getattr(_IN_WORKER, "active", False) or _usable_cpus() < 2 else _in_background
+        pmf, p_inf = _grid_pmf(ops, _cdfs(ops, mech, directions, y, o, dx, split=split), y, dx, kinds)
         return pmf, xp.concatenate([y] * K, axis=0), p_inf
     pmf, p_inf = _pmf_from_cdfs(ops, _held_cdfs(ops, mech, directions, o, dx, m, support), o, dx, m, kinds,
                                 support)
@@ -402,7 +441,13 @@ def log_mgf(ops: Ops, pmf, y, lambdas):
     inner_ok = xp.all(xp.abs(inner_exp) < 700.0, axis=-1)                                # (R, L)
     E = xp.exp(xp.minimum(inner_exp, 700.0))
     blocks = pmf.reshape(R, m // b, b)                                                  # (R, m/b, b)
-    S = ops.matmul(E, xp.swapaxes(blocks, 1, 2))                                       # (R, L, m/b)
+    if is_jax(ops):
+        S = ops.matmul(E, xp.swapaxes(blocks, 1, 2))                                   # (R, L, m/b)
+    else:
+        # NumPy's own loop, not BLAS: a multithreaded BLAS call (OpenBLAS threads this size) leaves
+        # its threads spinning on the other cores for a while after it returns, where the host
+        # program's direction thread runs.
+        S = np.einsum("rlb,rkb->rlk", E, blocks)
     with np.errstate(over="ignore", invalid="ignore"):
         outer = xp.exp(lambdas[:, :, None] * (y[:, ::b] - ref[:, None])[:, None, :])    # (R, L, m/b)
         terms = xp.where(S > 0, S * outer, 0.0)
@@ -529,6 +574,10 @@ def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int, members_pmf=None):
 
         def step(carry, member, m=m, gi=gi):
             mech, c_int, o = member[:3]
+            if not is_jax(ops) and int(c_int) == 0:
+                # A padding member (count 0, from bucketing the member count) adds exact zeros
+                # to every accumulator: the host skips it.
+                return carry, None
             c = xp.asarray(c_int).astype(np.float64)
             if members_pmf is None:
                 pmf, y, p_inf_up = _discretize(ops, mech, spec.directions, o, dx, m, spec.kinds,
@@ -585,6 +634,7 @@ def _compose(ops: Ops, inp: Inputs, spec: Spec, nf_len: int, members_pmf=None):
 
 def _index(tree, i):
     return tree_map(lambda a: a[i], tree)
+
 
 
 def _power(ops: Ops, logabs, angle, F, sq, c, nf, nf_len: int, dynamic: bool):
