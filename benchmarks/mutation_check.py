@@ -119,7 +119,8 @@ MUTATIONS = [
         "const = pld.p_inf + pld.roundoff",
         "The fixed grid's upper delta curve leaves out the mass wrapped around from above its "
         "window (large when the grid is read away from its planning point).",
-        ("tests/pld/grid/test_fixed_grid_looseness.py", "tests/pld/grid/test_pld_fixed_grid.py")),
+        ("tests/pld/grid/test_fixed_grid_looseness.py", "tests/pld/grid/test_pld_fixed_grid.py",
+         "tests/pld/grid/test_convert.py")),
     Mutation(
         "inf-atom-not-composed", "dpjax/pld/grid/program.py",
         'log_fin = carry["log_fin"] + xp.where(live, c * xp.log1p(-p_inf_up), 0.0) if "up" in spec.kinds \\',
@@ -257,7 +258,8 @@ MUTATIONS = [
         "const = xp.where(is_up, comp.p_inf + comp.tail_above, comp.p_inf - comp.tail_below)",
         "const = xp.where(is_up, comp.tail_above, comp.p_inf - comp.tail_below)",
         "The allocation lattice's +inf atom (truncated bands) is left out of the upper delta curve.",
-        ("tests/pld/allocation/test_allocation.py", "tests/pld/allocation/test_allocation_integration.py", "tests/pld/allocation/test_allocation_hostile.py")),
+        ("tests/pld/allocation/test_allocation.py", "tests/pld/allocation/test_allocation_integration.py",
+         "tests/pld/allocation/test_allocation_hostile.py", "tests/pld/allocation/test_lattice_curves.py")),
     Mutation(
         "allocation-directions-min", "dpjax/pld/allocation/accountant.py",
         "upper = up.max(0)",

@@ -4,6 +4,7 @@ certified value exists; the bounds themselves are checked against exact oracles.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -101,3 +102,26 @@ def test_support_bound_of_randomized_response_and_laplace():
     lap = [(pld.Laplace(2.0, 1.0), 5)]
     assert fallback.support_bound(lap, "add") == pytest.approx(2.5)
     assert fallback.support_bound([(pld.Gaussian(1.0), 1)], "remove") == math.inf
+
+
+@pytest.mark.parametrize("failed", ["remove", "add"])
+def test_a_failed_direction_is_replaced_and_the_larger_direction_is_reported(failed):
+    # Where the grid fails in one direction, that direction gets its smallest fallback bound and
+    # the add-or-remove answer is the larger of the two directions, never the smaller.
+    from dpjax.pld.accountant import _fallback
+
+    sigma, q, steps, delta = 1.0, 0.01, 1000, 1e-5
+    comps = [(pld.PoissonSubsampledGaussian(sigma, q), steps)]
+    res = pld.dpsgd_accounting(sigma, q, steps, target_delta=delta)
+    reports = tuple(dataclasses.replace(r, upper=np.float64(np.inf)) if r.direction == failed else r
+                    for r in res.directions)
+    mu = math.sqrt(steps) / sigma
+    out, upper, reason = _fallback(comps, reports, np.float64(delta), mu, "grid")
+    fb, _ = fallback.direction_epsilon(comps, failed, [delta], dominating_mu=mu)
+    kept = next(float(r.upper) for r in res.directions if r.direction != failed)
+    by_direction = {r.direction: float(r.upper) for r in out}
+    assert by_direction[failed] == float(fb[0]) and math.isfinite(by_direction[failed])
+    assert float(upper) == max(by_direction.values()) == max(float(fb[0]), kept)
+    # Sound: never below the certified lower end of the true epsilon.
+    assert float(upper) >= res.epsilon_lower
+    assert "fallback" in reason

@@ -67,3 +67,31 @@ def test_accountant_falls_back_to_all_frequencies():
         eps_full, _ = _eps(_plan(comps), None)
     assert np.isfinite(res.epsilon)
     assert res.epsilon == pytest.approx(eps_full, rel=1e-12)
+
+
+def _delta(plan, n_freq, eps):
+    res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([1e-5]), jnp.asarray(eps),
+                         directions=plan.directions, ms=plan.ms, n=plan.n, kinds=("up",), want="delta",
+                         n_freq=n_freq), plan.directions, ("up",), (len(eps),))
+    return np.max([r["up"]["value"] for r in res], axis=0), max(float(r["up"]["truncation"]) for r in res)
+
+
+@pytest.mark.parametrize("components,n_freq", [
+    ([(pld.Gaussian(1.0), 4)], 16),
+    ([(pld.PoissonSubsampledGaussian(0.8, 0.1), 30)], 256),
+    ([(pld.PoissonSubsampledGaussian(0.8, 0.1), 30)], 128),
+])
+def test_the_allowance_covers_what_truncation_changes(components, n_freq):
+    # delta(eps) with n_freq kept frequencies = delta of the truncated window + the allowance t;
+    # the truncated window differs from the full one by at most t (that is the bound), so the
+    # difference to the full-frequency delta lies in [0, 2 t] at every eps.  The cases keep t
+    # between 1e-12 and 1e-3, where a smaller allowance (say |F|^2 per coefficient instead of
+    # |F|) no longer covers the change.
+    eps = np.linspace(0.0, 6.0, 13)
+    with jax.enable_x64(True):
+        plan = _plan(components)
+        full, trunc_full = _delta(plan, None, eps)
+        cut, trunc = _delta(plan, n_freq, eps)
+    assert trunc_full == 0.0 and 1e-12 < trunc < 1e-3
+    change = cut - full
+    assert np.all(np.abs(change - trunc) <= trunc * (1 + 1e-9) + 1e-13), (change, trunc)
