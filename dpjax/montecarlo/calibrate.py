@@ -288,21 +288,21 @@ def value_and_slope(fn, theta, consts):
 #: keeps them at about 12 MiB at ``b = 8`` instead of the whole sample's (185 MiB for ``2^17``
 #: samples at ``b = 8``).
 _SUMMAND_SLICE_ENTRIES = 1 << 16
-#: Chunks a calibration sample is cut into when it is large enough (so that up to this many
-#: devices share it), each of at least :data:`_MIN_CHUNK_ROWS` samples.
-_TARGET_CHUNKS = 16
+#: Fewest samples in one chunk of a calibration on materialised draws.
 _MIN_CHUNK_ROWS = 256
 
 
 def _chunk_rows(num_samples: int, b: int) -> int:
     """Samples per chunk of a calibration on materialised draws: a power of two, at least
-    :data:`_MIN_CHUNK_ROWS`, about ``num_samples / 16`` (work for up to 16 devices), at most
-    :data:`_SUMMAND_SLICE_ENTRIES` entries.  A function of ``(m, b)`` only, never of the
-    devices: the chunks, and so the sums, are the same on every layout."""
+    :data:`_MIN_CHUNK_ROWS`, as many as :data:`_SUMMAND_SLICE_ENTRIES` allows (``2^16 / b``) and
+    no more than the sample needs.  Each chunk is one iteration of a loop behind optimization
+    barriers, whose fixed cost (tens of microseconds on a CPU) dominated small problems when
+    chunks were cut to ``num_samples / 16``; large samples still give every device many chunks.
+    A function of ``(m, b)`` only, never of the devices: the chunks, and so the sums, are the
+    same on every layout."""
     cap = max(_MIN_CHUNK_ROWS, _SUMMAND_SLICE_ENTRIES // max(b, 1))
     cap = 1 << (cap.bit_length() - 1)
-    want = -(-num_samples // _TARGET_CHUNKS)
-    rows = max(_MIN_CHUNK_ROWS, 1 << max(want - 1, 0).bit_length())
+    rows = max(_MIN_CHUNK_ROWS, 1 << max(num_samples - 1, 0).bit_length())
     return min(rows, cap)
 
 

@@ -140,10 +140,9 @@ def test_importance_calibration_in_chunks_matches_the_whole_sample(monkeypatch):
 
             return float(jax.jit(run)(c)), np.asarray(jax.jit(jax.grad(run))(c))
 
-        monkeypatch.setattr(cm, "_TARGET_CHUNKS", 1)
+        monkeypatch.setattr(cm, "_SUMMAND_SLICE_ENTRIES", 8192 * B)
         assert cm._chunk_rows(m, B) >= m   # one chunk: the whole sample
         whole = solved(c)
-        monkeypatch.setattr(cm, "_TARGET_CHUNKS", 16)
         monkeypatch.setattr(cm, "_SUMMAND_SLICE_ENTRIES", 256 * B)
         assert cm._chunk_rows(m, B) == 256
         sliced = solved(c)
