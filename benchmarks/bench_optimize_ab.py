@@ -56,7 +56,8 @@ print(json.dumps(dict(warmup_s=warm, total_s=wall, per_step_s=wall / steps, per_
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision or directory of the base")
-    ap.add_argument("--after", default=".", help="git revision or directory (default: this working tree)")
+    ap.add_argument("--after", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    help="git revision or directory (default: this working tree)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=4)
@@ -64,7 +65,7 @@ def main() -> None:
     ap.add_argument("--buffers", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    sides = {"base": resolve(args.base), "after": resolve(os.path.abspath(args.after))}
+    sides = {"base": resolve(args.base), "after": resolve(args.after)}
     code = CHILD.format(epochs=args.epochs, b=args.batches, steps=args.steps, buffers=args.buffers)
     rows = []
     for rep in range(args.repeat):
