@@ -3,7 +3,8 @@
 Strict mode turns every warning into a failure: a docstring griffe cannot parse, a broken
 cross-reference, a page missing from the navigation.  The build writes into a temporary
 directory, and the test checks that the reference pages hold the public API (an empty page
-also builds without a warning).
+also builds without a warning).  It runs in the slow tier (``pytest -m slow``): the build takes
+a core for tens of seconds, and the default tier keeps to the code's own tests.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,6 +36,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_api_reference_builds_strict(tmp_path):
     site = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
