@@ -104,6 +104,20 @@ MUTATIONS = [
         "The P-mass above the last grid point is not put on the +inf atom: it is lost from "
         "every delta.",
         ("tests/pld/test_pld_core.py",)),
+    Mutation(
+        "host-grid-split-rounds-down", "dpjax/pld/grid/program.py",
+        "np.clip(a, 0.0, p_bin, out=a)",
+        "a = p_bin.copy()",
+        "The host program's pessimistic PMF (the upper curve alone) puts each bin's whole P-mass on "
+        "its lower grid point: it no longer dominates the mechanism.",
+        ("tests/pld/test_pld_gaussian.py", "tests/pld/grid/test_pld_program.py", "tests/pld/test_pld_many_distinct.py")),
+    Mutation(
+        "host-grid-top-mass-dropped", "dpjax/pld/grid/program.py",
+        "return pmf, p_gt_last + 2 * m * FLUSH",
+        "return pmf, 2 * m * FLUSH",
+        "The host program's pessimistic PMF loses the P-mass above the last grid point instead of "
+        "putting it on the +inf atom.",
+        ("tests/pld/test_pld_core.py", "tests/pld/grid/test_pld_program.py", "tests/pld/test_pld_many_distinct.py")),
     # --- FFT composition: wrap-around, +inf atom, frequency truncation, round-off floor
     Mutation(
         "wrap-tail-above-dropped", "dpjax/pld/grid/program.py",
