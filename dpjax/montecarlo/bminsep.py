@@ -28,7 +28,7 @@ jax_privacy's ``sample_generation``.  Directions, as in :class:`dpjax.montecarlo
 *remove* is ``P || Q`` (``X ~ P``, loss ``log P/Q (X)``; jax_privacy's ``positive_sample=True``),
 *add* is ``Q || P`` (``X ~ Q``, loss ``log Q/P (X)``; jax_privacy's ``positive_sample=False``).
 
-Likelihood ratio (the paper's dynamic program, its equation (2), run here forwards).  Because
+Likelihood ratio (Dong & Ganesh's dynamic program over the participation chain, run here forwards).  Because
 participations are at least ``b`` rounds apart and column ``j`` of ``C`` lives on rows
 ``j .. j + b - 1``, the columns of two participations never overlap, so
 ``|C x|^2 = sum_{j: x_j = 1} |c_j|^2`` and::
@@ -176,7 +176,7 @@ def _mean(bands, x):
 def _forward(log_f, sampling_prob, min_sep: int, warm_start: bool):
     """``log P/Q`` from log emission factors ``log_f (n, ...)`` by the forward recursion.
 
-    Log-space form of Dong & Ganesh's dynamic program (arXiv 2602.09338, eq. (2)), run from round
+    Log-space form of Dong & Ganesh's dynamic program (arXiv 2602.09338), run from round
     0 upwards; see the module docstring for ``E`` and ``A``.  One scan step per round; the ring
     ``(b, ...)`` holds ``A_j`` at slot ``j mod b`` (updated in place by XLA: unrolling the ring
     into ``b`` static slots measured 1.5x slower on CPU).
