@@ -952,6 +952,29 @@ def render_scaling(d: dict) -> Rendered:
                "cores busy (process 0)", "load"], rows)])
     return Rendered("Monte Carlo over several devices and processes", body, "bench_scaling.py")
 
+def render_bminsep(d: dict) -> Rendered:
+    rows = []
+    for r in d["results"]:
+        jp, dj = r["jax_privacy"], r["dpjax"]
+        rows.append([r["n"], r["min_sep"], param(r["sampling_prob"]), r["bands"],
+                     num(jp["num_samples_per_direction"]), num(jp["samples_per_s_one_direction"]),
+                     num(jp["samples_per_s_both_directions"]), num(dj["num_samples"]),
+                     num(dj["samples_per_s_both_directions"]), seconds(dj["compile_s_approx"]),
+                     ratio(r["ratio_both_directions"]), num(r["z_remove"], 2)])
+    ratios = [r["ratio_both_directions"] for r in d["results"]]
+    body = "\n\n".join([
+        f"b-min-sep sampling (warm start), Toeplitz C with first column {d['matrix_first_column']}, sigma "
+        f"{param(d['noise_multiplier'])}, epsilon {param(d['epsilon'])}. Samples per second: jax_privacy's "
+        "`get_privacy_loss_sample` (NumPy; per direction, and per sample of both directions from its two calls) "
+        "against `BMinSep.estimate` (steady state, both directions and the delta sums from each draw). z: the "
+        "difference of the two remove-direction deltas in combined standard errors.",
+        table(["n", "min_sep", "p", "bands", "jax_privacy samples", "jax_privacy samples/s (one direction)",
+               "jax_privacy samples/s (both)", "dpjax samples", "dpjax samples/s (both)", "dpjax compile",
+               "ratio (both)", "z"], rows)])
+    heads = [["Monte Carlo b-min-sep, samples per second", "jax_privacy",
+              f"{ratio(min(ratios))} - {ratio(max(ratios))}"]]
+    return Rendered("Monte Carlo b-min-sep against jax_privacy", body, "bench_bminsep.py", heads)
+
 
 #: file name -> renderer, in the order of the page.  Several files of one script may share one.
 RENDERERS: dict[str, Callable[[dict], Rendered]] = {
@@ -964,6 +987,7 @@ RENDERERS: dict[str, Callable[[dict], Rendered]] = {
     "bench_group.json": render_group,
     "bench_calibration.json": render_calibration,
     "bench_montecarlo.json": render_montecarlo,
+    "bench_bminsep.json": render_bminsep,
     "bench_optimize_quick.json": render_optimize,
     "bench_optimize_grid17.json": render_optimize,
     "bench_optimize_grid20.json": render_optimize,

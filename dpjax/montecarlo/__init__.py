@@ -1,4 +1,4 @@
-"""Monte Carlo accounting of matrix mechanisms under balls-in-bins batching.
+"""Monte Carlo accounting of matrix mechanisms under balls-in-bins and b-min-sep batching.
 
 Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix
 Mechanisms" (2024).  Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> this package ->
@@ -38,6 +38,11 @@ Example::
   :func:`gram_from_dense`, :func:`gram_from_modes`, :func:`modes_from_column`,
   :func:`modes_from_dense`, :func:`gram_sqrt`), keys (:func:`as_prng_key`, :func:`rbg_key`).
 * Direct ``n``-dimensional reference sampler: :func:`direct_monte_carlo_sums`.
+* b-min-sep sampling (Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep
+  Subsampling", arXiv 2602.09338): :class:`BMinSep` ``(C, sampling_prob, min_sep, num_rounds)``
+  for banded ``C`` (at most ``min_sep`` bands) with ``.estimate`` (:class:`DeltaEstimate`),
+  ``.delta``, ``.privacy_losses``; the pure jitted functions (likelihood ratio by the forward
+  recursion, loss samples, delta sums) live in :mod:`dpjax.montecarlo.bminsep`.
 
 The differentiable calibration of the noise multiplier lives in the calibration layer:
 :func:`dpjax.calibration.calibrated_noise` (it is not re-exported here).
@@ -73,6 +78,7 @@ from dpjax.montecarlo.core import (
 )
 from dpjax.montecarlo._normal import normal_from_bits, normal_pairs_from_bits, uniform_open
 from dpjax.montecarlo import evr
+from dpjax.montecarlo import bminsep
 from dpjax.montecarlo._accountant import (
     BallsInBins,
     Certificate,
@@ -81,9 +87,12 @@ from dpjax.montecarlo._accountant import (
     certified_delta,
     evr_minimum_samples,
 )
+from dpjax.montecarlo.bminsep import BMinSep
 
 __all__ = [
     "BallsInBins",
+    "BMinSep",
+    "bminsep",
     "Certificate",
     "DeltaEstimate",
     "EpsilonEstimate",

@@ -1,0 +1,463 @@
+"""Monte Carlo accounting of banded matrix mechanisms under b-min-sep sampling.
+
+Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling" (arXiv 2602.09338).
+
+The sampler (the paper's b-min-sep sampling; jax_privacy's ``BMinSepSampling``).  In each of
+``n`` rounds an example that did not participate in the previous ``b - 1`` rounds (it is
+*eligible*) participates with probability ``p``; an example that participated in round ``i``
+sits out rounds ``i + 1 .. i + b - 1``.  With the *warm start* the process starts in its
+stationary state: the example is eligible at round 0 with probability ``1 / (1 + (b - 1) p)``,
+and otherwise it participated at one of the (unobserved) rounds ``-b + 1 .. -1``, each with
+probability ``p / (1 + (b - 1) p)``; rounds before 0 only set the eligibility, they add nothing
+to the output.  Without the warm start the example is eligible at round 0.
+
+Special cases: ``b = 1`` is Poisson sampling with probability ``p``; ``p = 1`` with the warm
+start is balls-in-bins with ``b`` batches per epoch (the example participates every ``b``
+rounds from a uniform offset in ``0 .. b - 1``; the paper's reduction, also stated in
+jax_privacy's ``BMinSepSampling``).
+
+The dominating pair (Dong & Ganesh, the BandMF pair of Choquette-Choo et al. with the b-min-sep
+participation law): for a non-negative lower-triangular ``C`` with at most ``b`` bands
+(``C[i, j] = 0`` unless ``0 <= i - j < b``)::
+
+    P = E_x[ N(C x, sigma^2 I_n) ],   Q = N(0, sigma^2 I_n),
+
+``x in {0, 1}^n`` the participation pattern of the sensitive example.  ``sigma`` is the noise
+multiplier (standard deviation per unit of clip norm; no division by the norm of ``C``), as in
+jax_privacy's ``sample_generation``.  Directions, as in :class:`dpjax.montecarlo.DeltaEstimate`:
+*remove* is ``P || Q`` (``X ~ P``, loss ``log P/Q (X)``; jax_privacy's ``positive_sample=True``),
+*add* is ``Q || P`` (``X ~ Q``, loss ``log Q/P (X)``; jax_privacy's ``positive_sample=False``).
+
+Likelihood ratio (Dong & Ganesh's dynamic program over the participation chain, run here forwards).  Because
+participations are at least ``b`` rounds apart and column ``j`` of ``C`` lives on rows
+``j .. j + b - 1``, the columns of two participations never overlap, so
+``|C x|^2 = sum_{j: x_j = 1} |c_j|^2`` and::
+
+    N(C x, s^2 I)(y) / N(0, s^2 I)(y) = prod_{j: x_j = 1} f_j(y),
+    log f_j(y) = (<c_j, y> - |c_j|^2 / 2) / s^2,
+
+``c_j`` the part of column ``j`` inside the ``n`` observed rounds.  The ratio ``P/Q`` is the
+forward algorithm of the participation chain with these emission factors.  Let ``E_i`` be the
+(weighted) mass of histories in which the example is eligible at round ``i`` and
+``A_i = p f_i E_i`` that of histories with a participation at round ``i``; then::
+
+    E_{i+1} = (1 - p) E_i + A_{i + 1 - b},     P/Q (y) = E_n + sum_{j = n - b + 1}^{n - 1} A_j,
+
+(the final sum: eligible after the last round, or sitting out after a recent participation),
+started from the stationary law (warm start: ``E_0 = 1 / (1 + (b - 1) p)``,
+``A_j = p / (1 + (b - 1) p)`` for ``j = -b + 1 .. -1``) or from ``E_0 = 1`` (cold start).  It is
+evaluated in log space with a ring of the last ``b`` values of ``A``, one ``lax.scan`` step per
+round, vectorised over samples.  More bands than ``b`` are not supported: two participations'
+columns would then overlap, ``|C x|^2`` gains cross terms, and the ratio no longer factorises
+over participations (the chain's state would have to carry the recent participations).
+
+Random stream: sample ``s`` lives in block ``s // BLOCK_SIZE``; block ``j`` draws
+``n + 2 ceil(n / 2) + 1`` uint64 words per sample from ``fold_in(rbg_key(key), j)`` (``n``
+participation uniforms, ``n`` Box-Muller normals, one warm-start uniform), so the draws depend
+only on ``(key, n, sample index)``, never on ``sigma``, ``p``, ``C`` or the chunking.  Both
+directions use the same normals ``Z``: ``X_P = C x + sigma Z`` and ``X_Q = sigma Z``.
+
+Public: :class:`BMinSep` (validated, host-facing; :class:`DeltaEstimate` records), and the pure
+jitted functions :func:`privacy_losses`, :func:`log_likelihood_ratio`, :func:`monte_carlo_sums`
+(shapes static, ``sigma`` and ``p`` data: a new noise multiplier or sampling probability never
+recompiles) with :func:`band_table` to build their ``bands`` argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax._base import validate as _validate
+from dpjax._base.x64 import float64
+from dpjax.matrices import correlation_array
+from dpjax.montecarlo import core
+from dpjax.montecarlo._accountant import (DeltaEstimate, _confidence, _kl_bounds, _validate_samples)
+from dpjax.montecarlo._normal import normal_pairs_from_bits, uniform_open
+
+__all__ = ["BMinSep", "band_table", "log_likelihood_ratio", "privacy_losses", "monte_carlo_sums"]
+
+
+# --------------------------------------------------------------------------- bands
+
+
+def band_table(correlation, num_rounds: int, min_sep: int) -> np.ndarray:
+    """The ``(n, k)`` band table of a banded ``C``: ``bands[j, t] = C[j + t, j]`` (0 past row ``n``).
+
+    Args:
+      correlation: ``C`` as :func:`dpjax.matrices.correlation_array` takes it: a 1-D Toeplitz
+        first column (zero-padded or truncated to ``n``), a dense ``(n, n)`` lower-triangular
+        matrix (general banded, not necessarily Toeplitz), or a :class:`dpjax.matrices.Toeplitz`.
+        Non-negative entries.
+      num_rounds: ``n``.
+      min_sep: ``b``; ``C`` may have at most ``b`` bands.
+
+    Returns:
+      float64 ``(n, k)``, ``k`` the band count (index of the last non-zero sub-diagonal plus one;
+      at least 1).
+
+    Raises:
+      ValueError: invalid ``C`` (NaN/inf, negative, upper-triangular entries, wrong shape), or
+        ``k > min_sep`` (not supported: see the module docstring).
+
+    Example::
+
+        band_table(np.array([1.0, 0.5]), num_rounds=4, min_sep=2)
+        # [[1, .5], [1, .5], [1, .5], [1, 0]]
+    """
+    n = _validate.positive_int("num_rounds", num_rounds)
+    b = _validate.positive_int("min_sep", min_sep)
+    arr = np.asarray(correlation_array(correlation, n), np.float64)
+    if arr.ndim == 1:
+        nonzero = np.nonzero(arr)[0]
+        k = int(nonzero[-1]) + 1 if nonzero.size else 1
+        rows = np.arange(n)[:, None] + np.arange(k)[None, :]
+        bands = np.where(rows < n, arr[np.minimum(np.arange(k), n - 1)][None, :], 0.0)
+    else:
+        i, j = np.nonzero(arr)
+        k = int(np.max(i - j)) + 1 if i.size else 1
+        rows = np.arange(n)[:, None] + np.arange(k)[None, :]
+        cols = np.broadcast_to(np.arange(n)[:, None], rows.shape)
+        bands = np.where(rows < n, arr[np.minimum(rows, n - 1), cols], 0.0)
+    if k > b:
+        raise ValueError(
+            f"correlation has {k} bands but min_sep = {b}: b-min-sep accounting supports at most "
+            f"min_sep bands (C[i, j] = 0 unless 0 <= i - j < min_sep). With more bands two "
+            f"participations' columns of C overlap and the likelihood ratio no longer factorises over "
+            f"participations (Dong & Ganesh, arXiv 2602.09338); use a C with <= {b} bands or a larger min_sep")
+    if not np.isfinite(np.sum(bands * bands)):
+        raise ValueError("correlation produces non-finite column norms (entries too large)")
+    return bands
+
+
+# --------------------------------------------------------------------------- pure numerics
+
+
+def _check_bands(bands, min_sep: int):
+    if bands.ndim != 2:
+        raise ValueError(f"bands must be 2-D (num_rounds, num_bands), got shape {bands.shape}")
+    if not 1 <= bands.shape[1] <= min_sep:
+        raise ValueError(f"bands must have between 1 and min_sep = {min_sep} columns (bands), "
+                         f"got shape {bands.shape}")
+
+
+def _log_emissions(bands, y, sigma):
+    """``log f_j(y) = (<c_j, y> - |c_j|^2 / 2) / sigma^2`` for every round: ``(n, ...)``.
+
+    ``bands (n, k)``, ``y (n, ...)``; ``c_j`` is truncated at round ``n`` by ``bands`` itself.
+    """
+    n, k = bands.shape
+    pad = [(0, k - 1)] + [(0, 0)] * (y.ndim - 1)
+    yp = jnp.pad(y, pad)
+    expand = (slice(None),) + (None,) * (y.ndim - 1)
+    dots = bands[:, 0][expand] * y
+    for t in range(1, k):
+        dots = dots + bands[:, t][expand] * yp[t: t + n]
+    half_norms = 0.5 * jnp.sum(bands * bands, axis=1)
+    inv_var = 1.0 / (sigma * sigma)
+    return (dots - half_norms[expand]) * inv_var
+
+
+def _mean(bands, x):
+    """``C x`` for participation patterns ``x (n, S)``: ``(C x)_i = sum_t bands[i - t, t] x_{i - t}``."""
+    n, k = bands.shape
+    out = bands[:, 0][:, None] * x
+    for t in range(1, k):
+        # Row i receives column i - t's t-th band entry; rows < t receive nothing.
+        shifted = jnp.pad((bands[:, t][:, None] * x)[: n - t], [(t, 0), (0, 0)]) if t < n else jnp.zeros_like(x)
+        out = out + shifted
+    return out
+
+
+def _forward(log_f, sampling_prob, min_sep: int, warm_start: bool):
+    """``log P/Q`` from log emission factors ``log_f (n, ...)`` by the forward recursion.
+
+    Log-space form of Dong & Ganesh's dynamic program (arXiv 2602.09338), run from round
+    0 upwards; see the module docstring for ``E`` and ``A``.  One scan step per round; the ring
+    ``(b, ...)`` holds ``A_j`` at slot ``j mod b`` (updated in place by XLA: unrolling the ring
+    into ``b`` static slots measured 1.5x slower on CPU).
+    """
+    n = log_f.shape[0]
+    b = min_sep
+    batch = log_f.shape[1:]
+    dtype = log_f.dtype
+    p = sampling_prob
+    log_p = jnp.log(p)
+    log_q = jnp.log1p(-p)  # -inf at p = 1: logaddexp(-inf, a) = a, as it should
+    ring = jnp.full((b,) + batch, -jnp.inf, dtype)
+    if warm_start:
+        # Stationary law of the chain: eligible w.p. 1 / (1 + (b - 1) p), participated at round
+        # -d (d = 1 .. b - 1) w.p. p / (1 + (b - 1) p) each (slot b - d).
+        log_norm = jnp.log1p((b - 1) * p)
+        log_e = jnp.broadcast_to(-log_norm, batch).astype(dtype)
+        if b > 1:
+            ring = ring.at[1:].set(jnp.broadcast_to(log_p - log_norm, (b - 1,) + batch).astype(dtype))
+    else:
+        log_e = jnp.zeros(batch, dtype)
+
+    def step(carry, inputs):
+        log_e, ring = carry
+        i, row = inputs
+        # A_i = p f_i E_i goes to slot i mod b (over A_{i-b}, which is already inside E_i) ...
+        ring = jax.lax.dynamic_update_index_in_dim(ring, log_p + row + log_e, i % b, 0)
+        # ... and E_{i+1} = (1 - p) E_i + A_{i+1-b}.
+        back = jax.lax.dynamic_index_in_dim(ring, (i + 1) % b, 0, keepdims=False)
+        return (jnp.logaddexp(log_q + log_e, back), ring), None
+
+    (log_e, ring), _ = jax.lax.scan(step, (log_e, ring), (jnp.arange(n), log_f))
+    # Slot n mod b holds A_{n-b}, already inside E_n; the other slots are A_{n-b+1} .. A_{n-1}.
+    keep = np.arange(b) != (n % b)
+    return jax.nn.logsumexp(jnp.concatenate([log_e[None], ring[keep]], axis=0), axis=0)
+
+
+def _participation(u, u0, sampling_prob, min_sep: int, warm_start: bool):
+    """Participation patterns ``x (n, S)`` (float 0/1) of the b-min-sep chain.
+
+    ``u (n, S)`` uniforms decide each eligible round (participate iff ``u < p``); ``u0 (S,)``
+    draws the warm-start state.  The state is the number of rounds the example still sits out.
+    """
+    b = min_sep
+    p = sampling_prob
+    if warm_start and b > 1:
+        pi0 = 1.0 / (1.0 + (b - 1) * p)
+        # Sits out d rounds (d = 1 .. b - 1), each with probability p pi0: it participated at -b + d.
+        d = 1.0 + jnp.floor((u0 - pi0) / (p * pi0))
+        s0 = jnp.where(u0 < pi0, 0, jnp.clip(d, 1, b - 1)).astype(jnp.int32)
+    else:
+        s0 = jnp.zeros(u0.shape, jnp.int32)
+
+    def step(s, u_i):
+        part = (s == 0) & (u_i < p)
+        return jnp.where(part, b - 1, jnp.maximum(s - 1, 0)), part
+
+    _, x = jax.lax.scan(step, s0, u)
+    return x.astype(u.dtype)
+
+
+def _block_draws(key, first_block, num_blocks: int, n: int):
+    """``(u (n, S), z (n, S), u0 (S,))`` of ``num_blocks`` blocks, ``S = num_blocks * BLOCK_SIZE``.
+
+    Each block's words are drawn rounds-first, ``(n + 2 ceil(n / 2) + 1, BLOCK_SIZE)``, the layout
+    the scans consume (no transpose of ``(S, n)`` arrays).
+    """
+    half = -(-n // 2)
+    width = n + 2 * half + 1
+    # core.block_words_fn(a, c) draws uint64[c, a] per block, vmap-safe (the block's words never
+    # depend on the batch it is drawn in); here a = BLOCK_SIZE samples, c = width rows.
+    fn = core.block_words_fn(core.BLOCK_SIZE, width)
+    words = jax.vmap(lambda j: fn(jax.random.key_data(key), j))(first_block + jnp.arange(num_blocks))
+    words = jnp.moveaxis(words, 0, 1).reshape(width, num_blocks * core.BLOCK_SIZE)
+    u = uniform_open(words[:n])
+    z1, z2 = normal_pairs_from_bits(words[n: n + half], words[n + half: n + 2 * half])
+    z = jnp.concatenate([z1, z2], axis=0)[:n]
+    u0 = uniform_open(words[-1])
+    return u, z, u0
+
+
+def _losses_from_draws(bands, sigma, sampling_prob, u, z, u0, min_sep, warm_start):
+    x = _participation(u, u0, sampling_prob, min_sep, warm_start)
+    # X_P = C x + sigma Z and X_Q = sigma Z share Z: log f(X_P) = log f(X_Q) + <c_j, C x> / sigma^2.
+    log_f_q = _log_emissions(bands, sigma * z, sigma)
+    inv_var = 1.0 / (sigma * sigma)
+    mean = _mean(bands, x)
+    n, k = bands.shape
+    mp = jnp.pad(mean, [(0, k - 1), (0, 0)])
+    cross = bands[:, 0][:, None] * mean
+    for t in range(1, k):
+        cross = cross + bands[:, t][:, None] * mp[t: t + n]
+    log_f = jnp.stack([log_f_q + cross * inv_var, log_f_q], axis=1)  # (n, 2, S)
+    ratio = _forward(log_f, sampling_prob, min_sep, warm_start)
+    remove = core._nan_to_plus_inf(ratio[0])
+    add = core._nan_to_plus_inf(-ratio[1])
+    return remove, add
+
+
+@float64
+@functools.partial(jax.jit, static_argnames=("min_sep", "warm_start"))
+def log_likelihood_ratio(bands, observations, noise_multiplier, sampling_prob, *, min_sep: int,
+                         warm_start: bool = True):
+    """``log P/Q`` at given outputs: the forward algorithm of the b-min-sep chain.
+
+    Args:
+      bands: ``(n, k)`` band table of ``C`` (:func:`band_table`), ``k <= min_sep``.
+      observations: ``(n,)`` or ``(n, S)`` outputs ``y`` (rounds first, as jax_privacy's samples).
+      noise_multiplier: ``sigma`` (scalar; data, not static).
+      sampling_prob: ``p`` in ``(0, 1]`` (scalar; data, not static).
+      min_sep: ``b`` (static).  warm_start: stationary start (static).
+
+    Returns:
+      ``(S,)`` (or scalar) ``log P(y) / Q(y)``, float64.  For ``y ~ P`` it is the remove-direction
+      loss; for ``y ~ Q`` its negative is the add-direction loss.
+
+    Example::
+
+        y = np.random.default_rng(0).normal(size=(64, 10))
+        log_likelihood_ratio(band_table(np.ones(1), 64, 4), y, 1.0, 0.2, min_sep=4)
+    """
+    bands = jnp.asarray(bands, jnp.float64)
+    y = jnp.asarray(observations, jnp.float64)
+    _check_bands(bands, min_sep)
+    if y.ndim not in (1, 2) or y.shape[0] != bands.shape[0]:
+        raise ValueError(f"observations must have shape (n,) or (n, S) with n = {bands.shape[0]} (the rows of "
+                         f"bands), got shape {y.shape}")
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    p = jnp.asarray(sampling_prob, jnp.float64)
+    return _forward(_log_emissions(bands, y, sigma), p, min_sep, warm_start)
+
+
+@float64
+@functools.partial(jax.jit, static_argnames=("min_sep", "num_samples", "warm_start"))
+def privacy_losses(bands, noise_multiplier, sampling_prob, key, *, min_sep: int, num_samples: int,
+                   warm_start: bool = True):
+    """Privacy-loss samples of both directions, ``(remove (S,), add (S,))``, ``S = num_samples``.
+
+    ``remove``: ``log P/Q (X)``, ``X ~ P`` (jax_privacy's ``positive_sample=True`` losses);
+    ``add``: ``log Q/P (X)``, ``X ~ Q`` (its ``positive_sample=False`` losses).  ``bands``
+    ``(n, k)`` from :func:`band_table`; ``noise_multiplier``, ``sampling_prob`` scalars (data);
+    ``key`` a JAX key (the stream is in the module docstring).  Materialises ``(n, S)`` arrays:
+    for large ``S`` use :func:`monte_carlo_sums`.
+
+    Example::
+
+        remove, add = privacy_losses(band_table(np.array([1.0, 0.5]), 64, 4), 1.0, 0.2,
+                                     jax.random.key(0), min_sep=4, num_samples=4096)
+    """
+    bands = jnp.asarray(bands, jnp.float64)
+    _check_bands(bands, min_sep)
+    n = bands.shape[0]
+    key = core.rbg_key(key)
+    num_blocks = -(-num_samples // core.BLOCK_SIZE)
+    u, z, u0 = _block_draws(key, 0, num_blocks, n)
+    remove, add = _losses_from_draws(bands, jnp.asarray(noise_multiplier, jnp.float64),
+                                     jnp.asarray(sampling_prob, jnp.float64), u, z, u0, min_sep, warm_start)
+    return remove[:num_samples], add[:num_samples]
+
+
+@float64
+@functools.partial(jax.jit, static_argnames=("min_sep", "num_samples", "warm_start", "chunk_blocks"))
+def monte_carlo_sums(bands, noise_multiplier, sampling_prob, epsilon, key, *, min_sep: int, num_samples: int,
+                     warm_start: bool = True, chunk_blocks: int | None = None):
+    """Sums of the hockey-stick terms ``max(0, 1 - exp(eps - L))`` and their squares, per direction.
+
+    Returns :class:`dpjax.montecarlo.MonteCarloSums` with ``(2, K)`` arrays (row 0 remove, row 1
+    add) for ``epsilon (K,)``; pass them with ``num_samples`` to
+    :func:`dpjax.montecarlo.estimate_from_sums`.  Chunks of ``chunk_blocks`` blocks (default:
+    about 2^18 floats per ``(n, S)`` array) run in a ``lax.scan``; the draws are those of
+    :func:`privacy_losses` for the same key whatever the chunking.
+    """
+    bands = jnp.asarray(bands, jnp.float64)
+    _check_bands(bands, min_sep)
+    n = bands.shape[0]
+    key = core.rbg_key(key)
+    sigma = jnp.asarray(noise_multiplier, jnp.float64)
+    p = jnp.asarray(sampling_prob, jnp.float64)
+    eps = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
+    num_blocks = -(-num_samples // core.BLOCK_SIZE)
+    if chunk_blocks is None:
+        chunk_blocks = max(1, (core.DEFAULT_CHUNK_NORMALS // n) // core.BLOCK_SIZE)
+    chunk_blocks = min(chunk_blocks, num_blocks)
+    num_chunks = -(-num_blocks // chunk_blocks)
+
+    def chunk(carry, c):
+        first = c * chunk_blocks
+        u, z, u0 = _block_draws(key, first, chunk_blocks, n)
+        remove, add = _losses_from_draws(bands, sigma, p, u, z, u0, min_sep, warm_start)
+        ids = first * core.BLOCK_SIZE + jnp.arange(chunk_blocks * core.BLOCK_SIZE)
+        valid = (ids < num_samples).astype(jnp.float64)[:, None]
+        t_rem = core.hockey_stick_terms(remove, eps) * valid
+        t_add = core.hockey_stick_terms(add, eps) * valid
+        total = jnp.stack([t_rem.sum(0), t_add.sum(0)])
+        total_sq = jnp.stack([(t_rem * t_rem).sum(0), (t_add * t_add).sum(0)])
+        return (carry[0] + total, carry[1] + total_sq), None
+
+    zeros = jnp.zeros((2, eps.shape[0]), jnp.float64)
+    (total, total_sq), _ = jax.lax.scan(chunk, (zeros, zeros), jnp.arange(num_chunks))
+    return core.MonteCarloSums(total, total_sq)
+
+
+# --------------------------------------------------------------------------- accountant
+
+
+class BMinSep:
+    """Monte Carlo accountant for ``C x + z`` under b-min-sep sampling (Dong & Ganesh, arXiv 2602.09338).
+
+    Args:
+      correlation: ``C``, non-negative lower-triangular with at most ``min_sep`` bands: a 1-D
+        Toeplitz first column (BandMF; ``[1.0]`` is DP-SGD), a dense ``(n, n)`` banded matrix,
+        or a :class:`dpjax.matrices.Toeplitz` (see :func:`band_table`).
+      sampling_prob: ``p`` in ``(0, 1]``, the probability that an *eligible* example participates
+        (the expected participation rate is ``1 / (b - 1 + 1 / p)``, not ``p``).
+      min_sep: ``b >= 1``: an example sits out the ``b - 1`` rounds after it participates.
+      num_rounds: ``n``.
+      warm_start: start from the stationary state (jax_privacy's default), else eligible at round 0.
+
+    ``noise_multiplier`` is ``sigma`` per unit of clip norm (not divided by the norm of ``C``).
+
+    Example::
+
+        acc = BMinSep(np.array([1.0, 0.5, 0.25]), sampling_prob=0.1, min_sep=4, num_rounds=128)
+        est = acc.estimate(noise_multiplier=1.0, epsilon=[1.0, 2.0], num_samples=1 << 18, key=0)
+        est.delta, est.standard_error, est.delta_low, est.delta_high, est.num_samples
+    """
+
+    def __init__(self, correlation, sampling_prob, min_sep, num_rounds, *, warm_start=True):
+        self.sampling_prob = float(_validate.probability_open_closed("sampling_prob", sampling_prob))
+        self.min_sep = _validate.positive_int("min_sep", min_sep)
+        self.num_rounds = _validate.positive_int("num_rounds", num_rounds)
+        if not isinstance(warm_start, (bool, np.bool_)):
+            raise ValueError(f"warm_start must be True or False, got {warm_start!r}")
+        self.warm_start = bool(warm_start)
+        self.bands = band_table(correlation, self.num_rounds, self.min_sep)
+
+    def __repr__(self) -> str:
+        return (f"BMinSep(sampling_prob={self.sampling_prob!r}, min_sep={self.min_sep}, "
+                f"num_rounds={self.num_rounds}, bands={self.bands.shape[1]}, warm_start={self.warm_start})")
+
+    @float64
+    def privacy_losses(self, noise_multiplier, num_samples, key):
+        """``(remove, add)`` privacy-loss samples, NumPy float64 ``(num_samples,)`` each (see
+        :func:`privacy_losses`)."""
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        m = _validate_samples(num_samples)
+        remove, add = privacy_losses(jnp.asarray(self.bands), sigma, self.sampling_prob, core.as_prng_key(key),
+                                     min_sep=self.min_sep, num_samples=m, warm_start=self.warm_start)
+        return np.asarray(remove), np.asarray(add)
+
+    @float64
+    def estimate(self, noise_multiplier, epsilon, num_samples, key, *, confidence=0.95) -> DeltaEstimate:
+        """Both directions at every ``epsilon`` from one set of ``num_samples`` draws.
+
+        ``delta`` is the mean of ``max(0, 1 - exp(eps - L))`` over the loss samples ``L`` of the
+        larger direction, ``standard_error`` its ``sqrt(var / m)``; ``delta_low`` / ``delta_high``
+        a ``confidence`` interval on the max-direction delta (Chernoff-KL bounds, the terms lie in
+        ``[0, 1]``), as :meth:`dpjax.montecarlo.BallsInBins.estimate`.
+        """
+        confidence = _confidence(confidence)
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        flat = np.atleast_1d(_validate.nonnegative("epsilon", epsilon)).reshape(-1)
+        m = _validate_samples(num_samples)
+        sums = monte_carlo_sums(jnp.asarray(self.bands), sigma, self.sampling_prob, jnp.asarray(flat),
+                                core.as_prng_key(key), min_sep=self.min_sep, num_samples=m,
+                                warm_start=self.warm_start)
+        mean, se = core.estimate_from_sums(sums, m)
+        mean, se = np.asarray(mean), np.asarray(se)
+        if m < 2:
+            se = np.full_like(se, np.inf)
+        pick = np.argmax(mean, axis=0)
+        cols = np.arange(flat.size)
+        lo, hi = _kl_bounds(mean, m, 1.0 - (1.0 - confidence) / 2.0)
+        return DeltaEstimate(
+            epsilon=flat, delta=mean[pick, cols], standard_error=se[pick, cols],
+            delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m,
+            delta_low=np.max(lo, axis=0), delta_high=np.max(hi, axis=0), confidence=confidence)
+
+    def delta(self, noise_multiplier, epsilon, num_samples, key):
+        """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape),
+        the max over the two directions."""
+        est = self.estimate(noise_multiplier, epsilon, num_samples, key)
+        shape = np.shape(epsilon)
+        return est.delta.reshape(shape), est.standard_error.reshape(shape)
