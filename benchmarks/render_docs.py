@@ -1025,6 +1025,7 @@ NOT_TABULATED = {
     "bench_pld_side_by_side_*.json": "the PLD benchmark on two versions, one after the other in one session (one file per version)",
     "bench_optimize_side_by_side_*.json": "the quick optimization benchmark on two versions, alternating in one session (one file per version and round)",
     "bench_optimize_cpu.json": "a CPU-time profile of the optimization loop",
+    "bench_optimize_ab_*.json": "the optimization's time per step on two versions in alternating fresh processes",
     "certify_n2048_verify_2p20.json": "certify_n2048 with 2^20 verification draws per certificate (plus 2^18 calibration draws)",
     "certify_n2048_matrices.json": "the fixed inputs (optimized first columns) of certify_n2048.json",
     "bench_sweep_cost.json": "the fit of the sweep's run-cost model (dpjax.pld.BucketPolicy) to measured program times",
