@@ -102,3 +102,19 @@ def test_allocation_grid_rows_are_the_single_calls():
     order = [(s, scheme, e) for s in (1.0, 2.0) for scheme in (ALLOCATION, BINS) for e in (1, 2)]
     for row, (s, scheme, e) in zip(rows, order):
         assert row["epsilon"] == dpjax.dpsgd_epsilon(s, target_delta=1e-5, sampling=scheme, epochs=e)
+
+
+@pytest.mark.parametrize("scheme", [dpjax.BallsInBins(8), dpjax.RandomAllocation(6, 2)])
+def test_steps_of_whole_epochs_are_the_epochs(scheme):
+    # steps = t E gives the same accounting as epochs = E; a partial epoch is refused.
+    t = scheme.batches_per_epoch
+    assert (dpjax.dpsgd_epsilon(1.0, sampling=scheme, steps=3 * t, target_delta=1e-5)
+            == dpjax.dpsgd_epsilon(1.0, sampling=scheme, epochs=3, target_delta=1e-5))
+    assert (dpjax.dpsgd_delta(1.0, sampling=scheme, steps=3 * t, target_epsilon=2.0)
+            == dpjax.dpsgd_delta(1.0, sampling=scheme, epochs=3, target_epsilon=2.0))
+    assert (dpjax.dpsgd_noise_multiplier(sampling=scheme, steps=3 * t, target_epsilon=2.0, target_delta=1e-5)
+            == dpjax.dpsgd_noise_multiplier(sampling=scheme, epochs=3, target_epsilon=2.0, target_delta=1e-5))
+    with pytest.raises(ValueError, match="whole number of epochs"):
+        dpjax.dpsgd_epsilon(1.0, sampling=scheme, steps=3 * t + 1, target_delta=1e-5)
+    with pytest.raises(ValueError, match="needs epochs"):
+        dpjax.dpsgd_epsilon(1.0, sampling=scheme, target_delta=1e-5)

@@ -59,13 +59,23 @@ def allocation_args(sampling, *, sampling_prob=None, steps=None, batches_per_epo
                     epochs=None, group_size=1, dataset_size=None, batch_size=None) -> tuple[int, int, int]:
     """Validate the random-allocation / balls-in-bins arguments of a public call: ``(t, k, E)``.
 
-    Arguments of the other schemes are refused with the reason (``sampling_prob``; ``steps``
-    unless it equals ``t E``; ``group_size`` other than 1; ``dataset_size`` / ``batch_size``)."""
+    ``steps`` alone gives the epochs (``E = steps / t``, whole epochs only).  Arguments of the other
+    schemes are refused with the reason (``sampling_prob``; ``steps`` unless it equals ``t E``;
+    ``group_size`` other than 1; ``dataset_size`` / ``batch_size``)."""
     sampling = getattr(sampling, "value", sampling)
-    if batches_per_epoch is None or epochs is None:
-        raise ValueError(f"sampling={sampling!r} needs batches_per_epoch (an integer >= 1) and epochs "
-                         f"(an integer >= 1)")
+    if batches_per_epoch is None:
+        raise ValueError(f"sampling={sampling!r} needs batches_per_epoch (an integer >= 1)")
     t = _validate.positive_int("batches_per_epoch", batches_per_epoch)
+    if epochs is None and steps is not None:
+        # Whole epochs only: steps = t E (a partial epoch is another scheme).
+        n = _validate.positive_int("steps", steps)
+        if n % t:
+            raise ValueError(f"steps must be a whole number of epochs of batches_per_epoch = {t} rounds with "
+                             f"sampling={sampling!r} (steps = {t} * epochs), got {steps!r}")
+        epochs = n // t
+    if epochs is None:
+        raise ValueError(f"sampling={sampling!r} needs epochs (an integer >= 1) or steps (a multiple of "
+                         f"batches_per_epoch = {t})")
     E = _validate.positive_int("epochs", epochs)
     k = _validate.positive_int("selections_per_epoch", 1 if selections_per_epoch is None else selections_per_epoch,
                                maximum=t)
