@@ -200,20 +200,6 @@ def check_args(args) -> None:
         _writable_directory(os.getcwd(), "the result file (pass --out FILE or --no-save)")
     if args.baselines is None:
         args.baselines = bool(args.example)
-    if args.baselines and args.no_certify and args.certify_method == "bernoulli_kl":
-        # The balls-in-bins DP-SGD row is EVR-certified with --certify-samples (or its default):
-        # refuse now, before minutes of optimization and a written result, if that cannot work.
-        # (With certification on, the loop validates the certificate size the row then reuses.)
-        from dpjax.montecarlo import evr
-        from dpjax.optimization.baselines import DEFAULT_CERTIFY_SAMPLES
-
-        count = args.certify_samples or DEFAULT_CERTIFY_SAMPLES
-        rungs = evr.DEFAULT_LADDER_RUNGS
-        if evr.base_delta_for_target(int(count), float(args.delta), rungs) is None:
-            raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {args.delta:g} "
-                             f"with {count} samples; pass --certify-samples >= "
-                             f"{evr.minimum_samples(float(args.delta), num_tests=rungs)} "
-                             f"(more, e.g. 10x, to leave room for the estimate) or --no-baselines")
 
 
 def check_sampler_args(args) -> None:
@@ -390,29 +376,16 @@ def baseline_rows(param, args) -> list[dict]:
 
     Every row is ``rmse = sigma |A C^-1|_F / sqrt(n)`` at ``(epsilon, delta)``
     (:data:`dpjax.optimization.baselines.NORMALIZATION`): DP-SGD (``C = I``) without
-    amplification (exact Gaussian), under Poisson sampling ``q = 1/b`` (PLD) and under
-    balls-in-bins (Monte Carlo, EVR-certified by the result's certificate method),
-    and the unamplified optimum of the same family.  The caller adds ``gain``,
+    amplification (exact Gaussian), under Poisson sampling ``q = 1/b`` and under balls-in-bins
+    (both dpjax's PLD accountant), and the unamplified optimum of the same family.  The caller adds ``gain``,
     ``rmse(row) / rmse(result) - 1`` (positive: the optimised ``C`` is better).  The jax_privacy
     banded rows need jax_privacy and minutes of CPU: ``benchmarks/table_amplified_mf.py``.
     """
-    import jax.numpy as jnp
-
-    from dpjax.matrices import Toeplitz
     from dpjax.optimization import baselines as bl
 
     b, epochs, eps, delta = args.batches_per_epoch, args.epochs, args.epsilon, args.delta
-    # The result's own certificate method (and --certify-samples if given, else the method's default).
-    rows = [bl.dpsgd_unamplified(eps, delta, b, epochs), bl.dpsgd_poisson(eps, delta, b, epochs)]
-    kw = {} if args.certify_samples is None else {"certify_samples": int(args.certify_samples)}
-    try:
-        rows.append(bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), eps, delta, b, epochs,
-                                               name="dpsgd_balls_in_bins",
-                                               key=(args.seed + 1) % (_args.MAX_SEED + 1),
-                                               method=args.certify_method, **kw))
-    except ValueError as exc:
-        raise ValueError(f"--baselines: the balls-in-bins DP-SGD row cannot be certified at --delta {delta:g}: "
-                         f"{exc} (or pass --no-baselines)") from exc
+    rows = [bl.dpsgd_unamplified(eps, delta, b, epochs), bl.dpsgd_poisson(eps, delta, b, epochs),
+            bl.dpsgd_balls_in_bins(eps, delta, b, epochs)]
     rows += bl.unamplified_optimum(param, [eps], delta, b, epochs)
     return [{"name": r.name, "noise_multiplier": r.noise_multiplier, "rmse": r.rmse, "accounting": r.accounting}
             for r in rows]

@@ -60,6 +60,7 @@ __all__ = [
     "NORMALIZATION",
     "dpsgd_unamplified",
     "dpsgd_poisson",
+    "dpsgd_balls_in_bins",
     "balls_in_bins_certified",
     "unamplified_optimum",
     "banded_cyclic_poisson",
@@ -154,6 +155,19 @@ def dpsgd_poisson(epsilon, delta, batches_per_epoch, epochs) -> BaselineRow:
     sigma = float(dpsgd_noise_multiplier(1.0 / b, n, eps, delta))
     return _row("dpsgd_poisson", eps, delta, b, epochs, sigma, _identity_error(n),
                 f"dpjax PLD, Poisson q = 1/{b}, {n} steps", column=[1.0])
+
+
+def dpsgd_balls_in_bins(epsilon, delta, batches_per_epoch, epochs) -> BaselineRow:
+    """``C = I`` under balls-in-bins batching (each example in one of ``b`` batches per epoch):
+    dpjax's random-allocation PLD accountant (exact up to its certified discretization; no Monte
+    Carlo), the smallest noise multiplier it certifies for ``(epsilon, delta)``."""
+    import dpjax
+
+    eps, delta, b, epochs = _check(epsilon, delta, batches_per_epoch, epochs)
+    sigma = float(dpjax.dpsgd_noise_multiplier(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=eps,
+                                               target_delta=delta))
+    return _row("dpsgd_balls_in_bins", eps, delta, b, epochs, sigma, _identity_error(b * epochs),
+                f"dpjax PLD, balls-in-bins, b = {b}, {epochs} epochs", column=[1.0])
 
 
 #: Certificate size of the Bernoulli-KL method of :func:`balls_in_bins_certified` when none is

@@ -73,7 +73,20 @@ def test_balls_in_bins_certified_identity():
     assert r.noise_multiplier >= r.extra["noise_multiplier_estimate"]
 
 
+def test_dpsgd_balls_in_bins_is_the_accountant_and_amplifies():
+    import dpjax
+
+    r = bl.dpsgd_balls_in_bins(2.0, 1e-5, B, E)
+    assert r.name == "dpsgd_balls_in_bins"
+    assert r.noise_multiplier == dpjax.dpsgd_noise_multiplier(sampling=dpjax.BallsInBins(B), epochs=E,
+                                                              target_epsilon=2.0, target_delta=1e-5)
+    # Balls-in-bins amplifies: below the unamplified (fixed-batch) Gaussian's noise.
+    assert r.noise_multiplier < bl.dpsgd_unamplified(2.0, 1e-5, B, E).noise_multiplier
+    assert r.rmse == pytest.approx(r.noise_multiplier * math.sqrt((B * E + 1) / 2), rel=1e-12)
+
+
 @pytest.mark.parametrize("call,match", [
+    (lambda: bl.dpsgd_balls_in_bins(1.0, 0.0, B, E), "delta"),
     (lambda: bl.dpsgd_poisson(0.0, 1e-5, B, E), "epsilon"),
     (lambda: bl.dpsgd_unamplified(1.0, 1.5, B, E), "delta"),
     (lambda: bl.banded_cyclic_poisson([1.0], 1e-5, B, E, dataset_size=10, batch_size=8), "dataset_size"),

@@ -46,9 +46,6 @@ def test_optimize_json_has_the_documented_keys(tmp_path, capsys):
     (["--family", "toeplitz"], "--buffers"),
     (["--epsilon", "-1"], "--epsilon"),
     (["--samples", "0"], "--samples"),
-    # --no-certify with --baselines: the baseline's certificate is impossible at this delta;
-    # refused before anything runs or is written (was: raised after the result file was written).
-    (["--no-certify", "--baselines", "--delta", "1e-9", "--certify-samples", "65536"], "--no-baselines"),
 ])
 def test_bad_input_exits_2_one_line(tmp_path, capsys, extra, match):
     out = tmp_path / "r.json"
