@@ -341,22 +341,25 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         updates, new_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
-        return new_params, new_state, finite
+        # The step's loss and RMSE in the same program (eagerly they cost two more dispatches).
+        rmse = root * err
+        return new_params, new_state, finite, jnp.log(rmse), rmse
 
     prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep), jax.jit(solve), jax.jit(solve_with_gradient),
                                                        jax.jit(update))
 
+    _FALSE = jnp.zeros((), bool)
+
     def aux_of(root, err, passes, status, screen_state):
-        false = jnp.zeros((), bool)
         rmse = root * err
-        return jnp.log(rmse), (root, rmse, passes, status, false, false, screen_state)
+        return jnp.log(rmse), (root, rmse, passes, status, _FALSE, _FALSE, screen_state)
 
     def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
         (gram, sqrt_gram, err), (start, proposal) = prep_jit(params, eps, sigma0)
         root, (passes, status), bars = _on_first_device(solve_grad_jit(
             *_on_host((gram, sqrt_gram, eps, delta)), sample, step_index, *_on_host((start, proposal))))
-        new_params, new_state, finite = update_jit(params, opt_state, eps, sigma0, root, err, bars)
-        loss, aux = aux_of(root, err, passes, status, screen_state)
+        new_params, new_state, finite, loss, rmse = update_jit(params, opt_state, eps, sigma0, root, err, bars)
+        aux = (root, rmse, passes, status, _FALSE, _FALSE, screen_state)
         return new_params, new_state, loss, aux, finite
 
     def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
