@@ -270,7 +270,7 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
     return jax.jit(step), jax.jit(evaluate), jax.jit(draw), jax.jit(no_screen)
 
 
-def _on_host(tree):
+def _to_host(tree):
     """Arrays of one device as NumPy arrays (PRNG keys as they are): inputs a program over every
     device accepts from any process."""
     def host(x):
@@ -347,6 +347,9 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
 
     prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep), jax.jit(solve), jax.jit(solve_with_gradient),
                                                        jax.jit(update))
+    # On one device of one process the calibration's program takes the arrays where they are; the
+    # copy through the host is for programs spanning other devices (the same values either way).
+    _on_host = _to_host if (jax.process_count() > 1 or len(jax.devices()) > 1) else (lambda tree: tree)
 
     _FALSE = jnp.zeros((), bool)
 
