@@ -351,16 +351,32 @@ def monte_carlo_sums(bands, noise_multiplier, sampling_prob, epsilon, key, *, mi
     """
     bands = jnp.asarray(bands, jnp.float64)
     _check_bands(bands, min_sep)
-    n = bands.shape[0]
-    key = core.rbg_key(key)
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
     p = jnp.asarray(sampling_prob, jnp.float64)
     eps = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
+    total, total_sq = _sums(bands, sigma, p, eps, core.rbg_key(key), min_sep=min_sep, num_samples=num_samples,
+                            warm_start=warm_start, chunk_blocks=chunk_blocks)
+    return core.MonteCarloSums(total, total_sq)
+
+
+def _default_chunk_blocks(num_samples: int, n: int, chunk_blocks: int | None) -> int:
+    """Blocks per chunk: about 2^18 floats per ``(n, S)`` array unless given, at most the sample."""
     num_blocks = -(-num_samples // core.BLOCK_SIZE)
     if chunk_blocks is None:
         chunk_blocks = max(1, (core.DEFAULT_CHUNK_NORMALS // n) // core.BLOCK_SIZE)
-    chunk_blocks = min(chunk_blocks, num_blocks)
-    num_chunks = -(-num_blocks // chunk_blocks)
+    return min(chunk_blocks, num_blocks)
+
+
+def _sums(bands, sigma, p, eps, key, *, min_sep, num_samples, warm_start, chunk_blocks, squares=True):
+    """``(total (2, K), total_sq (2, K))`` of :func:`monte_carlo_sums` (traced arguments, rbg ``key``).
+
+    Differentiable in ``bands``, ``sigma`` and ``eps`` (the draws do not depend on them); the
+    calibration solves on these sums, so its estimate is the one :meth:`BMinSep.estimate` reports.
+    ``squares=False`` skips the squares (``total_sq`` is then zeros).
+    """
+    n = bands.shape[0]
+    chunk_blocks = _default_chunk_blocks(num_samples, n, chunk_blocks)
+    num_chunks = -(-(-(-num_samples // core.BLOCK_SIZE)) // chunk_blocks)
 
     def chunk(carry, c):
         first = c * chunk_blocks
@@ -371,12 +387,14 @@ def monte_carlo_sums(bands, noise_multiplier, sampling_prob, epsilon, key, *, mi
         t_rem = core.hockey_stick_terms(remove, eps) * valid
         t_add = core.hockey_stick_terms(add, eps) * valid
         total = jnp.stack([t_rem.sum(0), t_add.sum(0)])
+        if not squares:
+            return (carry[0] + total, carry[1]), None
         total_sq = jnp.stack([(t_rem * t_rem).sum(0), (t_add * t_add).sum(0)])
         return (carry[0] + total, carry[1] + total_sq), None
 
     zeros = jnp.zeros((2, eps.shape[0]), jnp.float64)
     (total, total_sq), _ = jax.lax.scan(chunk, (zeros, zeros), jnp.arange(num_chunks))
-    return core.MonteCarloSums(total, total_sq)
+    return total, total_sq
 
 
 # --------------------------------------------------------------------------- accountant
