@@ -295,10 +295,15 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
     key = as_prng_key(key)
     key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
     sigma0_guess = accountant.sensitivity if initial_noise is None else float(initial_noise)
-    with jax.enable_x64(True):
-        res = _calibration_fn(m_cal, _device_key(devices))(jnp.asarray(accountant.gram), eps, base, key_cal,
-                                                           sigma0_guess)
-    sigma0 = float(res.root)
+    ladder_calibration = getattr(accountant, "_ladder_calibration", None)
+    if ladder_calibration is not None:
+        # An accountant without a Gram matrix (b-min-sep) calibrates sigma_0 on its own estimate.
+        sigma0 = ladder_calibration(eps, base, key_cal, m_cal, sigma0_guess)
+    else:
+        with jax.enable_x64(True):
+            res = _calibration_fn(m_cal, _device_key(devices))(jnp.asarray(accountant.gram), eps, base, key_cal,
+                                                               sigma0_guess)
+        sigma0 = float(res.root)
     if not math.isfinite(sigma0):
         raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                          "multiplier in the search range")
