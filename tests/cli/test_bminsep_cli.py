@@ -39,14 +39,16 @@ def test_estimate_json_matches_the_library(capsys):
 
 
 def test_certify_json_reports_method_samples_failure_probability(capsys):
-    out = _json(capsys, BASE + ["--delta", "0.05", "--certify", "--certify-samples", "8192", "--seed", "4",
-                                "--json"])
+    # Poisson (min_sep = 1), the configuration of the certificate tests of the library.
+    out = _json(capsys, ["mc-calibrate", "--sampling", "b_min_sep", "--min-sep", "1", "--sampling-prob", "0.2",
+                         "--steps", "8", "--epsilon", "1", "--delta", "0.05", "--certify", "--certify-samples",
+                         "8192", "--seed", "4", "--json"])
     cert = out["certificate"]
     assert cert["method"] == "bernoulli_kl" and cert["num_samples"] == 8192
     assert 0 < cert["failure_probability"] < 0.05 and cert["verified"]
     assert cert["delta"] <= 0.05
     assert out["noise_multiplier"] == cert["noise_multiplier"]
-    ref = BMinSep(np.ones(1), 0.25, 3, 16).certify_noise(1.5, 0.05, 4, num_samples=8192)
+    ref = BMinSep(np.ones(1), 0.2, 1, 8).certify_noise(1.0, 0.05, 4, num_samples=8192)
     assert out["noise_multiplier"] == ref.noise_multiplier
 
 
