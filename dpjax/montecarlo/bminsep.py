@@ -57,10 +57,12 @@ participation uniforms, ``n`` Box-Muller normals, one warm-start uniform), so th
 only on ``(key, n, sample index)``, never on ``sigma``, ``p``, ``C`` or the chunking.  Both
 directions use the same normals ``Z``: ``X_P = C x + sigma Z`` and ``X_Q = sigma Z``.
 
-Public: :class:`BMinSep` (validated, host-facing; :class:`DeltaEstimate` records), and the pure
-jitted functions :func:`privacy_losses`, :func:`log_likelihood_ratio`, :func:`monte_carlo_sums`
-(shapes static, ``sigma`` and ``p`` data: a new noise multiplier or sampling probability never
-recompiles) with :func:`band_table` to build their ``bands`` argument.
+Public: :class:`BMinSep` (validated, host-facing; :class:`DeltaEstimate` records; ``calibrate``
+on common random numbers; Estimate-Verify-Release certificates ``certify`` / ``certify_noise``
+through :mod:`dpjax.montecarlo.evr`), the pure jitted functions :func:`privacy_losses`,
+:func:`log_likelihood_ratio`, :func:`monte_carlo_sums` (shapes static, ``sigma`` and ``p`` data:
+a new noise multiplier or sampling probability never recompiles) with :func:`band_table` to
+build their ``bands`` argument, and the jittable, differentiable :func:`calibrate_on_samples`.
 """
 
 from __future__ import annotations

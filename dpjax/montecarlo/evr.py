@@ -850,8 +850,9 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
                   growth: float | None = None, calibration_samples: int | None = None,
                   method: str = DEFAULT_METHOD, failure_fraction: float = DEFAULT_FAILURE_FRACTION,
                   devices=None) -> Certificate:
-    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`)
-    at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
+    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`, or a
+    :class:`~dpjax.montecarlo.BMinSep` with ``method="bernoulli_kl"``, which calibrates ``sigma_0``
+    itself) at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
 
     Procedure (Choquette-Choo et al. 2024, §5.2: certify ``delta`` through a verified smaller
     level); the calibration sample comes from ``fold_in(key, 0)``, the verification sample from
