@@ -13,6 +13,11 @@ jit-compiled training step sees the same shapes at every step:
   :meth:`BallsInBinsSampler.accountant` hands the same ``(b, E)`` to
   :class:`dpjax.montecarlo.BallsInBins`, so the batching that is trained and the batching that
   is accounted cannot drift apart.
+* :class:`BMinSepSampler` -- b-min-sep sampling (Dong & Ganesh, "Privacy Amplification for
+  BandMF via b-Min-Sep Subsampling"): an example that participated sits out the next ``b - 1``
+  rounds and is otherwise chosen with probability ``p`` at each round, from the stationary
+  start; :meth:`BMinSepSampler.accountant` hands the same ``(p, b, n)`` to
+  :class:`dpjax.montecarlo.BMinSep`.
 * :class:`PoissonSampler` -- Poisson sampling for DP-SGD (every example independently with
   probability ``q`` at every step), accounted by :func:`dpjax.dpsgd_epsilon` /
   :meth:`PoissonSampler.epsilon`.
@@ -64,7 +69,7 @@ import scipy.stats
 from dpjax._base import validate as _validate
 from dpjax._base.names import epochs_to_steps
 
-__all__ = ["BallsInBinsSampler", "PoissonSampler", "balls_in_bins_truncation_delta"]
+__all__ = ["BallsInBinsSampler", "BMinSepSampler", "PoissonSampler", "balls_in_bins_truncation_delta"]
 
 
 def _check_seed(seed) -> int:
@@ -363,6 +368,140 @@ class PoissonSampler:
     def _log_overflow_probability(self) -> float:
         return min(0.0, math.log(self.steps)
                    + _log_binomial_sf(self.batch_size, self.num_examples + 1, self.sampling_prob))
+
+    def truncation_delta(self, epsilon) -> float:
+        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (in log space)."""
+        eps = float(_validate.nonnegative("epsilon", epsilon))
+        return _truncation_delta(self._log_overflow_probability(), eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class BMinSepSampler:
+    """b-min-sep batch schedule (Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep
+    Subsampling"; jax_privacy's ``BMinSepSampling(sampling_prob, iterations, min_sep,
+    warm_start=True)``).
+
+    Args:
+      num_examples: ``N`` (int32 indices, ``N < 2^31``).
+      sampling_prob: ``p`` in ``(0, 1]``: the probability that an *eligible* example participates
+        in a round.
+      min_sep: ``b >= 1``: an example that participates in round ``t`` sits out rounds
+        ``t + 1 .. t + b - 1`` (``b = 1`` is Poisson sampling).
+      steps: ``n``, the number of rounds.
+      batch_size: ``B``, the fixed batch shape (pad / truncate, as :class:`BallsInBinsSampler`).
+      seed: an integer in ``[0, 2**32 - 1]``; the whole schedule is a function of it.
+
+    Every example runs its own chain, independently of the others, from the chain's stationary
+    law (the warm start of :class:`dpjax.montecarlo.BMinSep`): eligible at round 0 with
+    probability ``1 / (1 + (b - 1) p)``, else sitting out ``d`` more rounds (``d = 1 .. b - 1``)
+    with probability ``p / (1 + (b - 1) p)`` each.  So the batch of every round has the law
+    ``Binomial(N, q)``, ``q = p / (1 + (b - 1) p)`` (the stationary participation rate).  The
+    schedule is drawn at construction, one vectorised step per round (``O(N n)`` time, the batches
+    ``O(q N n)`` int32 memory); the order of a batch is random, so truncation drops a uniformly
+    random subset.  Account with :meth:`accountant` and add :meth:`truncation_delta` (the module
+    docstring's argument: truncation changes the mechanism only on the event that some batch
+    overflows).
+
+    Example::
+
+        sampler = BMinSepSampler(num_examples=10_000, sampling_prob=0.05, min_sep=4, steps=200,
+                                 batch_size=620, seed=0)
+        acc = sampler.accountant(np.array([1.0, 0.5]))      # BMinSep(C, p=0.05, b=4, n=200)
+        for indices, mask in sampler:
+            ...
+        sampler.truncation_delta(2.0)   # add to the accounted delta
+    """
+
+    num_examples: int
+    sampling_prob: float
+    min_sep: int
+    steps: int
+    batch_size: int
+    seed: int = 0
+
+    def __post_init__(self):
+        n = _num_examples(self.num_examples)
+        p = float(_validate.probability_open_closed("sampling_prob", self.sampling_prob))
+        b = _validate.positive_int("min_sep", self.min_sep)
+        t = _validate.positive_int("steps", self.steps)
+        bs = _validate.positive_int("batch_size", self.batch_size)
+        s = _check_seed(self.seed)
+        for name, v in (("num_examples", n), ("sampling_prob", p), ("min_sep", b), ("steps", t),
+                        ("batch_size", bs), ("seed", s)):
+            object.__setattr__(self, name, v)
+        rng = np.random.Generator(np.random.PCG64(s))
+        # Stationary start: the number of rounds still sat out (0 = eligible).
+        pi0 = 1.0 / (1.0 + (b - 1) * p)
+        weights = np.concatenate([[pi0], np.full(b - 1, p * pi0)])
+        wait = rng.choice(b, size=n, p=weights / weights.sum()).astype(np.int32)
+        batches = []
+        for _ in range(t):
+            part = (wait == 0) & (rng.random(n) < p)
+            members = np.flatnonzero(part).astype(np.int32)
+            rng.shuffle(members)
+            members.setflags(write=False)
+            batches.append(members)
+            wait = np.where(part, b - 1, np.maximum(wait - 1, 0)).astype(np.int32)
+        object.__setattr__(self, "_batches", tuple(batches))
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps
+
+    @property
+    def participation_rate(self) -> float:
+        """``q = p / (1 + (b - 1) p)``: the probability that a given example is in a given batch."""
+        return self.sampling_prob / (1.0 + (self.min_sep - 1) * self.sampling_prob)
+
+    def members(self, step: int) -> np.ndarray:
+        """All examples of round ``step`` (variable length, in random order, before truncation)."""
+        step = int(step)
+        if not 0 <= step < self.steps:
+            raise ValueError(f"step must be in [0, {self.steps}), got {step}")
+        return self._batches[step]
+
+    def sample_size(self, step: int) -> int:
+        """The untruncated batch size of round ``step``."""
+        return int(self.members(step).size)
+
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Fixed-shape ``(indices, mask)`` of round ``step``: its members, padded or truncated to ``B``."""
+        members = self.members(step)[: self.batch_size]
+        indices = np.zeros(self.batch_size, dtype=np.int32)
+        mask = np.zeros(self.batch_size, dtype=bool)
+        indices[: members.size] = members
+        mask[: members.size] = True
+        return indices, mask
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for t in range(self.steps):
+            yield self.batch(t)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def accountant(self, correlation):
+        """:class:`dpjax.montecarlo.BMinSep` for ``correlation`` (at most ``min_sep`` bands) with this
+        schedule's ``p``, ``b`` and ``n`` and the warm start.  Add :meth:`truncation_delta` to the
+        delta it reports."""
+        from dpjax.montecarlo import BMinSep  # montecarlo pulls in the JAX estimators
+
+        return BMinSep(correlation, self.sampling_prob, self.min_sep, self.steps, warm_start=True)
+
+    def truncation_rate(self) -> float:
+        """Expected fraction of sampled examples dropped, ``E[(K - B)_+] / (q N)``, ``K ~ Bin(N, q)``."""
+        q = self.participation_rate
+        return _binomial_excess_mean(self.num_examples, q, self.batch_size) / (q * self.num_examples)
+
+    def overflow_probability(self) -> float:
+        """Upper bound on ``P(some round's batch exceeds B)`` with ``N + 1`` examples: the union over
+        the ``n`` rounds of ``P(Binomial(N + 1, q) > B)`` (each round's batch has that law from the
+        stationary start; ``N + 1`` covers both add/remove neighbours)."""
+        return min(1.0, math.exp(self._log_overflow_probability()))
+
+    def _log_overflow_probability(self) -> float:
+        return min(0.0, math.log(self.steps)
+                   + _log_binomial_sf(self.batch_size, self.num_examples + 1, self.participation_rate))
 
     def truncation_delta(self, epsilon) -> float:
         """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (in log space)."""

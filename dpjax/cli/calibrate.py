@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from dpjax.cli import _args
 from dpjax.cli.montecarlo import ADJACENCY as MC_ADJACENCY
 from dpjax.cli.montecarlo import accountant_from_args, add_correlation_args
@@ -43,10 +45,19 @@ in one command: calibrated on one sample and verified on an independent one (Est
 Release; "certificate" in the output says the method, sample count and failure probability).
 Adjacency: add/remove (the max over both directions).
 
+--sampling b_min_sep (--min-sep, --sampling-prob, --steps, --banded) calibrates on the b-min-sep
+Monte Carlo accountant instead (Dong and Ganesh, "Privacy Amplification for BandMF via b-Min-Sep
+Subsampling"): an example that participated sits out the next --min-sep - 1 rounds and is
+otherwise chosen with probability --sampling-prob, from the stationary start; C is the banded
+Toeplitz column --banded (at most --min-sep bands; default 1, DP-SGD).  Its --certify uses
+bernoulli_kl (plain draws, Hoeffding's bound), the one method it supports.
+
 Examples:
   dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 --epsilon 2 --delta 1e-3 \\
       --samples 65536 --seed 0
-  dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 --epsilon 2 --delta 1e-3 --certify"""
+  dpjax mc-calibrate --toeplitz 1,0.5 --batches-per-epoch 8 --epochs 2 --epsilon 2 --delta 1e-3 --certify
+  dpjax mc-calibrate --sampling b_min_sep --min-sep 4 --sampling-prob 0.1 --steps 64 --banded 1,0.5 \\
+      --epsilon 2 --delta 1e-3 --samples 65536"""
 
 
 def _run_noise(args) -> dict:
@@ -77,7 +88,72 @@ def _run_noise(args) -> dict:
     return dict(out, accountant=accountant, guarantee="certified epsilon <= target_epsilon at this noise multiplier")
 
 
+#: mc-calibrate's options that only --sampling b_min_sep takes, and those it does not take.
+_BMINSEP_ONLY = ("min_sep", "sampling_prob", "steps", "banded")
+_BALLS_IN_BINS_ONLY = ("toeplitz", "matrix", "blt_decays", "blt_scales", "batches_per_epoch", "epochs")
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _bminsep_from_args(args):
+    from dpjax.montecarlo import BMinSep
+
+    for dest in _BALLS_IN_BINS_ONLY:
+        if getattr(args, dest) is not None:
+            raise ValueError(f"{_option(dest)} does not apply to --sampling b_min_sep (C is --banded c0,c1,...)")
+    for dest in ("min_sep", "sampling_prob", "steps"):
+        if getattr(args, dest) is None:
+            raise ValueError(f"{_option(dest)} is required for --sampling b_min_sep")
+    col = np.ones(1) if args.banded is None else np.asarray(args.banded, np.float64)
+    if col.size == 0 or not np.any(col > 0):
+        raise ValueError("--banded must list at least one coefficient, one of them > 0")
+    try:
+        return BMinSep(col, args.sampling_prob, args.min_sep, args.steps)
+    except ValueError as exc:
+        raise ValueError(f"--banded: {exc}") from None
+
+
+def _run_mc_calibrate_bminsep(args) -> dict:
+    acc = _bminsep_from_args(args)
+    setting = dict(sampling="b_min_sep", min_sep=acc.min_sep, sampling_prob=acc.sampling_prob, steps=acc.num_rounds,
+                   banded=[float(c) for c in acc.bands[0]], warm_start=True)
+    if args.certify:
+        method = args.certify_method or "bernoulli_kl"
+        if method != "bernoulli_kl":
+            raise ValueError(f"--certify-method {method} does not apply to --sampling b_min_sep (use bernoulli_kl)")
+        cert = acc.certify_noise(args.epsilon, args.delta, args.seed, num_samples=args.certify_samples)
+        if not cert.verified:
+            raise ValueError(f"no noise multiplier was certified: {cert.reason}")
+        return dict(noise_multiplier=cert.noise_multiplier, noise_multiplier_estimate=cert.noise_multiplier_estimate,
+                    target_epsilon=args.epsilon, target_delta=args.delta,
+                    certificate={k: v for k, v in cert.to_dict().items()},
+                    seed=args.seed, adjacency=MC_ADJACENCY, **setting,
+                    accountant="montecarlo (b-min-sep), Estimate-Verify-Release",
+                    guarantee=f"(epsilon, delta) = ({cert.epsilon:g}, {cert.delta:.6g}) certified at noise_multiplier "
+                              f"with failure probability {cert.failure_probability:.3g} ({cert.method})")
+    samples = args.samples
+    sigma = acc.calibrate(args.epsilon, args.delta, samples, args.seed)
+    delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
+    return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
+                delta_estimate=float(delta_hat), standard_error=float(se), num_samples=int(samples),
+                seed=args.seed, adjacency=MC_ADJACENCY, **setting,
+                accountant="montecarlo (b-min-sep, common random numbers)",
+                guarantee="estimate only: certify with --certify (verification draws independent of the "
+                          "calibration's)")
+
+
 def _run_mc_calibrate(args) -> dict:
+    if args.sampling == "b_min_sep":
+        return _run_mc_calibrate_bminsep(args)
+    for dest in _BMINSEP_ONLY:
+        if getattr(args, dest) is not None:
+            raise ValueError(f"{_option(dest)} applies to --sampling b_min_sep only")
+    for dest in ("batches_per_epoch", "epochs"):
+        if getattr(args, dest) is None:
+            raise ValueError(f"{_option(dest)} is required for --sampling balls_in_bins (an integer >= 1)")
+    args.certify_method = args.certify_method or "importance_betting"
     acc = accountant_from_args(args)
     if args.certify:
         # The certified path in one command: calibrate and verify (evr.certify_noise), the
@@ -119,7 +195,20 @@ def register(subparsers) -> None:
                               help="noise multiplier on the balls-in-bins Monte Carlo estimate (--certify: a certified one)",
                               description=MC_CALIBRATE_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_correlation_args(p)
+    p.add_argument("--sampling", type=_args.choice("balls_in_bins", "b_min_sep"), default="balls_in_bins",
+                   help="balls_in_bins (default: --batches-per-epoch, --epochs and C) or b_min_sep (--min-sep, "
+                        "--sampling-prob, --steps, --banded)")
+    add_correlation_args(p, required=False)
+    p.add_argument("--min-sep", type=_args.integer(1, 2**20), default=None,
+                   help="b_min_sep: b, the rounds between two participations of an example (integer >= 1; 1 is "
+                        "Poisson sampling)")
+    p.add_argument("--sampling-prob", type=_args.real(0, 1, lo_open=True), default=None,
+                   help="b_min_sep: probability that an eligible example participates, in (0, 1]")
+    p.add_argument("--steps", type=_args.integer(1, 2**20), default=None,
+                   help="b_min_sep: rounds n (integer >= 1)")
+    p.add_argument("--banded", type=_args.real_vector(0, None), default=None,
+                   help="b_min_sep: banded Toeplitz first column c0,c1,... >= 0, at most --min-sep entries after "
+                        "trailing zeros (default 1: DP-SGD)")
     _args.add_target_epsilon(p, required=True)
     _args.add_target_delta(p, required=True)
     p.add_argument("--samples", type=_args.integer(1, _args.MAX_SAMPLES), default=1 << 16,
@@ -134,7 +223,8 @@ def register(subparsers) -> None:
                    help="verification samples of --certify (default: the method's; importance_betting sizes "
                         "it between 2^16 and 2^22, bernoulli_kl uses ~0.4 delta as its base)")
     p.add_argument("--certify-method", type=_args.choice("importance_betting", "bernoulli_kl"),
-                   default="importance_betting",
+                   default=None,
                    help="certificate of --certify: importance_betting (variance-reduced draws and a betting test, "
-                        "default) or bernoulli_kl (plain draws, Hoeffding's bound)")
+                        "default for balls_in_bins) or bernoulli_kl (plain draws, Hoeffding's bound; the default "
+                        "and only method for b_min_sep)")
     p.set_defaults(run=_run_mc_calibrate)

@@ -54,8 +54,11 @@ Example:
 """ + MC_ABOUT
 
 
-def add_correlation_args(p: argparse.ArgumentParser) -> None:
-    """The correlation matrix C and the balls-in-bins shape (read back by :func:`accountant_from_args`)."""
+def add_correlation_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """The correlation matrix C and the balls-in-bins shape (read back by :func:`accountant_from_args`).
+
+    ``required=False``: --batches-per-epoch and --epochs are optional to argparse (a command with
+    another sampling scheme checks them itself)."""
     src = p.add_mutually_exclusive_group()
     src.add_argument("--toeplitz", type=_args.real_vector(0, None),
                      help="Toeplitz first column c0,c1,... >= 0 (banded; default: the identity, i.e. DP-SGD)")
@@ -64,9 +67,9 @@ def add_correlation_args(p: argparse.ArgumentParser) -> None:
                      help="BLT buffer decays theta_j in (0, 1), comma list (with --blt-scales)")
     p.add_argument("--blt-scales", type=_args.real_vector(0, None, lo_open=True),
                    help="BLT output scales omega_j > 0, comma list (with --blt-decays)")
-    p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), required=True,
+    p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), required=required,
                    help="b: batches per epoch; each example falls in one of b batches (integer >= 1)")
-    p.add_argument("--epochs", type=_args.integer(1, 2**20), required=True,
+    p.add_argument("--epochs", type=_args.integer(1, 2**20), required=required,
                    help="E: epochs (n = b * E rounds; integer >= 1)")
 
 

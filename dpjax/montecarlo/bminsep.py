@@ -57,10 +57,12 @@ participation uniforms, ``n`` Box-Muller normals, one warm-start uniform), so th
 only on ``(key, n, sample index)``, never on ``sigma``, ``p``, ``C`` or the chunking.  Both
 directions use the same normals ``Z``: ``X_P = C x + sigma Z`` and ``X_Q = sigma Z``.
 
-Public: :class:`BMinSep` (validated, host-facing; :class:`DeltaEstimate` records), and the pure
-jitted functions :func:`privacy_losses`, :func:`log_likelihood_ratio`, :func:`monte_carlo_sums`
-(shapes static, ``sigma`` and ``p`` data: a new noise multiplier or sampling probability never
-recompiles) with :func:`band_table` to build their ``bands`` argument.
+Public: :class:`BMinSep` (validated, host-facing; :class:`DeltaEstimate` records; ``calibrate``
+on common random numbers; Estimate-Verify-Release certificates ``certify`` / ``certify_noise``
+through :mod:`dpjax.montecarlo.evr`), the pure jitted functions :func:`privacy_losses`,
+:func:`log_likelihood_ratio`, :func:`monte_carlo_sums` (shapes static, ``sigma`` and ``p`` data:
+a new noise multiplier or sampling probability never recompiles) with :func:`band_table` to
+build their ``bands`` argument, and the jittable, differentiable :func:`calibrate_on_samples`.
 """
 
 from __future__ import annotations
@@ -78,8 +80,11 @@ from dpjax.matrices import correlation_array
 from dpjax.montecarlo import core
 from dpjax.montecarlo._accountant import (DeltaEstimate, _confidence, _kl_bounds, _validate_samples)
 from dpjax.montecarlo._normal import normal_pairs_from_bits, uniform_open
+from dpjax.montecarlo.calibrate import BRACKET_RELATIVE, DEFAULT_NUM_ITERATIONS
+from dpjax.numerics.root import ImplicitAdjoint, Solution, StopGradientAdjoint, solve_monotone_root
 
-__all__ = ["BMinSep", "band_table", "log_likelihood_ratio", "privacy_losses", "monte_carlo_sums"]
+__all__ = ["BMinSep", "band_table", "log_likelihood_ratio", "privacy_losses", "monte_carlo_sums",
+           "calibrate_on_samples"]
 
 
 # --------------------------------------------------------------------------- bands
@@ -351,16 +356,32 @@ def monte_carlo_sums(bands, noise_multiplier, sampling_prob, epsilon, key, *, mi
     """
     bands = jnp.asarray(bands, jnp.float64)
     _check_bands(bands, min_sep)
-    n = bands.shape[0]
-    key = core.rbg_key(key)
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
     p = jnp.asarray(sampling_prob, jnp.float64)
     eps = jnp.atleast_1d(jnp.asarray(epsilon, jnp.float64))
+    total, total_sq = _sums(bands, sigma, p, eps, core.rbg_key(key), min_sep=min_sep, num_samples=num_samples,
+                            warm_start=warm_start, chunk_blocks=chunk_blocks)
+    return core.MonteCarloSums(total, total_sq)
+
+
+def _default_chunk_blocks(num_samples: int, n: int, chunk_blocks: int | None) -> int:
+    """Blocks per chunk: about 2^18 floats per ``(n, S)`` array unless given, at most the sample."""
     num_blocks = -(-num_samples // core.BLOCK_SIZE)
     if chunk_blocks is None:
         chunk_blocks = max(1, (core.DEFAULT_CHUNK_NORMALS // n) // core.BLOCK_SIZE)
-    chunk_blocks = min(chunk_blocks, num_blocks)
-    num_chunks = -(-num_blocks // chunk_blocks)
+    return min(chunk_blocks, num_blocks)
+
+
+def _sums(bands, sigma, p, eps, key, *, min_sep, num_samples, warm_start, chunk_blocks, squares=True):
+    """``(total (2, K), total_sq (2, K))`` of :func:`monte_carlo_sums` (traced arguments, rbg ``key``).
+
+    Differentiable in ``bands``, ``sigma`` and ``eps`` (the draws do not depend on them); the
+    calibration solves on these sums, so its estimate is the one :meth:`BMinSep.estimate` reports.
+    ``squares=False`` skips the squares (``total_sq`` is then zeros).
+    """
+    n = bands.shape[0]
+    chunk_blocks = _default_chunk_blocks(num_samples, n, chunk_blocks)
+    num_chunks = -(-(-(-num_samples // core.BLOCK_SIZE)) // chunk_blocks)
 
     def chunk(carry, c):
         first = c * chunk_blocks
@@ -371,12 +392,99 @@ def monte_carlo_sums(bands, noise_multiplier, sampling_prob, epsilon, key, *, mi
         t_rem = core.hockey_stick_terms(remove, eps) * valid
         t_add = core.hockey_stick_terms(add, eps) * valid
         total = jnp.stack([t_rem.sum(0), t_add.sum(0)])
+        if not squares:
+            return (carry[0] + total, carry[1]), None
         total_sq = jnp.stack([(t_rem * t_rem).sum(0), (t_add * t_add).sum(0)])
         return (carry[0] + total, carry[1] + total_sq), None
 
     zeros = jnp.zeros((2, eps.shape[0]), jnp.float64)
     (total, total_sq), _ = jax.lax.scan(chunk, (zeros, zeros), jnp.arange(num_chunks))
-    return core.MonteCarloSums(total, total_sq)
+    return total, total_sq
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def _calibration_value(sigma, theta, consts, *, min_sep, num_samples, warm_start, chunk_blocks):
+    """``delta_hat(sigma)``: the max over the two directions of the mean hockey-stick term at
+    ``theta = (bands, epsilon)`` on the draws of ``consts = (sampling_prob, key_data)``."""
+    bands, eps = theta
+    p, key_data = consts
+    key = jax.random.wrap_key_data(key_data, impl="rbg")
+    total, _ = _sums(bands, sigma, p, jnp.reshape(eps, (1,)), key, min_sep=min_sep, num_samples=num_samples,
+                     warm_start=warm_start, chunk_blocks=chunk_blocks, squares=False)
+    return jnp.max(total[:, 0]) / num_samples
+
+
+@float64
+def calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key, *, min_sep: int,
+                         num_samples: int, warm_start: bool = True, num_iterations: int = DEFAULT_NUM_ITERATIONS,
+                         adjoint=ImplicitAdjoint(), chunk_blocks: int | None = None) -> Solution:
+    """Jittable calibration: ``sigma*`` with ``delta_hat(sigma*) = target_delta`` on common random numbers.
+
+    ``delta_hat(sigma)`` is :meth:`BMinSep.estimate`'s delta at ``target_epsilon`` (the max over the
+    remove and add directions of the mean of ``max(0, 1 - exp(eps - L))``) on the ``num_samples``
+    draws of ``key`` (the stream of the module docstring, which does not depend on ``sigma``), so
+    it is a deterministic, continuous, non-increasing function of ``sigma``.  Solved by the
+    repository's monotone root finder (:func:`dpjax.numerics.root.solve_monotone_root`, bisection
+    in ``log sigma`` over ``[1e-3, 1e4]`` times the sensitivity ``max_j |c_j|_2``; the feasible,
+    upper end of the final bracket is returned), as
+    :func:`dpjax.montecarlo.calibrate.calibrated_noise_core` does for balls-in-bins.
+
+    Gradient (``adjoint=ImplicitAdjoint()``): by the implicit function theorem at the root,
+    ``d sigma*/d theta = -(d delta_hat/d theta) / (d delta_hat/d sigma)`` for ``theta`` the band
+    table, ``target_epsilon``; ``d sigma*/d target_delta = 1 / (d delta_hat/d sigma)`` (one
+    reverse pass over the sample at the root, whatever the number of bisection steps; Choquette-Choo,
+    Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix Mechanisms").
+    ``sampling_prob`` and ``key`` get no gradient (the participation pattern is a step function of
+    ``p``).  ``delta_hat`` has a kink where a sample's loss crosses ``epsilon``; with
+    ``num_samples >~ 100`` the kinks are dense and small, and the derivative is that of the
+    sample's piecewise-smooth estimate.
+
+    Args:
+      bands: ``(n, k)`` band table (:func:`band_table`), ``k <= min_sep``; differentiable.
+      target_epsilon, target_delta: scalars; differentiable.
+      sampling_prob: ``p`` in ``(0, 1]``, scalar (data: a new ``p`` does not recompile).
+      key: JAX PRNG key of the draws (any impl; its data seed the rbg stream as in
+        :func:`monte_carlo_sums`).
+      min_sep, num_samples, warm_start, num_iterations, chunk_blocks: static.
+      adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` or
+        :class:`~dpjax.calibration.StopGradientAdjoint`.
+
+    Returns:
+      :class:`~dpjax.calibration.Solution`: ``root`` the noise multiplier (float64; ``NaN`` with
+      ``status = UNREACHABLE``), ``lower``/``upper`` the final bracket, ``status``.  An estimate
+      from ``num_samples`` draws, not a certificate (:meth:`BMinSep.certify_noise`).
+
+    Example::
+
+        bands = band_table(np.array([1.0, 0.5]), 32, 4)
+        sol = jax.jit(functools.partial(calibrate_on_samples, min_sep=4, num_samples=1 << 14))(
+            bands, 2.0, 1e-3, 0.2, jax.random.key(0))
+        sol.root
+    """
+    bands = jnp.asarray(bands, jnp.float64)
+    _check_bands(bands, min_sep)
+    eps = jnp.asarray(target_epsilon, jnp.float64)
+    target = jnp.asarray(target_delta, jnp.float64)
+    p = jax.lax.stop_gradient(jnp.asarray(sampling_prob, jnp.float64))
+    key_data = jax.random.key_data(core.rbg_key(key))
+    sensitivity = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.sum(bands * bands, axis=1))))
+    bracket = (BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity)
+    value = functools.partial(_calibration_value, min_sep=min_sep, num_samples=num_samples, warm_start=warm_start,
+                              chunk_blocks=chunk_blocks)
+    # The constants ride in theta (p and the key data get zero or float0 cotangents), so nothing
+    # traced is closed over.
+    return solve_monotone_root(lambda s, th: value(s, th[0], th[1]), ((bands, eps), (p, key_data)), target, bracket,
+                               decreasing=True, num_iterations=num_iterations, log_scale=True, adjoint=adjoint)
+
+
+@functools.partial(jax.jit, static_argnames=("min_sep", "num_samples", "warm_start", "num_iterations"))
+def _calibrate_jit(bands, target_epsilon, target_delta, sampling_prob, key, *, min_sep, num_samples, warm_start,
+                   num_iterations):
+    return calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key, min_sep=min_sep,
+                                num_samples=num_samples, warm_start=warm_start, num_iterations=num_iterations,
+                                adjoint=StopGradientAdjoint())
 
 
 # --------------------------------------------------------------------------- accountant
@@ -427,22 +535,32 @@ class BMinSep:
                                      min_sep=self.min_sep, num_samples=m, warm_start=self.warm_start)
         return np.asarray(remove), np.asarray(add)
 
+    @property
+    def sensitivity(self) -> float:
+        """``max_j |c_j|_2``: the largest column norm of ``C`` (the l2 sensitivity of one participation)."""
+        return float(np.sqrt(np.max(np.sum(self.bands * self.bands, axis=1))))
+
     @float64
-    def estimate(self, noise_multiplier, epsilon, num_samples, key, *, confidence=0.95) -> DeltaEstimate:
+    def estimate(self, noise_multiplier, epsilon, num_samples, key, *, confidence=0.95, chunk_size=None,
+                 devices=None) -> DeltaEstimate:
         """Both directions at every ``epsilon`` from one set of ``num_samples`` draws.
 
         ``delta`` is the mean of ``max(0, 1 - exp(eps - L))`` over the loss samples ``L`` of the
         larger direction, ``standard_error`` its ``sqrt(var / m)``; ``delta_low`` / ``delta_high``
         a ``confidence`` interval on the max-direction delta (Chernoff-KL bounds, the terms lie in
-        ``[0, 1]``), as :meth:`dpjax.montecarlo.BallsInBins.estimate`.
+        ``[0, 1]``), as :meth:`dpjax.montecarlo.BallsInBins.estimate`.  ``chunk_size``: samples per
+        chunk (rounded up to whole blocks; the draws, hence the numbers, do not depend on it).
+        ``devices``: ``None`` only (one device; the argument exists so that Estimate-Verify-Release
+        can call every accountant alike).
         """
         confidence = _confidence(confidence)
+        chunk_blocks = self._chunk_blocks(chunk_size, devices)
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         flat = np.atleast_1d(_validate.nonnegative("epsilon", epsilon)).reshape(-1)
         m = _validate_samples(num_samples)
         sums = monte_carlo_sums(jnp.asarray(self.bands), sigma, self.sampling_prob, jnp.asarray(flat),
                                 core.as_prng_key(key), min_sep=self.min_sep, num_samples=m,
-                                warm_start=self.warm_start)
+                                warm_start=self.warm_start, chunk_blocks=chunk_blocks)
         mean, se = core.estimate_from_sums(sums, m)
         mean, se = np.asarray(mean), np.asarray(se)
         if m < 2:
@@ -461,3 +579,131 @@ class BMinSep:
         est = self.estimate(noise_multiplier, epsilon, num_samples, key)
         shape = np.shape(epsilon)
         return est.delta.reshape(shape), est.standard_error.reshape(shape)
+
+    @staticmethod
+    def _chunk_blocks(chunk_size, devices):
+        if devices is not None:
+            raise ValueError(f"devices must be None for BMinSep (it runs on one device), got {devices!r}")
+        if chunk_size is None:
+            return None
+        size = _validate.positive_int("chunk_size", chunk_size)
+        return -(-size // core.BLOCK_SIZE)
+
+    def calibrate(self, target_epsilon, target_delta, num_samples, key=0, *, certify=False,
+                  method="bernoulli_kl"):
+        """Noise multiplier with ``delta_hat(sigma) = target_delta`` at ``target_epsilon`` (an estimate).
+
+        ``delta_hat`` is :meth:`estimate`'s delta (max over the two directions) on ``num_samples``
+        common random numbers from ``key`` (JAX key or int seed): the draws do not depend on
+        ``sigma``, so ``delta_hat`` is a deterministic non-increasing function of ``sigma``, solved by
+        bisection in ``log sigma`` to ~1e-14 relative (:func:`calibrate_on_samples`); the feasible
+        end of the final bracket is returned, so ``self.delta(sigma, target_epsilon, num_samples,
+        key)`` at the returned ``sigma`` is ``<= target_delta`` up to round-off of the summation.
+        As :meth:`dpjax.montecarlo.BallsInBins.calibrate`: a float, an *estimate* from
+        ``num_samples`` draws (its error is that of ``delta_hat``, about ``standard_error / |d
+        delta_hat / d sigma|``), not a certificate: certify with :meth:`certify` on other draws,
+        or pass ``certify=True`` to get the :class:`~dpjax.montecarlo.Certificate` of
+        :meth:`certify_noise` instead (``num_samples`` its verification samples, ``None`` for the
+        method's default).  A new ``sampling_prob`` or target does not recompile.
+
+        Raises:
+          ValueError: bad input (naming the argument); a target not reached by any noise
+            multiplier up to 1e4 x the sensitivity, or met already at 1e-3 x it.
+
+        Example::
+
+            acc = BMinSep(np.array([1.0, 0.5]), sampling_prob=0.2, min_sep=4, num_rounds=32)
+            sigma = acc.calibrate(2.0, 1e-3, num_samples=1 << 16, key=0)
+            acc.delta(sigma, 2.0, 1 << 16, 0)   # (<= 1e-3, its standard error)
+        """
+        if certify:
+            return self.certify_noise(target_epsilon, target_delta, key, num_samples=num_samples, method=method)
+        from dpjax.montecarlo.calibrate import raise_on_status
+
+        m = _validate_samples(num_samples)
+        target = _validate.PrivacyTarget(target_epsilon, target_delta)
+        return self._calibrate(float(target.epsilon), float(target.delta), m, core.as_prng_key(key),
+                               raise_on_status)
+
+    @float64
+    def _calibrate(self, eps, delta, m, key, raise_on_status, num_iterations=DEFAULT_NUM_ITERATIONS):
+        res = _calibrate_jit(jnp.asarray(self.bands), eps, delta, self.sampling_prob, key, min_sep=self.min_sep,
+                             num_samples=m, warm_start=self.warm_start, num_iterations=num_iterations)
+        raise_on_status(res, eps, delta)
+        return float(res.root)
+
+    def _ladder_calibration(self, epsilon, base_delta, key, num_samples, initial_noise):
+        """The calibration step of :func:`dpjax.montecarlo.evr.certify_noise`'s ladder: ``sigma_0``
+        solving ``delta_hat = base_delta`` on ``num_samples`` draws from ``key``."""
+        from dpjax.montecarlo.calibrate import raise_on_status
+
+        return self._calibrate(float(epsilon), float(base_delta), int(num_samples), key, raise_on_status)
+
+    def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
+                method="bernoulli_kl"):
+        """Estimate-Verify-Release for one noise multiplier (:func:`dpjax.montecarlo.evr.certify_fixed`).
+
+        The largest ``base_delta`` whose EVR bound stays within ``target_delta`` (Wang, Mahloujifar,
+        Wu, Jia & Mittal, "A randomized approach to tight privacy accounting"; the Bernoulli-KL
+        bound of one test), then ``delta_hat <= base_delta`` (both directions) on ``num_samples``
+        draws from ``key``, which must be independent of whatever chose ``noise_multiplier``.
+        Returns a :class:`~dpjax.montecarlo.Certificate` (``method``, ``num_samples``,
+        ``failure_probability``: the chance that a noise multiplier whose true delta exceeds
+        ``tau * base_delta`` passes).  Only ``method="bernoulli_kl"``: the variance-reduced
+        ``"importance_betting"`` test needs a proven range of importance-weighted summands, which
+        exists for balls-in-bins only.
+
+        Example::
+
+            acc = BMinSep(np.array([1.0]), sampling_prob=0.1, min_sep=1, num_rounds=16)
+            cert = acc.certify(1.0, 2.0, 0.05, num_samples=1 << 15, key=1)
+            cert.verified, cert.delta, cert.failure_probability
+        """
+        from dpjax.montecarlo import evr
+
+        _bernoulli_only(method)
+        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
+        eps = float(_validate.nonnegative("epsilon", epsilon))
+        target = float(_validate.PrivacyTarget(delta=target_delta).delta)
+        m = _validate_samples(num_samples)
+        self._chunk_blocks(chunk_size, None)
+        return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, method="bernoulli_kl")
+
+    def certify_noise(self, target_epsilon, target_delta, key, *, num_samples=None, method="bernoulli_kl",
+                      initial_noise=None, rungs=None, growth=None, calibration_samples=None):
+        """A certified noise multiplier at ``(target_epsilon, target_delta)`` in one call.
+
+        :func:`dpjax.montecarlo.evr.certify_noise` with ``method="bernoulli_kl"``, exactly as for
+        balls-in-bins: ``sigma_0`` calibrated at ``base_delta`` on ``calibration_samples`` draws
+        (default ``num_samples // 4``) from ``fold_in(key, 0)`` (:meth:`calibrate`), then the
+        pre-committed ladder ``sigma_0 growth^j`` (``rungs`` tests, default 8 and 1.02) verified on
+        ``num_samples`` independent draws from ``fold_in(key, 1)``; the first passing rung is
+        released, ``(eps, tau base_delta + rungs beta)`` by the union bound.
+        ``cert.failure_probability`` is the chance that the procedure releases a noise multiplier
+        whose true delta exceeds ``tau * base_delta``.  ``num_samples=None``: the smallest power of
+        two whose ``base_delta >= 0.4 target_delta`` (:func:`dpjax.montecarlo.evr.default_samples`).
+
+        Example::
+
+            acc = BMinSep(np.array([1.0, 0.5]), sampling_prob=0.2, min_sep=4, num_rounds=32)
+            cert = acc.certify_noise(2.0, 0.05, key=0, num_samples=1 << 15)
+            cert.noise_multiplier, cert.method, cert.num_samples, cert.failure_probability
+        """
+        from dpjax.montecarlo import evr
+
+        _bernoulli_only(method)
+        if num_samples is not None:
+            num_samples = _validate_samples(num_samples)
+        kwargs = {}
+        if rungs is not None:
+            kwargs["rungs"] = rungs
+        return evr.certify_noise(self, target_epsilon=target_epsilon, target_delta=target_delta,
+                                 num_samples=num_samples, key=core.as_prng_key(key), initial_noise=initial_noise,
+                                 growth=growth, calibration_samples=calibration_samples, method="bernoulli_kl",
+                                 **kwargs)
+
+
+def _bernoulli_only(method):
+    if method != "bernoulli_kl":
+        raise ValueError(f"method must be 'bernoulli_kl' for b-min-sep sampling (the 'importance_betting' test needs "
+                         f"the balls-in-bins importance sampler), got {method!r}")

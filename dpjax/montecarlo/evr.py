@@ -295,10 +295,15 @@ def _certify_ladder_kl(accountant, *, target_epsilon: float, target_delta: float
     key = as_prng_key(key)
     key_cal, key_ver = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
     sigma0_guess = accountant.sensitivity if initial_noise is None else float(initial_noise)
-    with jax.enable_x64(True):
-        res = _calibration_fn(m_cal, _device_key(devices))(jnp.asarray(accountant.gram), eps, base, key_cal,
-                                                           sigma0_guess)
-    sigma0 = float(res.root)
+    ladder_calibration = getattr(accountant, "_ladder_calibration", None)
+    if ladder_calibration is not None:
+        # An accountant without a Gram matrix (b-min-sep) calibrates sigma_0 on its own estimate.
+        sigma0 = ladder_calibration(eps, base, key_cal, m_cal, sigma0_guess)
+    else:
+        with jax.enable_x64(True):
+            res = _calibration_fn(m_cal, _device_key(devices))(jnp.asarray(accountant.gram), eps, base, key_cal,
+                                                               sigma0_guess)
+        sigma0 = float(res.root)
     if not math.isfinite(sigma0):
         raise ValueError(f"target (epsilon={eps:g}, delta={target:g}) is not reached by any noise "
                          "multiplier in the search range")
@@ -845,8 +850,9 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
                   growth: float | None = None, calibration_samples: int | None = None,
                   method: str = DEFAULT_METHOD, failure_fraction: float = DEFAULT_FAILURE_FRACTION,
                   devices=None) -> Certificate:
-    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`)
-    at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
+    """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`, or a
+    :class:`~dpjax.montecarlo.BMinSep` with ``method="bernoulli_kl"``, which calibrates ``sigma_0``
+    itself) at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
 
     Procedure (Choquette-Choo et al. 2024, §5.2: certify ``delta`` through a verified smaller
     level); the calibration sample comes from ``fold_in(key, 0)``, the verification sample from
