@@ -161,11 +161,12 @@ def dpsgd_balls_in_bins(epsilon, delta, batches_per_epoch, epochs) -> BaselineRo
     """``C = I`` under balls-in-bins batching (each example in one of ``b`` batches per epoch):
     dpjax's random-allocation PLD accountant (exact up to its certified discretization; no Monte
     Carlo), the smallest noise multiplier it certifies for ``(epsilon, delta)``."""
-    import dpjax
+    from dpjax.calibration import dpsgd_noise_multiplier
+    from dpjax.pld.scenario import BallsInBins
 
     eps, delta, b, epochs = _check(epsilon, delta, batches_per_epoch, epochs)
-    sigma = float(dpjax.dpsgd_noise_multiplier(sampling=dpjax.BallsInBins(b), epochs=epochs, target_epsilon=eps,
-                                               target_delta=delta))
+    sigma = float(dpsgd_noise_multiplier(sampling=BallsInBins(b), epochs=epochs, target_epsilon=eps,
+                                         target_delta=delta))
     return _row("dpsgd_balls_in_bins", eps, delta, b, epochs, sigma, _identity_error(b * epochs),
                 f"dpjax PLD, balls-in-bins, b = {b}, {epochs} epochs", column=[1.0])
 
