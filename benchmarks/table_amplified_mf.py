@@ -88,7 +88,13 @@ def _load():
         path = _group_path(group)
         if os.path.exists(path):
             with open(path) as f:
-                data["groups"][group] = json.load(f)
+                loaded = json.load(f)
+            # A group file without a meta record keeps the one the merged file has for the same rows
+            # (records reconstructed after the run live only there).
+            kept = data["groups"].get(group, {})
+            if "meta" not in loaded and kept.get("rows") == loaded.get("rows") and "meta" in kept:
+                loaded["meta"] = kept["meta"]
+            data["groups"][group] = loaded
     # Optimized (and re-certified) rows are saved one file per (family, epsilon) as each run
     # finishes.
     import glob
@@ -99,7 +105,9 @@ def _load():
             with open(path) as f:
                 rows.append(json.load(f))
         if rows:
-            data["groups"][group] = {"rows": rows}
+            kept = data["groups"].get(group, {})
+            data["groups"][group] = ({"rows": rows, "meta": kept["meta"]} if kept.get("rows") == rows and "meta" in kept
+                                     else {"rows": rows})
     return data
 
 

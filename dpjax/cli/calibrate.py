@@ -115,12 +115,24 @@ def _bminsep_from_args(args):
         raise ValueError(f"--banded: {exc}") from None
 
 
+def certify_method_of(args) -> str:
+    """``--certify-method``, or the scheme's default: the library's (``evr.DEFAULT_METHOD``) for
+    balls-in-bins, ``bernoulli_kl`` for b-min-sep (the one certificate it has)."""
+    if args.certify_method is not None:
+        return args.certify_method
+    if args.sampling == "b_min_sep":
+        return "bernoulli_kl"
+    from dpjax.montecarlo import evr
+
+    return evr.DEFAULT_METHOD
+
+
 def _run_mc_calibrate_bminsep(args) -> dict:
     acc = _bminsep_from_args(args)
     setting = dict(sampling="b_min_sep", min_sep=acc.min_sep, sampling_prob=acc.sampling_prob, steps=acc.num_rounds,
                    banded=[float(c) for c in acc.bands[0]], warm_start=True)
     if args.certify:
-        method = args.certify_method or "bernoulli_kl"
+        method = certify_method_of(args)
         if method != "bernoulli_kl":
             raise ValueError(f"--certify-method {method} does not apply to --sampling b_min_sep (use bernoulli_kl)")
         cert = acc.certify_noise(args.epsilon, args.delta, args.seed, num_samples=args.certify_samples)
@@ -153,7 +165,7 @@ def _run_mc_calibrate(args) -> dict:
     for dest in ("batches_per_epoch", "epochs"):
         if getattr(args, dest) is None:
             raise ValueError(f"{_option(dest)} is required for --sampling balls_in_bins (an integer >= 1)")
-    args.certify_method = args.certify_method or "importance_betting"
+    args.certify_method = certify_method_of(args)
     acc = accountant_from_args(args)
     if args.certify:
         # The certified path in one command: calibrate and verify (evr.certify_noise), the
