@@ -97,3 +97,20 @@ def test_validation(kwargs, match):
     s = BMinSepSampler(num_examples=100, sampling_prob=0.1, min_sep=2, steps=5, batch_size=10)
     with pytest.raises(ValueError, match="step"):
         s.batch(5)
+
+
+@pytest.mark.slow
+def test_overflow_bound_holds_empirically():
+    # The truncation term's overflow probability (a union over rounds of the stationary
+    # Binomial(N + 1, q) tail) against the frequency of "some round's batch exceeds B" in 4,000
+    # independent schedules of N + 1 examples: never above the bound by more than 3 standard errors.
+    n_ex, p, b, steps, reps = 300, 0.2, 3, 30, 4000
+    largest = np.array([max(BMinSepSampler(num_examples=n_ex + 1, sampling_prob=p, min_sep=b, steps=steps,
+                                           batch_size=n_ex + 1, seed=s).sample_size(t) for t in range(steps))
+                        for s in range(reps)])
+    for bs in (58, 60, 64):
+        bound = BMinSepSampler(num_examples=n_ex, sampling_prob=p, min_sep=b, steps=steps, batch_size=bs,
+                               seed=0).overflow_probability()
+        freq = float(np.mean(largest > bs))
+        assert 1e-3 < bound < 0.5
+        assert freq <= bound + 3 * np.sqrt(bound * (1 - bound) / reps), (bs, freq, bound)
