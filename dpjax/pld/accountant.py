@@ -323,6 +323,12 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
         return dataclasses.replace(res, reason=(
             "a single step alone has delta above target_delta at the largest float64 epsilon (its closed "
             "form, a lower bound on the composition's delta): the true epsilon is beyond float64"))
+    # Sampled steps so rare that the binomial mixture bound alone certifies epsilon 0 at every
+    # target: nothing is smaller, so the grid (and its tail pass, seconds at q ~ 1e-9) is skipped.
+    rare_floor = rare_sampling_floor(components, deltas, np.full(np.shape(deltas), np.inf), stacked)
+    if rare_floor is not None and np.all(rare_floor == 0.0):
+        zero = np.zeros_like(np.asarray(deltas, np.float64))
+        return dataclasses.replace(exact_epsilon_result(deltas, zero, zero), reason=_RARE_SAMPLING_ZERO_REASON)
     tail_mass = options.tail_fraction * float(np.min(deltas))
     # NumPy inputs go straight into the jitted program (jnp.asarray outside a trace compiles a
     # staging program of its own: ~50 ms of every cold start).
@@ -335,7 +341,7 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if np.isinf(upper).any():
         reason = _refusal_reason(dir_reports, float(np.min(deltas)), options)
         dir_reports, upper, reason = _fallback(components, dir_reports, deltas, mu_dom, reason)
-    floored = rare_sampling_floor(components, deltas, upper, stacked)
+    floored = None if rare_floor is None else np.minimum(np.asarray(upper, np.float64), rare_floor)
     if floored is not None and np.any(floored < upper):
         upper, lower = floored, np.minimum(lower, floored)
         reason = ((reason + "  ") if reason else "") + _RARE_SAMPLING_REASON
@@ -409,6 +415,8 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
 _RARE_SAMPLING = 100.0
 _RARE_SAMPLING_REASON = ("Sampled steps are rare at this delta: epsilon is the binomial mixture of Gaussians "
                          "bound (dpjax.pld.fallback), below the grid's answer.")
+_RARE_SAMPLING_ZERO_REASON = ("Sampled steps are rare at this delta: the binomial mixture of Gaussians bound "
+                              "(dpjax.pld.fallback) certifies epsilon 0, so no grid was run.")
 
 
 def sampling_is_rare(q_max: float, steps: int, delta: float) -> bool:
