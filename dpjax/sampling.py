@@ -281,8 +281,50 @@ class BallsInBinsSampler:
         return _truncation_delta(self._log_overflow_probability(), eps)
 
 
+def _fixed_shape(members: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(indices, mask)`` of shape ``(batch_size,)``: the first ``batch_size`` members, padded."""
+    members = members[:batch_size]
+    indices = np.zeros(batch_size, dtype=np.int32)
+    mask = np.zeros(batch_size, dtype=bool)
+    indices[: members.size] = members
+    mask[: members.size] = True
+    return indices, mask
+
+
+class _BinomialBatches:
+    """What the schedules whose every batch is ``Binomial(N, rate)`` share (Poisson sampling;
+    b-min-sep from its stationary start): iteration over the fixed-shape batches and the
+    truncation terms.  A subclass has ``num_examples``, ``steps``, ``batch_size``, ``batch(step)``
+    and ``_rate``, the probability that a given example is in a given batch."""
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for t in range(self.steps):
+            yield self.batch(t)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def truncation_rate(self) -> float:
+        """Expected fraction of sampled examples dropped, ``E[(K - B)_+] / (q N)``, ``K ~ Bin(N, q)``."""
+        q = self._rate
+        return _binomial_excess_mean(self.num_examples, q, self.batch_size) / (self.num_examples * q)
+
+    def overflow_probability(self) -> float:
+        """Upper bound on ``P(some batch exceeds B)`` with ``N + 1`` examples: the union over the
+        steps of ``P(Binomial(N + 1, q) > B)`` (``N + 1`` covers both add/remove neighbours)."""
+        return min(1.0, math.exp(self._log_overflow_probability()))
+
+    def _log_overflow_probability(self) -> float:
+        return min(0.0, math.log(self.steps) + _log_binomial_sf(self.batch_size, self.num_examples + 1, self._rate))
+
+    def truncation_delta(self, epsilon) -> float:
+        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (in log space)."""
+        eps = float(_validate.nonnegative("epsilon", epsilon))
+        return _truncation_delta(self._log_overflow_probability(), eps)
+
+
 @dataclasses.dataclass(frozen=True)
-class PoissonSampler:
+class PoissonSampler(_BinomialBatches):
     """Poisson-sampled batches for DP-SGD: each example independently with probability ``sampling_prob``.
 
     Args:
@@ -336,19 +378,12 @@ class PoissonSampler:
             raise ValueError(f"step must be in [0, {self.steps}), got {step}")
         rng = np.random.Generator(np.random.PCG64([self.seed, step]))
         k = int(rng.binomial(self.num_examples, self.sampling_prob))
-        members = rng.choice(self.num_examples, size=k, replace=False).astype(np.int32)[: self.batch_size]
-        indices = np.zeros(self.batch_size, dtype=np.int32)
-        mask = np.zeros(self.batch_size, dtype=bool)
-        indices[: members.size] = members
-        mask[: members.size] = True
-        return indices, mask
+        members = rng.choice(self.num_examples, size=k, replace=False).astype(np.int32)
+        return _fixed_shape(members, self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for t in range(self.steps):
-            yield self.batch(t)
-
-    def __len__(self) -> int:
-        return self.steps
+    @property
+    def _rate(self) -> float:
+        return self.sampling_prob
 
     def epsilon(self, noise_multiplier, target_delta) -> float:
         """Certified DP-SGD epsilon of this schedule, ``dpjax.dpsgd_epsilon(sigma, q, T, delta)``."""
@@ -356,27 +391,9 @@ class PoissonSampler:
 
         return dpsgd_epsilon(noise_multiplier, self.sampling_prob, self.steps, target_delta)
 
-    def truncation_rate(self) -> float:
-        """Expected fraction of sampled examples dropped, ``E[(K - B)_+] / (q N)``."""
-        mean = self.num_examples * self.sampling_prob
-        return _binomial_excess_mean(self.num_examples, self.sampling_prob, self.batch_size) / mean
-
-    def overflow_probability(self) -> float:
-        """Upper bound on ``P(some step's batch exceeds B)`` with ``N + 1`` examples (union over steps)."""
-        return min(1.0, math.exp(self._log_overflow_probability()))
-
-    def _log_overflow_probability(self) -> float:
-        return min(0.0, math.log(self.steps)
-                   + _log_binomial_sf(self.batch_size, self.num_examples + 1, self.sampling_prob))
-
-    def truncation_delta(self, epsilon) -> float:
-        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (in log space)."""
-        eps = float(_validate.nonnegative("epsilon", epsilon))
-        return _truncation_delta(self._log_overflow_probability(), eps)
-
 
 @dataclasses.dataclass(frozen=True)
-class BMinSepSampler:
+class BMinSepSampler(_BinomialBatches):
     """b-min-sep batch schedule (Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep
     Subsampling"; jax_privacy's ``BMinSepSampling(sampling_prob, iterations, min_sep,
     warm_start=True)``).
@@ -466,19 +483,11 @@ class BMinSepSampler:
 
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Fixed-shape ``(indices, mask)`` of round ``step``: its members, padded or truncated to ``B``."""
-        members = self.members(step)[: self.batch_size]
-        indices = np.zeros(self.batch_size, dtype=np.int32)
-        mask = np.zeros(self.batch_size, dtype=bool)
-        indices[: members.size] = members
-        mask[: members.size] = True
-        return indices, mask
+        return _fixed_shape(self.members(step), self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for t in range(self.steps):
-            yield self.batch(t)
-
-    def __len__(self) -> int:
-        return self.steps
+    @property
+    def _rate(self) -> float:
+        return self.participation_rate
 
     def accountant(self, correlation):
         """:class:`dpjax.montecarlo.BMinSep` for ``correlation`` (at most ``min_sep`` bands) with this
@@ -488,22 +497,3 @@ class BMinSepSampler:
 
         return BMinSep(correlation, self.sampling_prob, self.min_sep, self.steps, warm_start=True)
 
-    def truncation_rate(self) -> float:
-        """Expected fraction of sampled examples dropped, ``E[(K - B)_+] / (q N)``, ``K ~ Bin(N, q)``."""
-        q = self.participation_rate
-        return _binomial_excess_mean(self.num_examples, q, self.batch_size) / (q * self.num_examples)
-
-    def overflow_probability(self) -> float:
-        """Upper bound on ``P(some round's batch exceeds B)`` with ``N + 1`` examples: the union over
-        the ``n`` rounds of ``P(Binomial(N + 1, q) > B)`` (each round's batch has that law from the
-        stationary start; ``N + 1`` covers both add/remove neighbours)."""
-        return min(1.0, math.exp(self._log_overflow_probability()))
-
-    def _log_overflow_probability(self) -> float:
-        return min(0.0, math.log(self.steps)
-                   + _log_binomial_sf(self.batch_size, self.num_examples + 1, self.participation_rate))
-
-    def truncation_delta(self, epsilon) -> float:
-        """``(1 + e^eps) * overflow_probability()``: add to the accounted delta (in log space)."""
-        eps = float(_validate.nonnegative("epsilon", epsilon))
-        return _truncation_delta(self._log_overflow_probability(), eps)

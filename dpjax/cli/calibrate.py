@@ -136,24 +136,34 @@ def _run_mc_calibrate_bminsep(args) -> dict:
         if method != "bernoulli_kl":
             raise ValueError(f"--certify-method {method} does not apply to --sampling b_min_sep (use bernoulli_kl)")
         cert = acc.certify_noise(args.epsilon, args.delta, args.seed, num_samples=args.certify_samples)
-        if not cert.verified:
-            raise ValueError(f"no noise multiplier was certified: {cert.reason}")
-        return dict(noise_multiplier=cert.noise_multiplier, noise_multiplier_estimate=cert.noise_multiplier_estimate,
-                    target_epsilon=args.epsilon, target_delta=args.delta,
-                    certificate={k: v for k, v in cert.to_dict().items()},
-                    seed=args.seed, adjacency=MC_ADJACENCY, **setting,
-                    accountant="montecarlo (b-min-sep), Estimate-Verify-Release",
-                    guarantee=f"(epsilon, delta) = ({cert.epsilon:g}, {cert.delta:.6g}) certified at noise_multiplier "
-                              f"with failure probability {cert.failure_probability:.3g} ({cert.method})")
+        return _certified_output(cert, args, "b-min-sep", setting)
+    return _estimate_output(acc, args, "b-min-sep", setting,
+                            "certify with --certify (verification draws independent of the calibration's)")
+
+
+def _certified_output(cert, args, scheme: str, setting: dict) -> dict:
+    """mc-calibrate's JSON for a certificate (refused when nothing was certified)."""
+    if not cert.verified:
+        raise ValueError(f"no noise multiplier was certified: {cert.reason}")
+    return dict(noise_multiplier=cert.noise_multiplier, noise_multiplier_estimate=cert.noise_multiplier_estimate,
+                target_epsilon=args.epsilon, target_delta=args.delta,
+                certificate={k: v for k, v in cert.to_dict().items()},
+                seed=args.seed, adjacency=MC_ADJACENCY, **setting,
+                accountant=f"montecarlo ({scheme}), Estimate-Verify-Release",
+                guarantee=f"(epsilon, delta) = ({cert.epsilon:g}, {cert.delta:.6g}) certified at noise_multiplier "
+                          f"with failure probability {cert.failure_probability:.3g} ({cert.method})")
+
+
+def _estimate_output(acc, args, scheme: str, setting: dict, how_to_certify: str) -> dict:
+    """mc-calibrate's JSON for a calibration on common random numbers (an estimate)."""
     samples = args.samples
     sigma = acc.calibrate(args.epsilon, args.delta, samples, args.seed)
     delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
     return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
                 delta_estimate=float(delta_hat), standard_error=float(se), num_samples=int(samples),
                 seed=args.seed, adjacency=MC_ADJACENCY, **setting,
-                accountant="montecarlo (b-min-sep, common random numbers)",
-                guarantee="estimate only: certify with --certify (verification draws independent of the "
-                          "calibration's)")
+                accountant=f"montecarlo ({scheme}, common random numbers)",
+                guarantee=f"estimate only: {how_to_certify}")
 
 
 def _run_mc_calibrate(args) -> dict:
@@ -172,23 +182,10 @@ def _run_mc_calibrate(args) -> dict:
         # calibration and verification draws derived from --seed (independent streams).
         cert = acc.certify_noise(args.epsilon, args.delta, args.seed, num_samples=args.certify_samples,
                                  method=args.certify_method)
-        if not cert.verified:
-            raise ValueError(f"no noise multiplier was certified: {cert.reason}")
-        return dict(noise_multiplier=cert.noise_multiplier, noise_multiplier_estimate=cert.noise_multiplier_estimate,
-                    target_epsilon=args.epsilon, target_delta=args.delta,
-                    certificate={k: v for k, v in cert.to_dict().items()},
-                    seed=args.seed, adjacency=MC_ADJACENCY,
-                    accountant="montecarlo (balls-in-bins), Estimate-Verify-Release",
-                    guarantee=f"(epsilon, delta) = ({cert.epsilon:g}, {cert.delta:.6g}) certified at noise_multiplier "
-                              f"with failure probability {cert.failure_probability:.3g} ({cert.method})")
-    samples = args.samples
-    sigma = acc.calibrate(args.epsilon, args.delta, samples, args.seed)
-    delta_hat, se = acc.delta(sigma, args.epsilon, samples, args.seed)
-    return dict(noise_multiplier=float(sigma), target_epsilon=args.epsilon, target_delta=args.delta,
-                delta_estimate=float(delta_hat), standard_error=float(se), num_samples=int(samples),
-                seed=args.seed, adjacency=MC_ADJACENCY, accountant="montecarlo (balls-in-bins, common random numbers)",
-                guarantee="estimate only: certify with dpjax mc-certify, more samples and a --seed other than "
-                          "this one (the verification draws must be independent of the calibration's)")
+        return _certified_output(cert, args, "balls-in-bins", {})
+    return _estimate_output(acc, args, "balls-in-bins", {},
+                            "certify with dpjax mc-certify, more samples and a --seed other than this one (the "
+                            "verification draws must be independent of the calibration's)")
 
 
 def register(subparsers) -> None:

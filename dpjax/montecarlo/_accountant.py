@@ -135,6 +135,25 @@ def _validate_samples(num_samples) -> int:
 # --------------------------------------------------------------------------- accountant
 
 
+def delta_estimate_from_sums(sums, m: int, flat, confidence: float) -> DeltaEstimate:
+    """The :class:`DeltaEstimate` of per-direction Monte Carlo sums of ``m`` draws at the epsilons
+    ``flat`` (1-D): both directions, the larger one reported, each with its standard error, and
+    the max-direction Chernoff-KL interval at ``confidence``."""
+    mean, se = core.estimate_from_sums(sums, m)
+    mean, se = np.asarray(mean), np.asarray(se)
+    if m < 2:  # one draw says nothing about its spread: no standard error (was reported as 0)
+        se = np.full_like(se, np.inf)
+    pick = np.argmax(mean, axis=0)
+    cols = np.arange(flat.size)
+    # Per-direction KL bounds at level (1 - (1 - confidence) / 2) each, so that the
+    # max-direction interval holds with probability >= confidence (union bound).
+    lo, hi = _kl_bounds(mean, m, 1.0 - (1.0 - confidence) / 2.0)
+    return DeltaEstimate(
+        epsilon=flat, delta=mean[pick, cols], standard_error=se[pick, cols],
+        delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m,
+        delta_low=np.max(lo, axis=0), delta_high=np.max(hi, axis=0), confidence=confidence)
+
+
 class BallsInBins:
     """Monte Carlo accountant for ``C x + z`` under balls-in-bins batching (Choquette-Choo et al. 2024).
 
@@ -220,19 +239,7 @@ class BallsInBins:
             sums = core.sharded_monte_carlo_sums(
                 jnp.asarray(self.gram), sigma, jnp.asarray(flat), core.as_prng_key(key), m, chunk_size, devices,
                 progress=bar.enabled)
-        mean, se = core.estimate_from_sums(sums, m)
-        mean, se = np.asarray(mean), np.asarray(se)
-        if m < 2:  # one draw says nothing about its spread: no standard error (was reported as 0)
-            se = np.full_like(se, np.inf)
-        pick = np.argmax(mean, axis=0)
-        cols = np.arange(flat.size)
-        # Per-direction KL bounds at level (1 - (1 - confidence) / 2) each, so that the
-        # max-direction interval holds with probability >= confidence (union bound).
-        lo, hi = _kl_bounds(mean, m, 1.0 - (1.0 - confidence) / 2.0)
-        return DeltaEstimate(
-            epsilon=flat, delta=mean[pick, cols], standard_error=se[pick, cols],
-            delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m,
-            delta_low=np.max(lo, axis=0), delta_high=np.max(hi, axis=0), confidence=confidence)
+        return delta_estimate_from_sums(sums, m, flat, confidence)
 
     def delta(self, noise_multiplier, epsilon, num_samples, key, *, chunk_size=None, devices=None):
         """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape).

@@ -68,7 +68,6 @@ build their ``bands`` argument, and the jittable, differentiable :func:`calibrat
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +77,7 @@ from dpjax._base import validate as _validate
 from dpjax._base.x64 import float64
 from dpjax.matrices import correlation_array
 from dpjax.montecarlo import core
-from dpjax.montecarlo._accountant import (DeltaEstimate, _confidence, _kl_bounds, _validate_samples)
+from dpjax.montecarlo._accountant import (DeltaEstimate, _confidence, _validate_samples, delta_estimate_from_sums)
 from dpjax.montecarlo._normal import normal_pairs_from_bits, uniform_open
 from dpjax.montecarlo.calibrate import BRACKET_RELATIVE, DEFAULT_NUM_ITERATIONS
 from dpjax.numerics.root import ImplicitAdjoint, Solution, StopGradientAdjoint, solve_monotone_root
@@ -561,17 +560,7 @@ class BMinSep:
         sums = monte_carlo_sums(jnp.asarray(self.bands), sigma, self.sampling_prob, jnp.asarray(flat),
                                 core.as_prng_key(key), min_sep=self.min_sep, num_samples=m,
                                 warm_start=self.warm_start, chunk_blocks=chunk_blocks)
-        mean, se = core.estimate_from_sums(sums, m)
-        mean, se = np.asarray(mean), np.asarray(se)
-        if m < 2:
-            se = np.full_like(se, np.inf)
-        pick = np.argmax(mean, axis=0)
-        cols = np.arange(flat.size)
-        lo, hi = _kl_bounds(mean, m, 1.0 - (1.0 - confidence) / 2.0)
-        return DeltaEstimate(
-            epsilon=flat, delta=mean[pick, cols], standard_error=se[pick, cols],
-            delta_remove=mean[0], se_remove=se[0], delta_add=mean[1], se_add=se[1], num_samples=m,
-            delta_low=np.max(lo, axis=0), delta_high=np.max(hi, axis=0), confidence=confidence)
+        return delta_estimate_from_sums(sums, m, flat, confidence)
 
     def delta(self, noise_multiplier, epsilon, num_samples, key):
         """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape),
