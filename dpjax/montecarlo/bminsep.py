@@ -417,8 +417,8 @@ def _calibration_value(sigma, theta, consts, *, min_sep, num_samples, warm_start
 
 @float64
 def calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key, *, min_sep: int,
-                         num_samples: int, warm_start: bool = True, num_iterations: int = DEFAULT_NUM_ITERATIONS,
-                         adjoint=ImplicitAdjoint(), chunk_blocks: int | None = None) -> Solution:
+                         num_samples: int, warm_start: bool = True, adjoint=ImplicitAdjoint(),
+                         chunk_blocks: int | None = None) -> Solution:
     """Jittable calibration: ``sigma*`` with ``delta_hat(sigma*) = target_delta`` on common random numbers.
 
     ``delta_hat(sigma)`` is :meth:`BMinSep.estimate`'s delta at ``target_epsilon`` (the max over the
@@ -446,7 +446,8 @@ def calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key
       sampling_prob: ``p`` in ``(0, 1]``, scalar (data: a new ``p`` does not recompile).
       key: JAX PRNG key of the draws (any impl; its data seed the rbg stream as in
         :func:`monte_carlo_sums`).
-      min_sep, num_samples, warm_start, num_iterations, chunk_blocks: static.
+      min_sep, num_samples, warm_start, chunk_blocks: static.  (The bisection takes
+        :data:`DEFAULT_NUM_ITERATIONS` halvings.)
       adjoint: :class:`~dpjax.calibration.ImplicitAdjoint` or
         :class:`~dpjax.calibration.StopGradientAdjoint`.
 
@@ -475,15 +476,14 @@ def calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key
     # The constants ride in theta (p and the key data get zero or float0 cotangents), so nothing
     # traced is closed over.
     return solve_monotone_root(lambda s, th: value(s, th[0], th[1]), ((bands, eps), (p, key_data)), target, bracket,
-                               decreasing=True, num_iterations=num_iterations, log_scale=True, adjoint=adjoint)
+                               decreasing=True, num_iterations=DEFAULT_NUM_ITERATIONS, log_scale=True,
+                               adjoint=adjoint)
 
 
-@functools.partial(jax.jit, static_argnames=("min_sep", "num_samples", "warm_start", "num_iterations"))
-def _calibrate_jit(bands, target_epsilon, target_delta, sampling_prob, key, *, min_sep, num_samples, warm_start,
-                   num_iterations):
+@functools.partial(jax.jit, static_argnames=("min_sep", "num_samples", "warm_start"))
+def _calibrate_jit(bands, target_epsilon, target_delta, sampling_prob, key, *, min_sep, num_samples, warm_start):
     return calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key, min_sep=min_sep,
-                                num_samples=num_samples, warm_start=warm_start, num_iterations=num_iterations,
-                                adjoint=StopGradientAdjoint())
+                                num_samples=num_samples, warm_start=warm_start, adjoint=StopGradientAdjoint())
 
 
 # --------------------------------------------------------------------------- accountant
@@ -615,9 +615,9 @@ class BMinSep:
                                raise_on_status)
 
     @float64
-    def _calibrate(self, eps, delta, m, key, raise_on_status, num_iterations=DEFAULT_NUM_ITERATIONS):
+    def _calibrate(self, eps, delta, m, key, raise_on_status):
         res = _calibrate_jit(jnp.asarray(self.bands), eps, delta, self.sampling_prob, key, min_sep=self.min_sep,
-                             num_samples=m, warm_start=self.warm_start, num_iterations=num_iterations)
+                             num_samples=m, warm_start=self.warm_start)
         raise_on_status(res, eps, delta)
         return float(res.root)
 
