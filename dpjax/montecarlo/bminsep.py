@@ -683,13 +683,11 @@ class BMinSep:
         _bernoulli_only(method)
         if num_samples is not None:
             num_samples = _validate_samples(num_samples)
-        kwargs = {}
-        if rungs is not None:
-            kwargs["rungs"] = rungs
+        ladder = evr.Ladder(rungs=evr.DEFAULT_LADDER_RUNGS if rungs is None else rungs, growth=growth,
+                            calibration_samples=calibration_samples)
         return evr.certify_noise(self, target_epsilon=target_epsilon, target_delta=target_delta,
                                  num_samples=num_samples, key=core.as_prng_key(key), initial_noise=initial_noise,
-                                 growth=growth, calibration_samples=calibration_samples, method="bernoulli_kl",
-                                 **kwargs)
+                                 method="bernoulli_kl", ladder=ladder)
 
 
 def _bernoulli_only(method):

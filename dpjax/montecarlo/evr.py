@@ -47,7 +47,7 @@ from dpjax.numerics.root import HostBisection
 
 __all__ = ["Certificate", "bernoulli_kl", "failure_probability", "overall_delta",
            "base_delta_for_target", "minimum_samples", "default_samples", "certify_noise",
-           "certify_fixed", "CertificateMethod", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
+           "certify_fixed", "CertificateMethod", "Ladder", "DEFAULT_LADDER_RUNGS", "DEFAULT_LADDER_GROWTH"]
 
 #: Rungs of the verification ladder of :func:`certify_noise` (each is one test).
 DEFAULT_LADDER_RUNGS = 8
@@ -845,11 +845,29 @@ def certify_fixed(accountant, noise_multiplier: float, epsilon: float, target_de
         proposal=_describe(prop))
 
 
+@dataclasses.dataclass(frozen=True)
+class Ladder:
+    """The pre-committed ladder of :func:`certify_noise`.
+
+    Attributes:
+      rungs: tests, an integer >= 1 (default :data:`DEFAULT_LADDER_RUNGS`); the failure
+        probability is a union bound over them.
+      growth: ratio between rungs, > 1 (``None``: the method's, see :func:`certify_noise`).
+      calibration_samples: draws of the planning (calibration) sample, an integer >= 1
+        (``None``: ``num_samples // 4``).
+      failure_fraction: ``"importance_betting"``: the share of ``target_delta`` given to the
+        procedure's failure probability, in ``(0, 0.5)`` (default 0.005).
+    """
+
+    rungs: int = DEFAULT_LADDER_RUNGS
+    growth: float | None = None
+    calibration_samples: int | None = None
+    failure_fraction: float = DEFAULT_FAILURE_FRACTION
+
+
 def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num_samples: int | None = None,
-                  key, initial_noise: float | None = None, rungs: int = DEFAULT_LADDER_RUNGS,
-                  growth: float | None = None, calibration_samples: int | None = None,
-                  method: str = DEFAULT_METHOD, failure_fraction: float = DEFAULT_FAILURE_FRACTION,
-                  devices=None) -> Certificate:
+                  key, initial_noise: float | None = None, method: str = DEFAULT_METHOD,
+                  ladder: Ladder = Ladder(), devices=None) -> Certificate:
     """A certified noise multiplier for ``accountant`` (a :class:`~dpjax.montecarlo.BallsInBins`, or a
     :class:`~dpjax.montecarlo.BMinSep` with ``method="bernoulli_kl"``, which calibrates ``sigma_0``
     itself) at ``(target_epsilon, target_delta)``: calibrate, then verify a pre-committed ladder.
@@ -885,16 +903,21 @@ def certify_noise(accountant, *, target_epsilon: float, target_delta: float, num
         whose base delta is 0.4 target (:func:`default_samples`); ``"importance_betting"`` the
         smallest power of two in ``[2^16, 2^22]`` predicted (from the calibration sample) to
         pass at a mean within 10% of the calibration estimate's delta).
-      growth: ratio between rungs (default 1.02 for ``"bernoulli_kl"``; ``"importance_betting"``:
-        0.75 predicted standard deviations of the passing point, at least 1.0005, with ``sigma_0``
-        one standard deviation below it; a given ``growth`` starts the ladder at the predicted
-        passing point).
       method: ``"importance_betting"`` (default) or ``"bernoulli_kl"``.
+      ladder: :class:`Ladder`: the rungs, their growth, the calibration sample's size and the
+        failure fraction.  Its ``growth`` (default 1.02 for ``"bernoulli_kl"``;
+        ``"importance_betting"``: 0.75 predicted standard deviations of the passing point, at
+        least 1.0005, with ``sigma_0`` one standard deviation below it; a given ``growth`` starts
+        the ladder at the predicted passing point).
 
     Raises:
       ValueError: ``num_samples`` below what can certify ``target_delta`` (``"bernoulli_kl"``,
         says the minimum); a target no noise multiplier in the search range reaches.
     """
+    if not isinstance(ladder, Ladder):
+        raise ValueError(f"ladder must be a dpjax.montecarlo.evr.Ladder(...), got {ladder!r}")
+    rungs, growth, calibration_samples, failure_fraction = (ladder.rungs, ladder.growth, ladder.calibration_samples,
+                                                            ladder.failure_fraction)
     privacy = _validate.PrivacyTarget(target_epsilon, target_delta)
     eps, target = float(privacy.epsilon), float(privacy.delta)
     rungs = _validate.positive_int("rungs", rungs)

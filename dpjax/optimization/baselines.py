@@ -201,8 +201,8 @@ def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epoc
     t0 = time.perf_counter()
     cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=delta,
                              num_samples=None if certify_samples is None else int(certify_samples),
-                             key=key, rungs=rungs, growth=growth, calibration_samples=calibration_samples,
-                             method=evr.DEFAULT_METHOD if method is None else method)
+                             key=key, method=evr.DEFAULT_METHOD if method is None else method,
+                             ladder=evr.Ladder(rungs=rungs, growth=growth, calibration_samples=calibration_samples))
     t_total = time.perf_counter() - t0
     if not cert.verified:
         raise ValueError(f"no noise multiplier verified (epsilon={eps:g}, delta={delta:g}): {cert.reason}")

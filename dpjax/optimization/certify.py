@@ -178,8 +178,9 @@ def certify_noise(correlation, batches_per_epoch: int, epochs: int, *, target_ep
     acc = BallsInBins(correlation, batches_per_epoch, epochs)
     return evr.certify_noise(acc, target_epsilon=target_epsilon, target_delta=target_delta,
                              num_samples=settings.num_samples, key=settings.key, initial_noise=initial_noise,
-                             rungs=settings.max_attempts, growth=settings.growth,
-                             calibration_samples=settings.calibration_samples, method=settings.method).to_dict()
+                             method=settings.method,
+                             ladder=evr.Ladder(rungs=settings.max_attempts, growth=settings.growth,
+                                               calibration_samples=settings.calibration_samples)).to_dict()
 
 
 @dataclasses.dataclass(frozen=True)

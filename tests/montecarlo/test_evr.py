@@ -129,3 +129,16 @@ def test_betting_ladder_counts_every_rung_and_releases_near_the_estimate():
     # The released sigma is certified by an independent plain estimate too: its delta is below target.
     plain = acc.estimate(cert.noise_multiplier, [2.0], 1 << 20, 99)
     assert plain.delta[0] < 1e-3
+
+
+@pytest.mark.parametrize("ladder, match", [
+    (evr.Ladder(rungs=0), "rungs"),
+    (evr.Ladder(growth=1.0), "growth"),
+    (evr.Ladder(calibration_samples=0), "calibration_samples"),
+    (evr.Ladder(failure_fraction=0.5), "failure_fraction"),
+    ({"rungs": 2}, "ladder must be a dpjax.montecarlo.evr.Ladder"),
+])
+def test_ladder_is_validated_before_any_draw(ladder, match):
+    acc = BallsInBins(Toeplitz(jnp.array([1.0, 0.5])), 4, 2)
+    with pytest.raises(ValueError, match=match):
+        evr.certify_noise(acc, target_epsilon=2.0, target_delta=1e-3, num_samples=1 << 16, key=1, ladder=ladder)
