@@ -52,6 +52,16 @@ def test_certify_json_reports_method_samples_failure_probability(capsys):
     assert out["noise_multiplier"] == ref.noise_multiplier
 
 
+def _exits_2_with_one_line(capsys, argv, words):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
 @pytest.mark.parametrize("extra,words", [
     (["--min-sep", "0"], ["--min-sep", "[1, 1048576]"]),
     (["--sampling-prob", "1.5"], ["--sampling-prob", "(0, 1]"]),
@@ -63,13 +73,7 @@ def test_certify_json_reports_method_samples_failure_probability(capsys):
     (["--certify", "--certify-method", "importance_betting"], ["--certify-method", "bernoulli_kl"]),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, extra, words):
-    rc = main(BASE + ["--delta", "0.02", "--samples", "1024"] + extra)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for word in words:
-        assert word in lines[0], (word, lines[0])
+    _exits_2_with_one_line(capsys, BASE + ["--delta", "0.02", "--samples", "1024"] + extra, words)
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -80,10 +84,4 @@ def test_bad_input_exits_2_with_one_line(capsys, extra, words):
     (["mc-calibrate", "--batches-per-epoch", "4", "--epsilon", "1", "--delta", "0.1"], ["--epochs", "required"]),
 ])
 def test_options_of_the_other_scheme_exit_2(capsys, argv, words):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for word in words:
-        assert word in lines[0], (word, lines[0])
+    _exits_2_with_one_line(capsys, argv, words)
