@@ -171,3 +171,22 @@ def test_bad_input_is_refused_before_any_step(param, certify, match):
     with pytest.raises(ValueError, match=match):
         optimize_correlation(param, PROBLEM, OptimizerSettings(num_steps=1, num_samples=M), certify=certify,
                              progress=False)
+
+
+def test_killed_run_resumes_to_the_identical_result(tmp_path):
+    """Checkpoints and resume come through the loop the balls-in-bins path uses: two steps, a
+    checkpoint, then a resumed run to four steps equals an uninterrupted four-step run."""
+    def settings(steps):
+        return OptimizerSettings(num_steps=steps, num_samples=M, optimizer=OPT, init_params=START, key=11)
+
+    whole = optimize_correlation(PARAM, PROBLEM, settings(4), certify=False, progress=False)
+    path = tmp_path / "ck.json"
+    optimize_correlation(PARAM, PROBLEM, settings(2), certify=False, progress=False,
+                         checkpoint=loop.Checkpoint(path, every=2))
+    resumed = optimize_correlation(PARAM, PROBLEM, settings(4), certify=False, progress=False,
+                                   checkpoint=loop.Checkpoint(path, every=2, resume=True))
+    assert resumed.params == whole.params and resumed.history == whole.history
+    other = CorrelationProblem(sampling=dpjax.BMinSepSampling(B, 0.5, N), target_epsilon=EPS, target_delta=DELTA)
+    with pytest.raises(ValueError, match="different configuration"):
+        optimize_correlation(PARAM, other, settings(4), certify=False, progress=False,
+                             checkpoint=loop.Checkpoint(path, every=2, resume=True))
