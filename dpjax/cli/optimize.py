@@ -23,6 +23,14 @@ and never overwrites anything: when that name is taken the first free ``...-2.js
 ``--amplification cyclic_poisson`` and ``auto`` save the printed JSON object instead of an
 ``OptimizationResult``.
 
+``--amplification b_min_sep --min-sep B --sampling-prob P --steps N`` optimises a banded ``C``
+(``--bands``, at most ``B``; default ``min(B, N)``) for ``N`` rounds under b-min-sep sampling
+(Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling"), certified by
+:meth:`dpjax.montecarlo.BMinSep.certify_noise` (``bernoulli_kl``); its output names the
+training sampler, :class:`dpjax.sampling.BMinSepSampler`.  ``auto`` adds that candidate (at
+``n = b E``) only when ``--min-sep`` and ``--sampling-prob`` are given, and names the sampler
+of the one it keeps (``training_sampler``).
+
 Progress goes to stderr (off with ``--quiet`` or ``--json``): one line when each stage starts
 (the alternatives, the optimisation, the certificate) and the optimisation's meter (a bar in a
 terminal or notebook, a line every 10 s in a log; :mod:`dpjax._base.progress`).  The JSON object
@@ -777,7 +785,9 @@ def register(subparsers) -> None:
                     "epoch, E epochs, n = b E rounds, add/remove adjacency), with sigma*(C) calibrated on a\n"
                     "Monte Carlo estimate at every step (Choquette-Choo, Ganesh, Haque, Steinke and Thakurta,\n"
                     "'Near exact privacy amplification for matrix mechanisms'), then release the noise\n"
-                    "multiplier certified by Estimate-Verify-Release on independent draws.  Comma lists in\n"
+                    "multiplier certified by Estimate-Verify-Release on independent draws.  --amplification\n"
+                    "b_min_sep (--min-sep, --sampling-prob, --steps) optimises a banded C under b-min-sep\n"
+                    "sampling (Dong and Ganesh) instead.  Comma lists in\n"
                     "--epsilon / --delta run one optimisation per combination.\n\n"
                     "Examples:\n"
                     "  dpjax optimize --example\n"
@@ -805,9 +815,9 @@ def _add_problem_arguments(p) -> None:
     p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
                    help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
     p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), default=None,
-                   help="b, batches per epoch (an integer >= 1; required unless --example)")
+                   help="b, batches per epoch (an integer >= 1; required unless --example or --amplification b_min_sep)")
     p.add_argument("--epochs", type=_args.integer(1, 2**20), default=None,
-                   help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
+                   help="E, epochs (an integer >= 1; required unless --example or --amplification b_min_sep); n = b * E rounds")
     _args.add_target_epsilon(p, required=False, extra="; required unless --example")
     _args.add_target_delta(p, required=False, extra="; required unless --example")
     g = p.add_argument_group("the training sampler (dpjax.sampling.BallsInBinsSampler; both or neither)")

@@ -1,4 +1,4 @@
-"""The optimisation loop: correlation matrices under balls-in-bins amplification, certified.
+"""The optimisation loop: correlation matrices under balls-in-bins (or b-min-sep) amplification, certified.
 
 Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy amplification for matrix
 mechanisms", §4 (Algorithm 2) and §5.  One step minimises ``log RMSE(C) = log(sigma*(C) *
@@ -28,6 +28,13 @@ the identical result.  A non-finite loss or parameter stops the run, keeps the
 last good parameters (and checkpoint) and says why.  The result is then certified
 by the certify step :func:`certify_result` (:func:`dpjax.optimization.certify.certify_noise`)
 with independent draws.
+
+Under b-min-sep sampling (``CorrelationProblem(sampling=dpjax.BMinSepSampling(...))``; Dong &
+Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling") the step is a separate
+one, :func:`_compiled_b_min_sep`: a banded ``C`` (at most ``min_sep`` bands), fresh draws from
+``fold_in(key, step)``, ``sigma*`` by :func:`dpjax.montecarlo.bminsep.calibrate_on_samples`
+with its implicit gradient through the bands; the same loop, checkpoints and resume; the
+certificate :meth:`dpjax.montecarlo.BMinSep.certify_noise` (docs/design.md §4.3).
 
 What is optimised, how, where it checkpoints and how it is certified are records
 (:mod:`dpjax.optimization.problem`: :class:`~dpjax.optimization.CorrelationProblem`,
@@ -526,20 +533,29 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                          settings: OptimizerSettings = OptimizerSettings(), *,
                          certify: CertifySettings | bool = True, checkpoint: Checkpoint | None = None,
                          progress: bool | None = None) -> OptimizationResult:
-    """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, then certify.
+    """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins or b-min-sep
+    sampling, then certify.
 
     Args:
-      parameterization: from :func:`dpjax.optimization.make_parameterization` (``n = b * E``).
+      parameterization: from :func:`dpjax.optimization.make_parameterization` (``n = b * E``;
+        under b-min-sep ``n = num_rounds`` and a banded Toeplitz family with at most
+        ``min_sep`` bands).
       problem: :class:`~dpjax.optimization.CorrelationProblem`, what is optimised: the privacy
-        target, the scheme ``dpjax.BallsInBins(b)``, the epochs ``E``, the objective, and the
-        training sampler's ``dataset_size`` / ``batch_size`` when the certificate must pay for
-        its truncation.
+        target, the scheme ``dpjax.BallsInBins(b)`` with the epochs ``E`` or
+        ``dpjax.BMinSepSampling(min_sep, sampling_prob, num_rounds)``, the objective, and the
+        balls-in-bins training sampler's ``dataset_size`` / ``batch_size`` when the certificate
+        must pay for its truncation.  Under b-min-sep each step calibrates ``sigma`` with
+        :func:`dpjax.montecarlo.bminsep.calibrate_on_samples` on ``num_samples`` fresh plain
+        draws (default 2^13; ``estimator``, ``resample_every``, the screen and ``solver`` are
+        balls-in-bins settings and do not apply), and the result records the scheme in
+        ``sampling``.
       settings: :class:`~dpjax.optimization.OptimizerSettings`, how: steps, optax optimizer,
         in-loop samples and estimator, resampling, screening, solver, key, start (default:
         300 Adam steps on the importance estimate, 2^11 samples per step, key 0).
       certify: :class:`~dpjax.optimization.CertifySettings` of the certificate, ``True`` (the
-        default settings) or ``False`` (no certificate: ``noise_multiplier`` and ``rmse`` are
-        NaN).  The certificate is the certify step :func:`certify_result` on the optimised
+        default settings; under b-min-sep ``CertifySettings(method="bernoulli_kl")``, the one
+        method :meth:`dpjax.montecarlo.BMinSep.certify_noise` has) or ``False`` (no
+        certificate: ``noise_multiplier`` and ``rmse`` are NaN).  The certificate is the certify step :func:`certify_result` on the optimised
         result, its key by default ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
         never uses; a ``"bernoulli_kl"`` sample count that cannot verify the target is refused
         before the first step.
@@ -559,11 +575,20 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                                    OptimizerSettings(num_steps=100))
         res.noise_multiplier, res.rmse, res.certificate.failure_probability
 
+        # b-min-sep: a 2-band C for 64 rounds, each example sitting out 3 rounds after it trains.
+        problem = CorrelationProblem(sampling=dpjax.BMinSepSampling(min_sep=4, sampling_prob=0.25,
+                                     num_rounds=64), target_epsilon=2.0, target_delta=1e-3)
+        res = optimize_correlation(make_parameterization("banded", 64, bands=2), problem,
+                                   OptimizerSettings(num_steps=100, num_samples=1 << 12))
+        res.noise_multiplier, res.sampling, res.certificate.num_samples
+
     Raises:
       ValueError: bad input, naming the argument (a record of the wrong type,
-        ``parameterization.n != b * E``, bad ``init_params``, a ``"bernoulli_kl"``
-        ``num_samples`` that cannot verify the target (says the minimum), a checkpoint of
-        another configuration).  Nothing is written before the inputs are validated.
+        ``parameterization.n != b * E`` or ``!= num_rounds``, a BLT or a family with more than
+        ``min_sep`` bands under b-min-sep, ``method="importance_betting"`` under b-min-sep, bad
+        ``init_params``, a ``"bernoulli_kl"`` ``num_samples`` that cannot verify the target
+        (says the minimum), a checkpoint of another configuration).  Nothing is written before
+        the inputs are validated.
     """
     _check_records(parameterization, problem, settings, checkpoint)
     if problem.is_b_min_sep:
