@@ -502,19 +502,11 @@ def b_min_sep_result(args, num_rounds: int, bands: int, checkpoint: str | None):
         make_parameterization("banded", num_rounds, bands=bands), problem, settings, certify=certify,
         checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
                                                               resume=args.resume))
-    d = res.to_dict()
-    out = {k: d[k] for k in ("noise_multiplier", "noise_multiplier_estimate", "gap_to_estimate", "rmse",
-                             "rmse_estimate", "error", "first_column", "certificate", "status", "stop_reason",
-                             "parameterization", "sampling", "target_epsilon", "target_delta", "num_steps",
-                             "num_samples", "estimator", "timings")}
-    out["amplification"] = Amplification.B_MIN_SEP.value
-    if not res.certificate and args.no_certify:
-        for key in ("noise_multiplier", "rmse", "gap_to_estimate"):
-            out[key] = None
-    out["adjacency"] = Adjacency.ADD_OR_REMOVE  # b-min-sep Monte Carlo accounting (Dong & Ganesh)
-    out["params"] = d["params"]
-    out["history_rows"] = len(d["history"])
-    out["participation_rate"] = scheme.participation_rate
+    # The balls-in-bins output's fields (add/remove adjacency too), less those of its sampler and epochs.
+    out = {k: v for k, v in balls_in_bins_output(res, None, args).items()
+           if k not in ("batches_per_epoch", "epochs", "dataset_size", "batch_size", "truncation_delta")}
+    out.update(amplification=Amplification.B_MIN_SEP.value, sampling=res.sampling,
+               participation_rate=scheme.participation_rate)
     out["training_sampler"] = (f"dpjax.sampling.BMinSepSampler(num_examples, sampling_prob={args.sampling_prob:g}, "
                                f"min_sep={args.min_sep}, steps={num_rounds}, batch_size)")
     return out, res
@@ -594,9 +586,25 @@ def _wrap(text: str, indent: str = "") -> list[str]:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def _scheme_words(result: dict) -> str:
+    """The participation scheme of an optimised result, in words (after "for n = ... rounds")."""
+    s = result.get("sampling")
+    if result.get("amplification") != Amplification.B_MIN_SEP or not s:
+        return (f"(b = {result['batches_per_epoch']} batches per epoch, E = {result['epochs']} epochs) to minimize "
+                "the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under balls-in-bins batching")
+    return (f"to minimize the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under b-min-sep sampling (min_sep b = "
+            f"{s['min_sep']}, sampling_prob p = {s['sampling_prob']:g}: an eligible example participates with "
+            f"probability p, then sits out b - 1 rounds; participation rate {result['participation_rate']:.4g} per "
+            "round)")
+
+
 def sampler_sentence(result: dict) -> str:
     """For which training sampler the certificate holds: the given ``N`` and batch shape ``B``
-    (truncation accounted), or what was assumed without them."""
+    (truncation accounted), or what was assumed without them; under b-min-sep the sampler the
+    training loop must use."""
+    if result.get("amplification") == Amplification.B_MIN_SEP:
+        return (f"Sampler the training loop must use: {result['training_sampler']} (the certificate holds for its "
+                "untruncated batches; add its truncation_delta(epsilon) for a fixed batch shape).")
     b = result["batches_per_epoch"]
     if result.get("dataset_size") is None:
         return (f"Sampler assumed: balls-in-bins batches, each example in one of the b = {b} bins for the whole run and "
@@ -635,16 +643,12 @@ def _render(result: dict, args=None) -> str:
     verbose = bool(getattr(args, "verbose", False))
     if result.get("amplification") == Amplification.CYCLIC_POISSON:
         return _render_cyclic(result, verbose)
-    if result.get("amplification") == Amplification.B_MIN_SEP:
-        return _render_b_min_sep(result, verbose)
     fam = result["parameterization"]
-    b, epochs = result["batches_per_epoch"], result["epochs"]
-    n = fam.get("n", b * epochs)
+    n = fam.get("n") or result["batches_per_epoch"] * result["epochs"]
     sigma = result["noise_multiplier"]
     certified = sigma is not None and math.isfinite(sigma) and (result.get("certificate") or {}).get("verified")
     lines = _wrap(
-        f"Optimized {_family_words(fam)} for n = {n} rounds (b = {b} batches per epoch, E = {epochs} epochs) "
-        f"to minimize the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under balls-in-bins batching at "
+        f"Optimized {_family_words(fam)} for n = {n} rounds {_scheme_words(result)} at "
         f"(epsilon, delta) = ({result['target_epsilon']:g}, {result['target_delta']:g}), add/remove adjacency: "
         f"{result['num_steps']} Adam steps, each on a {_count(result['num_samples'])}-sample Monte Carlo "
         f"estimate of the noise multiplier.")
@@ -728,37 +732,6 @@ def _render_candidates(result: dict) -> list[str]:
     return lines
 
 
-def _render_b_min_sep(result: dict, verbose: bool = False) -> str:
-    s = result["sampling"]
-    sigma = result["noise_multiplier"]
-    certified = sigma is not None and math.isfinite(sigma) and (result.get("certificate") or {}).get("verified")
-    lines = _wrap(
-        f"Optimized {_family_words(result['parameterization'])} for n = {s['num_rounds']} rounds to minimize the "
-        f"prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under b-min-sep sampling (min_sep b = {s['min_sep']}, "
-        f"sampling_prob p = {s['sampling_prob']:g}: an eligible example participates with probability p, then sits "
-        f"out b - 1 rounds; participation rate {result['participation_rate']:.4g} per round) at (epsilon, delta) = "
-        f"({result['target_epsilon']:g}, {result['target_delta']:g}), add/remove adjacency: {result['num_steps']} "
-        f"Adam steps, each on a {_count(result['num_samples'])}-sample Monte Carlo estimate of the noise multiplier.")
-    lines.append("")
-    if certified:
-        lines.append(f"Train with noise multiplier sigma = {round_up(sigma)} (certified).")
-        lines.append(f"  prefix-sum RMSE at this sigma: {_g(result['rmse'])}")
-    else:
-        lines.append("No certified noise multiplier: do not train with the estimate below.")
-    lines += _wrap(f"Sampler the training loop must use: {result['training_sampler']} (the certificate holds for "
-                   "its untruncated batches; add its truncation_delta(epsilon) for a fixed batch shape).")
-    lines += _wrap(certificate_sentence(result))
-    lines += _wrap(f"Diagnostic only (not a guarantee): the optimization's Monte Carlo estimate of sigma was "
-                   f"{_g(result['noise_multiplier_estimate'])}.")
-    if result.get("status") != "completed":
-        lines += _wrap(f"Stopped early: {result.get('stop_reason')}")
-    lines += _saved_lines(result)
-    lines += _render_candidates(result)
-    if verbose:
-        lines += _details(result)
-    return "\n".join(lines)
-
-
 def _render_cyclic(result: dict, verbose: bool = False) -> str:
     b, epochs = result["batches_per_epoch"], result["epochs"]
     lines = _wrap(
@@ -815,9 +788,11 @@ def _add_problem_arguments(p) -> None:
     p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
                    help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
     p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), default=None,
-                   help="b, batches per epoch (an integer >= 1; required unless --example or --amplification b_min_sep)")
+                   help="b, batches per epoch (an integer >= 1; required unless --example or --amplification "
+                        "b_min_sep)")
     p.add_argument("--epochs", type=_args.integer(1, 2**20), default=None,
-                   help="E, epochs (an integer >= 1; required unless --example or --amplification b_min_sep); n = b * E rounds")
+                   help="E, epochs (an integer >= 1; required unless --example or --amplification b_min_sep); "
+                        "n = b * E rounds")
     _args.add_target_epsilon(p, required=False, extra="; required unless --example")
     _args.add_target_delta(p, required=False, extra="; required unless --example")
     g = p.add_argument_group("the training sampler (dpjax.sampling.BallsInBinsSampler; both or neither)")
@@ -857,15 +832,10 @@ def _add_method_arguments(p) -> None:
                         "--steps; Monte Carlo certificate) or auto (balls_in_bins and cyclic_poisson, and b_min_sep "
                         "when --min-sep and --sampling-prob are given; the smaller certified rmse, every candidate "
                         "printed)")
-    g = p.add_argument_group("b-min-sep sampling (Dong & Ganesh; --amplification b_min_sep or auto)")
-    g.add_argument("--min-sep", type=_args.integer(1, 2**20), default=None,
-                   help="b_min_sep: b, the rounds between two participations of an example (integer >= 1; 1 is "
-                        "Poisson sampling); C gets at most b bands")
-    g.add_argument("--sampling-prob", type=_args.real(0, 1, lo_open=True), default=None,
-                   help="b_min_sep: probability that an eligible example participates, in (0, 1]")
-    g.add_argument("--steps", type=_args.integer(1, 2**20), default=None,
-                   help="b_min_sep: rounds n (integer >= 1; --amplification auto uses n = --batches-per-epoch * "
-                        "--epochs)")
+    _args.add_b_min_sep_args(p.add_argument_group("b-min-sep sampling (Dong & Ganesh; --amplification b_min_sep "
+                                                  "or auto)"),
+                             min_sep_extra="; C gets at most b bands",
+                             steps_extra="; --amplification auto uses n = --batches-per-epoch * --epochs")
     p.add_argument("--no-certify", action="store_true",
                    help="skip the certificate: report the estimate only (noise_multiplier is null)")
     p.add_argument("--learning-rate", type=_args.real(0, lo_open=True), default=0.05,

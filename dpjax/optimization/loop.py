@@ -555,8 +555,9 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
       certify: :class:`~dpjax.optimization.CertifySettings` of the certificate, ``True`` (the
         default settings; under b-min-sep ``CertifySettings(method="bernoulli_kl")``, the one
         method :meth:`dpjax.montecarlo.BMinSep.certify_noise` has) or ``False`` (no
-        certificate: ``noise_multiplier`` and ``rmse`` are NaN).  The certificate is the certify step :func:`certify_result` on the optimised
-        result, its key by default ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
+        certificate: ``noise_multiplier`` and ``rmse`` are NaN).  The certificate is the
+        certify step :func:`certify_result` on the optimised result, its key by default
+        ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
         never uses; a ``"bernoulli_kl"`` sample count that cannot verify the target is refused
         before the first step.
       checkpoint: :class:`~dpjax.optimization.Checkpoint` (path, every, resume), or ``None``.
@@ -605,12 +606,7 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                 and (precompute or num_samples * b <= MAX_PRECOMPUTED))
     # The unscreened step draws fresh samples every step.
     resample_every = settings.resample_every if screened else 1
-    key = settings.key
-    seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
-    jkey = as_prng_key(key)
-    optimizer = default_optimizer() if settings.optimizer is None else settings.optimizer
-    params = parameterization.init() if settings.init_params is None else settings.init_params
-    params = params_from_list(params_to_list(parameterization.check_params(params)))
+    seed, jkey, optimizer, params = _run_start(parameterization, settings)
     key_data = np.asarray(jax.random.key_data(jkey)).tolist()
     config = _config(parameterization, b, epochs, eps, delta, num_samples, key_data, solver, objective,
                      resample_every, estimator)
@@ -634,15 +630,10 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
         sigma_est, err = float(aux_f[0]), float(err_f)
         first_column = np.asarray(parameterization.first_column(run.params)).tolist()
     sampler = problem.sampler
-    result = OptimizationResult(
-        parameterization=parameterization.to_dict(), batches_per_epoch=b, epochs=epochs,
-        target_epsilon=eps, target_delta=delta, params=params_to_list(run.params),
-        first_column=first_column, noise_multiplier=math.nan, noise_multiplier_estimate=sigma_est,
-        error=err, rmse=math.nan, rmse_estimate=sigma_est * err, certificate=None,
-        history=run.history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=run.status,
-        stop_reason=run.stop_reason, estimator=estimator, dataset_size=sampler.dataset_size,
-        batch_size=sampler.batch_size, truncation_delta=sampler.truncation_delta,
-        timings={**run.timings, "certify": 0.0, "total": time.perf_counter() - t_start})
+    result = _uncertified_result(
+        parameterization, run, problem, (sigma_est, err, first_column), t_start, batches_per_epoch=b, epochs=epochs,
+        num_steps=num_steps, num_samples=num_samples, seed=seed, estimator=estimator,
+        dataset_size=sampler.dataset_size, batch_size=sampler.batch_size, truncation_delta=sampler.truncation_delta)
     if certify is None:
         return result
     ckey = jax.random.fold_in(jkey, _CERTIFY_FOLD) if certify.key is None else as_prng_key(certify.key)
@@ -651,6 +642,38 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
 
 #: The fold of the optimisation's key that gives the certificate's default key (never a step's).
 _CERTIFY_FOLD = 2**31 - 1
+
+
+def _run_start(parameterization, settings: OptimizerSettings):
+    """``(seed, key, optimizer, params)`` of a run: the int seed (``-1`` for a JAX key), the JAX
+    key, the optax optimizer and the checked starting parameters."""
+    key = settings.key
+    seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
+    optimizer = default_optimizer() if settings.optimizer is None else settings.optimizer
+    params = parameterization.init() if settings.init_params is None else settings.init_params
+    return seed, as_prng_key(key), optimizer, params_from_list(params_to_list(parameterization.check_params(params)))
+
+
+def _uncertified_result(parameterization, run: "_Run", problem: CorrelationProblem, estimate, t_start: float,
+                        **fields) -> OptimizationResult:
+    """The result of a finished run before its certificate: ``estimate = (sigma_est, err,
+    first_column)`` at the final parameters; ``fields``: the scheme's and the run's configuration."""
+    sigma_est, err, first_column = estimate
+    return OptimizationResult(
+        parameterization=parameterization.to_dict(), target_epsilon=problem.target_epsilon,
+        target_delta=problem.target_delta, params=params_to_list(run.params), first_column=first_column,
+        noise_multiplier=math.nan, noise_multiplier_estimate=sigma_est, error=err, rmse=math.nan,
+        rmse_estimate=sigma_est * err, certificate=None, history=run.history, status=run.status,
+        stop_reason=run.stop_reason, timings={**run.timings, "certify": 0.0, "total": time.perf_counter() - t_start},
+        **fields)
+
+
+def _with_certificate(result: OptimizationResult, certificate: Certificate, seconds: float) -> OptimizationResult:
+    """``result`` released at the certificate's noise multiplier (``seconds``: the certificate's time)."""
+    sigma = certificate.noise_multiplier
+    timings = {**result.timings, "certify": seconds, "total": result.timings.get("total", 0.0) + seconds}
+    return dataclasses.replace(result, noise_multiplier=sigma, rmse=sigma * result.error, certificate=certificate,
+                               timings=timings)
 
 
 def certify_result(result: OptimizationResult, settings: CertifySettings | None = None, *,
@@ -720,11 +743,7 @@ def _certify(result: OptimizationResult, settings: CertifySettings, ckey, progre
         corr = result.correlation()
     certificate = _certificate(corr, b, epochs, eps, certify_delta, settings, result.noise_multiplier_estimate,
                                progress)
-    seconds = time.perf_counter() - t_c
-    sigma = certificate.noise_multiplier
-    timings = {**result.timings, "certify": seconds, "total": result.timings.get("total", 0.0) + seconds}
-    return dataclasses.replace(result, noise_multiplier=sigma, rmse=sigma * result.error, certificate=certificate,
-                               timings=timings)
+    return _with_certificate(result, certificate, time.perf_counter() - t_c)
 
 
 @dataclasses.dataclass
@@ -980,12 +999,7 @@ def _optimize_b_min_sep(parameterization, problem: CorrelationProblem, settings:
         certify.samples_for(delta)  # refused now, not after the steps
     num_samples = DEFAULT_NUM_SAMPLES[Estimator.PLAIN] if settings.num_samples is None else settings.num_samples
     num_steps, objective = settings.num_steps, problem.objective
-    key = settings.key
-    seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
-    jkey = as_prng_key(key)
-    optimizer = default_optimizer() if settings.optimizer is None else settings.optimizer
-    params = parameterization.init() if settings.init_params is None else settings.init_params
-    params = params_from_list(params_to_list(parameterization.check_params(params)))
+    seed, jkey, optimizer, params = _run_start(parameterization, settings)
     config = {"parameterization": parameterization.to_dict(), "sampling": _b_min_sep_record(scheme),
               "target_epsilon": eps, "target_delta": delta, "num_samples": num_samples,
               "key": np.asarray(jax.random.key_data(jkey)).tolist(),
@@ -1003,14 +1017,10 @@ def _optimize_b_min_sep(parameterization, problem: CorrelationProblem, settings:
         _, aux_f, err_f = fns[1](run.params, eps, delta, jkey, done, run.sigma, None)
         sigma_est, err = float(aux_f[0]), float(err_f)
         first_column = np.asarray(parameterization.first_column(run.params)).tolist()
-    result = OptimizationResult(
-        parameterization=parameterization.to_dict(), batches_per_epoch=None, epochs=None,
-        target_epsilon=eps, target_delta=delta, params=params_to_list(run.params),
-        first_column=first_column, noise_multiplier=math.nan, noise_multiplier_estimate=sigma_est,
-        error=err, rmse=math.nan, rmse_estimate=sigma_est * err, certificate=None,
-        history=run.history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=run.status,
-        stop_reason=run.stop_reason, estimator=Estimator.PLAIN, sampling=_b_min_sep_record(scheme),
-        timings={**run.timings, "certify": 0.0, "total": time.perf_counter() - t_start})
+    result = _uncertified_result(
+        parameterization, run, problem, (sigma_est, err, first_column), t_start, batches_per_epoch=None,
+        epochs=None, num_steps=num_steps, num_samples=num_samples, seed=seed, estimator=Estimator.PLAIN,
+        sampling=_b_min_sep_record(scheme))
     if certify is None:
         return result
     ckey = jax.random.fold_in(jkey, _CERTIFY_FOLD) if certify.key is None else as_prng_key(certify.key)
@@ -1039,8 +1049,4 @@ def _certify_b_min_sep(result: OptimizationResult, settings: CertifySettings, ck
                                         initial_noise=sigma_est if math.isfinite(sigma_est) else None,
                                         rungs=settings.max_attempts, growth=settings.growth,
                                         calibration_samples=settings.calibration_samples)
-    seconds = time.perf_counter() - t_c
-    sigma = certificate.noise_multiplier
-    timings = {**result.timings, "certify": seconds, "total": result.timings.get("total", 0.0) + seconds}
-    return dataclasses.replace(result, noise_multiplier=sigma, rmse=sigma * result.error, certificate=certificate,
-                               timings=timings)
+    return _with_certificate(result, certificate, time.perf_counter() - t_c)

@@ -39,8 +39,9 @@ from dpjax._base import validate as _validate
 from dpjax._base.names import epochs_to_steps, resolve_sample_rate
 from dpjax._base.results import ResultMixin
 
-__all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "BMinSepSampling", "SamplingScheme", "TrainingScenario",
-           "accepts_scenario", "STATED_KEYWORDS", "SchemeKeywords", "scheme_keywords", "scheme_from_keywords"]
+__all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "BMinSepSampling", "SamplingScheme",
+           "TrainingScenario", "accepts_scenario", "STATED_KEYWORDS", "SchemeKeywords", "scheme_keywords",
+           "scheme_from_keywords"]
 
 
 @dataclasses.dataclass(frozen=True)
