@@ -190,3 +190,17 @@ def test_killed_run_resumes_to_the_identical_result(tmp_path):
     with pytest.raises(ValueError, match="different configuration"):
         optimize_correlation(PARAM, other, settings(4), certify=False, progress=False,
                              checkpoint=loop.Checkpoint(path, every=2, resume=True))
+
+
+def test_training_setup_draws_b_min_sep_batches(run):
+    """The training loop of a b-min-sep result samples b-min-sep batches (the scheme certified)
+    and pays the truncation term of its fixed batch shape on top of the certificate's delta."""
+    from dpjax.optimization import training_setup
+    from dpjax.sampling import BMinSepSampler
+
+    setup = training_setup(run, dataset_size=2000, batch_size=400, seed=1)
+    assert isinstance(setup.sampler, BMinSepSampler)
+    assert (setup.sampler.sampling_prob, setup.sampler.min_sep, setup.sampler.steps) == (P, B, N)
+    assert setup.noise_multiplier == run.noise_multiplier
+    assert setup.truncation_delta == setup.sampler.truncation_delta(EPS) > 0
+    assert setup.delta == run.certificate.delta + setup.truncation_delta
