@@ -68,7 +68,8 @@ class Amplification(StrEnum):
 #: The training sampler each amplification's noise multiplier is certified for.
 TRAINING_SAMPLERS = {
     Amplification.BALLS_IN_BINS: "dpjax.sampling.BallsInBinsSampler (balls-in-bins batches)",
-    Amplification.CYCLIC_POISSON: "cyclic Poisson sampling (Poisson batches within each of the b cyclic groups)",
+    Amplification.CYCLIC_POISSON: ("cyclic Poisson sampling (the examples split into k = bands groups used in turn, "
+                                   "each example of a round's group taken with probability k / b)"),
     Amplification.B_MIN_SEP: "dpjax.sampling.BMinSepSampler (b-min-sep batches)",
 }
 
