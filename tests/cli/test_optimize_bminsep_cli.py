@@ -45,6 +45,26 @@ def test_json_names_scheme_certificate_and_sampler(tmp_path, capsys):
     assert len(saved.history) == 3 and not list(tmp_path.glob("r.json.checkpoint.json*"))
 
 
+@pytest.mark.slow
+def test_auto_with_min_sep_and_probability_adds_the_b_min_sep_candidate(capsys):
+    """auto: balls-in-bins, cyclic Poisson and, with --min-sep and --sampling-prob, b-min-sep at the
+    same n = b E; the smallest certified rmse wins and the output names its training sampler."""
+    argv = ["optimize", "--amplification", "auto", "--batches-per-epoch", "4", "--epochs", "4", "--min-sep", "4",
+            "--sampling-prob", "0.25", "--epsilon", "2", "--delta", "1e-2", "--optimizer-steps", "3", "--samples",
+            "256", "--certify-samples", "16384", "--quiet", "--no-save", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    cands = {c["amplification"]: c for c in d["candidates"]}
+    assert set(cands) == {"balls_in_bins", "cyclic_poisson", "b_min_sep"}
+    certified = [c for c in cands.values() if c["certified"]]
+    assert d["rmse"] == min(c["rmse"] for c in certified)
+    assert d["training_sampler"] == cands[d["amplification"]]["training_sampler"]
+    assert cands["b_min_sep"]["family"] == {"family": "banded", "n": 16, "bands": 4}
+    assert cands["b_min_sep"]["method"] == "bernoulli_kl"
+    assert cands["b_min_sep"]["participation_rate"] == pytest.approx(0.25 / 1.75, rel=1e-15)
+    assert cands["balls_in_bins"]["participation_rate"] == cands["cyclic_poisson"]["participation_rate"] == 0.25
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--family", "blt"], ["--family", "banded"]),
     (["--bands", "5"], ["--bands", "[1, 4]"]),
