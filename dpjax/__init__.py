@@ -51,7 +51,8 @@ _ATTRS = {
     **dict.fromkeys(("sweep", "sweep_grid", "SweepExecution"), "dpjax.pld.sweeps.driver"),
     "epsilon_curve": "dpjax.pld.curve",
     "dpsgd_privacy_report": "dpjax.report",
-    **dict.fromkeys(("TrainingScenario", "Poisson", "FixedBatch", "RandomAllocation", "BallsInBins"),
+    **dict.fromkeys(("TrainingScenario", "Poisson", "FixedBatch", "RandomAllocation", "BallsInBins",
+                     "BMinSepSampling"),
                     "dpjax.pld.scenario"),
 }
 

@@ -180,6 +180,18 @@ def add_sampling_prob(p, *, required=False, default=None, extra=""):
                    help="Poisson sampling probability q in (0, 1]" + extra)
 
 
+def add_b_min_sep_args(p, *, min_sep_extra="", steps_extra=""):
+    """``--min-sep``, ``--sampling-prob`` and ``--steps`` of b-min-sep sampling (Dong & Ganesh,
+    "Privacy Amplification for BandMF via b-Min-Sep Subsampling"), all optional (``None``)."""
+    p.add_argument("--min-sep", type=integer(1, 2**20), default=None,
+                   help="b_min_sep: b, the rounds between two participations of an example (integer >= 1; 1 is "
+                        "Poisson sampling)" + min_sep_extra)
+    p.add_argument("--sampling-prob", type=real(0, 1, lo_open=True), default=None,
+                   help="b_min_sep: probability that an eligible example participates, in (0, 1]")
+    p.add_argument("--steps", type=integer(1, 2**20), default=None,
+                   help="b_min_sep: rounds n (integer >= 1" + steps_extra + ")")
+
+
 def add_group_args(p, *, title="group privacy (Ganesh (2024), tight mixture-of-Gaussians accounting)"):
     """``--group-size`` in its group, and ``--sampling``, ``--dataset-size``, ``--batch-size`` in
     the batching group (the same for every subcommand): how batches are formed is not a

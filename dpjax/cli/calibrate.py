@@ -208,13 +208,7 @@ def register(subparsers) -> None:
                    help="balls_in_bins (default: --batches-per-epoch, --epochs and C) or b_min_sep (--min-sep, "
                         "--sampling-prob, --steps, --banded)")
     add_correlation_args(p, required=False)
-    p.add_argument("--min-sep", type=_args.integer(1, 2**20), default=None,
-                   help="b_min_sep: b, the rounds between two participations of an example (integer >= 1; 1 is "
-                        "Poisson sampling)")
-    p.add_argument("--sampling-prob", type=_args.real(0, 1, lo_open=True), default=None,
-                   help="b_min_sep: probability that an eligible example participates, in (0, 1]")
-    p.add_argument("--steps", type=_args.integer(1, 2**20), default=None,
-                   help="b_min_sep: rounds n (integer >= 1)")
+    _args.add_b_min_sep_args(p)
     p.add_argument("--banded", type=_args.real_vector(0, None), default=None,
                    help="b_min_sep: banded Toeplitz first column c0,c1,... >= 0, at most --min-sep entries after "
                         "trailing zeros (default 1: DP-SGD)")

@@ -23,6 +23,14 @@ and never overwrites anything: when that name is taken the first free ``...-2.js
 ``--amplification cyclic_poisson`` and ``auto`` save the printed JSON object instead of an
 ``OptimizationResult``.
 
+``--amplification b_min_sep --min-sep B --sampling-prob P --steps N`` optimises a banded ``C``
+(``--bands``, at most ``B``; default ``min(B, N)``) for ``N`` rounds under b-min-sep sampling
+(Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling"), certified by
+:meth:`dpjax.montecarlo.BMinSep.certify_noise` (``bernoulli_kl``); its output names the
+training sampler, :class:`dpjax.sampling.BMinSepSampler`.  ``auto`` adds that candidate (at
+``n = b E``) only when ``--min-sep`` and ``--sampling-prob`` are given, and names the sampler
+of the one it keeps (``training_sampler``).
+
 Progress goes to stderr (off with ``--quiet`` or ``--json``): one line when each stage starts
 (the alternatives, the optimisation, the certificate) and the optimisation's meter (a bar in a
 terminal or notebook, a line every 10 s in a log; :mod:`dpjax._base.progress`).  The JSON object
@@ -46,11 +54,24 @@ class Amplification(StrEnum):
 
     ``balls_in_bins`` optimises ``C`` under balls-in-bins batching with a Monte Carlo
     certificate; ``cyclic_poisson`` takes dpjax's banded ``C`` under cyclic Poisson sampling,
-    PLD-accounted; ``auto`` runs both and keeps the smaller certified rmse."""
+    PLD-accounted; ``b_min_sep`` optimises a banded ``C`` (at most ``--min-sep`` bands) under
+    b-min-sep sampling with a Monte Carlo certificate; ``auto`` runs balls-in-bins and cyclic
+    Poisson (and b-min-sep when ``--min-sep`` and ``--sampling-prob`` are given) and keeps the
+    smaller certified rmse."""
 
     BALLS_IN_BINS = "balls_in_bins"
     CYCLIC_POISSON = "cyclic_poisson"
+    B_MIN_SEP = "b_min_sep"
     AUTO = "auto"
+
+
+#: The training sampler each amplification's noise multiplier is certified for.
+TRAINING_SAMPLERS = {
+    Amplification.BALLS_IN_BINS: "dpjax.sampling.BallsInBinsSampler (balls-in-bins batches)",
+    Amplification.CYCLIC_POISSON: ("cyclic Poisson sampling (the examples split into k = bands groups used in turn, "
+                                   "each example of a round's group taken with probability k / b)"),
+    Amplification.B_MIN_SEP: "dpjax.sampling.BMinSepSampler (b-min-sep batches)",
+}
 
 
 # ``--example``: the built-in problem of the README's first command.  Small enough to finish in
@@ -64,9 +85,15 @@ EXAMPLE = dict(family="blt", buffers=2, batches_per_epoch=8, epochs=4, epsilon=2
 def apply_example(args) -> None:
     """Fill the options the user left unset with :data:`EXAMPLE` (``--example``), and insist on the
     required ones otherwise (argparse cannot: they are optional under ``--example``)."""
+    b_min_sep = getattr(args, "amplification", None) == Amplification.B_MIN_SEP
+    if args.example and b_min_sep:
+        raise ValueError("--example is a balls-in-bins problem: not with --amplification b_min_sep")
     for name, value in EXAMPLE.items():
         if getattr(args, name, None) is None and args.example:
             setattr(args, name, value)
+    if b_min_sep:
+        _b_min_sep_defaults(args)
+        return
     for name in ("batches_per_epoch", "epochs", "epsilon", "delta"):
         if getattr(args, name) is None:
             raise ValueError(f"--{name.replace('_', '-')} is required (or give --example for the built-in "
@@ -80,6 +107,62 @@ def apply_example(args) -> None:
 
 #: BLT buffers when ``--buffers`` is not given (at most ``n``, the number of rounds).
 DEFAULT_BUFFERS = 4
+
+
+def _b_min_sep_defaults(args) -> None:
+    """``--amplification b_min_sep``: ``--min-sep``, ``--sampling-prob`` and ``--steps`` (the
+    rounds ``n``) required, ``--batches-per-epoch`` / ``--epochs`` refused (b-min-sep has no
+    epochs), the family banded with at most ``--min-sep`` bands (default ``min(min_sep, n)``)."""
+    for name in ("min_sep", "sampling_prob", "steps", "epsilon", "delta"):
+        if getattr(args, name) is None:
+            raise ValueError(f"--{name.replace('_', '-')} is required with --amplification b_min_sep")
+    for name in ("batches_per_epoch", "epochs"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to --amplification b_min_sep (it has no "
+                             "epochs; the rounds are --steps)")
+    if args.family is None:
+        args.family = "banded"
+    if args.family != "banded":
+        raise ValueError(f"--family must be banded with --amplification b_min_sep (a C with at most --min-sep bands; "
+                         f"a {args.family} C is not banded), got --family {args.family}")
+    if args.bands is None:
+        args.bands = min(args.min_sep, args.steps)
+    if args.optimizer_steps is None:
+        args.optimizer_steps = 300
+
+
+def b_min_sep_requested(args) -> bool:
+    """Whether b-min-sep takes part: ``--amplification b_min_sep``, or ``auto`` with both
+    ``--min-sep`` and ``--sampling-prob`` given."""
+    if args.amplification == Amplification.B_MIN_SEP:
+        return True
+    return (args.amplification == Amplification.AUTO and args.min_sep is not None
+            and args.sampling_prob is not None)
+
+
+def check_b_min_sep_args(args) -> None:
+    """The b-min-sep options: only where b-min-sep takes part, ``--steps`` only for
+    ``b_min_sep`` (``auto`` uses the rounds of the other candidates), and the certificate
+    method it has (``bernoulli_kl``)."""
+    given = [f for f, v in (("--min-sep", args.min_sep), ("--sampling-prob", args.sampling_prob)) if v is not None]
+    if given and args.amplification not in (Amplification.B_MIN_SEP, Amplification.AUTO):
+        raise ValueError(f"{' and '.join(given)} apply to --amplification b_min_sep or auto, got --amplification "
+                         f"{args.amplification}")
+    if args.amplification == Amplification.AUTO and len(given) == 1:
+        raise ValueError("--amplification auto includes b-min-sep only with both --min-sep and --sampling-prob, "
+                         f"got only {given[0]}")
+    if args.steps is not None and args.amplification != Amplification.B_MIN_SEP:
+        raise ValueError("--steps (the rounds n) applies to --amplification b_min_sep only (otherwise n = "
+                         "--batches-per-epoch * --epochs)")
+    if args.amplification == Amplification.B_MIN_SEP:
+        if args.certify_method == "importance_betting":
+            raise ValueError("--certify-method must be bernoulli_kl with --amplification b_min_sep (the "
+                             "importance_betting certificate needs the balls-in-bins importance sampler)")
+        if args.bands > args.min_sep or args.bands > args.steps:
+            raise ValueError(f"--bands must be in [1, min(--min-sep, --steps)] = [1, {min(args.min_sep, args.steps)}] "
+                             f"with --amplification b_min_sep, got {args.bands}")
+        if args.baselines:
+            raise ValueError("--baselines compares balls-in-bins alternatives: not with --amplification b_min_sep")
 
 
 def check_output_paths(out: str, *, resume: bool) -> None:
@@ -103,6 +186,9 @@ def default_out_name(args) -> str:
     """The result file's name when ``--out`` is not given: the configuration in a few tokens,
     ``dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json`` for the example (``cyclic-poisson`` /
     ``auto`` appended for those amplifications)."""
+    if args.amplification == Amplification.B_MIN_SEP:
+        return (f"dpjax-optimize-banded{args.bands}-minsep{args.min_sep}-p{args.sampling_prob:g}-n{args.steps}-"
+                f"eps{args.epsilon:g}-delta{args.delta:g}-b-min-sep.json")
     if args.amplification == Amplification.CYCLIC_POISSON:  # a banded C, its bands chosen unless --bands
         family = "banded" if args.bands is None else f"banded{args.bands}"
     else:
@@ -167,12 +253,13 @@ def check_args(args) -> None:
     """Every option and their combinations, before any work (fills the defaults that depend on
     others: ``--example``'s values, ``--buffers``, ``--baselines``)."""
     apply_example(args)
+    check_b_min_sep_args(args)
 
     if args.family != "blt" and args.buffers is not None:
         raise ValueError(f"--buffers is only used by --family blt, got --family {args.family}")
     if args.family != "banded" and args.bands is not None:
         raise ValueError(f"--bands is only used by --family banded, got --family {args.family}")
-    n = args.batches_per_epoch * args.epochs if args.batches_per_epoch and args.epochs else None
+    n = args.batches_per_epoch * args.epochs if args.batches_per_epoch and args.epochs else args.steps
     if args.family == "blt" and args.buffers is None:
         args.buffers = DEFAULT_BUFFERS if n is None else min(DEFAULT_BUFFERS, n)
     elif args.family == "blt" and n is not None and args.buffers > n:
@@ -183,6 +270,8 @@ def check_args(args) -> None:
     for name in ("batches_per_epoch", "epochs", "optimizer_steps", "samples", "checkpoint_every"):
         value = getattr(args, name)
         if name == "samples" and value is None:  # the estimator's default (optimize_correlation)
+            continue
+        if name in ("batches_per_epoch", "epochs") and args.amplification == Amplification.B_MIN_SEP:
             continue
         if value is None or value < (0 if name == "optimizer_steps" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be an integer >= "
@@ -200,6 +289,9 @@ def check_args(args) -> None:
         _writable_directory(os.getcwd(), "the result file (pass --out FILE or --no-save)")
     if args.baselines is None:
         args.baselines = bool(args.example)
+    if args.certify_method is None:  # the method each scheme has by default
+        args.certify_method = ("bernoulli_kl" if args.amplification == Amplification.B_MIN_SEP
+                               else "importance_betting")
 
 
 def check_sampler_args(args) -> None:
@@ -234,12 +326,18 @@ def _run(args) -> dict:
     from dpjax.pld.scenario import BallsInBins
 
     check_args(args)
-    n = args.batches_per_epoch * args.epochs
-    param = make_parameterization(args.family, n, bands=args.bands,
-                                  num_buffers=args.buffers if args.family == "blt" else None)
     if args.quiet or args.json:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
+    if args.amplification == Amplification.B_MIN_SEP:
+        out, res = b_min_sep_result(args, args.steps, args.bands, checkpoint)
+        saved = save(out, args, text=res.to_json())
+        if checkpoint is not None and res.status == "completed":
+            remove_checkpoint(checkpoint)
+        return saved
+    n = args.batches_per_epoch * args.epochs
+    param = make_parameterization(args.family, n, bands=args.bands,
+                                  num_buffers=args.buffers if args.family == "blt" else None)
     if args.amplification == Amplification.CYCLIC_POISSON:
         return save(cyclic_poisson_result(args), args)
     # The baselines first: they do not depend on the optimised C, and a baseline that cannot be
@@ -262,7 +360,11 @@ def _run(args) -> dict:
                                                               resume=args.resume))
     out = balls_in_bins_output(res, rows, args)
     if args.amplification == Amplification.AUTO:
-        saved = save(best_of(out, cyclic_poisson_result(args)), args)
+        candidates = [out, cyclic_poisson_result(args)]
+        if b_min_sep_requested(args):
+            bands = args.bands if args.family == "banded" and args.bands <= args.min_sep else min(args.min_sep, n)
+            candidates.append(b_min_sep_result(args, n, bands, None)[0])
+        saved = save(best_of(*candidates), args)
     else:
         saved = save(out, args, text=res.to_json())
     if checkpoint is not None and res.status == "completed":
@@ -355,20 +457,60 @@ def cyclic_poisson_result(args) -> dict:
             "target_delta": args.delta, "adjacency": Adjacency.ADD_OR_REMOVE}
 
 
-def best_of(balls_in_bins: dict, cyclic_poisson: dict) -> dict:
+def best_of(*candidates: dict) -> dict:
     """``--amplification auto``: the candidate with the smaller certified rmse, every candidate's row
-    (same units: rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)) under ``candidates``."""
+    (same units: rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)) under ``candidates``;
+    ``training_sampler`` names the sampler the chosen noise multiplier is certified for (the
+    training loop must draw its batches so).  Without a certified candidate: the cyclic Poisson
+    one (its PLD certificate always holds)."""
     rows = []
-    for cand in (balls_in_bins, cyclic_poisson):
+    for cand in candidates:
         cert = cand.get("certificate") or {}
         rows.append({"amplification": cand["amplification"], "noise_multiplier": cand["noise_multiplier"],
                      "rmse": cand["rmse"], "error": cand["error"], "certified": bool(cert.get("verified")),
-                     "method": cert.get("method"), "family": cand["parameterization"]})
-    usable = [c for c, r in zip((balls_in_bins, cyclic_poisson), rows)
+                     "method": cert.get("method"), "family": cand["parameterization"],
+                     "training_sampler": TRAINING_SAMPLERS[cand["amplification"]],
+                     # The chance that an example is in a given batch: the expected batch is this times N.
+                     "participation_rate": cand.get("participation_rate") or 1.0 / cand["batches_per_epoch"]})
+    usable = [c for c, r in zip(candidates, rows)
               if r["certified"] and r["rmse"] is not None and math.isfinite(r["rmse"])]
-    best = dict(min(usable, key=lambda c: c["rmse"]) if usable else cyclic_poisson)
+    fallback = next(c for c in candidates if c["amplification"] == Amplification.CYCLIC_POISSON)
+    best = dict(min(usable, key=lambda c: c["rmse"]) if usable else fallback)
     best["candidates"] = rows
+    best["training_sampler"] = TRAINING_SAMPLERS[best["amplification"]]
     return best
+
+
+def b_min_sep_result(args, num_rounds: int, bands: int, checkpoint: str | None):
+    """``(output, result)`` of the b-min-sep optimisation: a ``bands``-banded Toeplitz ``C`` for
+    ``num_rounds`` rounds under ``dpjax.BMinSepSampling(--min-sep, --sampling-prob, n)``, certified
+    by :meth:`dpjax.montecarlo.BMinSep.certify_noise` (Bernoulli-KL).  ``output`` is the printed /
+    ``--json`` object (the :class:`OptimizationResult`'s main fields, the scheme and the training
+    sampler, ``dpjax.sampling.BMinSepSampler``)."""
+    from dpjax.optimization import (CertifySettings, Checkpoint, CorrelationProblem, OptimizerSettings,
+                                    make_parameterization, optimize_correlation)
+    from dpjax.optimization.loop import default_optimizer
+    from dpjax.pld.scenario import BMinSepSampling
+
+    scheme = BMinSepSampling(args.min_sep, args.sampling_prob, num_rounds)
+    _stage(f"optimizing a {bands}-banded C under b-min-sep sampling (min_sep {args.min_sep}, sampling_prob "
+           f"{args.sampling_prob:g}, n = {num_rounds}): {args.optimizer_steps} optimizer steps, then the certificate")
+    problem = CorrelationProblem(sampling=scheme, target_epsilon=args.epsilon, target_delta=args.delta)
+    settings = OptimizerSettings(num_steps=args.optimizer_steps, num_samples=args.samples,
+                                 optimizer=default_optimizer(args.learning_rate), key=args.seed, estimator="plain")
+    certify = False if args.no_certify else CertifySettings(num_samples=args.certify_samples, method="bernoulli_kl")
+    res = optimize_correlation(
+        make_parameterization("banded", num_rounds, bands=bands), problem, settings, certify=certify,
+        checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
+                                                              resume=args.resume))
+    # The balls-in-bins output's fields (add/remove adjacency too), less those of its sampler and epochs.
+    out = {k: v for k, v in balls_in_bins_output(res, None, args).items()
+           if k not in ("batches_per_epoch", "epochs", "dataset_size", "batch_size", "truncation_delta")}
+    out.update(amplification=Amplification.B_MIN_SEP.value, sampling=res.sampling,
+               participation_rate=scheme.participation_rate)
+    out["training_sampler"] = (f"dpjax.sampling.BMinSepSampler(num_examples, sampling_prob={args.sampling_prob:g}, "
+                               f"min_sep={args.min_sep}, steps={num_rounds}, batch_size)")
+    return out, res
 
 
 def baseline_rows(param, args) -> list[dict]:
@@ -445,9 +587,25 @@ def _wrap(text: str, indent: str = "") -> list[str]:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def _scheme_words(result: dict) -> str:
+    """The participation scheme of an optimised result, in words (after "for n = ... rounds")."""
+    s = result.get("sampling")
+    if result.get("amplification") != Amplification.B_MIN_SEP or not s:
+        return (f"(b = {result['batches_per_epoch']} batches per epoch, E = {result['epochs']} epochs) to minimize "
+                "the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under balls-in-bins batching")
+    return (f"to minimize the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under b-min-sep sampling (min_sep b = "
+            f"{s['min_sep']}, sampling_prob p = {s['sampling_prob']:g}: an eligible example participates with "
+            f"probability p, then sits out b - 1 rounds; participation rate {result['participation_rate']:.4g} per "
+            "round)")
+
+
 def sampler_sentence(result: dict) -> str:
     """For which training sampler the certificate holds: the given ``N`` and batch shape ``B``
-    (truncation accounted), or what was assumed without them."""
+    (truncation accounted), or what was assumed without them; under b-min-sep the sampler the
+    training loop must use."""
+    if result.get("amplification") == Amplification.B_MIN_SEP:
+        return (f"Sampler the training loop must use: {result['training_sampler']} (the certificate holds for its "
+                "untruncated batches; add its truncation_delta(epsilon) for a fixed batch shape).")
     b = result["batches_per_epoch"]
     if result.get("dataset_size") is None:
         return (f"Sampler assumed: balls-in-bins batches, each example in one of the b = {b} bins for the whole run and "
@@ -487,13 +645,11 @@ def _render(result: dict, args=None) -> str:
     if result.get("amplification") == Amplification.CYCLIC_POISSON:
         return _render_cyclic(result, verbose)
     fam = result["parameterization"]
-    b, epochs = result["batches_per_epoch"], result["epochs"]
-    n = fam.get("n", b * epochs)
+    n = fam.get("n") or result["batches_per_epoch"] * result["epochs"]
     sigma = result["noise_multiplier"]
     certified = sigma is not None and math.isfinite(sigma) and (result.get("certificate") or {}).get("verified")
     lines = _wrap(
-        f"Optimized {_family_words(fam)} for n = {n} rounds (b = {b} batches per epoch, E = {epochs} epochs) "
-        f"to minimize the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under balls-in-bins batching at "
+        f"Optimized {_family_words(fam)} for n = {n} rounds {_scheme_words(result)} at "
         f"(epsilon, delta) = ({result['target_epsilon']:g}, {result['target_delta']:g}), add/remove adjacency: "
         f"{result['num_steps']} Adam steps, each on a {_count(result['num_samples'])}-sample Monte Carlo "
         f"estimate of the noise multiplier.")
@@ -565,10 +721,15 @@ def _render_candidates(result: dict) -> list[str]:
     if not result.get("candidates"):
         return []
     lines = [""] + _wrap(f"Amplification: {result['amplification']}, the smaller certified rmse of the candidates "
-                         "(rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)):")
+                         "(rmse = sigma |A C^-1|_F / sqrt(n) at the same (epsilon, delta)); train on batches of "
+                         f"{result['training_sampler']}:")
     for r in result["candidates"]:
-        lines.append(f"  {r['amplification']:16s} sigma {r['noise_multiplier']:9.5g}  rmse {r['rmse']:9.5g}  "
+        rate = "" if r.get("participation_rate") is None else f"  rate {r['participation_rate']:.4g}"
+        lines.append(f"  {r['amplification']:16s} sigma {r['noise_multiplier']:9.5g}  rmse {r['rmse']:9.5g}{rate}  "
                      f"{'certified' if r['certified'] else 'NOT certified'} ({r['method']}; {_family_short(r['family'])})")
+    if len({r.get("participation_rate") for r in result["candidates"]}) > 1:
+        lines += _wrap("The candidates' participation rates (the chance that an example is in a given batch; the "
+                       "expected batch is the rate times N) differ: a smaller rate trains on smaller batches.", "  ")
     return lines
 
 
@@ -598,7 +759,9 @@ def register(subparsers) -> None:
                     "epoch, E epochs, n = b E rounds, add/remove adjacency), with sigma*(C) calibrated on a\n"
                     "Monte Carlo estimate at every step (Choquette-Choo, Ganesh, Haque, Steinke and Thakurta,\n"
                     "'Near exact privacy amplification for matrix mechanisms'), then release the noise\n"
-                    "multiplier certified by Estimate-Verify-Release on independent draws.  Comma lists in\n"
+                    "multiplier certified by Estimate-Verify-Release on independent draws.  --amplification\n"
+                    "b_min_sep (--min-sep, --sampling-prob, --steps) optimises a banded C under b-min-sep\n"
+                    "sampling (Dong and Ganesh) instead.  Comma lists in\n"
                     "--epsilon / --delta run one optimisation per combination.\n\n"
                     "Examples:\n"
                     "  dpjax optimize --example\n"
@@ -626,9 +789,11 @@ def _add_problem_arguments(p) -> None:
     p.add_argument("--bands", type=_args.integer(1, _args.MAX_STEPS), default=None,
                    help="bands of a banded Toeplitz C, an integer >= 1 (--family banded only)")
     p.add_argument("--batches-per-epoch", type=_args.integer(1, 2**20), default=None,
-                   help="b, batches per epoch (an integer >= 1; required unless --example)")
+                   help="b, batches per epoch (an integer >= 1; required unless --example or --amplification "
+                        "b_min_sep)")
     p.add_argument("--epochs", type=_args.integer(1, 2**20), default=None,
-                   help="E, epochs (an integer >= 1; required unless --example); n = b * E rounds")
+                   help="E, epochs (an integer >= 1; required unless --example or --amplification b_min_sep); "
+                        "n = b * E rounds")
     _args.add_target_epsilon(p, required=False, extra="; required unless --example")
     _args.add_target_delta(p, required=False, extra="; required unless --example")
     g = p.add_argument_group("the training sampler (dpjax.sampling.BallsInBinsSampler; both or neither)")
@@ -656,14 +821,22 @@ def _add_method_arguments(p) -> None:
     p.add_argument("--estimator", type=_args.choice("importance", "plain"), default="importance",
                    help="in-loop Monte Carlo estimate: importance (variance-reduced, default) or plain")
     p.add_argument("--certify-method", type=_args.choice("importance_betting", "bernoulli_kl"),
-                   default="importance_betting",
+                   default=None,
                    help="certificate of the result: importance_betting (variance-reduced draws and a betting "
-                        "test, default) or bernoulli_kl (plain draws, Hoeffding's bound)")
+                        "test; the default for balls-in-bins) or bernoulli_kl (plain draws, Hoeffding's bound; "
+                        "the only one for b_min_sep)")
     p.add_argument("--amplification", type=_args.choice(*Amplification),
                    default=Amplification.BALLS_IN_BINS.value,
                    help="balls_in_bins (default: optimise C, Monte Carlo certificate), cyclic_poisson (banded C "
-                        "under cyclic Poisson sampling, bands chosen and sigma certified by the PLD accountant) or "
-                        "auto (both; the smaller certified rmse, every candidate printed)")
+                        "under cyclic Poisson sampling, bands chosen and sigma certified by the PLD accountant), "
+                        "b_min_sep (optimise a banded C under b-min-sep sampling, --min-sep, --sampling-prob, "
+                        "--steps; Monte Carlo certificate) or auto (balls_in_bins and cyclic_poisson, and b_min_sep "
+                        "when --min-sep and --sampling-prob are given; the smaller certified rmse, every candidate "
+                        "printed)")
+    _args.add_b_min_sep_args(p.add_argument_group("b-min-sep sampling (Dong & Ganesh; --amplification b_min_sep "
+                                                  "or auto)"),
+                             min_sep_extra="; C gets at most b bands",
+                             steps_extra="; --amplification auto uses n = --batches-per-epoch * --epochs")
     p.add_argument("--no-certify", action="store_true",
                    help="skip the certificate: report the estimate only (noise_multiplier is null)")
     p.add_argument("--learning-rate", type=_args.real(0, lo_open=True), default=0.05,

@@ -8,9 +8,10 @@
   ``C`` (static config + unconstrained parameter pytree), :func:`make_parameterization`.
 * :func:`optimize_correlation` -- the loop (Newton in-loop calibration, one compiled step,
   checkpoints, resume, certification); :class:`OptimizationResult`.  Its records:
-  :class:`CorrelationProblem` (target, scheme ``dpjax.BallsInBins(b)``, epochs, objective,
-  training sampler), :class:`OptimizerSettings` (steps, optax optimizer, in-loop samples,
-  solver, key), :class:`Checkpoint` (path, every, resume), :class:`CertifySettings`.
+  :class:`CorrelationProblem` (target, scheme ``dpjax.BallsInBins(b)`` with epochs or
+  ``dpjax.BMinSepSampling(min_sep, sampling_prob, num_rounds)``, objective, training sampler),
+  :class:`OptimizerSettings` (steps, optax optimizer, in-loop samples, solver, key),
+  :class:`Checkpoint` (path, every, resume), :class:`CertifySettings`.
 * :func:`certify_result` -- the certify step of an optimised result;
   :func:`certify_noise` -- Estimate-Verify-Release certificate of a ``C``.
 * :mod:`~dpjax.optimization.objectives` -- :func:`prefix_sum_error`, :func:`max_error`,

@@ -1,4 +1,4 @@
-"""The optimisation loop: correlation matrices under balls-in-bins amplification, certified.
+"""The optimisation loop: correlation matrices under balls-in-bins (or b-min-sep) amplification, certified.
 
 Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy amplification for matrix
 mechanisms", §4 (Algorithm 2) and §5.  One step minimises ``log RMSE(C) = log(sigma*(C) *
@@ -28,6 +28,13 @@ the identical result.  A non-finite loss or parameter stops the run, keeps the
 last good parameters (and checkpoint) and says why.  The result is then certified
 by the certify step :func:`certify_result` (:func:`dpjax.optimization.certify.certify_noise`)
 with independent draws.
+
+Under b-min-sep sampling (``CorrelationProblem(sampling=dpjax.BMinSepSampling(...))``; Dong &
+Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling") the step is a separate
+one, :func:`_compiled_b_min_sep`: a banded ``C`` (at most ``min_sep`` bands), fresh draws from
+``fold_in(key, step)``, ``sigma*`` by :func:`dpjax.montecarlo.bminsep.calibrate_on_samples`
+with its implicit gradient through the bands; the same loop, checkpoints and resume; the
+certificate :meth:`dpjax.montecarlo.BMinSep.certify_noise` (docs/design.md §4.3).
 
 What is optimised, how, where it checkpoints and how it is certified are records
 (:mod:`dpjax.optimization.problem`: :class:`~dpjax.optimization.CorrelationProblem`,
@@ -75,7 +82,8 @@ from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen
 from dpjax.montecarlo import Certificate, as_prng_key, gram_matrix
 from dpjax.montecarlo.importance import default_proposal
 from dpjax.optimization.certify import CertifySettings, certify_noise, sampler_terms
-from dpjax.optimization.problem import Checkpoint, CorrelationProblem, Estimator, OptimizerSettings
+from dpjax.optimization.problem import (DEFAULT_NUM_SAMPLES, Checkpoint, CorrelationProblem, Estimator,
+                                        OptimizerSettings)
 from dpjax.optimization.parameterizations import (Parameterization, make_parameterization,
                                                   params_from_list, params_to_list)
 
@@ -134,6 +142,11 @@ class OptimizationResult(ResultMixin):
       truncation_delta: the delta truncating bins to ``B`` costs (0 without a sampler); the
         certificate is for ``target_delta - truncation_delta``, so training with
         ``noise_multiplier`` on that sampler is ``(target_epsilon, target_delta)``-DP.
+      sampling: the participation scheme the result is for: ``None`` for balls-in-bins (then
+        ``batches_per_epoch`` and ``epochs`` say which), or for b-min-sep
+        ``{"scheme": "b_min_sep", "min_sep": b, "sampling_prob": p, "num_rounds": n,
+        "warm_start": True}`` (then ``batches_per_epoch`` and ``epochs`` are ``None``; train
+        with :class:`dpjax.sampling.BMinSepSampler` ``(N, p, b, n, B)``).
 
     ``to_dict()`` / ``to_json(path)`` / ``OptimizationResult.load(path)``: see
     :mod:`dpjax._base.results`; the JSON also holds ``format`` (``"dpjax-optimize-result-1"``) and
@@ -164,10 +177,11 @@ class OptimizationResult(ResultMixin):
     dataset_size: int | None = None
     batch_size: int | None = None
     truncation_delta: float = 0.0
+    sampling: dict | None = None
 
     _nested = {"certificate": Certificate}
     # Lists of numbers and of dicts, read back as lists (the parameters' own format).
-    _plain = frozenset({"parameterization", "params", "first_column", "history", "timings"})
+    _plain = frozenset({"parameterization", "params", "first_column", "history", "timings", "sampling"})
     _format = RESULT_FORMAT
     _derived = ("gap_to_estimate",)
     _json_kwargs = {"indent": 1}
@@ -551,21 +565,31 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                          settings: OptimizerSettings = OptimizerSettings(), *,
                          certify: CertifySettings | bool = True, checkpoint: Checkpoint | None = None,
                          progress: bool | None = None) -> OptimizationResult:
-    """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, then certify.
+    """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins or b-min-sep
+    sampling, then certify.
 
     Args:
-      parameterization: from :func:`dpjax.optimization.make_parameterization` (``n = b * E``).
+      parameterization: from :func:`dpjax.optimization.make_parameterization` (``n = b * E``;
+        under b-min-sep ``n = num_rounds`` and a banded Toeplitz family with at most
+        ``min_sep`` bands).
       problem: :class:`~dpjax.optimization.CorrelationProblem`, what is optimised: the privacy
-        target, the scheme ``dpjax.BallsInBins(b)``, the epochs ``E``, the objective, and the
-        training sampler's ``dataset_size`` / ``batch_size`` when the certificate must pay for
-        its truncation.
+        target, the scheme ``dpjax.BallsInBins(b)`` with the epochs ``E`` or
+        ``dpjax.BMinSepSampling(min_sep, sampling_prob, num_rounds)``, the objective, and the
+        balls-in-bins training sampler's ``dataset_size`` / ``batch_size`` when the certificate
+        must pay for its truncation.  Under b-min-sep each step calibrates ``sigma`` with
+        :func:`dpjax.montecarlo.bminsep.calibrate_on_samples` on ``num_samples`` fresh plain
+        draws (default 2^13; ``estimator``, ``resample_every``, the screen and ``solver`` are
+        balls-in-bins settings and do not apply), and the result records the scheme in
+        ``sampling``.
       settings: :class:`~dpjax.optimization.OptimizerSettings`, how: steps, optax optimizer,
         in-loop samples and estimator, resampling, screening, solver, key, start (default:
         300 Adam steps on the importance estimate, 2^11 samples per step, key 0).
       certify: :class:`~dpjax.optimization.CertifySettings` of the certificate, ``True`` (the
-        default settings) or ``False`` (no certificate: ``noise_multiplier`` and ``rmse`` are
-        NaN).  The certificate is the certify step :func:`certify_result` on the optimised
-        result, its key by default ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
+        default settings; under b-min-sep ``CertifySettings(method="bernoulli_kl")``, the one
+        method :meth:`dpjax.montecarlo.BMinSep.certify_noise` has) or ``False`` (no
+        certificate: ``noise_multiplier`` and ``rmse`` are NaN).  The certificate is the
+        certify step :func:`certify_result` on the optimised result, its key by default
+        ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
         never uses; a ``"bernoulli_kl"`` sample count that cannot verify the target is refused
         before the first step.
       checkpoint: :class:`~dpjax.optimization.Checkpoint` (path, every, resume), or ``None``.
@@ -584,13 +608,24 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                                    OptimizerSettings(num_steps=100))
         res.noise_multiplier, res.rmse, res.certificate.failure_probability
 
+        # b-min-sep: a 2-band C for 64 rounds, each example sitting out 3 rounds after it trains.
+        problem = CorrelationProblem(sampling=dpjax.BMinSepSampling(min_sep=4, sampling_prob=0.25,
+                                     num_rounds=64), target_epsilon=2.0, target_delta=1e-3)
+        res = optimize_correlation(make_parameterization("banded", 64, bands=2), problem,
+                                   OptimizerSettings(num_steps=100, num_samples=1 << 12))
+        res.noise_multiplier, res.sampling, res.certificate.num_samples
+
     Raises:
       ValueError: bad input, naming the argument (a record of the wrong type,
-        ``parameterization.n != b * E``, bad ``init_params``, a ``"bernoulli_kl"``
-        ``num_samples`` that cannot verify the target (says the minimum), a checkpoint of
-        another configuration).  Nothing is written before the inputs are validated.
+        ``parameterization.n != b * E`` or ``!= num_rounds``, a BLT or a family with more than
+        ``min_sep`` bands under b-min-sep, ``method="importance_betting"`` under b-min-sep, bad
+        ``init_params``, a ``"bernoulli_kl"`` ``num_samples`` that cannot verify the target
+        (says the minimum), a checkpoint of another configuration).  Nothing is written before
+        the inputs are validated.
     """
     _check_records(parameterization, problem, settings, checkpoint)
+    if problem.is_b_min_sep:
+        return _optimize_b_min_sep(parameterization, problem, settings, certify, checkpoint, progress)
     certify = _certify_settings(certify)
     b, epochs = parameterization._check_pattern(problem.batches_per_epoch, problem.epochs)
     eps, delta = problem.target_epsilon, problem.target_delta
@@ -603,12 +638,7 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                 and (precompute or num_samples * b <= MAX_PRECOMPUTED))
     # The unscreened step draws fresh samples every step.
     resample_every = settings.resample_every if screened else 1
-    key = settings.key
-    seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
-    jkey = as_prng_key(key)
-    optimizer = default_optimizer() if settings.optimizer is None else settings.optimizer
-    params = parameterization.init() if settings.init_params is None else settings.init_params
-    params = params_from_list(params_to_list(parameterization.check_params(params)))
+    seed, jkey, optimizer, params = _run_start(parameterization, settings)
     key_data = np.asarray(jax.random.key_data(jkey)).tolist()
     config = _config(parameterization, b, epochs, eps, delta, num_samples, key_data, solver, objective,
                      resample_every, estimator)
@@ -632,15 +662,10 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
         sigma_est, err = float(aux_f[0]), float(err_f)
         first_column = np.asarray(parameterization.first_column(run.params)).tolist()
     sampler = problem.sampler
-    result = OptimizationResult(
-        parameterization=parameterization.to_dict(), batches_per_epoch=b, epochs=epochs,
-        target_epsilon=eps, target_delta=delta, params=params_to_list(run.params),
-        first_column=first_column, noise_multiplier=math.nan, noise_multiplier_estimate=sigma_est,
-        error=err, rmse=math.nan, rmse_estimate=sigma_est * err, certificate=None,
-        history=run.history, num_steps=num_steps, num_samples=num_samples, seed=seed, status=run.status,
-        stop_reason=run.stop_reason, estimator=estimator, dataset_size=sampler.dataset_size,
-        batch_size=sampler.batch_size, truncation_delta=sampler.truncation_delta,
-        timings={**run.timings, "certify": 0.0, "total": time.perf_counter() - t_start})
+    result = _uncertified_result(
+        parameterization, run, problem, (sigma_est, err, first_column), t_start, batches_per_epoch=b, epochs=epochs,
+        num_steps=num_steps, num_samples=num_samples, seed=seed, estimator=estimator,
+        dataset_size=sampler.dataset_size, batch_size=sampler.batch_size, truncation_delta=sampler.truncation_delta)
     if certify is None:
         return result
     ckey = jax.random.fold_in(jkey, _CERTIFY_FOLD) if certify.key is None else as_prng_key(certify.key)
@@ -651,7 +676,39 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
 _CERTIFY_FOLD = 2**31 - 1
 
 
-def certify_result(result: OptimizationResult, settings: CertifySettings = CertifySettings(), *,
+def _run_start(parameterization, settings: OptimizerSettings):
+    """``(seed, key, optimizer, params)`` of a run: the int seed (``-1`` for a JAX key), the JAX
+    key, the optax optimizer and the checked starting parameters."""
+    key = settings.key
+    seed = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else -1
+    optimizer = default_optimizer() if settings.optimizer is None else settings.optimizer
+    params = parameterization.init() if settings.init_params is None else settings.init_params
+    return seed, as_prng_key(key), optimizer, params_from_list(params_to_list(parameterization.check_params(params)))
+
+
+def _uncertified_result(parameterization, run: "_Run", problem: CorrelationProblem, estimate, t_start: float,
+                        **fields) -> OptimizationResult:
+    """The result of a finished run before its certificate: ``estimate = (sigma_est, err,
+    first_column)`` at the final parameters; ``fields``: the scheme's and the run's configuration."""
+    sigma_est, err, first_column = estimate
+    return OptimizationResult(
+        parameterization=parameterization.to_dict(), target_epsilon=problem.target_epsilon,
+        target_delta=problem.target_delta, params=params_to_list(run.params), first_column=first_column,
+        noise_multiplier=math.nan, noise_multiplier_estimate=sigma_est, error=err, rmse=math.nan,
+        rmse_estimate=sigma_est * err, certificate=None, history=run.history, status=run.status,
+        stop_reason=run.stop_reason, timings={**run.timings, "certify": 0.0, "total": time.perf_counter() - t_start},
+        **fields)
+
+
+def _with_certificate(result: OptimizationResult, certificate: Certificate, seconds: float) -> OptimizationResult:
+    """``result`` released at the certificate's noise multiplier (``seconds``: the certificate's time)."""
+    sigma = certificate.noise_multiplier
+    timings = {**result.timings, "certify": seconds, "total": result.timings.get("total", 0.0) + seconds}
+    return dataclasses.replace(result, noise_multiplier=sigma, rmse=sigma * result.error, certificate=certificate,
+                               timings=timings)
+
+
+def certify_result(result: OptimizationResult, settings: CertifySettings | None = None, *,
                    progress: bool | None = None) -> OptimizationResult:
     """The certify step: ``result`` with its noise multiplier certified by Estimate-Verify-Release.
 
@@ -667,7 +724,10 @@ def certify_result(result: OptimizationResult, settings: CertifySettings = Certi
         replaced).
       settings: :class:`~dpjax.optimization.CertifySettings`; its ``key`` by default is
         ``fold_in(key(result.seed), 2^31 - 1)``, the key ``optimize_correlation`` certifies
-        with (a result optimised from a JAX key stores no seed: give ``key`` then).
+        with (a result optimised from a JAX key stores no seed: give ``key`` then).  ``None``
+        (default): ``CertifySettings()`` for balls-in-bins, ``CertifySettings(method=
+        "bernoulli_kl")`` for a b-min-sep result (``result.sampling``; the only method there:
+        :meth:`dpjax.montecarlo.BMinSep.certify_noise`).
       progress: a note and an elapsed-time meter on stderr (``None``: auto).
 
     Returns:
@@ -684,10 +744,12 @@ def certify_result(result: OptimizationResult, settings: CertifySettings = Certi
     Raises:
       ValueError: ``result`` or ``settings`` of the wrong type; no ``key`` for a result without
         a seed; a ``"bernoulli_kl"`` sample count that cannot verify the target (says the
-        minimum).
+        minimum); ``method="importance_betting"`` for a b-min-sep result.
     """
     if not isinstance(result, OptimizationResult):
         raise ValueError(f"result must be an OptimizationResult (optimize_correlation's), got {type(result).__name__}")
+    if settings is None:
+        settings = CertifySettings() if result.sampling is None else CertifySettings(method="bernoulli_kl")
     if not isinstance(settings, CertifySettings):
         raise ValueError(f"settings must be a dpjax.optimization.CertifySettings(...), got {settings!r}")
     if settings.key is not None:
@@ -702,6 +764,8 @@ def certify_result(result: OptimizationResult, settings: CertifySettings = Certi
 
 def _certify(result: OptimizationResult, settings: CertifySettings, ckey, progress) -> OptimizationResult:
     """:func:`certify_result` with the certificate's key resolved."""
+    if result.sampling is not None:
+        return _certify_b_min_sep(result, settings, ckey, progress)
     b, epochs, eps = result.batches_per_epoch, result.epochs, result.target_epsilon
     certify_delta = sampler_terms(result.dataset_size, result.batch_size, b, eps, result.target_delta).certify_delta
     settings = dataclasses.replace(settings, num_samples=settings.samples_for(result.target_delta, certify_delta),
@@ -711,11 +775,7 @@ def _certify(result: OptimizationResult, settings: CertifySettings, ckey, progre
         corr = result.correlation()
     certificate = _certificate(corr, b, epochs, eps, certify_delta, settings, result.noise_multiplier_estimate,
                                progress)
-    seconds = time.perf_counter() - t_c
-    sigma = certificate.noise_multiplier
-    timings = {**result.timings, "certify": seconds, "total": result.timings.get("total", 0.0) + seconds}
-    return dataclasses.replace(result, noise_multiplier=sigma, rmse=sigma * result.error, certificate=certificate,
-                               timings=timings)
+    return _with_certificate(result, certificate, time.perf_counter() - t_c)
 
 
 @dataclasses.dataclass
@@ -851,3 +911,174 @@ def _certificate(corr, b, epochs, eps, delta, settings: CertifySettings, sigma_e
                            noise_multiplier_estimate=sigma_est, delta_estimate=nan, standard_error=nan,
                            delta_remove=nan, delta_add=nan, tests_run=0, growth=nan, range_remove=nan,
                            range_add=nan, reason=f"not certified: {exc}")
+
+
+# --------------------------------------------------------------------------- b-min-sep
+
+
+#: The scheme record of a b-min-sep result (:attr:`OptimizationResult.sampling`).
+B_MIN_SEP = "b_min_sep"
+
+
+def _b_min_sep_bands(parameterization, scheme) -> int:
+    """The band count of ``C`` for the b-min-sep path, or a ``ValueError`` naming the argument:
+    the accountant's likelihood ratio factorises only for ``C`` with at most ``min_sep`` bands
+    (:mod:`dpjax.montecarlo.bminsep`), and the family must be non-negative Toeplitz."""
+    from dpjax.optimization.parameterizations import (BandedToeplitzParameterization, BLTParameterization,
+                                                      ToeplitzParameterization)
+
+    b = scheme.min_sep
+    hint = f"use make_parameterization('banded', n, bands=k) with 1 <= k <= min_sep = {b}"
+    if isinstance(parameterization, BLTParameterization):
+        raise ValueError(f"parameterization: a BLT correlation matrix is not banded (every entry below the diagonal "
+                         f"is non-zero), and b-min-sep accounting needs C with at most min_sep = {b} bands; {hint}")
+    if isinstance(parameterization, BandedToeplitzParameterization):
+        k = parameterization.bands
+    elif isinstance(parameterization, ToeplitzParameterization):
+        k = parameterization.n
+    else:
+        raise ValueError(f"parameterization must be a banded Toeplitz family for b-min-sep sampling, got "
+                         f"{parameterization!r}; {hint}")
+    if k > b:
+        raise ValueError(f"parameterization has {k} bands but min_sep = {b}: b-min-sep accounting needs C with at "
+                         f"most min_sep bands (two participations' columns of C must not overlap); {hint}")
+    if parameterization.n != scheme.num_rounds:
+        raise ValueError(f"n must equal BMinSepSampling's num_rounds = {scheme.num_rounds}, got "
+                         f"n={parameterization.n}")
+    return k
+
+
+def _band_table_of(parameterization, params, num_bands: int):
+    """The ``(n, k)`` band table of ``C(params)`` (``bands[j, t] = c_t`` while ``j + t < n``;
+    :func:`dpjax.montecarlo.bminsep.band_table`), differentiable in ``params``."""
+    n = parameterization.n
+    column = parameterization.first_column(params)[:num_bands]
+    inside = (np.arange(n)[:, None] + np.arange(num_bands)[None, :]) < n
+    return jnp.where(inside, column[None, :], 0.0)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_b_min_sep(parameterization, scheme, num_samples: int, optimizer, objective: Callable):
+    """``(step, evaluate, draw, no_screen)`` of the b-min-sep path, in the shape :func:`_run_steps`
+    and :func:`_start` take (no screen: ``draw`` returns the run's key and ``no_screen`` ``None``);
+    cached on the static configuration like :func:`_compiled`."""
+    from dpjax.montecarlo import bminsep
+
+    n, k = parameterization.n, _b_min_sep_bands(parameterization, scheme)
+    passes = jnp.asarray(bminsep.DEFAULT_NUM_ITERATIONS, jnp.int32)
+    no = jnp.zeros((), bool)
+
+    def loss_fn(params, eps, delta, key):
+        corr = parameterization.correlation(params)
+        sol = bminsep.calibrate_on_samples(_band_table_of(parameterization, params, k), eps, delta,
+                                           scheme.sampling_prob, key, min_sep=scheme.min_sep,
+                                           num_samples=num_samples)
+        err = objective(corr, n)
+        rmse = sol.root * err
+        return jnp.log(rmse), (sol.root, rmse, sol.status, err)
+
+    def _bminsep_step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
+        # Fresh draws every step, from fold_in(key, step); sigma0 is unused (the bisection
+        # brackets from the sensitivity) and there is no screen.
+        (loss, (root, rmse, status, _)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, eps, delta, jax.random.fold_in(sample, step_index))
+        updates, new_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+        return new_params, new_state, loss, (root, rmse, passes, status, no, no, screen_state), finite
+
+    def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
+        loss, (root, rmse, status, err) = loss_fn(params, eps, delta, jax.random.fold_in(sample, step_index))
+        return loss, (root, rmse, passes, status, no, no, screen_state), err
+
+    return jax.jit(_bminsep_step), jax.jit(evaluate), (lambda key, index: key), (lambda: None)
+
+
+def _b_min_sep_record(scheme) -> dict:
+    return {"scheme": B_MIN_SEP, "min_sep": scheme.min_sep, "sampling_prob": scheme.sampling_prob,
+            "num_rounds": scheme.num_rounds, "warm_start": True}
+
+
+def _b_min_sep_certify_settings(certify) -> CertifySettings | None:
+    """``certify=`` under b-min-sep: ``True`` is the Bernoulli-KL certificate (the only one the
+    b-min-sep accountant has); ``"importance_betting"`` is refused before the first step."""
+    if certify is True:
+        return CertifySettings(method="bernoulli_kl")
+    settings = _certify_settings(certify)
+    if settings is not None and settings.method != "bernoulli_kl":
+        raise ValueError(f"method must be 'bernoulli_kl' for b-min-sep sampling, CertifySettings(method="
+                         f"'bernoulli_kl', ...) (the 'importance_betting' certificate needs the balls-in-bins "
+                         f"importance sampler), got {str(settings.method)!r}")
+    return settings
+
+
+def _optimize_b_min_sep(parameterization, problem: CorrelationProblem, settings: OptimizerSettings, certify,
+                        checkpoint: Checkpoint | None, progress) -> OptimizationResult:
+    """:func:`optimize_correlation` under :class:`dpjax.BMinSepSampling` (records checked).
+
+    Each step calibrates ``sigma*`` on ``num_samples`` fresh draws from ``fold_in(key, step)``
+    with :func:`dpjax.montecarlo.bminsep.calibrate_on_samples` (bisection in ``log sigma``, the
+    plain estimate: there is no importance sampler or screen for b-min-sep) and takes an optax
+    step on ``log(sigma* err)``, the gradient through the bands by the implicit function
+    theorem.  The loop, checkpoints and resume are :func:`_run_steps`'s; the certificate is
+    :meth:`dpjax.montecarlo.BMinSep.certify_noise` (Bernoulli-KL) on independent draws.
+    """
+    scheme = problem.sampling
+    _b_min_sep_bands(parameterization, scheme)
+    certify = _b_min_sep_certify_settings(certify)
+    eps, delta = problem.target_epsilon, problem.target_delta
+    if certify is not None:
+        certify.samples_for(delta)  # refused now, not after the steps
+    num_samples = DEFAULT_NUM_SAMPLES[Estimator.PLAIN] if settings.num_samples is None else settings.num_samples
+    num_steps, objective = settings.num_steps, problem.objective
+    seed, jkey, optimizer, params = _run_start(parameterization, settings)
+    config = {"parameterization": parameterization.to_dict(), "sampling": _b_min_sep_record(scheme),
+              "target_epsilon": eps, "target_delta": delta, "num_samples": num_samples,
+              "key": np.asarray(jax.random.key_data(jkey)).tolist(),
+              "objective": getattr(objective, "__name__", repr(objective)), "estimator": Estimator.PLAIN.value}
+    t_start = time.perf_counter()
+    with jax.enable_x64(True):
+        fns = _compiled_b_min_sep(parameterization, scheme, num_samples, optimizer, objective)
+        run = _start(params, optimizer.init(params), fns,
+                     checkpoint.path if checkpoint is not None and checkpoint.resume else None, config, num_steps)
+        _run_steps(run, fns, jkey, eps, delta, num_steps, None, checkpoint, config, progress)
+        done = run.history[-1]["step"] + 1 if run.history else run.start
+        if checkpoint is not None:
+            _save(checkpoint.path, config, done, run)
+        # The estimate at the final parameters (fresh draws of index `done`).
+        _, aux_f, err_f = fns[1](run.params, eps, delta, jkey, done, run.sigma, None)
+        sigma_est, err = float(aux_f[0]), float(err_f)
+        first_column = np.asarray(parameterization.first_column(run.params)).tolist()
+    result = _uncertified_result(
+        parameterization, run, problem, (sigma_est, err, first_column), t_start, batches_per_epoch=None,
+        epochs=None, num_steps=num_steps, num_samples=num_samples, seed=seed, estimator=Estimator.PLAIN,
+        sampling=_b_min_sep_record(scheme))
+    if certify is None:
+        return result
+    ckey = jax.random.fold_in(jkey, _CERTIFY_FOLD) if certify.key is None else as_prng_key(certify.key)
+    return _certify(result, certify, ckey, progress)
+
+
+def _certify_b_min_sep(result: OptimizationResult, settings: CertifySettings, ckey, progress) -> OptimizationResult:
+    """:func:`_certify` of a b-min-sep result: :meth:`dpjax.montecarlo.BMinSep.certify_noise`
+    (Bernoulli-KL ladder) of the result's ``C`` at its target, on draws from ``ckey``."""
+    from dpjax.montecarlo import BMinSep
+
+    record = result.sampling
+    if record.get("scheme") != B_MIN_SEP:
+        raise ValueError(f"result.sampling must be a b-min-sep record (scheme {B_MIN_SEP!r}), got {record!r}")
+    _b_min_sep_certify_settings(settings)
+    eps, delta = result.target_epsilon, result.target_delta
+    num_samples = settings.samples_for(delta)
+    acc = BMinSep(np.asarray(result.first_column, np.float64), record["sampling_prob"], record["min_sep"],
+                  record["num_rounds"], warm_start=bool(record.get("warm_start", True)))
+    sigma_est = result.noise_multiplier_estimate
+    _note("certify: the noise multiplier of the optimized C under b-min-sep sampling by Estimate-Verify-Release "
+          "(bernoulli_kl) on fresh Monte Carlo samples", enabled=progress)
+    t_c = time.perf_counter()
+    with _elapsed_meter("certify", enabled=progress):
+        certificate = acc.certify_noise(eps, delta, ckey, num_samples=num_samples, method="bernoulli_kl",
+                                        initial_noise=sigma_est if math.isfinite(sigma_est) else None,
+                                        rungs=settings.max_attempts, growth=settings.growth,
+                                        calibration_samples=settings.calibration_samples)
+    return _with_certificate(result, certificate, time.perf_counter() - t_c)

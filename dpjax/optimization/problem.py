@@ -4,8 +4,9 @@
 and three records, each checked when it is made:
 
 * :class:`CorrelationProblem` -- what is optimised: the privacy target ``(epsilon, delta)``,
-  the participation scheme (:class:`dpjax.BallsInBins` ``(batches_per_epoch)``), the epochs,
-  the noise-free objective and, optionally, the training sampler's ``dataset_size`` and
+  the participation scheme (:class:`dpjax.BallsInBins` ``(batches_per_epoch)`` with the epochs,
+  or :class:`dpjax.BMinSepSampling` ``(min_sep, sampling_prob, num_rounds)``), the noise-free
+  objective and, for balls-in-bins, optionally the training sampler's ``dataset_size`` and
   ``batch_size`` (whose truncation the certificate pays for).
 * :class:`OptimizerSettings` -- how: optimizer steps, the optax optimizer, the in-loop Monte
   Carlo estimate (samples, estimator, resampling, screening), the solver, the key, the start.
@@ -40,6 +41,7 @@ from dpjax.montecarlo.calibrate import Bisection, NewtonIllinois
 from dpjax.optimization.certify import SamplerTerms, _check_key, sampler_terms
 from dpjax.optimization.objectives import prefix_sum_error
 from dpjax.pld.scenario import BallsInBins as BallsInBinsScheme
+from dpjax.pld.scenario import BMinSepSampling
 
 __all__ = ["CorrelationProblem", "OptimizerSettings", "Checkpoint", "Estimator", "ESTIMATORS",
            "DEFAULT_NUM_SAMPLES", "DEFAULT_SOLVER"]
@@ -70,12 +72,17 @@ class CorrelationProblem:
     """What :func:`~dpjax.optimization.optimize_correlation` optimises, and for which release.
 
     Attributes:
-      sampling: the participation scheme; :class:`dpjax.BallsInBins` ``(batches_per_epoch)``
+      sampling: the participation scheme: :class:`dpjax.BallsInBins` ``(batches_per_epoch)``
         (each example falls into one of ``b`` bins per epoch; the scheme the Monte Carlo
-        accounting of Choquette-Choo et al. 2024 amplifies).
-      epochs: ``E``, an integer ``>= 1``; the matrix has ``n = b * E`` rounds.
-      target_epsilon: ``> 0``.
-      target_delta: in ``(0, 1)``.
+        accounting of Choquette-Choo et al. 2024 amplifies) or :class:`dpjax.BMinSepSampling`
+        ``(min_sep, sampling_prob, num_rounds)`` (an eligible example participates with
+        probability ``p`` and then sits out ``min_sep - 1`` rounds; Dong & Ganesh, "Privacy
+        Amplification for BandMF via b-Min-Sep Subsampling").  Under b-min-sep the
+        parameterization must be banded with at most ``min_sep`` bands.
+      epochs: ``E``, an integer ``>= 1``, for balls-in-bins (the matrix has ``n = b * E``
+        rounds); left out (``None``) for b-min-sep, whose record fixes ``n = num_rounds``.
+      target_epsilon: ``> 0`` (required).
+      target_delta: in ``(0, 1)`` (required).
       objective: ``(correlation, n) -> err``, the noise-free error (default
         :func:`~dpjax.optimization.prefix_sum_error`, ``|A C^-1|_F / sqrt(n)``); the loss is
         ``log(sigma*(C) err(C))``.
@@ -84,33 +91,51 @@ class CorrelationProblem:
         integers ``>= 1``).  The certificate is then for ``target_delta`` less the delta of
         truncating overflowing bins (:attr:`sampler`), so the released sigma holds for that
         sampler; the optimisation itself runs at ``target_delta``.  Without them the
-        certificate holds for untruncated bins.
+        certificate holds for untruncated bins.  Balls-in-bins only: under b-min-sep the
+        certificate holds for untruncated batches (add
+        :meth:`dpjax.sampling.BMinSepSampler.truncation_delta` of a fixed batch shape yourself).
 
     Example::
 
         CorrelationProblem(sampling=dpjax.BallsInBins(128), epochs=16, target_epsilon=2.0,
                            target_delta=1e-5, dataset_size=60_000, batch_size=540)
+        CorrelationProblem(sampling=dpjax.BMinSepSampling(min_sep=4, sampling_prob=0.25,
+                           num_rounds=64), target_epsilon=2.0, target_delta=1e-5)
 
     Raises:
-      ValueError: naming the field: ``sampling`` not a :class:`dpjax.BallsInBins`, ``epochs``
-        not an integer ``>= 1``, a target out of range, ``objective`` not callable, only one
-        of ``dataset_size`` / ``batch_size``, or a ``batch_size`` that truncates too often (says
-        the smallest that fits).
+      ValueError: naming the field: ``sampling`` not one of the two schemes, ``epochs`` not an
+        integer ``>= 1`` (balls-in-bins) or given for b-min-sep, a target missing or out of
+        range, ``objective`` not callable, only one of ``dataset_size`` / ``batch_size`` (or
+        either under b-min-sep), or a ``batch_size`` that truncates too often (says the
+        smallest that fits).
     """
 
-    sampling: BallsInBinsScheme
-    epochs: int
-    target_epsilon: float
-    target_delta: float
+    sampling: BallsInBinsScheme | BMinSepSampling
+    epochs: int | None = None
+    target_epsilon: float | None = None
+    target_delta: float | None = None
     objective: Callable = prefix_sum_error
     dataset_size: int | None = None
     batch_size: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.sampling, BallsInBinsScheme):
-            raise ValueError("sampling must be dpjax.BallsInBins(batches_per_epoch) (the scheme whose amplification "
-                             f"the optimisation accounts), got {self.sampling!r}")
-        object.__setattr__(self, "epochs", _validate.positive_int("epochs", self.epochs))
+        if not isinstance(self.sampling, (BallsInBinsScheme, BMinSepSampling)):
+            raise ValueError("sampling must be dpjax.BallsInBins(batches_per_epoch) or dpjax.BMinSepSampling(min_sep, "
+                             "sampling_prob, num_rounds) (the schemes whose amplification the optimisation "
+                             f"accounts), got {self.sampling!r}")
+        if self.is_b_min_sep:
+            if self.epochs is not None:
+                raise ValueError(f"epochs does not apply to b-min-sep sampling (its rounds are BMinSepSampling's "
+                                 f"num_rounds = {self.sampling.num_rounds}): leave it out, got {self.epochs!r}")
+            if self.dataset_size is not None or self.batch_size is not None:
+                raise ValueError("dataset_size and batch_size describe the balls-in-bins training sampler and do "
+                                 "not apply to b-min-sep sampling (its certificate holds for untruncated batches; "
+                                 "add dpjax.sampling.BMinSepSampler.truncation_delta yourself): leave them out")
+        else:
+            object.__setattr__(self, "epochs", _validate.positive_int("epochs", self.epochs))
+        for name in ("target_epsilon", "target_delta"):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name} must be given ({'> 0' if name == 'target_epsilon' else 'in (0, 1)'})")
         target = _validate.PrivacyTarget(self.target_epsilon, self.target_delta)
         object.__setattr__(self, "target_epsilon", float(target.epsilon))
         object.__setattr__(self, "target_delta", float(target.delta))
@@ -121,19 +146,27 @@ class CorrelationProblem:
         object.__setattr__(self, "batch_size", terms.batch_size)
 
     @property
-    def batches_per_epoch(self) -> int:
-        """``b``, the scheme's batches (bins) per epoch."""
-        return self.sampling.batches_per_epoch
+    def is_b_min_sep(self) -> bool:
+        """Whether the scheme is :class:`dpjax.BMinSepSampling`."""
+        return isinstance(self.sampling, BMinSepSampling)
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """``b``, the scheme's batches (bins) per epoch (``None`` under b-min-sep)."""
+        return None if self.is_b_min_sep else self.sampling.batches_per_epoch
 
     @property
     def n(self) -> int:
-        """Rounds of the matrix mechanism, ``b * E``."""
-        return self.batches_per_epoch * self.epochs
+        """Rounds of the matrix mechanism: ``b * E`` (balls-in-bins) or ``num_rounds`` (b-min-sep)."""
+        return self.sampling.num_rounds if self.is_b_min_sep else self.batches_per_epoch * self.epochs
 
     @property
     def sampler(self) -> SamplerTerms:
         """The training sampler's part of the budget (:func:`~dpjax.optimization.certify.sampler_terms`):
-        ``truncation_delta`` and the ``certify_delta`` a certificate must meet."""
+        ``truncation_delta`` and the ``certify_delta`` a certificate must meet (under b-min-sep
+        no sampler is given: nothing is subtracted)."""
+        if self.is_b_min_sep:
+            return SamplerTerms(None, None, 0.0, self.target_delta)
         return sampler_terms(self.dataset_size, self.batch_size, self.batches_per_epoch, self.target_epsilon,
                              self.target_delta)
 

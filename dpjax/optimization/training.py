@@ -6,7 +6,8 @@ certified:
 
 * the batches: :class:`dpjax.sampling.BallsInBinsSampler` with the result's ``b`` and ``E`` and
   the training set's size ``N`` and fixed batch shape ``B`` (the ones the result was certified
-  for, when it records them);
+  for, when it records them), or for a b-min-sep result (``result.sampling``)
+  :class:`dpjax.sampling.BMinSepSampler` ``(N, p, min_sep, n, B)``;
 * the noise: the streaming generator of ``C^{-1} z`` for the result's ``C``
   (:func:`dpjax.noise.streaming_noise`);
 * the update: :func:`dpjax.noise.correlated_noise_aggregate`, an optax transformation that clips
@@ -44,7 +45,9 @@ class TrainingSetup:
     """What :func:`training_setup` returns: the training-side objects of one certified result.
 
     Attributes:
-      sampler: the :class:`dpjax.sampling.BallsInBinsSampler` ``(N, b, E, B, seed)``.
+      sampler: the :class:`dpjax.sampling.BallsInBinsSampler` ``(N, b, E, B, seed)``, or the
+        :class:`dpjax.sampling.BMinSepSampler` ``(N, p, min_sep, n, B, seed)`` of a b-min-sep
+        result.
       noise: the :class:`dpjax.noise.StreamingNoise` of ``C^{-1} z``.
       transform: :func:`dpjax.noise.correlated_noise_aggregate` at the certified sigma
         (``optax.GradientTransformationExtraArgs``; ``update(per_example_grads, state, params,
@@ -130,7 +133,7 @@ def training_setup(result, *, dataset_size: int | None = None, batch_size: int |
     import jax
 
     from dpjax.noise import correlated_noise_aggregate, streaming_noise
-    from dpjax.sampling import BallsInBinsSampler
+    from dpjax.sampling import BallsInBinsSampler, BMinSepSampler
 
     res = _load(result)
     cert = res.certificate
@@ -144,7 +147,9 @@ def training_setup(result, *, dataset_size: int | None = None, batch_size: int |
     clip = float(_validate.positive("clip_norm", clip_norm))
     seed = _validate.prng_seed("seed", seed, key_allowed=False)
     n, bs = _sizes(res, dataset_size, batch_size)
-    sampler = BallsInBinsSampler(n, res.batches_per_epoch, res.epochs, bs, seed=seed)
+    s = res.sampling
+    sampler = (BallsInBinsSampler(n, res.batches_per_epoch, res.epochs, bs, seed=seed) if s is None else
+               BMinSepSampler(n, s["sampling_prob"], s["min_sep"], s["num_rounds"], bs, seed=seed))
     trunc = sampler.truncation_delta(cert.epsilon)
     correlation = res.correlation()
     noise = streaming_noise(correlation)

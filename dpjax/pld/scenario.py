@@ -39,8 +39,9 @@ from dpjax._base import validate as _validate
 from dpjax._base.names import epochs_to_steps, resolve_sample_rate
 from dpjax._base.results import ResultMixin
 
-__all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "SamplingScheme", "TrainingScenario",
-           "accepts_scenario", "STATED_KEYWORDS", "SchemeKeywords", "scheme_keywords", "scheme_from_keywords"]
+__all__ = ["Poisson", "FixedBatch", "RandomAllocation", "BallsInBins", "BMinSepSampling", "SamplingScheme",
+           "TrainingScenario", "accepts_scenario", "STATED_KEYWORDS", "SchemeKeywords", "scheme_keywords",
+           "scheme_from_keywords"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +129,51 @@ class BallsInBins:
 
     def keywords(self) -> dict:
         return dict(sampling="balls_in_bins", batches_per_epoch=self.batches_per_epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class BMinSepSampling:
+    """b-min-sep sampling (Dong & Ganesh, "Privacy Amplification for BandMF via b-Min-Sep
+    Subsampling"): in each of ``num_rounds`` rounds an example that sat out the previous
+    ``min_sep - 1`` rounds participates with probability ``sampling_prob``, from the chain's
+    stationary start (jax_privacy's ``BMinSepSampling(sampling_prob, iterations, min_sep,
+    warm_start=True)``; the training schedule :class:`dpjax.sampling.BMinSepSampler`).
+
+    A scheme of the Monte Carlo accounting of banded matrix mechanisms
+    (:class:`dpjax.montecarlo.BMinSep`) and of the correlation-matrix optimisation
+    (:class:`dpjax.optimization.CorrelationProblem`); the PLD accountant and
+    :class:`TrainingScenario` do not take it.  It has no epochs: the scheme fixes ``n``, the
+    number of rounds, itself (``num_rounds``, jax_privacy's ``iterations``).
+
+    Attributes:
+      min_sep: ``b``, an integer ``>= 1`` (``1`` is Poisson sampling).
+      sampling_prob: ``p`` in ``(0, 1]``, the probability that an eligible example participates;
+        the stationary participation rate is ``p / (1 + (b - 1) p)``.  ``p = 1`` is balls-in-bins
+        with ``b`` batches per epoch.
+      num_rounds: ``n``, an integer ``>= 1``.
+
+    Example::
+
+        dpjax.BMinSepSampling(min_sep=4, sampling_prob=0.25, num_rounds=64)
+
+    Raises:
+      ValueError: naming the field and its range.
+    """
+
+    min_sep: int
+    sampling_prob: float
+    num_rounds: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "min_sep", _validate.positive_int("min_sep", self.min_sep))
+        object.__setattr__(self, "sampling_prob",
+                           float(_validate.probability_open_closed("sampling_prob", self.sampling_prob)))
+        object.__setattr__(self, "num_rounds", _validate.positive_int("num_rounds", self.num_rounds))
+
+    @property
+    def participation_rate(self) -> float:
+        """``p / (1 + (b - 1) p)``: the probability that a given example is in a given round."""
+        return self.sampling_prob / (1.0 + (self.min_sep - 1) * self.sampling_prob)
 
 
 SamplingScheme = Union[Poisson, FixedBatch, RandomAllocation, BallsInBins]
