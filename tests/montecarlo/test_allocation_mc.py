@@ -31,7 +31,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 import dpjax
-from dpjax.montecarlo import BallsInBins, Certificate, DeltaEstimate, RandomAllocation, estimate_from_sums
+from dpjax.montecarlo import BallsInBins, BMinSep, Certificate, DeltaEstimate, RandomAllocation, estimate_from_sums
 from dpjax.montecarlo import allocation as al
 from dpjax.pld.allocation.accountant import allocation_accounting
 
@@ -371,27 +371,39 @@ def test_constructor_validation(kwargs, match):
         RandomAllocation(**args)
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda a: a.estimate(0.0, 1.0, 100, 0), "noise_multiplier must be > 0"),
-    (lambda a: a.estimate(-1.0, 1.0, 100, 0), "noise_multiplier must be > 0"),
-    (lambda a: a.estimate(float("nan"), 1.0, 100, 0), "noise_multiplier must not be NaN"),
-    (lambda a: a.estimate(1.0, float("nan"), 100, 0), "epsilon must not be NaN"),
-    (lambda a: a.estimate(1.0, -1.0, 100, 0), "epsilon must be finite and >= 0"),
-    (lambda a: a.estimate(1.0, 1.0, 0, 0), "num_samples must be an integer >= 1"),
-    (lambda a: a.estimate(1.0, 1.0, 100, 0, devices=jax.devices()), "devices"),
-    (lambda a: a.calibrate(1.0, 0.0, 4096), "delta"),
-    (lambda a: a.calibrate(1.0, 1.0, 4096), "delta"),
-    (lambda a: a.calibrate(1.0, float("nan"), 4096), "delta"),
-    (lambda a: a.certify(1.0, 1.0, 1.5, 1 << 13, 1), "delta"),
-    (lambda a: a.certify(0.0, 1.0, 0.05, 1 << 13, 1), "noise_multiplier"),
-    (lambda a: a.certify(1.0, 1.0, 0.05, 1 << 13, 1, method="importance_betting"), "method"),
-    (lambda a: a.certify_noise(1.0, 0.05, 0, method="importance_betting"), "method"),
-    (lambda a: a.privacy_losses(0.0, 100, 0), "noise_multiplier must be > 0"),
-])
-def test_method_validation(call, match):
-    acc = RandomAllocation(np.array([1.0, 0.5]), 8, 2)
+# (method, positional arguments, keyword arguments, message): the host methods are shared by the
+# chain accountants (dpjax.montecarlo._chain.ChainAccountant), so each case runs on both.
+METHOD_CASES = [
+    ("estimate", (0.0, 1.0, 100, 0), {}, "noise_multiplier must be > 0"),
+    ("estimate", (-1.0, 1.0, 100, 0), {}, "noise_multiplier must be > 0"),
+    ("estimate", (float("nan"), 1.0, 100, 0), {}, "noise_multiplier must not be NaN"),
+    ("estimate", (1.0, float("nan"), 100, 0), {}, "epsilon must not be NaN"),
+    ("estimate", (1.0, -1.0, 100, 0), {}, "epsilon must be finite and >= 0"),
+    ("estimate", (1.0, 1.0, 0, 0), {}, "num_samples must be an integer >= 1"),
+    ("estimate", (1.0, 1.0, 100, 0), {"confidence": 1.0}, r"confidence must be in \(0, 1\)"),
+    ("calibrate", (1.0, 0.0, 4096), {}, "delta"),
+    ("calibrate", (1.0, 1.0, 4096), {}, "delta"),
+    ("calibrate", (1.0, float("nan"), 4096), {}, "delta"),
+    ("certify", (1.0, 1.0, 1.5, 1 << 13, 1), {}, "delta"),
+    ("certify", (0.0, 1.0, 0.05, 1 << 13, 1), {}, "noise_multiplier"),
+    ("certify", (1.0, 1.0, 0.05, 1 << 13, 1), {"method": "importance_betting"}, "method"),
+    ("certify_noise", (1.0, 0.05, 0), {"method": "importance_betting"}, "method"),
+    ("privacy_losses", (0.0, 100, 0), {}, "noise_multiplier must be > 0"),
+]
+
+
+@pytest.mark.parametrize("accountant", [RandomAllocation(np.array([1.0, 0.5]), 8, 2),
+                                        BMinSep(np.array([1.0, 0.5]), 0.25, 2, 16)], ids=repr)
+@pytest.mark.parametrize("method, args, kwargs, match", METHOD_CASES)
+def test_method_validation(accountant, method, args, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        call(acc)
+        getattr(accountant, method)(*args, **kwargs)
+
+
+def test_devices_are_refused_by_name():
+    acc = RandomAllocation(np.array([1.0, 0.5]), 8, 2)
+    with pytest.raises(ValueError, match="devices must be None for RandomAllocation"):
+        acc.estimate(1.0, 1.0, 100, 0, devices=jax.devices())
 
 
 def test_pure_function_validation():
