@@ -220,7 +220,7 @@ def test_calibrate_round_trip_and_exact_value():
     """The calibrated sigma solves the estimate on its own draws (delta_hat <= target, within 1e-9
     relative of it), and at C = I, k = 1 the exact (PLD) delta at that sigma is the target within
     3 standard errors (plus 1% for the PLD bracket)."""
-    eps, target, m = 1.0, 0.05, 1 << 14
+    eps, target, m = 1.0, 0.05, 1 << 13
     acc = RandomAllocation(np.array([1.0]), N_T, N_E)
     sigma = acc.calibrate(eps, target, m, key=41)
     assert isinstance(sigma, float)
@@ -228,9 +228,7 @@ def test_calibrate_round_trip_and_exact_value():
     assert target * (1 - 1e-9) <= est.delta[0] <= target
     exact = float(allocation_accounting(sigma, N_T, N_E, target_epsilon=eps).delta_upper)
     assert abs(exact - target) <= Z_MAX * est.standard_error[0] + 0.01 * target, (sigma, exact)
-    # More delta or epsilon needs less noise; more bands (more sensitivity) need more.
-    assert acc.calibrate(eps, 2 * target, m, key=41) < sigma
-    assert RandomAllocation(np.array([1.0, 0.5]), N_T, N_E).calibrate(eps, target, m, key=41) > sigma
+    assert acc.calibrate(eps, 2 * target, m, key=41) < sigma  # more delta needs less noise (same draws)
 
 
 def _root(col, eps, delta):
@@ -242,10 +240,11 @@ def _root(col, eps, delta):
 _VALUE_AND_GRAD = jax.jit(jax.value_and_grad(_root, argnums=(0, 1, 2)))
 
 
+@pytest.mark.slow
 def test_implicit_gradient_matches_finite_differences():
     """The implicit adjoint against central differences of the calibration on the same draws
     (float64, step 1e-5, relative 1e-6; see tests/montecarlo/test_bminsep_calibrate.py for the
-    tolerance's reasoning); the jitted core says it needs x64 when traced from float32 code."""
+    tolerance's reasoning).  Larger coefficients need more noise; a larger target less."""
     col, eps, delta = np.array([1.0, 0.6]), 1.5, 0.05
     with jax.enable_x64(True):
         _, grads = _VALUE_AND_GRAD(col, eps, delta)
@@ -260,6 +259,10 @@ def test_implicit_gradient_matches_finite_differences():
     np.testing.assert_allclose(np.asarray(grads[0]), fd_col, rtol=1e-6)
     np.testing.assert_allclose(float(grads[1]), fd_eps, rtol=1e-6)
     assert np.all(np.asarray(grads[0]) > 0) and float(grads[1]) < 0 and float(grads[2]) < 0
+
+
+def test_calibration_core_under_float32_jit_names_x64():
+    """Traced inside a float32 jit the core cannot run in float64, and says so."""
     with pytest.raises(ValueError, match="x64"):
         jax.jit(functools.partial(al.calibrate_on_samples, batches_per_epoch=N_T, num_samples=M))(
             jnp.ones((N_T * N_E, 1), jnp.float32), 1.5, 0.05, jax.random.key(3))
