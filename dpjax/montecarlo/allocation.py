@@ -174,12 +174,6 @@ def _state_penalties(bands, sigma):
     return -(_pair_terms(bands) @ bits.T) * (1.0 / (sigma * sigma))
 
 
-def _logaddexp(a, b):
-    # log(e^a + e^b) without jnp.logaddexp's passes for infinities and NaN (every log-mass here is
-    # finite: zero mass is _LOG_ZERO); the forward algorithm spends most of its time here.
-    return jnp.maximum(a, b) + jnp.log1p(jnp.exp(-jnp.abs(a - b)))
-
-
 def _forward(log_f, penalties, t: int, k: int):
     """``log P/Q`` from log emission factors ``log_f (n, ...)`` and the state penalties
     ``(n, B)``: the forward algorithm over ``(bits, count)``, ``B = 2^(w-1)`` bit states.
@@ -206,10 +200,10 @@ def _forward(log_f, penalties, t: int, k: int):
         take = alpha + (l1[None, :] + penalty[:, None])[(slice(None), slice(None)) + lanes] + row[None, None]
         take = jnp.concatenate([neg, take[:, :-1]], axis=1)  # a selection moves c to c + 1
         if num_states == 1:
-            return _logaddexp(skip, take), None
+            return jnp.logaddexp(skip, take), None
         half = num_states // 2
-        skip = _logaddexp(skip[:half], skip[half:])  # the oldest bit leaves the state
-        take = _logaddexp(take[:half], take[half:])
+        skip = jnp.logaddexp(skip[:half], skip[half:])  # the oldest bit leaves the state
+        take = jnp.logaddexp(take[:half], take[half:])
         return jnp.stack([skip, take], axis=1).reshape(alpha.shape), None
 
     def epoch_step(alpha, inputs):
