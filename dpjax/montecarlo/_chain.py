@@ -233,7 +233,13 @@ class ChainAccountant:
     def privacy_losses(self, noise_multiplier, num_samples, key):
         """``(remove, add)`` privacy-loss samples, NumPy float64 ``(num_samples,)`` each: ``log P/Q
         (X)`` with ``X ~ P`` and ``log Q/P (X)`` with ``X ~ Q``, from the stream of ``key`` (JAX key or
-        int seed)."""
+        int seed).
+
+        Example::
+
+            acc = RandomAllocation(np.array([1.0, 0.5]), batches_per_epoch=8, epochs=4)
+            remove, add = acc.privacy_losses(1.0, num_samples=4096, key=0)
+        """
         sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
         m = _validate_samples(num_samples)
         remove, add = self._losses(sigma, m, core.as_prng_key(key))
@@ -257,6 +263,12 @@ class ChainAccountant:
         chunk (rounded up to whole blocks; the draws, hence the numbers, do not depend on it).
         ``devices``: ``None`` only (one device; the argument exists so that Estimate-Verify-Release
         can call every accountant alike).
+
+        Example::
+
+            acc = BMinSep(np.array([1.0, 0.5]), sampling_prob=0.2, min_sep=4, num_rounds=32)
+            est = acc.estimate(1.0, [1.0, 2.0], num_samples=1 << 16, key=0)
+            est.delta, est.standard_error, est.delta_low, est.delta_high, est.num_samples
         """
         confidence = _confidence(confidence)
         chunk_blocks = self._chunk_blocks(chunk_size, devices)
@@ -268,7 +280,12 @@ class ChainAccountant:
 
     def delta(self, noise_multiplier, epsilon, num_samples, key):
         """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape),
-        the max over the two directions."""
+        the max over the two directions.
+
+        Example::
+
+            RandomAllocation(np.array([1.0]), 8, 4).delta(1.0, 1.0, num_samples=1 << 16, key=0)
+        """
         est = self.estimate(noise_multiplier, epsilon, num_samples, key)
         shape = np.shape(epsilon)
         return est.delta.reshape(shape), est.standard_error.reshape(shape)
@@ -301,6 +318,12 @@ class ChainAccountant:
         Raises:
           ValueError: bad input (naming the argument); a target not reached by any noise
             multiplier up to 1e4 x the sensitivity, or met already at 1e-3 x it.
+
+        Example::
+
+            acc = RandomAllocation(np.array([1.0, 0.5]), batches_per_epoch=8, epochs=4)
+            sigma = acc.calibrate(2.0, 1e-3, num_samples=1 << 16, key=0)
+            acc.delta(sigma, 2.0, 1 << 16, 0)   # (<= 1e-3, its standard error)
         """
         if certify:
             return self.certify_noise(target_epsilon, target_delta, key, num_samples=num_samples, method=method)
@@ -334,6 +357,12 @@ class ChainAccountant:
         ``tau * base_delta`` passes).  Only ``method="bernoulli_kl"``: the variance-reduced
         ``"importance_betting"`` test needs a proven range of importance-weighted summands, which
         exists for balls-in-bins only.
+
+        Example::
+
+            acc = RandomAllocation(np.array([1.0]), batches_per_epoch=8, epochs=2)
+            cert = acc.certify(1.0, 2.0, 0.05, num_samples=1 << 15, key=1)
+            cert.verified, cert.delta, cert.failure_probability
         """
         from dpjax.montecarlo import evr
 
@@ -358,6 +387,12 @@ class ChainAccountant:
         ``cert.failure_probability`` is the chance that the procedure releases a noise multiplier
         whose true delta exceeds ``tau * base_delta``.  ``num_samples=None``: the smallest power of
         two whose ``base_delta >= 0.4 target_delta`` (:func:`dpjax.montecarlo.evr.default_samples`).
+
+        Example::
+
+            acc = BMinSep(np.array([1.0, 0.5]), sampling_prob=0.2, min_sep=4, num_rounds=32)
+            cert = acc.certify_noise(2.0, 0.05, key=0, num_samples=1 << 15)
+            cert.noise_multiplier, cert.method, cert.num_samples, cert.failure_probability
         """
         from dpjax.montecarlo import evr
 

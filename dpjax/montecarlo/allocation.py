@@ -369,8 +369,9 @@ def calibrate_on_samples(bands, target_epsilon, target_delta, key, *, batches_pe
     Example::
 
         bands = band_table(np.array([1.0, 0.5]), 8, 4)
-        sol = jax.jit(functools.partial(calibrate_on_samples, batches_per_epoch=8, num_samples=1 << 14))(
-            bands, 2.0, 1e-3, jax.random.key(0))
+        with jax.enable_x64(True):  # under jit the float64 core needs x64 (docs/design.md §8)
+            sol = jax.jit(functools.partial(calibrate_on_samples, batches_per_epoch=8, num_samples=1 << 14))(
+                bands, 2.0, 1e-3, jax.random.key(0))
         sol.root
     """
     bands = jnp.asarray(bands, jnp.float64)

@@ -362,8 +362,9 @@ def calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key
     Example::
 
         bands = band_table(np.array([1.0, 0.5]), 32, 4)
-        sol = jax.jit(functools.partial(calibrate_on_samples, min_sep=4, num_samples=1 << 14))(
-            bands, 2.0, 1e-3, 0.2, jax.random.key(0))
+        with jax.enable_x64(True):  # under jit the float64 core needs x64 (docs/design.md §8)
+            sol = jax.jit(functools.partial(calibrate_on_samples, min_sep=4, num_samples=1 << 14))(
+                bands, 2.0, 1e-3, 0.2, jax.random.key(0))
         sol.root
     """
     bands = jnp.asarray(bands, jnp.float64)
