@@ -218,11 +218,18 @@ def _forward(log_f, penalties, t: int, k: int):
 
 def _participation(u, t: int, k: int):
     """Participation patterns ``x (n, S)`` (float 0/1): in each epoch the ``k`` positions with the
-    smallest uniforms ``u (n, S)`` (a uniformly random ``k``-subset; ties have probability 0)."""
+    smallest uniforms ``u (n, S)``, a uniformly random ``k``-subset (the ranks of i.i.d. uniforms are
+    a uniform permutation).  Positions tied with the ``k``-th smallest value (two equal 52-bit
+    uniforms, probability ~t^2 2^-53 per epoch) are taken in order only as far as ``k``, so every
+    epoch has exactly ``k`` selections."""
     n, s = u.shape
     per_epoch = u.reshape(n // t, t, s)
     kth = jnp.sort(per_epoch, axis=1)[:, k - 1: k]
-    return (per_epoch <= kth).reshape(n, s).astype(u.dtype)
+    below = per_epoch < kth
+    tied = per_epoch == kth
+    room = k - jnp.sum(below, axis=1, keepdims=True)
+    x = below | (tied & (jnp.cumsum(tied, axis=1) <= room))
+    return x.reshape(n, s).astype(u.dtype)
 
 
 def _losses_from_draws(bands, sigma, u, z, t, k):

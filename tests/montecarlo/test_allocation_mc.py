@@ -419,3 +419,19 @@ def test_pure_function_validation():
         al.log_likelihood_ratio(bands, np.zeros((12, 3)), 1.0, batches_per_epoch=4, selections_per_epoch=5)
     with pytest.raises(ValueError, match="bands must have between 1 and MAX_BANDS = 6 columns"):
         al.privacy_losses(np.ones((12, 7)), 1.0, jax.random.key(0), batches_per_epoch=4, num_samples=8)
+
+
+def test_participation_is_exactly_k_per_epoch_even_with_ties():
+    """Each epoch selects exactly k positions, the k smallest uniforms; a tie at the k-th value
+    (possible with 52-bit uniforms) is broken by position instead of selecting k + 1."""
+    rng = np.random.default_rng(61)
+    t, k, epochs = 5, 2, 3
+    with jax.enable_x64(True):
+        u = rng.uniform(size=(t * epochs, 7))
+        ranks = np.argsort(np.argsort(u.reshape(epochs, t, 7), axis=1), axis=1)
+        np.testing.assert_array_equal(np.asarray(al._participation(jnp.asarray(u), t, k)),
+                                      (ranks < k).reshape(t * epochs, 7))
+        u[:3, 0] = 0.01  # three equal smallest values in epoch 0 of sample 0
+        x = np.asarray(al._participation(jnp.asarray(u), t, k))
+    assert np.all(x.reshape(epochs, t, 7).sum(axis=1) == k)
+    np.testing.assert_array_equal(x[:t, 0], [1, 1, 0, 0, 0])
