@@ -8,7 +8,7 @@ first call (trace + compile + run); steady = median of 3 later calls with the sa
 other keys; compile ~ cold - steady.  Each row reports the estimate with its standard error and
 sample count.  There is no outside implementation to compare with.
 
-Run:  python benchmarks/bench_allocation_mc.py [--quick]
+Run:  python benchmarks/bench_allocation_mc.py [--samples N]
 Writes benchmarks/results/bench_allocation_mc.json and prints a table.
 """
 
@@ -38,23 +38,21 @@ CONFIGS = [  # (batches_per_epoch t, epochs E, selections_per_epoch k, bands); n
 ]
 
 
+def _seconds(call):
+    start = time.perf_counter()
+    result = call()
+    return time.perf_counter() - start, result
+
+
 def bench(t, epochs, k, bands, num_samples):
     from dpjax.montecarlo import RandomAllocation
 
     acc = RandomAllocation(0.5 ** np.arange(bands), t, epochs, selections_per_epoch=k)
-    t0 = time.perf_counter()
-    est = acc.estimate(SIGMA, EPSILON, num_samples, key=0)
-    cold = time.perf_counter() - t0
-    steady = []
-    for seed in (1, 2, 3):
-        t0 = time.perf_counter()
-        acc.estimate(SIGMA, EPSILON, num_samples, key=seed)
-        steady.append(time.perf_counter() - t0)
-    wall = statistics.median(steady)
+    cold, est = _seconds(lambda: acc.estimate(SIGMA, EPSILON, num_samples, key=0))
+    wall = statistics.median(_seconds(lambda: acc.estimate(SIGMA, EPSILON, num_samples, key=s))[0] for s in (1, 2, 3))
     return {"batches_per_epoch": t, "epochs": epochs, "n": t * epochs, "selections_per_epoch": k, "bands": bands,
             "states": 2 ** (bands - 1) * (k + 1), "num_samples": num_samples, "cold_s": cold, "steady_s": wall,
-            "compile_s_approx": max(cold - wall, 0.0),
-            "samples_per_s_both_directions": num_samples / wall,
+            "compile_s_approx": max(cold - wall, 0.0), "samples_per_s_both_directions": num_samples / wall,
             "delta": float(est.delta[0]), "standard_error": float(est.standard_error[0]),
             "delta_remove": float(est.delta_remove[0]), "delta_add": float(est.delta_add[0])}
 
@@ -62,10 +60,9 @@ def bench(t, epochs, k, bands, num_samples):
 def main(argv=None):
     from _meta import run_metadata
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4x fewer samples")
-    args = parser.parse_args(argv)
-    m = NUM_SAMPLES // 4 if args.quick else NUM_SAMPLES
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--samples", type=int, default=NUM_SAMPLES, help="samples per configuration")
+    m = cli.parse_args(argv).samples
     rows = [bench(t, e, k, w, m) for t, e, k, w in CONFIGS]
     header = (f"{'t':>3} {'E':>3} {'k':>2} {'bands':>5} {'states':>6} | {'samples/s':>10} {'cold s':>7} "
               f"{'compile s':>9} | delta (se, {m} samples)")

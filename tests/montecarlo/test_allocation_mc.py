@@ -31,9 +31,11 @@ from scipy import stats
 from scipy.special import logsumexp
 
 import dpjax
-from dpjax.montecarlo import BallsInBins, BMinSep, Certificate, DeltaEstimate, RandomAllocation, estimate_from_sums
+from dpjax.montecarlo import BallsInBins, BMinSep, Certificate, RandomAllocation, estimate_from_sums
 from dpjax.montecarlo import allocation as al
 from dpjax.pld.allocation.accountant import allocation_accounting
+
+from _chain_checks import assert_estimate_matches_losses, assert_float64_from_float32_caller
 
 Z_MAX = 3.0
 RTOL_EXACT = 1e-10
@@ -47,15 +49,6 @@ def _banded(n, w, seed):
     """A random dense non-negative lower-triangular ``C`` with ``w`` bands (not Toeplitz)."""
     rng = np.random.default_rng(seed)
     return np.tril(rng.uniform(0.2, 1.0, (n, n))) * (np.subtract.outer(np.arange(n), np.arange(n)) < w)
-
-
-def _toeplitz(col, n):
-    c = np.zeros((n, n))
-    for j in range(n):
-        for d, v in enumerate(col):
-            if j + d < n:
-                c[j + d, j] = v
-    return c
 
 
 def _enumerated_log_ratio(c, t, k, epochs, y, sigma):
@@ -148,7 +141,7 @@ def test_one_epoch_one_selection_is_balls_in_bins():
     """With one epoch and k = 1 the round is uniform over t: balls-in-bins with t batches and one
     epoch.  For a banded C, dpjax's BallsInBins (Gram-reduction sampler, another stream) gives the
     same delta in both directions, within 3 combined standard errors."""
-    c = _toeplitz([1.0, 0.6, 0.3], 12)
+    c = np.array([1.0, 0.6, 0.3])  # a Toeplitz first column, as both accountants take it
     sigma, eps = 0.9, 1.0
     bib = BallsInBins(c, 12, 1).estimate(sigma, eps, 1 << 16, key=21)
     ours = RandomAllocation(c, 12, 1).estimate(sigma, eps, 1 << 16, key=22)
@@ -181,18 +174,7 @@ def test_estimate_record_both_directions_and_chunking():
     acc = RandomAllocation(c, t, epochs, selections_per_epoch=k)
     m = 5000  # not a multiple of the block size: the last block is masked
     eps = np.array([0.5, 1.0, 2.0])
-    est = acc.estimate(sigma, eps, m, key=3)
-    assert isinstance(est, DeltaEstimate)
-    assert est.num_samples == m and est.confidence == 0.95
-    np.testing.assert_array_equal(est.delta, np.maximum(est.delta_remove, est.delta_add))
-    assert np.all(est.delta_low <= est.delta) and np.all(est.delta <= est.delta_high)
-    assert np.all(np.diff(est.delta) < 0)
-    remove, add = acc.privacy_losses(sigma, m, key=3)
-    assert remove.shape == add.shape == (m,)
-    for losses, mean, se in ((remove, est.delta_remove, est.se_remove), (add, est.delta_add, est.se_add)):
-        terms = -np.expm1(np.minimum(eps[None, :] - losses[:, None], 0.0))
-        np.testing.assert_allclose(mean, terms.mean(0), rtol=1e-12)
-        np.testing.assert_allclose(se, terms.std(0, ddof=1) / math.sqrt(m), rtol=1e-9)
+    est = assert_estimate_matches_losses(acc, sigma, eps, m, key=3)
     bands = jnp.asarray(acc.bands)
     fn = al.monte_carlo_sums.__wrapped_float64__
     with jax.enable_x64(True):
@@ -342,14 +324,7 @@ def test_float32_caller_gets_float64_answer():
     want = _enumerated_log_ratio(c.astype(np.float32).astype(np.float64), t, k, epochs, y32.astype(np.float64),
                                  np.float64(np.float32(sigma)))
     np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL_EXACT, atol=0)
-    acc = RandomAllocation(c, t, epochs, selections_per_epoch=k)
-    est = acc.estimate(np.float32(0.75), np.float32(1.0), 4096, key=9)
-    assert est.delta.dtype == np.float64
-    with jax.enable_x64(True):
-        ref = acc.estimate(0.75, 1.0, 4096, key=9)
-    np.testing.assert_allclose(est.delta, ref.delta, rtol=1e-12)
-    remove, _ = acc.privacy_losses(np.float32(0.75), 100, key=9)
-    assert remove.dtype == np.float64
+    assert_float64_from_float32_caller(RandomAllocation(c, t, epochs, selections_per_epoch=k))
 
 
 # --------------------------------------------------------------------------- validation
