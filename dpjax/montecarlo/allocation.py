@@ -78,12 +78,15 @@ MAX_BANDS = 6
 #: Most selections per epoch ``k``: the chain carries the count ``0 .. k``.
 MAX_SELECTIONS = 32
 
-# The log of zero mass in the forward algorithm.  Not -inf: where two unreachable states merge,
-# logaddexp(-inf, -inf) has the derivative exp(-inf - (-inf)) = NaN, and 0 * NaN would poison
-# the implicit gradient of the calibration.  exp(-1e30) is exactly 0 in float64, and a finite
-# log-mass plus this sentinel stays far below every reachable state (sums of at most n copies
-# stay finite), so every value the forward algorithm returns is unchanged.
-_LOG_ZERO = -1e30
+# The log of zero mass in the forward algorithm, and the floor every log-mass is clamped to after
+# each round.  Not -inf: where two unreachable states merge, logaddexp(-inf, -inf) has the
+# derivative exp(-inf - (-inf)) = NaN, and 0 * NaN would poison the implicit gradient of the
+# calibration.  exp(-1e300) is exactly 0 in float64, so no value changes; the clamp keeps
+# unreachable states from summing sentinels to -inf over many rounds, and keeps them far below
+# every reachable state, whose log-mass is of the order of |c|^2 / sigma^2 (the two meet only
+# for sigma below ~1e-147 times the column norms; below ~1e-154 sigma^2 underflows and every
+# loss is NaN, counted as +inf).
+_LOG_ZERO = -1e300
 
 
 # --------------------------------------------------------------------------- validation
@@ -200,11 +203,11 @@ def _forward(log_f, penalties, t: int, k: int):
         take = alpha + (l1[None, :] + penalty[:, None])[(slice(None), slice(None)) + lanes] + row[None, None]
         take = jnp.concatenate([neg, take[:, :-1]], axis=1)  # a selection moves c to c + 1
         if num_states == 1:
-            return jnp.logaddexp(skip, take), None
+            return jnp.maximum(jnp.logaddexp(skip, take), _LOG_ZERO), None
         half = num_states // 2
         skip = jnp.logaddexp(skip[:half], skip[half:])  # the oldest bit leaves the state
         take = jnp.logaddexp(take[:half], take[half:])
-        return jnp.stack([skip, take], axis=1).reshape(alpha.shape), None
+        return jnp.maximum(jnp.stack([skip, take], axis=1).reshape(alpha.shape), _LOG_ZERO), None
 
     def epoch_step(alpha, inputs):
         rows, pens = inputs

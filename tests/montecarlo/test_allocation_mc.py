@@ -186,6 +186,18 @@ def test_several_selections_banded_matches_independent_numpy_monte_carlo():
         assert abs(_z(delta, se, *reference[name])) <= Z_MAX, (name, delta, se, reference[name])
 
 
+def test_tiny_noise_multipliers_give_delta_one():
+    """Far below any useful noise the truth is delta = 1 to double precision (the Gaussian of one
+    participation alone has mu >= 1e19 here); the log-masses reach 1e40 to 1e300, and below
+    sigma ~1e-154 every loss is NaN, counted as +inf.  Both directions must report 1, never less
+    (a NaN counted as 0, or an overflow read as a zero ratio, would fail here)."""
+    acc = RandomAllocation(np.array([1.0, 0.5, 0.25]), 8, 2, selections_per_epoch=2)
+    for sigma in (1e-20, 1e-150, 1e-200):
+        est = acc.estimate(sigma, [0.0, 1.0, 10.0], 2048, key=81)
+        np.testing.assert_array_equal(est.delta_remove, 1.0)
+        np.testing.assert_array_equal(est.delta_add, 1.0)
+
+
 # --------------------------------------------------------------------------- estimator mechanics
 
 
