@@ -1,4 +1,4 @@
-"""Monte Carlo accounting of matrix mechanisms under balls-in-bins and b-min-sep batching.
+"""Monte Carlo accounting of matrix mechanisms under balls-in-bins, b-min-sep and random-allocation batching.
 
 Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near Exact Privacy Amplification for Matrix
 Mechanisms" (2024).  Layering: :mod:`dpjax.pld`, :mod:`dpjax.matrices` -> this package ->
@@ -43,6 +43,12 @@ Example::
   for banded ``C`` (at most ``min_sep`` bands) with ``.estimate`` (:class:`DeltaEstimate`),
   ``.delta``, ``.privacy_losses``; the pure jitted functions (likelihood ratio by the forward
   recursion, loss samples, delta sums) live in :mod:`dpjax.montecarlo.bminsep`.
+* Random allocation (Feldman & Shenfeld, "Privacy amplification by random allocation"; each
+  example in ``k`` of the ``t`` rounds of every epoch, re-drawn each epoch):
+  :class:`RandomAllocation` ``(C, batches_per_epoch, epochs, selections_per_epoch=k)`` for banded
+  ``C`` (at most ``allocation.MAX_BANDS`` bands), the same methods as :class:`BMinSep`; the exact
+  likelihood ratio (a forward algorithm over the last participations and the epoch's count) and
+  the pure jitted functions live in :mod:`dpjax.montecarlo.allocation`.
 
 The differentiable calibration of the noise multiplier lives in the calibration layer:
 :func:`dpjax.calibration.calibrated_noise` (it is not re-exported here).
@@ -88,11 +94,15 @@ from dpjax.montecarlo._accountant import (
     evr_minimum_samples,
 )
 from dpjax.montecarlo.bminsep import BMinSep
+from dpjax.montecarlo import allocation
+from dpjax.montecarlo.allocation import RandomAllocation
 
 __all__ = [
     "BallsInBins",
     "BMinSep",
     "bminsep",
+    "RandomAllocation",
+    "allocation",
     "Certificate",
     "DeltaEstimate",
     "EpsilonEstimate",

@@ -75,12 +75,10 @@ import numpy as np
 
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import float64
-from dpjax.matrices import correlation_array
-from dpjax.montecarlo import core
-from dpjax.montecarlo._accountant import (DeltaEstimate, _confidence, _validate_samples, delta_estimate_from_sums)
-from dpjax.montecarlo._normal import normal_pairs_from_bits, uniform_open
-from dpjax.montecarlo.calibrate import BRACKET_RELATIVE, DEFAULT_NUM_ITERATIONS
-from dpjax.numerics.root import ImplicitAdjoint, Solution, StopGradientAdjoint, solve_monotone_root
+from dpjax.montecarlo import _chain, core
+from dpjax.montecarlo._accountant import DeltaEstimate  # noqa: F401  (the record the estimates are)
+from dpjax.montecarlo.calibrate import DEFAULT_NUM_ITERATIONS  # noqa: F401  (named in docstrings)
+from dpjax.numerics.root import ImplicitAdjoint, Solution, StopGradientAdjoint
 
 __all__ = ["BMinSep", "band_table", "log_likelihood_ratio", "privacy_losses", "monte_carlo_sums",
            "calibrate_on_samples"]
@@ -115,26 +113,14 @@ def band_table(correlation, num_rounds: int, min_sep: int) -> np.ndarray:
     """
     n = _validate.positive_int("num_rounds", num_rounds)
     b = _validate.positive_int("min_sep", min_sep)
-    arr = np.asarray(correlation_array(correlation, n), np.float64)
-    if arr.ndim == 1:
-        nonzero = np.nonzero(arr)[0]
-        k = int(nonzero[-1]) + 1 if nonzero.size else 1
-        rows = np.arange(n)[:, None] + np.arange(k)[None, :]
-        bands = np.where(rows < n, arr[np.minimum(np.arange(k), n - 1)][None, :], 0.0)
-    else:
-        i, j = np.nonzero(arr)
-        k = int(np.max(i - j)) + 1 if i.size else 1
-        rows = np.arange(n)[:, None] + np.arange(k)[None, :]
-        cols = np.broadcast_to(np.arange(n)[:, None], rows.shape)
-        bands = np.where(rows < n, arr[np.minimum(rows, n - 1), cols], 0.0)
+    bands = _chain.band_columns(correlation, n)
+    k = bands.shape[1]
     if k > b:
         raise ValueError(
             f"correlation has {k} bands but min_sep = {b}: b-min-sep accounting supports at most "
             f"min_sep bands (C[i, j] = 0 unless 0 <= i - j < min_sep). With more bands two "
             f"participations' columns of C overlap and the likelihood ratio no longer factorises over "
             f"participations (Dong & Ganesh, arXiv 2602.09338); use a C with <= {b} bands or a larger min_sep")
-    if not np.isfinite(np.sum(bands * bands)):
-        raise ValueError("correlation produces non-finite column norms (entries too large)")
     return bands
 
 
@@ -142,39 +128,7 @@ def band_table(correlation, num_rounds: int, min_sep: int) -> np.ndarray:
 
 
 def _check_bands(bands, min_sep: int):
-    if bands.ndim != 2:
-        raise ValueError(f"bands must be 2-D (num_rounds, num_bands), got shape {bands.shape}")
-    if not 1 <= bands.shape[1] <= min_sep:
-        raise ValueError(f"bands must have between 1 and min_sep = {min_sep} columns (bands), "
-                         f"got shape {bands.shape}")
-
-
-def _log_emissions(bands, y, sigma):
-    """``log f_j(y) = (<c_j, y> - |c_j|^2 / 2) / sigma^2`` for every round: ``(n, ...)``.
-
-    ``bands (n, k)``, ``y (n, ...)``; ``c_j`` is truncated at round ``n`` by ``bands`` itself.
-    """
-    n, k = bands.shape
-    pad = [(0, k - 1)] + [(0, 0)] * (y.ndim - 1)
-    yp = jnp.pad(y, pad)
-    expand = (slice(None),) + (None,) * (y.ndim - 1)
-    dots = bands[:, 0][expand] * y
-    for t in range(1, k):
-        dots = dots + bands[:, t][expand] * yp[t: t + n]
-    half_norms = 0.5 * jnp.sum(bands * bands, axis=1)
-    inv_var = 1.0 / (sigma * sigma)
-    return (dots - half_norms[expand]) * inv_var
-
-
-def _mean(bands, x):
-    """``C x`` for participation patterns ``x (n, S)``: ``(C x)_i = sum_t bands[i - t, t] x_{i - t}``."""
-    n, k = bands.shape
-    out = bands[:, 0][:, None] * x
-    for t in range(1, k):
-        # Row i receives column i - t's t-th band entry; rows < t receive nothing.
-        shifted = jnp.pad((bands[:, t][:, None] * x)[: n - t], [(t, 0), (0, 0)]) if t < n else jnp.zeros_like(x)
-        out = out + shifted
-    return out
+    _chain.check_bands(bands, min_sep, "min_sep")
 
 
 def _forward(log_f, sampling_prob, min_sep: int, warm_start: bool):
@@ -243,41 +197,16 @@ def _participation(u, u0, sampling_prob, min_sep: int, warm_start: bool):
 
 
 def _block_draws(key, first_block, num_blocks: int, n: int):
-    """``(u (n, S), z (n, S), u0 (S,))`` of ``num_blocks`` blocks, ``S = num_blocks * BLOCK_SIZE``.
-
-    Each block's words are drawn rounds-first, ``(n + 2 ceil(n / 2) + 1, BLOCK_SIZE)``, the layout
-    the scans consume (no transpose of ``(S, n)`` arrays).
-    """
-    half = -(-n // 2)
-    width = n + 2 * half + 1
-    # core.block_words_fn(a, c) draws uint64[c, a] per block, vmap-safe (the block's words never
-    # depend on the batch it is drawn in); here a = BLOCK_SIZE samples, c = width rows.
-    fn = core.block_words_fn(core.BLOCK_SIZE, width)
-    words = jax.vmap(lambda j: fn(jax.random.key_data(key), j))(first_block + jnp.arange(num_blocks))
-    words = jnp.moveaxis(words, 0, 1).reshape(width, num_blocks * core.BLOCK_SIZE)
-    u = uniform_open(words[:n])
-    z1, z2 = normal_pairs_from_bits(words[n: n + half], words[n + half: n + 2 * half])
-    z = jnp.concatenate([z1, z2], axis=0)[:n]
-    u0 = uniform_open(words[-1])
-    return u, z, u0
+    """``(u (n, S), z (n, S), u0 (S,))``: the stream of :func:`dpjax.montecarlo._chain.block_draws`
+    with one extra uniform per sample, the warm-start state."""
+    u, z, v = _chain.block_draws(key, first_block, num_blocks, n, 1)
+    return u, z, v[0]
 
 
 def _losses_from_draws(bands, sigma, sampling_prob, u, z, u0, min_sep, warm_start):
     x = _participation(u, u0, sampling_prob, min_sep, warm_start)
-    # X_P = C x + sigma Z and X_Q = sigma Z share Z: log f(X_P) = log f(X_Q) + <c_j, C x> / sigma^2.
-    log_f_q = _log_emissions(bands, sigma * z, sigma)
-    inv_var = 1.0 / (sigma * sigma)
-    mean = _mean(bands, x)
-    n, k = bands.shape
-    mp = jnp.pad(mean, [(0, k - 1), (0, 0)])
-    cross = bands[:, 0][:, None] * mean
-    for t in range(1, k):
-        cross = cross + bands[:, t][:, None] * mp[t: t + n]
-    log_f = jnp.stack([log_f_q + cross * inv_var, log_f_q], axis=1)  # (n, 2, S)
-    ratio = _forward(log_f, sampling_prob, min_sep, warm_start)
-    remove = core._nan_to_plus_inf(ratio[0])
-    add = core._nan_to_plus_inf(-ratio[1])
-    return remove, add
+    log_f = _chain.paired_log_emissions(bands, x, z, sigma)  # (n, 2, S): X_P and X_Q share Z
+    return _chain.directions(_forward(log_f, sampling_prob, min_sep, warm_start))
 
 
 @float64
@@ -305,12 +234,10 @@ def log_likelihood_ratio(bands, observations, noise_multiplier, sampling_prob, *
     bands = jnp.asarray(bands, jnp.float64)
     y = jnp.asarray(observations, jnp.float64)
     _check_bands(bands, min_sep)
-    if y.ndim not in (1, 2) or y.shape[0] != bands.shape[0]:
-        raise ValueError(f"observations must have shape (n,) or (n, S) with n = {bands.shape[0]} (the rows of "
-                         f"bands), got shape {y.shape}")
+    _chain.check_observations(bands, y)
     sigma = jnp.asarray(noise_multiplier, jnp.float64)
     p = jnp.asarray(sampling_prob, jnp.float64)
-    return _forward(_log_emissions(bands, y, sigma), p, min_sep, warm_start)
+    return _forward(_chain.log_emissions(bands, y, sigma), p, min_sep, warm_start)
 
 
 @float64
@@ -363,14 +290,6 @@ def monte_carlo_sums(bands, noise_multiplier, sampling_prob, epsilon, key, *, mi
     return core.MonteCarloSums(total, total_sq)
 
 
-def _default_chunk_blocks(num_samples: int, n: int, chunk_blocks: int | None) -> int:
-    """Blocks per chunk: about 2^18 floats per ``(n, S)`` array unless given, at most the sample."""
-    num_blocks = -(-num_samples // core.BLOCK_SIZE)
-    if chunk_blocks is None:
-        chunk_blocks = max(1, (core.DEFAULT_CHUNK_NORMALS // n) // core.BLOCK_SIZE)
-    return min(chunk_blocks, num_blocks)
-
-
 def _sums(bands, sigma, p, eps, key, *, min_sep, num_samples, warm_start, chunk_blocks, squares=True):
     """``(total (2, K), total_sq (2, K))`` of :func:`monte_carlo_sums` (traced arguments, rbg ``key``).
 
@@ -379,40 +298,24 @@ def _sums(bands, sigma, p, eps, key, *, min_sep, num_samples, warm_start, chunk_
     ``squares=False`` skips the squares (``total_sq`` is then zeros).
     """
     n = bands.shape[0]
-    chunk_blocks = _default_chunk_blocks(num_samples, n, chunk_blocks)
-    num_chunks = -(-(-(-num_samples // core.BLOCK_SIZE)) // chunk_blocks)
+    chunk_blocks = _chain.default_chunk_blocks(num_samples, n, chunk_blocks)
 
-    def chunk(carry, c):
-        first = c * chunk_blocks
+    def losses(first):
         u, z, u0 = _block_draws(key, first, chunk_blocks, n)
-        remove, add = _losses_from_draws(bands, sigma, p, u, z, u0, min_sep, warm_start)
-        ids = first * core.BLOCK_SIZE + jnp.arange(chunk_blocks * core.BLOCK_SIZE)
-        valid = (ids < num_samples).astype(jnp.float64)[:, None]
-        t_rem = core.hockey_stick_terms(remove, eps) * valid
-        t_add = core.hockey_stick_terms(add, eps) * valid
-        total = jnp.stack([t_rem.sum(0), t_add.sum(0)])
-        if not squares:
-            return (carry[0] + total, carry[1]), None
-        total_sq = jnp.stack([(t_rem * t_rem).sum(0), (t_add * t_add).sum(0)])
-        return (carry[0] + total, carry[1] + total_sq), None
+        return _losses_from_draws(bands, sigma, p, u, z, u0, min_sep, warm_start)
 
-    zeros = jnp.zeros((2, eps.shape[0]), jnp.float64)
-    (total, total_sq), _ = jax.lax.scan(chunk, (zeros, zeros), jnp.arange(num_chunks))
-    return total, total_sq
+    return _chain.chunked_sums(losses, num_samples, chunk_blocks, eps, squares)
 
 
 # --------------------------------------------------------------------------- calibration
 
 
-def _calibration_value(sigma, theta, consts, *, min_sep, num_samples, warm_start, chunk_blocks):
-    """``delta_hat(sigma)``: the max over the two directions of the mean hockey-stick term at
-    ``theta = (bands, epsilon)`` on the draws of ``consts = (sampling_prob, key_data)``."""
-    bands, eps = theta
+def _calibration_total(sigma, bands, eps, consts, *, min_sep, num_samples, warm_start, chunk_blocks):
+    """Hockey-stick sums at ``(bands, eps)`` on the draws of ``consts = (sampling_prob, key_data)``."""
     p, key_data = consts
     key = jax.random.wrap_key_data(key_data, impl="rbg")
-    total, _ = _sums(bands, sigma, p, jnp.reshape(eps, (1,)), key, min_sep=min_sep, num_samples=num_samples,
-                     warm_start=warm_start, chunk_blocks=chunk_blocks, squares=False)
-    return jnp.max(total[:, 0]) / num_samples
+    return _sums(bands, sigma, p, eps, key, min_sep=min_sep, num_samples=num_samples, warm_start=warm_start,
+                 chunk_blocks=chunk_blocks, squares=False)[0]
 
 
 @float64
@@ -459,25 +362,19 @@ def calibrate_on_samples(bands, target_epsilon, target_delta, sampling_prob, key
     Example::
 
         bands = band_table(np.array([1.0, 0.5]), 32, 4)
-        sol = jax.jit(functools.partial(calibrate_on_samples, min_sep=4, num_samples=1 << 14))(
-            bands, 2.0, 1e-3, 0.2, jax.random.key(0))
+        with jax.enable_x64(True):  # under jit the float64 core needs x64 (docs/design.md §8)
+            sol = jax.jit(functools.partial(calibrate_on_samples, min_sep=4, num_samples=1 << 14))(
+                bands, 2.0, 1e-3, 0.2, jax.random.key(0))
         sol.root
     """
     bands = jnp.asarray(bands, jnp.float64)
     _check_bands(bands, min_sep)
-    eps = jnp.asarray(target_epsilon, jnp.float64)
-    target = jnp.asarray(target_delta, jnp.float64)
     p = jax.lax.stop_gradient(jnp.asarray(sampling_prob, jnp.float64))
     key_data = jax.random.key_data(core.rbg_key(key))
-    sensitivity = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.sum(bands * bands, axis=1))))
-    bracket = (BRACKET_RELATIVE[0] * sensitivity, BRACKET_RELATIVE[1] * sensitivity)
-    value = functools.partial(_calibration_value, min_sep=min_sep, num_samples=num_samples, warm_start=warm_start,
-                              chunk_blocks=chunk_blocks)
-    # The constants ride in theta (p and the key data get zero or float0 cotangents), so nothing
-    # traced is closed over.
-    return solve_monotone_root(lambda s, th: value(s, th[0], th[1]), ((bands, eps), (p, key_data)), target, bracket,
-                               decreasing=True, num_iterations=DEFAULT_NUM_ITERATIONS, log_scale=True,
-                               adjoint=adjoint)
+    total_of = functools.partial(_calibration_total, min_sep=min_sep, num_samples=num_samples, warm_start=warm_start,
+                                 chunk_blocks=chunk_blocks)
+    return _chain.solve_on_samples(total_of, bands, target_epsilon, target_delta, (p, key_data), num_samples,
+                                   adjoint)
 
 
 @functools.partial(jax.jit, static_argnames=("min_sep", "num_samples", "warm_start"))
@@ -489,7 +386,7 @@ def _calibrate_jit(bands, target_epsilon, target_delta, sampling_prob, key, *, m
 # --------------------------------------------------------------------------- accountant
 
 
-class BMinSep:
+class BMinSep(_chain.ChainAccountant):
     """Monte Carlo accountant for ``C x + z`` under b-min-sep sampling (Dong & Ganesh, arXiv 2602.09338).
 
     Args:
@@ -503,12 +400,18 @@ class BMinSep:
       warm_start: start from the stationary state (jax_privacy's default), else eligible at round 0.
 
     ``noise_multiplier`` is ``sigma`` per unit of clip norm (not divided by the norm of ``C``).
+    The methods (``estimate``, ``delta``, ``privacy_losses``, ``calibrate``, ``certify``,
+    ``certify_noise``, ``sensitivity``) are those of every chain accountant
+    (:class:`dpjax.montecarlo._chain.ChainAccountant`); ``calibrate`` runs
+    :func:`calibrate_on_samples`, and a new ``sampling_prob`` or target does not recompile.
 
     Example::
 
         acc = BMinSep(np.array([1.0, 0.5, 0.25]), sampling_prob=0.1, min_sep=4, num_rounds=128)
         est = acc.estimate(noise_multiplier=1.0, epsilon=[1.0, 2.0], num_samples=1 << 18, key=0)
         est.delta, est.standard_error, est.delta_low, est.delta_high, est.num_samples
+        sigma = acc.calibrate(2.0, 1e-3, num_samples=1 << 16, key=0)        # an estimate
+        cert = acc.certify_noise(2.0, 0.05, key=1, num_samples=1 << 15)      # a certificate
     """
 
     def __init__(self, correlation, sampling_prob, min_sep, num_rounds, *, warm_start=True):
@@ -524,173 +427,14 @@ class BMinSep:
         return (f"BMinSep(sampling_prob={self.sampling_prob!r}, min_sep={self.min_sep}, "
                 f"num_rounds={self.num_rounds}, bands={self.bands.shape[1]}, warm_start={self.warm_start})")
 
-    @float64
-    def privacy_losses(self, noise_multiplier, num_samples, key):
-        """``(remove, add)`` privacy-loss samples, NumPy float64 ``(num_samples,)`` each (see
-        :func:`privacy_losses`)."""
-        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
-        m = _validate_samples(num_samples)
-        remove, add = privacy_losses(jnp.asarray(self.bands), sigma, self.sampling_prob, core.as_prng_key(key),
-                                     min_sep=self.min_sep, num_samples=m, warm_start=self.warm_start)
-        return np.asarray(remove), np.asarray(add)
+    def _losses(self, sigma, m, key):
+        return privacy_losses(jnp.asarray(self.bands), sigma, self.sampling_prob, key, min_sep=self.min_sep,
+                              num_samples=m, warm_start=self.warm_start)
 
-    @property
-    def sensitivity(self) -> float:
-        """``max_j |c_j|_2``: the largest column norm of ``C`` (the l2 sensitivity of one participation)."""
-        return float(np.sqrt(np.max(np.sum(self.bands * self.bands, axis=1))))
+    def _sums(self, sigma, eps, m, key, chunk_blocks):
+        return monte_carlo_sums(jnp.asarray(self.bands), sigma, self.sampling_prob, eps, key, min_sep=self.min_sep,
+                                num_samples=m, warm_start=self.warm_start, chunk_blocks=chunk_blocks)
 
-    @float64
-    def estimate(self, noise_multiplier, epsilon, num_samples, key, *, confidence=0.95, chunk_size=None,
-                 devices=None) -> DeltaEstimate:
-        """Both directions at every ``epsilon`` from one set of ``num_samples`` draws.
-
-        ``delta`` is the mean of ``max(0, 1 - exp(eps - L))`` over the loss samples ``L`` of the
-        larger direction, ``standard_error`` its ``sqrt(var / m)``; ``delta_low`` / ``delta_high``
-        a ``confidence`` interval on the max-direction delta (Chernoff-KL bounds, the terms lie in
-        ``[0, 1]``), as :meth:`dpjax.montecarlo.BallsInBins.estimate`.  ``chunk_size``: samples per
-        chunk (rounded up to whole blocks; the draws, hence the numbers, do not depend on it).
-        ``devices``: ``None`` only (one device; the argument exists so that Estimate-Verify-Release
-        can call every accountant alike).
-        """
-        confidence = _confidence(confidence)
-        chunk_blocks = self._chunk_blocks(chunk_size, devices)
-        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
-        flat = np.atleast_1d(_validate.nonnegative("epsilon", epsilon)).reshape(-1)
-        m = _validate_samples(num_samples)
-        sums = monte_carlo_sums(jnp.asarray(self.bands), sigma, self.sampling_prob, jnp.asarray(flat),
-                                core.as_prng_key(key), min_sep=self.min_sep, num_samples=m,
-                                warm_start=self.warm_start, chunk_blocks=chunk_blocks)
-        return delta_estimate_from_sums(sums, m, flat, confidence)
-
-    def delta(self, noise_multiplier, epsilon, num_samples, key):
-        """``(estimate, standard_error)`` of delta at ``epsilon`` (scalar or array; same shape),
-        the max over the two directions."""
-        est = self.estimate(noise_multiplier, epsilon, num_samples, key)
-        shape = np.shape(epsilon)
-        return est.delta.reshape(shape), est.standard_error.reshape(shape)
-
-    @staticmethod
-    def _chunk_blocks(chunk_size, devices):
-        if devices is not None:
-            raise ValueError(f"devices must be None for BMinSep (it runs on one device), got {devices!r}")
-        if chunk_size is None:
-            return None
-        size = _validate.positive_int("chunk_size", chunk_size)
-        return -(-size // core.BLOCK_SIZE)
-
-    def calibrate(self, target_epsilon, target_delta, num_samples, key=0, *, certify=False,
-                  method="bernoulli_kl"):
-        """Noise multiplier with ``delta_hat(sigma) = target_delta`` at ``target_epsilon`` (an estimate).
-
-        ``delta_hat`` is :meth:`estimate`'s delta (max over the two directions) on ``num_samples``
-        common random numbers from ``key`` (JAX key or int seed): the draws do not depend on
-        ``sigma``, so ``delta_hat`` is a deterministic non-increasing function of ``sigma``, solved by
-        bisection in ``log sigma`` to ~1e-14 relative (:func:`calibrate_on_samples`); the feasible
-        end of the final bracket is returned, so ``self.delta(sigma, target_epsilon, num_samples,
-        key)`` at the returned ``sigma`` is ``<= target_delta`` up to round-off of the summation.
-        As :meth:`dpjax.montecarlo.BallsInBins.calibrate`: a float, an *estimate* from
-        ``num_samples`` draws (its error is that of ``delta_hat``, about ``standard_error / |d
-        delta_hat / d sigma|``), not a certificate: certify with :meth:`certify` on other draws,
-        or pass ``certify=True`` to get the :class:`~dpjax.montecarlo.Certificate` of
-        :meth:`certify_noise` instead (``num_samples`` its verification samples, ``None`` for the
-        method's default).  A new ``sampling_prob`` or target does not recompile.
-
-        Raises:
-          ValueError: bad input (naming the argument); a target not reached by any noise
-            multiplier up to 1e4 x the sensitivity, or met already at 1e-3 x it.
-
-        Example::
-
-            acc = BMinSep(np.array([1.0, 0.5]), sampling_prob=0.2, min_sep=4, num_rounds=32)
-            sigma = acc.calibrate(2.0, 1e-3, num_samples=1 << 16, key=0)
-            acc.delta(sigma, 2.0, 1 << 16, 0)   # (<= 1e-3, its standard error)
-        """
-        if certify:
-            return self.certify_noise(target_epsilon, target_delta, key, num_samples=num_samples, method=method)
-        from dpjax.montecarlo.calibrate import raise_on_status
-
-        m = _validate_samples(num_samples)
-        target = _validate.PrivacyTarget(target_epsilon, target_delta)
-        return self._calibrate(float(target.epsilon), float(target.delta), m, core.as_prng_key(key),
-                               raise_on_status)
-
-    @float64
-    def _calibrate(self, eps, delta, m, key, raise_on_status):
-        res = _calibrate_jit(jnp.asarray(self.bands), eps, delta, self.sampling_prob, key, min_sep=self.min_sep,
-                             num_samples=m, warm_start=self.warm_start)
-        raise_on_status(res, eps, delta)
-        return float(res.root)
-
-    def _ladder_calibration(self, epsilon, base_delta, key, num_samples, initial_noise):
-        """The calibration step of :func:`dpjax.montecarlo.evr.certify_noise`'s ladder: ``sigma_0``
-        solving ``delta_hat = base_delta`` on ``num_samples`` draws from ``key``."""
-        from dpjax.montecarlo.calibrate import raise_on_status
-
-        return self._calibrate(float(epsilon), float(base_delta), int(num_samples), key, raise_on_status)
-
-    def certify(self, noise_multiplier, epsilon, target_delta, num_samples, key, *, chunk_size=None,
-                method="bernoulli_kl"):
-        """Estimate-Verify-Release for one noise multiplier (:func:`dpjax.montecarlo.evr.certify_fixed`).
-
-        The largest ``base_delta`` whose EVR bound stays within ``target_delta`` (Wang, Mahloujifar,
-        Wu, Jia & Mittal, "A randomized approach to tight privacy accounting"; the Bernoulli-KL
-        bound of one test), then ``delta_hat <= base_delta`` (both directions) on ``num_samples``
-        draws from ``key``, which must be independent of whatever chose ``noise_multiplier``.
-        Returns a :class:`~dpjax.montecarlo.Certificate` (``method``, ``num_samples``,
-        ``failure_probability``: the chance that a noise multiplier whose true delta exceeds
-        ``tau * base_delta`` passes).  Only ``method="bernoulli_kl"``: the variance-reduced
-        ``"importance_betting"`` test needs a proven range of importance-weighted summands, which
-        exists for balls-in-bins only.
-
-        Example::
-
-            acc = BMinSep(np.array([1.0]), sampling_prob=0.1, min_sep=1, num_rounds=16)
-            cert = acc.certify(1.0, 2.0, 0.05, num_samples=1 << 15, key=1)
-            cert.verified, cert.delta, cert.failure_probability
-        """
-        from dpjax.montecarlo import evr
-
-        _bernoulli_only(method)
-        sigma = float(_validate.positive("noise_multiplier", noise_multiplier))
-        eps = float(_validate.nonnegative("epsilon", epsilon))
-        target = float(_validate.PrivacyTarget(delta=target_delta).delta)
-        m = _validate_samples(num_samples)
-        self._chunk_blocks(chunk_size, None)
-        return evr.certify_fixed(self, sigma, eps, target, m, key, chunk_size=chunk_size, method="bernoulli_kl")
-
-    def certify_noise(self, target_epsilon, target_delta, key, *, num_samples=None, method="bernoulli_kl",
-                      initial_noise=None, rungs=None, growth=None, calibration_samples=None):
-        """A certified noise multiplier at ``(target_epsilon, target_delta)`` in one call.
-
-        :func:`dpjax.montecarlo.evr.certify_noise` with ``method="bernoulli_kl"``, exactly as for
-        balls-in-bins: ``sigma_0`` calibrated at ``base_delta`` on ``calibration_samples`` draws
-        (default ``num_samples // 4``) from ``fold_in(key, 0)`` (:meth:`calibrate`), then the
-        pre-committed ladder ``sigma_0 growth^j`` (``rungs`` tests, default 8 and 1.02) verified on
-        ``num_samples`` independent draws from ``fold_in(key, 1)``; the first passing rung is
-        released, ``(eps, tau base_delta + rungs beta)`` by the union bound.
-        ``cert.failure_probability`` is the chance that the procedure releases a noise multiplier
-        whose true delta exceeds ``tau * base_delta``.  ``num_samples=None``: the smallest power of
-        two whose ``base_delta >= 0.4 target_delta`` (:func:`dpjax.montecarlo.evr.default_samples`).
-
-        Example::
-
-            acc = BMinSep(np.array([1.0, 0.5]), sampling_prob=0.2, min_sep=4, num_rounds=32)
-            cert = acc.certify_noise(2.0, 0.05, key=0, num_samples=1 << 15)
-            cert.noise_multiplier, cert.method, cert.num_samples, cert.failure_probability
-        """
-        from dpjax.montecarlo import evr
-
-        _bernoulli_only(method)
-        if num_samples is not None:
-            num_samples = _validate_samples(num_samples)
-        ladder = evr.Ladder(rungs=evr.DEFAULT_LADDER_RUNGS if rungs is None else rungs, growth=growth,
-                            calibration_samples=calibration_samples)
-        return evr.certify_noise(self, target_epsilon=target_epsilon, target_delta=target_delta,
-                                 num_samples=num_samples, key=core.as_prng_key(key), initial_noise=initial_noise,
-                                 method="bernoulli_kl", ladder=ladder)
-
-
-def _bernoulli_only(method):
-    if method != "bernoulli_kl":
-        raise ValueError(f"method must be 'bernoulli_kl' for b-min-sep sampling (the 'importance_betting' test needs "
-                         f"the balls-in-bins importance sampler), got {method!r}")
+    def _root(self, eps, delta, m, key):
+        return _calibrate_jit(jnp.asarray(self.bands), eps, delta, self.sampling_prob, key, min_sep=self.min_sep,
+                              num_samples=m, warm_start=self.warm_start)

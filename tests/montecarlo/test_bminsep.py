@@ -28,8 +28,10 @@ import pytest
 from scipy.special import logsumexp
 
 import dpjax
-from dpjax.montecarlo import BallsInBins, BMinSep, DeltaEstimate, estimate_from_sums
+from dpjax.montecarlo import BallsInBins, BMinSep, estimate_from_sums
 from dpjax.montecarlo import bminsep as bm
+
+from _chain_checks import assert_estimate_matches_losses, assert_float64_from_float32_caller
 
 Z_MAX = 3.0
 ATOL_EXACT = 1e-10
@@ -274,19 +276,7 @@ def test_estimate_record_and_sample_counts():
     acc = BMinSep(col, p, b, n)
     m = 5000  # not a multiple of the block size: the last block is masked
     eps = np.array([0.5, 1.0, 2.0])
-    est = acc.estimate(sigma, eps, m, key=3)
-    assert isinstance(est, DeltaEstimate)
-    assert est.num_samples == m and est.confidence == 0.95
-    np.testing.assert_array_equal(est.delta, np.maximum(est.delta_remove, est.delta_add))
-    assert np.all(est.delta_low <= est.delta) and np.all(est.delta <= est.delta_high)
-    assert np.all(np.diff(est.delta) < 0)  # same draws, decreasing in epsilon
-
-    remove, add = acc.privacy_losses(sigma, m, key=3)
-    assert remove.shape == add.shape == (m,)
-    for losses, mean, se in ((remove, est.delta_remove, est.se_remove), (add, est.delta_add, est.se_add)):
-        terms = -np.expm1(np.minimum(eps[None, :] - losses[:, None], 0.0))
-        np.testing.assert_allclose(mean, terms.mean(0), rtol=1e-12)
-        np.testing.assert_allclose(se, terms.std(0, ddof=1) / math.sqrt(m), rtol=1e-9)
+    est = assert_estimate_matches_losses(acc, sigma, eps, m, key=3)
 
     bands = jnp.asarray(bm.band_table(col, n, b))
     key = jax.random.key(3)
@@ -347,14 +337,7 @@ def test_float32_caller_gets_float64_answer():
                                  np.float64(np.float32(sigma)))
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=ATOL_EXACT)
 
-    acc = BMinSep(col, 0.3, b, n)
-    est = acc.estimate(np.float32(0.75), np.float32(1.0), 4096, key=9)
-    assert est.delta.dtype == np.float64
-    with jax.enable_x64(True):
-        ref = acc.estimate(0.75, 1.0, 4096, key=9)
-    np.testing.assert_allclose(est.delta, ref.delta, rtol=1e-12)
-    remove, _ = acc.privacy_losses(np.float32(0.75), 100, key=9)
-    assert remove.dtype == np.float64
+    assert_float64_from_float32_caller(BMinSep(col, 0.3, b, n))
 
 
 # --------------------------------------------------------------------------- validation
