@@ -287,6 +287,27 @@ MUTATIONS = [
         "The Gaussian released by an epoch's summed outputs forgets the variance of its t_b steps: "
         "the lower end it certifies is the unamplified Gaussian's.",
         ("tests/pld/allocation/test_allocation.py",)),
+    # --- Monte Carlo: the participation-chain accountants (b-min-sep, random allocation)
+    Mutation(
+        "allocation-mc-cross-terms-dropped", "dpjax/montecarlo/allocation.py",
+        "return -(_pair_terms(bands) @ bits.T) * (1.0 / (sigma * sigma))",
+        "return 0.0 * (_pair_terms(bands) @ bits.T)",
+        "Random allocation's likelihood ratio forgets |C x|^2's cross terms between participations "
+        "closer than the band count (the pair of a banded C with overlapping columns).",
+        ("tests/montecarlo/test_allocation_mc.py",)),
+    Mutation(
+        "bminsep-warm-start-ineligible-mass", "dpjax/montecarlo/bminsep.py",
+        "ring = ring.at[1:].set(jnp.broadcast_to(log_p - log_norm, (b - 1,) + batch).astype(dtype))",
+        "ring = ring.at[1:].set(jnp.broadcast_to(-log_norm, (b - 1,) + batch).astype(dtype))",
+        "The b-min-sep chain starts with mass 1 / (1 + (b - 1) p), not p / (1 + (b - 1) p), on each "
+        "recent participation: not the stationary law the sampler draws from.",
+        ("tests/montecarlo/test_bminsep.py",)),
+    Mutation(
+        "chain-nan-loss-is-zero", "dpjax/montecarlo/_chain.py",
+        "return core._nan_to_plus_inf(log_ratio[0]), core._nan_to_plus_inf(-log_ratio[1])",
+        "return jnp.nan_to_num(log_ratio[0], nan=0.0), jnp.nan_to_num(-log_ratio[1], nan=0.0)",
+        "A NaN privacy loss of the chain accountants counts as 0 instead of +inf.",
+        ("tests/montecarlo/test_bminsep.py", "tests/montecarlo/test_allocation_mc.py")),
     # --- Monte Carlo: Estimate-Verify-Release, confidence intervals, losses
     Mutation(
         "evr-union-bound-dropped", "dpjax/montecarlo/evr.py",
