@@ -153,7 +153,8 @@ def check_b_min_sep_args(args) -> None:
                          f"got only {given[0]}")
     if args.steps is not None and args.amplification != Amplification.B_MIN_SEP:
         raise ValueError("--steps (the rounds n) applies to --amplification b_min_sep only (otherwise n = "
-                         "--batches-per-epoch * --epochs)")
+                         "--batches-per-epoch * --epochs); for the optimizer's steps, did you mean "
+                         "--optimizer-steps?")
     if args.amplification == Amplification.B_MIN_SEP:
         if args.certify_method == "importance_betting":
             raise ValueError("--certify-method must be bernoulli_kl with --amplification b_min_sep (the "
