@@ -144,27 +144,28 @@ def _b_min_sep_defaults(args) -> None:
         if getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to --amplification b_min_sep (it has no "
                              "epochs; the rounds are --steps)")
+    _banded_family(args, Amplification.B_MIN_SEP, "--min-sep", min(args.min_sep, args.steps))
+    if args.optimizer_steps is None:
+        args.optimizer_steps = 300
+
+
+def _banded_family(args, amplification, most: str, default_bands: int) -> None:
+    """The family of a chain scheme's ``C``: banded (the default; any other refused), with
+    ``default_bands`` bands unless ``--bands`` is given (``most``: the limit in words)."""
     if args.family is None:
         args.family = "banded"
     if args.family != "banded":
-        raise ValueError(f"--family must be banded with --amplification b_min_sep (a C with at most --min-sep bands; "
-                         f"a {args.family} C is not banded), got --family {args.family}")
+        raise ValueError(f"--family must be banded with --amplification {amplification} (a C with at most {most} "
+                         f"bands; a {args.family} C is not banded), got --family {args.family}")
     if args.bands is None:
-        args.bands = min(args.min_sep, args.steps)
-    if args.optimizer_steps is None:
-        args.optimizer_steps = 300
+        args.bands = default_bands
 
 
 def _random_allocation_defaults(args) -> None:
     """``--amplification random_allocation``: the family banded (default ``min(4, n)`` bands),
     ``--selections-per-epoch`` 1 unless given."""
-    if args.family is None:
-        args.family = "banded"
-    if args.family != "banded":
-        raise ValueError(f"--family must be banded with --amplification random_allocation (a C with at most 6 bands; "
-                         f"a {args.family} C is not banded), got --family {args.family}")
-    if args.bands is None:
-        args.bands = min(DEFAULT_ALLOCATION_BANDS, args.batches_per_epoch * args.epochs)
+    _banded_family(args, Amplification.RANDOM_ALLOCATION, "6",
+                   min(DEFAULT_ALLOCATION_BANDS, args.batches_per_epoch * args.epochs))
     if args.selections_per_epoch is None:
         args.selections_per_epoch = 1
 
