@@ -120,7 +120,7 @@ def apply_example(args) -> None:
         if getattr(args, name) is None:
             raise ValueError(f"--{name.replace('_', '-')} is required (or give --example for the built-in "
                              "problem)")
-    if args.amplification == Amplification.RANDOM_ALLOCATION:
+    if getattr(args, "amplification", None) == Amplification.RANDOM_ALLOCATION:
         _random_allocation_defaults(args)
     if args.family is None:
         args.family = "blt"
