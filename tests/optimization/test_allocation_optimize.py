@@ -185,7 +185,7 @@ def test_bad_input_is_refused_before_any_step(param, certify, match):
                              progress=False)
 
 
-def test_a_b_min_sep_record_is_not_read_as_random_allocation(run):
+def test_certify_refuses_a_record_of_another_scheme(run):
     """The certify step reads the scheme from the record: a record of another scheme is refused."""
     bad = dataclasses.replace(run, sampling={"scheme": "poisson"})
     with pytest.raises(ValueError, match="result.sampling must be"):
