@@ -31,6 +31,15 @@ training sampler, :class:`dpjax.sampling.BMinSepSampler`.  ``auto`` adds that ca
 ``n = b E``) only when ``--min-sep`` and ``--sampling-prob`` are given, and names the sampler
 of the one it keeps (``training_sampler``).
 
+``--amplification random_allocation --batches-per-epoch T --epochs E --selections-per-epoch K``
+optimises a banded ``C`` (``--bands``, at most 6; default ``min(4, n)``) for ``n = T E`` rounds
+under random allocation (Feldman & Shenfeld, "Privacy amplification by random allocation": each
+epoch, each example takes part in a fresh uniformly random ``K``-subset of the ``T`` batches;
+``K <= min(T, 32)``, default 1), certified by :meth:`dpjax.montecarlo.RandomAllocation.certify_noise`
+(``bernoulli_kl``).  dpjax has no batch sampler for it: the output's ``training_sampler`` says so
+and names what :mod:`dpjax.sampling` offers.  ``auto`` adds that candidate only when
+``--selections-per-epoch`` is given.
+
 Progress goes to stderr (off with ``--quiet`` or ``--json``): one line when each stage starts
 (the alternatives, the optimisation, the certificate) and the optimisation's meter (a bar in a
 terminal or notebook, a line every 10 s in a log; :mod:`dpjax._base.progress`).  The JSON object
@@ -56,12 +65,16 @@ class Amplification(StrEnum):
     certificate; ``cyclic_poisson`` takes dpjax's banded ``C`` under cyclic Poisson sampling,
     PLD-accounted; ``b_min_sep`` optimises a banded ``C`` (at most ``--min-sep`` bands) under
     b-min-sep sampling with a Monte Carlo certificate; ``auto`` runs balls-in-bins and cyclic
-    Poisson (and b-min-sep when ``--min-sep`` and ``--sampling-prob`` are given) and keeps the
-    smaller certified rmse."""
+    Poisson (and b-min-sep when ``--min-sep`` and ``--sampling-prob`` are given, random
+    allocation when ``--selections-per-epoch`` is) and keeps the smaller certified rmse;
+    ``random_allocation`` optimises a banded ``C`` (at most 6 bands) under random allocation
+    (``--selections-per-epoch`` of the ``--batches-per-epoch`` batches of every epoch) with a
+    Monte Carlo certificate."""
 
     BALLS_IN_BINS = "balls_in_bins"
     CYCLIC_POISSON = "cyclic_poisson"
     B_MIN_SEP = "b_min_sep"
+    RANDOM_ALLOCATION = "random_allocation"
     AUTO = "auto"
 
 
@@ -71,7 +84,14 @@ TRAINING_SAMPLERS = {
     Amplification.CYCLIC_POISSON: ("cyclic Poisson sampling (the examples split into k = bands groups used in turn, "
                                    "each example of a round's group taken with probability k / b)"),
     Amplification.B_MIN_SEP: "dpjax.sampling.BMinSepSampler (b-min-sep batches)",
+    Amplification.RANDOM_ALLOCATION: ("random allocation: each example in a uniformly random k-subset of the b batches "
+                                      "of every epoch, drawn afresh each epoch (dpjax has no batch sampler for it; "
+                                      "dpjax.sampling offers BallsInBinsSampler, PoissonSampler and BMinSepSampler)"),
 }
+
+#: Bands of the random-allocation C when ``--bands`` is not given (at most n): the accountant's
+#: cost grows as 2^(bands - 1) (k + 1) states per round and sample, up to 6 bands.
+DEFAULT_ALLOCATION_BANDS = 4
 
 
 # ``--example``: the built-in problem of the README's first command.  Small enough to finish in
@@ -88,6 +108,8 @@ def apply_example(args) -> None:
     b_min_sep = getattr(args, "amplification", None) == Amplification.B_MIN_SEP
     if args.example and b_min_sep:
         raise ValueError("--example is a balls-in-bins problem: not with --amplification b_min_sep")
+    if args.example and getattr(args, "amplification", None) == Amplification.RANDOM_ALLOCATION:
+        raise ValueError("--example is a balls-in-bins problem: not with --amplification random_allocation")
     for name, value in EXAMPLE.items():
         if getattr(args, name, None) is None and args.example:
             setattr(args, name, value)
@@ -98,6 +120,8 @@ def apply_example(args) -> None:
         if getattr(args, name) is None:
             raise ValueError(f"--{name.replace('_', '-')} is required (or give --example for the built-in "
                              "problem)")
+    if getattr(args, "amplification", None) == Amplification.RANDOM_ALLOCATION:
+        _random_allocation_defaults(args)
     if args.family is None:
         args.family = "blt"
     if args.optimizer_steps is None:
@@ -120,15 +144,65 @@ def _b_min_sep_defaults(args) -> None:
         if getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to --amplification b_min_sep (it has no "
                              "epochs; the rounds are --steps)")
+    _banded_family(args, Amplification.B_MIN_SEP, "--min-sep", min(args.min_sep, args.steps))
+    if args.optimizer_steps is None:
+        args.optimizer_steps = 300
+
+
+def _banded_family(args, amplification, most: str, default_bands: int) -> None:
+    """The family of a chain scheme's ``C``: banded (the default; any other refused), with
+    ``default_bands`` bands unless ``--bands`` is given (``most``: the limit in words)."""
     if args.family is None:
         args.family = "banded"
     if args.family != "banded":
-        raise ValueError(f"--family must be banded with --amplification b_min_sep (a C with at most --min-sep bands; "
-                         f"a {args.family} C is not banded), got --family {args.family}")
+        raise ValueError(f"--family must be banded with --amplification {amplification} (a C with at most {most} "
+                         f"bands; a {args.family} C is not banded), got --family {args.family}")
     if args.bands is None:
-        args.bands = min(args.min_sep, args.steps)
-    if args.optimizer_steps is None:
-        args.optimizer_steps = 300
+        args.bands = default_bands
+
+
+def _random_allocation_defaults(args) -> None:
+    """``--amplification random_allocation``: the family banded (default ``min(4, n)`` bands),
+    ``--selections-per-epoch`` 1 unless given."""
+    _banded_family(args, Amplification.RANDOM_ALLOCATION, "6",
+                   min(DEFAULT_ALLOCATION_BANDS, args.batches_per_epoch * args.epochs))
+    if args.selections_per_epoch is None:
+        args.selections_per_epoch = 1
+
+
+def random_allocation_requested(args) -> bool:
+    """Whether random allocation takes part: ``--amplification random_allocation``, or ``auto``
+    with ``--selections-per-epoch`` given."""
+    return (args.amplification == Amplification.RANDOM_ALLOCATION
+            or (args.amplification == Amplification.AUTO and args.selections_per_epoch is not None))
+
+
+def check_random_allocation_args(args) -> None:
+    """The random-allocation options: ``--selections-per-epoch`` only where random allocation takes
+    part, ``k <= min(t, 32)``, at most 6 bands, the certificate method it has (``bernoulli_kl``)."""
+    from dpjax.montecarlo.allocation import MAX_BANDS, MAX_SELECTIONS
+
+    k = args.selections_per_epoch
+    if k is not None and args.amplification not in (Amplification.RANDOM_ALLOCATION, Amplification.AUTO):
+        raise ValueError(f"--selections-per-epoch applies to --amplification random_allocation or auto, got "
+                         f"--amplification {args.amplification}")
+    if not random_allocation_requested(args):
+        return
+    most = min(args.batches_per_epoch, MAX_SELECTIONS)
+    if k > most:
+        raise ValueError(f"--selections-per-epoch must be in [1, min(--batches-per-epoch, {MAX_SELECTIONS})] = "
+                         f"[1, {most}], got {k}")
+    if args.amplification != Amplification.RANDOM_ALLOCATION:
+        return
+    if args.certify_method == "importance_betting":
+        raise ValueError("--certify-method must be bernoulli_kl with --amplification random_allocation (the "
+                         "importance_betting certificate needs the balls-in-bins importance sampler)")
+    most = min(MAX_BANDS, args.batches_per_epoch * args.epochs)
+    if args.bands > most:
+        raise ValueError(f"--bands must be in [1, min({MAX_BANDS}, n)] = [1, {most}] with --amplification "
+                         f"random_allocation, got {args.bands}")
+    if args.baselines:
+        raise ValueError("--baselines compares balls-in-bins alternatives: not with --amplification random_allocation")
 
 
 def b_min_sep_requested(args) -> bool:
@@ -187,6 +261,9 @@ def default_out_name(args) -> str:
     """The result file's name when ``--out`` is not given: the configuration in a few tokens,
     ``dpjax-optimize-blt2-b8-E4-eps2-delta1e-05.json`` for the example (``cyclic-poisson`` /
     ``auto`` appended for those amplifications)."""
+    if args.amplification == Amplification.RANDOM_ALLOCATION:
+        return (f"dpjax-optimize-banded{args.bands}-b{args.batches_per_epoch}-k{args.selections_per_epoch}-"
+                f"E{args.epochs}-eps{args.epsilon:g}-delta{args.delta:g}-random-allocation.json")
     if args.amplification == Amplification.B_MIN_SEP:
         return (f"dpjax-optimize-banded{args.bands}-minsep{args.min_sep}-p{args.sampling_prob:g}-n{args.steps}-"
                 f"eps{args.epsilon:g}-delta{args.delta:g}-b-min-sep.json")
@@ -255,6 +332,7 @@ def check_args(args) -> None:
     others: ``--example``'s values, ``--buffers``, ``--baselines``)."""
     apply_example(args)
     check_b_min_sep_args(args)
+    check_random_allocation_args(args)
 
     if args.family != "blt" and args.buffers is not None:
         raise ValueError(f"--buffers is only used by --family blt, got --family {args.family}")
@@ -291,7 +369,8 @@ def check_args(args) -> None:
     if args.baselines is None:
         args.baselines = bool(args.example)
     if args.certify_method is None:  # the method each scheme has by default
-        args.certify_method = ("bernoulli_kl" if args.amplification == Amplification.B_MIN_SEP
+        args.certify_method = ("bernoulli_kl" if args.amplification in (Amplification.B_MIN_SEP,
+                                                                        Amplification.RANDOM_ALLOCATION)
                                else "importance_betting")
 
 
@@ -341,6 +420,12 @@ def _run(args) -> dict:
                                   num_buffers=args.buffers if args.family == "blt" else None)
     if args.amplification == Amplification.CYCLIC_POISSON:
         return save(cyclic_poisson_result(args), args)
+    if args.amplification == Amplification.RANDOM_ALLOCATION:
+        out, res = random_allocation_result(args, args.bands, checkpoint)
+        saved = save(out, args, text=res.to_json())
+        if checkpoint is not None and res.status == "completed":
+            remove_checkpoint(checkpoint)
+        return saved
     # The baselines first: they do not depend on the optimised C, and a baseline that cannot be
     # certified is refused before minutes of optimisation and before anything is written.
     if args.baselines:
@@ -365,6 +450,12 @@ def _run(args) -> dict:
         if b_min_sep_requested(args):
             bands = args.bands if args.family == "banded" and args.bands <= args.min_sep else min(args.min_sep, n)
             candidates.append(b_min_sep_result(args, n, bands, None)[0])
+        if random_allocation_requested(args):
+            from dpjax.montecarlo.allocation import MAX_BANDS
+
+            bands = (args.bands if args.family == "banded" and args.bands <= MAX_BANDS
+                     else min(DEFAULT_ALLOCATION_BANDS, n))
+            candidates.append(random_allocation_result(args, bands, None)[0])
         saved = save(best_of(*candidates), args)
     else:
         saved = save(out, args, text=res.to_json())
@@ -514,6 +605,38 @@ def b_min_sep_result(args, num_rounds: int, bands: int, checkpoint: str | None):
     return out, res
 
 
+def random_allocation_result(args, bands: int, checkpoint: str | None):
+    """``(output, result)`` of the random-allocation optimisation: a ``bands``-banded Toeplitz
+    ``C`` for ``n = b E`` rounds under ``dpjax.RandomAllocation(--batches-per-epoch,
+    --selections-per-epoch)`` with ``--epochs``, certified by
+    :meth:`dpjax.montecarlo.RandomAllocation.certify_noise` (Bernoulli-KL).  ``output`` is the
+    printed / ``--json`` object (the :class:`OptimizationResult`'s main fields, the scheme and the
+    training sampler: the k-of-t allocation, for which dpjax has no batch sampler)."""
+    from dpjax.optimization import (CertifySettings, Checkpoint, CorrelationProblem, OptimizerSettings,
+                                    make_parameterization, optimize_correlation)
+    from dpjax.optimization.loop import default_optimizer
+    from dpjax.pld.scenario import RandomAllocation
+
+    t, k, epochs = args.batches_per_epoch, args.selections_per_epoch, args.epochs
+    _stage(f"optimizing a {bands}-banded C under random allocation ({k} of {t} batches per epoch, {epochs} epochs, "
+           f"n = {t * epochs}): {args.optimizer_steps} optimizer steps, then the certificate")
+    problem = CorrelationProblem(sampling=RandomAllocation(t, selections_per_epoch=k), epochs=epochs,
+                                 target_epsilon=args.epsilon, target_delta=args.delta)
+    settings = OptimizerSettings(num_steps=args.optimizer_steps, num_samples=args.samples,
+                                 optimizer=default_optimizer(args.learning_rate), key=args.seed, estimator="plain")
+    certify = False if args.no_certify else CertifySettings(num_samples=args.certify_samples, method="bernoulli_kl")
+    res = optimize_correlation(
+        make_parameterization("banded", t * epochs, bands=bands), problem, settings, certify=certify,
+        checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
+                                                              resume=args.resume))
+    # The balls-in-bins output's fields (add/remove adjacency too), less those of its sampler.
+    out = {key: v for key, v in balls_in_bins_output(res, None, args).items()
+           if key not in ("dataset_size", "batch_size", "truncation_delta")}
+    out.update(amplification=Amplification.RANDOM_ALLOCATION.value, sampling=res.sampling,
+               participation_rate=k / t, training_sampler=TRAINING_SAMPLERS[Amplification.RANDOM_ALLOCATION])
+    return out, res
+
+
 def baseline_rows(param, args) -> list[dict]:
     """The alternatives in the result's own units (``--baselines``; on with ``--example``).
 
@@ -591,6 +714,10 @@ def _wrap(text: str, indent: str = "") -> list[str]:
 def _scheme_words(result: dict) -> str:
     """The participation scheme of an optimised result, in words (after "for n = ... rounds")."""
     s = result.get("sampling")
+    if result.get("amplification") == Amplification.RANDOM_ALLOCATION and s:
+        return (f"(b = {s['batches_per_epoch']} batches per epoch, E = {s['epochs']} epochs) to minimize the prefix-sum "
+                f"RMSE, sigma |A C^-1|_F / sqrt(n), under random allocation (each example in a uniformly random "
+                f"k = {s['selections_per_epoch']} of the b batches of every epoch, drawn afresh each epoch)")
     if result.get("amplification") != Amplification.B_MIN_SEP or not s:
         return (f"(b = {result['batches_per_epoch']} batches per epoch, E = {result['epochs']} epochs) to minimize "
                 "the prefix-sum RMSE, sigma |A C^-1|_F / sqrt(n), under balls-in-bins batching")
@@ -607,6 +734,9 @@ def sampler_sentence(result: dict) -> str:
     if result.get("amplification") == Amplification.B_MIN_SEP:
         return (f"Sampler the training loop must use: {result['training_sampler']} (the certificate holds for its "
                 "untruncated batches; add its truncation_delta(epsilon) for a fixed batch shape).")
+    if result.get("amplification") == Amplification.RANDOM_ALLOCATION:
+        return (f"Batches the training loop must draw: {result['training_sampler']}; the certificate holds for "
+                "those batches untruncated.")
     b = result["batches_per_epoch"]
     if result.get("dataset_size") is None:
         return (f"Sampler assumed: balls-in-bins batches, each example in one of the b = {b} bins for the whole run and "
@@ -692,7 +822,8 @@ def _saved_lines(result: dict) -> list[str]:
     if "out" not in result:
         return ["Not saved (--no-save)."]
     what = ("the optimized C, this sigma and its certificate; dpjax.optimization.OptimizationResult.load reads it"
-            if result.get("amplification") == Amplification.BALLS_IN_BINS and "candidates" not in result
+            if result.get("amplification") in (Amplification.BALLS_IN_BINS, Amplification.B_MIN_SEP,
+                                               Amplification.RANDOM_ALLOCATION) and "candidates" not in result
             else "the JSON object --json prints")
     return _wrap(f"Saved to {result['out']} ({what}){'; it replaced the file that was there' if result.get('out_replaced') else ''}.")
 
@@ -762,7 +893,9 @@ def register(subparsers) -> None:
                     "'Near exact privacy amplification for matrix mechanisms'), then release the noise\n"
                     "multiplier certified by Estimate-Verify-Release on independent draws.  --amplification\n"
                     "b_min_sep (--min-sep, --sampling-prob, --steps) optimises a banded C under b-min-sep\n"
-                    "sampling (Dong and Ganesh) instead.  Comma lists in\n"
+                    "sampling (Dong and Ganesh) instead, and --amplification random_allocation\n"
+                    "(--selections-per-epoch) a banded C under random allocation (Feldman and Shenfeld).\n"
+                    "Comma lists in\n"
                     "--epsilon / --delta run one optimisation per combination.\n\n"
                     "Examples:\n"
                     "  dpjax optimize --example\n"
@@ -831,13 +964,20 @@ def _add_method_arguments(p) -> None:
                    help="balls_in_bins (default: optimise C, Monte Carlo certificate), cyclic_poisson (banded C "
                         "under cyclic Poisson sampling, bands chosen and sigma certified by the PLD accountant), "
                         "b_min_sep (optimise a banded C under b-min-sep sampling, --min-sep, --sampling-prob, "
-                        "--steps; Monte Carlo certificate) or auto (balls_in_bins and cyclic_poisson, and b_min_sep "
-                        "when --min-sep and --sampling-prob are given; the smaller certified rmse, every candidate "
-                        "printed)")
+                        "--steps; Monte Carlo certificate), random_allocation (optimise a banded C, at most 6 "
+                        "bands, under random allocation, --selections-per-epoch of the --batches-per-epoch batches of "
+                        "every epoch; Monte Carlo certificate) or auto (balls_in_bins and cyclic_poisson, b_min_sep "
+                        "when --min-sep and --sampling-prob are given, random_allocation when --selections-per-epoch "
+                        "is; the smaller certified rmse, every candidate printed)")
     _args.add_b_min_sep_args(p.add_argument_group("b-min-sep sampling (Dong & Ganesh; --amplification b_min_sep "
                                                   "or auto)"),
                              min_sep_extra="; C gets at most b bands",
                              steps_extra="; --amplification auto uses n = --batches-per-epoch * --epochs")
+    p.add_argument_group("random allocation (Feldman & Shenfeld; --amplification random_allocation or auto)").add_argument(
+        "--selections-per-epoch", type=_args.integer(1, 32), default=None,
+        help="k, the batches each example takes part in per epoch, a fresh uniformly random k-subset of the "
+             "--batches-per-epoch batches every epoch; an integer in [1, min(b, 32)] (default 1 with "
+             "--amplification random_allocation; with auto it adds the random-allocation candidate)")
     p.add_argument("--no-certify", action="store_true",
                    help="skip the certificate: report the estimate only (noise_multiplier is null)")
     p.add_argument("--learning-rate", type=_args.real(0, lo_open=True), default=0.05,

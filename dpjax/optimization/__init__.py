@@ -8,8 +8,9 @@
   ``C`` (static config + unconstrained parameter pytree), :func:`make_parameterization`.
 * :func:`optimize_correlation` -- the loop (Newton in-loop calibration, one compiled step,
   checkpoints, resume, certification); :class:`OptimizationResult`.  Its records:
-  :class:`CorrelationProblem` (target, scheme ``dpjax.BallsInBins(b)`` with epochs or
-  ``dpjax.BMinSepSampling(min_sep, sampling_prob, num_rounds)``, objective, training sampler),
+  :class:`CorrelationProblem` (target, scheme ``dpjax.BallsInBins(b)`` with epochs,
+  ``dpjax.BMinSepSampling(min_sep, sampling_prob, num_rounds)`` or
+  ``dpjax.RandomAllocation(t, selections_per_epoch=k)`` with epochs, objective, training sampler),
   :class:`OptimizerSettings` (steps, optax optimizer, in-loop samples, solver, key),
   :class:`Checkpoint` (path, every, resume), :class:`CertifySettings`.
 * :func:`certify_result` -- the certify step of an optimised result;

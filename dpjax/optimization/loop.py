@@ -1,4 +1,4 @@
-"""The optimisation loop: correlation matrices under balls-in-bins (or b-min-sep) amplification, certified.
+"""The optimisation loop: correlation matrices under balls-in-bins (b-min-sep, random allocation) amplification, certified.
 
 Choquette-Choo, Ganesh, Haque, Steinke & Thakurta, "Near exact privacy amplification for matrix
 mechanisms", §4 (Algorithm 2) and §5.  One step minimises ``log RMSE(C) = log(sigma*(C) *
@@ -30,11 +30,16 @@ by the certify step :func:`certify_result` (:func:`dpjax.optimization.certify.ce
 with independent draws.
 
 Under b-min-sep sampling (``CorrelationProblem(sampling=dpjax.BMinSepSampling(...))``; Dong &
-Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling") the step is a separate
-one, :func:`_compiled_b_min_sep`: a banded ``C`` (at most ``min_sep`` bands), fresh draws from
-``fold_in(key, step)``, ``sigma*`` by :func:`dpjax.montecarlo.bminsep.calibrate_on_samples`
-with its implicit gradient through the bands; the same loop, checkpoints and resume; the
-certificate :meth:`dpjax.montecarlo.BMinSep.certify_noise` (docs/design.md §4.3).
+Ganesh, "Privacy Amplification for BandMF via b-Min-Sep Subsampling") and under random
+allocation (``CorrelationProblem(sampling=dpjax.RandomAllocation(t, k), epochs=E)``; Feldman &
+Shenfeld, "Privacy amplification by random allocation") the step is a separate one, the chain
+schemes' :func:`_compiled_chain`: a banded ``C`` (at most ``min_sep`` bands, or
+:data:`dpjax.montecarlo.allocation.MAX_BANDS`), fresh draws from ``fold_in(key, step)``,
+``sigma*`` by the scheme's ``calibrate_on_samples`` (:mod:`dpjax.montecarlo.bminsep`,
+:mod:`dpjax.montecarlo.allocation`) with its implicit gradient through the bands; the same loop,
+checkpoints and resume; the certificate the scheme accountant's ``certify_noise``
+(:class:`dpjax.montecarlo.BMinSep`, :class:`dpjax.montecarlo.RandomAllocation`; docs/design.md
+§4.3, §4.4).
 
 What is optimised, how, where it checkpoints and how it is certified are records
 (:mod:`dpjax.optimization.problem`: :class:`~dpjax.optimization.CorrelationProblem`,
@@ -76,7 +81,8 @@ from dpjax._base.results import ResultMixin
 from dpjax._base.progress import elapsed_meter as _elapsed_meter
 from dpjax._base.progress import note as _note
 from dpjax._base.progress import progress as _progress
-from dpjax.montecarlo.calibrate import MAX_PRECOMPUTED, DrawPlan, NewtonIllinois, calibrate_on_draws
+from dpjax.montecarlo.calibrate import (DEFAULT_NUM_ITERATIONS, MAX_PRECOMPUTED, DrawPlan, NewtonIllinois,
+                                        calibrate_on_draws)
 from dpjax.calibration.screened import (calibrate_screened_reusing, empty_screen_state,
                                         screened_draws)
 from dpjax.montecarlo import Certificate, as_prng_key, gram_matrix
@@ -146,7 +152,11 @@ class OptimizationResult(ResultMixin):
         ``batches_per_epoch`` and ``epochs`` say which), or for b-min-sep
         ``{"scheme": "b_min_sep", "min_sep": b, "sampling_prob": p, "num_rounds": n,
         "warm_start": True}`` (then ``batches_per_epoch`` and ``epochs`` are ``None``; train
-        with :class:`dpjax.sampling.BMinSepSampler` ``(N, p, b, n, B)``).
+        with :class:`dpjax.sampling.BMinSepSampler` ``(N, p, b, n, B)``), or for random
+        allocation ``{"scheme": "random_allocation", "batches_per_epoch": t,
+        "selections_per_epoch": k, "epochs": E}`` (``batches_per_epoch`` and ``epochs`` are
+        ``t`` and ``E``; each example in a fresh uniform ``k``-subset of each epoch's ``t``
+        batches; dpjax has no batch sampler for it).
 
     ``to_dict()`` / ``to_json(path)`` / ``OptimizationResult.load(path)``: see
     :mod:`dpjax._base.results`; the JSON also holds ``format`` (``"dpjax-optimize-result-1"``) and
@@ -533,13 +543,14 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                          settings: OptimizerSettings = OptimizerSettings(), *,
                          certify: CertifySettings | bool = True, checkpoint: Checkpoint | None = None,
                          progress: bool | None = None) -> OptimizationResult:
-    """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins or b-min-sep
-    sampling, then certify.
+    """Optimise ``C`` in ``parameterization`` for the RMSE under balls-in-bins, b-min-sep or
+    random-allocation sampling, then certify.
 
     Args:
       parameterization: from :func:`dpjax.optimization.make_parameterization` (``n = b * E``;
         under b-min-sep ``n = num_rounds`` and a banded Toeplitz family with at most
-        ``min_sep`` bands).
+        ``min_sep`` bands; under random allocation ``n = t * E`` and a banded Toeplitz family
+        with at most :data:`dpjax.montecarlo.allocation.MAX_BANDS` = 6 bands).
       problem: :class:`~dpjax.optimization.CorrelationProblem`, what is optimised: the privacy
         target, the scheme ``dpjax.BallsInBins(b)`` with the epochs ``E`` or
         ``dpjax.BMinSepSampling(min_sep, sampling_prob, num_rounds)``, the objective, and the
@@ -548,13 +559,15 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
         :func:`dpjax.montecarlo.bminsep.calibrate_on_samples` on ``num_samples`` fresh plain
         draws (default 2^13; ``estimator``, ``resample_every``, the screen and ``solver`` are
         balls-in-bins settings and do not apply), and the result records the scheme in
-        ``sampling``.
+        ``sampling``.  Under ``dpjax.RandomAllocation(t, k)`` with ``epochs = E`` the same, with
+        :func:`dpjax.montecarlo.allocation.calibrate_on_samples` (``k <= min(t, 32)``).
       settings: :class:`~dpjax.optimization.OptimizerSettings`, how: steps, optax optimizer,
         in-loop samples and estimator, resampling, screening, solver, key, start (default:
         300 Adam steps on the importance estimate, 2^11 samples per step, key 0).
       certify: :class:`~dpjax.optimization.CertifySettings` of the certificate, ``True`` (the
-        default settings; under b-min-sep ``CertifySettings(method="bernoulli_kl")``, the one
-        method :meth:`dpjax.montecarlo.BMinSep.certify_noise` has) or ``False`` (no
+        default settings; under b-min-sep and random allocation ``CertifySettings(method=
+        "bernoulli_kl")``, the one method :meth:`dpjax.montecarlo.BMinSep.certify_noise` and
+        :meth:`dpjax.montecarlo.RandomAllocation.certify_noise` have) or ``False`` (no
         certificate: ``noise_multiplier`` and ``rmse`` are NaN).  The certificate is the
         certify step :func:`certify_result` on the optimised result, its key by default
         ``fold_in(settings.key, 2^31 - 1)``, which the optimisation
@@ -583,17 +596,24 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
                                    OptimizerSettings(num_steps=100, num_samples=1 << 12))
         res.noise_multiplier, res.sampling, res.certificate.num_samples
 
+        # random allocation: each example in 2 of 8 batches per epoch, drawn afresh for 4 epochs.
+        problem = CorrelationProblem(sampling=dpjax.RandomAllocation(8, selections_per_epoch=2), epochs=4,
+                                     target_epsilon=2.0, target_delta=1e-3)
+        res = optimize_correlation(make_parameterization("banded", 32, bands=2), problem,
+                                   OptimizerSettings(num_steps=100, num_samples=1 << 12))
+
     Raises:
       ValueError: bad input, naming the argument (a record of the wrong type,
         ``parameterization.n != b * E`` or ``!= num_rounds``, a BLT or a family with more than
-        ``min_sep`` bands under b-min-sep, ``method="importance_betting"`` under b-min-sep, bad
+        ``min_sep`` bands under b-min-sep (more than 6 under random allocation),
+        ``method="importance_betting"`` under b-min-sep or random allocation, bad
         ``init_params``, a ``"bernoulli_kl"`` ``num_samples`` that cannot verify the target
         (says the minimum), a checkpoint of another configuration).  Nothing is written before
         the inputs are validated.
     """
     _check_records(parameterization, problem, settings, checkpoint)
-    if problem.is_b_min_sep:
-        return _optimize_b_min_sep(parameterization, problem, settings, certify, checkpoint, progress)
+    if problem.is_b_min_sep or problem.is_random_allocation:
+        return _optimize_chain(parameterization, problem, settings, certify, checkpoint, progress)
     certify = _certify_settings(certify)
     b, epochs = parameterization._check_pattern(problem.batches_per_epoch, problem.epochs)
     eps, delta = problem.target_epsilon, problem.target_delta
@@ -694,8 +714,9 @@ def certify_result(result: OptimizationResult, settings: CertifySettings | None 
         ``fold_in(key(result.seed), 2^31 - 1)``, the key ``optimize_correlation`` certifies
         with (a result optimised from a JAX key stores no seed: give ``key`` then).  ``None``
         (default): ``CertifySettings()`` for balls-in-bins, ``CertifySettings(method=
-        "bernoulli_kl")`` for a b-min-sep result (``result.sampling``; the only method there:
-        :meth:`dpjax.montecarlo.BMinSep.certify_noise`).
+        "bernoulli_kl")`` for a b-min-sep or random-allocation result (``result.sampling``; the
+        only method there: :meth:`dpjax.montecarlo.BMinSep.certify_noise`,
+        :meth:`dpjax.montecarlo.RandomAllocation.certify_noise`).
       progress: a note and an elapsed-time meter on stderr (``None``: auto).
 
     Returns:
@@ -712,7 +733,7 @@ def certify_result(result: OptimizationResult, settings: CertifySettings | None 
     Raises:
       ValueError: ``result`` or ``settings`` of the wrong type; no ``key`` for a result without
         a seed; a ``"bernoulli_kl"`` sample count that cannot verify the target (says the
-        minimum); ``method="importance_betting"`` for a b-min-sep result.
+        minimum); ``method="importance_betting"`` for a b-min-sep or random-allocation result.
     """
     if not isinstance(result, OptimizationResult):
         raise ValueError(f"result must be an OptimizationResult (optimize_correlation's), got {type(result).__name__}")
@@ -733,7 +754,7 @@ def certify_result(result: OptimizationResult, settings: CertifySettings | None 
 def _certify(result: OptimizationResult, settings: CertifySettings, ckey, progress) -> OptimizationResult:
     """:func:`certify_result` with the certificate's key resolved."""
     if result.sampling is not None:
-        return _certify_b_min_sep(result, settings, ckey, progress)
+        return _certify_chain(result, settings, ckey, progress)
     b, epochs, eps = result.batches_per_epoch, result.epochs, result.target_epsilon
     certify_delta = sampler_terms(result.dataset_size, result.batch_size, b, eps, result.target_delta).certify_delta
     settings = dataclasses.replace(settings, num_samples=settings.samples_for(result.target_delta, certify_delta),
@@ -881,44 +902,140 @@ def _certificate(corr, b, epochs, eps, delta, settings: CertifySettings, sigma_e
                            range_add=nan, reason=f"not certified: {exc}")
 
 
-# --------------------------------------------------------------------------- b-min-sep
+# --------------------------------------------------------------------------- chain schemes
 
 
-#: The scheme record of a b-min-sep result (:attr:`OptimizationResult.sampling`).
+#: The scheme records of the chain-scheme results (:attr:`OptimizationResult.sampling`).
 B_MIN_SEP = "b_min_sep"
+RANDOM_ALLOCATION = "random_allocation"
 
 
-def _b_min_sep_bands(parameterization, scheme) -> int:
-    """The band count of ``C`` for the b-min-sep path, or a ``ValueError`` naming the argument:
-    the accountant's likelihood ratio factorises only for ``C`` with at most ``min_sep`` bands
-    (:mod:`dpjax.montecarlo.bminsep`), and the family must be non-negative Toeplitz."""
+@dataclasses.dataclass(frozen=True)
+class _Chain:
+    """A scheme the loop accounts with a chain accountant (:mod:`dpjax.montecarlo._chain`: an
+    exact likelihood ratio by a forward algorithm, for banded ``C`` only): ``scheme`` a
+    :class:`dpjax.BMinSepSampling` (``epochs`` ``None``) or a :class:`dpjax.RandomAllocation`
+    with its ``epochs``.  What differs between the two is here: the band limit, the scheme
+    record, the per-step calibration and the accountant of the certificate.  Hashable (a key of
+    the compiled-step cache)."""
+
+    scheme: Any
+    epochs: int | None = None
+
+    @classmethod
+    def of_problem(cls, problem: CorrelationProblem) -> "_Chain":
+        return cls(problem.sampling, None if problem.is_b_min_sep else problem.epochs)
+
+    @classmethod
+    def of_record(cls, record) -> "_Chain":
+        """The scheme of a result's ``sampling`` record (``ValueError`` for any other record)."""
+        from dpjax.pld.scenario import BMinSepSampling, RandomAllocation
+
+        scheme = record.get("scheme") if isinstance(record, dict) else None
+        if scheme == B_MIN_SEP and record.get("warm_start", True) is not True:
+            raise ValueError(f"result.sampling: the optimisation accounts b-min-sep from the stationary start "
+                             f"(warm_start True), got {record!r}")
+        if scheme == B_MIN_SEP:
+            return cls(BMinSepSampling(record["min_sep"], record["sampling_prob"], record["num_rounds"]))
+        if scheme == RANDOM_ALLOCATION:
+            return cls(RandomAllocation(record["batches_per_epoch"], record["selections_per_epoch"]),
+                       int(record["epochs"]))
+        raise ValueError(f"result.sampling must be a b-min-sep record (scheme {B_MIN_SEP!r}) or a random-allocation "
+                         f"record (scheme {RANDOM_ALLOCATION!r}), got {record!r}")
+
+    @property
+    def is_b_min_sep(self) -> bool:
+        return self.epochs is None
+
+    @property
+    def words(self) -> str:
+        """The scheme in words, after "for"/"under"."""
+        return "b-min-sep sampling" if self.is_b_min_sep else "random allocation"
+
+    @property
+    def num_rounds(self) -> int:
+        return self.scheme.num_rounds if self.is_b_min_sep else self.scheme.batches_per_epoch * self.epochs
+
+    def band_limit(self) -> tuple[int, str, str]:
+        """``(most bands, the limit's name, why)``."""
+        if self.is_b_min_sep:
+            return (self.scheme.min_sep, f"min_sep = {self.scheme.min_sep}",
+                    "two participations' columns of C must not overlap")
+        from dpjax.montecarlo.allocation import MAX_BANDS
+
+        return (MAX_BANDS, f"dpjax.montecarlo.allocation.MAX_BANDS = {MAX_BANDS}",
+                "the exact likelihood ratio carries the last bands - 1 participations in the state of a forward "
+                "algorithm, 2^(bands - 1) (k + 1) states; docs/design.md §4.4")
+
+    def record(self) -> dict:
+        """:attr:`OptimizationResult.sampling` of a result under this scheme."""
+        s = self.scheme
+        if self.is_b_min_sep:
+            return {"scheme": B_MIN_SEP, "min_sep": s.min_sep, "sampling_prob": s.sampling_prob,
+                    "num_rounds": s.num_rounds, "warm_start": True}
+        return {"scheme": RANDOM_ALLOCATION, "batches_per_epoch": s.batches_per_epoch,
+                "selections_per_epoch": s.selections_per_epoch, "epochs": self.epochs}
+
+    def calibrate(self, bands, eps, delta, key, num_samples: int):
+        """``sigma*`` on ``num_samples`` draws of ``key`` (:class:`~dpjax.calibration.Solution`,
+        the implicit gradient through ``bands``): the scheme's ``calibrate_on_samples``."""
+        from dpjax.montecarlo import allocation, bminsep
+
+        s = self.scheme
+        if self.is_b_min_sep:
+            return bminsep.calibrate_on_samples(bands, eps, delta, s.sampling_prob, key, min_sep=s.min_sep,
+                                                num_samples=num_samples)
+        return allocation.calibrate_on_samples(bands, eps, delta, key, batches_per_epoch=s.batches_per_epoch,
+                                               num_samples=num_samples, selections_per_epoch=s.selections_per_epoch)
+
+    def accountant(self, first_column):
+        """The scheme's Monte Carlo accountant of ``C`` (its Toeplitz ``first_column``), whose
+        ``certify_noise`` certifies the result."""
+        from dpjax.montecarlo import BMinSep, allocation
+
+        s = self.scheme
+        if self.is_b_min_sep:
+            return BMinSep(first_column, s.sampling_prob, s.min_sep, s.num_rounds, warm_start=True)
+        return allocation.RandomAllocation(first_column, s.batches_per_epoch, self.epochs,
+                                           selections_per_epoch=s.selections_per_epoch)
+
+
+def _chain_bands(parameterization, chain: _Chain) -> int:
+    """The band count of ``C`` for a chain scheme, or a ``ValueError`` naming the argument: the
+    accountant's likelihood ratio is exact only for ``C`` with at most the scheme's limit of bands
+    (``min_sep`` for b-min-sep, :data:`dpjax.montecarlo.allocation.MAX_BANDS` for random
+    allocation), and the family must be non-negative Toeplitz."""
     from dpjax.optimization.parameterizations import (BandedToeplitzParameterization, BLTParameterization,
                                                       ToeplitzParameterization)
 
-    b = scheme.min_sep
-    hint = f"use make_parameterization('banded', n, bands=k) with 1 <= k <= min_sep = {b}"
+    most, limit, why = chain.band_limit()
+    accounting = "b-min-sep" if chain.is_b_min_sep else "random-allocation"
+    hint = f"use make_parameterization('banded', n, bands=k) with 1 <= k <= {limit}"
     if isinstance(parameterization, BLTParameterization):
         raise ValueError(f"parameterization: a BLT correlation matrix is not banded (every entry below the diagonal "
-                         f"is non-zero), and b-min-sep accounting needs C with at most min_sep = {b} bands; {hint}")
+                         f"is non-zero), and {accounting} accounting needs C with at most {limit} bands; {hint}")
     if isinstance(parameterization, BandedToeplitzParameterization):
         k = parameterization.bands
     elif isinstance(parameterization, ToeplitzParameterization):
         k = parameterization.n
     else:
-        raise ValueError(f"parameterization must be a banded Toeplitz family for b-min-sep sampling, got "
+        raise ValueError(f"parameterization must be a banded Toeplitz family for {chain.words}, got "
                          f"{parameterization!r}; {hint}")
-    if k > b:
-        raise ValueError(f"parameterization has {k} bands but min_sep = {b}: b-min-sep accounting needs C with at "
-                         f"most min_sep bands (two participations' columns of C must not overlap); {hint}")
-    if parameterization.n != scheme.num_rounds:
-        raise ValueError(f"n must equal BMinSepSampling's num_rounds = {scheme.num_rounds}, got "
-                         f"n={parameterization.n}")
+    if k > most:
+        short = "min_sep" if chain.is_b_min_sep else f"{most}"
+        raise ValueError(f"parameterization has {k} bands but {limit}: {accounting} accounting needs C with at "
+                         f"most {short} bands ({why}); {hint}")
+    if parameterization.n != chain.num_rounds:
+        rounds = ("BMinSepSampling's num_rounds" if chain.is_b_min_sep else
+                  "batches_per_epoch * epochs of the random allocation")
+        raise ValueError(f"n must equal {rounds} = {chain.num_rounds}, got n={parameterization.n}")
     return k
 
 
 def _band_table_of(parameterization, params, num_bands: int):
     """The ``(n, k)`` band table of ``C(params)`` (``bands[j, t] = c_t`` while ``j + t < n``;
-    :func:`dpjax.montecarlo.bminsep.band_table`), differentiable in ``params``."""
+    :func:`dpjax.montecarlo.bminsep.band_table`, :func:`dpjax.montecarlo.allocation.band_table`),
+    differentiable in ``params``."""
     n = parameterization.n
     column = parameterization.first_column(params)[:num_bands]
     inside = (np.arange(n)[:, None] + np.arange(num_bands)[None, :]) < n
@@ -926,26 +1043,22 @@ def _band_table_of(parameterization, params, num_bands: int):
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_b_min_sep(parameterization, scheme, num_samples: int, optimizer, objective: Callable):
-    """``(step, evaluate, draw, no_screen)`` of the b-min-sep path, in the shape :func:`_run_steps`
+def _compiled_chain(parameterization, chain: _Chain, num_samples: int, optimizer, objective: Callable):
+    """``(step, evaluate, draw, no_screen)`` of a chain scheme, in the shape :func:`_run_steps`
     and :func:`_start` take (no screen: ``draw`` returns the run's key and ``no_screen`` ``None``);
     cached on the static configuration like :func:`_compiled`."""
-    from dpjax.montecarlo import bminsep
-
-    n, k = parameterization.n, _b_min_sep_bands(parameterization, scheme)
-    passes = jnp.asarray(bminsep.DEFAULT_NUM_ITERATIONS, jnp.int32)
+    n, k = parameterization.n, _chain_bands(parameterization, chain)
+    passes = jnp.asarray(DEFAULT_NUM_ITERATIONS, jnp.int32)
     no = jnp.zeros((), bool)
 
     def loss_fn(params, eps, delta, key):
         corr = parameterization.correlation(params)
-        sol = bminsep.calibrate_on_samples(_band_table_of(parameterization, params, k), eps, delta,
-                                           scheme.sampling_prob, key, min_sep=scheme.min_sep,
-                                           num_samples=num_samples)
+        sol = chain.calibrate(_band_table_of(parameterization, params, k), eps, delta, key, num_samples)
         err = objective(corr, n)
         rmse = sol.root * err
         return jnp.log(rmse), (sol.root, rmse, sol.status, err)
 
-    def _bminsep_step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
+    def _chain_step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
         # Fresh draws every step, from fold_in(key, step); sigma0 is unused (the bisection
         # brackets from the sensitivity) and there is no screen.
         (loss, (root, rmse, status, _)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -959,54 +1072,57 @@ def _compiled_b_min_sep(parameterization, scheme, num_samples: int, optimizer, o
         loss, (root, rmse, status, err) = loss_fn(params, eps, delta, jax.random.fold_in(sample, step_index))
         return loss, (root, rmse, passes, status, no, no, screen_state), err
 
-    return jax.jit(_bminsep_step), jax.jit(evaluate), (lambda key, index: key), (lambda: None)
+    return jax.jit(_chain_step), jax.jit(evaluate), (lambda key, index: key), (lambda: None)
 
 
-def _b_min_sep_record(scheme) -> dict:
-    return {"scheme": B_MIN_SEP, "min_sep": scheme.min_sep, "sampling_prob": scheme.sampling_prob,
-            "num_rounds": scheme.num_rounds, "warm_start": True}
+def _compiled_b_min_sep(parameterization, scheme, num_samples: int, optimizer, objective: Callable):
+    """:func:`_compiled_chain` of a :class:`dpjax.BMinSepSampling` ``scheme``."""
+    return _compiled_chain(parameterization, _Chain(scheme), num_samples, optimizer, objective)
 
 
-def _b_min_sep_certify_settings(certify) -> CertifySettings | None:
-    """``certify=`` under b-min-sep: ``True`` is the Bernoulli-KL certificate (the only one the
-    b-min-sep accountant has); ``"importance_betting"`` is refused before the first step."""
+def _chain_certify_settings(certify, chain: _Chain) -> CertifySettings | None:
+    """``certify=`` under a chain scheme: ``True`` is the Bernoulli-KL certificate (the only one
+    the chain accountants have); ``"importance_betting"`` is refused before the first step."""
     if certify is True:
         return CertifySettings(method="bernoulli_kl")
     settings = _certify_settings(certify)
     if settings is not None and settings.method != "bernoulli_kl":
-        raise ValueError(f"method must be 'bernoulli_kl' for b-min-sep sampling, CertifySettings(method="
+        raise ValueError(f"method must be 'bernoulli_kl' for {chain.words}, CertifySettings(method="
                          f"'bernoulli_kl', ...) (the 'importance_betting' certificate needs the balls-in-bins "
                          f"importance sampler), got {str(settings.method)!r}")
     return settings
 
 
-def _optimize_b_min_sep(parameterization, problem: CorrelationProblem, settings: OptimizerSettings, certify,
-                        checkpoint: Checkpoint | None, progress) -> OptimizationResult:
-    """:func:`optimize_correlation` under :class:`dpjax.BMinSepSampling` (records checked).
+def _optimize_chain(parameterization, problem: CorrelationProblem, settings: OptimizerSettings, certify,
+                    checkpoint: Checkpoint | None, progress) -> OptimizationResult:
+    """:func:`optimize_correlation` under :class:`dpjax.BMinSepSampling` or
+    :class:`dpjax.RandomAllocation` (records checked).
 
     Each step calibrates ``sigma*`` on ``num_samples`` fresh draws from ``fold_in(key, step)``
-    with :func:`dpjax.montecarlo.bminsep.calibrate_on_samples` (bisection in ``log sigma``, the
-    plain estimate: there is no importance sampler or screen for b-min-sep) and takes an optax
-    step on ``log(sigma* err)``, the gradient through the bands by the implicit function
-    theorem.  The loop, checkpoints and resume are :func:`_run_steps`'s; the certificate is
-    :meth:`dpjax.montecarlo.BMinSep.certify_noise` (Bernoulli-KL) on independent draws.
+    with the scheme's ``calibrate_on_samples`` (:func:`dpjax.montecarlo.bminsep.calibrate_on_samples`,
+    :func:`dpjax.montecarlo.allocation.calibrate_on_samples`: bisection in ``log sigma``, the
+    plain estimate: there is no importance sampler or screen for these schemes) and takes an
+    optax step on ``log(sigma* err)``, the gradient through the bands by the implicit function
+    theorem.  The loop, checkpoints and resume are :func:`_run_steps`'s; the certificate is the
+    scheme accountant's ``certify_noise`` (Bernoulli-KL; :meth:`dpjax.montecarlo.BMinSep.certify_noise`,
+    :meth:`dpjax.montecarlo.RandomAllocation.certify_noise`) on independent draws.
     """
-    scheme = problem.sampling
-    _b_min_sep_bands(parameterization, scheme)
-    certify = _b_min_sep_certify_settings(certify)
+    chain = _Chain.of_problem(problem)
+    _chain_bands(parameterization, chain)
+    certify = _chain_certify_settings(certify, chain)
     eps, delta = problem.target_epsilon, problem.target_delta
     if certify is not None:
         certify.samples_for(delta)  # refused now, not after the steps
     num_samples = DEFAULT_NUM_SAMPLES[Estimator.PLAIN] if settings.num_samples is None else settings.num_samples
     num_steps, objective = settings.num_steps, problem.objective
     seed, jkey, optimizer, params = _run_start(parameterization, settings)
-    config = {"parameterization": parameterization.to_dict(), "sampling": _b_min_sep_record(scheme),
+    config = {"parameterization": parameterization.to_dict(), "sampling": chain.record(),
               "target_epsilon": eps, "target_delta": delta, "num_samples": num_samples,
               "key": np.asarray(jax.random.key_data(jkey)).tolist(),
               "objective": getattr(objective, "__name__", repr(objective)), "estimator": Estimator.PLAIN.value}
     t_start = time.perf_counter()
     with jax.enable_x64(True):
-        fns = _compiled_b_min_sep(parameterization, scheme, num_samples, optimizer, objective)
+        fns = _compiled_chain(parameterization, chain, num_samples, optimizer, objective)
         run = _start(params, optimizer.init(params), fns,
                      checkpoint.path if checkpoint is not None and checkpoint.resume else None, config, num_steps)
         _run_steps(run, fns, jkey, eps, delta, num_steps, None, checkpoint, config, progress)
@@ -1018,30 +1134,25 @@ def _optimize_b_min_sep(parameterization, problem: CorrelationProblem, settings:
         sigma_est, err = float(aux_f[0]), float(err_f)
         first_column = np.asarray(parameterization.first_column(run.params)).tolist()
     result = _uncertified_result(
-        parameterization, run, problem, (sigma_est, err, first_column), t_start, batches_per_epoch=None,
-        epochs=None, num_steps=num_steps, num_samples=num_samples, seed=seed, estimator=Estimator.PLAIN,
-        sampling=_b_min_sep_record(scheme))
+        parameterization, run, problem, (sigma_est, err, first_column), t_start,
+        batches_per_epoch=problem.batches_per_epoch, epochs=chain.epochs, num_steps=num_steps,
+        num_samples=num_samples, seed=seed, estimator=Estimator.PLAIN, sampling=chain.record())
     if certify is None:
         return result
     ckey = jax.random.fold_in(jkey, _CERTIFY_FOLD) if certify.key is None else as_prng_key(certify.key)
     return _certify(result, certify, ckey, progress)
 
 
-def _certify_b_min_sep(result: OptimizationResult, settings: CertifySettings, ckey, progress) -> OptimizationResult:
-    """:func:`_certify` of a b-min-sep result: :meth:`dpjax.montecarlo.BMinSep.certify_noise`
-    (Bernoulli-KL ladder) of the result's ``C`` at its target, on draws from ``ckey``."""
-    from dpjax.montecarlo import BMinSep
-
-    record = result.sampling
-    if record.get("scheme") != B_MIN_SEP:
-        raise ValueError(f"result.sampling must be a b-min-sep record (scheme {B_MIN_SEP!r}), got {record!r}")
-    _b_min_sep_certify_settings(settings)
+def _certify_chain(result: OptimizationResult, settings: CertifySettings, ckey, progress) -> OptimizationResult:
+    """:func:`_certify` of a chain-scheme result (``result.sampling``): the scheme accountant's
+    ``certify_noise`` (Bernoulli-KL ladder) of the result's ``C`` at its target, on draws from ``ckey``."""
+    chain = _Chain.of_record(result.sampling)
+    _chain_certify_settings(settings, chain)
     eps, delta = result.target_epsilon, result.target_delta
     num_samples = settings.samples_for(delta)
-    acc = BMinSep(np.asarray(result.first_column, np.float64), record["sampling_prob"], record["min_sep"],
-                  record["num_rounds"], warm_start=bool(record.get("warm_start", True)))
+    acc = chain.accountant(np.asarray(result.first_column, np.float64))
     sigma_est = result.noise_multiplier_estimate
-    _note("certify: the noise multiplier of the optimized C under b-min-sep sampling by Estimate-Verify-Release "
+    _note(f"certify: the noise multiplier of the optimized C under {chain.words} by Estimate-Verify-Release "
           "(bernoulli_kl) on fresh Monte Carlo samples", enabled=progress)
     t_c = time.perf_counter()
     with _elapsed_meter("certify", enabled=progress):

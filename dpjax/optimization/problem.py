@@ -5,7 +5,8 @@ and three records, each checked when it is made:
 
 * :class:`CorrelationProblem` -- what is optimised: the privacy target ``(epsilon, delta)``,
   the participation scheme (:class:`dpjax.BallsInBins` ``(batches_per_epoch)`` with the epochs,
-  or :class:`dpjax.BMinSepSampling` ``(min_sep, sampling_prob, num_rounds)``), the noise-free
+  :class:`dpjax.BMinSepSampling` ``(min_sep, sampling_prob, num_rounds)``, or
+  :class:`dpjax.RandomAllocation` ``(batches_per_epoch, selections_per_epoch)`` with the epochs), the noise-free
   objective and, for balls-in-bins, optionally the training sampler's ``dataset_size`` and
   ``batch_size`` (whose truncation the certificate pays for).
 * :class:`OptimizerSettings` -- how: optimizer steps, the optax optimizer, the in-loop Monte
@@ -42,6 +43,7 @@ from dpjax.optimization.certify import SamplerTerms, _check_key, sampler_terms
 from dpjax.optimization.objectives import prefix_sum_error
 from dpjax.pld.scenario import BallsInBins as BallsInBinsScheme
 from dpjax.pld.scenario import BMinSepSampling
+from dpjax.pld.scenario import RandomAllocation as RandomAllocationScheme
 
 __all__ = ["CorrelationProblem", "OptimizerSettings", "Checkpoint", "Estimator", "ESTIMATORS",
            "DEFAULT_NUM_SAMPLES", "DEFAULT_SOLVER"]
@@ -77,10 +79,16 @@ class CorrelationProblem:
         accounting of Choquette-Choo et al. 2024 amplifies) or :class:`dpjax.BMinSepSampling`
         ``(min_sep, sampling_prob, num_rounds)`` (an eligible example participates with
         probability ``p`` and then sits out ``min_sep - 1`` rounds; Dong & Ganesh, "Privacy
-        Amplification for BandMF via b-Min-Sep Subsampling").  Under b-min-sep the
-        parameterization must be banded with at most ``min_sep`` bands.
-      epochs: ``E``, an integer ``>= 1``, for balls-in-bins (the matrix has ``n = b * E``
-        rounds); left out (``None``) for b-min-sep, whose record fixes ``n = num_rounds``.
+        Amplification for BandMF via b-Min-Sep Subsampling"), or :class:`dpjax.RandomAllocation`
+        ``(batches_per_epoch, selections_per_epoch)`` (each epoch, each example takes part in a
+        uniformly random ``k``-subset of the ``t`` rounds, drawn afresh every epoch; Feldman &
+        Shenfeld, "Privacy amplification by random allocation"; ``k <= min(t, 32)``,
+        :data:`dpjax.montecarlo.allocation.MAX_SELECTIONS`).  Under b-min-sep the
+        parameterization must be banded with at most ``min_sep`` bands, under random allocation
+        with at most :data:`dpjax.montecarlo.allocation.MAX_BANDS` (6) bands.
+      epochs: ``E``, an integer ``>= 1``, for balls-in-bins and random allocation (the matrix
+        has ``n = t * E`` rounds); left out (``None``) for b-min-sep, whose record fixes
+        ``n = num_rounds``.
       target_epsilon: ``> 0`` (required).
       target_delta: in ``(0, 1)`` (required).
       objective: ``(correlation, n) -> err``, the noise-free error (default
@@ -93,7 +101,9 @@ class CorrelationProblem:
         sampler; the optimisation itself runs at ``target_delta``.  Without them the
         certificate holds for untruncated bins.  Balls-in-bins only: under b-min-sep the
         certificate holds for untruncated batches (add
-        :meth:`dpjax.sampling.BMinSepSampler.truncation_delta` of a fixed batch shape yourself).
+        :meth:`dpjax.sampling.BMinSepSampler.truncation_delta` of a fixed batch shape yourself),
+        and under random allocation for the untruncated batches of the ``k``-of-``t`` allocation
+        (dpjax has no random-allocation batch sampler).
 
     Example::
 
@@ -101,16 +111,19 @@ class CorrelationProblem:
                            target_delta=1e-5, dataset_size=60_000, batch_size=540)
         CorrelationProblem(sampling=dpjax.BMinSepSampling(min_sep=4, sampling_prob=0.25,
                            num_rounds=64), target_epsilon=2.0, target_delta=1e-5)
+        CorrelationProblem(sampling=dpjax.RandomAllocation(16, selections_per_epoch=2), epochs=4,
+                           target_epsilon=2.0, target_delta=1e-5)
 
     Raises:
-      ValueError: naming the field: ``sampling`` not one of the two schemes, ``epochs`` not an
-        integer ``>= 1`` (balls-in-bins) or given for b-min-sep, a target missing or out of
+      ValueError: naming the field: ``sampling`` not one of the three schemes, ``epochs`` not an
+        integer ``>= 1`` (balls-in-bins, random allocation) or given for b-min-sep,
+        ``selections_per_epoch`` above 32 (random allocation), a target missing or out of
         range, ``objective`` not callable, only one of ``dataset_size`` / ``batch_size`` (or
-        either under b-min-sep), or a ``batch_size`` that truncates too often (says the
-        smallest that fits).
+        either under b-min-sep or random allocation), or a ``batch_size`` that truncates too
+        often (says the smallest that fits).
     """
 
-    sampling: BallsInBinsScheme | BMinSepSampling
+    sampling: BallsInBinsScheme | BMinSepSampling | RandomAllocationScheme
     epochs: int | None = None
     target_epsilon: float | None = None
     target_delta: float | None = None
@@ -119,9 +132,10 @@ class CorrelationProblem:
     batch_size: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.sampling, (BallsInBinsScheme, BMinSepSampling)):
-            raise ValueError("sampling must be dpjax.BallsInBins(batches_per_epoch) or dpjax.BMinSepSampling(min_sep, "
-                             "sampling_prob, num_rounds) (the schemes whose amplification the optimisation "
+        if not isinstance(self.sampling, (BallsInBinsScheme, BMinSepSampling, RandomAllocationScheme)):
+            raise ValueError("sampling must be dpjax.BallsInBins(batches_per_epoch), dpjax.BMinSepSampling(min_sep, "
+                             "sampling_prob, num_rounds) or dpjax.RandomAllocation(batches_per_epoch, "
+                             "selections_per_epoch) (the schemes whose amplification the optimisation "
                              f"accounts), got {self.sampling!r}")
         if self.is_b_min_sep:
             if self.epochs is not None:
@@ -133,6 +147,16 @@ class CorrelationProblem:
                                  "add dpjax.sampling.BMinSepSampler.truncation_delta yourself): leave them out")
         else:
             object.__setattr__(self, "epochs", _validate.positive_int("epochs", self.epochs))
+        if self.is_random_allocation:
+            from dpjax.montecarlo.allocation import MAX_SELECTIONS
+
+            _validate.positive_int("selections_per_epoch", self.sampling.selections_per_epoch,
+                                   maximum=min(self.sampling.batches_per_epoch, MAX_SELECTIONS))
+            if self.dataset_size is not None or self.batch_size is not None:
+                raise ValueError("dataset_size and batch_size describe the balls-in-bins training sampler and do "
+                                 "not apply to random allocation (its certificate holds for the untruncated batches "
+                                 "of the k-of-t allocation; dpjax has no random-allocation batch sampler): leave "
+                                 "them out")
         for name in ("target_epsilon", "target_delta"):
             if getattr(self, name) is None:
                 raise ValueError(f"{name} must be given ({'> 0' if name == 'target_epsilon' else 'in (0, 1)'})")
@@ -151,21 +175,27 @@ class CorrelationProblem:
         return isinstance(self.sampling, BMinSepSampling)
 
     @property
+    def is_random_allocation(self) -> bool:
+        """Whether the scheme is :class:`dpjax.RandomAllocation` (``k`` of ``t`` rounds per epoch)."""
+        return isinstance(self.sampling, RandomAllocationScheme)
+
+    @property
     def batches_per_epoch(self) -> int | None:
-        """``b``, the scheme's batches (bins) per epoch (``None`` under b-min-sep)."""
+        """``b`` (``t``), the scheme's batches (bins, rounds) per epoch (``None`` under b-min-sep)."""
         return None if self.is_b_min_sep else self.sampling.batches_per_epoch
 
     @property
     def n(self) -> int:
-        """Rounds of the matrix mechanism: ``b * E`` (balls-in-bins) or ``num_rounds`` (b-min-sep)."""
+        """Rounds of the matrix mechanism: ``b * E`` (balls-in-bins, random allocation) or
+        ``num_rounds`` (b-min-sep)."""
         return self.sampling.num_rounds if self.is_b_min_sep else self.batches_per_epoch * self.epochs
 
     @property
     def sampler(self) -> SamplerTerms:
         """The training sampler's part of the budget (:func:`~dpjax.optimization.certify.sampler_terms`):
         ``truncation_delta`` and the ``certify_delta`` a certificate must meet (under b-min-sep
-        no sampler is given: nothing is subtracted)."""
-        if self.is_b_min_sep:
+        and random allocation no sampler is given: nothing is subtracted)."""
+        if self.is_b_min_sep or self.is_random_allocation:
             return SamplerTerms(None, None, 0.0, self.target_delta)
         return sampler_terms(self.dataset_size, self.batch_size, self.batches_per_epoch, self.target_epsilon,
                              self.target_delta)

@@ -125,7 +125,8 @@ def training_setup(result, *, dataset_size: int | None = None, batch_size: int |
       :class:`TrainingSetup`.
 
     Raises:
-      ValueError: a result without a verified certificate, a dense ``C`` (no streaming
+      ValueError: a result without a verified certificate, a random-allocation result (dpjax
+        has no sampler for it), a dense ``C`` (no streaming
         generator), sizes that differ from the certified ones, bad arguments (naming them).
     """
     import math
@@ -144,6 +145,11 @@ def training_setup(result, *, dataset_size: int | None = None, batch_size: int |
     if res.parameterization.get("family") == "dense":
         raise ValueError("result has a dense C: training_setup streams C^-1 z for Toeplitz, banded and BLT "
                          "correlation matrices only")
+    if res.sampling is not None and res.sampling.get("scheme") == "random_allocation":
+        raise ValueError("result is certified for random allocation (each example in a fresh uniform k-subset of "
+                         "each epoch's t batches), and dpjax has no batch sampler for it (dpjax.sampling offers "
+                         "BallsInBinsSampler, PoissonSampler and BMinSepSampler); draw the k-of-t allocation in "
+                         "your training loop and train with result.noise_multiplier")
     clip = float(_validate.positive("clip_norm", clip_norm))
     seed = _validate.prng_seed("seed", seed, key_allowed=False)
     n, bs = _sizes(res, dataset_size, batch_size)
