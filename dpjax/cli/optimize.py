@@ -369,9 +369,11 @@ def check_args(args) -> None:
     if args.baselines is None:
         args.baselines = bool(args.example)
     if args.certify_method is None:  # the method each scheme has by default
+        from dpjax.montecarlo.evr import DEFAULT_METHOD
+
         args.certify_method = ("bernoulli_kl" if args.amplification in (Amplification.B_MIN_SEP,
                                                                         Amplification.RANDOM_ALLOCATION)
-                               else "importance_betting")
+                               else DEFAULT_METHOD)
 
 
 def check_sampler_args(args) -> None:

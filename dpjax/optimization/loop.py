@@ -696,6 +696,12 @@ def _with_certificate(result: OptimizationResult, certificate: Certificate, seco
                                timings=timings)
 
 
+def _default_certify_settings(sampling) -> CertifySettings:
+    """The certify step's default settings for a result of scheme record ``sampling``: the
+    balls-in-bins default (``None``), Bernoulli-KL for a chain scheme (its accountants' one method)."""
+    return CertifySettings() if sampling is None else CertifySettings(method="bernoulli_kl")
+
+
 def certify_result(result: OptimizationResult, settings: CertifySettings | None = None, *,
                    progress: bool | None = None) -> OptimizationResult:
     """The certify step: ``result`` with its noise multiplier certified by Estimate-Verify-Release.
@@ -738,7 +744,7 @@ def certify_result(result: OptimizationResult, settings: CertifySettings | None 
     if not isinstance(result, OptimizationResult):
         raise ValueError(f"result must be an OptimizationResult (optimize_correlation's), got {type(result).__name__}")
     if settings is None:
-        settings = CertifySettings() if result.sampling is None else CertifySettings(method="bernoulli_kl")
+        settings = _default_certify_settings(result.sampling)
     if not isinstance(settings, CertifySettings):
         raise ValueError(f"settings must be a dpjax.optimization.CertifySettings(...), got {settings!r}")
     if settings.key is not None:

@@ -442,12 +442,22 @@ def test_one_default_certificate_method():
     # certify_noise and the certify step take CertifySettings; optimize_correlation's certify=True
     # is CertifySettings() and its default.
     assert CertifySettings().method == evr.DEFAULT_METHOD
-    assert inspect.signature(certify_result).parameters["settings"].default == CertifySettings()
+    # certify_result's default (None) resolves per scheme: balls-in-bins takes CertifySettings().
+    from dpjax.optimization.loop import _default_certify_settings
+
+    assert inspect.signature(certify_result).parameters["settings"].default is None
+    assert _default_certify_settings(None) == CertifySettings()
+    assert _default_certify_settings({"scheme": "b_min_sep"}).method == "bernoulli_kl"
     assert inspect.signature(optimize_correlation).parameters["certify"].default is True
     parser = build_parser()
     common = ["--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "1", "--delta", "0.1"]
     assert parser.parse_args(["mc-certify", *common, "--noise-multiplier", "1"]).certify_method == evr.DEFAULT_METHOD
-    assert parser.parse_args(["optimize", *common]).certify_method == evr.DEFAULT_METHOD
+    # optimize resolves its method per amplification when the arguments are checked.
+    from dpjax.cli.optimize import check_args
+
+    args = parser.parse_args(["optimize", *common, "--no-save"])
+    check_args(args)
+    assert args.certify_method == evr.DEFAULT_METHOD
     # mc-calibrate resolves its default per scheme (b-min-sep has only bernoulli_kl).
     from dpjax.cli.calibrate import certify_method_of
 
