@@ -26,7 +26,7 @@ and deletes the copy.  Before the mutations, the unmutated copy runs the union o
 Usage::
 
     python benchmarks/mutation_check.py                       # every mutation
-    python benchmarks/mutation_check.py --only epochs-truncated,rdp-order-denominator
+    python benchmarks/mutation_check.py --only epochs-truncated,rdp-order-denominator --out /tmp/some.json
     python benchmarks/mutation_check.py --out /tmp/mutation_check.json
 
 The results go to ``benchmarks/results/mutation_check.json`` (``--out``): the commit, the date,
@@ -558,6 +558,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     repo = args.repo.resolve()
+    if args.only and args.out is None:
+        # The committed record is of every mutation; a partial run must not replace it.
+        parser.error("--only needs --out (the default output is the full run's record)")
     out = args.out or repo / "benchmarks" / "results" / "mutation_check.json"
     ids = [m.id for m in MUTATIONS]
     if len(set(ids)) != len(ids):
