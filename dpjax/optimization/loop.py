@@ -220,6 +220,15 @@ class OptimizationResult(ResultMixin):
 # --------------------------------------------------------------------------- compiled step
 
 
+def _optimizer_step(optimizer, grads, opt_state, params):
+    """``(new_params, new_state, finite)``: one optax update, and whether every new parameter is
+    finite (checked on device: the loop then fetches one flag, not every parameter, each step)."""
+    updates, new_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+    return new_params, new_state, finite
+
+
 @functools.lru_cache(maxsize=32)
 def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer,
               objective: Callable, solver, precompute: bool | None, screened: bool = False,
@@ -270,10 +279,7 @@ def _compiled(parameterization, b: int, epochs: int, num_samples: int, optimizer
     def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, eps, delta, sample_of(sample, step_index), sigma0, screen_state)
-        updates, new_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        # Checked on device: the loop then fetches one flag, not every parameter, each step.
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+        new_params, new_state, finite = _optimizer_step(optimizer, grads, opt_state, params)
         return new_params, new_state, loss, aux, finite
 
     def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
@@ -362,9 +368,7 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         _, pullback = jax.vjp(lambda p: prep(p, eps, sigma0)[0], params)
         inverse = 1.0 / root
         (grads,) = pullback((bars[0] * inverse, bars[1] * inverse, 1.0 / err))
-        updates, new_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+        new_params, new_state, finite = _optimizer_step(optimizer, grads, opt_state, params)
         # The step's loss and RMSE in the same program (eagerly they cost two more dispatches).
         rmse = root * err
         return new_params, new_state, finite, jnp.log(rmse), rmse
@@ -1069,9 +1073,7 @@ def _compiled_chain(parameterization, chain: _Chain, num_samples: int, optimizer
         # brackets from the sensitivity) and there is no screen.
         (loss, (root, rmse, status, _)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, eps, delta, jax.random.fold_in(sample, step_index))
-        updates, new_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new_params)]))
+        new_params, new_state, finite = _optimizer_step(optimizer, grads, opt_state, params)
         return new_params, new_state, loss, (root, rmse, passes, status, no, no, screen_state), finite
 
     def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
@@ -1090,7 +1092,7 @@ def _chain_certify_settings(certify, chain: _Chain) -> CertifySettings | None:
     """``certify=`` under a chain scheme: ``True`` is the Bernoulli-KL certificate (the only one
     the chain accountants have); ``"importance_betting"`` is refused before the first step."""
     if certify is True:
-        return CertifySettings(method="bernoulli_kl")
+        return _default_certify_settings(chain.record())
     settings = _certify_settings(certify)
     if settings is not None and settings.method != "bernoulli_kl":
         raise ValueError(f"method must be 'bernoulli_kl' for {chain.words}, CertifySettings(method="
