@@ -11,6 +11,8 @@ grows, and (3) the accountant falls back to all frequencies there.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,9 +31,8 @@ def _plan(components, target_delta=1e-5):
 
 
 def _eps(plan, n_freq, target_delta=1e-5):
-    res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([target_delta]),
-                           jnp.zeros(()), directions=plan.directions, ms=plan.ms, n=plan.n, kinds=("up",),
-                           want="eps", n_freq=n_freq), plan.directions, ("up",), (1,))
+    res = unpack(program(dataclasses.replace(plan, n_freq=n_freq), jnp.asarray([target_delta]), jnp.zeros(()),
+                         kinds=("up",), want="eps"), plan.directions, ("up",), (1,))
     return max(float(r["up"]["value"][0]) for r in res), max(float(r["up"]["truncation"]) for r in res)
 
 
@@ -70,9 +71,8 @@ def test_accountant_falls_back_to_all_frequencies():
 
 
 def _delta(plan, n_freq, eps):
-    res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, jnp.asarray([1e-5]), jnp.asarray(eps),
-                         directions=plan.directions, ms=plan.ms, n=plan.n, kinds=("up",), want="delta",
-                         n_freq=n_freq), plan.directions, ("up",), (len(eps),))
+    res = unpack(program(dataclasses.replace(plan, n_freq=n_freq), jnp.asarray([1e-5]), jnp.asarray(eps),
+                         kinds=("up",), want="delta"), plan.directions, ("up",), (len(eps),))
     return np.max([r["up"]["value"] for r in res], axis=0), max(float(r["up"]["truncation"]) for r in res)
 
 

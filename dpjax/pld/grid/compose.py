@@ -182,9 +182,9 @@ def compose(
 
     direction = Direction.parse(direction)
     kinds = _check_kinds(kinds)
-    inp, spec = prog.inputs((tuple(groups),), dx, jnp.asarray(lambdas, jnp.float64)[None], log_tau, jnp.zeros(1),
-                            directions=(direction,), ms=(tuple(ms),), n=n, kinds=kinds, want="delta",
-                            n_freq=n_freq, traced=True)
+    layout = prog.GridLayout(groups=(tuple(groups),), dx=dx, lambdas=jnp.asarray(lambdas, jnp.float64)[None],
+                             log_tau=log_tau, directions=(direction,), ms=(tuple(ms),), n=n, n_freq=n_freq)
+    inp, spec = prog.inputs(layout, jnp.zeros(1), kinds=kinds, want="delta", traced=True)
     rows = prog.composed_rows(jax_ops(), inp, spec)
     out = {}
     for i, kind in enumerate(kinds):

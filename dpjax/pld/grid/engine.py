@@ -215,17 +215,16 @@ def prepare(components, max_distinct, stacked=None):
 # The program (on the host)
 
 
-def program(groups, dx, lambdas, log_tau, deltas, epsilons, *, directions, ms, n, kinds, want, n_freq=None,
-            tilted=False, tilt=None, tilt_from=None):
-    """One configuration through the PLD program on the host (:func:`dpjax.pld.grid.program.run_host`:
-    NumPy, nothing compiled): ``(directions, kinds, targets + len(DIAGNOSTICS))``.  ``deltas``
-    are the targets of ``want="eps"``, ``epsilons`` those of ``"delta"``; ``tilted`` with
-    ``tilt`` / ``tilt_from`` runs the tilted mode (``lambdas`` are then its candidate Chernoff
-    parameters)."""
+def program(layout, deltas, epsilons, *, kinds, want, tilt=None, tilt_from=None):
+    """One configuration on ``layout`` (a :class:`~dpjax.pld.grid.plan.GridPlan` or a
+    :class:`~dpjax.pld.grid.program.GridLayout`) through the PLD program on the host
+    (:func:`dpjax.pld.grid.program.run_host`: NumPy, nothing compiled):
+    ``(directions, kinds, targets + len(DIAGNOSTICS))``.  ``deltas`` are the targets of
+    ``want="eps"``, ``epsilons`` those of ``"delta"``; a ``tilt`` (with ``tilt_from``) runs the
+    tilted mode (``layout.lambdas`` are then its candidate Chernoff parameters)."""
     targets = np.ravel(np.asarray(deltas if want == "eps" else epsilons, np.float64))
-    inp, spec = prog.inputs(groups, dx, lambdas, log_tau, targets, directions=directions, ms=ms, n=n, kinds=kinds,
-                            want=want, n_freq=n_freq, tilt=tilt if tilted else None,
-                            tilt_from=tilt_from if tilted else None)
+    inp, spec = prog.inputs(layout, targets, kinds=kinds, want=want, tilt=tilt,
+                            tilt_from=None if tilt is None else tilt_from)
     return prog.run_host(inp, spec)
 
 
@@ -252,16 +251,13 @@ def run(groups, directions, kinds, deltas, epsilons, *, tail_mass, eps_hint, tar
         check_memory(plan, directions)
         want = "eps" if eps_hint is None else "delta"
         shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-        kw = dict(directions=directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want)
-        res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                               n_freq=plan.n_freq, **kw), directions, kinds, shape)
+        res = unpack(program(plan, deltas, epsilons, kinds=kinds, want=want), directions, kinds, shape)
         # Frequency truncation is always sound, but only free when the dropped part is
         # negligible (smooth, near-Gaussian composed loss); otherwise keep every frequency.
         if plan.n_freq is not None and any(float(r["truncation"]) > 1e-3 * plan.tau_wrap
                                            for rd in res for r in rd.values()):
             plan = dataclasses.replace(plan, n_freq=None)
-            res = unpack(program(plan.groups, plan.dx, plan.lambdas, plan.log_tau, deltas, epsilons,
-                                   n_freq=None, **kw), directions, kinds, shape)
+            res = unpack(program(plan, deltas, epsilons, kinds=kinds, want=want), directions, kinds, shape)
         budget = 10.0 * plan.tau_wrap
         over = any(
             (k == "up" and float(r["tail_above"]) > budget) or float(r["tail_below"]) > budget
@@ -493,8 +489,9 @@ def _tilted_run(groups, directions, kinds, deltas, epsilons, plan, res, *, want,
     n = plan.n * scale if grid is plan else grid.n
     thetas = tilt[:, None] * _TILT_THETA[None, :]
     shape = np.shape(deltas) if want == "eps" else np.shape(epsilons)
-    out = unpack(program(grid.groups, grid.dx, thetas, grid.log_tau, deltas, epsilons, directions=directions,
-                           ms=grid.ms, n=n, kinds=kinds, want=want, tilted=True, tilt=tilt,
+    layout = prog.GridLayout(groups=grid.groups, dx=grid.dx, lambdas=thetas, log_tau=grid.log_tau,
+                             directions=directions, ms=grid.ms, n=n)
+    out = unpack(program(layout, deltas, epsilons, kinds=kinds, want=want, tilt=tilt,
                            tilt_from=np.asarray(y_v, np.float64)), directions, kinds, shape)
     merged, valid, retry, high = [], True, guessed, False
     for r, t, fit, yv in zip(res, out, fits, y_v):

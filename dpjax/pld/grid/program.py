@@ -42,7 +42,7 @@ import numpy as np
 from dpjax._base.ops import NUMPY, Ops, is_jax, jax_ops, tree_flatten, tree_map, tree_unflatten
 from dpjax.pld.mechanisms import LossCDFs
 
-__all__ = ["DIAGNOSTICS", "UNIT_ROUNDOFF", "FLUSH", "Spec", "GroupSpec", "Inputs", "run_host", "run_jit",
+__all__ = ["DIAGNOSTICS", "UNIT_ROUNDOFF", "FLUSH", "GridLayout", "Spec", "GroupSpec", "Inputs", "run_host", "run_jit",
            "run_host_counts", "host_curve_partials", "composed_rows", "inputs", "host_inputs", "jit_spec",
            "stack_inputs", "conversion_block", "SUPPORT_BLOCK", "FREQ_BLOCK", "DPSGD_QUERY_PROGRAMS"]
 
@@ -1283,23 +1283,52 @@ def run_jit(count, inp: Inputs, spec: Spec):
 # From a grid plan
 
 
+@dataclasses.dataclass(frozen=True)
+class GridLayout:
+    """The grid one configuration runs on: what :func:`inputs` reads of a plan.  A
+    :class:`~dpjax.pld.grid.plan.GridPlan` has every field (pass it as it is, or
+    ``dataclasses.replace`` it to run it with other Chernoff parameters, FFT length, ...); this
+    record is for layouts built by hand.
+
+    Attributes:
+      groups: ``groups[d]`` the :class:`~dpjax.pld.grid.compose.Group` tuple of direction ``d``
+        (same mechanisms and counts in every direction, their own offsets).
+      dx: grid spacing.
+      lambdas: ``(D, L)`` Chernoff parameters per direction (the tilted mode's candidate ones).
+      log_tau: log of the tail level that centres the window.
+      directions: the ``D`` directions.
+      ms: ``ms[d]`` the support lengths of direction ``d``'s groups.
+      n: FFT length.
+      n_freq: frequencies kept (None: all).
+    """
+
+    groups: tuple
+    dx: Any
+    lambdas: Any
+    log_tau: Any
+    directions: tuple
+    ms: tuple
+    n: int
+    n_freq: int | None = None
+
+
 def host_inputs(plan, targets, *, kinds, want, tilt=None, tilt_from=None, lambdas=None, floor_free=False):
     """``(Inputs, Spec)`` of one configuration planned by :func:`dpjax.pld.grid.plan.plan_grid` (a
     :class:`~dpjax.pld.grid.plan.GridPlan`), for :func:`run_host` (see :func:`inputs`)."""
-    return inputs(plan.groups, plan.dx, plan.lambdas if lambdas is None else lambdas, plan.log_tau, targets,
-                  directions=plan.directions, ms=plan.ms, n=plan.n, kinds=kinds, want=want, n_freq=plan.n_freq,
-                  tilt=tilt, tilt_from=tilt_from, floor_free=floor_free)
+    layout = plan if lambdas is None else dataclasses.replace(plan, lambdas=lambdas)
+    return inputs(layout, targets, kinds=kinds, want=want, tilt=tilt, tilt_from=tilt_from, floor_free=floor_free)
 
 
-def inputs(groups, dx, lambdas, log_tau, targets, *, directions, ms, n, kinds, want, n_freq=None, tilt=None,
-           tilt_from=None, floor_free=False, traced: bool = False):
-    """``(Inputs, Spec)`` of one configuration from a plan's parts: ``groups[d]`` the
-    :class:`~dpjax.pld.grid.compose.Group` tuple of direction ``d`` (same mechanisms and counts in every
-    direction, their own offsets), ``ms[d]`` its support lengths, ``lambdas`` ``(D, L)``.  Each
-    group's arrays are its support (the largest any direction asked for); ``n_freq`` frequencies
-    are kept (None: all).  ``tilt`` / ``tilt_from`` (``(D,)``): the tilted mode.  ``traced``:
-    mechanism parameters, counts and the scalars may be JAX values (a program under ``jit``):
-    they are kept as they are instead of converted to NumPy."""
+def inputs(layout: GridLayout, targets, *, kinds, want, tilt=None, tilt_from=None, floor_free=False,
+           traced: bool = False):
+    """``(Inputs, Spec)`` of one configuration on ``layout`` (a :class:`GridLayout` or a
+    :class:`~dpjax.pld.grid.plan.GridPlan`).  Each group's arrays are its support (the largest
+    any direction asked for); ``layout.n_freq`` frequencies are kept (None: all; the tilted mode
+    keeps all).  ``tilt`` / ``tilt_from`` (``(D,)``): the tilted mode.  ``traced``: mechanism
+    parameters, counts and the scalars may be JAX values (a program under ``jit``): they are kept
+    as they are instead of converted to NumPy."""
+    groups, dx, lambdas, log_tau = layout.groups, layout.dx, layout.lambdas, layout.log_tau
+    directions, ms, n, n_freq = layout.directions, layout.ms, layout.n, layout.n_freq
     asf = (lambda x: x) if traced else (lambda x: np.asarray(x, np.float64))
     asi = (lambda x: x) if traced else (lambda x: np.asarray(x, np.int64))
     D = len(directions)

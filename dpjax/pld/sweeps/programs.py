@@ -188,9 +188,7 @@ def _inputs(p: Planned, kinds, floor_free: bool):
 
     target = (p.cfg.delta if p.cfg.delta is not None else 0.5) if p.want == "eps" else \
         (p.cfg.epsilon if p.cfg.epsilon is not None else 0.0)
-    return prog.inputs(p.plan.groups, p.plan.dx, p.plan.lambdas, p.plan.log_tau, [target],
-                       directions=p.directions, ms=p.plan.ms, n=p.plan.n, kinds=kinds, want=p.want,
-                       n_freq=p.plan.n_freq, floor_free=_has_floor_free(p.want, floor_free))
+    return prog.inputs(p.plan, [target], kinds=kinds, want=p.want, floor_free=_has_floor_free(p.want, floor_free))
 
 
 def bucket_spec(first: Planned, kinds, floor_free: bool):

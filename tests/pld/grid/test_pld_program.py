@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -289,8 +290,7 @@ def test_compose_equals_the_program_rows_per_direction():
         up, _, _, _ = engine.prepare(comps, 256)
         plan = pld.plan_grid(up, dirs, tail_mass=1e-11, eps_hint=None, target_delta=1e-5, options=pld.GridOptions())
         ms = tuple(max(plan.ms[d][g] for d in range(2)) for g in range(len(plan.ms[0])))
-        inp, spec = prog.inputs(plan.groups, plan.dx, plan.lambdas, plan.log_tau, [0.5], directions=dirs,
-                                ms=(ms, ms), n=plan.n, kinds=("up", "down"), want="delta", n_freq=plan.n_freq)
+        inp, spec = prog.inputs(dataclasses.replace(plan, ms=(ms, ms)), [0.5], kinds=("up", "down"), want="delta")
         rows = prog.composed_rows(NUMPY, inp, spec)
         for di, d in enumerate(dirs):
             one = pld.compose(plan.groups[di], plan.dx, plan.lambdas[di], plan.log_tau, direction=d, ms=ms,
