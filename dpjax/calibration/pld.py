@@ -574,10 +574,8 @@ def dpsgd_noise_multiplier(sampling_prob=None, steps=None, target_epsilon=None, 
         if options is not None:
             raise ValueError(f"options (GridOptions) are for sampling='poisson' and 'fixed_batch'; "
                              f"sampling={sampling!r} plans its own grid (dpjax.pld.allocation.accountant)")
-        return allocation_dpsgd.noise_multiplier(name, eps, dlt, sampling=sampling, batches_per_epoch=batches_per_epoch,
-                                                 selections_per_epoch=selections_per_epoch, epochs=epochs,
-                                                 sampling_prob=q, steps=steps, group_size=group_size,
-                                                 dataset_size=dataset_size, batch_size=batch_size)
+        return allocation_dpsgd.noise_multiplier(name, eps, dlt, scheme=scheme, epochs=epochs, steps=steps,
+                                                 group_size=group_size)
     allocation_dpsgd.no_allocation_args(sampling, batches_per_epoch, selections_per_epoch)
     _check_order(steps)
     steps = _names.steps_from_epochs(name, q, steps, epochs, sampling=sampling, dataset_size=dataset_size,

@@ -34,7 +34,8 @@ from dpjax._base import names as _names
 from dpjax._base import traced as _traced
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import host_only
-from dpjax.pld.scenario import BallsInBins, Poisson, RandomAllocation, accepts_scenario, scheme_keywords
+from dpjax.pld.scenario import (BallsInBins, Poisson, RandomAllocation, SchemeKeywords, accepts_scenario,
+                                scheme_keywords)
 
 jax = _lazy_module("jax")
 
@@ -398,9 +399,9 @@ def _allocation_query(query, name, sigma, q, steps, target, noise_schedule, samp
     if noise_schedule is not None:
         raise ValueError(f"{name}: noise_schedule is for sampling='poisson'; random allocation takes one "
                          f"noise_multiplier (per-epoch schedules: dpjax.interop.RunningAllocationAccountant)")
-    return allocation_dpsgd.query(query, name, sigma, target, sampling=sampling, batches_per_epoch=batches_per_epoch,
-                                  selections_per_epoch=selections_per_epoch, epochs=epochs, sampling_prob=q,
-                                  steps=steps)
+    scheme = SchemeKeywords(sampling=sampling, sampling_prob=q, batches_per_epoch=batches_per_epoch,
+                            selections_per_epoch=selections_per_epoch)
+    return allocation_dpsgd.query(query, name, sigma, target, scheme=scheme, epochs=epochs, steps=steps)
 
 
 @accepts_scenario("target_epsilon", name="dpjax.pld.dpsgd_delta")

@@ -188,16 +188,25 @@ def _one_partials(q: str, sampling, sigma: float, target: float, t, k, E, option
     return {"noise_multiplier": float(d_s) * scale, "target": float(d_t)}
 
 
-def query(q: str, name: str, noise_multiplier, target, *, sampling, batches_per_epoch=None, selections_per_epoch=1,
-          epochs=None, sampling_prob=None, steps=None, group_size=1, dataset_size=None, batch_size=None,
+def _scheme_args(scheme, *, epochs, steps, group_size) -> tuple[str, int, int, int]:
+    """``(sampling, t, k, E)`` of a public call's scheme (a
+    :class:`~dpjax.pld.scenario.SchemeKeywords`) and run length, checked by :func:`allocation_args`."""
+    sampling = getattr(scheme.sampling, "value", scheme.sampling)
+    t, k, E = allocation_args(sampling, sampling_prob=scheme.sampling_prob, steps=steps,
+                              batches_per_epoch=scheme.batches_per_epoch,
+                              selections_per_epoch=scheme.selections_per_epoch, epochs=epochs, group_size=group_size,
+                              dataset_size=scheme.dataset_size, batch_size=scheme.batch_size)
+    return sampling, t, k, E
+
+
+def query(q: str, name: str, noise_multiplier, target, *, scheme, epochs=None, steps=None, group_size=1,
           options=None):
     """Epsilon (``q="epsilon"``, ``target`` a delta) or delta (``q="delta"``, ``target`` an
     epsilon) of one public call: scalars, a batch, or traced arguments (see the module
-    docstring)."""
-    sampling = getattr(sampling, "value", sampling)
-    t, k, E = allocation_args(sampling, sampling_prob=sampling_prob, steps=steps, batches_per_epoch=batches_per_epoch,
-                              selections_per_epoch=selections_per_epoch, epochs=epochs, group_size=group_size,
-                              dataset_size=dataset_size, batch_size=batch_size)
+    docstring).  ``scheme``: the call's :class:`~dpjax.pld.scenario.SchemeKeywords` (its
+    ``sampling`` one of :data:`ALLOCATION_SAMPLINGS`; the sizes of the other schemes are
+    refused, see :func:`allocation_args`)."""
+    sampling, t, k, E = _scheme_args(scheme, epochs=epochs, steps=steps, group_size=group_size)
     target_name = "target_delta" if q == "epsilon" else "target_epsilon"
     if noise_multiplier is None or target is None:
         raise ValueError(f"{name}: missing required argument {'noise_multiplier' if noise_multiplier is None else target_name}")
@@ -231,21 +240,18 @@ def query(q: str, name: str, noise_multiplier, target, *, sampling, batches_per_
     return values(noise_multiplier, target)
 
 
-def noise_multiplier(name: str, target_epsilon, target_delta, *, sampling, batches_per_epoch=None,
-                     selections_per_epoch=1, epochs=None, sampling_prob=None, steps=None, group_size=1,
-                     dataset_size=None, batch_size=None, options=None):
+def noise_multiplier(name: str, target_epsilon, target_delta, *, scheme, epochs=None, steps=None, group_size=1,
+                     options=None):
     """Smallest noise multiplier whose certified epsilon meets ``target_epsilon`` at
     ``target_delta`` (:func:`dpjax.pld.allocation.accountant.allocation_noise_multiplier`), for
     scalars, arrays (broadcast, one search per element) or traced targets, whose gradient is the
     implicit derivative at the returned sigma: ``d sigma / d target_epsilon = 1 / (d eps / d
     sigma)``, ``d sigma / d target_delta = -(d eps / d delta) / (d eps / d sigma)``, both partials
-    of the certified bound on the plan of the returned sigma (docs/design.md §5, §12.6)."""
+    of the certified bound on the plan of the returned sigma (docs/design.md §5, §12.6).
+    ``scheme``: as in :func:`query`."""
     from dpjax.pld.allocation import accountant as ra
 
-    sampling = getattr(sampling, "value", sampling)
-    t, k, E = allocation_args(sampling, sampling_prob=sampling_prob, steps=steps, batches_per_epoch=batches_per_epoch,
-                              selections_per_epoch=selections_per_epoch, epochs=epochs, group_size=group_size,
-                              dataset_size=dataset_size, batch_size=batch_size)
+    sampling, t, k, E = _scheme_args(scheme, epochs=epochs, steps=steps, group_size=group_size)
     if target_epsilon is None or target_delta is None:
         raise ValueError(f"{name}: missing required argument "
                          f"{'target_epsilon' if target_epsilon is None else 'target_delta'}")
