@@ -45,7 +45,7 @@ __all__ = [
     "AllocationOptions", "AllocationPlan", "allocation_blocks", "plan_allocation", "allocation_accounting",
     "allocation_epsilon", "allocation_delta", "balls_in_bins_accounting", "balls_in_bins_epsilon",
     "balls_in_bins_delta", "allocation_epsilon_fn", "delta_fn", "epsilon_partials", "allocation_noise_multiplier",
-    "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS",
+    "CALIBRATION_TOLERANCE", "allocation_epsilon_curve", "allocation_sweep", "SWEEP_ROW_FIELDS", "SWEEP_GRID_KEYS",
     "account_blocks", "plan_partials",
 ]
 
@@ -1094,8 +1094,20 @@ SWEEP_ROW_FIELDS = ("index", "sampling", "noise_multiplier", "batches_per_epoch"
                     "path")
 
 
-def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
+#: The keys of :func:`allocation_sweep`'s ``grid`` (each a value or a sequence of values).
+SWEEP_GRID_KEYS = ("sampling", "noise_multiplier", "batches_per_epoch", "selections_per_epoch", "epochs", "delta",
+                   "epsilon")
+
+
+def _sweep_configs(configs, grid) -> list[dict]:
     import itertools
+
+    grid = {} if grid is None else dict(grid)
+    extra = set(grid) - set(SWEEP_GRID_KEYS)
+    if extra:
+        raise ValueError(f"unknown grid key(s) {sorted(extra)}; allowed: {list(SWEEP_GRID_KEYS)}")
+    sampling = grid.pop("sampling", "random_allocation")
+    grid = dict(dict.fromkeys(SWEEP_GRID_KEYS[1:]), selections_per_epoch=1) | grid
 
     def as_list(name, v):
         if v is None:
@@ -1141,26 +1153,36 @@ def _sweep_configs(configs, grid: dict, sampling: str) -> list[dict]:
     return out
 
 
-def allocation_sweep(configs=None, *, sampling: str = "random_allocation", noise_multiplier=None,
-                     batches_per_epoch=None, selections_per_epoch=1, epochs=None, delta=None, epsilon=None, out=None,
-                     resume: bool = False, with_lower: bool = True, progress=None):
-    """Certified epsilon (or delta) of every random-allocation / balls-in-bins configuration
-    (a grid: Cartesian product of the keywords, or ``configs``, mappings with the configuration
-    fields and ``target_delta`` / ``target_epsilon``, ``delta`` / ``epsilon`` read too), one row
-    each (:data:`SWEEP_ROW_FIELDS`), each exactly the single call's value (``grid``
-    ``"accountant"``; ``"closed_form"`` where every step is selected: the exact Gaussian); with
-    ``out`` rows are journaled as computed and ``resume`` skips recorded ones (as
-    :func:`dpjax.sweep`).  ``progress``: as :func:`dpjax.sweep`.  Returns
-    :class:`dpjax.pld.SweepTable`."""
+def allocation_sweep(configs=None, *, grid=None, out=None, resume: bool = False, with_lower: bool = True,
+                     progress=None):
+    """Certified epsilon (or delta) of every random-allocation / balls-in-bins configuration, one
+    row each (:data:`SWEEP_ROW_FIELDS`), each exactly the single call's value (the row's ``grid``
+    field ``"accountant"``; ``"closed_form"`` where every step is selected: the exact Gaussian).
+
+    Args:
+      configs: mappings with the configuration fields (``sampling``, ``noise_multiplier``,
+        ``batches_per_epoch``, ``selections_per_epoch``, ``epochs``) and ``target_delta`` /
+        ``target_epsilon`` (``delta`` / ``epsilon`` read too).
+      grid: without ``configs``, the configurations are the Cartesian product of this mapping of
+        :data:`SWEEP_GRID_KEYS` to a value or a sequence of values (``noise_multiplier``,
+        ``batches_per_epoch``, ``epochs`` and one of ``delta`` / ``epsilon`` needed;
+        ``selections_per_epoch`` default 1).  Its ``sampling`` (default ``"random_allocation"``,
+        or ``"balls_in_bins"``; one value) is also the scheme of a configuration that names none.
+      out, resume: rows are journaled to ``out`` as computed and ``resume`` skips recorded ones
+        (as :func:`dpjax.sweep`).
+      with_lower: also the certified lower end of each bracket.
+      progress: as :func:`dpjax.sweep`.
+
+    Returns:
+      :class:`dpjax.pld.SweepTable`.
+    """
     import time
 
     from dpjax._base.progress import progress as progress_meter
     from dpjax.pld.records import SweepTable
 
     t0 = time.perf_counter()
-    cfgs = _sweep_configs(configs, dict(noise_multiplier=noise_multiplier, batches_per_epoch=batches_per_epoch,
-                                        selections_per_epoch=selections_per_epoch, epochs=epochs, delta=delta,
-                                        epsilon=epsilon), sampling)
+    cfgs = _sweep_configs(configs, grid)
     if resume and out is None:
         raise ValueError("resume=True needs out (the file a previous run wrote)")
     store, rows = None, {}
