@@ -58,7 +58,7 @@ import numpy as np  # noqa: E402
 
 from dpjax.matrices import Toeplitz  # noqa: E402
 from dpjax.optimization import baselines as bl  # noqa: E402
-from dpjax.optimization import make_parameterization  # noqa: E402
+from dpjax.optimization import CertifySettings, make_parameterization  # noqa: E402
 
 from _meta import run_metadata  # noqa: E402  (benchmarks/_meta.py: machine, date, command)
 
@@ -134,8 +134,8 @@ def run_group(group, eps_values, delta, b, epochs, args):
         return ([bl.dpsgd_balls_in_bins(e, delta, b, epochs) for e in eps_values]
                 + [bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), e, delta, b, epochs,
                                               name="dpsgd_balls_in_bins_monte_carlo",
-                                              certify_samples=args.certify_samples, key=1000 + i,
-                                              method=args.certify_method)
+                                              settings=CertifySettings(num_samples=args.certify_samples,
+                                                                       key=1000 + i, method=args.certify_method))
                    for i, e in enumerate(eps_values)])
     if group == "unamplified":
         rows = []
@@ -163,7 +163,7 @@ def run_group(group, eps_values, delta, b, epochs, args):
 def optimized_rows(optimize_correlation, eps_values, delta, b, epochs, args):
     """dpjax's optimized BLT(4) and Toeplitz under balls-in-bins, certified sigma."""
     import dpjax
-    from dpjax.optimization import CertifySettings, CorrelationProblem, OptimizerSettings, prefix_sum_error
+    from dpjax.optimization import CorrelationProblem, OptimizerSettings, prefix_sum_error
 
     n = b * epochs
     rows = []

@@ -177,32 +177,35 @@ DEFAULT_CERTIFY_SAMPLES = 1 << 23
 
 
 def balls_in_bins_certified(correlation, epsilon, delta, batches_per_epoch, epochs, *,
-                            name="balls_in_bins", calibration_samples=None,
-                            certify_samples=None, key=0, max_attempts=None, growth=None,
-                            method=None) -> BaselineRow:
+                            name="balls_in_bins", settings=None) -> BaselineRow:
     """``C`` under balls-in-bins batching, with a noise multiplier certified by EVR.
 
     The ladder of :func:`dpjax.montecarlo.evr.certify_noise` (the one every dpjax certificate
-    uses): ``sigma_0`` calibrated on ``calibration_samples`` draws (default
-    ``certify_samples // 4``), then ``max_attempts`` pre-committed rungs ``sigma_0 growth^j``
-    verified on ``certify_samples`` independent draws (default: the method's), the first passing
+    uses), as ``settings`` (a :class:`~dpjax.optimization.CertifySettings`; default
+    ``CertifySettings()``) states it: ``sigma_0`` calibrated on ``calibration_samples`` draws
+    (default ``num_samples // 4``), then ``max_attempts`` pre-committed rungs ``sigma_0 growth^j``
+    verified on ``num_samples`` independent draws (default: the method's), the first passing
     rung released; the stated failure probability is the union bound over the rungs.  ``method``:
-    ``"importance_betting"`` (default) or ``"bernoulli_kl"`` (:mod:`dpjax.montecarlo.evr`).  The
-    certificate is in the row (``certificate``).
+    ``"importance_betting"`` (default) or ``"bernoulli_kl"`` (:mod:`dpjax.montecarlo.evr`); ``key``:
+    the draws' seed or JAX key (default 0).  The certificate is in the row (``certificate``).
 
-    Raises ValueError if ``certify_samples`` cannot certify ``delta`` or no rung verifies.
+    Raises ValueError if ``num_samples`` cannot certify ``delta`` or no rung verifies.
     """
     from dpjax.montecarlo import BallsInBins, evr
+    from dpjax.optimization.certify import CertifySettings
 
+    if settings is None:
+        settings = CertifySettings()
+    elif not isinstance(settings, CertifySettings):
+        raise ValueError(f"settings must be a dpjax.optimization.CertifySettings(...), got {settings!r}")
     eps, delta, b, epochs = _check(epsilon, delta, batches_per_epoch, epochs)
     n = b * epochs
     acc = BallsInBins(correlation, b, epochs)
-    rungs = evr.DEFAULT_LADDER_RUNGS if max_attempts is None else max_attempts
     t0 = time.perf_counter()
-    cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=delta,
-                             num_samples=None if certify_samples is None else int(certify_samples),
-                             key=key, method=evr.DEFAULT_METHOD if method is None else method,
-                             ladder=evr.Ladder(rungs=rungs, growth=growth, calibration_samples=calibration_samples))
+    cert = evr.certify_noise(acc, target_epsilon=eps, target_delta=delta, num_samples=settings.num_samples,
+                             key=0 if settings.key is None else settings.key, method=settings.method,
+                             ladder=evr.Ladder(rungs=settings.max_attempts, growth=settings.growth,
+                                               calibration_samples=settings.calibration_samples))
     t_total = time.perf_counter() - t0
     if not cert.verified:
         raise ValueError(f"no noise multiplier verified (epsilon={eps:g}, delta={delta:g}): {cert.reason}")

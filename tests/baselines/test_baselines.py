@@ -64,8 +64,10 @@ def test_banded_rows_are_scale_invariant_and_one_band_is_dpsgd_poisson():
 def test_balls_in_bins_certified_identity():
     import jax.numpy as jnp
     from dpjax.matrices import Toeplitz
+    from dpjax.optimization import CertifySettings
 
-    r = bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), 2.0, 1e-5, B, E, certify_samples=1 << 22)
+    r = bl.balls_in_bins_certified(Toeplitz(jnp.ones(1)), 2.0, 1e-5, B, E,
+                                   settings=CertifySettings(num_samples=1 << 22))
     cert = r.certificate
     assert cert.verified and cert.delta <= 1e-5
     # Amplified sigma is below the unamplified one and at least the estimate.

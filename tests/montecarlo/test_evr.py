@@ -50,7 +50,8 @@ def _procedures(method):
     m = 1 << 14
 
     def baseline_row():
-        row = bl.balls_in_bins_certified(corr, 2.0, 1e-2, 2, 2, certify_samples=m, key=3, method=method)
+        row = bl.balls_in_bins_certified(corr, 2.0, 1e-2, 2, 2,
+                                         settings=CertifySettings(num_samples=m, key=3, method=method))
         return row.certificate
 
     def ladder():
