@@ -2,6 +2,9 @@
 count in docs/api_names.md ("Public surface").  The listing is generated from the packages, so a
 name added or removed without updating the page fails here; ``python tests/test_public_surface.py``
 rewrites the section.
+
+Every module's exports (public packages and sub-modules alike) keep their functions to at most
+:data:`MAX_PARAMETERS` parameters: a longer argument list is a record.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pathlib
+import pkgutil
 import sys
 import types
 
@@ -88,6 +92,36 @@ def _section(text: str) -> str:
 def test_public_surface_listed_with_its_count():
     assert _section(PAGE.read_text()) == render(), (
         "docs/api_names.md's public surface is out of date: run python tests/test_public_surface.py")
+
+
+def _all_modules() -> list[str]:
+    """Every module of the package, sub-modules included, except ``dpjax.__main__`` (importing it
+    runs the command line)."""
+    import dpjax
+
+    names = ["dpjax"]
+    for info in pkgutil.walk_packages(dpjax.__path__, "dpjax."):
+        if info.name.split(".")[-1] != "__main__":
+            names.append(info.name)
+    return names
+
+
+def test_no_exported_function_takes_more_than_max_parameters():
+    # Functions only: a record's constructor takes one parameter per field.
+    seen: set[int] = set()
+    long = []
+    for module_name in _all_modules():
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            if _kind(obj) != "function" or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            count = _parameters(obj)
+            if count is not None and count > MAX_PARAMETERS:
+                long.append(f"{module_name}.{name} ({count})")
+    assert not long, (f"exported functions with more than {MAX_PARAMETERS} parameters (group them in a record): "
+                      + ", ".join(long))
 
 
 def test_every_exported_name_exists():
