@@ -36,10 +36,11 @@ Shenfeld, "Privacy amplification by random allocation") the step is a separate o
 schemes' :func:`_compiled_chain`: a banded ``C`` (at most ``min_sep`` bands, or
 :data:`dpjax.montecarlo.allocation.MAX_BANDS`), fresh draws from ``fold_in(key, step)``,
 ``sigma*`` by the scheme's ``calibrate_on_samples`` (:mod:`dpjax.montecarlo.bminsep`,
-:mod:`dpjax.montecarlo.allocation`) with its implicit gradient through the bands; the same loop,
-checkpoints and resume; the certificate the scheme accountant's ``certify_noise``
-(:class:`dpjax.montecarlo.BMinSep`, :class:`dpjax.montecarlo.RandomAllocation`; docs/design.md
-§4.3, §4.4).
+:mod:`dpjax.montecarlo.allocation`) with its implicit gradient through the bands, compiled once
+per static part of the scheme (b-min-sep's ``sampling_prob`` is an argument of the program, not
+part of its cache key); the same loop, checkpoints and resume; the certificate the scheme
+accountant's ``certify_noise`` (:class:`dpjax.montecarlo.BMinSep`,
+:class:`dpjax.montecarlo.RandomAllocation`; docs/design.md §4.3, §4.4).
 
 What is optimised, how, where it checkpoints and how it is certified are records
 (:mod:`dpjax.optimization.problem`: :class:`~dpjax.optimization.CorrelationProblem`,
@@ -926,8 +927,9 @@ class _Chain:
     exact likelihood ratio by a forward algorithm, for banded ``C`` only): ``scheme`` a
     :class:`dpjax.BMinSepSampling` (``epochs`` ``None``) or a :class:`dpjax.RandomAllocation`
     with its ``epochs``.  What differs between the two is here: the band limit, the scheme
-    record, the per-step calibration and the accountant of the certificate.  Hashable (a key of
-    the compiled-step cache)."""
+    record, the accountant of the certificate, and the split of the scheme into its static part
+    (:attr:`static`, with the per-step calibration: the key of the compiled-program cache) and
+    its data (:attr:`data`: b-min-sep's ``sampling_prob``, an argument of those programs)."""
 
     scheme: Any
     epochs: int | None = None
@@ -986,17 +988,20 @@ class _Chain:
         return {"scheme": RANDOM_ALLOCATION, "batches_per_epoch": s.batches_per_epoch,
                 "selections_per_epoch": s.selections_per_epoch, "epochs": self.epochs}
 
-    def calibrate(self, bands, eps, delta, key, num_samples: int):
-        """``sigma*`` on ``num_samples`` draws of ``key`` (:class:`~dpjax.calibration.Solution`,
-        the implicit gradient through ``bands``): the scheme's ``calibrate_on_samples``."""
-        from dpjax.montecarlo import allocation, bminsep
-
+    @property
+    def static(self) -> "_ChainStatic":
+        """The part of the scheme the compiled programs depend on (the key of their cache)."""
         s = self.scheme
         if self.is_b_min_sep:
-            return bminsep.calibrate_on_samples(bands, eps, delta, s.sampling_prob, key, min_sep=s.min_sep,
-                                                num_samples=num_samples)
-        return allocation.calibrate_on_samples(bands, eps, delta, key, batches_per_epoch=s.batches_per_epoch,
-                                               num_samples=num_samples, selections_per_epoch=s.selections_per_epoch)
+            return _ChainStatic(B_MIN_SEP, (s.min_sep, s.num_rounds))
+        return _ChainStatic(RANDOM_ALLOCATION, (s.batches_per_epoch, s.selections_per_epoch, self.epochs))
+
+    @property
+    def data(self):
+        """The part of the scheme the compiled programs take as an argument: b-min-sep's
+        ``sampling_prob`` as a float64 array (a new ``p`` is data, not a new program), ``None``
+        under random allocation (none)."""
+        return np.asarray(self.scheme.sampling_prob, np.float64) if self.is_b_min_sep else None
 
     def accountant(self, first_column):
         """The scheme's Monte Carlo accountant of ``C`` (its Toeplitz ``first_column``), whose
@@ -1008,6 +1013,32 @@ class _Chain:
             return BMinSep(first_column, s.sampling_prob, s.min_sep, s.num_rounds, warm_start=True)
         return allocation.RandomAllocation(first_column, s.batches_per_epoch, self.epochs,
                                            selections_per_epoch=s.selections_per_epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChainStatic:
+    """The static part of a chain scheme (:attr:`_Chain.static`), on which its compiled step and
+    evaluate programs are cached: ``kind`` :data:`B_MIN_SEP` with ``sizes`` ``(min_sep,
+    num_rounds)``, or :data:`RANDOM_ALLOCATION` with ``(batches_per_epoch, selections_per_epoch,
+    epochs)``.  The rest of the scheme (:attr:`_Chain.data`: b-min-sep's ``sampling_prob``) is an
+    argument of those programs."""
+
+    kind: str
+    sizes: tuple
+
+    def calibrate(self, bands, eps, delta, key, num_samples: int, data):
+        """``sigma*`` on ``num_samples`` draws of ``key`` (:class:`~dpjax.calibration.Solution`,
+        the implicit gradient through ``bands``): the scheme's ``calibrate_on_samples``, ``data``
+        the scheme's :attr:`_Chain.data` (traced: b-min-sep's ``sampling_prob``)."""
+        from dpjax.montecarlo import allocation, bminsep
+
+        if self.kind == B_MIN_SEP:
+            min_sep, _ = self.sizes
+            return bminsep.calibrate_on_samples(bands, eps, delta, data, key, min_sep=min_sep,
+                                                num_samples=num_samples)
+        batches_per_epoch, selections_per_epoch, _ = self.sizes
+        return allocation.calibrate_on_samples(bands, eps, delta, key, batches_per_epoch=batches_per_epoch,
+                                               num_samples=num_samples, selections_per_epoch=selections_per_epoch)
 
 
 def _chain_bands(parameterization, chain: _Chain) -> int:
@@ -1053,34 +1084,57 @@ def _band_table_of(parameterization, params, num_bands: int):
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_chain(parameterization, chain: _Chain, num_samples: int, optimizer, objective: Callable):
-    """``(step, evaluate, draw, no_screen)`` of a chain scheme, in the shape :func:`_run_steps`
-    and :func:`_start` take (no screen: ``draw`` returns the run's key and ``no_screen`` ``None``);
-    cached on the static configuration like :func:`_compiled`."""
-    n, k = parameterization.n, _chain_bands(parameterization, chain)
+def _chain_programs(parameterization, static: _ChainStatic, num_bands: int, num_samples: int, optimizer,
+                    objective: Callable):
+    """``(step, evaluate)``: the jitted programs of a chain scheme, cached on its static part only
+    (:class:`_ChainStatic`); both take the scheme's data (:attr:`_Chain.data`) as their last
+    argument, so schemes that differ only there (b-min-sep's ``sampling_prob``) share them."""
+    n = parameterization.n
     passes = jnp.asarray(DEFAULT_NUM_ITERATIONS, jnp.int32)
     no = jnp.zeros((), bool)
 
-    def loss_fn(params, eps, delta, key):
+    def loss_fn(params, eps, delta, key, data):
         corr = parameterization.correlation(params)
-        sol = chain.calibrate(_band_table_of(parameterization, params, k), eps, delta, key, num_samples)
+        sol = static.calibrate(_band_table_of(parameterization, params, num_bands), eps, delta, key, num_samples,
+                               data)
         err = objective(corr, n)
         rmse = sol.root * err
         return jnp.log(rmse), (sol.root, rmse, sol.status, err)
 
-    def _chain_step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
+    def _chain_step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state, data):
         # Fresh draws every step, from fold_in(key, step); sigma0 is unused (the bisection
         # brackets from the sensitivity) and there is no screen.
         (loss, (root, rmse, status, _)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, eps, delta, jax.random.fold_in(sample, step_index))
+            params, eps, delta, jax.random.fold_in(sample, step_index), data)
         new_params, new_state, finite = _optimizer_step(optimizer, grads, opt_state, params)
         return new_params, new_state, loss, (root, rmse, passes, status, no, no, screen_state), finite
 
-    def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
-        loss, (root, rmse, status, err) = loss_fn(params, eps, delta, jax.random.fold_in(sample, step_index))
+    def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state, data):
+        loss, (root, rmse, status, err) = loss_fn(params, eps, delta, jax.random.fold_in(sample, step_index), data)
         return loss, (root, rmse, passes, status, no, no, screen_state), err
 
-    return jax.jit(_chain_step), jax.jit(evaluate), (lambda key, index: key), (lambda: None)
+    return jax.jit(_chain_step), jax.jit(evaluate)
+
+
+def _compiled_chain(parameterization, chain: _Chain, num_samples: int, optimizer, objective: Callable):
+    """``(step, evaluate, draw, no_screen)`` of a chain scheme, in the shape :func:`_run_steps`
+    and :func:`_start` take (no screen: ``draw`` returns the run's key and ``no_screen`` ``None``).
+
+    ``step`` and ``evaluate`` are thin wrappers that pass ``chain.data`` (b-min-sep's
+    ``sampling_prob``, a float64 array) to :func:`_chain_programs`' jitted programs, which are
+    cached on the static configuration (the scheme's static part, like :func:`_compiled`): a new
+    ``sampling_prob`` is a new argument, not a new program."""
+    step_jit, evaluate_jit = _chain_programs(parameterization, chain.static, _chain_bands(parameterization, chain),
+                                             num_samples, optimizer, objective)
+    data = chain.data
+
+    def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
+        return step_jit(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state, data)
+
+    def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
+        return evaluate_jit(params, eps, delta, sample, step_index, sigma0, screen_state, data)
+
+    return step, evaluate, (lambda key, index: key), (lambda: None)
 
 
 def _compiled_b_min_sep(parameterization, scheme, num_samples: int, optimizer, objective: Callable):

@@ -28,6 +28,7 @@ Tolerances:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import jax
@@ -116,6 +117,49 @@ def test_step_gradient_matches_finite_differences_on_common_draws():
     assert bool(finite) and int(aux[3]) == 0
     assert grad == pytest.approx(fd, rel=1e-5), (grad, fd)
     assert grad > 0  # c_1 = 1 is above the optimum: the loss falls as c_1 falls
+
+
+def test_a_new_sampling_prob_is_not_a_new_program(caplog):
+    """A new query must not mean a new program: two optimisations that differ only in
+    ``sampling_prob`` share the compiled step and evaluate programs (``p`` is an argument of the
+    programs, not a constant baked into them).
+
+    Counted during the second run only, after the first has compiled (or loaded) everything:
+    the programs JAX lowers and compiles -- the ``"Compiling jit(...)"`` records of
+    ``jax.log_compiles``, one per jit-cache miss, whether XLA then compiles the program or loads
+    it from the session's persistent compilation cache -- and the XLA backend compiles (the
+    ``/jax/core/compile/backend_compile_duration`` events).  Both must be zero; before the fix
+    the second run compiled ``jit(_chain_step)`` and ``jit(evaluate)`` again."""
+    events, active = [], [False]
+
+    def listener(name, secs, **kwargs):
+        if active[0] and name == "/jax/core/compile/backend_compile_duration":
+            events.append(secs)
+
+    def optimise(p):
+        problem = CorrelationProblem(sampling=dpjax.BMinSepSampling(B, p, N), target_epsilon=EPS,
+                                     target_delta=DELTA)
+        settings = OptimizerSettings(num_steps=2, num_samples=M, optimizer=OPT, init_params=START, key=5)
+        return optimize_correlation(PARAM, problem, settings, certify=False, progress=False)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        first = optimise(0.3)
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+            caplog.clear()
+            active[0] = True
+            second = optimise(0.35)
+            active[0] = False
+    finally:
+        active[0] = False
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:
+            unregister(listener)
+    compiled = [r.getMessage().split(" with ")[0] for r in caplog.records if r.getMessage().startswith("Compiling ")]
+    assert compiled == [] and events == [], (compiled, len(events))
+    assert first.status == second.status == "completed"
+    # The program reads the p it is given: more participation, more noise.
+    assert second.noise_multiplier_estimate > first.noise_multiplier_estimate
 
 
 @pytest.mark.slow
