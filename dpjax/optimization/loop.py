@@ -1137,11 +1137,6 @@ def _compiled_chain(parameterization, chain: _Chain, num_samples: int, optimizer
     return step, evaluate, (lambda key, index: key), (lambda: None)
 
 
-def _compiled_b_min_sep(parameterization, scheme, num_samples: int, optimizer, objective: Callable):
-    """:func:`_compiled_chain` of a :class:`dpjax.BMinSepSampling` ``scheme``."""
-    return _compiled_chain(parameterization, _Chain(scheme), num_samples, optimizer, objective)
-
-
 def _chain_certify_settings(certify, chain: _Chain) -> CertifySettings | None:
     """``certify=`` under a chain scheme: ``True`` is the Bernoulli-KL certificate (the only one
     the chain accountants have); ``"importance_betting"`` is refused before the first step."""

@@ -1,25 +1,14 @@
 """Optimising a banded correlation matrix under random allocation (Feldman & Shenfeld, "Privacy
 amplification by random allocation": each epoch, each example takes part in a fresh uniform
 ``k``-subset of the ``t`` rounds): ``CorrelationProblem(sampling=dpjax.RandomAllocation(t, k),
-epochs=E)`` in ``optimize_correlation``, its certificate, and bad input.
+epochs=E)`` in ``optimize_correlation``; the scheme's own checks (the checks every chain scheme
+goes through, on the problem of ``_chain_cases.py``, are in ``test_chain_optimize.py``).
 
 Runs with x64 OFF (the suite's default); the loop's compiled functions are called under
 ``jax.enable_x64(True)``, as the loop calls them.
 
 Tolerances:
 
-* Loss reduction (t = 4, k = 2, E = 2, 2 bands): the start ``c_1 = 1`` is far above the optimum
-  at this target (a sweep of ``c_1`` on one 2^13-sample estimate gives ``log RMSE`` 1.57 at
-  ``c_1 = 1``, 1.34 at 0.7 and 1.24-1.28 for ``c_1`` in [0.2, 0.5]), so 8 SGD steps must lower
-  the loss, measured on one common sample for both matrices (no Monte Carlo noise in the
-  difference beyond the smooth dependence of the estimate on ``C``), by more than 0.1.
-* Gradient: the step with ``optax.sgd(lr)`` moves the parameters by ``-lr`` times the gradient;
-  it must match central differences (``h = 1e-5``) of the step's own loss on the same draws to
-  1e-5 relative.  The bisection root is exact to ~1e-14 relative, so the difference quotient's
-  round-off is ~1e-9; ``delta_hat`` is piecewise smooth with kinks where a sample's loss crosses
-  epsilon, and a step of 1e-5 crosses one with probability ~m * 1e-5 = 0.5%, each changing the
-  slope by O(1/m).  A wrong gradient (a dropped ``d sigma*/d C`` term, the objective's gradient
-  only, a sign) is off by O(1).
 * The exact reduction at ``C = I``, ``k = 1`` (the 1-band family, no parameters): the pair is
   Feldman & Shenfeld's random-allocation pair, which dpjax's PLD accountant brackets to ~1e-3
   relative.  The loop's calibrated sigma solves ``delta_hat = target`` on its 2^13 draws, so the
@@ -32,81 +21,35 @@ Tolerances:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import pathlib
+import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import dpjax
-from dpjax.matrices import Toeplitz
 from dpjax.montecarlo import RandomAllocation
-from dpjax.optimization import (CertifySettings, CorrelationProblem, OptimizationResult, OptimizerSettings,
-                                certify_result, make_parameterization, optimize_correlation, prefix_sum_error)
-from dpjax.optimization import loop
+from dpjax.optimization import (CertifySettings, CorrelationProblem, OptimizerSettings, certify_result,
+                                make_parameterization, optimize_correlation)
 from dpjax.pld.allocation.accountant import allocation_accounting
 
-T, K, E, EPS, DELTA, M = 4, 2, 2, 2.0, 1e-2, 512
-N = T * E
-SCHEME = dpjax.RandomAllocation(T, selections_per_epoch=K)
-PROBLEM = CorrelationProblem(sampling=SCHEME, epochs=E, target_epsilon=EPS, target_delta=DELTA)
-PARAM = make_parameterization("banded", N, bands=2)
-START = {"coeffs": np.array([math.log(math.expm1(1.0))])}  # c_1 = 1 (softplus)
-CERTIFY = CertifySettings(num_samples=1 << 14, method="bernoulli_kl")
-# One optimizer object: the run and the gradient test share one compiled step.
-LR = 0.5
-OPT = optax.sgd(LR)
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import _chain_cases as cases  # noqa: E402
+from _chain_cases import CERTIFY, DELTA, E, EPS, M, T  # noqa: E402
+
+CASE = cases.CASES["random_allocation"]
+N, SCHEME, PROBLEM, PARAM = CASE.n, CASE.problem.sampling, CASE.problem, CASE.param
 
 
 @pytest.fixture(scope="module")
 def run():
-    settings = OptimizerSettings(num_steps=8, num_samples=M, optimizer=OPT, init_params=START, key=4)
-    return optimize_correlation(PARAM, PROBLEM, settings, certify=CERTIFY, progress=False)
+    return cases.run("random_allocation")
 
 
-def _log_rmse_on_common_draws(column):
-    column = np.asarray(column, np.float64)[:2]
-    sigma = RandomAllocation(column, T, E, selections_per_epoch=K).calibrate(EPS, DELTA, 1 << 13, key=9)
-    with jax.enable_x64(True):
-        err = float(prefix_sum_error(Toeplitz(jnp.asarray(column)), N))
-    return math.log(sigma * err)
-
-
-def test_optimisation_lowers_the_loss(run):
-    assert run.status == "completed" and len(run.history) == 8
-    start = _log_rmse_on_common_draws([1.0, 1.0])
-    end = _log_rmse_on_common_draws(run.first_column)
-    assert end < start - 0.1, (start, end, run.first_column[:2])
-    assert run.first_column[1] < 1.0 and all(c == 0.0 for c in run.first_column[2:])
-
-
-def test_result_records_the_scheme_and_its_certificate(run, tmp_path):
-    assert run.sampling == {"scheme": "random_allocation", "batches_per_epoch": T, "selections_per_epoch": K,
-                            "epochs": E}
-    assert (run.batches_per_epoch, run.epochs, run.estimator) == (T, E, "plain")
-    assert run.dataset_size is None and run.truncation_delta == 0.0
-    cert = run.certificate
-    assert cert.verified and cert.method == "bernoulli_kl" and cert.num_samples == 1 << 14
-    assert cert.epsilon == EPS and cert.delta <= DELTA and 0 < cert.failure_probability < DELTA
-    assert run.noise_multiplier == cert.noise_multiplier and math.isfinite(run.noise_multiplier)
-    assert run.rmse == pytest.approx(run.noise_multiplier * run.error, rel=1e-14)
-    # The ladder starts at the estimate and climbs 2% per rung: the certified sigma is near it.
-    assert 0.8 < run.noise_multiplier / run.noise_multiplier_estimate < 1.25
-    # float32 callers (x64 off) get float64 answers.
-    assert isinstance(run.noise_multiplier, float) and isinstance(run.first_column[1], float)
-    path = tmp_path / "r.json"
-    run.to_json(path)
-    assert json.loads(path.read_text())["sampling"]["scheme"] == "random_allocation"
-    back = OptimizationResult.load(path)
-    assert back.sampling == run.sampling and back.noise_multiplier == run.noise_multiplier
-    # The certify step on the uncertified result gives the same certificate (same default key).
-    again = certify_result(dataclasses.replace(back, certificate=None, noise_multiplier=math.nan), CERTIFY)
-    assert again.noise_multiplier == run.noise_multiplier
-    # Without settings: the one method of the chain accountants.
-    default = certify_result(back, progress=False)
+def test_certify_without_settings_uses_the_chain_accountants_method(run):
+    """Without settings: the one method of the chain accountants."""
+    default = certify_result(run, progress=False)
     assert default.certificate.method == "bernoulli_kl" and default.certificate.verified
 
 
@@ -115,26 +58,6 @@ def test_training_setup_refuses_a_random_allocation_result(run):
 
     with pytest.raises(ValueError, match="no batch sampler for it"):
         training_setup(run, dataset_size=2000, batch_size=600)
-
-
-def test_step_gradient_matches_finite_differences_on_common_draws():
-    """The random-allocation step with SGD(lr) moves the parameters by -lr times the gradient of its loss."""
-    step, evaluate, _, _ = loop._compiled_chain(PARAM, loop._Chain(SCHEME, E), M, OPT, prefix_sum_error)
-    with jax.enable_x64(True):
-        key = jax.random.key(3)
-        params = {"coeffs": jnp.asarray(START["coeffs"])}
-        new, _, loss, aux, finite = step(params, OPT.init(params), EPS, DELTA, key, 7, math.nan, None)
-        grad = float(params["coeffs"][0] - new["coeffs"][0]) / LR
-
-        def value(x):
-            return float(evaluate({"coeffs": jnp.asarray([x])}, EPS, DELTA, key, 7, math.nan, None)[0])
-
-        x0, h = float(START["coeffs"][0]), 1e-5
-        fd = (value(x0 + h) - value(x0 - h)) / (2 * h)
-        assert float(loss) == pytest.approx(value(x0), rel=1e-12)
-    assert bool(finite) and int(aux[3]) == 0
-    assert grad == pytest.approx(fd, rel=1e-5), (grad, fd)
-    assert grad > 0  # c_1 = 1 is above the optimum: the loss falls as c_1 falls
 
 
 def test_identity_calibration_and_certificate_match_the_exact_accountant():

@@ -1,24 +1,14 @@
 """Optimising a banded correlation matrix under b-min-sep sampling (Dong & Ganesh, "Privacy
 Amplification for BandMF via b-Min-Sep Subsampling"): ``CorrelationProblem(sampling=
-dpjax.BMinSepSampling(...))`` in ``optimize_correlation``, its certificate, and bad input.
+dpjax.BMinSepSampling(...))`` in ``optimize_correlation``; the scheme's own checks (the checks
+every chain scheme goes through, on the problem of ``_chain_cases.py``, are in
+``test_chain_optimize.py``).
 
 Runs with x64 OFF (the suite's default); the loop's compiled functions are called under
 ``jax.enable_x64(True)``, as the loop calls them.
 
 Tolerances:
 
-* Loss reduction: the start ``c_1 = 1`` is far above the optimum of a 2-band ``C`` at this
-  target (``c_1 ~ 0.4``: a sweep of ``c_1`` on one 2^13-sample estimate gives ``log RMSE``
-  0.85 there against 1.16 at ``c_1 = 1``; 10 steps of SGD(0.5) measured 0.86), so 8 steps
-  must lower the loss, measured on one common sample for both matrices (no Monte Carlo noise
-  in the difference beyond the smooth dependence of the estimate on ``C``), by more than 0.1.
-* Gradient: the step with ``optax.sgd(lr)`` moves the parameters by ``-lr`` times the gradient; it must
-  match central differences (``h = 1e-5``) of the step's own loss on the same draws to 1e-5
-  relative.  The bisection root is exact to ~1e-14 relative, so the difference quotient's
-  round-off is ~1e-9; ``delta_hat`` is piecewise smooth with kinks where a sample's loss
-  crosses epsilon, and a step of 1e-5 crosses one with probability ~m * 1e-5 = 0.5%, each
-  changing the slope by O(1/m).  A wrong gradient (a dropped ``d sigma*/d C`` term, the
-  objective's gradient only, a sign) is off by O(1).
 * The p = 1 reduction (b-min-sep with ``p = 1`` from the stationary start is balls-in-bins with
   ``min_sep`` batches per epoch): the two calibrated sigmas, each on its own 2^13-sample
   estimate, agree within 4 combined standard errors of ``delta_hat`` divided by the slope
@@ -27,96 +17,33 @@ Tolerances:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
+import pathlib
+import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import dpjax
-from dpjax.matrices import Toeplitz
 from dpjax.montecarlo import BallsInBins, BMinSep
-from dpjax.optimization import (CertifySettings, CorrelationProblem, OptimizationResult, OptimizerSettings,
-                                certify_result, make_parameterization, optimize_correlation, prefix_sum_error)
+from dpjax.optimization import (CertifySettings, CorrelationProblem, OptimizerSettings, make_parameterization,
+                                optimize_correlation)
 from dpjax.optimization import loop
 
-N, B, P, EPS, DELTA, M = 16, 4, 0.25, 2.0, 1e-2, 512
-SCHEME = dpjax.BMinSepSampling(min_sep=B, sampling_prob=P, num_rounds=N)
-PROBLEM = CorrelationProblem(sampling=SCHEME, target_epsilon=EPS, target_delta=DELTA)
-PARAM = make_parameterization("banded", N, bands=2)
-START = {"coeffs": np.array([math.log(math.expm1(1.0))])}  # c_1 = 1 (softplus)
-CERTIFY = CertifySettings(num_samples=1 << 14, method="bernoulli_kl")
-# One optimizer object: the run and the gradient test share one compiled step.
-LR = 0.5
-OPT = optax.sgd(LR)
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import _chain_cases as cases  # noqa: E402
+from _chain_cases import DELTA, EPS, M, OPT, START  # noqa: E402
+
+CASE = cases.CASES["b_min_sep"]
+N, B, P = cases.N_B, cases.MIN_SEP, cases.P
+SCHEME, PROBLEM, PARAM = CASE.problem.sampling, CASE.problem, CASE.param
 
 
 @pytest.fixture(scope="module")
 def run():
-    settings = OptimizerSettings(num_steps=8, num_samples=M, optimizer=OPT, init_params=START, key=4)
-    return optimize_correlation(PARAM, PROBLEM, settings, certify=CERTIFY, progress=False)
-
-
-def _log_rmse_on_common_draws(column):
-    column = np.asarray(column, np.float64)[:2]
-    sigma = BMinSep(column, P, B, N).calibrate(EPS, DELTA, 1 << 13, key=9)
-    with jax.enable_x64(True):
-        err = float(prefix_sum_error(Toeplitz(jnp.asarray(column)), N))
-    return math.log(sigma * err)
-
-
-def test_optimisation_lowers_the_loss(run):
-    assert run.status == "completed" and len(run.history) == 8
-    start = _log_rmse_on_common_draws([1.0, 1.0])
-    end = _log_rmse_on_common_draws(run.first_column)
-    assert end < start - 0.1, (start, end, run.first_column[:2])
-    assert run.first_column[1] < 1.0 and all(c == 0.0 for c in run.first_column[2:])
-
-
-def test_result_records_the_scheme_and_its_certificate(run, tmp_path):
-    assert run.sampling == {"scheme": "b_min_sep", "min_sep": B, "sampling_prob": P, "num_rounds": N,
-                            "warm_start": True}
-    assert run.batches_per_epoch is None and run.epochs is None and run.estimator == "plain"
-    cert = run.certificate
-    assert cert.verified and cert.method == "bernoulli_kl" and cert.num_samples == 1 << 14
-    assert cert.epsilon == EPS and cert.delta <= DELTA and 0 < cert.failure_probability < DELTA
-    assert run.noise_multiplier == cert.noise_multiplier and math.isfinite(run.noise_multiplier)
-    assert run.rmse == pytest.approx(run.noise_multiplier * run.error, rel=1e-14)
-    # The ladder starts at the estimate and climbs 2% per rung: the certified sigma is near it.
-    assert 0.8 < run.noise_multiplier / run.noise_multiplier_estimate < 1.25
-    # float32 callers (x64 off) get float64 answers.
-    assert isinstance(run.noise_multiplier, float) and isinstance(run.first_column[1], float)
-    path = tmp_path / "r.json"
-    run.to_json(path)
-    back = OptimizationResult.load(path)
-    assert back.sampling == run.sampling and back.noise_multiplier == run.noise_multiplier
-    # The certify step on the uncertified result gives the same certificate (same default key).
-    again = certify_result(dataclasses.replace(back, certificate=None, noise_multiplier=math.nan), CERTIFY)
-    assert again.noise_multiplier == run.noise_multiplier
-
-
-def test_step_gradient_matches_finite_differences_on_common_draws():
-    """The b-min-sep step with SGD(lr) moves the parameters by -lr times the gradient of its loss."""
-    step, evaluate, _, _ = loop._compiled_b_min_sep(PARAM, SCHEME, M, OPT, prefix_sum_error)
-    with jax.enable_x64(True):
-        key = jax.random.key(3)
-        params = {"coeffs": jnp.asarray(START["coeffs"])}
-        new, _, loss, aux, finite = step(params, OPT.init(params), EPS, DELTA, key, 7, math.nan, None)
-        grad = float(params["coeffs"][0] - new["coeffs"][0]) / LR
-
-        def value(x):
-            return float(evaluate({"coeffs": jnp.asarray([x])}, EPS, DELTA, key, 7, math.nan, None)[0])
-
-        x0, h = float(START["coeffs"][0]), 1e-5
-        fd = (value(x0 + h) - value(x0 - h)) / (2 * h)
-        assert float(loss) == pytest.approx(value(x0), rel=1e-12)
-    assert bool(finite) and int(aux[3]) == 0
-    assert grad == pytest.approx(fd, rel=1e-5), (grad, fd)
-    assert grad > 0  # c_1 = 1 is above the optimum: the loss falls as c_1 falls
+    return cases.run("b_min_sep")
 
 
 def test_a_new_sampling_prob_is_not_a_new_program(caplog):
