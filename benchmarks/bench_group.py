@@ -70,6 +70,8 @@ def run_dp_accounting(sigma: float, sampling: str) -> dict:
 
 
 def _kwargs(sampling: str):
+    import dpjax
+
     return dict(sampling=dpjax.FixedBatch(B, N)) if sampling == "fixed_batch" else {}
 
 

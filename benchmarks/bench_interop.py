@@ -47,7 +47,6 @@ def _load_events():
 
 
 def part_events(interval, start=0, stop=None):
-    import dp_accounting as dpa
 
     from dpjax.interop import PLDAccountant, events_to_components
 

@@ -39,7 +39,6 @@ CPU smoke test:
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import dpjax
 from dpjax.group import group_accounting, group_epsilon
 from dpjax.pld.mog import group_mixture_params, mog_loss_cdfs
-from dpjax.pld.scenario import scheme_from_keywords
 
 SIGMAS = (1, 2, 4)
 ALL_KS = (1, 2, 4, 8, 16)

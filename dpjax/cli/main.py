@@ -252,7 +252,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def _version() -> str:
     try:
-        from importlib.metadata import PackageNotFoundError, version
+        from importlib.metadata import version
 
         return version("dpjax")
     except Exception:  # not installed (PYTHONPATH checkout): the package's own number

@@ -364,6 +364,3 @@ class PLDAccountantConfig:
 
     def create_accountant(self) -> PLDAccountant:
         return PLDAccountant(_ADD_REMOVE, options=self.options)
-
-    def __repr__(self) -> str:
-        return f"PLDAccountantConfig(options={self.options!r})"

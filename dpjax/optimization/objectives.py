@@ -40,7 +40,6 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

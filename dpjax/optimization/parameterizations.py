@@ -52,7 +52,7 @@ import abc
 import dataclasses
 import functools
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp

@@ -85,7 +85,6 @@ def _group_lemma():
 
 
 def _root_result():
-    import jax.numpy as jnp
 
     from dpjax.calibration import bisect_monotone
 

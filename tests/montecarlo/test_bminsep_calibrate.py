@@ -36,9 +36,8 @@ import pytest
 from scipy import stats
 
 import dpjax
-from dpjax.montecarlo import BMinSep, Certificate
+from dpjax.montecarlo import BMinSep
 from dpjax.montecarlo import bminsep as bm
-from dpjax.numerics.root import SolverStatus
 
 LEVEL = 1e-3
 # The configuration of the calibration and gradient tests (one compilation serves them all).

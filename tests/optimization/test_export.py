@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax.matrices import BLT, Toeplitz
+from dpjax.matrices import BLT
 from dpjax.optimization import make_parameterization
 from dpjax.optimization.export import from_jax_privacy, to_jax_privacy
 

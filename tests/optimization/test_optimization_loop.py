@@ -4,7 +4,6 @@ result round trip.  Small problems (n = 8) so each test is seconds."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dpjax.matrices import BLT, Toeplitz, toeplitz_dense
+from dpjax.matrices import BLT, Toeplitz
 from dpjax.optimization import (BandedToeplitzParameterization, BLTParameterization,
-                                DenseParameterization, ToeplitzParameterization,
+                                ToeplitzParameterization,
                                 make_parameterization, params_from_list, params_to_list,
                                 prefix_sum_error, unamplified_loss, unamplified_sensitivity)
 from dpjax.optimization.parameterizations import sqrt_prefix_sum_coefficients

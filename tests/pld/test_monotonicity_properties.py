@@ -28,7 +28,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpjax
-from dpjax import pld
 
 TOL_REL = 2e-3
 TOL_ABS = 1e-6
