@@ -329,9 +329,8 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
     device of every process (:func:`calibrate_on_draws` with its default devices).
 
     A step is three programs.  The parameters' side -- ``C``, its Gram matrix ``G`` and square
-    root ``L``, the warm start, the proposal, the objective, with the residuals of their pullback
-    (``jax.vjp``'s, a pytree); later the pullback and the optimizer update -- is compiled for one
-    device of this process: every process computes it,
+    root ``L``, the warm start, the proposal, the objective; later their pullback and the
+    optimizer update -- is compiled for one device of this process: every process computes it,
     from the same values, with the same program as a single-device run.  Only the calibration
     (its Monte Carlo sums, added in one order whatever the layout; the solver's steps; the
     implicit gradient with respect to ``G`` and ``L``) is compiled for every device.  So a step
@@ -366,13 +365,8 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         (root, aux), bars = jax.value_and_grad(solve, argnums=(0, 1), has_aux=True)(*args)
         return root, aux, bars
 
-    def prep_with_pullback(params, eps, sigma0):
-        # The pullback is jax.vjp's, a pytree of the forward pass's residuals: the update program
-        # takes it and runs the backward pass only, instead of computing the parameters' side again.
-        outs, pullback, aux = jax.vjp(lambda p: prep(p, eps, sigma0), params, has_aux=True)
-        return outs, aux, pullback
-
-    def update(params, opt_state, pullback, root, err, bars):
+    def update(params, opt_state, eps, sigma0, root, err, bars):
+        _, pullback = jax.vjp(lambda p: prep(p, eps, sigma0)[0], params)
         inverse = 1.0 / root
         (grads,) = pullback((bars[0] * inverse, bars[1] * inverse, 1.0 / err))
         new_params, new_state, finite = _optimizer_step(optimizer, grads, opt_state, params)
@@ -380,8 +374,8 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         rmse = root * err
         return new_params, new_state, finite, jnp.log(rmse), rmse
 
-    prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep_with_pullback), jax.jit(solve),
-                                                       jax.jit(solve_with_gradient), jax.jit(update))
+    prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep), jax.jit(solve), jax.jit(solve_with_gradient),
+                                                       jax.jit(update))
     # On one device of one process the calibration's program takes the arrays where they are; the
     # copy through the host is for programs spanning other devices (the same values either way).
     _on_host = _to_host if (jax.process_count() > 1 or len(jax.devices()) > 1) else (lambda tree: tree)
@@ -393,15 +387,15 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         return jnp.log(rmse), (root, rmse, passes, status, _FALSE, _FALSE, screen_state)
 
     def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
-        (gram, sqrt_gram, err), (start, proposal), pullback = prep_jit(params, eps, sigma0)
+        (gram, sqrt_gram, err), (start, proposal) = prep_jit(params, eps, sigma0)
         root, (passes, status), bars = _on_first_device(solve_grad_jit(
             *_on_host((gram, sqrt_gram, eps, delta)), sample, step_index, *_on_host((start, proposal))))
-        new_params, new_state, finite, loss, rmse = update_jit(params, opt_state, pullback, root, err, bars)
+        new_params, new_state, finite, loss, rmse = update_jit(params, opt_state, eps, sigma0, root, err, bars)
         aux = (root, rmse, passes, status, _FALSE, _FALSE, screen_state)
         return new_params, new_state, loss, aux, finite
 
     def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
-        (gram, sqrt_gram, err), (start, proposal), _ = prep_jit(params, eps, sigma0)
+        (gram, sqrt_gram, err), (start, proposal) = prep_jit(params, eps, sigma0)
         root, (passes, status) = _on_first_device(solve_jit(
             *_on_host((gram, sqrt_gram, eps, delta)), sample, step_index, *_on_host((start, proposal))))
         loss, aux = aux_of(root, err, passes, status, screen_state)
