@@ -1137,6 +1137,21 @@ def _compiled_chain(parameterization, chain: _Chain, num_samples: int, optimizer
     return step, evaluate, (lambda key, index: key), (lambda: None)
 
 
+def _check_chain_settings(settings: OptimizerSettings, chain: _Chain) -> None:
+    """A ``ValueError`` for the :class:`OptimizerSettings` fields the chain path has no use for,
+    when set away from their defaults: each step calibrates by bisection on the plain estimate of
+    fresh draws, so there is no screen to resample (``resample_every``, ``num_candidates``), no
+    materialised projections (``precompute``) and no choice of solver (``solver``).  Ignoring them
+    would let a user believe a setting took effect."""
+    defaults = OptimizerSettings()
+    unused = [name for name in ("resample_every", "num_candidates", "precompute", "solver")
+              if getattr(settings, name) != getattr(defaults, name)]
+    if unused:
+        raise ValueError(f"{', '.join(unused)}: not used under {chain.words} (each step calibrates sigma by "
+                         f"bisection on the plain estimate of fresh draws: no screen, no materialised projections, "
+                         f"no solver choice); leave {'them' if len(unused) > 1 else 'it'} at the default")
+
+
 def _chain_certify_settings(certify, chain: _Chain) -> CertifySettings | None:
     """``certify=`` under a chain scheme: ``True`` is the Bernoulli-KL certificate (the only one
     the chain accountants have); ``"importance_betting"`` is refused before the first step."""
@@ -1166,6 +1181,7 @@ def _optimize_chain(parameterization, problem: CorrelationProblem, settings: Opt
     """
     chain = _Chain.of_problem(problem)
     _chain_bands(parameterization, chain)
+    _check_chain_settings(settings, chain)
     certify = _chain_certify_settings(certify, chain)
     eps, delta = problem.target_epsilon, problem.target_delta
     if certify is not None:

@@ -233,6 +233,12 @@ class OptimizerSettings:
       init_params: starting parameters (default ``None``: ``parameterization.init()``, closed
         form); checked against the parameterization when the run starts.
 
+    Under :class:`dpjax.BMinSepSampling` and :class:`dpjax.RandomAllocation` each step calibrates
+    by bisection on the plain estimate of fresh draws (``estimator`` is read as ``"plain"``):
+    ``resample_every``, ``num_candidates``, ``precompute`` and ``solver`` do not apply, and
+    :func:`~dpjax.optimization.optimize_correlation` refuses them with a ``ValueError`` when they
+    are set away from their defaults.
+
     Example::
 
         OptimizerSettings(num_steps=300, optimizer=optax.adam(0.05), key=7)

@@ -39,7 +39,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dpjax.optimization import OptimizationResult, certify_result, prefix_sum_error
+from dpjax.calibration import Bisection
+from dpjax.optimization import (OptimizationResult, OptimizerSettings, certify_result, optimize_correlation,
+                                prefix_sum_error)
 from dpjax.optimization import loop
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -102,3 +104,15 @@ def test_step_gradient_matches_finite_differences_on_common_draws(name):
     assert bool(finite) and int(aux[3]) == 0
     assert grad == pytest.approx(fd, rel=1e-5), (grad, fd)
     assert grad > 0  # c_1 = 1 is above the optimum: the loss falls as c_1 falls
+
+
+@pytest.mark.parametrize("name", cases.NAMES)
+@pytest.mark.parametrize("field, value", [("resample_every", 1), ("num_candidates", 64), ("precompute", False),
+                                          ("solver", Bisection())])
+def test_settings_the_chain_path_does_not_use_are_refused(name, field, value):
+    """Each step calibrates by bisection on fresh draws: a screen, materialised projections or a
+    solver choice would be ignored, so setting one is refused before any step, naming it."""
+    case = cases.CASES[name]
+    settings = OptimizerSettings(num_steps=1, num_samples=cases.M, **{field: value})
+    with pytest.raises(ValueError, match=f"^{field}: not used under"):
+        optimize_correlation(case.param, case.problem, settings, certify=False, progress=False)
