@@ -28,8 +28,7 @@ import pytest
 
 import dpjax
 from dpjax.montecarlo import BallsInBins, BMinSep
-from dpjax.optimization import (CertifySettings, CorrelationProblem, OptimizerSettings, make_parameterization,
-                                optimize_correlation)
+from dpjax.optimization import (CorrelationProblem, OptimizerSettings, optimize_correlation)
 from dpjax.optimization import loop
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -128,20 +127,6 @@ def test_p_one_calibration_is_balls_in_bins():
 def test_bad_records_name_the_argument(make, match):
     with pytest.raises(ValueError, match=match):
         make()
-
-
-@pytest.mark.parametrize("param, certify, match", [
-    (make_parameterization("blt", N, num_buffers=2), True, "BLT correlation matrix is not banded"),
-    (make_parameterization("banded", N, bands=B + 1), True, "5 bands but min_sep = 4"),
-    (make_parameterization("toeplitz", N), True, "16 bands but min_sep = 4"),
-    (make_parameterization("banded", 2 * N, bands=2), True, "num_rounds = 16"),
-    (PARAM, CertifySettings(num_samples=1 << 14), "method must be 'bernoulli_kl'"),
-    (PARAM, CertifySettings(num_samples=64, method="bernoulli_kl"), "certify_samples >="),
-])
-def test_bad_input_is_refused_before_any_step(param, certify, match):
-    with pytest.raises(ValueError, match=match):
-        optimize_correlation(param, PROBLEM, OptimizerSettings(num_steps=1, num_samples=M), certify=certify,
-                             progress=False)
 
 
 def test_killed_run_resumes_to_the_identical_result(tmp_path):

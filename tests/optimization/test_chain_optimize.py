@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import pytest
 
 from dpjax.calibration import Bisection
-from dpjax.optimization import (OptimizationResult, OptimizerSettings, certify_result, optimize_correlation,
-                                prefix_sum_error)
+from dpjax.optimization import (CertifySettings, OptimizationResult, OptimizerSettings, certify_result,
+                                make_parameterization, optimize_correlation, prefix_sum_error)
 from dpjax.optimization import loop
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -116,3 +116,38 @@ def test_settings_the_chain_path_does_not_use_are_refused(name, field, value):
     settings = OptimizerSettings(num_steps=1, num_samples=cases.M, **{field: value})
     with pytest.raises(ValueError, match=f"^{field}: not used under"):
         optimize_correlation(case.param, case.problem, settings, certify=False, progress=False)
+
+
+# (scheme, the parameterization of n rounds, certify=, what the error must say)
+BAD_INPUT = [
+    ("b_min_sep", lambda n: make_parameterization("blt", n, num_buffers=2), True,
+     "BLT correlation matrix is not banded"),
+    ("b_min_sep", lambda n: make_parameterization("banded", n, bands=cases.MIN_SEP + 1), True,
+     "5 bands but min_sep = 4"),
+    ("b_min_sep", lambda n: make_parameterization("toeplitz", n), True, "16 bands but min_sep = 4"),
+    ("b_min_sep", lambda n: make_parameterization("banded", 2 * n, bands=2), True, "num_rounds = 16"),
+    ("b_min_sep", None, CertifySettings(num_samples=1 << 14), "method must be 'bernoulli_kl'"),
+    ("b_min_sep", None, CertifySettings(num_samples=64, method="bernoulli_kl"), "certify_samples >="),
+    ("random_allocation", lambda n: make_parameterization("blt", n, num_buffers=2), True,
+     "BLT correlation matrix is not banded"),
+    ("random_allocation", lambda n: make_parameterization("banded", n, bands=7), True,
+     "7 bands but dpjax.montecarlo.allocation.MAX_BANDS = 6"),
+    ("random_allocation", lambda n: make_parameterization("toeplitz", n), True, "8 bands but"),
+    ("random_allocation", lambda n: make_parameterization("banded", 2 * n, bands=2), True,
+     r"batches_per_epoch \* epochs .* = 8"),
+    ("random_allocation", None, CertifySettings(num_samples=1 << 14),
+     "method must be 'bernoulli_kl' for random allocation"),
+    ("random_allocation", None, CertifySettings(num_samples=64, method="bernoulli_kl"), "certify_samples >="),
+]
+
+
+@pytest.mark.parametrize("name, make, certify, match", BAD_INPUT)
+def test_bad_input_is_refused_before_any_step(name, make, certify, match):
+    """A family the scheme's accountant cannot take, a C of the wrong size, a certificate method
+    or sample count it cannot release: refused before any step (``make`` None: the case's own
+    2-band family)."""
+    case = cases.CASES[name]
+    param = case.param if make is None else make(case.n)
+    with pytest.raises(ValueError, match=match):
+        optimize_correlation(param, case.problem, OptimizerSettings(num_steps=1, num_samples=cases.M),
+                             certify=certify, progress=False)
