@@ -79,7 +79,9 @@ def top_level_trace() -> bool:
 
 
 def jit_cache_size(jitted: Any) -> int:
-    """Number of programs compiled for ``jitted`` (a ``jax.jit`` function); tests only."""
+    """Number of programs compiled for ``jitted`` (a ``jax.jit`` function): what
+    :func:`dpjax._base.xla.jit` bounds its live programs by, and what tests count compiles with.
+    ``NotImplementedError`` on a JAX without the private count (the bound is then off)."""
     fn = getattr(jitted, "_cache_size", None)
     if fn is None:
         raise NotImplementedError("this JAX does not expose a jitted function's compiled-program count")

@@ -411,8 +411,10 @@ def _run(args) -> dict:
     if args.quiet or args.json:
         set_progress(False)
     checkpoint = None if args.out is None else args.out + ".checkpoint.json"
-    if args.amplification == Amplification.B_MIN_SEP:
-        out, res = b_min_sep_result(args, args.steps, args.bands, checkpoint)
+    if args.amplification in (Amplification.B_MIN_SEP, Amplification.RANDOM_ALLOCATION):
+        out, res = (b_min_sep_result(args, args.steps, args.bands, checkpoint)
+                    if args.amplification == Amplification.B_MIN_SEP
+                    else random_allocation_result(args, args.bands, checkpoint))
         saved = save(out, args, text=res.to_json())
         if checkpoint is not None and res.status == "completed":
             remove_checkpoint(checkpoint)
@@ -422,12 +424,6 @@ def _run(args) -> dict:
                                   num_buffers=args.buffers if args.family == "blt" else None)
     if args.amplification == Amplification.CYCLIC_POISSON:
         return save(cyclic_poisson_result(args), args)
-    if args.amplification == Amplification.RANDOM_ALLOCATION:
-        out, res = random_allocation_result(args, args.bands, checkpoint)
-        saved = save(out, args, text=res.to_json())
-        if checkpoint is not None and res.status == "completed":
-            remove_checkpoint(checkpoint)
-        return saved
     # The baselines first: they do not depend on the optimised C, and a baseline that cannot be
     # certified is refused before minutes of optimisation and before anything is written.
     if args.baselines:
@@ -575,36 +571,51 @@ def best_of(*candidates: dict) -> dict:
     return best
 
 
+def _optimize_banded(args, problem, num_rounds: int, bands: int, checkpoint: str | None):
+    """The optimisation of a chain scheme's ``problem`` from the command line: a ``bands``-banded
+    Toeplitz ``C`` for ``num_rounds`` rounds, the plain in-loop estimate, certified by the scheme
+    accountant's Bernoulli-KL ladder (``--no-certify``: not certified)."""
+    from dpjax.optimization import (CertifySettings, Checkpoint, OptimizerSettings, make_parameterization,
+                                    optimize_correlation)
+    from dpjax.optimization.loop import default_optimizer
+
+    settings = OptimizerSettings(num_steps=args.optimizer_steps, num_samples=args.samples,
+                                 optimizer=default_optimizer(args.learning_rate), key=args.seed, estimator="plain")
+    certify = False if args.no_certify else CertifySettings(num_samples=args.certify_samples, method="bernoulli_kl")
+    return optimize_correlation(
+        make_parameterization("banded", num_rounds, bands=bands), problem, settings, certify=certify,
+        checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
+                                                              resume=args.resume))
+
+
+def _chain_output(res, args, amplification: Amplification, drop: tuple, **fields) -> dict:
+    """The printed / ``--json`` object of a chain scheme's result: the balls-in-bins output's
+    fields (add/remove adjacency too) less ``drop`` (those of its sampler, and its epochs where the
+    scheme has none), the scheme record, and ``fields``."""
+    out = {k: v for k, v in balls_in_bins_output(res, None, args).items() if k not in drop}
+    out.update(amplification=amplification.value, sampling=res.sampling, **fields)
+    return out
+
+
 def b_min_sep_result(args, num_rounds: int, bands: int, checkpoint: str | None):
     """``(output, result)`` of the b-min-sep optimisation: a ``bands``-banded Toeplitz ``C`` for
     ``num_rounds`` rounds under ``dpjax.BMinSepSampling(--min-sep, --sampling-prob, n)``, certified
     by :meth:`dpjax.montecarlo.BMinSep.certify_noise` (Bernoulli-KL).  ``output`` is the printed /
     ``--json`` object (the :class:`OptimizationResult`'s main fields, the scheme and the training
     sampler, ``dpjax.sampling.BMinSepSampler``)."""
-    from dpjax.optimization import (CertifySettings, Checkpoint, CorrelationProblem, OptimizerSettings,
-                                    make_parameterization, optimize_correlation)
-    from dpjax.optimization.loop import default_optimizer
+    from dpjax.optimization import CorrelationProblem
     from dpjax.pld.scenario import BMinSepSampling
 
     scheme = BMinSepSampling(args.min_sep, args.sampling_prob, num_rounds)
     _stage(f"optimizing a {bands}-banded C under b-min-sep sampling (min_sep {args.min_sep}, sampling_prob "
            f"{args.sampling_prob:g}, n = {num_rounds}): {args.optimizer_steps} optimizer steps, then the certificate")
     problem = CorrelationProblem(sampling=scheme, target_epsilon=args.epsilon, target_delta=args.delta)
-    settings = OptimizerSettings(num_steps=args.optimizer_steps, num_samples=args.samples,
-                                 optimizer=default_optimizer(args.learning_rate), key=args.seed, estimator="plain")
-    certify = False if args.no_certify else CertifySettings(num_samples=args.certify_samples, method="bernoulli_kl")
-    res = optimize_correlation(
-        make_parameterization("banded", num_rounds, bands=bands), problem, settings, certify=certify,
-        checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
-                                                              resume=args.resume))
-    # The balls-in-bins output's fields (add/remove adjacency too), less those of its sampler and epochs.
-    out = {k: v for k, v in balls_in_bins_output(res, None, args).items()
-           if k not in ("batches_per_epoch", "epochs", "dataset_size", "batch_size", "truncation_delta")}
-    out.update(amplification=Amplification.B_MIN_SEP.value, sampling=res.sampling,
-               participation_rate=scheme.participation_rate)
-    out["training_sampler"] = (f"dpjax.sampling.BMinSepSampler(num_examples, sampling_prob={args.sampling_prob:g}, "
-                               f"min_sep={args.min_sep}, steps={num_rounds}, batch_size)")
-    return out, res
+    res = _optimize_banded(args, problem, num_rounds, bands, checkpoint)
+    sampler = (f"dpjax.sampling.BMinSepSampler(num_examples, sampling_prob={args.sampling_prob:g}, "
+               f"min_sep={args.min_sep}, steps={num_rounds}, batch_size)")
+    return _chain_output(res, args, Amplification.B_MIN_SEP,
+                         ("batches_per_epoch", "epochs", "dataset_size", "batch_size", "truncation_delta"),
+                         participation_rate=scheme.participation_rate, training_sampler=sampler), res
 
 
 def random_allocation_result(args, bands: int, checkpoint: str | None):
@@ -614,9 +625,7 @@ def random_allocation_result(args, bands: int, checkpoint: str | None):
     :meth:`dpjax.montecarlo.RandomAllocation.certify_noise` (Bernoulli-KL).  ``output`` is the
     printed / ``--json`` object (the :class:`OptimizationResult`'s main fields, the scheme and the
     training sampler: the k-of-t allocation, for which dpjax has no batch sampler)."""
-    from dpjax.optimization import (CertifySettings, Checkpoint, CorrelationProblem, OptimizerSettings,
-                                    make_parameterization, optimize_correlation)
-    from dpjax.optimization.loop import default_optimizer
+    from dpjax.optimization import CorrelationProblem
     from dpjax.pld.scenario import RandomAllocation
 
     t, k, epochs = args.batches_per_epoch, args.selections_per_epoch, args.epochs
@@ -624,19 +633,10 @@ def random_allocation_result(args, bands: int, checkpoint: str | None):
            f"n = {t * epochs}): {args.optimizer_steps} optimizer steps, then the certificate")
     problem = CorrelationProblem(sampling=RandomAllocation(t, selections_per_epoch=k), epochs=epochs,
                                  target_epsilon=args.epsilon, target_delta=args.delta)
-    settings = OptimizerSettings(num_steps=args.optimizer_steps, num_samples=args.samples,
-                                 optimizer=default_optimizer(args.learning_rate), key=args.seed, estimator="plain")
-    certify = False if args.no_certify else CertifySettings(num_samples=args.certify_samples, method="bernoulli_kl")
-    res = optimize_correlation(
-        make_parameterization("banded", t * epochs, bands=bands), problem, settings, certify=certify,
-        checkpoint=None if checkpoint is None else Checkpoint(checkpoint, every=args.checkpoint_every,
-                                                              resume=args.resume))
-    # The balls-in-bins output's fields (add/remove adjacency too), less those of its sampler.
-    out = {key: v for key, v in balls_in_bins_output(res, None, args).items()
-           if key not in ("dataset_size", "batch_size", "truncation_delta")}
-    out.update(amplification=Amplification.RANDOM_ALLOCATION.value, sampling=res.sampling,
-               participation_rate=k / t, training_sampler=TRAINING_SAMPLERS[Amplification.RANDOM_ALLOCATION])
-    return out, res
+    res = _optimize_banded(args, problem, t * epochs, bands, checkpoint)
+    return _chain_output(res, args, Amplification.RANDOM_ALLOCATION, ("dataset_size", "batch_size", "truncation_delta"),
+                         participation_rate=k / t,
+                         training_sampler=TRAINING_SAMPLERS[Amplification.RANDOM_ALLOCATION]), res
 
 
 def baseline_rows(param, args) -> list[dict]:

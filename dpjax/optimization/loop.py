@@ -562,9 +562,10 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
         balls-in-bins training sampler's ``dataset_size`` / ``batch_size`` when the certificate
         must pay for its truncation.  Under b-min-sep each step calibrates ``sigma`` with
         :func:`dpjax.montecarlo.bminsep.calibrate_on_samples` on ``num_samples`` fresh plain
-        draws (default 2^13; ``estimator``, ``resample_every``, the screen and ``solver`` are
-        balls-in-bins settings and do not apply), and the result records the scheme in
-        ``sampling``.  Under ``dpjax.RandomAllocation(t, k)`` with ``epochs = E`` the same, with
+        draws (default 2^13; the estimate is the plain one whatever ``estimator`` says, and
+        ``resample_every``, ``num_candidates``, ``precompute`` and ``solver`` are balls-in-bins
+        settings, refused when set away from their defaults), and the result records the scheme
+        in ``sampling``.  Under ``dpjax.RandomAllocation(t, k)`` with ``epochs = E`` the same, with
         :func:`dpjax.montecarlo.allocation.calibrate_on_samples` (``k <= min(t, 32)``).
       settings: :class:`~dpjax.optimization.OptimizerSettings`, how: steps, optax optimizer,
         in-loop samples and estimator, resampling, screening, solver, key, start (default:
@@ -611,7 +612,8 @@ def optimize_correlation(parameterization, problem: CorrelationProblem,
       ValueError: bad input, naming the argument (a record of the wrong type,
         ``parameterization.n != b * E`` or ``!= num_rounds``, a BLT or a family with more than
         ``min_sep`` bands under b-min-sep (more than 6 under random allocation),
-        ``method="importance_betting"`` under b-min-sep or random allocation, bad
+        ``method="importance_betting"`` or a balls-in-bins setting under b-min-sep or random
+        allocation, bad
         ``init_params``, a ``"bernoulli_kl"`` ``num_samples`` that cannot verify the target
         (says the minimum), a checkpoint of another configuration).  Nothing is written before
         the inputs are validated.
