@@ -357,8 +357,7 @@ def _contract(ops, s, t, g, limit, origin, u0):
     def step(i, state):
         u, F_u, M_u, done, masses, index = state
         p = oo + (xp.floor((u - oo) / gg) + 1.0) * gg
-        F_p, M_p = cdf_first(p)
-        G_p = (M_p - M_u) - p * (F_p - F_u)                      # < 0 (conditional mean < p)
+        # G(p) < 0 (the conditional mean below p is below p), so p is the bracket's left end.
         G_l = (M_lim - M_u) - p * (F_lim - F_u)
         ok = ~done & (G_l >= 0.0) & (p < lim)
 
