@@ -158,13 +158,14 @@ def test_gram_reduction_agrees_with_direct_sampler(name, dense, b):
 
 def test_stream_definition_and_partial_block():
     """The sums equal a hand computation from draw_block for the first m samples (m not a block multiple)."""
-    m = BLOCK_SIZE + 1234
+    # test_chunk_size_does_not_change_result's m and epsilon shape: its default-chunk program serves here.
+    m = 3 * BLOCK_SIZE + 777
     eps = jnp.array([0.5, 1.5])
     with jax.enable_x64(True):
         gram = gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4)
         key = jax.random.key(5)
         sums = monte_carlo_sums(gram, 1.0, eps, key, m)
-        idx, u = zip(*[core.draw_block(core.rbg_key(key), j, 8) for j in range(2)])
+        idx, u = zip(*[core.draw_block(core.rbg_key(key), j, 8) for j in range(-(-m // BLOCK_SIZE))])
         idx, u = jnp.concatenate(idx)[:m], jnp.concatenate(u)[:m]
         y_pq, y_qp = privacy_losses(gram, gram_sqrt(gram), 1.0, idx, u)
         t_pq = np.maximum(0, 1 - np.exp(np.asarray(eps)[None, :] - np.asarray(y_pq)[:, None]))
