@@ -249,7 +249,8 @@ def test_agrees_with_live_jax_privacy():
     eps = np.array([1.0, 2.0, 4.0])
     terms = np.maximum(0.0, -np.expm1(eps[None, :] - np.asarray(losses)[:, None]))
     jp_mean, jp_se = terms.mean(0), terms.std(0, ddof=1) / math.sqrt(n_jp)
-    est = BallsInBins(TOEPLITZ4, 32, 8).estimate(1.0, eps, 1 << 18, key=3)
+    # 2^19 draws and three epsilons at b = 32: test_identity_between_poisson_and_unamplified's program.
+    est = BallsInBins(TOEPLITZ4, 32, 8).estimate(1.0, eps, 1 << 19, key=3)
     for k in range(3):
         assert _close(est.delta_remove[k], est.se_remove[k], jp_mean[k], jp_se[k]), (eps[k], est.delta_remove[k], jp_mean[k])
 
