@@ -514,13 +514,15 @@ def test_bad_call_arguments():
 def test_cli_mc_delta_and_certify(capsys):
     from dpjax.cli.main import main
 
+    # 2^14 samples at b = 8, one epsilon: the plain and variance-reduced programs that
+    # test_epsilon_hat_brackets_target and tests/montecarlo/test_evr.py compile.
     args = ["--toeplitz", "1,0.5,0.25", "--batches-per-epoch", "8", "--epochs", "4", "--noise-multiplier", "1.0",
-            "--samples", "8192", "--seed", "3"]
+            "--samples", "16384", "--seed", "3"]
     assert main(["mc-delta", *args, "--epsilon", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    d, se = BallsInBins(np.array([1.0, 0.5, 0.25]), 8, 4).delta(1.0, 2.0, 8192, 3)
+    d, se = BallsInBins(np.array([1.0, 0.5, 0.25]), 8, 4).delta(1.0, 2.0, 16384, 3)
     assert out["delta"] == pytest.approx(float(d), rel=1e-12) and out["standard_error"] == pytest.approx(float(se), rel=1e-12)
-    assert out["num_samples"] == 8192
+    assert out["num_samples"] == 16384
     assert main(["mc-certify", *args, "--epsilon", "6", "--target-delta", "0.05", "--json"]) == 0
     cert = json.loads(capsys.readouterr().out)
     assert cert["verified"] is True and cert["delta"] <= 0.05
