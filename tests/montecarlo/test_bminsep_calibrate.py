@@ -151,9 +151,11 @@ def test_calibration_core_from_float32_caller_and_status():
     with pytest.raises(ValueError, match="x64"):
         jax.jit(functools.partial(bm.calibrate_on_samples, min_sep=B, num_samples=M))(
             jnp.asarray(bands, jnp.float32), 1.5, 0.02, P, jax.random.key(3))
-    acc = BMinSep(np.array([1.0]), 1.0, 1, 4)  # p = 1, b = 1: no amplification
+    # p = 1, b = 1: no amplification.  16 rounds and 2^14 draws: the compiled calibration of
+    # test_calibrate_solves_the_estimate_and_matches_poisson (the sampling probability is data).
+    acc = BMinSep(np.array([1.0]), 1.0, 1, 16)
     with pytest.raises(ValueError, match="not reached"):
-        acc.calibrate(1e-9, 1e-12, 1024)
+        acc.calibrate(1e-9, 1e-12, 1 << 14)
 
 
 # --------------------------------------------------------------------------- certificates

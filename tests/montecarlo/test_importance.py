@@ -41,12 +41,14 @@ def _agree(corr, b, e, sigma, eps, m_plain, m_is, key=0):
     return z, mean, p_mean, se, p_se
 
 
-@pytest.mark.parametrize("corr,b,e,sigma,eps", [
-    (Toeplitz(np.array([1.0, 0.5])), 4, 2, 1.0, 1.0),
-    (Toeplitz(np.ones(1)), 16, 4, 1.0, 2.0),
+# The first case's plain estimate takes 2^20 draws: that of _plain_small (the same configuration
+# and key), so one compiled program serves both.
+@pytest.mark.parametrize("corr,b,e,sigma,eps,m_plain", [
+    (Toeplitz(np.array([1.0, 0.5])), 4, 2, 1.0, 1.0, 1 << 20),
+    (Toeplitz(np.ones(1)), 16, 4, 1.0, 2.0, 1 << 19),
 ])
-def test_unbiased_small(corr, b, e, sigma, eps):
-    z, mean, p_mean, se, p_se = _agree(corr, b, e, sigma, eps, 1 << 19, 1 << 15)
+def test_unbiased_small(corr, b, e, sigma, eps, m_plain):
+    z, mean, p_mean, se, p_se = _agree(corr, b, e, sigma, eps, m_plain, 1 << 15)
     assert np.all(z < 3.5), (z, mean, p_mean)
     assert np.all(mean > 0)
 
@@ -281,7 +283,8 @@ def test_smooth_and_differentiable_for_fixed_draws():
 
 def test_float32_caller_gets_float64():
     gram = np.asarray(gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4))
-    d, se = imp.importance_delta_estimate(gram, 1.0, 1.0, jax.random.key(3), 1 << 12)
+    # 2^13 draws at b = 8: the program of test_summands_never_exceed_their_proven_range's first case.
+    d, se = imp.importance_delta_estimate(gram, 1.0, 1.0, jax.random.key(3), 1 << 13)
     assert np.asarray(d).dtype == np.float64 and 0 < float(d) < 1 and float(se) > 0
 
 

@@ -158,13 +158,14 @@ def test_gram_reduction_agrees_with_direct_sampler(name, dense, b):
 
 def test_stream_definition_and_partial_block():
     """The sums equal a hand computation from draw_block for the first m samples (m not a block multiple)."""
-    m = BLOCK_SIZE + 1234
+    # test_chunk_size_does_not_change_result's m and epsilon shape: its default-chunk program serves here.
+    m = 3 * BLOCK_SIZE + 777
     eps = jnp.array([0.5, 1.5])
     with jax.enable_x64(True):
         gram = gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4)
         key = jax.random.key(5)
         sums = monte_carlo_sums(gram, 1.0, eps, key, m)
-        idx, u = zip(*[core.draw_block(core.rbg_key(key), j, 8) for j in range(2)])
+        idx, u = zip(*[core.draw_block(core.rbg_key(key), j, 8) for j in range(-(-m // BLOCK_SIZE))])
         idx, u = jnp.concatenate(idx)[:m], jnp.concatenate(u)[:m]
         y_pq, y_qp = privacy_losses(gram, gram_sqrt(gram), 1.0, idx, u)
         t_pq = np.maximum(0, 1 - np.exp(np.asarray(eps)[None, :] - np.asarray(y_pq)[:, None]))
@@ -248,7 +249,8 @@ def test_agrees_with_live_jax_privacy():
     eps = np.array([1.0, 2.0, 4.0])
     terms = np.maximum(0.0, -np.expm1(eps[None, :] - np.asarray(losses)[:, None]))
     jp_mean, jp_se = terms.mean(0), terms.std(0, ddof=1) / math.sqrt(n_jp)
-    est = BallsInBins(TOEPLITZ4, 32, 8).estimate(1.0, eps, 1 << 18, key=3)
+    # 2^19 draws and three epsilons at b = 32: test_identity_between_poisson_and_unamplified's program.
+    est = BallsInBins(TOEPLITZ4, 32, 8).estimate(1.0, eps, 1 << 19, key=3)
     for k in range(3):
         assert _close(est.delta_remove[k], est.se_remove[k], jp_mean[k], jp_se[k]), (eps[k], est.delta_remove[k], jp_mean[k])
 
@@ -512,13 +514,15 @@ def test_bad_call_arguments():
 def test_cli_mc_delta_and_certify(capsys):
     from dpjax.cli.main import main
 
+    # 2^14 samples at b = 8, one epsilon: the plain and variance-reduced programs that
+    # test_epsilon_hat_brackets_target and tests/montecarlo/test_evr.py compile.
     args = ["--toeplitz", "1,0.5,0.25", "--batches-per-epoch", "8", "--epochs", "4", "--noise-multiplier", "1.0",
-            "--samples", "8192", "--seed", "3"]
+            "--samples", "16384", "--seed", "3"]
     assert main(["mc-delta", *args, "--epsilon", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    d, se = BallsInBins(np.array([1.0, 0.5, 0.25]), 8, 4).delta(1.0, 2.0, 8192, 3)
+    d, se = BallsInBins(np.array([1.0, 0.5, 0.25]), 8, 4).delta(1.0, 2.0, 16384, 3)
     assert out["delta"] == pytest.approx(float(d), rel=1e-12) and out["standard_error"] == pytest.approx(float(se), rel=1e-12)
-    assert out["num_samples"] == 8192
+    assert out["num_samples"] == 16384
     assert main(["mc-certify", *args, "--epsilon", "6", "--target-delta", "0.05", "--json"]) == 0
     cert = json.loads(capsys.readouterr().out)
     assert cert["verified"] is True and cert["delta"] <= 0.05

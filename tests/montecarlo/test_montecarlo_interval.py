@@ -41,7 +41,10 @@ def test_interval_covers_the_exact_gaussian_at_its_rate():
 
 def test_unresolvable_delta_is_flagged():
     acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 4, 2)
-    e = acc.epsilon_estimate(1.0, 1e-9, 1024, 0)   # delta far below 1/m
+    # 4096 draws at b = 4 and one epsilon, as in test_montecarlo_extreme_sigma.py and
+    # test_montecarlo.py::test_gram_sqrt_singular_and_regular: the same compiled program.  1e-9 is
+    # far below 1/m at either size.
+    e = acc.epsilon_estimate(1.0, 1e-9, 4096, 0)   # delta far below 1/m
     assert not e.resolved and math.isinf(e.epsilon_upper)
     assert "cannot resolve" in e.reason
 
