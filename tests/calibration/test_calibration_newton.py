@@ -29,13 +29,19 @@ def _solve(coeffs, solver, *, init=None, m=1 << 13, delta=1e-3, eps=2.0, adjoint
                               initial_noise=init, **kw)
 
 
+# The targets are arguments of the programs, not constants baked into them: every case (and the
+# warm-start test's reference root) runs the same two compiled programs.
+_BISECTION = jax.jit(lambda c, eps, delta: _solve(c, Bisection(), eps=eps, delta=delta))
+_NEWTON = jax.jit(lambda c, eps, delta: _solve(c, NewtonIllinois(), eps=eps, delta=delta))
+
+
 @pytest.mark.parametrize("coeffs,eps,delta", [([0.5, 0.2], 2.0, 1e-3), ([0.9, 0.7], 1.0, 1e-2),
                                                ([0.1, 0.0], 4.0, 1e-4)])
 def test_newton_matches_bisection(coeffs, eps, delta):
     with jax.enable_x64(True):
         c = jnp.array(coeffs, jnp.float64)
-        bis = jax.jit(lambda c: _solve(c, Bisection(), eps=eps, delta=delta))(c)
-        new = jax.jit(lambda c: _solve(c, NewtonIllinois(), eps=eps, delta=delta))(c)
+        bis = _BISECTION(c, eps, delta)
+        new = _NEWTON(c, eps, delta)
     assert int(bis.status) == int(new.status) == SolverStatus.CONVERGED
     # Bisection resolves the root to ~1.4e-14 relative; Newton stops at a log-step <= 1e-12.
     assert float(new.root) == pytest.approx(float(bis.root), rel=1e-11)
@@ -45,7 +51,7 @@ def test_newton_matches_bisection(coeffs, eps, delta):
 def test_warm_start_converges_in_few_passes():
     with jax.enable_x64(True):
         c = jnp.array([0.5, 0.2], jnp.float64)
-        root = float(jax.jit(lambda c: _solve(c, Bisection()))(c).root)
+        root = float(_BISECTION(c, 2.0, 1e-3).root)
         warm = jax.jit(lambda c, s0: _solve(c, NewtonIllinois(xtol=1e-9), init=s0))
         for rel in (0.97, 1.0, 1.05):
             r = warm(c, rel * root)

@@ -93,12 +93,15 @@ def test_epsilon_fn_gradient_vs_finite_differences_and_reference(reference_cases
     sigma = case["value"]
     with jax.enable_x64(True):
         grid = dpsgd_grid(sigma, 0.01, 1000, target_delta=1e-5)
-        f = jax.jit(lambda s, q: dpsgd_epsilon_fn(s, q, 1000, 1e-5, grid=grid))
-        eps = float(f(sigma, 0.01))
+        # One compiled program for values and gradients (compiles dominate this test).
+        vg = jax.jit(jax.value_and_grad(lambda s, q: dpsgd_epsilon_fn(s, q, 1000, 1e-5, grid=grid),
+                                        argnums=(0, 1)))
+        f = lambda s, q: vg(s, q)[0]  # noqa: E731
+        eps_at, (g_sigma, g_q) = vg(sigma, 0.01)
+        eps = float(eps_at)
         # Certified epsilon on our grid at the reference sigma: the reference solved
         # eps = 2 on a 1e-5 grid; our grid's discretization error is <= 1e-5 relative.
         assert eps == pytest.approx(2.0, rel=2e-5)
-        g_sigma, g_q = jax.grad(f, argnums=(0, 1))(sigma, 0.01)
         # Central differences on the same grid.  The certified delta curve is piecewise
         # smooth in epsilon (kinks at grid points, dx ~ 8e-5), so h must span many kinks:
         # h = 1e-4 relative in sigma moves eps by ~4.6e-4 ~ 6 dx; truncation O(h^2) ~ 1e-8.

@@ -53,9 +53,12 @@ JSON_ARGV: dict[str, tuple[list[str], str]] = {
     "mc-epsilon": (MC + ["--noise-multiplier", "1", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),
     "mc-certify": (MC + ["--noise-multiplier", "1", "--epsilon", "2", "--delta", "0.5", "--samples", "1024"],
                    "add_or_remove"),
-    "mc-calibrate": (MC + ["--epsilon", "2", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),
-    "optimize": (["--family", "toeplitz", "--batches-per-epoch", "2", "--epochs", "2", "--epsilon", "2",
-                  "--delta", "0.1", "--optimizer-steps", "2", "--samples", "256", "--no-certify"], "add_or_remove"),
+    # test_calibration_cli.py's mc-calibrate problem: the same compiled calibration programs.
+    "mc-calibrate": (["--toeplitz", "1,0.5", "--batches-per-epoch", "8", "--epochs", "2", "--epsilon", "2",
+                      "--delta", "1e-3", "--samples", "8192"], "add_or_remove"),
+    # test_optimize_cli.py's problem (BASE), uncertified: the same compiled programs as its runs.
+    "optimize": (["--family", "blt", "--buffers", "2", "--batches-per-epoch", "4", "--epochs", "2", "--epsilon", "2",
+                  "--delta", "1e-3", "--optimizer-steps", "3", "--samples", "256", "--no-certify"], "add_or_remove"),
     "sweep": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
               "add_or_remove"),
 }

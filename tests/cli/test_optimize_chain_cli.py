@@ -22,7 +22,7 @@ import pytest
 from dpjax.cli.main import main
 from dpjax.optimization import OptimizationResult
 
-COMMON = ["--epsilon", "2", "--delta", "1e-2", "--optimizer-steps", "3", "--samples", "256", "--certify-samples",
+COMMON = ["--epsilon", "2", "--delta", "1e-2", "--optimizer-steps", "3", "--samples", "512", "--certify-samples",
           "16384", "--quiet"]
 
 

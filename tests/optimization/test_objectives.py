@@ -98,8 +98,11 @@ def test_gradient_of_prefix_sum_error_matches_finite_differences():
     col = jnp.array([1.0, 0.5, 0.3, 0.2])
     with jax.enable_x64(True):
         col = col.astype(jnp.float64)
-        f = lambda c: prefix_sum_error(Toeplitz(c), 64)  # noqa: E731
-        g = np.asarray(jax.grad(f)(col))
+        # One compiled program for the values and the gradient, instead of every operation of
+        # the error and of its gradient compiled one by one (eager).
+        vg = jax.jit(jax.value_and_grad(lambda c: prefix_sum_error(Toeplitz(c), 64)))
+        f = lambda c: vg(c)[0]  # noqa: E731
+        g = np.asarray(vg(col)[1])
         h = 1e-6
         for k in range(1, 4):
             e = jnp.zeros(4).at[k].set(h)
