@@ -90,11 +90,17 @@ def test_reference_mixture_weights(reference_cases):
         np.testing.assert_allclose(np.asarray(w), p["mog_probabilities"], rtol=1e-12)
 
 
+#: One padding for every weight vector below (the sizes are traced, the padding is static: one
+#: compiled program per function), at least the largest group size + 2 as the checks of the
+#: zeros beyond the support need.
+_WEIGHTS_PAD = 36
+
+
 @jax.enable_x64(True)
 def test_hypergeometric_weights_exact_against_rationals():
     n, b = 50_000, 500
     for k in (1, 2, 7, 16, 33):
-        ours = np.exp(np.asarray(_hyper_jit(k, n, b, k + 3)))
+        ours = np.exp(np.asarray(_hyper_jit(k, n, b, _WEIGHTS_PAD)))
         exact = [Fraction(math.comb(k, j) * math.comb(n - k, b - j), math.comb(n, b)) for j in range(k + 1)]
         for j, e in enumerate(exact):
             if e > 1e-300:
@@ -104,8 +110,8 @@ def test_hypergeometric_weights_exact_against_rationals():
     # Small population (support does not start at 0): the gammaln branch.
     from scipy.stats import hypergeom
 
-    ours = np.exp(np.asarray(_hyper_jit(4, 10, 8, 6)))
-    np.testing.assert_allclose(ours, hypergeom.pmf(np.arange(6), 10, 4, 8), atol=1e-14)
+    ours = np.exp(np.asarray(_hyper_jit(4, 10, 8, _WEIGHTS_PAD)))
+    np.testing.assert_allclose(ours, hypergeom.pmf(np.arange(_WEIGHTS_PAD), 10, 4, 8), atol=1e-14)
 
 
 @jax.enable_x64(True)
@@ -113,7 +119,7 @@ def test_binomial_weights():
     from scipy.stats import binom
 
     for k, q in [(1, 0.01), (16, 0.01), (5, 0.5), (3, 1.0)]:
-        ours = np.exp(np.asarray(_binom_jit(k, q, k + 2)))
+        ours = np.exp(np.asarray(_binom_jit(k, q, _WEIGHTS_PAD)))
         np.testing.assert_allclose(ours[: k + 1], binom.pmf(np.arange(k + 1), k, q), rtol=1e-12, atol=1e-300)
         assert np.all(ours[k + 1 :] == 0.0)
 
@@ -201,7 +207,8 @@ def test_padding_does_not_change_the_cdfs():
     with jax.enable_x64(True):
         c = jnp.asarray([0.0, 0.5, 1.0])
         w = jnp.asarray([0.9, 0.09, 0.01])
-        y = jnp.linspace(-0.2, 4.0, 301)
+        # As many points as the likelihood-ratio check's grid: the padded call is its program.
+        y = jnp.linspace(-0.2, 4.0, 601)
         a = _cdfs_jit("remove", y, c, w)
         b = _cdfs_jit("remove", y, jnp.concatenate([c, jnp.zeros(5)]), jnp.concatenate([w, jnp.zeros(5)]))
         for x, z in zip(a, b):

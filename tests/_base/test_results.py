@@ -56,18 +56,21 @@ def _delta_result():
                        adjacency="replace")
 
 
+# The two estimates share their sample count, and the delta estimate evaluates as many
+# epsilons as the epsilon estimate's search grid (grid_size = 32): one compiled program of
+# Monte Carlo sums serves both (only the serialisation is under test, not the values).
 @functools.lru_cache(maxsize=None)
 def _delta_estimate():
     from dpjax.montecarlo import BallsInBins
 
-    return BallsInBins(np.array([1.0, 0.5]), 2, 2).estimate(1.0, [0.5, 1.0], 4096, 0)
+    return BallsInBins(np.array([1.0, 0.5]), 2, 2).estimate(1.0, np.linspace(0.5, 1.0, 32), 4096, 0)
 
 
 @functools.lru_cache(maxsize=None)
 def _epsilon_estimate():
     from dpjax.montecarlo import BallsInBins
 
-    return BallsInBins(np.array([1.0, 0.5]), 2, 2).epsilon_estimate(1.0, 0.1, 2048, 0)
+    return BallsInBins(np.array([1.0, 0.5]), 2, 2).epsilon_estimate(1.0, 0.1, 4096, 0)
 
 
 @functools.lru_cache(maxsize=None)

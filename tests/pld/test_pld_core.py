@@ -81,10 +81,17 @@ def fixed_grid():
     return delta_fn
 
 
-def test_fixed_grid_grad_matches_finite_differences(fixed_grid):
+@pytest.fixture(scope="module")
+def fixed_grid_jit(fixed_grid):
+    # One compiled program, value and gradient, for the gradient, its finite differences and the
+    # loop of single calls.
+    return jax.jit(jax.value_and_grad(fixed_grid, argnums=(0, 1, 2)))
+
+
+def test_fixed_grid_grad_matches_finite_differences(fixed_grid_jit):
     with jax.enable_x64(True):
-        f = jax.jit(fixed_grid)
-        g = jax.jit(jax.grad(fixed_grid, argnums=(0, 1, 2)))(2.0, 1.0, 0.01)
+        f = lambda *x: fixed_grid_jit(*x)[0]
+        g = fixed_grid_jit(2.0, 1.0, 0.01)[1]
         h = (1e-5, 1e-5, 1e-7)
         x0 = (2.0, 1.0, 0.01)
         for i in range(3):
@@ -97,11 +104,11 @@ def test_fixed_grid_grad_matches_finite_differences(fixed_grid):
         assert float(g[0]) < 0 and float(g[1]) < 0 and float(g[2]) > 0
 
 
-def test_fixed_grid_vmap_matches_loop_and_accountant(fixed_grid):
+def test_fixed_grid_vmap_matches_loop_and_accountant(fixed_grid, fixed_grid_jit):
     with jax.enable_x64(True):
         sig = jnp.linspace(0.9, 1.2, 4)
         batched = jax.vmap(fixed_grid, in_axes=(None, 0, None))(2.0, sig, 0.01)
-        single = jnp.stack([fixed_grid(2.0, s, 0.01) for s in sig])
+        single = jnp.stack([fixed_grid_jit(2.0, float(s), 0.01)[0] for s in sig])
     # Batched and single FFTs round differently; the a-posteriori round-off allowance
     # (n x largest negative bin, ~1e-13 here) follows the realized noise, so compare to 1e-12.
     np.testing.assert_allclose(batched, single, rtol=1e-9, atol=1e-12)

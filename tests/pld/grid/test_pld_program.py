@@ -184,11 +184,17 @@ def _plan(sigma, q, steps, delta, directions=("remove", "add")):
                          target_delta=delta, options=opts)
 
 
-def _pow2(plan):
+def _pow2(plan, at_least: int = 1):
     import dataclasses
 
-    n = 1 << (int(plan.n) - 1).bit_length()
+    n = max(1 << (int(plan.n) - 1).bit_length(), at_least)
     return dataclasses.replace(plan, n=n)
+
+
+#: The FFT length of the compiled-batch comparisons: the power of two above the longest of
+#: _CONFIGS' plans, so every configuration runs in one compiled program (a longer FFT at the same
+#: spacing is a wider window of the same grid; the comparison holds at any length).
+_BATCH_N = 2 ** 17
 
 
 _CONFIGS = [(1.0, 0.01, 1000, 1e-5), (2.0, 0.1, 100, 1e-5), (0.7, 0.003, 3000, 1e-7)]
@@ -222,7 +228,7 @@ def test_compiled_batch_program_equals_the_host_program(sigma, q, steps, delta):
     # upper end and lowers the lower end): within 1e-6 relative (observed 3.7e-7 at delta 1e-7,
     # <= 3e-8 at 1e-5), and every diagnostic but the observed noise floor equal to 1e-9.
     with jax.enable_x64(True):
-        plan = _pow2(_plan(sigma, q, steps, delta))
+        plan = _pow2(_plan(sigma, q, steps, delta), at_least=_BATCH_N)
         inp, spec = prog.host_inputs(plan, [delta], kinds=("up", "down"), want="eps")
         host = prog.run_host(inp, spec)
         js = prog.jit_spec(spec)
@@ -242,10 +248,14 @@ def test_compiled_program_serves_every_support_and_frequency_count_of_its_length
     with jax.enable_x64(True):
         plans = [_pow2(_plan(*c)) for c in [(1.0, 0.01, 1000, 1e-5), (1.3, 0.02, 900, 1e-5)]]
         assert plans[0].n == plans[1].n and plans[0].ms != plans[1].ms
-        items = [prog.host_inputs(p, [1e-5], kinds=("up",), want="eps") for p in plans]
+        # Both kinds of rows at n = 2^17: the compiled-batch comparison's program (loaded from
+        # the session's compilation cache where that test compiled it first).  Fresh stage
+        # functions, so that the count below is of this call's programs.
+        items = [prog.host_inputs(p, [1e-5], kinds=("up", "down"), want="eps") for p in plans]
         specs = {prog.jit_spec(s) for _, s in items}
         assert len(specs) == 1
         spec = specs.pop()
+        prog._jitted.cache_clear()
         stages = prog._jitted(spec)
         assert len(stages) == len(prog.stage_names(spec))
 

@@ -267,11 +267,22 @@ def test_sweep_program_equals_the_host_program():
 
     plans = [sweep_plan.plan_config(i, sweeping.SweepConfig.from_mapping(c), None)
              for i, c in enumerate(_broad_configs(3, seed=11))]
+    # One bucket for the three (their FFT lengths differ: each row runs on the longest, as a
+    # sweep with expensive compiles buckets them), so one program serves every row.  It has the
+    # floor-free column and 4 rows per device, as the sweep compiles it for broad configurations
+    # (deltas below FLOOR_FREE_BELOW): the loop program of the vmapped-blocks test below.
+    policy = sweeping.BucketPolicy(max_padding=1e9, compile_cost=1e12)
+    (_, n, members, _), = sweep_plan.bucket_plan(plans, {}, policy, rows=4)
+    assert len(members) == len(plans) and len({p.plan.n for p in plans}) > 1
+    assert n == max(p.plan.n for p in plans)
     mesh = sweep_run.make_mesh(dpjax_devices()[:1])
-    for p in plans:
-        spec = sweep_run.bucket_spec(p, ("up", "down"), floor_free=False)
+    specs = {sweep_run.bucket_spec(p, ("up", "down"), floor_free=True) for p in members}
+    assert len(specs) == 1
+    spec = specs.pop()
+    for p in members:
+        assert p.plan.n == n
         with jax.enable_x64(True):
-            rows = sweep_run.run_chunk([p], 8, ("up", "down"), mesh, spec, floor_free=False)[0]
+            rows = sweep_run.run_chunk([p], 4, ("up", "down"), mesh, spec, floor_free=True)[0]
             inp, host_spec = prog.host_inputs(p.plan, [p.cfg.delta], kinds=("up", "down"), want="eps")
             host = prog.run_host(inp, host_spec)
         for di, r in enumerate(rows):
