@@ -43,7 +43,6 @@ def log_sum_density(sigma: float, t: int, h: float = 2e-3, width: float = 10.0):
         return -0.5 * ((x - mu) / s) ** 2 - math.log(s * math.sqrt(2.0 * math.pi))
 
     p = np.exp(log_phi(u))
-    w = np.full(n, h)
     for _ in range(t - 1):
         logp = np.log(np.maximum(p, 1e-300))
         spline = CubicSpline(u, logp)
