@@ -461,9 +461,7 @@ def _sums(accountant, sigma, eps, key, n, proposal, bets=None, level=None, devic
     if bets is not None:
         padded[:, :, : np.shape(bets)[-1]] = bets
     with _x64():
-        # float(): a NumPy scalar and a Python float are different argument types to jit (strong
-        # and weak), so without it the pilots (NumPy) and the rungs (Python) compiled two programs.
-        out = sharded_importance_sums(jnp.asarray(accountant.gram), float(sigma), jnp.array([eps]), key, n, proposal,
+        out = sharded_importance_sums(jnp.asarray(accountant.gram), sigma, jnp.array([eps]), key, n, proposal,
                                       jnp.asarray(padded), jnp.array([0.0 if level is None else level]),
                                       devices=devices)
         return {k: np.asarray(v) for k, v in out._asdict().items()}

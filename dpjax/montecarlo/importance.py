@@ -431,10 +431,11 @@ def sharded_importance_sums(gram, noise_multiplier, epsilon, key, num_samples: i
     :mod:`dpjax.montecarlo._spread`): the single-device call's result, bit for bit.
     """
     devices = list(jax.devices() if devices is None else devices)
-    if len(devices) == 1:
-        return importance_sums(gram, noise_multiplier, epsilon, key, num_samples, proposal, bets, levels,
-                               chunk_size=chunk_size)
+    # Arrays of fixed dtypes before the compiled program: a NumPy scalar and a Python float (a
+    # strong and a weak type to jit) would otherwise compile two programs for the same sums.
     args = _prepare(gram, noise_multiplier, epsilon, key, proposal, bets, levels)
+    if len(devices) == 1:
+        return importance_sums(*args[:4], num_samples, *args[4:], chunk_size=chunk_size)
     fn = _sharded_fn(tuple(devices), num_samples, chunk_size, args[0].shape[0])
     return ImportanceSums(*fn(*args))
 
