@@ -115,7 +115,9 @@ def test_standard_conversion_is_looser_and_matches_its_formula():
     factor=st.floats(1.05, 3.0),
 )
 def test_rdp_monotone_in_q_sigma_and_order(sigma, q, factor):
-    orders = np.asarray([1.5, 2.0, 3.5, 8.0, 32.0])
+    # Six orders, as the B5 and integer-order tests: the same compiled RDP program (one per
+    # number of orders).
+    orders = np.asarray([1.5, 2.0, 3.5, 5.5, 8.0, 32.0])
     base = rdp_poisson_subsampled_gaussian(sigma, q, orders)
     more_q = rdp_poisson_subsampled_gaussian(sigma, min(1.0, q * factor), orders)
     more_noise = rdp_poisson_subsampled_gaussian(sigma * factor, q, orders)

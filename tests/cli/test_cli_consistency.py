@@ -33,7 +33,7 @@ LIST_EXEMPT: dict[tuple[str, str], str] = {
 }
 
 # A cheap run of every subcommand (tiny step counts / sample counts); the expected adjacency.
-MC = ["--batches-per-epoch", "2", "--epochs", "1", "--toeplitz", "1,0.5"]
+MC = ["--batches-per-epoch", "2", "--epochs", "2", "--toeplitz", "1,0.5"]
 # Calibration and the group (mixture-of-Gaussians) accountant compile for tens of seconds: those
 # cases run in the slow tier; every subcommand has a default-tier case too.
 SLOW_JSON_CASES = {"noise", "delta-group"}
@@ -49,9 +49,14 @@ JSON_ARGV: dict[str, tuple[list[str], str]] = {
     "report": (["--noise-multiplier", "1", "--sampling-prob", "0.01", "--steps", "10", "--delta", "1e-5"],
                "add_or_remove"),
     "demo": (["--steps", "10"], "add_or_remove"),
-    "mc-delta": (MC + ["--noise-multiplier", "1", "--epsilon", "0.5,1", "--samples", "1024"], "add_or_remove"),
-    "mc-epsilon": (MC + ["--noise-multiplier", "1", "--delta", "0.1", "--samples", "1024"], "add_or_remove"),
-    "mc-certify": (MC + ["--noise-multiplier", "1", "--epsilon", "2", "--delta", "0.5", "--samples", "1024"],
+    # test_progress.py's estimate (four batches per epoch, two epochs, 2^15 samples in chunks of 4096): the
+    # same compiled Monte Carlo program.
+    "mc-delta": (["--batches-per-epoch", "4", "--epochs", "2", "--toeplitz", "1,0.5", "--noise-multiplier", "1",
+                  "--epsilon", "0.5,1", "--samples", "32768", "--chunk-size", "4096"], "add_or_remove"),
+    # test_results.py's epsilon estimate and certificate (two epochs, 4096 samples): the same compiled
+    # Monte Carlo programs.
+    "mc-epsilon": (MC + ["--noise-multiplier", "1", "--delta", "0.1", "--samples", "4096"], "add_or_remove"),
+    "mc-certify": (MC + ["--noise-multiplier", "1", "--epsilon", "2", "--delta", "0.5", "--samples", "4096"],
                    "add_or_remove"),
     # test_calibration_cli.py's mc-calibrate problem: the same compiled calibration programs.
     "mc-calibrate": (["--toeplitz", "1,0.5", "--batches-per-epoch", "8", "--epochs", "2", "--epsilon", "2",

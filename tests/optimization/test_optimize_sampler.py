@@ -147,6 +147,7 @@ def test_the_certificate_is_for_delta_less_truncation(small_result):
 def test_training_setup_from_the_result_and_its_file(small_result, tmp_path):
     """training_setup: the sampler the result was certified for, the streaming noise of its C,
     the update at its sigma, and the run's guarantee within the result's target."""
+    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -169,8 +170,9 @@ def test_training_setup_from_the_result_and_its_file(small_result, tmp_path):
     # first row of C^-1 z, z ~ N(0, (sigma clip)^2): c_0 = 1, so exactly sigma * clip * N(0, 1) / B.
     params = {"w": jnp.zeros(4000)}
     state = setup.transform.init(params)
-    out, state = setup.transform.update({"w": jnp.zeros((140, 4000))}, state, params,
-                                        mask=jnp.ones(140, bool))
+    # One compiled update, as a training step runs it (eagerly each of its operations compiles on its own).
+    out, state = jax.jit(setup.transform.update)({"w": jnp.zeros((140, 4000))}, state, params,
+                                                 mask=jnp.ones(140, bool))
     std = float(np.std(np.asarray(out["w"]))) * 140 / (res.noise_multiplier * 0.5)
     assert abs(std - 1.0) < 5 * (1 / np.sqrt(2 * 4000))  # 5 standard errors of a sample std
     # Sizes other than the certified ones are refused, naming the argument.
