@@ -107,7 +107,8 @@ def test_fixed_grid_grad_matches_finite_differences(fixed_grid_jit):
 def test_fixed_grid_vmap_matches_loop_and_accountant(fixed_grid, fixed_grid_jit):
     with jax.enable_x64(True):
         sig = jnp.linspace(0.9, 1.2, 4)
-        batched = jax.vmap(fixed_grid, in_axes=(None, 0, None))(2.0, sig, 0.01)
+        # one compiled batched program (eager vmap would run the conversions op by op)
+        batched = jax.jit(jax.vmap(fixed_grid, in_axes=(None, 0, None)))(2.0, sig, 0.01)
         single = jnp.stack([fixed_grid_jit(2.0, float(s), 0.01)[0] for s in sig])
     # Batched and single FFTs round differently; the a-posteriori round-off allowance
     # (n x largest negative bin, ~1e-13 here) follows the realized noise, so compare to 1e-12.

@@ -125,14 +125,26 @@ def _cli(*args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def test_cli_epsilon_delta_noise_sweep(reference):
-    rc, out, err = _cli("epsilon", "--sampling", "random_allocation", "--batches-per-epoch", str(T), "--epochs", str(E),
+def _cli_in_process(capsys, *args):
+    """``dpjax.cli.main.main`` here (``python -m dpjax`` is ``sys.exit(main())``): the host-side
+    accountants give the same numbers in this process, without a new interpreter's start."""
+    from dpjax.cli.main import main
+
+    capsys.readouterr()
+    rc = main([*args, "--json"])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_epsilon_delta_noise_sweep(reference, capsys):
+    # epsilon and delta in this process; the sweep and the usage error as separate processes.
+    rc, out, err = _cli_in_process(capsys, "epsilon", "--sampling", "random_allocation", "--batches-per-epoch", str(T), "--epochs", str(E),
                         "--noise-multiplier", str(SIGMA), "--delta", str(DELTA))
     assert rc == 0, err
     r = json.loads(out)
     assert r["epsilon"] == reference.epsilon and r["epsilon_lower"] == reference.epsilon_lower
     assert r["adjacency"] == "add_or_remove"
-    rc, out, err = _cli("delta", "--sampling", "balls_in_bins", "--batches-per-epoch", str(T), "--epochs", str(E),
+    rc, out, err = _cli_in_process(capsys, "delta", "--sampling", "balls_in_bins", "--batches-per-epoch", str(T), "--epochs", str(E),
                         "--noise-multiplier", str(SIGMA), "--epsilon", "1")
     assert rc == 0, err
     assert json.loads(out)["delta"] == R.balls_in_bins_delta(SIGMA, T, E, 1.0)

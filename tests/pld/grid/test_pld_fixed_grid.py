@@ -43,13 +43,20 @@ def test_plan_is_typed_and_matches_accountant(grid):
 
 
 def test_closed_form_epsilon_inverts_delta(grid):
+    # One jitted program (traced parameters) instead of the functions' eager paths, which
+    # tests/pld/test_float32_pld.py checks: ~140 fewer op-by-op compilations.
+    @jax.jit
+    def closed_form_and_deltas(g, s_gauss, s_sub):
+        mechs = _mechs(s_gauss, s_sub)
+        eps = pld.grid_epsilon_fn(g, DELTA, mechs)
+        return eps, pld.delta_fn(g, eps, mechs), pld.delta_fn(g, eps * (1 - 1e-7), mechs)
+
     with jax.enable_x64(True):
-        mechs = _mechs(7.0, 1.1)
-        eps = float(pld.grid_epsilon_fn(grid, DELTA, mechs))
-        # delta_fn at the closed-form epsilon meets the target (to the round-off of
-        # A - e^(eps - y) B with A ~ 1: 1e-13 absolute), and a hair below it does not.
-        assert float(pld.delta_fn(grid, eps, mechs)) <= DELTA + 1e-13
-        assert float(pld.delta_fn(grid, eps * (1 - 1e-7), mechs)) > DELTA - 1e-13
+        eps, at_eps, below_eps = map(float, closed_form_and_deltas(grid, 7.0, 1.1))
+    # delta_fn at the closed-form epsilon meets the target (to the round-off of
+    # A - e^(eps - y) B with A ~ 1: 1e-13 absolute), and a hair below it does not.
+    assert at_eps <= DELTA + 1e-13
+    assert below_eps > DELTA - 1e-13
 
 
 @pytest.mark.slow
@@ -121,8 +128,9 @@ def test_enums_and_typed_composition():
         out = pld.compose((g,), grid.dx, grid.lambdas[0], grid.log_tau, direction="remove",
                           ms=grid.ms[0], n=grid.n, kinds=("up", "down"))
         assert isinstance(out, pld.Composition) and isinstance(out.up, pld.ComposedPLD)
-        up = float(pld.delta_at(pld.table(out.up, "upper"), 1.0))
-        lo = float(pld.delta_at(pld.table(out.down, pld.Bound.LOWER), 1.0))
+        # both conversions in one compiled program (eagerly they run op by op)
+        up, lo = map(float, jax.jit(lambda u, d: (pld.delta_at(pld.table(u, "upper"), 1.0),
+                                                  pld.delta_at(pld.table(d, pld.Bound.LOWER), 1.0)))(out.up, out.down))
         with pytest.raises(ValueError, match="bound must be one of"):
             pld.table(out.up, "upper_bound")
         with pytest.raises(ValueError, match="direction must be one of"):

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -55,10 +56,19 @@ def _program_epsilon(ops, p: ComposedPLD, deltas, bound):
     const = p.p_inf + p.tail_above + p.roundoff if up else p.p_inf - p.tail_below - p.roundoff
     fa, fb = (1 + p.roundoff_rel, 1 - p.roundoff_rel) if up else (1 - p.roundoff_rel, 1 + p.roundoff_rel)
     row = lambda v: xp.reshape(xp.asarray(v, np.float64), (1,))
-    out = prog._epsilon_rows(ops, xp.asarray(np.asarray(p.pmf))[None], xp.asarray(np.asarray(p.w_lo))[None],
-                             xp.asarray(float(p.dx)), row(const), row(fa), row(fb),
-                             row(np.inf if up else -np.inf), xp.asarray(np.asarray(deltas))[None], p.pmf.shape[-1])
+    args = (xp.asarray(np.asarray(p.pmf))[None], xp.asarray(np.asarray(p.w_lo))[None],
+            xp.asarray(float(p.dx)), row(const), row(fa), row(fb),
+            row(np.inf if up else -np.inf), xp.asarray(np.asarray(deltas))[None])
+    if ops is NUMPY:
+        out = prog._epsilon_rows(ops, *args, p.pmf.shape[-1])
+    else:   # as the compiled programs run it: one jitted program, not op by op
+        out = _jax_epsilon_rows(*args, n=p.pmf.shape[-1])
     return np.asarray(out)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _jax_epsilon_rows(r, w_lo, dx, const, fa, fb, a_bad, delta, *, n):
+    return prog._epsilon_rows(jax_ops(), r, w_lo, dx, const, fa, fb, a_bad, delta, n)
 
 
 _DELTAS = np.r_[np.geomspace(1e-12, 0.9, 25), 0.999999, 1.0]
@@ -125,6 +135,16 @@ def _direct_log_mgf(p, y, lam):
     return np.log(np.sum(p[None, :] * np.exp(a - amax), axis=1)) + amax[:, 0]
 
 
+def _log_mgf(ops, pmf, y, lambdas):
+    """``prog.log_mgf`` on the host, or (JAX) as the compiled programs run it: one jitted program."""
+    return prog.log_mgf(ops, pmf, y, lambdas) if ops is NUMPY else _jax_log_mgf(pmf, y, lambdas)
+
+
+@jax.jit
+def _jax_log_mgf(pmf, y, lambdas):
+    return prog.log_mgf(jax_ops(), pmf, y, lambdas)
+
+
 def test_blocked_log_mgf_matches_direct_sum():
     rng = np.random.default_rng(0)
     m, dx = 3072, 9.3e-5
@@ -136,8 +156,8 @@ def test_blocked_log_mgf_matches_direct_sum():
     direct = _direct_log_mgf(p, y, lam)
     with jax.enable_x64(True):
         for ops in (NUMPY, jax_ops()):
-            K = np.asarray(prog.log_mgf(ops, ops.xp.asarray(p)[None], ops.xp.asarray(y)[None],
-                                        ops.xp.asarray(lam)[None]))[0]
+            K = np.asarray(_log_mgf(ops, ops.xp.asarray(p)[None], ops.xp.asarray(y)[None],
+                                    ops.xp.asarray(lam)[None]))[0]
             # Rounding only: |K| <= ~60 here, so 1e-12 relative is ~100 ulps of the sum.
             np.testing.assert_allclose(K, direct, rtol=1e-12, atol=1e-12)
         # A length that no block divides is padded with empty points: the same sums.
@@ -156,10 +176,13 @@ def test_blocked_log_mgf_gives_inf_outside_the_shared_exponentials_range():
     lam = np.array([1.0, -1.0, 500.0, -500.0, 575.0, -575.0])
     with jax.enable_x64(True):
         for ops in (NUMPY, jax_ops()):
-            K = np.asarray(prog.log_mgf(ops, ops.xp.asarray(p)[None], ops.xp.asarray(y)[None],
-                                        ops.xp.asarray(lam)[None]))[0]
+            K = np.asarray(_log_mgf(ops, ops.xp.asarray(p)[None], ops.xp.asarray(y)[None],
+                                    ops.xp.asarray(lam)[None]))[0]
             np.testing.assert_allclose(K[:4], _direct_log_mgf(p, y, lam[:4]), rtol=1e-12)
             assert np.all(K[4:] == np.inf)
+
+
+_JAX_SUFFIX = (jax.jit(lambda x: jax_ops().suffix_small(x)), jax.jit(lambda x: jax_ops().suffix_sum(x)))
 
 
 @pytest.mark.parametrize("k", [8, 32, 64, 96, 512, 1024])
@@ -171,7 +194,8 @@ def test_suffix_sums_equal_reversed_cumsum(k):
     ref = np.flip(np.cumsum(np.flip(x, -1), -1), -1)
     with jax.enable_x64(True):
         for ops in (NUMPY, jax_ops()):
-            for fn in (ops.suffix_small, ops.suffix_sum):
+            # the JAX versions jitted, as the compiled programs run them (not op by op)
+            for fn in ((ops.suffix_small, ops.suffix_sum) if ops is NUMPY else _JAX_SUFFIX):
                 got = np.asarray(fn(ops.xp.asarray(x)))
                 assert got.shape == x.shape
                 np.testing.assert_allclose(got, ref, rtol=(64 + k / 32) * 2.0 ** -52, atol=0.0)
