@@ -55,6 +55,9 @@ def test_calibrated_sigma_solves_the_estimate():
 def test_gradient_banded_toeplitz_vs_finite_differences():
     coeffs = jnp.array([1.0, 0.6, 0.3])
     with jax.enable_x64(True):
+        # The float32 numbers as float64: the finite differences below evaluate at float64
+        # points, so the gradient's float64 input gives one compiled program for both.
+        coeffs = coeffs.astype(jnp.float64)
         # One compiled program for the value and the gradient (compiles dominate this test).
         vg = jax.jit(jax.value_and_grad(lambda c: calibrated_noise(Toeplitz(c), B, E, **KW)))
         f = lambda c: vg(c)[0]  # noqa: E731

@@ -83,7 +83,9 @@ def test_core_bracket_is_tight_and_on_the_safe_side():
         # Safe side: certified delta at the returned sigma <= target; just below it, > target.
         # Re-evaluated outside the search program, delta = A - e^(eps - y) B (A ~ 1) can differ
         # by float64 round-off of that cancellation, ~1e-13 absolute: allowed, nothing more.
-        d = lambda s: float(dpsgd_delta_fn(2.0, s, 0.01, 1000, grid=grid))
+        # (one compiled program for both evaluations, the noise multiplier its argument)
+        delta_at = jax.jit(lambda s: dpsgd_delta_fn(2.0, s, 0.01, 1000, grid=grid))
+        d = lambda s: float(delta_at(s))  # noqa: E731
         assert d(float(res.root)) <= 1e-5 + 1e-12
         assert d(float(res.lower) * (1 - 1e-9)) > 1e-5 - 1e-12
 

@@ -32,11 +32,12 @@ def _quadrature_delta(gram_modes, sigma, eps, step=0.01, span=11.0):
     half = 0.5 * np.sum(coords ** 2, axis=1)
     z = np.arange(-span, span + step / 2, step)
     w1 = np.exp(-0.5 * z ** 2) * step / math.sqrt(2 * math.pi)
-    z1, z2 = np.meshgrid(z, z, indexing="ij")
     weight = w1[:, None] * w1[None, :]
 
-    def loss(x1, x2):                           # log P/Q at the point (x1, x2) of the 2-D span
-        logits = [(x1 * coords[i, 0] + x2 * coords[i, 1] - half[i]) / sigma ** 2 for i in range(2)]
+    def loss(x1, x2):                           # log P/Q at the grid points (x1[a], x2[c]) of the 2-D span
+        # x1 along the grid's first axis, x2 along its second: the products are taken on the
+        # axes and broadcast (the same operations, in the same order, as on full grids).
+        logits = [((x1 * coords[i, 0])[:, None] + x2 * coords[i, 1] - half[i]) / sigma ** 2 for i in range(2)]
         return np.logaddexp(logits[0], logits[1]) - math.log(2)
 
     def h(y):
@@ -44,8 +45,8 @@ def _quadrature_delta(gram_modes, sigma, eps, step=0.01, span=11.0):
 
     remove = 0.0
     for j in range(2):
-        remove += 0.5 * np.sum(weight * h(loss(coords[j, 0] + sigma * z1, coords[j, 1] + sigma * z2)))
-    add = np.sum(weight * h(-loss(sigma * z1, sigma * z2)))
+        remove += 0.5 * np.sum(weight * h(loss(coords[j, 0] + sigma * z, coords[j, 1] + sigma * z)))
+    add = np.sum(weight * h(-loss(sigma * z, sigma * z)))
     return max(remove, add)
 
 

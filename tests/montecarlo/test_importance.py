@@ -283,8 +283,8 @@ def test_smooth_and_differentiable_for_fixed_draws():
 
 def test_float32_caller_gets_float64():
     gram = np.asarray(gram_from_columns(jnp.asarray(TOEPLITZ4), 8, 4))
-    # 2^13 draws at b = 8: the program of test_summands_never_exceed_their_proven_range's first case.
-    d, se = imp.importance_delta_estimate(gram, 1.0, 1.0, jax.random.key(3), 1 << 13)
+    # 2^15 draws at b = 8: the program of test_summands_never_exceed_their_proven_range's first case.
+    d, se = imp.importance_delta_estimate(gram, 1.0, 1.0, jax.random.key(3), 1 << 15)
     assert np.asarray(d).dtype == np.float64 and 0 < float(d) < 1 and float(se) > 0
 
 
@@ -295,12 +295,14 @@ def test_float32_caller_gets_float64():
     (_dense(12), 3, 4, 1.2, 3.0),
 ])
 def test_summands_never_exceed_their_proven_range(corr, b, e, sigma, eps):
+    # 2^15 draws: at b = 16 the compiled sums of test_unbiased_small's second case (and at b = 8
+    # those of test_float32_caller_gets_float64).
     acc = BallsInBins(corr, b, e)
     for weight, tilt in ((0.0, (0, 0, 0)), (0.45, (0, 0, 0)), (0.0, (0.9, 0, 0)), (0.0, (0, 0.9, 0)),
                          (0.1, (0.1, 0.2, 0.5))):
         with jax.enable_x64(True):
             prop = imp.default_proposal(acc.gram, sigma, eps, range_weight=weight, tilt_weights=tilt)
-            s = imp.importance_sums(jnp.asarray(acc.gram), sigma, jnp.array([eps]), jax.random.key(5), 1 << 13, prop)
+            s = imp.importance_sums(jnp.asarray(acc.gram), sigma, jnp.array([eps]), jax.random.key(5), 1 << 15, prop)
         r_f, r_r = imp.summand_range(acc.gram, sigma, eps, prop)
         mx = np.asarray(s.maximum)[:, 0]
         assert mx[0] <= r_f and mx[1] <= r_r, (weight, tilt, mx, r_f, r_r)
