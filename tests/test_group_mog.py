@@ -91,6 +91,7 @@ def test_reference_mixture_weights(reference_cases):
         assert float(sd) == p["mog_standard_deviation"]
         # 1e-12 relative: both are float64 pmfs (ours via exact products/ratios).
         np.testing.assert_allclose(np.asarray(w)[:k1], p["mog_probabilities"], rtol=1e-12)
+        assert np.all(np.asarray(w)[k1:] == 0)   # the padding carries no mass
 
 
 #: One padding for every weight vector below (the sizes are traced, the padding is static: one
