@@ -346,8 +346,8 @@ def test_common_random_numbers_and_gradients():
         fd_s = (float(f(coeffs, 1.0 + h)) - float(f(coeffs, 1.0 - h))) / (2 * h)
         # The shifted coefficients in NumPy (the same float64 sums as jnp's, without an eager
         # compile per operation).
-        fd_c = [(float(f(jnp.asarray(TOEPLITZ4 + h * e), 1.0)) - float(f(jnp.asarray(TOEPLITZ4 - h * e), 1.0))) / (2 * h)
-                for e in np.eye(4)]
+        fd_c = [(float(f(jnp.asarray(TOEPLITZ4 + h * e), 1.0)) - float(f(jnp.asarray(TOEPLITZ4 - h * e), 1.0)))
+                / (2 * h) for e in np.eye(4)]
         # CRN makes the estimate piecewise smooth; central differences at h = 1e-6 agree with
         # autodiff up to O(h^2) and round-off ~1e-16/h = 1e-10.
         assert float(g_s) == pytest.approx(fd_s, rel=1e-5)

@@ -138,14 +138,14 @@ def _cli_in_process(capsys, *args):
 
 def test_cli_epsilon_delta_noise_sweep(reference, capsys):
     # epsilon and delta in this process; the sweep and the usage error as separate processes.
-    rc, out, err = _cli_in_process(capsys, "epsilon", "--sampling", "random_allocation", "--batches-per-epoch", str(T), "--epochs", str(E),
-                        "--noise-multiplier", str(SIGMA), "--delta", str(DELTA))
+    rc, out, err = _cli_in_process(capsys, "epsilon", "--sampling", "random_allocation", "--batches-per-epoch", str(T),
+                                   "--epochs", str(E), "--noise-multiplier", str(SIGMA), "--delta", str(DELTA))
     assert rc == 0, err
     r = json.loads(out)
     assert r["epsilon"] == reference.epsilon and r["epsilon_lower"] == reference.epsilon_lower
     assert r["adjacency"] == "add_or_remove"
-    rc, out, err = _cli_in_process(capsys, "delta", "--sampling", "balls_in_bins", "--batches-per-epoch", str(T), "--epochs", str(E),
-                        "--noise-multiplier", str(SIGMA), "--epsilon", "1")
+    rc, out, err = _cli_in_process(capsys, "delta", "--sampling", "balls_in_bins", "--batches-per-epoch", str(T),
+                                   "--epochs", str(E), "--noise-multiplier", str(SIGMA), "--epsilon", "1")
     assert rc == 0, err
     assert json.loads(out)["delta"] == R.balls_in_bins_delta(SIGMA, T, E, 1.0)
     rc, out, err = _cli("sweep", "--sampling", "random_allocation", "--batches-per-epoch", str(T), "--epochs", str(E),
