@@ -64,6 +64,11 @@ def _optimization_step(spec):
     out = {"history": [[_hex(h["loss"]), _hex(h["noise_multiplier"])] for h in res.history],
            "params": {k: [_hex(x) for x in np.ravel(v)] for k, v in sorted(res.params.items())},
            "estimate": _hex(res.noise_multiplier_estimate)}
+    # Eight steps of the default optimizer (Adam): the optimizer's arithmetic must round the same
+    # whatever program the step is compiled into (a last-bit difference shows within a few steps).
+    res = optimize_correlation(p, problem, OptimizerSettings(num_steps=8, key=3), certify=False, progress=False)
+    out["adam"] = {"losses": [_hex(h["loss"]) for h in res.history],
+                   "params": {k: [_hex(x) for x in np.ravel(v)] for k, v in sorted(res.params.items())}}
     if not spec.get("loss"):
         return out
     with jax.enable_x64(True):
