@@ -21,8 +21,11 @@ re-exports them next to the differentiable :func:`dpjax.calibration.calibrated_n
 module documents the method and its cost).
 
 Cost.  The draws ``U`` ``(m, b)`` and ``W = U L^T`` (``L L^T = G``) do not depend on ``sigma``,
-so they are computed once per calibration, outside the solver loop; each pass is one
-``logsumexp`` over ``(m, b)`` logits.  Above ``MAX_PRECOMPUTED`` entries ``m * b`` every pass
+so they are computed once per calibration, outside the solver loop, and so are the variance-reduced
+estimate's sample means (``(m, b)``, the mixture components' means of the sampled modes); each pass
+is one ``logsumexp`` over ``(m, b)`` logits per term.  The Monte Carlo sums sit behind optimization
+barriers (:mod:`dpjax.montecarlo._spread`), which keep XLA from moving sigma-free work out of the
+solver loop itself.  Above ``MAX_PRECOMPUTED`` entries ``m * b`` every pass
 instead calls the chunked :func:`dpjax.montecarlo.delta_estimate` (bounded memory, same
 numbers, slower).
 """
@@ -68,7 +71,8 @@ DEFAULT_NUM_ITERATIONS = 50
 #: eps >= 1e-3, delta >= 1e-300 is < 1e4 * sensitivity; 1e-3 * sensitivity makes
 #: delta_hat ~ 1 for any eps <~ 1e5.
 BRACKET_RELATIVE = (1e-3, 1e4)
-#: Largest m * b (float64 entries) for which the projections W are materialised (128 MiB).
+#: Largest m * b (float64 entries) for which the projections W are materialised (128 MiB; as
+#: much again for the variance-reduced estimate's sample means).
 MAX_PRECOMPUTED = 1 << 24
 
 
@@ -336,9 +340,11 @@ def _importance_chunk(c, diff, const, local, differentiable, *, num_samples, row
 
     sigma, gram, sqrt_gram, eps = diff
     (proposal,) = const
-    mode_index, u, comp_uniform, w = local
+    mode_index, u, comp_uniform, w, centre, rev_shift = local
+    # The VJP's pass recomputes W and the means from L and G (the stored ones carry no gradient).
     proj = u @ sqrt_gram.T if differentiable else w
-    x_f, x_r = _summands(gram, proj, mode_index, comp_uniform, sigma, jnp.reshape(eps, (1,)), proposal)
+    x_f, x_r = _summands(gram, proj, mode_index, comp_uniform, sigma, jnp.reshape(eps, (1,)), proposal,
+                         centres=None if differentiable else (centre, rev_shift))
     valid = (c * rows + jnp.arange(rows)) < num_samples
     return jnp.stack([_valid_sum(x_f[:, 0], valid), _valid_sum(x_r[:, 0], valid)])
 
@@ -427,6 +433,27 @@ def _projections(layout, sqrt_gram, u):
     return jax.lax.stop_gradient(_spread.per_device(layout, project, jax.lax.stop_gradient(sqrt_gram), u))
 
 
+def _centres(layout, gram, drawn, proposal):
+    """The sigma-free parts of the variance-reduced estimate's samples (their P || Q means
+    ``(m, b)`` and Q || P shifts ``(m,)``, :func:`dpjax.montecarlo.importance._centres`), chunk by
+    chunk, laid out like the draws; no gradient flows through them (the estimate's VJP recomputes
+    them from ``G``).  Computed once per calibration: behind the sums' optimization barriers XLA
+    would compute them again on every pass of the solver."""
+    from dpjax.montecarlo import importance as imp
+
+    rows = layout.rows
+
+    def centres(first, count, rep, local):
+        g, prop = rep
+        mode_index, _, comp_uniform = local
+        blocks = (mode_index.reshape(count // rows, rows), comp_uniform.reshape(count // rows, rows))
+        centre, shift = jax.lax.map(lambda x: imp._centres(g, x[0], x[1], prop), blocks)
+        return centre.reshape(count, -1), shift.reshape(count)
+
+    rep = jax.lax.stop_gradient((gram, proposal))
+    return jax.lax.stop_gradient(_spread.per_device(layout, centres, rep, tuple(drawn)))
+
+
 def _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, devices):
     """``(estimate, consts)``: the spread estimate of a calibration and its constants (the
     draws, laid out; the proposal; the key) without the direction scale."""
@@ -444,6 +471,8 @@ def _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, d
         fn = _importance_chunk if importance else _plain_chunk
         const = (proposal,) if importance else ()
         shard = tuple(drawn) + (w,)
+        if importance:
+            shard = shard + _centres(layout, gram, drawn, proposal)
         per_chunk = functools.partial(fn, num_samples=num_samples, rows=rows)
     else:
         chunk_blocks, num_chunks = chunk_plan(num_samples, None, 1, b)

@@ -252,13 +252,30 @@ def _tilt_centres(gram, tables, order_index, u):
     return centre + jnp.where((order_index >= 2)[:, None], gram[i4], 0.0)
 
 
+def _fwd_means(gram, g, mode_index, kc, proposal):
+    """P || Q's sample means ``(1 + theta_k) m_I + t_k vbar`` ``(S, b)`` of components ``kc``."""
+    th, tt = proposal.fwd_theta[kc], proposal.fwd_shift[kc]
+    return (1.0 + th)[:, None] * jnp.take(gram, mode_index, axis=0) + tt[:, None] * g[None, :]
+
+
+def _centres(gram, mode_index, comp_uniform, proposal, g=None):
+    """The sigma-free parts of the untilted samples: P || Q's means ``(S, b)`` and Q || P's shifts
+    ``s_k`` ``(S,)`` (mean ``-s_k vbar``).  ``g``: the row means of ``gram``, where the caller has
+    them (a gradient then reaches ``gram`` through one mean, in the order it always did)."""
+    kc = jnp.minimum(_component(comp_uniform, proposal.fwd_weight), NUM_COMPONENTS - 1)
+    g = jnp.mean(gram, axis=1) if g is None else g
+    return (_fwd_means(gram, g, mode_index, kc, proposal),
+            proposal.rev_shift[_component(comp_uniform, proposal.rev_weight)])
+
+
 def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal, tilt_uniforms=None,
-              tilt_tables=None):
+              tilt_tables=None, centres=None):
     """Both directions' summands ``(S, K)`` from ``W = U L^T`` ``(S, b)`` (``W ~ N(0, G)``).
 
     ``tilt_uniforms`` ``(S, TILT_WORDS)`` and ``tilt_tables`` (:func:`_tilt_tables`): the tilted
     components of P||Q are drawn and counted only when given (else ``fwd_tilt`` is ignored: it
-    must be 0)."""
+    must be 0).  ``centres``: :func:`_centres` of the same draws, computed beforehand (untilted
+    only); the same numbers as computing them here."""
     b = gram.shape[0]
     d = jnp.diagonal(gram)
     g = jnp.mean(gram, axis=1)          # <vbar, m_i>
@@ -272,15 +289,15 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
     tilted = tilt_uniforms is not None
 
     # ---- P || Q: X = (1 + theta_k) m_I + t_k vbar + sigma Z, or a tilted component's tuple
-    weights = jnp.concatenate([proposal.fwd_weight, proposal.fwd_tilt]) if tilted else proposal.fwd_weight
-    kf = _component(comp_uniform, weights)
-    kc = jnp.minimum(kf, NUM_COMPONENTS - 1)
-    th, tt = proposal.fwd_theta[kc], proposal.fwd_shift[kc]
-    centre = (1.0 + th)[:, None] * jnp.take(gram, mode_index, axis=0) + tt[:, None] * g[None, :]
     if tilted:
+        kf = _component(comp_uniform, jnp.concatenate([proposal.fwd_weight, proposal.fwd_tilt]))
         order_index = jnp.clip(kf - NUM_COMPONENTS, 0, NUM_TILTS - 1)
         centre = jnp.where((kf >= NUM_COMPONENTS)[:, None],
-                           _tilt_centres(gram, tilt_tables, order_index, tilt_uniforms), centre)
+                           _tilt_centres(gram, tilt_tables, order_index, tilt_uniforms),
+                           _fwd_means(gram, g, mode_index, jnp.minimum(kf, NUM_COMPONENTS - 1), proposal))
+        ss = proposal.rev_shift[_component(comp_uniform, proposal.rev_weight)]
+    else:
+        centre, ss = _centres(gram, mode_index, comp_uniform, proposal, g) if centres is None else centres
     proj = centre + sw
     ell = (proj - 0.5 * d[None, :]) * inv_s2
     log_p = logsumexp_rows(ell) - log_b                      # log P/Q (X) = Y
@@ -301,8 +318,6 @@ def _summands(gram, projections, mode_index, comp_uniform, sigma, eps, proposal,
     x_f = w_f[:, None] * _hockey(log_p, eps)
 
     # ---- Q || P: X = -s_k vbar + sigma Z
-    kr = _component(comp_uniform, proposal.rev_weight)
-    ss = proposal.rev_shift[kr]
     proj_r = -ss[:, None] * g[None, :] + sw
     ell_r = (proj_r - 0.5 * d[None, :]) * inv_s2
     y_r = -(logsumexp_rows(ell_r) - log_b)                   # log Q/P (X)
