@@ -385,10 +385,9 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
     if jax.process_count() == 1 and len(jax.devices()) == 1:
         # One device of one process: the three parts in one program, one dispatch a step.  Each
         # dispatch is a hand-off to XLA's worker thread, which on a small step costs more than the
-        # parameters' side itself (benchmarks/bench_optimize_ab.py, --mode program).  The calibration's arithmetic
-        # stays behind its optimization barriers (dpjax.montecarlo._spread), so XLA rewrites
-        # nothing across the parts and the step is the same bits as the three programs that span
-        # several devices or processes (tests/montecarlo/test_multiprocess.py).
+        # parameters' side itself (benchmarks/bench_optimize_ab.py, --mode program).  The step is
+        # the same bits as the three programs that span several devices or processes
+        # (tests/montecarlo/test_multiprocess.py).
         def fused_step(params, opt_state, eps, delta, sample, step_index, sigma0):
             # Each part's inputs pass through an optimization barrier, so XLA compiles each as in
             # a program of its own (its rewrites do not reach across the parts) and the step is
