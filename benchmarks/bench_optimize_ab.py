@@ -154,7 +154,8 @@ def main() -> None:
                   problem=dict(family="blt", buffers=args.buffers, epochs=args.epochs, batches_per_epoch=args.batches,
                                target_epsilon=1.0, target_delta=1e-5, steps=args.steps),
                   mode=args.mode, calls=args.calls,
-                  cpu_count=os.cpu_count(), machine=platform.platform(), rows=rows, summary=summary)
+                  cpu_count=os.cpu_count(), cpus_usable=sorted(os.sched_getaffinity(0)),
+                  machine=platform.platform(), rows=rows, summary=summary)
     for side in ("base", "after"):
         s = summary[side]
         print(f"{side:6s} {sides[side][1][:60]:60s} per step {s['per_step_s_median'] * 1e3:8.1f} ms "
