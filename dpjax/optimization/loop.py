@@ -328,20 +328,18 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
     """``(step, evaluate)`` of the unscreened path, whose Monte Carlo sample is spread over every
     device of every process (:func:`calibrate_on_draws` with its default devices).
 
-    Over several devices or processes a step is three programs.  The parameters' side -- ``C``,
-    its Gram matrix ``G`` and square root ``L``, the warm start, the proposal, the objective; later
-    their pullback and the optimizer update -- is compiled for one device of this process: every
-    process computes it, from the same values, with the same program as a single-device run.
-    Only the calibration (its Monte Carlo sums, added in one order whatever the layout; the
-    solver's steps; the implicit gradient with respect to ``G`` and ``L``) is compiled for every
-    device.  So a step
+    A step is three programs.  The parameters' side -- ``C``, its Gram matrix ``G`` and square
+    root ``L``, the warm start, the proposal, the objective; later their pullback and the
+    optimizer update -- is compiled for one device of this process: every process computes it,
+    from the same values, with the same program as a single-device run.  Only the calibration
+    (its Monte Carlo sums, added in one order whatever the layout; the solver's steps; the
+    implicit gradient with respect to ``G`` and ``L``) is compiled for every device.  So a step
     is the same bits on one device, on several, or on several processes: XLA compiles a program
     for several devices with other rewrites of some expressions (a division by a broadcast
     scalar, say) than a program for one, and the parameters' side (the parameterization, the
     objective, the optimizer) is arbitrary user-level code.  The loss is ``log sigma* + log err``
     (the log RMSE), its gradient ``(dsigma*/sigma*) + (derr/err)`` pulled back through ``G``,
-    ``L`` and ``err``.  On one device of one process the three parts are traced into one program
-    (one dispatch a step), with the same bits.
+    ``L`` and ``err``.
     """
     from dpjax.montecarlo import gram_sqrt
 
@@ -376,56 +374,17 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         rmse = root * err
         return new_params, new_state, finite, jnp.log(rmse), rmse
 
+    prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep), jax.jit(solve), jax.jit(solve_with_gradient),
+                                                       jax.jit(update))
+    # On one device of one process the calibration's program takes the arrays where they are; the
+    # copy through the host is for programs spanning other devices (the same values either way).
+    _on_host = _to_host if (jax.process_count() > 1 or len(jax.devices()) > 1) else (lambda tree: tree)
+
     _FALSE = jnp.zeros((), bool)
 
     def aux_of(root, err, passes, status, screen_state):
         rmse = root * err
         return jnp.log(rmse), (root, rmse, passes, status, _FALSE, _FALSE, screen_state)
-
-    if jax.process_count() == 1 and len(jax.devices()) == 1:
-        # One device of one process: the three parts in one program, one dispatch a step.  Each
-        # dispatch is a hand-off to XLA's worker thread, which on a small step costs more than the
-        # parameters' side itself (benchmarks/bench_optimize_ab.py, --mode program).  The step is
-        # the same bits as the three programs that span several devices or processes
-        # (tests/montecarlo/test_multiprocess.py).
-        def fused_step(params, opt_state, eps, delta, sample, step_index, sigma0):
-            # Each part's inputs pass through an optimization barrier, so XLA compiles each as in
-            # a program of its own (its rewrites do not reach across the parts) and the step is
-            # the same bits as the three programs.  The pullback recomputes the parameters' side,
-            # as the update program does: one from the forward pass's residuals rounds the
-            # gradient differently in the last bit.
-            barrier = jax.lax.optimization_barrier
-            (gram, sqrt_gram, err), (start, proposal) = prep(*barrier((params, eps, sigma0)))
-            root, (passes, status), bars = solve_with_gradient(*barrier(
-                (gram, sqrt_gram, eps, delta, sample, step_index, start, proposal)))
-            new_params, new_state, finite, loss, rmse = update(*barrier(
-                (params, opt_state, eps, sigma0, root, err, bars)))
-            return new_params, new_state, loss, (root, rmse, passes, status), finite
-
-        def fused_evaluate(params, eps, delta, sample, step_index, sigma0):
-            barrier = jax.lax.optimization_barrier
-            (gram, sqrt_gram, err), (start, proposal) = prep(*barrier((params, eps, sigma0)))
-            root, (passes, status) = solve(*barrier((gram, sqrt_gram, eps, delta, sample, step_index, start,
-                                                     proposal)))
-            return root, passes, status, err
-
-        fused_step_jit, fused_evaluate_jit = jax.jit(fused_step), jax.jit(fused_evaluate)
-
-        def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
-            new_params, new_state, loss, (root, rmse, passes, status), finite = fused_step_jit(
-                params, opt_state, eps, delta, sample, step_index, sigma0)
-            return new_params, new_state, loss, (root, rmse, passes, status, _FALSE, _FALSE, screen_state), finite
-
-        def evaluate(params, eps, delta, sample, step_index, sigma0, screen_state):
-            root, passes, status, err = fused_evaluate_jit(params, eps, delta, sample, step_index, sigma0)
-            loss, aux = aux_of(root, err, passes, status, screen_state)
-            return loss, aux, err
-
-        return step, evaluate
-
-    prep_jit, solve_jit, solve_grad_jit, update_jit = (jax.jit(prep), jax.jit(solve), jax.jit(solve_with_gradient),
-                                                       jax.jit(update))
-    _on_host = _to_host
 
     def step(params, opt_state, eps, delta, sample, step_index, sigma0, screen_state):
         (gram, sqrt_gram, err), (start, proposal) = prep_jit(params, eps, sigma0)
