@@ -10,9 +10,8 @@ prints every float as ``float.hex``: the comparisons below are exact.
   and the chunk sums are added in one order on every layout.
 * The optimization loop: one step's estimate of the noise multiplier, its loss, and the new
   parameters of an SGD step of rate 1 (the old ones minus the gradient); the losses and
-  parameters of eight steps of the default optimizer (Adam), whose step is one program on one
-  device and three over several; in the slow tier also the log-RMSE loss of
-  ``dpjax.optimization.loss`` and its gradient.
+  parameters of eight steps of the default optimizer (Adam); in the slow tier also the log-RMSE
+  loss of ``dpjax.optimization.loss`` and its gradient.
 * Sweeps: the rows, and a sweep resumed from a journal that a killed run left behind (process 0
   writes the result file; every configuration appears once).
 """
