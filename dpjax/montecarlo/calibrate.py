@@ -419,39 +419,37 @@ def _materialise(layout, key, b, importance: bool, draws_):
     return _spread.per_device(layout, draw, rbg_key(key))
 
 
-def _projections(layout, sqrt_gram, u):
-    """``W = U L^T``, chunk by chunk (the product of each chunk's ``(rows, b)`` block, as the
-    VJP's pass recomputes it), laid out like ``U``; no gradient flows through it (the estimate's
-    VJP recomputes it from ``L``)."""
+def _chunkwise(layout, fn, rep, local):
+    """``fn(rep, chunk)`` on every ``(rows, ...)`` chunk of the materialised arrays ``local`` (a
+    pytree laid out by ``layout``), each chunk as the VJP's pass sees it, its outputs laid out the
+    same way; no gradient flows through them (the estimate's VJP recomputes them)."""
     rows = layout.rows
 
-    def project(first, count, l_factor, u_local):
-        b = u_local.shape[-1]
-        blocks = u_local.reshape(count // rows, rows, b)
-        return jax.lax.map(lambda x: x @ l_factor.T, blocks).reshape(count, b)
+    def mapped(first, count, rep_, local_):
+        blocks = jax.tree_util.tree_map(lambda x: x.reshape((count // rows, rows) + x.shape[1:]), local_)
+        out = jax.lax.map(lambda chunk: fn(rep_, chunk), blocks)
+        return jax.tree_util.tree_map(lambda x: x.reshape((count,) + x.shape[2:]), out)
 
-    return jax.lax.stop_gradient(_spread.per_device(layout, project, jax.lax.stop_gradient(sqrt_gram), u))
+    return jax.lax.stop_gradient(_spread.per_device(layout, mapped, jax.lax.stop_gradient(rep), local))
 
 
-def _centres(layout, gram, drawn, proposal):
+def _projections(layout, sqrt_gram, u):
+    """``W = U L^T``, chunk by chunk, laid out like ``U``."""
+    return _chunkwise(layout, lambda l_factor, u_chunk: u_chunk @ l_factor.T, sqrt_gram, u)
+
+
+def _sample_means(layout, gram, drawn, proposal):
     """The sigma-free parts of the variance-reduced estimate's samples (their P || Q means
     ``(m, b)`` and Q || P shifts ``(m,)``, :func:`dpjax.montecarlo.importance._centres`), chunk by
-    chunk, laid out like the draws; no gradient flows through them (the estimate's VJP recomputes
-    them from ``G``).  Computed once per calibration: behind the sums' optimization barriers XLA
-    would compute them again on every pass of the solver."""
+    chunk, laid out like the draws.  Computed once per calibration: behind the sums' optimization
+    barriers XLA would compute them again on every pass of the solver."""
     from dpjax.montecarlo import importance as imp
 
-    rows = layout.rows
+    def means(rep, chunk):
+        mode_index, _, comp_uniform = chunk
+        return imp._centres(rep[0], mode_index, comp_uniform, rep[1])
 
-    def centres(first, count, rep, local):
-        g, prop = rep
-        mode_index, _, comp_uniform = local
-        blocks = (mode_index.reshape(count // rows, rows), comp_uniform.reshape(count // rows, rows))
-        centre, shift = jax.lax.map(lambda x: imp._centres(g, x[0], x[1], prop), blocks)
-        return centre.reshape(count, -1), shift.reshape(count)
-
-    rep = jax.lax.stop_gradient((gram, proposal))
-    return jax.lax.stop_gradient(_spread.per_device(layout, centres, rep, tuple(drawn)))
+    return _chunkwise(layout, means, (gram, proposal), tuple(drawn))
 
 
 def _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, devices):
@@ -472,7 +470,7 @@ def _estimate(gram, sqrt_gram, key, num_samples, draws_, precompute, proposal, d
         const = (proposal,) if importance else ()
         shard = tuple(drawn) + (w,)
         if importance:
-            shard = shard + _centres(layout, gram, drawn, proposal)
+            shard = shard + _sample_means(layout, gram, drawn, proposal)
         per_chunk = functools.partial(fn, num_samples=num_samples, rows=rows)
     else:
         chunk_blocks, num_chunks = chunk_plan(num_samples, None, 1, b)
