@@ -17,6 +17,9 @@ received at two steps (the middle and the last), ``--calls`` times each, blockin
 it reports the minimum and the median per call and the solver passes of those steps (equal on both
 sides when the two revisions do the same work).  A whole run mixes steps of different solver pass
 counts and the machine's noise between processes; repeated calls on fixed arguments do not.
+Where the step is several programs (a ``programs`` attribute: the parameters' side, the
+calibration with and without its gradient, the update), each program is also timed on that step's
+inputs, so that ``solve_with_gradient - solve`` is the cost of the gradient at the root.
 
 Run::
 
@@ -91,6 +94,24 @@ if mode == "program":
         times.sort()
         row["program"].append(dict(step=k, solver_passes=passes, calls=calls, min_s=times[0],
                                    median_s=times[len(times) // 2]))
+        progs = getattr(step, "programs", None)
+        if progs is not None:  # a step of several programs: each one on this step's inputs
+            params, opt_state, eps, delta, sample, step_index, sigma0, _ = args
+            (gram, sqrt_gram, err), (start, proposal) = progs["prep"](params, eps, sigma0)
+            solve_args = (gram, sqrt_gram, eps, delta, sample, step_index, start, proposal)
+            root, _, bars = progs["solve_with_gradient"](*solve_args)
+            inputs = dict(prep=(params, eps, sigma0), solve=solve_args, solve_with_gradient=solve_args,
+                          update=(params, opt_state, eps, sigma0, root, err, bars))
+            parts = {{}}
+            for name, fn in progs.items():
+                times = []
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(fn(*inputs[name]))
+                    times.append(time.perf_counter() - t0)
+                times.sort()
+                parts[name] = dict(min_s=times[0], median_s=times[len(times) // 2])
+            row["program"][-1]["parts"] = parts
 print(json.dumps(row))
 """
 
@@ -144,7 +165,9 @@ def main() -> None:
             summary[side]["program"] = [dict(
                 step=p0["step"], solver_passes=sorted({p[i]["solver_passes"] for p in progs}),
                 min_s_median=statistics.median(p[i]["min_s"] for p in progs),
-                median_s_median=statistics.median(p[i]["median_s"] for p in progs))
+                median_s_median=statistics.median(p[i]["median_s"] for p in progs),
+                **({"parts_min_s_median": {name: statistics.median(p[i]["parts"][name]["min_s"] for p in progs)
+                                           for name in p0["parts"]}} if "parts" in p0 else {}))
                 for i, p0 in enumerate(progs[0])]
         summary["program_base_over_after"] = [dict(
             step=b["step"], min=b["min_s_median"] / a["min_s_median"],
@@ -165,6 +188,9 @@ def main() -> None:
         for p in summary[side]["program"]:
             print(f"{side:6s} step {p['step']} ({p['solver_passes']} passes): one call min {p['min_s_median'] * 1e3:.3f}"
                   f" ms, median {p['median_s_median'] * 1e3:.3f} ms (medians over processes)")
+            if "parts_min_s_median" in p:
+                print("         its programs, min per call:", ", ".join(
+                    f"{name} {t * 1e3:.3f} ms" for name, t in p["parts_min_s_median"].items()))
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -401,6 +401,8 @@ def _spread_step(parameterization, b, epochs, num_samples, optimizer, objective,
         loss, aux = aux_of(root, err, passes, status, screen_state)
         return loss, aux, err
 
+    # The step's programs, for timing them one by one (benchmarks/bench_optimize_ab.py).
+    step.programs = dict(prep=prep_jit, solve=solve_jit, solve_with_gradient=solve_grad_jit, update=update_jit)
     return step, evaluate
 
 
