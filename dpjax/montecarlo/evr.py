@@ -484,9 +484,15 @@ def _x64():
 
 
 def _moments(sums, n):
+    """Per-direction sample mean and (unbiased) variance of the summands.  Sums that overflowed
+    (the weights of an extreme noise multiplier) have no finite variance: it is inf, never the
+    NaN of ``inf - inf``, so a reported standard error says "unbounded" instead of nothing."""
     mean = sums["total"][:, 0] / n
-    var = np.maximum(sums["total_sq"][:, 0] / n - mean * mean, 0.0) * (n / max(n - 1, 1))
-    return mean, var
+    total_sq = sums["total_sq"][:, 0]
+    finite = np.isfinite(mean) & np.isfinite(total_sq)
+    with np.errstate(invalid="ignore", over="ignore"):
+        var = np.maximum(total_sq / n - mean * mean, 0.0) * (n / max(n - 1, 1))
+    return mean, np.where(finite, var, np.inf)
 
 
 def _device_key(devices):

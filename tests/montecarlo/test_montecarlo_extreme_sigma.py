@@ -49,3 +49,14 @@ def test_no_certificate_where_unamplified_delta_reaches_target(coef, log_s, targ
     sigma = max(10.0 ** log_s, 5e-324)
     if float(np.max(acc.unamplified_delta(sigma, [1.0]))) >= target:
         assert not acc.certify(sigma, 1.0, target, 4096, 3).verified
+
+
+def test_uncertified_record_reports_no_nan():
+    # sigma**2 underflows: the importance weights overflow and the sample mean is inf.  The record
+    # is not verified, certifies nothing (delta inf), and its standard error is inf ("unbounded"),
+    # not the NaN of inf - inf.
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 2, 2)
+    cert = acc.certify(1e-160, 1.0, 1e-2, SAMPLES, 3)
+    assert not cert.verified and cert.delta == np.inf
+    assert cert.standard_error == np.inf and cert.delta_estimate == np.inf
+    assert "nan" not in cert.reason.lower()
