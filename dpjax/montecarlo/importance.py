@@ -635,10 +635,18 @@ def _sup_ratio(eps: float, const: float, coef: np.ndarray, rate: np.ndarray) -> 
 
 def tilt_log_normalizers(gram, noise_multiplier: float, orders=TILT_ORDERS) -> dict:
     """``{k: log Z_k}``, ``Z_k = E_Q[(P/Q)^k] = b^-k sum_{i_1..i_k} exp(sum_{a<c} G[i_a, i_c] / sigma^2)``
-    (host-side, NumPy float64; the same sums as the sampler's tables)."""
-    g = np.asarray(gram, np.float64) / float(noise_multiplier) ** 2
+    (host-side, NumPy float64; the same sums as the sampler's tables).
+
+    Where ``G / sigma^2`` overflows float64 (sigma below about 1e-154 times the scale of ``G``),
+    every ``log Z_k`` is +inf: ``Z_k >= b^-k exp(k (k - 1) / 2 max_i G_ii / sigma^2)`` (all indices
+    at the largest diagonal entry, the largest entry of a Gram matrix), whose logarithm exceeds
+    the largest float."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        g = np.asarray(gram, np.float64) / float(noise_multiplier) ** 2
     b = g.shape[0]
     a_max = float(np.max(g))
+    if not math.isfinite(a_max) or np.isnan(g).any():
+        return {k: math.inf for k in orders}
     a = np.exp(g - a_max)
     out = {}
     for k in orders:
@@ -687,7 +695,12 @@ def summand_range(gram, noise_multiplier: float, epsilon: float, proposal) -> tu
     for k in range(p.fwd_weight.shape[0]):
         th = float(p.fwd_theta[k])
         if p.fwd_weight[k] > 0 and p.fwd_shift[k] == 0 and th > 0:
-            a = (1 + th) * d / (2 * s2)
+            with np.errstate(over="ignore"):
+                a = (1 + th) * d / (2 * s2)
+            if not np.all(np.isfinite(a)):
+                # K overflows, so this term of the denominator is below the smallest float;
+                # leaving it out only raises the bound (the terms are nonnegative).
+                continue
             log_k = a.max() + math.log(np.sum(np.exp(a - a.max())))
             coef.append(math.exp(min(math.log(p.fwd_weight[k]) + th * math.log(b) - th * log_k, 700.0)))
             rate.append(th)
@@ -709,8 +722,11 @@ def summand_range(gram, noise_multiplier: float, epsilon: float, proposal) -> tu
     for k in range(p.rev_weight.shape[0]):
         s = float(p.rev_shift[k])
         if p.rev_weight[k] > 0 and s > 0:
-            coef.append(math.exp(min(math.log(p.rev_weight[k]) - s * np.mean(d) / (2 * s2)
-                                     - s * s * v / (2 * s2), 700.0)))
+            # In Python floats: an exponent that overflows (-inf, or NaN from inf - inf) gives the
+            # coefficient 0, and leaving a nonnegative term out of the denominator only raises
+            # the bound.
+            log_c = math.log(p.rev_weight[k]) - s * float(np.mean(d)) / (2 * s2) - s * s * v / (2 * s2)
+            coef.append(0.0 if math.isnan(log_c) else math.exp(min(log_c, 700.0)))
             rate.append(s)
     r_r = _sup_ratio(eps, const, np.array(coef), np.array(rate))
     return r_f * (1 + 1e-9), r_r * (1 + 1e-9)

@@ -7,6 +7,8 @@ data almost exactly, looked private and was even certified.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,7 +58,30 @@ def test_uncertified_record_reports_no_nan():
     # is not verified, certifies nothing (delta inf), and its standard error is inf ("unbounded"),
     # not the NaN of inf - inf.
     acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 2, 2)
-    cert = acc.certify(1e-160, 1.0, 1e-2, SAMPLES, 3)
+    with warnings.catch_warnings():
+        # Nor do NumPy's overflow warnings reach the user: the host-side bounds handle overflow.
+        warnings.simplefilter("error", RuntimeWarning)
+        cert = acc.certify(1e-160, 1.0, 1e-2, SAMPLES, 3)
     assert not cert.verified and cert.delta == np.inf
     assert cert.standard_error == np.inf and cert.delta_estimate == np.inf
     assert "nan" not in cert.reason.lower()
+
+
+def test_overflowing_tilt_normalizers_are_inf_and_the_range_is_the_trivial_bound():
+    # G / sigma^2 overflows: log Z_k is +inf (it exceeds the largest float), the tilted terms
+    # drop out of the range's denominator, and the bound is the one that holds for any
+    # proposal, sup h / D <= 1 / (weight of the untilted component), times the 1 + 1e-9 margin.
+    from dpjax.montecarlo import evr
+    from dpjax.montecarlo.importance import summand_range, tilt_log_normalizers
+
+    acc = BallsInBins(Toeplitz(np.array([1.0, 0.5])), 2, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert tilt_log_normalizers(acc.gram, 1e-160, (2, 3, 4)) == {2: np.inf, 3: np.inf, 4: np.inf}
+        assert np.isfinite(list(tilt_log_normalizers(acc.gram, 1e-150, (2, 3, 4)).values())).all()
+        prop = evr._proposal(acc, 1e-160, 1.0, 0.0, (0.95, 0.0, 0.0))
+        r_f, _ = summand_range(acc.gram, 1e-160, 1.0, prop)
+    untilted = float(np.sum(np.asarray(prop.fwd_weight)[(np.asarray(prop.fwd_theta) == 0)
+                                                         & (np.asarray(prop.fwd_shift) == 0)]))
+    assert 0 < untilted < 1
+    assert r_f == (1.0 / untilted) * (1 + 1e-9)
