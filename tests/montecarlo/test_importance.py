@@ -311,6 +311,19 @@ def test_summands_never_exceed_their_proven_range(corr, b, e, sigma, eps):
 
 
 @pytest.mark.slow
+def test_range_at_an_epsilon_past_the_grids_resolution():
+    """At eps = 1e300, eps + step rounds to eps: the grid's intervals are empty (h = 0, log 0) and
+    only the tail term 1 / D(eps) remains.  D(eps) = 0.5 + e^(1e300) overflows, so the bound is
+    0.0 (the supremum, below e^(-1e300), is below the smallest float), computed without NumPy's
+    divide-by-zero warning; certify calls it at every epsilon a user passes."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = imp._sup_ratio(1e300, 0.5, np.array([1.0]), np.array([1.0]))
+    assert r == 0.0
+
+
 def test_range_bound_is_attained_in_the_limit():
     """The P||Q bound is the supremum over all configurations: at the equal-spread configuration
     (every a_J proportional to exp((1+theta) G_JJ/(2 sigma^2))^(1/theta)) near the maximising loss,
