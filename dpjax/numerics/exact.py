@@ -20,6 +20,20 @@ Numerics.  The subtraction is done in log space,
 underflow to 0 in the first term nor cancel to a negative number: relative accuracy ~1e-13
 down to delta ~ 1e-300.  ``mu = 0`` (no signal) gives delta 0 exactly.
 
+Large ``mu`` (``mu >= 1e4``, epsilons above ~5e7).  There ``eps + log Phi(-eps/mu - mu/2)`` is
+the difference of two numbers of size ``mu^2 / 2`` whose rounding errors (an ulp of ``mu^2``)
+exceed the difference itself: from ``mu ~ 1e8`` on the formula returned delta ~ 0 at epsilons
+where the true delta is ~1, and an understated epsilon.  So for ``mu >= 1e4`` ``log delta`` is
+the upper bound ``log Phi(-w)``, ``w = eps/mu - mu/2``, which needs no cancellation: with
+``z = eps/mu + mu/2`` the identity ``e^eps phi(z) = phi(w)`` gives
+``delta = Phi(-w) - phi(w) R(z)``, ``R(z) = Phi(-z)/phi(z) in (0, 1/z)`` (Mills' ratio), so
+``Phi(-w) - phi(w)/z <= delta <= Phi(-w)``.  ``w`` is moved down by a bound on its rounding
+error (``2^-50 (eps/mu + mu/2)``) and the log by a bound on the truncation of ``log_ndtr``'s
+asymptotic series (``210 / x^8`` below -20).  The bound exceeds delta by the factor
+``1 / (1 - phi(w) R(z) / Phi(-w))``, about ``1 + (w + 1/w) / mu`` (1e-3 relative at
+``mu = 1e4``); the epsilon it gives is above the exact one by about ``mu / (mu + w)``, i.e.
+about 1 in ~5e7 and more.
+
 All functions are pure, vectorised (broadcasting), jittable and differentiable, and follow the
 float64 contract of :mod:`dpjax._base.x64` (float64 results for float32 callers).
 
@@ -49,6 +63,12 @@ _jax_special = _lazy_module("jax.scipy.special")
 
 __all__ = ["gaussian_delta", "gaussian_log_delta", "gaussian_epsilon", "np_gaussian_log_delta"]
 
+#: ``mu`` from which ``log delta`` is the cancellation-free upper bound ``log Phi(-w)`` (module
+#: docstring): below it the exact formula's rounding error stays inside the bisection's margin.
+MU_LARGE = 1e4
+#: Relative bound on the rounding error of ``w = eps/mu - mu/2`` (in units of
+#: ``eps/mu + mu/2``): two roundings of at most 2^-53 each, taken four times over.
+_W_ROUNDING = 2.0 ** -50
 #: Doublings of the upper end of the epsilon search, from 1: up to 2^70 ~ 1e21.
 _GROW_STEPS = 70
 #: Halvings of the epsilon bracket: enough to reach float64 resolution from any start.
@@ -65,13 +85,39 @@ def _log_delta_xp(xp, log_phi, eps, mu):
     """``log delta(eps; mu)`` for ``mu > 0`` with array namespace ``xp`` and ``log Phi`` function
     ``log_phi`` (float64 arrays, broadcast); see the module docstring.  The one array form of the
     formula: :func:`_log_delta` (``jax.numpy``) and :func:`np_gaussian_log_delta` (NumPy) call it."""
-    log_a = log_phi(-eps / mu + 0.5 * mu)
+    # Each branch is computed on inputs where it is finite (placeholders elsewhere), so that
+    # neither a value nor a gradient of the branch not taken can be NaN.
+    large = mu >= MU_LARGE
+    eps_l, mu_l = xp.where(large, eps, 0.0), xp.where(large, mu, MU_LARGE)
+    eps, mu = xp.where(large, 1.0, eps), xp.where(large, 1.0, mu)
+    arg_a = -eps / mu + 0.5 * mu
+    # Below -20 log_ndtr is an asymptotic series cut after its 15/x^6 term, which underestimates
+    # Phi by less than 105/x^8 relative: the bound on that is added to the first term (the
+    # second one, subtracted, is then underestimated too: the safe side).
+    log_a = log_phi(arg_a) + _series_margin(xp, arg_a)
     log_b = eps + log_phi(-eps / mu - 0.5 * mu)
     # log(1 - e^x) for x = log_b - log_a < 0; log1p(-exp(x)) is accurate for x < -log 2, -expm1
     # for x near 0.
     x = xp.minimum(log_b - log_a, 0.0)
     log1mexp = xp.where(x < -0.6931471805599453, xp.log1p(-xp.exp(x)), xp.log(-xp.expm1(x)))
-    return log_a + log1mexp
+    # Large mu: the cancellation-free upper bound (module docstring).
+    return xp.where(large, _log_delta_upper_large_xp(xp, log_phi, eps_l, mu_l), log_a + log1mexp)
+
+
+def _log_delta_upper_large_xp(xp, log_phi, eps, mu):
+    """``log Phi(-w)`` at ``w`` rounded down, plus the series' truncation bound: an upper bound on
+    ``log delta(eps; mu)`` for ``mu > 0`` (module docstring; meant for ``mu >= MU_LARGE``)."""
+    ratio = eps / mu
+    w = ratio - 0.5 * mu
+    x = -(w - _W_ROUNDING * (xp.abs(ratio) + 0.5 * mu))
+    return log_phi(x) + _series_margin(xp, x)
+
+
+def _series_margin(xp, x):
+    """``210 / x^8`` below -20, else 0: twice the bound on the relative truncation error of
+    ``log_ndtr``'s asymptotic series there (its first omitted term, ``105 / x^8``)."""
+    x8 = (x * x) * (x * x)
+    return xp.where(x < _LOG_NDTR_LOWER, 210.0 / (x8 * x8), 0.0)
 
 
 def _log_delta(eps, mu):
@@ -91,7 +137,7 @@ def np_gaussian_log_delta(epsilon, mu) -> np.ndarray:
 
     eps = np.asarray(epsilon, np.float64)
     mu = np.asarray(mu, np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return _log_delta_xp(np, scipy.special.log_ndtr, eps, mu)
 
 
@@ -110,7 +156,9 @@ def gaussian_log_delta(epsilon, mu):
       mu: array-like, ``>= 0``: ``sqrt(steps) * sensitivity / noise_multiplier``.
 
     Returns:
-      float64 array of the broadcast shape.  Stable down to ``delta ~ 1e-300``.
+      float64 array of the broadcast shape.  Stable down to ``delta ~ 1e-300``.  For
+      ``mu >= MU_LARGE`` (1e4) an upper bound, tight to about ``(w + 1/w) / mu`` relative
+      (``w = eps/mu - mu/2``; module docstring): the exact formula cancels there.
     """
     if _concrete(epsilon, mu):
         return jax.device_put(host_gaussian_log_delta(epsilon, mu))
@@ -142,7 +190,9 @@ def gaussian_epsilon(target_delta, mu):
     Bisection on ``log delta`` (decreasing in ``eps``) to float64 resolution, returning the
     upper end of the final bracket, with a margin of 1e-12 in ``log delta``, so that
     ``gaussian_delta(result, mu) <= target_delta`` holds as computed by any compiled or eager
-    evaluation (the safe side; the margin moves epsilon by ~1e-12 relative).  0 when already
+    evaluation (the safe side; the margin moves epsilon by ~1e-12 relative).  For
+    ``mu >= MU_LARGE`` the bisection runs on the upper bound of :func:`gaussian_log_delta`: the
+    epsilon is then above the exact one by less than 1 plus a rounding margin of ~2^-49 of it.  0 when already
     ``delta(0) <= target_delta``; ``inf`` when even ``eps = 2^70`` does not reach it (never
     for ``mu < 1e10``).
 
@@ -263,9 +313,46 @@ def py_log_ndtr(x: float) -> float:
     return log_scale + _log(1.0 + even - odd)
 
 
+def _py_series_margin(x: float) -> float:
+    """:func:`_series_margin` on a float."""
+    return 210.0 / ((x * x) * (x * x)) ** 2 if x < _LOG_NDTR_LOWER else 0.0
+
+
+def _py_log_delta_upper_large(eps: float, mu: float) -> float:
+    """:func:`_log_delta_upper_large_xp` on floats."""
+    ratio = eps / mu
+    w = ratio - 0.5 * mu
+    x = -(w - _W_ROUNDING * (abs(ratio) + 0.5 * mu))
+    return py_log_ndtr(x) + _py_series_margin(x)
+
+
+def py_log_delta_lower_large(eps: float, mu: float) -> float:
+    """A lower bound on ``log delta(eps; mu)`` for ``mu > 0`` without the cancellation of the exact
+    formula (module docstring): ``log(Phi(-w_hi) - phi(m) / z_lo)`` with ``w_hi``, ``z_lo`` the
+    ends of the rounding interval of ``w``, ``z`` that make it smallest, ``m`` the smallest
+    ``|w|`` in that interval (``-inf`` where the bound is not positive).  For the lower end of a
+    large-``mu`` epsilon bracket, whose check needs delta from below."""
+    ratio = eps / mu
+    w = ratio - 0.5 * mu
+    err = _W_ROUNDING * (abs(ratio) + 0.5 * mu)
+    x = -(w + err)
+    log_a = py_log_ndtr(x) - _py_series_margin(x)
+    z_lo = w - err + mu
+    if not z_lo > 0.0:
+        return -math.inf
+    m = max(abs(w) - err, 0.0)
+    log_c = -0.5 * m * m - _HALF_LOG_2PI - math.log(z_lo)
+    if not log_c < log_a:
+        return -math.inf
+    return log_a + math.log1p(-math.exp(log_c - log_a))
+
+
 def _py_log_delta(eps: float, mu: float) -> float:
     """:func:`_log_delta` on floats (``mu > 0``)."""
-    log_a = py_log_ndtr(-eps / mu + 0.5 * mu)
+    if mu >= MU_LARGE:
+        return _py_log_delta_upper_large(eps, mu)
+    arg_a = -eps / mu + 0.5 * mu
+    log_a = py_log_ndtr(arg_a) + _py_series_margin(arg_a)
     log_b = eps + py_log_ndtr(-eps / mu - 0.5 * mu)
     x = log_b - log_a
     x = x if (x != x or x < 0.0) else 0.0

@@ -44,7 +44,7 @@ import numpy as np
 
 from dpjax._base import validate as _validate
 from dpjax.pld.grid.compose import Group
-from dpjax.numerics.exact import gaussian_epsilon, gaussian_log_delta
+from dpjax.numerics.exact import MU_LARGE, gaussian_epsilon, gaussian_log_delta, py_log_delta_lower_large
 from dpjax.pld.grid import program as prog
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.grid.program import DIAGNOSTICS
@@ -670,8 +670,12 @@ def exact_epsilon(deltas, mu):
     upper = np.asarray(gaussian_epsilon(deltas, mu), np.float64)
     log_t = np.log(deltas)
     lower = np.maximum(upper - np.maximum(1e-9 * upper, 1e-12), 0.0)
+    # From MU_LARGE on, log delta is an upper bound (no cancellation); the lower end needs delta
+    # from below.
+    log_delta = gaussian_log_delta if mu < MU_LARGE else (
+        lambda e, m: np.vectorize(py_log_delta_lower_large, otypes=[np.float64])(e, m))
     for _ in range(60):
-        bad = (lower > 0) & ~(np.asarray(gaussian_log_delta(lower, mu)) > log_t)
+        bad = (lower > 0) & ~(np.asarray(log_delta(lower, mu)) > log_t)
         if not bad.any():
             break
         lower = np.where(bad, np.maximum(upper - 2.0 * (upper - lower), 0.0), lower)
