@@ -20,6 +20,18 @@ Numerics.  The subtraction is done in log space,
 underflow to 0 in the first term nor cancel to a negative number: relative accuracy ~1e-13
 down to delta ~ 1e-300.  ``mu = 0`` (no signal) gives delta 0 exactly.
 
+Rounding.  Where ``delta`` is a small difference of two close terms (small ``mu``, deep tails)
+or ``eps`` is large, the computed ``log delta`` can be off by more than the epsilon search's
+margin of 1e-12 (measured: up to ~1.5e-9 relative in delta at ``mu ~ 0.002``, delta 1e-78).  So
+the search widens its margin to a bound on that rounding error (:func:`_log_delta_error_xp`;
+an error model of four ulps per term, amplified by the cancellation) where it exceeds 1e-12,
+and also accepts an epsilon where a bound free of the cancellation is below the target
+(``delta <= Phi(-w)``, and ``delta <= mu phi(d)``, ``d`` the distance from 0 to
+``[w, w + mu]``): at ``mu = 1e-20`` the two terms agree to all digits and delta(0) ~ 0.4 mu was
+computed as 0.  Closed-form delta answers widen their relative margin the same way
+(:func:`host_gaussian_delta_upper`).  Where the bound stays below 1e-12 (ordinary ``mu`` and
+delta) the values are unchanged.
+
 Large ``mu`` (``mu >= 1e4``, epsilons above ~5e7).  There ``eps + log Phi(-eps/mu - mu/2)`` is
 the difference of two numbers of size ``mu^2 / 2`` whose rounding errors (an ulp of ``mu^2``)
 exceed the difference itself: from ``mu ~ 1e8`` on the formula returned delta ~ 0 at epsilons
@@ -69,6 +81,14 @@ MU_LARGE = 1e4
 #: Relative bound on the rounding error of ``w = eps/mu - mu/2`` (in units of
 #: ``eps/mu + mu/2``): two roundings of at most 2^-53 each, taken four times over.
 _W_ROUNDING = 2.0 ** -50
+#: Relative rounding error allowed per evaluated term of ``log delta`` (four ulps) in
+#: :func:`_log_delta_error_xp`.
+_TERM_ROUNDING = 2.0 ** -51
+#: Smallest ``mu`` at which :func:`gaussian_epsilon` is differentiated (0 below it).
+_MU_GRADIENT_MIN = 1e-12
+#: A log delta above one that underflows the floats (e.g. ``log Phi(-1e200)``) and below any
+#: valid target's (delta >= 5e-324): what the cancellation-free bounds use for it.
+_BELOW_ANY_TARGET = -1e300
 #: Doublings of the upper end of the epsilon search, from 1: up to 2^70 ~ 1e21.
 _GROW_STEPS = 70
 #: Halvings of the epsilon bracket: enough to reach float64 resolution from any start.
@@ -111,6 +131,54 @@ def _log_delta_upper_large_xp(xp, log_phi, eps, mu):
     w = ratio - 0.5 * mu
     x = -(w - _W_ROUNDING * (xp.abs(ratio) + 0.5 * mu))
     return log_phi(x) + _series_margin(xp, x)
+
+
+def _log_delta_error_xp(xp, log_phi, eps, mu):
+    """A bound on the rounding error of the computed ``log delta(eps; mu)`` (``mu > 0``).
+
+    The terms ``log_a = log Phi(x_a)`` and ``log_b = eps + log Phi(x_b)`` are each in error by
+    at most ``2^-51`` of their size plus their arguments' rounding error (``2^-51 (eps/mu +
+    mu/2)``) times ``|d log Phi / dx| <= max(-x, 0) + 1``; ``log(1 - e^(log_b - log_a))``
+    multiplies their errors by ``r = e^x / (1 - e^x)``, which is large where ``delta`` is a
+    small difference of two close terms (small ``mu``, deep tails).  Where ``r`` is not finite
+    (the computed difference is not positive) the bound is ``inf``.  For ``mu >= MU_LARGE`` only
+    the bound's own evaluation error.  The epsilon search widens its margin to this bound where
+    it exceeds 1e-12, and the closed-form delta answers their relative margin.
+
+    Returns ``(error, first)``: the bound, and an upper bound on ``log delta`` free of the
+    cancellation (``delta <= Phi(x_a)``, and for ``eps >= 0`` ``delta <= mu phi(d)``; ``inf``
+    for ``mu >= MU_LARGE``), which decides where the difference is too small for its rounding
+    error to be bounded (tiny ``mu``)."""
+    large = mu >= MU_LARGE
+    mu_e = xp.where(large, 1.0, mu)
+    eps_e = xp.where(large, 1.0, eps)
+    ratio = eps_e / mu_e
+    err_arg = 2.0 ** -51 * (xp.abs(ratio) + 0.5 * mu_e)
+    x_a, x_b = -ratio + 0.5 * mu_e, -ratio - 0.5 * mu_e
+    log_a, log_phi_b = log_phi(x_a), log_phi(x_b)
+    err_a = _TERM_ROUNDING * (1.0 + xp.abs(log_a)) + (xp.maximum(-x_a, 0.0) + 1.0) * err_arg
+    err_b = (_TERM_ROUNDING * (1.0 + xp.abs(eps_e) + xp.abs(log_phi_b))
+             + (xp.maximum(-x_b, 0.0) + 1.0) * err_arg)
+    x = eps_e + log_phi_b - log_a
+    x_neg = xp.where(x < 0.0, x, -1.0)
+    r = xp.where(x < 0.0, xp.exp(x_neg) / -xp.expm1(x_neg), xp.inf)
+    log_delta = _log_delta_xp(xp, log_phi, eps, mu)
+    exact = err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + xp.abs(log_delta))
+    error = xp.where(large, _TERM_ROUNDING * (1.0 + xp.abs(log_delta)), exact)
+    # Bounds free of the cancellation, which decide where r is useless: delta <= Phi(x_a), and
+    # (eps >= 0) delta <= Phi(-w) - Phi(-w - mu) <= mu phi(d), d the distance from 0 to
+    # [w, w + mu] (tiny mu: delta(0) ~ 0.4 mu).
+    w = ratio - 0.5 * mu_e
+    dist = xp.maximum(xp.maximum(w, -(w + mu_e)) - err_arg, 0.0)
+    # A term whose log is below the floats (-inf, its error bound inf): -1e300 is above it.
+    log_small = xp.log(mu_e) - 0.5 * dist * dist - _HALF_LOG_2PI
+    log_small = xp.where(log_small == -xp.inf, _BELOW_ANY_TARGET, log_small)
+    log_small = xp.where(eps_e >= 0.0, log_small + _TERM_ROUNDING * (1.0 + xp.abs(log_small)), xp.inf)
+    log_first = log_a + _series_margin(xp, x_a) + err_a
+    log_first = xp.where((log_a == -xp.inf) | (xp.isnan(log_first) & ~xp.isnan(x_a)), _BELOW_ANY_TARGET,
+                         log_first)
+    first = xp.minimum(log_first, log_small)
+    return error, xp.where(large, xp.inf, first)
 
 
 def _series_margin(xp, x):
@@ -198,7 +266,7 @@ def gaussian_epsilon(target_delta, mu):
 
     Vectorised over ``target_delta`` and ``mu`` (broadcast); jittable.  Differentiable by the
     implicit function theorem: ``d eps/d theta = -(d log delta/d theta) / (d log delta/d eps)``
-    at the root (zero where the answer is 0 or inf).
+    at the root (zero where the answer is 0 or inf, and for ``mu < 1e-12``).
 
     Args:
       target_delta: in ``(0, 1)``.
@@ -216,16 +284,27 @@ def _gaussian_epsilon(target_delta, mu):
     root = _epsilon_bisection(jax.lax.stop_gradient(log_target), jax.lax.stop_gradient(mu))
     # Implicit-function gradient with the exact value: root + (g - stop_gradient(g)) equals root,
     # and its derivative is that of g = -(log delta(root; mu) - log target) / (d log delta/d eps).
-    interior = (root > 0) & jnp.isfinite(root)
+    # Below mu = 1e-12 delta is a difference of two terms equal to ~1e-12 relative, whose
+    # derivatives cancel as badly: no gradient there (0, as at 0 and inf).
+    interior = (root > 0) & jnp.isfinite(root) & (mu >= _MU_GRADIENT_MIN)
     safe_root = jnp.where(interior, root, 1.0)
-    slope = jax.grad(lambda e: jnp.sum(_log_delta(e, _safe_mu(mu))))(safe_root)
-    g = -(_log_delta(safe_root, _safe_mu(mu)) - log_target) / jax.lax.stop_gradient(slope)
+    grad_mu = jnp.where(interior, mu, 1.0)
+    slope = jax.grad(lambda e: jnp.sum(_log_delta(e, grad_mu)))(safe_root)
+    g = -(_log_delta(safe_root, grad_mu) - log_target) / jax.lax.stop_gradient(slope)
     g = jnp.where(interior, g, 0.0)
     return root + (g - jax.lax.stop_gradient(g))
 
 
 def _epsilon_bisection(log_target, mu):
-    feasible = lambda e: _gaussian_log_delta(e, mu) <= log_target - _LOG_DELTA_MARGIN
+    safe_mu = _safe_mu(mu)
+
+    def feasible(e):
+        # The margin is 1e-12 in log delta, or the bound on its rounding error where larger;
+        # or the first term alone is below the target.
+        error, first = _log_delta_error_xp(jnp, _jax_special.log_ndtr, e, safe_mu)
+        error = jnp.where(mu > 0, error, 0.0)
+        return ((jnp.isfinite(error) & (_gaussian_log_delta(e, mu) <= log_target - jnp.maximum(_LOG_DELTA_MARGIN, error)))
+                | ((mu > 0) & (first <= log_target - _LOG_DELTA_MARGIN)))
     hi = jax.lax.fori_loop(0, _GROW_STEPS, lambda _, h: jnp.where(feasible(h), h, 2.0 * h),
                            jnp.ones_like(mu))
 
@@ -315,7 +394,10 @@ def py_log_ndtr(x: float) -> float:
 
 def _py_series_margin(x: float) -> float:
     """:func:`_series_margin` on a float."""
-    return 210.0 / ((x * x) * (x * x)) ** 2 if x < _LOG_NDTR_LOWER else 0.0
+    if not x < _LOG_NDTR_LOWER:
+        return 0.0
+    x4 = (x * x) * (x * x)   # products, not **: a float power that overflows raises
+    return 210.0 / (x4 * x4)
 
 
 def _py_log_delta_upper_large(eps: float, mu: float) -> float:
@@ -365,14 +447,65 @@ def _py_gaussian_log_delta(eps: float, mu: float) -> float:
     return _py_log_delta(eps, mu) if mu > 0.0 else -math.inf
 
 
+def _py_log_delta_error(eps: float, mu: float) -> tuple[float, float]:
+    """:func:`_log_delta_error_xp` on floats (``(0, -inf)`` for ``mu = 0``, whose delta is 0)."""
+    if not mu > 0.0:
+        return 0.0, -math.inf
+    log_delta = _py_log_delta(eps, mu)
+    if mu >= MU_LARGE:
+        return _TERM_ROUNDING * (1.0 + abs(log_delta)), math.inf
+    ratio = eps / mu
+    err_arg = 2.0 ** -51 * (abs(ratio) + 0.5 * mu)
+    x_a, x_b = -ratio + 0.5 * mu, -ratio - 0.5 * mu
+    log_a, log_phi_b = py_log_ndtr(x_a), py_log_ndtr(x_b)
+    err_a = _TERM_ROUNDING * (1.0 + abs(log_a)) + (max(-x_a, 0.0) + 1.0) * err_arg
+    err_b = _TERM_ROUNDING * (1.0 + abs(eps) + abs(log_phi_b)) + (max(-x_b, 0.0) + 1.0) * err_arg
+    # A term whose log is below the floats (-inf, its error bound inf): -1e300 is above it.
+    first = _BELOW_ANY_TARGET if log_a == -math.inf else log_a + _py_series_margin(x_a) + err_a
+    if eps >= 0.0:
+        w = ratio - 0.5 * mu
+        dist = max(max(w, -(w + mu)) - err_arg, 0.0)
+        log_small = math.log(mu) - 0.5 * dist * dist - _HALF_LOG_2PI
+        log_small = (_BELOW_ANY_TARGET if log_small == -math.inf
+                     else log_small + _TERM_ROUNDING * (1.0 + abs(log_small)))
+        first = min(first, log_small)
+    x = eps + log_phi_b - log_a
+    if not x < 0.0:
+        return math.inf, first
+    r = math.exp(x) / -math.expm1(x)
+    return err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + abs(log_delta)), first
+
+
+def host_gaussian_delta_upper(epsilon, mu, delta, rel: float = 1e-9) -> np.ndarray:
+    """An upper bound on ``delta(epsilon; mu)`` for answers from the closed form (float64 ndarray,
+    host), given ``delta`` as :func:`gaussian_delta` computed it: ``delta (1 + rel)``, or
+    ``delta (1 +`` the bound on its rounding error ``)`` where that is larger
+    (:func:`_log_delta_error_xp`), never above the cancellation-free bound of that function
+    times ``1 + rel`` nor above 1."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        error, first = (np.asarray(x, np.float64) for x in np.vectorize(_py_log_delta_error, otypes=[float, float])(
+            np.asarray(epsilon, np.float64), np.asarray(mu, np.float64)))
+        widen = np.maximum(rel, np.expm1(error))
+        upper = np.where(np.isfinite(widen), np.asarray(delta, np.float64) * (1 + widen), np.inf)
+        return np.minimum(np.minimum(upper, np.exp(first) * (1 + rel)), 1.0)
+
+
+def _py_feasible(eps: float, mu: float, log_target: float) -> bool:
+    """The epsilon search's test: ``log delta`` below the target by 1e-12 or by the bound on its
+    rounding error where larger, or the first term alone below the target by 1e-12."""
+    error, first = _py_log_delta_error(eps, mu)
+    return ((math.isfinite(error) and _py_gaussian_log_delta(eps, mu) <= log_target - max(_LOG_DELTA_MARGIN, error))
+            or first <= log_target - _LOG_DELTA_MARGIN)
+
+
 #: The bisection of :func:`_epsilon_bisection` on floats (the upper end is the feasible one).
 _HOST_EPSILON_BISECTION = HostBisection(safe="upper", max_halvings=_BISECTION_STEPS)
 
 
 def _py_gaussian_epsilon(target_delta: float, mu: float) -> float:
     """The bisection of :func:`_epsilon_bisection` on floats."""
-    bar = _log(target_delta) - _LOG_DELTA_MARGIN
-    feasible = lambda e: _py_gaussian_log_delta(e, mu) <= bar
+    log_target = _log(target_delta)
+    feasible = lambda e: _py_feasible(e, mu, log_target)
     hi = 1.0
     for _ in range(_GROW_STEPS):
         if feasible(hi):  # fixed point: every later step keeps hi
@@ -407,5 +540,5 @@ def host_gaussian_epsilon_is_zero(target_delta, mu) -> np.ndarray:
     """Where :func:`gaussian_epsilon` is 0, on the host: ``delta(0) <= target_delta`` with the
     bisection's margin, the test it makes before returning 0 (one ``log_ndtr`` per element
     instead of the whole bisection)."""
-    return _elementwise(lambda d, m: float(_py_gaussian_log_delta(0.0, m) <= _log(d) - _LOG_DELTA_MARGIN),
+    return _elementwise(lambda d, m: float(_py_feasible(0.0, m, _log(d))),
                         target_delta, mu).astype(bool)

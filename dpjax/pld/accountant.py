@@ -36,7 +36,7 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.pld.grid.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                                    exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                                    stacked_mechanisms)
-from dpjax.numerics.exact import gaussian_delta, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
+from dpjax.numerics.exact import gaussian_delta, host_gaussian_delta_upper, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.numerics.root import HostBisection
 from dpjax.pld.grid.plan import GridOptions
@@ -385,12 +385,13 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
         # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
         # bound, ~mu_dom) and 0 as the lower end.
         d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)
-        upper, lower = np.minimum(d * (1 + 1e-9), 1.0), np.zeros_like(d)
+        upper, lower = host_gaussian_delta_upper(eps, mu_dom, d), np.zeros_like(d)
         return exact_delta_result(eps, upper, lower)
     if mu is not None:
-        # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side.
+        # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side,
+        # the upper end more where the closed form's rounding error bound is larger.
         d = np.asarray(gaussian_delta(eps, mu), np.float64)
-        upper, lower = np.minimum(d * (1 + 1e-9), 1.0), d * (1 - 1e-9)
+        upper, lower = host_gaussian_delta_upper(eps, mu, d), d * (1 - 1e-9)
         return exact_delta_result(eps, upper, lower)
     reports, blocked = account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,

@@ -86,3 +86,39 @@ def test_deep_tail_epsilon_is_sound(mu):
     eps = float(exact.gaussian_epsilon(1e-200, mu))
     assert _delta(eps, mu) <= 1e-200
     assert _delta(eps * (1 - 1e-7), mu) > 1e-200
+
+
+def _random_cases(n, seed):
+    rng = np.random.default_rng(seed)
+    mu = 10.0 ** rng.uniform(-3, 3.9, n)
+    delta = 10.0 ** rng.uniform(-250, -0.5, n)
+    return mu, delta
+
+
+def test_random_epsilons_are_never_understated():
+    # The closed form's rounding error is amplified where delta is a small difference of two
+    # close terms (small mu, deep tails: up to ~1.5e-9 relative in delta at mu ~ 0.002) and
+    # where eps is large (mu ~ 1e3-1e4): the search's margin follows the bound on that error.
+    # Host and compiled paths, 300 seeded (mu, delta); tight to 1e-6 relative for mu >= 0.01.
+    mu, delta = _random_cases(300, 5)
+    host = np.array([float(exact.gaussian_epsilon(d, m)) for d, m in zip(delta, mu)])
+    with jax.enable_x64(True):
+        compiled = np.asarray(jax.jit(exact.gaussian_epsilon)(jnp.asarray(delta), jnp.asarray(mu)))
+    for eps_h, eps_c, m, d in zip(host, compiled, mu, delta):
+        assert _delta(eps_h, m) <= d and _delta(eps_c, m) <= d, (m, d, eps_h, eps_c)
+        if m >= 0.01 and eps_h > 0:
+            assert _delta(eps_h * (1 - 1e-6), m) > d, (m, d, eps_h)
+
+
+def test_tiny_mu_answers_are_sound_and_finite():
+    # mu = 1e-20: the two terms of delta agree to all 16 digits; delta(0) ~ 0.4 mu was 0 and
+    # delta = 1e-300 was met at epsilon 0.  Now the bound delta <= mu phi(d) answers.
+    eps = float(exact.gaussian_epsilon(1e-300, 1e-20))
+    assert 0.0 < eps < 4e-19 and _delta(eps, 1e-20) <= 1e-300
+    d0 = dpjax.dpsgd_delta(1e20, 1.0, 1, 0.0)
+    assert _delta(0.0, 1e-20) <= d0 <= _delta(0.0, 1e-20) * 1.01
+    with jax.enable_x64(True):
+        g = jax.grad(lambda m: exact.gaussian_epsilon(1e-300, m))(jnp.float64(1e-20))
+        compiled = jax.jit(exact.gaussian_epsilon)(jnp.float64(1e-300), jnp.float64(1e-200))
+    assert float(g) == 0.0   # documented: no gradient below mu = 1e-12
+    assert 0.0 < float(compiled) < 1e-60   # was NaN (compiled) / inf
