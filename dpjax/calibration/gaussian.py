@@ -25,7 +25,7 @@ import numpy as np
 from dpjax._base import lazy_module as _lazy_module
 from dpjax._base import validate as _validate
 from dpjax._base.x64 import float64, host_only
-from dpjax.numerics.exact import gaussian_log_delta
+from dpjax.numerics.exact import gaussian_log_delta, gaussian_log_delta_upper
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
 from dpjax._base import xla as _xla
@@ -64,6 +64,11 @@ def _log_delta(epsilon, noise_multiplier, steps):
     return gaussian_log_delta(epsilon, mu)
 
 
+def _log_delta_upper(epsilon, noise_multiplier, steps):
+    mu = jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)
+    return gaussian_log_delta_upper(jnp.asarray(epsilon, jnp.float64), mu)
+
+
 @float64
 def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                    num_iterations: int = 64, adjoint=ImplicitAdjoint()):
@@ -76,8 +81,10 @@ def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
     sqrt_t = jnp.sqrt(steps)
     theta = (jnp.asarray(target_epsilon, jnp.float64), steps)
     bracket = (_S_BRACKET[0] * sqrt_t, _S_BRACKET[1] * sqrt_t)
-    # Bisection on log delta: log keeps the comparison meaningful down to delta ~ 1e-300.
-    fn = lambda sigma, th: _log_delta(th[0], sigma, th[1])
+    # Bisection on log delta: log keeps the comparison meaningful down to delta ~ 1e-300.  On
+    # an upper bound of it (the closed form's rounding margin, dpjax.numerics.exact), so that
+    # the returned upper end has delta <= target_delta in exact arithmetic too.
+    fn = lambda sigma, th: _log_delta_upper(th[0], sigma, th[1])
     return solve_monotone_root(fn, theta, jnp.log(jnp.asarray(target_delta, jnp.float64)),
                                jax.lax.stop_gradient(bracket), decreasing=True,
                                num_iterations=num_iterations, log_scale=True, adjoint=adjoint)
@@ -95,7 +102,9 @@ def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     """Smallest noise multiplier of ``steps`` composed Gaussian mechanisms meeting (eps, delta).
 
     Exact analytic accounting (no discretisation); the returned value is the upper end of a
-    bisection bracket of relative width < 1e-15, so its delta is <= ``target_delta``.
+    bisection bracket of relative width < 1e-15 on an upper bound of ``log delta`` (the closed
+    form plus its rounding margin, :func:`dpjax.numerics.exact.gaussian_log_delta_upper`), so
+    its delta is <= ``target_delta``.
 
     Args:
       target_epsilon: > 0, scalar or array.

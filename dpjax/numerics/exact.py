@@ -238,6 +238,19 @@ def _gaussian_log_delta(eps, mu):
     return jnp.where(mu > 0, _log_delta(eps, _safe_mu(mu)), -jnp.inf)
 
 
+def gaussian_log_delta_upper(epsilon, mu):
+    """An upper bound on ``log delta(epsilon; mu)`` for searches that must land on the safe side
+    (traced; float64 arrays in, ``mu >= 0``): :func:`gaussian_log_delta` plus the epsilon
+    search's margin (1e-12, or the bound on its rounding error where larger), or the
+    cancellation-free bound where smaller (:func:`_log_delta_error_xp`).  The margins carry no
+    gradient; the derivative is that of ``log delta`` (or of the bound where it decides)."""
+    safe_mu = _safe_mu(mu)
+    error, first = _log_delta_error_xp(jnp, _jax_special.log_ndtr, epsilon, safe_mu)
+    margin = jax.lax.stop_gradient(jnp.maximum(_LOG_DELTA_MARGIN, error))
+    upper = jnp.where(jnp.isfinite(margin), _gaussian_log_delta(epsilon, mu) + margin, jnp.inf)
+    return jnp.where(mu > 0, jnp.minimum(upper, first), -jnp.inf)
+
+
 @float64
 def gaussian_delta(epsilon, mu):
     """Tight ``delta(epsilon)`` of the Gaussian mechanism with ``mu = sqrt(T) Delta / sigma``.
