@@ -442,13 +442,8 @@ def py_log_delta_lower_large(eps: float, mu: float) -> float:
     return log_a + math.log1p(-math.exp(log_c - log_a))
 
 
-def _py_log_delta(eps: float, mu: float) -> float:
-    """:func:`_log_delta` on floats (``mu > 0``)."""
-    if mu >= MU_LARGE:
-        return _py_log_delta_upper_large(eps, mu)
-    arg_a = -eps / mu + 0.5 * mu
-    log_a = py_log_ndtr(arg_a) + _py_series_margin(arg_a)
-    log_b = eps + py_log_ndtr(-eps / mu - 0.5 * mu)
+def _py_combine(log_a: float, log_b: float) -> float:
+    """``log(e^log_a - e^log_b)`` as :func:`_log_delta_xp` forms it (``log_b <= log_a``)."""
     x = log_b - log_a
     x = x if (x != x or x < 0.0) else 0.0
     if x < -0.6931471805599453:
@@ -456,21 +451,32 @@ def _py_log_delta(eps: float, mu: float) -> float:
     return log_a + _log(-math.expm1(x))
 
 
+def _py_log_delta(eps: float, mu: float) -> float:
+    """:func:`_log_delta` on floats (``mu > 0``)."""
+    if mu >= MU_LARGE:
+        return _py_log_delta_upper_large(eps, mu)
+    arg_a = -eps / mu + 0.5 * mu
+    return _py_combine(py_log_ndtr(arg_a) + _py_series_margin(arg_a), eps + py_log_ndtr(-eps / mu - 0.5 * mu))
+
+
 def _py_gaussian_log_delta(eps: float, mu: float) -> float:
     return _py_log_delta(eps, mu) if mu > 0.0 else -math.inf
 
 
-def _py_log_delta_error(eps: float, mu: float) -> tuple[float, float]:
-    """:func:`_log_delta_error_xp` on floats (``(0, -inf)`` for ``mu = 0``, whose delta is 0)."""
+def _py_log_delta_and_error(eps: float, mu: float) -> tuple[float, float, float]:
+    """``(log delta, error, first)``: :func:`_py_gaussian_log_delta` and :func:`_log_delta_error_xp`
+    on floats from one evaluation of the terms (``(-inf, 0, -inf)`` for ``mu = 0``, whose delta
+    is 0)."""
     if not mu > 0.0:
-        return 0.0, -math.inf
-    log_delta = _py_log_delta(eps, mu)
+        return -math.inf, 0.0, -math.inf
     if mu >= MU_LARGE:
-        return _TERM_ROUNDING * (1.0 + abs(log_delta)), math.inf
+        log_delta = _py_log_delta_upper_large(eps, mu)
+        return log_delta, _TERM_ROUNDING * (1.0 + abs(log_delta)), math.inf
     ratio = eps / mu
-    err_arg = 2.0 ** -51 * (abs(ratio) + 0.5 * mu)
-    x_a, x_b = -ratio + 0.5 * mu, -ratio - 0.5 * mu
+    x_a, x_b = -ratio + 0.5 * mu, -ratio - 0.5 * mu   # the arguments of _py_log_delta, bit for bit
     log_a, log_phi_b = py_log_ndtr(x_a), py_log_ndtr(x_b)
+    log_delta = _py_combine(log_a + _py_series_margin(x_a), eps + log_phi_b)
+    err_arg = 2.0 ** -51 * (abs(ratio) + 0.5 * mu)
     err_a = _TERM_ROUNDING * (1.0 + abs(log_a)) + (max(-x_a, 0.0) + 1.0) * err_arg
     err_b = _TERM_ROUNDING * (1.0 + abs(eps) + abs(log_phi_b)) + (max(-x_b, 0.0) + 1.0) * err_arg
     # A term whose log is below the floats (-inf, its error bound inf): -1e300 is above it.
@@ -484,9 +490,9 @@ def _py_log_delta_error(eps: float, mu: float) -> tuple[float, float]:
         first = min(first, log_small)
     x = eps + log_phi_b - log_a
     if not x < 0.0:
-        return math.inf, first
+        return log_delta, math.inf, first
     r = math.exp(x) / -math.expm1(x)
-    return err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + abs(log_delta)), first
+    return log_delta, err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + abs(log_delta)), first
 
 
 def host_gaussian_delta_upper(epsilon, mu, delta, rel: float = 1e-9) -> np.ndarray:
@@ -496,8 +502,9 @@ def host_gaussian_delta_upper(epsilon, mu, delta, rel: float = 1e-9) -> np.ndarr
     (:func:`_log_delta_error_xp`), never above the cancellation-free bound of that function
     times ``1 + rel`` nor above 1."""
     with np.errstate(over="ignore", invalid="ignore"):
-        error, first = (np.asarray(x, np.float64) for x in np.vectorize(_py_log_delta_error, otypes=[float, float])(
-            np.asarray(epsilon, np.float64), np.asarray(mu, np.float64)))
+        _, error, first = (np.asarray(x, np.float64) for x in np.vectorize(
+            _py_log_delta_and_error, otypes=[float, float, float])(np.asarray(epsilon, np.float64),
+                                                                    np.asarray(mu, np.float64)))
         widen = np.maximum(rel, np.expm1(error))
         upper = np.where(np.isfinite(widen), np.asarray(delta, np.float64) * (1 + widen), np.inf)
         return np.minimum(np.minimum(upper, np.exp(first) * (1 + rel)), 1.0)
@@ -506,8 +513,8 @@ def host_gaussian_delta_upper(epsilon, mu, delta, rel: float = 1e-9) -> np.ndarr
 def _py_feasible(eps: float, mu: float, log_target: float) -> bool:
     """The epsilon search's test: ``log delta`` below the target by 1e-12 or by the bound on its
     rounding error where larger, or the first term alone below the target by 1e-12."""
-    error, first = _py_log_delta_error(eps, mu)
-    return ((math.isfinite(error) and _py_gaussian_log_delta(eps, mu) <= log_target - max(_LOG_DELTA_MARGIN, error))
+    log_delta, error, first = _py_log_delta_and_error(eps, mu)
+    return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))
             or first <= log_target - _LOG_DELTA_MARGIN)
 
 
