@@ -173,15 +173,15 @@ MUTATIONS = [
     # --- exact Gaussian curve
     Mutation(
         "gaussian-curve-sign", "dpjax/numerics/exact.py",
-        "log_a = py_log_ndtr(arg_a) + _py_series_margin(arg_a)",
-        "log_a = py_log_ndtr(arg_a - mu) + _py_series_margin(arg_a)",
-        "Sign slip in the first term of the exact Gaussian curve (host path): the oracle's "
-        "delta collapses.",
+        "log_a, log_phi_b = py_log_ndtr(x_a), py_log_ndtr(x_b)",
+        "log_a, log_phi_b = py_log_ndtr(x_a - mu), py_log_ndtr(x_b)",
+        "Sign slip in the first term of the exact Gaussian curve (host epsilon search): the "
+        "oracle's delta collapses.",
         ("tests/pld/grid/test_pld_program.py", "tests/numerics/test_exact.py")),
     Mutation(
         "gaussian-epsilon-margin-sign", "dpjax/numerics/exact.py",
-        "return ((math.isfinite(error) and _py_gaussian_log_delta(eps, mu) <= log_target - max(_LOG_DELTA_MARGIN, error))",
-        "return ((math.isfinite(error) and _py_gaussian_log_delta(eps, mu) <= log_target + max(_LOG_DELTA_MARGIN, error))",
+        "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
+        "return ((math.isfinite(error) and log_delta <= log_target + max(_LOG_DELTA_MARGIN, error))",
         "The exact Gaussian epsilon's rounding margin is applied on the unsafe side: the returned "
         "epsilon may have delta above the target.",
         ("tests/pld/test_pld_small_delta.py", "tests/numerics/test_exact.py")),
@@ -194,8 +194,8 @@ MUTATIONS = [
         ("tests/numerics/test_exact.py",)),
     Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
-        "return ((math.isfinite(error) and _py_gaussian_log_delta(eps, mu) <= log_target - max(_LOG_DELTA_MARGIN, error))",
-        "return ((_py_gaussian_log_delta(eps, mu) <= log_target - _LOG_DELTA_MARGIN)",
+        "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
+        "return ((log_delta <= log_target - _LOG_DELTA_MARGIN)",
         "The exact Gaussian epsilon's search ignores the bound on the closed form's rounding "
         "error (host path): small-mu and deep-tail epsilons with delta above the target.",
         ("tests/numerics/test_exact.py",)),
