@@ -404,8 +404,8 @@ MUTATIONS = [
         ("tests/calibration/test_calibration_pld.py",)),
     Mutation(
         "gaussian-calibration-drops-steps", "dpjax/calibration/gaussian.py",
-        "mu = jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)",
-        "mu = 1.0 / jnp.asarray(noise_multiplier, jnp.float64)",
+        "return jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)",
+        "return 1.0 / jnp.asarray(noise_multiplier, jnp.float64)",
         "The Gaussian calibration accounts for one step whatever the number of steps.",
         ("tests/calibration/test_calibration_root.py",)),
     # --- sampling truncation term

@@ -59,14 +59,16 @@ def composed_gaussian_delta(epsilon, noise_multiplier, steps=1):
     return jnp.exp(_log_delta(epsilon, noise_multiplier, steps))
 
 
+def _mu(noise_multiplier, steps):
+    return jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)
+
+
 def _log_delta(epsilon, noise_multiplier, steps):
-    mu = jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)
-    return gaussian_log_delta(epsilon, mu)
+    return gaussian_log_delta(epsilon, _mu(noise_multiplier, steps))
 
 
 def _log_delta_upper(epsilon, noise_multiplier, steps):
-    mu = jnp.sqrt(jnp.asarray(steps, jnp.float64)) / jnp.asarray(noise_multiplier, jnp.float64)
-    return gaussian_log_delta_upper(jnp.asarray(epsilon, jnp.float64), mu)
+    return gaussian_log_delta_upper(jnp.asarray(epsilon, jnp.float64), _mu(noise_multiplier, steps))
 
 
 @float64
