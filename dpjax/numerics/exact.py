@@ -101,40 +101,55 @@ _BISECTION_STEPS = 200
 _LOG_DELTA_MARGIN = 1e-12
 
 
-def _log_delta_xp(xp, log_phi, eps, mu):
-    """``log delta(eps; mu)`` for ``mu > 0`` with array namespace ``xp`` and ``log Phi`` function
-    ``log_phi`` (float64 arrays, broadcast); see the module docstring.  The one array form of the
-    formula: :func:`_log_delta` (``jax.numpy``) and :func:`np_gaussian_log_delta` (NumPy) call it."""
-    # Each branch is computed on inputs where it is finite (placeholders elsewhere), so that
-    # neither a value nor a gradient of the branch not taken can be NaN.
+def _split_large(xp, eps, mu):
+    """``(large, eps_l, mu_l, eps_e, mu_e)``: the inputs of the large-``mu`` bound and of the
+    exact formula, each with placeholders where the other one applies, so that neither a value
+    nor a gradient of the branch not taken can be NaN."""
     large = mu >= MU_LARGE
-    eps_l, mu_l = xp.where(large, eps, 0.0), xp.where(large, mu, MU_LARGE)
-    eps, mu = xp.where(large, 1.0, eps), xp.where(large, 1.0, mu)
-    arg_a = -eps / mu + 0.5 * mu
+    return (large, xp.where(large, eps, 0.0), xp.where(large, mu, MU_LARGE),
+            xp.where(large, 1.0, eps), xp.where(large, 1.0, mu))
+
+
+def _large_arg(xp, eps, mu):
+    """``-w`` rounded up, ``w = eps/mu - mu/2``: the argument of the large-``mu`` bound
+    ``log Phi(-w)`` (module docstring)."""
+    ratio = eps / mu
+    w = ratio - 0.5 * mu
+    return -(w - _W_ROUNDING * (xp.abs(ratio) + 0.5 * mu))
+
+
+def _exact_of_terms(xp, eps, x_a, log_a, log_phi_b):
+    """The exact formula's ``log delta`` from its two evaluated terms ``log_a = log Phi(x_a)``
+    and ``log Phi(x_b)`` (``x_a = -eps/mu + mu/2``, ``x_b = -eps/mu - mu/2``)."""
     # Below -20 log_ndtr is an asymptotic series cut after its 15/x^6 term, which underestimates
     # Phi by less than 105/x^8 relative: the bound on that is added to the first term (the
     # second one, subtracted, is then underestimated too: the safe side).
-    log_a = log_phi(arg_a) + _series_margin(xp, arg_a)
-    log_b = eps + log_phi(-eps / mu - 0.5 * mu)
+    log_a = log_a + _series_margin(xp, x_a)
+    log_b = eps + log_phi_b
     # log(1 - e^x) for x = log_b - log_a < 0; log1p(-exp(x)) is accurate for x < -log 2, -expm1
     # for x near 0.
     x = xp.minimum(log_b - log_a, 0.0)
     log1mexp = xp.where(x < -0.6931471805599453, xp.log1p(-xp.exp(x)), xp.log(-xp.expm1(x)))
+    return log_a + log1mexp
+
+
+def _log_delta_xp(xp, log_phi, eps, mu):
+    """``log delta(eps; mu)`` for ``mu > 0`` with array namespace ``xp`` and ``log Phi`` function
+    ``log_phi`` (float64 arrays, broadcast); see the module docstring.  The array form of the
+    formula that is differentiated: :func:`_log_delta` (``jax.numpy``) and
+    :func:`np_gaussian_log_delta` (NumPy) call it; :func:`_log_delta_error_xp` gives the same
+    values from fewer ``log_ndtr`` evaluations."""
+    large, eps_l, mu_l, eps, mu = _split_large(xp, eps, mu)
+    x_a = -eps / mu + 0.5 * mu
+    exact = _exact_of_terms(xp, eps, x_a, log_phi(x_a), log_phi(-eps / mu - 0.5 * mu))
     # Large mu: the cancellation-free upper bound (module docstring).
-    return xp.where(large, _log_delta_upper_large_xp(xp, log_phi, eps_l, mu_l), log_a + log1mexp)
-
-
-def _log_delta_upper_large_xp(xp, log_phi, eps, mu):
-    """``log Phi(-w)`` at ``w`` rounded down, plus the series' truncation bound: an upper bound on
-    ``log delta(eps; mu)`` for ``mu > 0`` (module docstring; meant for ``mu >= MU_LARGE``)."""
-    ratio = eps / mu
-    w = ratio - 0.5 * mu
-    x = -(w - _W_ROUNDING * (xp.abs(ratio) + 0.5 * mu))
-    return log_phi(x) + _series_margin(xp, x)
+    x_l = _large_arg(xp, eps_l, mu_l)
+    return xp.where(large, log_phi(x_l) + _series_margin(xp, x_l), exact)
 
 
 def _log_delta_error_xp(xp, log_phi, eps, mu):
-    """A bound on the rounding error of the computed ``log delta(eps; mu)`` (``mu > 0``).
+    """``log delta(eps; mu)`` (``mu > 0``) with a bound on its rounding error, from one
+    evaluation of each ``log Phi`` term (a compiled search holds one copy of each).
 
     The terms ``log_a = log Phi(x_a)`` and ``log_b = eps + log Phi(x_b)`` are each in error by
     at most ``2^-51`` of their size plus their arguments' rounding error (``2^-51 (eps/mu +
@@ -145,26 +160,29 @@ def _log_delta_error_xp(xp, log_phi, eps, mu):
     the bound's own evaluation error.  The epsilon search widens its margin to this bound where
     it exceeds 1e-12, and the closed-form delta answers their relative margin.
 
-    Returns ``(error, first)``: the bound, and an upper bound on ``log delta`` free of the
-    cancellation (``delta <= Phi(x_a)``, and for ``eps >= 0`` ``delta <= mu phi(d)``; ``inf``
-    for ``mu >= MU_LARGE``), which decides where the difference is too small for its rounding
-    error to be bounded (tiny ``mu``)."""
-    large = mu >= MU_LARGE
-    mu_e = xp.where(large, 1.0, mu)
-    eps_e = xp.where(large, 1.0, eps)
+    Returns ``(log_delta, error, first)``: :func:`_log_delta_xp`'s value, the bound, and an
+    upper bound on ``log delta`` free of the cancellation (``delta <= Phi(x_a)``, and for
+    ``eps >= 0`` ``delta <= mu phi(d)``; ``inf`` for ``mu >= MU_LARGE``), which decides where the
+    difference is too small for its rounding error to be bounded (tiny ``mu``)."""
+    large, eps_l, mu_l, eps_e, mu_e = _split_large(xp, eps, mu)
     ratio = eps_e / mu_e
     err_arg = 2.0 ** -51 * (xp.abs(ratio) + 0.5 * mu_e)
-    x_a, x_b = -ratio + 0.5 * mu_e, -ratio - 0.5 * mu_e
+    # One log_ndtr serves the exact formula's first term and, for large mu, the bound's: a
+    # compiled search then holds two (they dominate its compile time).
+    x_a = xp.where(large, _large_arg(xp, eps_l, mu_l), -ratio + 0.5 * mu_e)
+    x_b = -ratio - 0.5 * mu_e
     log_a, log_phi_b = log_phi(x_a), log_phi(x_b)
+    # The exact formula sees a placeholder first term for large mu (0: finite, above log_b).
+    exact = _exact_of_terms(xp, eps_e, x_a, xp.where(large, 0.0, log_a), log_phi_b)
+    log_delta = xp.where(large, log_a + _series_margin(xp, x_a), exact)
     err_a = _TERM_ROUNDING * (1.0 + xp.abs(log_a)) + (xp.maximum(-x_a, 0.0) + 1.0) * err_arg
     err_b = (_TERM_ROUNDING * (1.0 + xp.abs(eps_e) + xp.abs(log_phi_b))
              + (xp.maximum(-x_b, 0.0) + 1.0) * err_arg)
     x = eps_e + log_phi_b - log_a
     x_neg = xp.where(x < 0.0, x, -1.0)
     r = xp.where(x < 0.0, xp.exp(x_neg) / -xp.expm1(x_neg), xp.inf)
-    log_delta = _log_delta_xp(xp, log_phi, eps, mu)
-    exact = err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + xp.abs(log_delta))
-    error = xp.where(large, _TERM_ROUNDING * (1.0 + xp.abs(log_delta)), exact)
+    error_exact = err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + xp.abs(log_delta))
+    error = xp.where(large, _TERM_ROUNDING * (1.0 + xp.abs(log_delta)), error_exact)
     # Bounds free of the cancellation, which decide where r is useless: delta <= Phi(x_a), and
     # (eps >= 0) delta <= Phi(-w) - Phi(-w - mu) <= mu phi(d), d the distance from 0 to
     # [w, w + mu] (tiny mu: delta(0) ~ 0.4 mu).
@@ -178,7 +196,7 @@ def _log_delta_error_xp(xp, log_phi, eps, mu):
     log_first = xp.where((log_a == -xp.inf) | (xp.isnan(log_first) & ~xp.isnan(x_a)), _BELOW_ANY_TARGET,
                          log_first)
     first = xp.minimum(log_first, log_small)
-    return error, xp.where(large, xp.inf, first)
+    return log_delta, error, xp.where(large, xp.inf, first)
 
 
 def _series_margin(xp, x):
@@ -238,16 +256,16 @@ def _gaussian_log_delta(eps, mu):
     return jnp.where(mu > 0, _log_delta(eps, _safe_mu(mu)), -jnp.inf)
 
 
+@_xla.jit
 def gaussian_log_delta_upper(epsilon, mu):
     """An upper bound on ``log delta(epsilon; mu)`` for searches that must land on the safe side
     (traced; float64 arrays in, ``mu >= 0``): :func:`gaussian_log_delta` plus the epsilon
     search's margin (1e-12, or the bound on its rounding error where larger), or the
     cancellation-free bound where smaller (:func:`_log_delta_error_xp`).  The margins carry no
     gradient; the derivative is that of ``log delta`` (or of the bound where it decides)."""
-    safe_mu = _safe_mu(mu)
-    error, first = _log_delta_error_xp(jnp, _jax_special.log_ndtr, epsilon, safe_mu)
+    log_delta, error, first = _log_delta_error_xp(jnp, _jax_special.log_ndtr, epsilon, _safe_mu(mu))
     margin = jax.lax.stop_gradient(jnp.maximum(_LOG_DELTA_MARGIN, error))
-    upper = jnp.where(jnp.isfinite(margin), _gaussian_log_delta(epsilon, mu) + margin, jnp.inf)
+    upper = jnp.where(jnp.isfinite(margin), log_delta + margin, jnp.inf)
     return jnp.where(mu > 0, jnp.minimum(upper, first), -jnp.inf)
 
 
@@ -314,25 +332,37 @@ def _epsilon_bisection(log_target, mu):
     def feasible(e):
         # The margin is 1e-12 in log delta, or the bound on its rounding error where larger;
         # or the first term alone is below the target.
-        error, first = _log_delta_error_xp(jnp, _jax_special.log_ndtr, e, safe_mu)
+        log_delta, error, first = _log_delta_error_xp(jnp, _jax_special.log_ndtr, e, safe_mu)
+        log_delta = jnp.where(mu > 0, log_delta, -jnp.inf)
         error = jnp.where(mu > 0, error, 0.0)
-        return ((jnp.isfinite(error) & (_gaussian_log_delta(e, mu) <= log_target - jnp.maximum(_LOG_DELTA_MARGIN, error)))
+        return ((jnp.isfinite(error) & (log_delta <= log_target - jnp.maximum(_LOG_DELTA_MARGIN, error)))
                 | ((mu > 0) & (first <= log_target - _LOG_DELTA_MARGIN)))
-    hi = jax.lax.fori_loop(0, _GROW_STEPS, lambda _, h: jnp.where(feasible(h), h, 2.0 * h),
-                           jnp.ones_like(mu))
 
-    def halve(_, bracket):
-        lo, hi = bracket
+    # One loop holds the program's one copy of ``feasible`` (its three log_ndtr's dominate the
+    # compile time): step 0 tests eps = 0, steps 1.._GROW_STEPS double the upper end from 1
+    # until feasible, the next step tests the grown end, and the rest halve [0, hi].
+    grow_end = 1 + _GROW_STEPS
+
+    def step(i, state):
+        lo, hi, zero_ok, reachable = state
+        growing = i <= _GROW_STEPS
         mid = 0.5 * (lo + hi)
-        ok = feasible(mid)
-        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+        e = jnp.where(i == 0, 0.0, jnp.where(i <= grow_end, hi, mid))
+        ok = feasible(e)
+        zero_ok = jnp.where(i == 0, ok, zero_ok)
+        reachable = jnp.where(i == grow_end, ok, reachable)
+        halving = i > grow_end
+        new_hi = jnp.where(growing & (i > 0) & ~ok, 2.0 * hi, jnp.where(halving & ok, mid, hi))
+        new_lo = jnp.where(halving & ~ok, mid, lo)
+        return new_lo, new_hi, zero_ok, reachable
 
-    reachable = feasible(hi)
+    false = jnp.zeros(mu.shape, bool)
     # Every upper end the loop keeps was tested feasible (or is the grown end, tested above), so
     # no re-check afterwards: a separately compiled re-evaluation may round differently.
-    _, hi = jax.lax.fori_loop(0, _BISECTION_STEPS, halve, (jnp.zeros_like(mu), hi))
+    _, hi, zero_ok, reachable = jax.lax.fori_loop(
+        0, grow_end + 1 + _BISECTION_STEPS, step, (jnp.zeros_like(mu), jnp.ones_like(mu), false, false))
     hi = jnp.where(reachable, hi, jnp.inf)
-    return jnp.where(feasible(jnp.zeros_like(mu)), 0.0, hi)
+    return jnp.where(zero_ok, 0.0, hi)
 
 
 # ------------------------------------------------------------------------------------------
@@ -414,7 +444,7 @@ def _py_series_margin(x: float) -> float:
 
 
 def _py_log_delta_upper_large(eps: float, mu: float) -> float:
-    """:func:`_log_delta_upper_large_xp` on floats."""
+    """The large-``mu`` bound of :func:`_log_delta_xp` on floats."""
     ratio = eps / mu
     w = ratio - 0.5 * mu
     x = -(w - _W_ROUNDING * (abs(ratio) + 0.5 * mu))
