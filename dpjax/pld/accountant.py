@@ -36,7 +36,8 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.pld.grid.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                                    exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                                    stacked_mechanisms)
-from dpjax.numerics.exact import gaussian_delta, host_gaussian_delta_upper, host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta
+from dpjax.numerics.exact import (gaussian_delta, host_gaussian_delta_upper, host_gaussian_epsilon,
+                                  host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta)
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.numerics.root import HostBisection
 from dpjax.pld.grid.plan import GridOptions
@@ -94,6 +95,16 @@ def _one_step_log_delta(stacked, eps):
         rows.append(np_gaussian_log_delta(eps[None, :], math.sqrt(gauss_mu2)))
     return np.concatenate(rows, axis=0) if rows else None
 
+
+#: ``mu`` of the dominating Gaussian below which the grid is not run: the losses of a step are
+#: then ~``mu`` wide, and their CDFs, differences of numbers near 1/2, keep ~``mu / 1e-16``
+#: significant digits (the grid's delta(0) was 2.7% high at mu 2e-11 and 0 at 2e-16, below the
+#: truth).  The dominating Gaussian's closed form answers instead: an upper bound, loose by at
+#: most a factor ~1/q in delta for Poisson-subsampled steps.
+GRID_MU_MIN = 1e-9
+_GRID_MU_MIN_REASON = ("Noise beyond what a grid can resolve (dominating Gaussian mu below 1e-9): the answer is "
+                       "the dominating Gaussian's closed form, an upper bound that ignores the amplification by "
+                       "sampling.")
 
 #: Relative allowance on the closed forms of :func:`_one_step_log_delta` (SciPy's ``log_ndtr``
 #: and the float64 logs, ~1e-13 relative in delta): a lower end is claimed only with this margin.
@@ -317,6 +328,10 @@ def epsilon(components, target_delta, *, options: GridOptions | None = None, wit
     if mu is not None:
         upper, lower = exact_epsilon(np.asarray(deltas, np.float64), mu)
         return exact_epsilon_result(deltas, upper, lower)
+    if exact_gaussian and mu_dom is not None and mu_dom < GRID_MU_MIN:
+        upper = host_gaussian_epsilon(np.asarray(deltas, np.float64), mu_dom)
+        return dataclasses.replace(exact_epsilon_result(deltas, upper, np.zeros_like(upper)),
+                                   reason=_GRID_MU_MIN_REASON)
     if _one_step_exceeds_every_epsilon(stacked, float(np.max(deltas))):
         inf = np.full(np.shape(deltas), np.inf)
         res = exact_epsilon_result(deltas, inf, inf)
@@ -381,7 +396,7 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     stacked = stack(components)  # validates every mechanism; shared by the checks and the plan below
     mu = exact_gaussian_mu(components, stacked) if exact_gaussian else None
     mu_dom = dominating_gaussian_mu(components, stacked) if exact_gaussian else None
-    if mu is None and mu_dom is not None and mu_dom < 1e-100:
+    if mu is None and mu_dom is not None and mu_dom < GRID_MU_MIN:
         # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
         # bound, ~mu_dom) and 0 as the lower end.
         d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)

@@ -590,14 +590,35 @@ def dominating_gaussian_mu(components, stacked=None) -> float | None:
     :class:`~dpjax.pld.mog.GroupSubsampledGaussian`: by joint convexity at most the divergence of
     its largest sensitivity, in both directions): else None.  ``mu^2 = sum_i c_i (s_i /
     sigma_i)^2`` (Dong, Roth and Su 2022, Cor. 3.3)."""
-    mu2 = 0.0
+    terms = []
     for cls, static, data, P, C in (stack(components) if stacked is None else stacked):
         r = _dominating_ratio(cls, static, data, P)
         if r is None:
             return None
-        with np.errstate(over="ignore"):
+        terms.append((C, r))
+    return _root_sum_squares(terms)
+
+
+#: Below this ``sum c r^2`` may have lost terms to underflow (``r`` below ~1e-154): recomputed
+#: scaled by the largest ``r``.
+_SQUARES_UNDERFLOW = 1e-290
+
+
+def _root_sum_squares(terms) -> float:
+    """``sqrt(sum_i c_i r_i^2)`` over ``(C, r)`` array pairs: plainly (``inf`` where a square
+    overflows), and scaled by the largest ``|r|`` where the plain sum is small enough to have
+    underflowed (noise multipliers above ~1e154, whose ``r^2`` is below the floats: the plain
+    sum made ``mu`` 0 and the Gaussian's delta 0)."""
+    mu2 = 0.0
+    for C, r in terms:
+        with np.errstate(over="ignore", under="ignore"):
             mu2 += float(np.sum(C.astype(np.float64) * r * r))
-    return math.sqrt(mu2)
+    if not mu2 < _SQUARES_UNDERFLOW:
+        return math.sqrt(mu2)
+    scale = max((float(np.max(np.abs(r))) for C, r in terms if np.size(r)), default=0.0)
+    if not scale > 0.0:
+        return 0.0
+    return scale * math.sqrt(sum(float(np.sum(C.astype(np.float64) * (r / scale) ** 2)) for C, r in terms))
 
 
 def _dominating_ratio(cls, static, data, P):
@@ -631,7 +652,7 @@ def exact_gaussian_mu(components, stacked=None) -> float | None:
     of the FFT round-off floor (q = 1, sigma 30.07, T = 12005 at delta 1.11e-12 was inf on the
     grid; the exact value is 31.67).
     """
-    mu2 = 0.0
+    terms = []
     for cls, static, data, P, C in (stack(components) if stacked is None else stacked):
         if cls is Gaussian:
             r = P[:, data.index("sensitivity")] / P[:, data.index("noise_multiplier")]
@@ -639,8 +660,8 @@ def exact_gaussian_mu(components, stacked=None) -> float | None:
             r = 1.0 / P[:, data.index("noise_multiplier")]
         else:
             return None
-        mu2 += float(np.sum(C.astype(np.float64) * r * r))
-    mu = math.sqrt(mu2)
+        terms.append((C, r))
+    mu = _root_sum_squares(terms)
     return mu if math.isfinite(mu) else None
 
 

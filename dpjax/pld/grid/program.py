@@ -279,7 +279,10 @@ def _cdfs(ops: Ops, mech, directions, y, o=None, dx=None, split=None):
             and hasattr(mech, "lattice_length")):
         m = y.shape[-1]
         length = mech.lattice_length(int(o[0]), int(o[1]), float(dx), m)
-        if length is not None:
+        # The lattice runs from the loss bound log(1 - q) to the grid: where the grid's losses
+        # are far from it in units of dx (huge noise multipliers: ~1e11 points at sigma 1e8),
+        # the two directions' own m points each are less work.
+        if length is not None and length <= 2 * m:
             return mech.loss_cdfs_lattice(o, dx, m, length, ops, split=split)
     if hasattr(mech, "loss_cdfs_directions"):
         return ops.materialize(lambda: mech.loss_cdfs_directions(directions, y, ops))
