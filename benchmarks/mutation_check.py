@@ -193,6 +193,27 @@ MUTATIONS = [
         "path): delta below the bound's, epsilon understated at mu ~ 1e10.",
         ("tests/numerics/test_exact.py",)),
     Mutation(
+        "gaussian-compiled-margin-sign", "dpjax/numerics/exact.py",
+        "return ((jnp.isfinite(error) & (log_delta <= log_target - jnp.maximum(_LOG_DELTA_MARGIN, error)))",
+        "return ((jnp.isfinite(error) & (log_delta <= log_target + jnp.maximum(_LOG_DELTA_MARGIN, error)))",
+        "The compiled exact Gaussian epsilon search applies its rounding margin on the unsafe "
+        "side: jitted epsilons with delta above the target.",
+        ("tests/numerics/test_exact.py",)),
+    Mutation(
+        "gaussian-mu-squares-underflow", "dpjax/pld/grid/engine.py",
+        "if not mu2 < _SQUARES_UNDERFLOW:",
+        "if True:",
+        "mu = sqrt(sum c r^2) without the rescaling where r^2 underflows: noise multipliers above "
+        "~1e154 get mu 0 and delta 0.",
+        ("tests/pld/test_huge_noise.py",)),
+    Mutation(
+        "grid-below-its-resolution", "dpjax/pld/accountant.py",
+        "GRID_MU_MIN = 1e-9",
+        "GRID_MU_MIN = 1e-100",
+        "The grid runs where its loss CDFs have lost their digits (dominating mu down to 1e-100): "
+        "delta 0 below the truth at sigma 1e16, a NaN grid size at 1e200.",
+        ("tests/pld/test_huge_noise.py",)),
+    Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
         "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
         "return ((log_delta <= log_target - _LOG_DELTA_MARGIN)",

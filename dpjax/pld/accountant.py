@@ -98,8 +98,8 @@ def _one_step_log_delta(stacked, eps):
 
 #: ``mu`` of the dominating Gaussian below which the grid is not run: the losses of a step are
 #: then ~``mu`` wide, and their CDFs, differences of numbers near 1/2, keep ~``mu / 1e-16``
-#: significant digits (the grid's delta(0) was 2.7% high at mu 2e-11 and 0 at 2e-16, below the
-#: truth).  The dominating Gaussian's closed form answers instead: an upper bound, loose by at
+#: significant digits (at T = 4, q = 1/2 the grid's delta(0) is 2.7% high at mu 2e-11 and 0,
+#: below the truth, at 2e-16).  The dominating Gaussian's closed form answers instead: an upper bound, loose by at
 #: most a factor ~1/q in delta for Poisson-subsampled steps.
 GRID_MU_MIN = 1e-9
 _GRID_MU_MIN_REASON = ("Noise beyond what a grid can resolve (dominating Gaussian mu below 1e-9): the answer is "
