@@ -338,7 +338,7 @@ def _epsilon_bisection(log_target, mu):
         return ((jnp.isfinite(error) & (log_delta <= log_target - jnp.maximum(_LOG_DELTA_MARGIN, error)))
                 | ((mu > 0) & (first <= log_target - _LOG_DELTA_MARGIN)))
 
-    # One loop holds the program's one copy of ``feasible`` (its three log_ndtr's dominate the
+    # One loop holds the program's one copy of ``feasible`` (its two log_ndtr's dominate the
     # compile time): step 0 tests eps = 0, steps 1.._GROW_STEPS double the upper end from 1
     # until feasible, the next step tests the grown end, and the rest halve [0, hi].
     grow_end = 1 + _GROW_STEPS
@@ -357,8 +357,9 @@ def _epsilon_bisection(log_target, mu):
         return new_lo, new_hi, zero_ok, reachable
 
     false = jnp.zeros(mu.shape, bool)
-    # Every upper end the loop keeps was tested feasible (or is the grown end, tested above), so
-    # no re-check afterwards: a separately compiled re-evaluation may round differently.
+    # Every upper end the loop keeps was tested feasible (or is the grown end, whose test sets
+    # ``reachable``), so no re-check afterwards: a separately compiled re-evaluation may round
+    # differently.
     _, hi, zero_ok, reachable = jax.lax.fori_loop(
         0, grow_end + 1 + _BISECTION_STEPS, step, (jnp.zeros_like(mu), jnp.ones_like(mu), false, false))
     hi = jnp.where(reachable, hi, jnp.inf)
