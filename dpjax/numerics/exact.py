@@ -91,6 +91,8 @@ _MU_GRADIENT_MIN = 1e-12
 _BELOW_ANY_TARGET = -1e300
 #: Doublings of the upper end of the epsilon search, from 1: up to 2^70 ~ 1e21.
 _GROW_STEPS = 70
+#: The largest epsilon :func:`gaussian_epsilon` tests: beyond it the answer is ``inf``.
+EPSILON_SEARCH_MAX = 2.0 ** _GROW_STEPS
 #: Halvings of the epsilon bracket: enough to reach float64 resolution from any start.
 _BISECTION_STEPS = 200
 #: Safety margin in log delta for :func:`gaussian_epsilon`: feasible means

@@ -49,6 +49,19 @@ def test_large_mu_epsilon_is_sound_and_tight(mu, target):
     assert upper[0] == eps and lower[0] <= eps and _delta(lower[0], mu) > target
 
 
+@pytest.mark.parametrize("mu", [1e12, 1e100])
+def test_beyond_the_search_the_bracket_is_inf_above_a_certified_lower_end(mu):
+    # The search stops at eps = 2^70 (true epsilon ~mu^2 / 2 beyond it): the upper end is inf and
+    # the lower end 2^70, whose delta is above the target (it was NaN, with a RuntimeWarning).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        upper, lower = engine.exact_epsilon(np.array([1e-5, 0.5]), mu)
+    assert np.all(np.isinf(upper)) and np.all(lower == 2.0 ** 70)
+    assert all(_delta(x, mu) > t for x, t in zip(lower, (1e-5, 0.5)))
+
+
 @pytest.mark.parametrize("mu", LARGE_MU)
 def test_large_mu_log_delta_is_a_tight_upper_bound(mu):
     for t in (-3.0, 0.0, 4.0, 30.0):   # w = eps/mu - mu/2: delta from ~1 down to ~1e-197

@@ -44,7 +44,8 @@ import numpy as np
 
 from dpjax._base import validate as _validate
 from dpjax.pld.grid.compose import Group
-from dpjax.numerics.exact import MU_LARGE, gaussian_epsilon, gaussian_log_delta, py_log_delta_lower_large
+from dpjax.numerics.exact import (EPSILON_SEARCH_MAX, MU_LARGE, gaussian_epsilon, gaussian_log_delta,
+                                  py_log_delta_lower_large)
 from dpjax.pld.grid import program as prog
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.pld.grid.program import DIAGNOSTICS
@@ -690,7 +691,12 @@ def exact_epsilon(deltas, mu):
     down until delta there is > target (checked with the same closed form)."""
     upper = np.asarray(gaussian_epsilon(deltas, mu), np.float64)
     log_t = np.log(deltas)
-    lower = np.maximum(upper - np.maximum(1e-9 * upper, 1e-12), 0.0)
+    # An upper end of inf (the search's largest epsilon, 2^70, does not reach the target: mu
+    # above ~1e10) has the lower end 2^70 where delta there is certified above the target, else 0.
+    finite = np.isfinite(upper)
+    top = np.where(finite, upper, EPSILON_SEARCH_MAX)
+    lower = np.maximum(top - np.maximum(1e-9 * top, 1e-12), 0.0)
+    lower = np.where(finite, lower, EPSILON_SEARCH_MAX)
     # From MU_LARGE on, log delta is an upper bound (no cancellation); the lower end needs delta
     # from below.
     log_delta = gaussian_log_delta if mu < MU_LARGE else (
@@ -699,7 +705,7 @@ def exact_epsilon(deltas, mu):
         bad = (lower > 0) & ~(np.asarray(log_delta(lower, mu)) > log_t)
         if not bad.any():
             break
-        lower = np.where(bad, np.maximum(upper - 2.0 * (upper - lower), 0.0), lower)
+        lower = np.where(bad, np.where(finite, np.maximum(top - 2.0 * (top - lower), 0.0), 0.0), lower)
     return upper, lower
 
 
