@@ -29,7 +29,7 @@ and also accepts an epsilon where a bound free of the cancellation is below the 
 (``delta <= Phi(-w)``, and ``delta <= mu phi(d)``, ``d`` the distance from 0 to
 ``[w, w + mu]``): at ``mu = 1e-20`` the two terms agree to all digits and delta(0) ~ 0.4 mu was
 computed as 0.  Closed-form delta answers widen their relative margin the same way
-(:func:`host_gaussian_delta_upper`).  Where the bound stays below 1e-12 (ordinary ``mu`` and
+(:func:`host_gaussian_delta_and_upper`).  Where the bound stays below 1e-12 (ordinary ``mu`` and
 delta) the values are unchanged.
 
 Large ``mu`` (``mu >= 1e4``, epsilons above ~5e7).  There ``eps + log Phi(-eps/mu - mu/2)`` is
@@ -528,19 +528,20 @@ def _py_log_delta_and_error(eps: float, mu: float) -> tuple[float, float, float]
     return log_delta, err_a + (err_a + err_b) * r + _TERM_ROUNDING * (1.0 + abs(log_delta)), first
 
 
-def host_gaussian_delta_upper(epsilon, mu, delta, rel: float = 1e-9) -> np.ndarray:
-    """An upper bound on ``delta(epsilon; mu)`` for answers from the closed form (float64 ndarray,
-    host), given ``delta`` as :func:`gaussian_delta` computed it: ``delta (1 + rel)``, or
-    ``delta (1 +`` the bound on its rounding error ``)`` where that is larger
+def host_gaussian_delta_and_upper(epsilon, mu, rel: float = 1e-9) -> tuple[np.ndarray, np.ndarray]:
+    """``(delta, upper)`` on the host for answers from the closed form (float64 ndarrays): the
+    value :func:`gaussian_delta` gives, and an upper bound on ``delta(epsilon; mu)``: ``delta
+    (1 + rel)``, or ``delta (1 +`` the bound on its rounding error ``)`` where that is larger
     (:func:`_log_delta_error_xp`), never above the cancellation-free bound of that function
-    times ``1 + rel`` nor above 1."""
+    times ``1 + rel`` nor above 1.  One evaluation of the terms gives both."""
     with np.errstate(over="ignore", invalid="ignore"):
-        _, error, first = (np.asarray(x, np.float64) for x in np.vectorize(
+        log_delta, error, first = (np.asarray(x, np.float64) for x in np.vectorize(
             _py_log_delta_and_error, otypes=[float, float, float])(np.asarray(epsilon, np.float64),
                                                                     np.asarray(mu, np.float64)))
+        delta = np.exp(log_delta)
         widen = np.maximum(rel, np.expm1(error))
-        upper = np.where(np.isfinite(widen), np.asarray(delta, np.float64) * (1 + widen), np.inf)
-        return np.minimum(np.minimum(upper, np.exp(first) * (1 + rel)), 1.0)
+        upper = np.where(np.isfinite(widen), delta * (1 + widen), np.inf)
+        return delta, np.minimum(np.minimum(upper, np.exp(first) * (1 + rel)), 1.0)
 
 
 def _py_feasible(eps: float, mu: float, log_target: float) -> bool:

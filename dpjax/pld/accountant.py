@@ -36,7 +36,7 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.pld.grid.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                                    exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                                    stacked_mechanisms)
-from dpjax.numerics.exact import (gaussian_delta, host_gaussian_delta_upper, host_gaussian_epsilon,
+from dpjax.numerics.exact import (host_gaussian_delta_and_upper, host_gaussian_epsilon,
                                   host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta)
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.numerics.root import HostBisection
@@ -99,8 +99,8 @@ def _one_step_log_delta(stacked, eps):
 #: ``mu`` of the dominating Gaussian below which the grid is not run: the losses of a step are
 #: then ~``mu`` wide, and their CDFs, differences of numbers near 1/2, keep ~``mu / 1e-16``
 #: significant digits (at T = 4, q = 1/2 the grid's delta(0) is 2.7% high at mu 2e-11 and 0,
-#: below the truth, at 2e-16).  The dominating Gaussian's closed form answers instead: an upper bound, loose by at
-#: most a factor ~1/q in delta for Poisson-subsampled steps.
+#: below the truth, at 2e-16).  The dominating Gaussian's closed form answers instead: an upper
+#: bound, loose by at most a factor ~1/q in delta for Poisson-subsampled steps.
 GRID_MU_MIN = 1e-9
 _GRID_MU_MIN_REASON = ("Noise beyond what a grid can resolve (dominating Gaussian mu below 1e-9): the answer is "
                        "the dominating Gaussian's closed form, an upper bound that ignores the amplification by "
@@ -399,14 +399,14 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     if mu is None and mu_dom is not None and mu_dom < GRID_MU_MIN:
         # Noise beyond what a grid can resolve: the dominating Gaussian's delta (an upper
         # bound, ~mu_dom) and 0 as the lower end.
-        d = np.asarray(gaussian_delta(eps, mu_dom), np.float64)
-        upper, lower = host_gaussian_delta_upper(eps, mu_dom, d), np.zeros_like(d)
+        d, upper = host_gaussian_delta_and_upper(eps, mu_dom)
+        lower = np.zeros_like(d)
         return exact_delta_result(eps, upper, lower)
     if mu is not None:
         # Relative accuracy of the log-space closed form ~1e-13 (exact.py); 1e-9 either side,
         # the upper end more where the closed form's rounding error bound is larger.
-        d = np.asarray(gaussian_delta(eps, mu), np.float64)
-        upper, lower = host_gaussian_delta_upper(eps, mu, d), d * (1 - 1e-9)
+        d, upper = host_gaussian_delta_and_upper(eps, mu)
+        lower = d * (1 - 1e-9)
         return exact_delta_result(eps, upper, lower)
     reports, blocked = account(components, np.asarray([0.5]), np.asarray(eps, np.float64), with_lower=with_lower,
                                 options=options, eps_hint=float(np.max(eps)), target_delta=None,

@@ -447,16 +447,15 @@ def _probe_room(sigma, blocks, target_delta, target_epsilon, options, budget) ->
 
 
 def _gaussian_result(mu, target_delta=None, target_epsilon=None):
-    from dpjax.numerics.exact import gaussian_delta, host_gaussian_delta_upper
+    from dpjax.numerics.exact import host_gaussian_delta_and_upper
 
     if target_delta is not None:
         deltas = np.asarray(target_delta, np.float64)
         upper, lower = exact_epsilon(deltas, mu)
         return exact_epsilon_result(deltas, upper, lower)
     eps = np.asarray(target_epsilon, np.float64)
-    d = np.asarray(gaussian_delta(eps, mu), np.float64)
-    upper, lower = host_gaussian_delta_upper(eps, mu, d), d * (1 - 1e-9)
-    return exact_delta_result(eps, upper, lower)
+    d, upper = host_gaussian_delta_and_upper(eps, mu)
+    return exact_delta_result(eps, upper, d * (1 - 1e-9))
 
 
 # ------------------------------------------------------------------------------------------
