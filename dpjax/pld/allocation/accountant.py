@@ -542,7 +542,7 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
     :func:`summed_mu` (its certified lower end) and :func:`_closed_lower_log_delta` (its delta,
     or the largest epsilon found where it is still above ``target_delta``).  ``mu``: the
     unamplified Gaussian's, where the caller spells it (balls-in-bins: ``sqrt(E) / sigma``)."""
-    from dpjax.numerics.exact import gaussian_delta
+    from dpjax.numerics.exact import gaussian_delta, host_gaussian_delta_and_upper
 
     mu = unamplified_mu(noise_multiplier, blocks) if mu is None else float(mu)
     mu_sum = summed_mu(noise_multiplier, blocks)
@@ -551,8 +551,9 @@ def closed_form_bracket(noise_multiplier, blocks, target_delta=None, target_epsi
     margin = math.log1p(-1e-9)
     if target_delta is None:
         eps = np.asarray(target_epsilon, np.float64)
-        d = np.asarray(gaussian_delta(eps, mu), np.float64)
-        upper = np.minimum(d * (1 + 1e-9), 1.0)
+        # The upper end widens its margin where the closed form's rounding error is larger
+        # (small mu, deep tails: up to ~1e-8 relative), as the Gaussian's own bracket does.
+        _, upper = host_gaussian_delta_and_upper(eps, mu)
         d_sum = np.asarray(gaussian_delta(eps, mu_sum), np.float64) * (1 - 1e-9)
         lower = np.minimum(np.maximum(np.exp(_closed_lower_log_delta(eps, noise_multiplier, blocks) + margin),
                                       d_sum), upper)

@@ -266,3 +266,18 @@ def test_host_lattice_laws_on_shorter_prefixes_are_the_full_ones(sigma, t):
     np.testing.assert_allclose(laws, full, rtol=1e-13, atol=0.0)
     np.testing.assert_array_equal(laws == 0.0, full == 0.0)
     assert np.all(full.sum(-1) > 0)
+
+
+def test_closed_form_upper_end_covers_the_rounding_of_small_mu_deep_tails():
+    # mu ~ 7e-4 at delta ~ 1e-89: the closed form's rounding error (~2e-9 relative) exceeded the
+    # plain 1e-9 margin, and the unamplified Gaussian's delta, the bracket's upper end, was below
+    # the truth (60-digit mpmath).
+    import mpmath as mp
+
+    eps, mu = 0.014184393998722632, 0.0007258931007170726
+    upper, lower = R.closed_form_bracket(math.sqrt(3) / mu, [(10, 3)], target_epsilon=eps, mu=mu)
+    with mp.workdps(60):
+        e, m = mp.mpf(eps), mp.mpf(mu)
+        truth = mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+    assert mp.mpf(float(upper)) >= truth and float(upper) <= float(truth) * (1 + 1e-6)
+    assert float(lower) <= float(upper)
