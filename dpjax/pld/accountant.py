@@ -37,7 +37,8 @@ from dpjax.pld.grid.engine import (account, as_components, combine, dominating_g
                                    exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                                    stacked_mechanisms)
 from dpjax.numerics.exact import (host_gaussian_delta_and_upper, host_gaussian_epsilon,
-                                  host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_log_delta)
+                                  host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_delta_upper,
+                                  np_gaussian_log_delta)
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
 from dpjax.numerics.root import HostBisection
 from dpjax.pld.grid.plan import GridOptions
@@ -524,7 +525,7 @@ def delta_caps(components, eps, mu_dom=None, stacked=None):
     if mu_dom is None:
         mu_dom = dominating_gaussian_mu(components, stacked)
     mechs = stacked_mechanisms(components)
-    gauss = (np.minimum(np.exp(np_gaussian_log_delta(eps, mu_dom)) * (1.0 + _ROUNDING), 1.0)
+    gauss = (np_gaussian_delta_upper(eps, mu_dom, _ROUNDING)
              if mu_dom is not None and mu_dom > 0 and math.isfinite(mu_dom)
              else (np.zeros(eps.shape) if mu_dom == 0 else np.ones(eps.shape)))
     return {d: np.where(eps >= support_bound(mechs, d) * _SUPPORT_ROUNDING, 0.0, gauss) for d in ("remove", "add")}

@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from dpjax.numerics.exact import np_gaussian_log_delta
+from dpjax.numerics.exact import np_gaussian_delta_upper, np_gaussian_log_delta
 from dpjax.numerics.root import HostBisection
 
 __all__ = ["direction_epsilon"]
@@ -224,9 +224,8 @@ def direction_delta(components, direction: str, epsilons, *, dominating_mu: floa
     if bound is not None:
         cands["binomial mixture of Gaussians"] = np.asarray([bound(float(e)) for e in eps])
     if dominating_mu is not None:
-        cands["dominating Gaussian (sampling_prob taken as 1)"] = np.minimum(
-            np.exp(np_gaussian_log_delta(eps, dominating_mu)) * (1.0 + _ROUNDING), 1.0) if dominating_mu > 0 \
-            else np.zeros(eps.shape)
+        cands["dominating Gaussian (sampling_prob taken as 1)"] = (
+            np_gaussian_delta_upper(eps, dominating_mu, _ROUNDING) if dominating_mu > 0 else np.zeros(eps.shape))
     names = list(cands)
     values = np.stack([np.where(np.isnan(cands[k]), 1.0, cands[k]) for k in names])
     best = np.min(values, axis=0)

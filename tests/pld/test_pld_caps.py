@@ -198,3 +198,21 @@ def test_threshold_test_delta_is_below_the_certified_delta(sigma, q, steps, eps)
     assert res.delta_lower <= res.delta and low <= res.delta * (1 + 1e-9), (low, res)
     if steps == 1:  # the optimal test of one step: its exact delta
         assert low == pytest.approx(float(_one_step_delta(eps, sigma, q)), rel=1e-6)
+
+
+def test_dominating_gaussian_cap_covers_the_closed_forms_rounding():
+    # Small mu (sigma ~ 4e4) at delta ~ 4.5e-82: the closed form is a small difference of two
+    # close terms, and its value times 1 + 1e-9 was 6e-8 relative below the dominating
+    # Gaussian's exact delta (60-digit mpmath), so the cap understated.
+    import mpmath as mp
+
+    from dpjax.pld import accountant as acc
+
+    eps, sigma = 0.00047316727558573607, 38968.1703069693
+    caps = acc.delta_caps([pld.PoissonSubsampledGaussian(sigma, 0.5)], np.array([eps]))
+    with mp.workdps(60):
+        e, m = mp.mpf(eps), 1 / mp.mpf(sigma)
+        truth = mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+    for direction in ("remove", "add"):
+        cap = float(caps[direction][0])
+        assert mp.mpf(cap) >= truth and cap <= float(truth) * (1 + 1e-5)
