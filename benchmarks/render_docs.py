@@ -1117,45 +1117,6 @@ def render(results: pathlib.Path = RESULTS) -> str:
     return _render(results)[0]
 
 
-#: The README's short list: the first headline row whose "what" starts with each of these, one
-#: per thing a user comes for (the page's headline table has every row).
-README_ROWS = (
-    "Main job", "PLD accounting, DP-SGD case B1", "Notebook session of 60 varied DP-SGD queries, whole session alone",
-    "One-shot epsilon query, dpjax CLI, warm", "Sweep of 120 configurations (broad), dpjax.sweep second process",
-    "Group privacy", "Noise calibration", "Monte Carlo balls-in-bins", "Optimizing C, time per step (16x128x2^17)",
-    "Random allocation, steady call",
-)
-
-
-def readme_table(results: pathlib.Path = RESULTS) -> str:
-    """The README's summary: a few of the page's headline ratios (:data:`README_ROWS`), each
-    linking to its table on the page, and a pointer to the page's full list."""
-    all_rows = _render(results)[1]
-    rows = []
-    for prefix in README_ROWS:
-        hit = next((r for r in all_rows if r[0].startswith(prefix)), None)
-        if hit is not None:
-            what, against, value, link = hit
-            rows.append([what, against, value, link.replace("](#", "](docs/benchmarks.md#")])
-    return (table(["what", "against", "ratio", "table"], rows)
-            + f"\n\nAll {len(all_rows)} headline ratios: [docs/benchmarks.md](docs/benchmarks.md#headline-ratios).")
-
-
-README = ROOT / "README.md"
-README_BEGIN = "<!-- headline ratios: written by python benchmarks/render_docs.py -->"
-README_END = "<!-- end of headline ratios -->"
-
-
-def readme_text(results: pathlib.Path = RESULTS) -> str | None:
-    """README.md with its headline-ratio block re-rendered (None: the README has no block)."""
-    text = README.read_text() if README.exists() else ""
-    if README_BEGIN not in text or README_END not in text:
-        return None
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    return f"{head}{README_BEGIN}\n{readme_table(results)}\n{README_END}{tail}"
-
-
 def _render(results: pathlib.Path) -> tuple[str, list[list[str]]]:
     files = result_files(results)
     order = [f for f in RENDERERS if f in files]
@@ -1200,21 +1161,17 @@ def _anchor(title: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 if docs/benchmarks.md or the README's headline ratios differ from a fresh render")
+                    help="exit 1 if docs/benchmarks.md differs from a fresh render")
     args = ap.parse_args(argv)
-    outputs = [(DOC, render()), (README, readme_text())]
-    stale = 0
-    for path, text in outputs:
-        if text is None:
-            continue
-        if args.check:
-            if (path.read_text() if path.exists() else "") != text:
-                print(f"{path.relative_to(ROOT)} is stale: run python benchmarks/render_docs.py", file=sys.stderr)
-                stale = 1
-            continue
-        path.write_text(text)
-        print(f"wrote {path.relative_to(ROOT)}")
-    return stale
+    text = render()
+    if args.check:
+        if (DOC.read_text() if DOC.exists() else "") != text:
+            print(f"{DOC.relative_to(ROOT)} is stale: run python benchmarks/render_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    print(f"wrote {DOC.relative_to(ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":
