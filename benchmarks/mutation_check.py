@@ -214,6 +214,20 @@ MUTATIONS = [
         "delta 0 below the truth at sigma 1e16, a NaN grid size at 1e200.",
         ("tests/pld/test_huge_noise.py",)),
     Mutation(
+        "allocation-closed-form-bare-margin", "dpjax/pld/allocation/accountant.py",
+        "_, upper = host_gaussian_delta_and_upper(eps, mu)",
+        "upper = np.minimum(np.asarray(gaussian_delta(eps, mu), np.float64) * (1 + 1e-9), 1.0)",
+        "The allocation accountant's closed-form delta upper end keeps a bare 1e-9 margin: below "
+        "the truth at small mu and deep tails.",
+        ("tests/pld/allocation/test_allocation.py",)),
+    Mutation(
+        "dominating-cap-bare-margin", "dpjax/pld/accountant.py",
+        "gauss = (np_gaussian_delta_upper(eps, mu_dom, _ROUNDING)",
+        "gauss = (np.minimum(np.exp(np_gaussian_log_delta(eps, mu_dom)) * (1.0 + _ROUNDING), 1.0)",
+        "The dominating Gaussian's delta cap keeps a bare 1e-9 margin: below the truth at small mu "
+        "and deep tails.",
+        ("tests/pld/test_pld_caps.py",)),
+    Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
         "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
         "return ((log_delta <= log_target - _LOG_DELTA_MARGIN)",
