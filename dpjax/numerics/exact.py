@@ -552,6 +552,19 @@ def host_gaussian_delta_and_upper(epsilon, mu, rel: float = 1e-9) -> tuple[np.nd
     return _delta_and_upper(*parts, rel)
 
 
+def np_gaussian_log_delta_and_error(epsilon, mu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(log_delta, error, upper)`` in NumPy with SciPy's ``log_ndtr`` (``mu > 0``, float64
+    arrays, broadcast): :func:`np_gaussian_log_delta`'s value, a bound on its absolute rounding
+    error (``inf`` where none holds), and an upper bound on ``delta(epsilon; mu)`` itself
+    (:func:`_delta_and_upper` with no relative margin: the caller adds its own)."""
+    import scipy.special  # on first use: importing this module stays free of SciPy
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        parts = _log_delta_error_xp(np, scipy.special.log_ndtr, np.asarray(epsilon, np.float64),
+                                    np.asarray(mu, np.float64))
+    return parts[0], parts[1], _delta_and_upper(*parts, 0.0)[1]
+
+
 def np_gaussian_delta_upper(epsilon, mu, rel: float = 1e-9) -> np.ndarray:
     """An upper bound on ``delta(epsilon; mu)`` (``mu > 0``) in NumPy with SciPy's ``log_ndtr``:
     ``exp`` of :func:`np_gaussian_log_delta` with the margin of :func:`_delta_and_upper` (a bare

@@ -74,6 +74,22 @@ def test_mixture_bound_is_the_exact_gaussian_at_q_one():
         assert exact <= got <= exact * (1 + 1e-8) + 1e-12
 
 
+@pytest.mark.parametrize("steps", [1, 4])
+def test_mixture_delta_covers_the_closed_forms_rounding(steps):
+    # q = 1 again (the mixture is the Gaussian itself), at small mu and a deep tail: there the
+    # closed form is a small difference of two close terms, and its value times 1 + 1e-9 was up
+    # to 6e-8 relative below the Gaussian's exact delta (60-digit mpmath).
+    import mpmath as mp
+
+    eps, sigma = 0.00047316727558573607, 38968.1703069693
+    curve = fallback._mixture_curve([(pld.PoissonSubsampledGaussian(sigma, 1.0), steps)], 1e-90)
+    got = curve(eps)
+    with mp.workdps(60):
+        e, m = mp.mpf(eps), mp.sqrt(steps) / mp.mpf(sigma)
+        truth = mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+    assert mp.mpf(got) >= truth and got <= float(truth) * (1 + 1e-5)
+
+
 @pytest.mark.parametrize("sigma,q,steps,delta", [(1.0, 1e-3, 100, 1e-5), (0.8, 1e-2, 30, 1e-6),
                                                  (2.0, 1e-4, 1000, 1e-8), (0.6, 0.05, 10, 1e-5)])
 def test_every_fallback_bound_lies_above_the_certified_lower_end(sigma, q, steps, delta):
