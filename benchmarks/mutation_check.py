@@ -228,6 +228,20 @@ MUTATIONS = [
         "the truth at small mu and deep tails.",
         ("tests/pld/test_pld_fallback.py",)),
     Mutation(
+        "closed-form-delta-underflow-zero", "dpjax/numerics/exact.py",
+        "return np.where(np.asarray(mu, np.float64) > 0, np.maximum(upper, SMALLEST_DELTA), upper)",
+        "return upper",
+        "The closed forms' delta upper ends are 0 where delta is below every double: pure DP "
+        "claimed for Gaussian noise.",
+        ("tests/pld/test_pld_small_delta.py",)),
+    Mutation(
+        "grid-delta-underflow-zero", "dpjax/pld/accountant.py",
+        "up = np.where((up == 0) & below, SMALLEST_DELTA, up)",
+        "up = np.where((up == 0) & below, 0.0, up)",
+        "The grid accountant's delta is 0 where it rounded to 0 below the support bound: pure DP "
+        "claimed for Gaussian noise.",
+        ("tests/pld/test_pld_small_delta.py",)),
+    Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
         "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
         "return ((log_delta <= log_target - _LOG_DELTA_MARGIN)",

@@ -93,6 +93,11 @@ _BELOW_ANY_TARGET = -1e300
 _GROW_STEPS = 70
 #: The largest epsilon :func:`gaussian_epsilon` tests: beyond it the answer is ``inf``.
 EPSILON_SEARCH_MAX = 2.0 ** _GROW_STEPS
+
+#: The smallest positive double.  The Gaussian mechanism's delta is positive at every finite
+#: epsilon (``Phi`` of a finite argument); where it lies below every double the certified upper
+#: ends report this, not 0 (which would claim pure DP there).
+SMALLEST_DELTA = float(np.nextafter(0.0, 1.0))
 #: Halvings of the epsilon bracket: enough to reach float64 resolution from any start.
 _BISECTION_STEPS = 200
 #: Safety margin in log delta for :func:`gaussian_epsilon`: feasible means
@@ -549,7 +554,13 @@ def host_gaussian_delta_and_upper(epsilon, mu, rel: float = 1e-9) -> tuple[np.nd
         parts = (np.asarray(x, np.float64) for x in np.vectorize(
             _py_log_delta_and_error, otypes=[float, float, float])(np.asarray(epsilon, np.float64),
                                                                     np.asarray(mu, np.float64)))
-    return _delta_and_upper(*parts, rel)
+    delta, upper = _delta_and_upper(*parts, rel)
+    return delta, _positive_where(mu, upper)
+
+
+def _positive_where(mu, upper):
+    """``upper`` raised to :data:`SMALLEST_DELTA` where ``mu > 0`` (the truth is positive there)."""
+    return np.where(np.asarray(mu, np.float64) > 0, np.maximum(upper, SMALLEST_DELTA), upper)
 
 
 def np_gaussian_log_delta_and_error(epsilon, mu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -575,7 +586,7 @@ def np_gaussian_delta_upper(epsilon, mu, rel: float = 1e-9) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         parts = _log_delta_error_xp(np, scipy.special.log_ndtr, np.asarray(epsilon, np.float64),
                                     np.asarray(mu, np.float64))
-    return _delta_and_upper(*parts, rel)[1]
+    return _positive_where(mu, _delta_and_upper(*parts, rel)[1])
 
 
 def _py_feasible(eps: float, mu: float, log_target: float) -> bool:

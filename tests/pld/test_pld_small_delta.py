@@ -107,3 +107,33 @@ def test_fft_lower_end_sweep():
         d = pld.delta(_fft_case(sigma, steps), eps_g)
         assert d.delta_lower <= float(exact_delta(eps_g - ELL, mu)), (sigma, steps, delta)
         assert d.delta >= float(exact_delta(eps_g, mu)), (sigma, steps, delta)
+
+
+# --------------------------------------------------------------------------- below every double
+
+SMALLEST = float(np.nextafter(0.0, 1.0))
+
+
+def test_a_delta_below_every_double_is_the_smallest_positive_one():
+    # Gaussian noise: delta(eps) > 0 at every finite eps.  At these epsilons it is below every
+    # double (one step at mu = 1, eps = 50: log delta ~ -1250, delta ~ 1e-543 by mpmath), and 0
+    # would claim pure DP there.  Each accountant's path: the closed form (q = 1), the grid and
+    # its caps, the group mixture, a batch, random allocation and balls-in-bins.
+    import dpjax
+
+    assert mpmath.mpf(0) < exact_delta(50.0, 1.0) < mpmath.mpf(SMALLEST)
+    assert dpjax.dpsgd_delta(1.0, 1.0, 1, 50.0) == SMALLEST
+    assert dpjax.dpsgd_delta(1.0, 0.5, 4, 100.0) == SMALLEST
+    assert dpjax.group_delta(1.0, 0.5, 4, 200.0, group_size=2) == SMALLEST
+    np.testing.assert_array_equal(dpjax.dpsgd_delta(np.array([1.0, 2.0]), 0.5, 4, np.array([100.0, 300.0])),
+                                  [SMALLEST, SMALLEST])
+    for scheme in (dpjax.RandomAllocation(4), dpjax.BallsInBins(4), dpjax.RandomAllocation(1)):
+        assert dpjax.dpsgd_delta(1.0, target_epsilon=200.0, sampling=scheme, epochs=2) == SMALLEST, scheme
+    # Above a direction's bounded loss delta is exactly 0 and stays 0: the add direction of a
+    # Poisson-subsampled Gaussian (loss <= log 2 at q = 1/2), Laplace (loss <= 3 here).
+    res = pld.delta([pld.PoissonSubsampledGaussian(1.0, 0.5)], 100.0)
+    uppers = {str(r.direction): float(np.max(r.upper)) for r in res.directions}
+    assert uppers == {"remove": SMALLEST, "add": 0.0} and res.delta == SMALLEST
+    assert pld.delta([(pld.Laplace(1.0, 1.0), 3)], 3.5).delta == 0.0
+    # Where the value is a positive subnormal it is kept (the curve stays non-increasing).
+    assert 0 < dpjax.dpsgd_delta(1.0, 1.0, 1, 38.5) < 1e-300
