@@ -235,20 +235,6 @@ MUTATIONS = [
         "claimed for Gaussian noise.",
         ("tests/pld/test_pld_small_delta.py",)),
     Mutation(
-        "grid-delta-underflow-zero", "dpjax/pld/accountant.py",
-        "up = np.where((up == 0) & below, SMALLEST_DELTA, up)",
-        "up = np.where((up == 0) & below, 0.0, up)",
-        "The grid accountant's delta is 0 where it rounded to 0 below the support bound: pure DP "
-        "claimed for Gaussian noise.",
-        ("tests/pld/test_pld_small_delta.py",)),
-    Mutation(
-        "allocation-delta-underflow-zero", "dpjax/pld/allocation/accountant.py",
-        "up = np.stack([np.maximum(up[0], SMALLEST_DELTA), up[1]])",
-        "up = np.stack([up[0], up[1]])",
-        "The allocation accountant's remove-direction delta is 0 where its lattice rounded to 0: "
-        "pure DP claimed for Gaussian noise.",
-        ("tests/pld/test_pld_small_delta.py",)),
-    Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
         "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
         "return ((log_delta <= log_target - _LOG_DELTA_MARGIN)",

@@ -36,7 +36,7 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.pld.grid.engine import (account, as_components, combine, dominating_gaussian_mu, exact_delta_result,
                                    exact_epsilon, exact_epsilon_result, exact_gaussian_mu, grid_options, scalar, stack,
                                    stacked_mechanisms)
-from dpjax.numerics.exact import (SMALLEST_DELTA, host_gaussian_delta_and_upper, host_gaussian_epsilon,
+from dpjax.numerics.exact import (host_gaussian_delta_and_upper, host_gaussian_epsilon,
                                   host_gaussian_epsilon_is_zero, host_gaussian_log_delta, np_gaussian_delta_upper,
                                   np_gaussian_log_delta)
 from dpjax.pld.mechanisms import Gaussian, PoissonSubsampledGaussian
@@ -420,7 +420,6 @@ def delta(components, target_epsilon, *, options: GridOptions | None = None, wit
     if capped:
         upper = np.minimum(upper, np.max([r.upper for r in dir_reports], axis=0))
         lower = np.minimum(lower, upper)
-    dir_reports, upper = _underflow_floor(components, eps, dir_reports, upper)
     if with_lower:
         dir_reports, lower = _raise_lower(dir_reports, lower, upper, one_step_delta_lower(stacked, eps))
         dir_reports, lower = _raise_lower(dir_reports, lower, upper, threshold_test_delta_lower(stacked, eps))
@@ -499,28 +498,6 @@ def epsilon_caps(components, deltas, mu_dom=None, stacked=None):
 #: Relative allowance on a computed support bound ``sum_i c_i max_loss_i`` (float64 rounding of
 #: the logs and the sum, ~1e-15 each).
 _SUPPORT_ROUNDING = 1.0 + 1e-9
-
-
-def _underflow_floor(components, eps, dir_reports, upper):
-    """``(reports, upper)``: a direction's upper end that is 0 below that direction's support
-    bound (the composed loss may exceed ``eps``, so delta may be positive: with Gaussian noise it
-    is, below every double) is raised to :data:`~dpjax.numerics.exact.SMALLEST_DELTA`; at and
-    above the bound delta is exactly 0 and stays so."""
-    from dpjax.pld.fallback import support_bound
-
-    eps = np.asarray(eps, np.float64)
-    out = []
-    for r in dir_reports:
-        up = np.asarray(r.upper, np.float64)
-        if np.any(up == 0):
-            # The bound as delta_caps reads it (0 only from the rounded-up bound on).
-            bound = support_bound(stacked_mechanisms(components), str(r.direction)) * _SUPPORT_ROUNDING
-            below = np.broadcast_to(eps < bound, up.shape)
-            up = np.where((up == 0) & below, SMALLEST_DELTA, up)
-            r = dataclasses.replace(r, upper=up)
-        out.append(r)
-    floored = np.max([np.asarray(r.upper, np.float64) for r in out], axis=0).reshape(np.shape(upper))
-    return out, np.where(np.asarray(upper) == 0, floored, upper)
 
 
 def _capped(dir_reports, caps):

@@ -117,8 +117,8 @@ SMALLEST = float(np.nextafter(0.0, 1.0))
 def test_a_delta_below_every_double_is_the_smallest_positive_one():
     # Gaussian noise: delta(eps) > 0 at every finite eps.  At these epsilons it is below every
     # double (one step at mu = 1, eps = 50: log delta ~ -1250, delta ~ 1e-543 by mpmath), and 0
-    # would claim pure DP there.  Each accountant's path: the closed form (q = 1), the grid and
-    # its caps, the group mixture, a batch, random allocation and balls-in-bins.
+    # would claim pure DP there.  The closed form (q = 1) and the dominating-Gaussian caps that
+    # cap every grid answer: DP-SGD, the group mixture, a batch, random allocation, balls-in-bins.
     import dpjax
 
     assert mpmath.mpf(0) < exact_delta(50.0, 1.0) < mpmath.mpf(SMALLEST)

@@ -38,7 +38,6 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.pld.allocation import lattice as A
 from dpjax.pld.grid.engine import exact_delta_result, exact_epsilon, exact_epsilon_result, scalar
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
-from dpjax.numerics.exact import SMALLEST_DELTA
 from dpjax.numerics.root import HostBisection, SolverStatus
 
 __all__ = [
@@ -668,10 +667,6 @@ def _account_result(sigma, blocks, target_delta, target_epsilon, options, mu=Non
         vals = np.asarray(query(A.NUMPY, comp, np.asarray(target_delta if target_delta is not None
                                                              else target_epsilon, np.float64)))
     up = np.minimum(np.where(np.isnan(vals[:2]), worst, vals[:2]), cap_up)
-    if target_delta is None:
-        # The remove direction's loss is unbounded (Gaussian noise): its delta is positive at every
-        # epsilon, so a lattice delta that rounded to 0 is reported as the smallest positive double.
-        up = np.stack([np.maximum(up[0], SMALLEST_DELTA), up[1]])
     lo = np.where(np.isnan(vals[2:]), 0.0, vals[2:])
     # The closed-form lower end bounds the remove direction.
     lo = np.stack([np.maximum(lo[0], cap_lo), lo[1]])
