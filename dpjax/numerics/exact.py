@@ -93,11 +93,11 @@ _BELOW_ANY_TARGET = -1e300
 _GROW_STEPS = 70
 #: The largest epsilon :func:`gaussian_epsilon` tests: beyond it the answer is ``inf``.
 EPSILON_SEARCH_MAX = 2.0 ** _GROW_STEPS
-
 #: The smallest positive double.  The Gaussian mechanism's delta is positive at every finite
 #: epsilon (``Phi`` of a finite argument); where it lies below every double the certified upper
 #: ends report this, not 0 (which would claim pure DP there).
 SMALLEST_DELTA = float(np.nextafter(0.0, 1.0))
+
 #: Halvings of the epsilon bracket: enough to reach float64 resolution from any start.
 _BISECTION_STEPS = 200
 #: Safety margin in log delta for :func:`gaussian_epsilon`: feasible means
@@ -563,17 +563,22 @@ def _positive_where(mu, upper):
     return np.where(np.asarray(mu, np.float64) > 0, np.maximum(upper, SMALLEST_DELTA), upper)
 
 
-def np_gaussian_log_delta_and_error(epsilon, mu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(log_delta, error, upper)`` in NumPy with SciPy's ``log_ndtr`` (``mu > 0``, float64
-    arrays, broadcast): :func:`np_gaussian_log_delta`'s value, a bound on its absolute rounding
-    error (``inf`` where none holds), and an upper bound on ``delta(epsilon; mu)`` itself
-    (:func:`_delta_and_upper` with no relative margin: the caller adds its own)."""
+def _np_terms(epsilon, mu):
+    """:func:`_log_delta_error_xp`'s three arrays in NumPy with SciPy's ``log_ndtr``."""
     import scipy.special  # on first use: importing this module stays free of SciPy
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        parts = _log_delta_error_xp(np, scipy.special.log_ndtr, np.asarray(epsilon, np.float64),
-                                    np.asarray(mu, np.float64))
-    return parts[0], parts[1], _delta_and_upper(*parts, 0.0)[1]
+        return _log_delta_error_xp(np, scipy.special.log_ndtr, np.asarray(epsilon, np.float64),
+                                   np.asarray(mu, np.float64))
+
+
+def np_gaussian_log_delta_and_upper(epsilon, mu) -> tuple[np.ndarray, np.ndarray]:
+    """``(log_delta, upper)`` in NumPy with SciPy's ``log_ndtr`` (``mu > 0``, float64 arrays,
+    broadcast): :func:`np_gaussian_log_delta`'s value and an upper bound on ``delta(epsilon; mu)``
+    from one evaluation (:func:`_delta_and_upper` with no relative margin: the caller adds its
+    own)."""
+    terms = _np_terms(epsilon, mu)
+    return terms[0], _delta_and_upper(*terms, 0.0)[1]
 
 
 def np_gaussian_delta_upper(epsilon, mu, rel: float = 1e-9) -> np.ndarray:
@@ -581,12 +586,7 @@ def np_gaussian_delta_upper(epsilon, mu, rel: float = 1e-9) -> np.ndarray:
     ``exp`` of :func:`np_gaussian_log_delta` with the margin of :func:`_delta_and_upper` (a bare
     ``1 + 1e-9`` was below the truth by up to ~1e-7 relative at small ``mu`` and deep tails,
     where ``delta`` is a small difference of two close terms)."""
-    import scipy.special  # on first use: importing this module stays free of SciPy
-
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        parts = _log_delta_error_xp(np, scipy.special.log_ndtr, np.asarray(epsilon, np.float64),
-                                    np.asarray(mu, np.float64))
-    return _positive_where(mu, _delta_and_upper(*parts, rel)[1])
+    return _positive_where(mu, _delta_and_upper(*_np_terms(epsilon, mu), rel)[1])
 
 
 def _py_feasible(eps: float, mu: float, log_target: float) -> bool:

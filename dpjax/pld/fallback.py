@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from dpjax.numerics.exact import np_gaussian_delta_upper, np_gaussian_log_delta_and_error
+from dpjax.numerics.exact import np_gaussian_delta_upper, np_gaussian_log_delta_and_upper
 from dpjax.numerics.root import HostBisection
 
 __all__ = ["direction_epsilon"]
@@ -130,7 +130,7 @@ def _mixture_curve(components, smallest_delta: float):
         # rounding error, up to ~1e-7 relative at small mu and deep tails (a small difference of
         # two close terms).  Where the raised mixture is within half the allowance of the plain
         # one, the plain one widened by the allowance covers it and the sum's own rounding.
-        log_f, _, upper = np_gaussian_log_delta_and_error(eps, np.where(mu > 0, mu, 1.0))
+        log_f, upper = np_gaussian_log_delta_and_upper(eps, np.where(mu > 0, mu, 1.0))
         with np.errstate(divide="ignore"):
             plain = mixture(np.exp(log_f))
         raised = mixture(upper)
