@@ -18,7 +18,8 @@ one XLA program.  :func:`host_call` makes them traceable anyway (docs/design.md 
 Arguments that are not traced stay on the host as float64 NumPy values (a Python ``0.01`` is
 not rounded to float32 on the way); traced ones arrive in the caller's dtype (float32 with
 ``jax_enable_x64`` off).  The result has the caller's float dtype: float32 when x64 is off
-(the float64 answer rounded once), float64 when it is on.  Eager calls never come here.
+(the float64 answer rounded once, upward: every value computed here is an upper bound or a
+noise multiplier, whose safe side is up), float64 when it is on.  Eager calls never come here.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import numpy as np
+from dpjax._base import fpenv as _fpenv
 from dpjax._base import jax_loaded, lazy_module as _lazy_module
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
 
-__all__ = ["is_tracer", "is_traced", "host_call"]
+__all__ = ["is_tracer", "is_traced", "host_call", "round_up"]
 
 
 def is_tracer(x) -> bool:
@@ -44,6 +46,16 @@ def is_traced(*values) -> bool:
     if not jax_loaded():
         return False
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(values))
+
+
+def round_up(value, dtype) -> np.ndarray:
+    """``value`` in ``dtype``, rounded toward +inf where ``dtype`` is narrower (a float64 upper
+    bound handed to float32 code: the nearest float32 may lie below it, and below the truth)."""
+    value = np.asarray(value, np.float64)
+    out = value.astype(dtype)
+    if out.dtype == value.dtype:
+        return out
+    return np.where(out < value, np.nextafter(out, np.asarray(np.inf, out.dtype)), out).astype(dtype)
 
 
 def _float_dtype():
@@ -65,7 +77,9 @@ def host_call(values: Callable[..., np.ndarray], partials: Callable[..., tuple],
     Args:
       values: ``values(**arrays) -> ndarray``: the eager computation, elementwise over arrays
         broadcast to one shape (float64 NumPy arrays for ``floats``, int64 for ``ints``); its
-        result has that shape.
+        result has that shape.  The result is an upper-side quantity (a certified epsilon or
+        delta, a calibrated noise multiplier): in a float32 caller's dtype it is rounded up
+        (:func:`round_up`).
       partials: ``partials(wrt, **arrays) -> (values, {name: d values / d name})`` for the
         argument names in ``wrt`` (a tuple), each of the broadcast shape.
       floats: name -> value (a tracer or a concrete number/array) of the differentiable
@@ -96,15 +110,16 @@ def host_call(values: Callable[..., np.ndarray], partials: Callable[..., tuple],
         keys = list(out)
         return dict(zip(keys, np.broadcast_arrays(*(out[k] for k in keys))))
 
+    # The callbacks run on XLA's thread, which flushes subnormals to zero: IEEE arithmetic inside.
     def host_values(*vals):
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), _fpenv.ieee_arithmetic():
             res = values(**arrays(vals))
-        return np.asarray(res, dtype)
+            return round_up(res, dtype)
 
     def host_partials(*vals):
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), _fpenv.ieee_arithmetic():
             res, parts = partials(tuple(traced_f), **arrays(vals))
-        return np.asarray(res, dtype), [np.asarray(parts[k], dtype) for k in traced_f]
+            return round_up(res, dtype), [np.asarray(parts[k], dtype) for k in traced_f]
 
     out_sds = jax.ShapeDtypeStruct(shape, dtype)
 

@@ -16,6 +16,9 @@ would change the user's own model code).  Instead every public numeric entry poi
   outputs are cast to the caller's float dtype (``float32``) at the boundary, and cotangents are
   cast back to each input's dtype.  The arithmetic is float64 throughout; only the one value
   handed back to float32 code is rounded to float32, as any float32 caller's value must be.
+* **Subnormals**: the call runs in :func:`dpjax._base.fpenv.ieee_arithmetic`, so a thread that
+  flushes subnormal doubles to zero (a host callback's) does not turn a tiny certified delta
+  into 0.
 * **Inside a user's ``jax.jit`` (or ``lax.scan``/``lax.map``/``lax.cond``) traced without x64**:
   float64 operations cannot be staged into a program that is lowered with x64 off (XLA lowering
   canonicalizes some 64-bit types to 32 bits and the program fails to verify), so the call
@@ -35,6 +38,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
+from dpjax._base import fpenv as _fpenv
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
@@ -65,16 +69,29 @@ def _is_inexact(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
 
-def float64(fn: F) -> F:
+def float64(fn: F | None = None, *, rounding: str | Callable[..., str] = "nearest"):
     """Decorator: run ``fn`` in float64 for eager and traced (grad, vmap, jit) float32 callers.
 
     See the module docstring for the contract.  ``fn`` must be a function of its arguments only
     (no closed-over tracers); non-array arguments (ints, strings, dataclasses of NumPy arrays)
     pass through unchanged.
+
+    ``rounding``: how a traced call hands a bare float64 array result to float32 code:
+    ``"nearest"``, ``"up"`` (a certified upper bound or a calibrated noise multiplier, whose safe
+    side is up), ``"down"`` (a lower bound), or a function of the call's ``(*args, **kwargs)``
+    returning one of those.  The derivative is that of the float64 value.  A result that is a
+    record (several leaves) is rounded to nearest.
     """
+    if fn is None:
+        return functools.partial(float64, rounding=rounding)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        # Subnormals kept even where the caller's thread flushes them (a host callback's does).
+        with _fpenv.ieee_arithmetic():
+            return dispatch(*args, **kwargs)
+
+    def dispatch(*args, **kwargs):
         if not jax_loaded():
             # No argument can be a JAX value; JAX is imported (in float64) only if used inside.
             with deferred_x64():
@@ -92,13 +109,14 @@ def float64(fn: F) -> F:
                 "into a program lowered without x64. Call it outside jit (eager, grad and vmap "
                 "work from float32 code), or trace with x64 on: "
                 "`with jax.enable_x64(True): jax.jit(f)(...)`.")
-        return _traced_call(fn, leaves, treedef)
+        side = rounding(*args, **kwargs) if callable(rounding) else rounding
+        return _traced_call(fn, leaves, treedef, side)
 
     wrapper.__wrapped_float64__ = fn  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
 
 
-def _traced_call(fn: Callable, leaves: list, treedef) -> Any:
+def _traced_call(fn: Callable, leaves: list, treedef, rounding: str = "nearest") -> Any:
     """One traced call of ``fn`` from float32 code, through a float64-scoped ``custom_vjp``."""
     # Inexact tracers are the differentiable inputs; everything else (integer tracers, PRNG keys,
     # concrete arrays, Python scalars) is passed as a non-differentiable operand.
@@ -120,7 +138,8 @@ def _traced_call(fn: Callable, leaves: list, treedef) -> Any:
         # Inexact outputs go back in the caller's default float dtype (float32 here).
         leaves_out, out_tree = jax.tree_util.tree_flatten(out)
         out_meta[:] = [out_tree]
-        return [leaf.astype(jnp.float32) if _is_inexact(leaf) and jnp.result_type(leaf) == jnp.float64
+        side = rounding if len(leaves_out) == 1 else "nearest"
+        return [_to_float32(leaf, side) if _is_inexact(leaf) and jnp.result_type(leaf) == jnp.float64
                 else leaf for leaf in leaves_out]
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=())
@@ -144,6 +163,42 @@ def _traced_call(fn: Callable, leaves: list, treedef) -> Any:
     primal.defvjp(primal_fwd, primal_bwd)
     out_leaves = primal([leaves[i] for i in diff_index], [leaves[i] for i in other_index])
     return jax.tree_util.tree_unflatten(out_meta[0], out_leaves)
+
+
+def _to_float32(value, side: str):
+    """A float64 array in float32: to nearest, or directed (``"up"``/``"down"``): never on the wrong
+    side of the float64 value, one float32 step from the nearest (float32's smallest normal for
+    a value below it), with the float64 value's derivative."""
+    if side == "nearest":
+        return value.astype(jnp.float32)
+    if side not in ("up", "down"):
+        raise ValueError(f"rounding must be 'nearest', 'up' or 'down', got {side!r}")
+    return _directed()(value, side == "up")
+
+
+@functools.lru_cache(maxsize=1)
+def _directed():
+    """The directed float64 -> float32 rounding, built on first use (JAX is imported lazily)."""
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+    def directed(value, up: bool):
+        near = value.astype(jnp.float32)
+        wrong = near.astype(jnp.float64) < value if up else near.astype(jnp.float64) > value
+        moved = jnp.where(wrong, jnp.nextafter(near, jnp.float32(jnp.inf if up else -jnp.inf)), near)
+        # XLA:CPU flushes subnormals to zero (the conversion included, and float64 inputs): a
+        # value strictly between 0 and float32's smallest normal, on the side it is rounded away
+        # from, goes to that normal.  Its sign and non-zeroness are read from the bits.
+        tiny = jnp.finfo(jnp.float32).tiny
+        bits = jax.lax.bitcast_convert_type(value, jnp.int64)
+        nonzero = (bits != 0) & (bits != jnp.iinfo(jnp.int64).min)
+        sub = (nonzero & (bits > 0) & (value < tiny)) if up else (nonzero & (bits < 0) & (value > -tiny))
+        return jnp.where(sub, jnp.float32(tiny if up else -tiny), moved)
+
+    @directed.defjvp
+    def directed_jvp(up, primals, tangents):
+        return directed(primals[0], up), tangents[0].astype(jnp.float32)
+
+    return directed
 
 
 def _zero_cotangent(value):
@@ -177,7 +232,8 @@ def host_only(use_instead: str) -> Callable[[F], F]:
         def wrapper(*args, **kwargs):
             require_concrete(f"{fn.__module__}.{fn.__qualname__}: every argument", (args, kwargs),
                              use_instead=use_instead)
-            return fn(*args, **kwargs)
+            with _fpenv.ieee_arithmetic():  # as float64: subnormals kept in a flushing thread
+                return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 

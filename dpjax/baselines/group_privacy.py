@@ -94,7 +94,7 @@ def _log_h(k, eps1, delta1):
         return math.log(k) + (k - 1) * eps1 + np.log(delta1)
 
 
-@float64
+@float64(rounding="up")
 def group_lemma_epsilon(
     noise_multiplier: float,
     sampling_prob: float | None,

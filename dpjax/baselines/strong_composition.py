@@ -53,7 +53,7 @@ def strong_composition_epsilon_core(noise_multiplier, sampling_prob, steps, targ
     return jnp.minimum(jnp.min(advanced), basic)
 
 
-@float64
+@float64(rounding="up")
 def strong_composition_epsilon(noise_multiplier: float, sampling_prob: float, steps: int, target_delta: float) -> float:
     """DP-SGD epsilon by amplification by subsampling + advanced composition (the baseline of Abadi et al. 2016).
 

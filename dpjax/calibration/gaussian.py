@@ -99,7 +99,7 @@ def _batched(eps, delta, steps):
 
 
 @host_only("dpjax.calibration.gaussian_noise_multiplier_core")
-@float64
+@float64(rounding="up")
 def gaussian_noise_multiplier(target_epsilon, target_delta, steps=1):
     """Smallest noise multiplier of ``steps`` composed Gaussian mechanisms meeting (eps, delta).
 

@@ -89,7 +89,7 @@ def _is_tracer(x) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
-@float64
+@float64(rounding="up")
 def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target_epsilon,
                      target_delta, num_samples: int, key,
                      num_iterations: int = DEFAULT_NUM_ITERATIONS, adjoint=ImplicitAdjoint(),

@@ -162,7 +162,7 @@ def dpsgd_grid(noise_multiplier, sampling_prob, steps, *, target_delta=None, tar
                  target_delta=target_delta, target_epsilon=target_epsilon)
 
 
-@float64
+@float64(rounding="up")
 def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPSGDGrid):
     """Certified delta (upper bound, max over remove/add) of DP-SGD at ``epsilon``; pure.
 
@@ -174,7 +174,7 @@ def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPS
     return delta_fn(grid, epsilon, (mech,), counts=(jnp.reshape(steps, (1,)),))
 
 
-@float64
+@float64(rounding="up")
 def dpsgd_epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None,
                with_report: bool = False, warn: bool = True):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.

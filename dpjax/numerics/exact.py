@@ -289,7 +289,7 @@ def gaussian_delta(epsilon, mu):
     return jnp.exp(gaussian_log_delta(epsilon, mu))
 
 
-@float64
+@float64(rounding="up")
 def gaussian_epsilon(target_delta, mu):
     """Smallest ``eps >= 0`` with ``gaussian_delta(eps, mu) <= target_delta``.
 

@@ -233,7 +233,7 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], target_delta: 
     return float(eps), float(order)
 
 
-@float64
+@float64(rounding="up")
 def rdp_epsilon(
     noise_multiplier: float,
     sampling_prob: float,

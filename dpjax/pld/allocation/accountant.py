@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from dpjax._base import fpenv as _fpenv
 from dpjax._base import validate as _validate
 from dpjax._base.enums import Query
 from dpjax._base.x64 import float64, host_only
@@ -820,7 +821,8 @@ def _with_host_derivative(query: Query):
         out = f(plan, bound, target, sigma)
 
         def host(tg, sg):
-            a, b = plan_partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
+            with _fpenv.ieee_arithmetic():  # XLA's callback thread flushes subnormals
+                a, b = plan_partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
             return np.asarray(a, np.float64).reshape(np.shape(tg)), np.asarray(b, np.float64).reshape(np.shape(tg))
 
         spec = jax.ShapeDtypeStruct(jnp.shape(target), jnp.float64)
@@ -834,7 +836,14 @@ _EPS_FN = None
 _DELTA_FN = None
 
 
-@float64
+def _bound_side(*args, **kwargs) -> str:
+    """The safe rounding side of the call's ``bound`` (its fourth argument) for a float32
+    caller's value: up for the certified upper bound, down for the lower one."""
+    bound = args[3] if len(args) > 3 else kwargs.get("bound", "upper")
+    return "up" if bound == "upper" else "down"
+
+
+@float64(rounding=_bound_side)
 def allocation_epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, bound: str = "upper"):
     """Epsilon at ``target_delta`` on a fixed plan, as a JAX function of ``noise_multiplier`` (and
     ``target_delta``): ``jit`` and ``vmap`` run the lattice program in JAX; any noise multiplier
@@ -849,7 +858,7 @@ def allocation_epsilon_fn(plan: AllocationPlan, target_delta, noise_multiplier, 
     return _EPS_FN(plan, bound, jnp.asarray(target_delta, jnp.float64), jnp.asarray(noise_multiplier, jnp.float64))
 
 
-@float64
+@float64(rounding=_bound_side)
 def delta_fn(plan: AllocationPlan, target_epsilon, noise_multiplier, bound: str = "upper"):
     """Delta at ``target_epsilon`` on a fixed plan, as a JAX function of ``noise_multiplier`` (as
     :func:`allocation_epsilon_fn`)."""

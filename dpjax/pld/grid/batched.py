@@ -42,6 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
+from dpjax._base import fpenv as _fpenv
 from dpjax._base import xla as _xla
 from dpjax.pld import accountant as _acc
 from dpjax.pld.grid import engine
@@ -59,7 +60,10 @@ _IN_FLIGHT = min(4, _xla.usable_cpus())
 
 @functools.lru_cache(maxsize=1)
 def _workers() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="dpjax-batch")
+    # A thread inherits its creator's floating-point environment, and the first batch may come
+    # from a host callback, which runs with subnormals flushed (dpjax._base.fpenv).
+    return concurrent.futures.ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="dpjax-batch",
+                                                 initializer=_fpenv.reset_thread)
 
 
 # A forked child has the executor but not its threads: it builds its own.

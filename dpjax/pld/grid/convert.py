@@ -92,7 +92,7 @@ def table(pld: ComposedPLD, bound: Bound | str = Bound.UPPER) -> HockeyStickTabl
     return HockeyStickTable(A=A, B=B, y=y, y_ref=y_ref)
 
 
-@float64
+@float64(rounding="up")
 def delta_at(tab: HockeyStickTable, eps) -> jax.Array:
     """``delta(eps)`` for any array of ``eps`` (clipped to [0, 1])."""
     eps = jnp.asarray(eps, jnp.float64)
@@ -106,7 +106,7 @@ def delta_at(tab: HockeyStickTable, eps) -> jax.Array:
     return jnp.clip(d, 0.0, 1.0)
 
 
-@float64
+@float64(rounding="up")
 def eps_at(tab: HockeyStickTable, delta) -> jax.Array:
     """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` (``inf`` if none), any array shape."""
     delta = jnp.asarray(delta, jnp.float64)

@@ -289,7 +289,7 @@ def tables(grid: FixedGrid, mechanisms=None, *, counts=None) -> tuple[HockeyStic
     return tuple(table(c, Bound.UPPER) for c in comps)
 
 
-@float64
+@float64(rounding="up")
 def delta_fn(grid: FixedGrid, epsilon, mechanisms=None, *, counts=None) -> jax.Array:
     """Certified delta (upper bound; max over directions) at ``epsilon`` (any array shape).
 
@@ -386,7 +386,7 @@ def _warn_loose(loose, excess):
             f"dpjax.calibration.dpsgd_grid at them)", LooseBoundWarning, stacklevel=2)
 
 
-@float64
+@float64(rounding="up")
 def grid_epsilon_fn(grid: FixedGrid, target_delta, mechanisms=None, *, counts=None, with_report: bool = False,
                warn: bool = True):
     """Certified epsilon (upper bound) at ``target_delta`` (any array shape), in closed form.

@@ -1168,8 +1168,10 @@ def _direction_pool():
     if not _DIRECTION_POOL:
         import concurrent.futures
 
-        _DIRECTION_POOL.append(concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                                     thread_name_prefix="dpjax-direction"))
+        from dpjax._base import fpenv
+
+        _DIRECTION_POOL.append(concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dpjax-direction", initializer=fpenv.reset_thread))
     return _DIRECTION_POOL[0]
 
 

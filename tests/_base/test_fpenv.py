@@ -1,0 +1,120 @@
+"""Host numerics keep subnormal doubles where the calling thread flushes them, and float64 answers
+handed to float32 code are rounded to their safe side.
+
+XLA:CPU runs a ``jax.pure_callback`` on a thread with flush-to-zero and denormals-are-zero set;
+threads started there inherit both.  Every check below fails where the arithmetic flushes.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpjax
+from dpjax._base import fpenv
+from dpjax._base import x64 as _x64
+
+SMALLEST = float(np.nextafter(0.0, 1.0))
+
+pytestmark = pytest.mark.skipif(not fpenv.can_switch(), reason="no fegetenv/fesetenv on this platform")
+
+
+def _in_callback(fn):
+    """``fn()`` run inside a ``jax.pure_callback`` (on XLA's thread); its float64 result back."""
+    out = []
+
+    def host(x):
+        out.append(fn())
+        return x
+
+    jax.block_until_ready(jax.jit(lambda x: jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), x))(1.0))
+    return out[0]
+
+
+def test_the_scope_keeps_subnormals_in_a_flushing_thread_and_restores_it():
+    def probe():
+        before = fpenv.flushes_subnormals()
+        with fpenv.ieee_arithmetic():
+            inside = fpenv.flushes_subnormals()
+        return before, inside, fpenv.flushes_subnormals()
+
+    # The callback's thread flushes (the premise), the scope does not, and the caller's mode is back.
+    assert _in_callback(probe) == (True, False, True)
+    assert probe() == (False, False, False)
+
+
+def test_a_tiny_certified_delta_survives_a_callers_callback():
+    # A user's own host callback calling dpjax eagerly: one step at mu = 1, eps = 50 has delta
+    # ~1e-543, reported as the smallest positive double, never 0.
+    assert _in_callback(lambda: dpjax.dpsgd_delta(1.0, 1.0, 1, 50.0)) == SMALLEST
+    assert _in_callback(lambda: list(dpjax.dpsgd_delta(np.array([1.0, 2.0]), 0.5, 4, np.array([100.0, 300.0])))) \
+        == [SMALLEST, SMALLEST]
+
+
+def test_worker_threads_started_from_a_callback_do_not_flush():
+    from dpjax.pld.grid import batched
+
+    # A fresh batch pool whose threads start inside the callback of a traced call (they inherit
+    # its floating-point environment), then an eager batch on those threads.
+    batched._workers.cache_clear()
+    traced = jax.vmap(lambda s: dpjax.dpsgd_delta(s, 0.5, 4, 100.0))(jnp.array([1.0, 2.0]))
+    assert np.all(np.asarray(traced) > 0)  # float32 answers: the smallest positive float32
+    np.testing.assert_array_equal(dpjax.dpsgd_delta(np.array([1.0, 2.0]), 0.5, 4, np.array([100.0, 300.0])),
+                                  [SMALLEST, SMALLEST])
+
+
+# --------------------------------------------------------------------------- float32 hand-off
+
+
+def test_directed_rounding_to_float32_is_on_its_side_within_one_ulp_with_the_float64_derivative():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([10.0 ** rng.uniform(-44, 38, 2000), [0.0, SMALLEST, 1e-300, 3.5e38, np.inf]])
+    with jax.enable_x64(True):
+        x = jnp.asarray(values)
+        near = np.asarray(x.astype(jnp.float32), np.float64)
+        up = np.asarray(_x64._to_float32(x, "up"), np.float64)
+        down = np.asarray(_x64._to_float32(x, "down"), np.float64)
+        grad = jax.grad(lambda v: _x64._to_float32(v * v, "up"))(jnp.float64(1.5))
+    assert np.all(up >= values) and np.all(down <= values)
+    assert (down < near).sum() + (up > near).sum() > 1000  # the nearest float32 is often on the wrong side
+    f32 = lambda a: np.asarray(a, np.float32)
+    # One float32 step from the nearest, except below float32's smallest normal, where XLA
+    # flushes: up gives that normal, down gives 0.
+    tiny = float(np.finfo(np.float32).tiny)
+    low = (values > 0) & (values < tiny)
+    assert np.all(up[low] == tiny) and np.all(down[low] == 0.0) and low.sum() > 50
+    assert np.all(((up == near) | (f32(up) == np.nextafter(f32(near), np.float32(np.inf))))[~low])
+    assert np.all(((down == near) | (f32(down) == np.nextafter(f32(near), np.float32(-np.inf))))[~low])
+    assert np.isinf(up[-2]) and down[-2] == np.finfo(np.float32).max  # 3.5e38 > float32 max
+    assert float(grad) == 3.0
+
+
+def test_traced_upper_bounds_in_float32_are_at_least_the_float64_answer():
+    # Under vmap from float32 code the answer comes back in float32: never below the eager
+    # float64 answer at the same (float32) inputs.  DP-SGD's epsilon (host callback), its noise
+    # multiplier, and the Gaussian closed form's epsilon (a JAX function).
+    from dpjax.numerics import exact
+
+    sigmas = jnp.linspace(0.8, 3.0, 24, dtype=jnp.float32)
+    s64 = np.asarray(sigmas, np.float64)
+    traced = np.asarray(jax.vmap(lambda s: dpjax.dpsgd_epsilon(s, 0.01, 1000, 1e-5))(sigmas), np.float64)
+    assert np.all(traced >= dpjax.dpsgd_epsilon(s64, 0.01, 1000, 1e-5))
+    eps = jnp.asarray([0.5, 1.0, 2.0, 4.0], jnp.float32)
+    traced = np.asarray(jax.vmap(lambda e: dpjax.dpsgd_noise_multiplier(0.01, 1000, e, 1e-5))(eps), np.float64)
+    assert np.all(traced >= dpjax.dpsgd_noise_multiplier(0.01, 1000, np.asarray(eps, np.float64), 1e-5))
+    mus = jnp.linspace(0.5, 3.0, 64, dtype=jnp.float32)
+    traced = np.asarray(jax.vmap(lambda m: exact.gaussian_epsilon(1e-5, m))(mus), np.float64)
+    assert np.all(traced >= np.asarray(exact.gaussian_epsilon(1e-5, np.asarray(mus, np.float64))))
+
+
+def test_dpjax_worker_pools_started_from_a_flushing_thread_do_not_flush():
+    # The pools' initializer: their threads may be started from any thread, a callback's included.
+    from dpjax.pld.grid import batched, program
+
+    def start_pools():
+        batched._workers.cache_clear()
+        program._DIRECTION_POOL.clear()
+        return (fpenv.flushes_subnormals(), batched._workers().submit(fpenv.flushes_subnormals).result(),
+                program._direction_pool().submit(fpenv.flushes_subnormals).result())
+
+    assert _in_callback(start_pools) == (True, False, False)
