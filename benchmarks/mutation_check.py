@@ -235,33 +235,33 @@ MUTATIONS = [
         "claimed for Gaussian noise.",
         ("tests/pld/test_pld_small_delta.py",)),
     Mutation(
-        "callback-flushes-subnormals", "dpjax/_base/fpenv.py",
+        "callback-flushes-subnormals", "dpjax/_base/x64.py",
         "lib, default = _c_library() if flushes_subnormals() else (None, None)",
         "lib, default = None, None",
         "Host numerics run in a thread's flush-to-zero mode (a host callback's): a certified "
         "delta below 2.2e-308 reads 0, pure DP claimed.",
-        ("tests/_base/test_fpenv.py",)),
+        ("tests/_base/test_x64.py",)),
     Mutation(
         "traced-headline-rounded-to-nearest", "dpjax/_base/traced.py",
         "return round_up(res, dtype)",
         "return np.asarray(res, dtype)",
         "The headline functions' float64 answers reach float32 callers rounded to nearest: up to "
         "3e-8 relative below the certified value.",
-        ("tests/_base/test_fpenv.py",)),
+        ("tests/_base/test_x64.py",)),
     Mutation(
         "float32-upper-bound-rounded-to-nearest", "dpjax/_base/x64.py",
         "wrong = near.astype(jnp.float64) < value if up else near.astype(jnp.float64) > value",
         "wrong = near.astype(jnp.float64) < value if not up else near.astype(jnp.float64) > value",
         "Traced upper bounds (and lower bounds) handed to float32 code on the wrong side of "
         "their float64 value.",
-        ("tests/_base/test_fpenv.py",)),
+        ("tests/_base/test_x64.py",)),
     Mutation(
         "float32-upper-bound-below-smallest-normal", "dpjax/_base/x64.py",
         "return jnp.where(sub, jnp.float32(tiny if up else -tiny), moved)",
         "return moved",
         "A traced upper bound between 0 and float32's smallest normal is flushed by XLA and "
         "reaches float32 code below its float64 value.",
-        ("tests/_base/test_fpenv.py",)),
+        ("tests/_base/test_x64.py",)),
     Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
         "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",

@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import numpy as np
-from dpjax._base import fpenv as _fpenv
 from dpjax._base import jax_loaded, lazy_module as _lazy_module
+from dpjax._base.x64 import ieee_arithmetic
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
@@ -112,12 +112,12 @@ def host_call(values: Callable[..., np.ndarray], partials: Callable[..., tuple],
 
     # The callbacks run on XLA's thread, which flushes subnormals to zero: IEEE arithmetic inside.
     def host_values(*vals):
-        with jax.enable_x64(True), _fpenv.ieee_arithmetic():
+        with jax.enable_x64(True), ieee_arithmetic():
             res = values(**arrays(vals))
             return round_up(res, dtype)
 
     def host_partials(*vals):
-        with jax.enable_x64(True), _fpenv.ieee_arithmetic():
+        with jax.enable_x64(True), ieee_arithmetic():
             res, parts = partials(tuple(traced_f), **arrays(vals))
             return round_up(res, dtype), [np.asarray(parts[k], dtype) for k in traced_f]
 

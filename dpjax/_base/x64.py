@@ -15,8 +15,10 @@ would change the user's own model code).  Instead every public numeric entry poi
   passes run in the float64 scope.  Inexact traced inputs are promoted to float64 inside; inexact
   outputs are cast to the caller's float dtype (``float32``) at the boundary, and cotangents are
   cast back to each input's dtype.  The arithmetic is float64 throughout; only the one value
-  handed back to float32 code is rounded to float32, as any float32 caller's value must be.
-* **Subnormals**: the call runs in :func:`dpjax._base.fpenv.ieee_arithmetic`, so a thread that
+  handed back to float32 code is rounded to float32, as any float32 caller's value must be: to
+  nearest, or to its safe side where the function says so (``float64(rounding="up")`` for a
+  certified upper bound or a noise multiplier).
+* **Subnormals**: the call runs in :func:`ieee_arithmetic`, so a thread that
   flushes subnormal doubles to zero (a host callback's) does not turn a tiny certified delta
   into 0.
 * **Inside a user's ``jax.jit`` (or ``lax.scan``/``lax.map``/``lax.cond``) traced without x64**:
@@ -33,19 +35,22 @@ not supported by a ``custom_vjp`` (JAX raises); with x64 enabled by the caller i
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
+import sys
 from typing import Any, Callable, TypeVar
 
 import numpy as np
 from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
-from dpjax._base import fpenv as _fpenv
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
 
 F = TypeVar("F", bound=Callable)
 
-__all__ = ["float64", "x64_enabled", "require_concrete", "host_only"]
+__all__ = ["float64", "x64_enabled", "require_concrete", "host_only", "flushes_subnormals", "ieee_arithmetic",
+           "reset_thread", "can_switch"]
 
 
 def x64_enabled() -> bool:
@@ -88,7 +93,7 @@ def float64(fn: F | None = None, *, rounding: str | Callable[..., str] = "neares
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         # Subnormals kept even where the caller's thread flushes them (a host callback's does).
-        with _fpenv.ieee_arithmetic():
+        with ieee_arithmetic():
             return dispatch(*args, **kwargs)
 
     def dispatch(*args, **kwargs):
@@ -190,8 +195,10 @@ def _directed():
         # from, goes to that normal.  Its sign and non-zeroness are read from the bits.
         tiny = jnp.finfo(jnp.float32).tiny
         bits = jax.lax.bitcast_convert_type(value, jnp.int64)
-        nonzero = (bits != 0) & (bits != jnp.iinfo(jnp.int64).min)
-        sub = (nonzero & (bits > 0) & (value < tiny)) if up else (nonzero & (bits < 0) & (value > -tiny))
+        if up:
+            sub = (bits > 0) & (value < tiny)
+        else:
+            sub = (bits < 0) & (bits != jnp.iinfo(jnp.int64).min) & (value > -tiny)  # not -0.0
         return jnp.where(sub, jnp.float32(tiny if up else -tiny), moved)
 
     @directed.defjvp
@@ -232,9 +239,91 @@ def host_only(use_instead: str) -> Callable[[F], F]:
         def wrapper(*args, **kwargs):
             require_concrete(f"{fn.__module__}.{fn.__qualname__}: every argument", (args, kwargs),
                              use_instead=use_instead)
-            with _fpenv.ieee_arithmetic():  # as float64: subnormals kept in a flushing thread
+            with ieee_arithmetic():  # as float64: subnormals kept in a flushing thread
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+# ------------------------------------------------------------------------------------------
+# IEEE arithmetic for host numerics: subnormal numbers kept, not flushed to zero.
+#
+# XLA:CPU runs its programs with the processor's flush-to-zero and denormals-are-zero modes on, and
+# a ``jax.pure_callback`` runs its Python function on that thread with those modes still set.  A
+# thread started there inherits them for good (a new thread copies its creator's floating-point
+# environment).  NumPy then rounds every result below the smallest normal double (2.2e-308) to 0
+# and reads every such input as 0.  For accounting that is unsound: Gaussian noise gives a positive
+# delta at every epsilon, and a certified delta of 5e-324 read back as 0 claims pure DP.
+#
+# ``ieee_arithmetic`` is the scope every public numeric entry point and every host callback runs
+# in: where the modes are set, it switches to the default environment (IEEE, round to nearest, no
+# flushing) and restores the caller's on exit.  ``reset_thread`` is the initializer of dpjax's
+# own worker threads.  Where the modes are off (the usual case) both cost one NumPy probe.
+#
+# Switching uses the C library's ``fegetenv``/``fesetenv`` through :mod:`ctypes` (glibc and musl on
+# Linux, macOS).  Elsewhere nothing is switched (``can_switch()`` is False).
+
+_SUBNORMAL = np.array([np.nextafter(0.0, 1.0)])
+_ONE = np.array([1.0])
+# Room for any platform's fenv_t (32 bytes on x86-64 glibc, 8 on aarch64, 16 on macOS arm64).
+_ENV_BYTES = 256
+
+
+def flushes_subnormals() -> bool:
+    """Whether this thread's arithmetic flushes subnormal doubles to zero (FTZ or DAZ set)."""
+    return bool(np.multiply(_SUBNORMAL, _ONE)[0] == 0.0)
+
+
+@functools.lru_cache(maxsize=1)
+def _c_library():
+    """``(library, FE_DFL_ENV pointer)``, or ``(None, None)`` where neither is known (loaded on
+    first need: only a flushing thread needs it)."""
+    try:
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL("libm.so.6")
+            except OSError:
+                lib = ctypes.CDLL(None)  # the interpreter's own symbols (CPython links libm)
+            default = ctypes.c_void_p(-1)  # FE_DFL_ENV is ((const fenv_t *) -1) in glibc and musl
+        elif sys.platform == "darwin":
+            lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
+            default = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(lib, "_FE_DFL_ENV")))
+        else:
+            return None, None
+        for fn in (lib.fegetenv, lib.fesetenv):
+            fn.argtypes = [ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+        return lib, default
+    except (OSError, AttributeError, ValueError):
+        return None, None
+
+
+def can_switch() -> bool:
+    """Whether this platform's floating-point environment can be switched (module docstring)."""
+    return _c_library()[0] is not None
+
+
+def reset_thread() -> None:
+    """Put this thread in the default floating-point environment if it flushes subnormals (the
+    initializer of dpjax's worker threads, which may be started from a flushing thread)."""
+    if flushes_subnormals():
+        lib, default = _c_library()
+        if lib is not None:
+            lib.fesetenv(default)
+
+
+@contextlib.contextmanager
+def ieee_arithmetic():
+    """Scope with subnormals kept: the default floating-point environment inside where this
+    thread's was flushing, the caller's restored on exit."""
+    lib, default = _c_library() if flushes_subnormals() else (None, None)
+    saved = ctypes.create_string_buffer(_ENV_BYTES) if lib is not None else None
+    if saved is None or lib.fegetenv(saved) != 0 or lib.fesetenv(default) != 0:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lib.fesetenv(saved)

@@ -32,10 +32,9 @@ import math
 
 import numpy as np
 
-from dpjax._base import fpenv as _fpenv
 from dpjax._base import validate as _validate
 from dpjax._base.enums import Query
-from dpjax._base.x64 import float64, host_only
+from dpjax._base.x64 import float64, host_only, ieee_arithmetic
 from dpjax.pld.allocation import lattice as A
 from dpjax.pld.grid.engine import exact_delta_result, exact_epsilon, exact_epsilon_result, scalar
 from dpjax.pld.records import DeltaResult, DirectionReport, EpsilonResult
@@ -821,7 +820,7 @@ def _with_host_derivative(query: Query):
         out = f(plan, bound, target, sigma)
 
         def host(tg, sg):
-            with _fpenv.ieee_arithmetic():  # XLA's callback thread flushes subnormals
+            with ieee_arithmetic():  # XLA's callback thread flushes subnormals
                 a, b = plan_partials(plan, float(sg), np.asarray(tg), query=query, bound=bound)
             return np.asarray(a, np.float64).reshape(np.shape(tg)), np.asarray(b, np.float64).reshape(np.shape(tg))
 

@@ -42,8 +42,8 @@ from typing import Sequence
 import numpy as np
 
 from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
-from dpjax._base import fpenv as _fpenv
 from dpjax._base import xla as _xla
+from dpjax._base.x64 import reset_thread
 from dpjax.pld import accountant as _acc
 from dpjax.pld.grid import engine
 from dpjax.pld.grid import program as prog
@@ -61,9 +61,9 @@ _IN_FLIGHT = min(4, _xla.usable_cpus())
 @functools.lru_cache(maxsize=1)
 def _workers() -> concurrent.futures.ThreadPoolExecutor:
     # A thread inherits its creator's floating-point environment, and the first batch may come
-    # from a host callback, which runs with subnormals flushed (dpjax._base.fpenv).
+    # from a host callback, which runs with subnormals flushed (dpjax._base.x64.ieee_arithmetic).
     return concurrent.futures.ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="dpjax-batch",
-                                                 initializer=_fpenv.reset_thread)
+                                                 initializer=reset_thread)
 
 
 # A forked child has the executor but not its threads: it builds its own.

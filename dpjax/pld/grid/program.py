@@ -1168,10 +1168,10 @@ def _direction_pool():
     if not _DIRECTION_POOL:
         import concurrent.futures
 
-        from dpjax._base import fpenv
+        from dpjax._base import x64
 
         _DIRECTION_POOL.append(concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dpjax-direction", initializer=fpenv.reset_thread))
+            max_workers=1, thread_name_prefix="dpjax-direction", initializer=x64.reset_thread))
     return _DIRECTION_POOL[0]
 
 

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax._base import fpenv
 from dpjax._base import x64 as _x64
 
 SMALLEST = float(np.nextafter(0.0, 1.0))
 
-pytestmark = pytest.mark.skipif(not fpenv.can_switch(), reason="no fegetenv/fesetenv on this platform")
+pytestmark = pytest.mark.skipif(not _x64.can_switch(), reason="no fegetenv/fesetenv on this platform")
 
 
 def _in_callback(fn):
@@ -33,10 +32,10 @@ def _in_callback(fn):
 
 def test_the_scope_keeps_subnormals_in_a_flushing_thread_and_restores_it():
     def probe():
-        before = fpenv.flushes_subnormals()
-        with fpenv.ieee_arithmetic():
-            inside = fpenv.flushes_subnormals()
-        return before, inside, fpenv.flushes_subnormals()
+        before = _x64.flushes_subnormals()
+        with _x64.ieee_arithmetic():
+            inside = _x64.flushes_subnormals()
+        return before, inside, _x64.flushes_subnormals()
 
     # The callback's thread flushes (the premise), the scope does not, and the caller's mode is back.
     assert _in_callback(probe) == (True, False, True)
@@ -52,15 +51,24 @@ def test_a_tiny_certified_delta_survives_a_callers_callback():
 
 
 def test_worker_threads_started_from_a_callback_do_not_flush():
-    from dpjax.pld.grid import batched
-
     # A fresh batch pool whose threads start inside the callback of a traced call (they inherit
     # its floating-point environment), then an eager batch on those threads.
-    batched._workers.cache_clear()
+    _fresh_pools()
     traced = jax.vmap(lambda s: dpjax.dpsgd_delta(s, 0.5, 4, 100.0))(jnp.array([1.0, 2.0]))
     assert np.all(np.asarray(traced) > 0)  # float32 answers: the smallest positive float32
     np.testing.assert_array_equal(dpjax.dpsgd_delta(np.array([1.0, 2.0]), 0.5, 4, np.array([100.0, 300.0])),
                                   [SMALLEST, SMALLEST])
+
+
+def _fresh_pools():
+    """Shut dpjax's worker pools down so that the next use starts new threads."""
+    from dpjax.pld.grid import batched, program
+
+    batched._workers().shutdown(wait=True)
+    batched._workers.cache_clear()
+    for pool in program._DIRECTION_POOL:
+        pool.shutdown(wait=True)
+    program._DIRECTION_POOL.clear()
 
 
 # --------------------------------------------------------------------------- float32 hand-off
@@ -68,7 +76,8 @@ def test_worker_threads_started_from_a_callback_do_not_flush():
 
 def test_directed_rounding_to_float32_is_on_its_side_within_one_ulp_with_the_float64_derivative():
     rng = np.random.default_rng(0)
-    values = np.concatenate([10.0 ** rng.uniform(-44, 38, 2000), [0.0, SMALLEST, 1e-300, 3.5e38, np.inf]])
+    positive = np.concatenate([10.0 ** rng.uniform(-44, 38, 2000), [SMALLEST, 1e-300, 3.5e38, np.inf]])
+    values = np.concatenate([[0.0], -positive, positive])
     with jax.enable_x64(True):
         x = jnp.asarray(values)
         near = np.asarray(x.astype(jnp.float32), np.float64)
@@ -81,11 +90,14 @@ def test_directed_rounding_to_float32_is_on_its_side_within_one_ulp_with_the_flo
     # One float32 step from the nearest, except below float32's smallest normal, where XLA
     # flushes: up gives that normal, down gives 0.
     tiny = float(np.finfo(np.float32).tiny)
-    low = (values > 0) & (values < tiny)
-    assert np.all(up[low] == tiny) and np.all(down[low] == 0.0) and low.sum() > 50
+    low = (np.abs(values) < tiny) & (values != 0)
+    assert low.sum() > 100
+    assert np.all(up[low] == np.where(values[low] > 0, tiny, 0.0))
+    assert np.all(down[low] == np.where(values[low] > 0, 0.0, -tiny))
     assert np.all(((up == near) | (f32(up) == np.nextafter(f32(near), np.float32(np.inf))))[~low])
     assert np.all(((down == near) | (f32(down) == np.nextafter(f32(near), np.float32(-np.inf))))[~low])
     assert np.isinf(up[-2]) and down[-2] == np.finfo(np.float32).max  # 3.5e38 > float32 max
+    assert up[0] == down[0] == 0.0
     assert float(grad) == 3.0
 
 
@@ -112,9 +124,8 @@ def test_dpjax_worker_pools_started_from_a_flushing_thread_do_not_flush():
     from dpjax.pld.grid import batched, program
 
     def start_pools():
-        batched._workers.cache_clear()
-        program._DIRECTION_POOL.clear()
-        return (fpenv.flushes_subnormals(), batched._workers().submit(fpenv.flushes_subnormals).result(),
-                program._direction_pool().submit(fpenv.flushes_subnormals).result())
+        _fresh_pools()
+        return (_x64.flushes_subnormals(), batched._workers().submit(_x64.flushes_subnormals).result(),
+                program._direction_pool().submit(_x64.flushes_subnormals).result())
 
     assert _in_callback(start_pools) == (True, False, False)
