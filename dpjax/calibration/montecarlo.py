@@ -126,8 +126,8 @@ def calibrated_noise(correlation, batches_per_epoch: int, epochs: int, *, target
         :class:`NewtonIllinois` (a few passes; the same root to ~1e-11 relative).
 
     Returns:
-      scalar array ``sigma*`` (noise std / clip norm), computed in float64 (float32 when
-      returned to a traced float32 caller).  Not a certificate: certify the
+      scalar array ``sigma*`` (noise std / clip norm), computed in float64 (float32, rounded
+      up, when returned to a traced float32 caller).  Not a certificate: certify the
       final ``(C, sigma)`` with many samples (:meth:`dpjax.montecarlo.BallsInBins.certify`).
 
     Raises:
