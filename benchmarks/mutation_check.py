@@ -263,6 +263,26 @@ MUTATIONS = [
         "reaches float32 code below its float64 value.",
         ("tests/_base/test_x64.py",)),
     Mutation(
+        "float32-record-fields-rounded-to-nearest", "dpjax/_base/x64.py",
+        "return rounding.get(name, \"nearest\")",
+        "return \"nearest\"",
+        "A calibration's noise multiplier (and an epsilon report's epsilon) reaches float32 code "
+        "rounded to nearest: up to 6e-8 relative below the certified value.",
+        ("tests/_base/test_x64.py",)),
+    Mutation(
+        "float32-noise-multiplier-root-to-nearest", "dpjax/numerics/root.py",
+        'UPPER_ROOT_ROUNDING = {"root": "up", "lower": "down", "upper": "up"}',
+        'UPPER_ROOT_ROUNDING = {"root": "nearest", "lower": "down", "upper": "up"}',
+        "A calibrated noise multiplier's root reaches float32 code rounded to nearest: a sigma "
+        "up to 6e-8 relative below the calibrated one.",
+        ("tests/_base/test_x64.py",)),
+    Mutation(
+        "float32-epsilon-report-to-nearest", "dpjax/pld/grid/fixed_grid.py",
+        'return {"epsilon": "up", "epsilon_lower_estimate": "down"} if with_report else "up"',
+        'return "up"',
+        "A fixed grid's EpsilonReport reaches float32 code with its epsilon rounded to nearest.",
+        ("tests/_base/test_x64.py",)),
+    Mutation(
         "gaussian-rounding-bound-ignored", "dpjax/numerics/exact.py",
         "return ((math.isfinite(error) and log_delta <= log_target - max(_LOG_DELTA_MARGIN, error))",
         "return ((log_delta <= log_target - _LOG_DELTA_MARGIN)",

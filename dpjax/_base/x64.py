@@ -39,7 +39,7 @@ import contextlib
 import ctypes
 import functools
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 from dpjax._base import deferred_x64, jax_loaded, lazy_module as _lazy_module
@@ -74,18 +74,19 @@ def _is_inexact(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
 
-def float64(fn: F | None = None, *, rounding: str | Callable[..., str] = "nearest"):
+def float64(fn: F | None = None, *, rounding: str | Mapping[str, str] | Callable[..., Any] = "nearest"):
     """Decorator: run ``fn`` in float64 for eager and traced (grad, vmap, jit) float32 callers.
 
     See the module docstring for the contract.  ``fn`` must be a function of its arguments only
     (no closed-over tracers); non-array arguments (ints, strings, dataclasses of NumPy arrays)
     pass through unchanged.
 
-    ``rounding``: how a traced call hands a bare float64 array result to float32 code:
+    ``rounding``: how a traced call hands float64 results to float32 code.  A side is
     ``"nearest"``, ``"up"`` (a certified upper bound or a calibrated noise multiplier, whose safe
-    side is up), ``"down"`` (a lower bound), or a function of the call's ``(*args, **kwargs)``
-    returning one of those.  The derivative is that of the float64 value.  A result that is a
-    record (several leaves) is rounded to nearest.
+    side is up) or ``"down"`` (a lower bound).  ``rounding`` is a side (for a bare array result;
+    a record's fields go to nearest), a mapping from a record's field names to sides (the other
+    fields to nearest), or a function of the call's ``(*args, **kwargs)`` returning either.  The
+    derivative is that of the float64 value.
     """
     if fn is None:
         return functools.partial(float64, rounding=rounding)
@@ -141,11 +142,11 @@ def _traced_call(fn: Callable, leaves: list, treedef, rounding: str = "nearest")
 
     def to_caller(out):
         # Inexact outputs go back in the caller's default float dtype (float32 here).
-        leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+        with_paths, out_tree = jax.tree_util.tree_flatten_with_path(out)
         out_meta[:] = [out_tree]
-        side = rounding if len(leaves_out) == 1 else "nearest"
-        return [_to_float32(leaf, side) if _is_inexact(leaf) and jnp.result_type(leaf) == jnp.float64
-                else leaf for leaf in leaves_out]
+        return [_to_float32(leaf, _side(rounding, path, len(with_paths)))
+                if _is_inexact(leaf) and jnp.result_type(leaf) == jnp.float64 else leaf
+                for path, leaf in with_paths]
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=())
     def primal(diff_values, other_values):
@@ -168,6 +169,14 @@ def _traced_call(fn: Callable, leaves: list, treedef, rounding: str = "nearest")
     primal.defvjp(primal_fwd, primal_bwd)
     out_leaves = primal([leaves[i] for i in diff_index], [leaves[i] for i in other_index])
     return jax.tree_util.tree_unflatten(out_meta[0], out_leaves)
+
+
+def _side(rounding, path, num_leaves: int) -> str:
+    """The rounding side of the output leaf at ``path`` (see :func:`float64`)."""
+    if isinstance(rounding, str):
+        return rounding if num_leaves == 1 else "nearest"
+    name = getattr(path[0], "name", getattr(path[0], "key", None)) if path else None
+    return rounding.get(name, "nearest")
 
 
 def _to_float32(value, side: str):

@@ -28,6 +28,7 @@ from dpjax._base.x64 import float64, host_only
 from dpjax.numerics.exact import gaussian_log_delta, gaussian_log_delta_upper
 from dpjax.calibration.root import (ImplicitAdjoint, SolverStatus, StopGradientAdjoint,
                                     solve_monotone_root)
+from dpjax.numerics.root import UPPER_ROOT_ROUNDING
 from dpjax._base import xla as _xla
 
 jax = _lazy_module("jax")
@@ -71,7 +72,7 @@ def _log_delta_upper(epsilon, noise_multiplier, steps):
     return gaussian_log_delta_upper(jnp.asarray(epsilon, jnp.float64), _mu(noise_multiplier, steps))
 
 
-@float64
+@float64(rounding=UPPER_ROOT_ROUNDING)
 def gaussian_noise_multiplier_core(target_epsilon, target_delta, steps=1, *,
                                    num_iterations: int = 64, adjoint=ImplicitAdjoint()):
     """Jittable core: smallest sigma with ``composed_gaussian_delta(target_epsilon, sigma, steps) <= target_delta``.

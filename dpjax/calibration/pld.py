@@ -60,9 +60,9 @@ from dpjax._base import validate as _validate
 from dpjax._base import traced as _traced
 from dpjax._base.x64 import float64, host_only
 from dpjax.calibration.root import ImplicitAdjoint, solve_monotone_root
-from dpjax.numerics.root import HostBisection
+from dpjax.numerics.root import UPPER_ROOT_ROUNDING, HostBisection
 from dpjax.pld.grid.fixed_grid import FixedGrid, delta_fn, plan_fixed_grid
-from dpjax.pld.grid.fixed_grid import grid_epsilon_fn
+from dpjax.pld.grid.fixed_grid import epsilon_rounding, grid_epsilon_fn
 from dpjax.pld.grid.compose import Group
 from dpjax.numerics.exact import host_gaussian_log_delta
 from dpjax.pld.mechanisms import DIRECTIONS, PoissonSubsampledGaussian
@@ -174,7 +174,7 @@ def dpsgd_delta_fn(epsilon, noise_multiplier, sampling_prob, steps, *, grid: DPS
     return delta_fn(grid, epsilon, (mech,), counts=(jnp.reshape(steps, (1,)),))
 
 
-@float64(rounding="up")
+@float64(rounding=epsilon_rounding)
 def dpsgd_epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, grid: DPSGDGrid | None = None,
                with_report: bool = False, warn: bool = True):
     """Certified epsilon of DP-SGD at ``target_delta`` as a differentiable JAX function.
@@ -205,7 +205,7 @@ def dpsgd_epsilon_fn(noise_multiplier, sampling_prob, steps, target_delta, *, gr
                           warn=warn)
 
 
-@float64
+@float64(rounding=UPPER_ROOT_ROUNDING)
 def dpsgd_noise_multiplier_core(target_epsilon, target_delta, sampling_prob, steps, bracket, *,
                                 grid: DPSGDGrid, num_iterations: int = NUM_ITERATIONS,
                                 adjoint=ImplicitAdjoint()):

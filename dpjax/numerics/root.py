@@ -33,7 +33,13 @@ __all__ = [
     "solve_monotone_root",
     "bisect_integer",
     "HostBisection",
+    "UPPER_ROOT_ROUNDING",
 ]
+
+#: How a :class:`Solution` whose root is the bracket's *upper* end (a noise multiplier: the level
+#: function decreases) reaches float32 code (:func:`dpjax._base.x64.float64`'s ``rounding``): the
+#: root and the upper end rounded up, the lower end down, so the bracket still holds.
+UPPER_ROOT_ROUNDING = {"root": "up", "lower": "down", "upper": "up"}
 
 class SolverStatus(enum.IntEnum):
     """Outcome of a root solve, stored as an int32 array in :attr:`Solution.status`.

@@ -129,3 +129,39 @@ def test_dpjax_worker_pools_started_from_a_flushing_thread_do_not_flush():
                 program._direction_pool().submit(_x64.flushes_subnormals).result())
 
     assert _in_callback(start_pools) == (True, False, False)
+
+
+def test_traced_records_round_each_field_to_its_side():
+    # A calibration's Solution (the root and the bracket's upper end up, the lower end down),
+    # under vmap from float32 code, against the same call with x64 on at the same inputs.
+    from dpjax.calibration import gaussian as cg
+
+    eps = jnp.linspace(0.5, 4.0, 16, dtype=jnp.float32)
+    solve = jax.vmap(lambda e: cg.gaussian_noise_multiplier_core(e, 1e-5, 100))
+    sol = solve(eps)
+    with jax.enable_x64(True):
+        sol64 = solve(jnp.asarray(np.asarray(eps), jnp.float64))
+    f64 = lambda a: np.asarray(a, np.float64)
+    assert sol.root.dtype == jnp.float32
+    assert np.all(f64(sol.root) >= f64(sol64.root)) and np.all(f64(sol.upper) >= f64(sol64.upper))
+    assert np.all(f64(sol.lower) <= f64(sol64.lower))
+    assert np.any(f64(sol.root) > f64(sol64.root)) and np.any(f64(sol.lower) < f64(sol64.lower))
+
+
+def test_an_epsilon_reports_fields_round_to_their_sides():
+    # The fixed grid's epsilon rounding on a real EpsilonReport (its field names), built from a
+    # cheap function: the epsilon up, its lower estimate down, the rest to nearest.
+    from dpjax.pld.grid.fixed_grid import EpsilonReport, epsilon_rounding
+
+    @_x64.float64(rounding=epsilon_rounding)
+    def report(x, *, with_report):
+        v = jnp.asarray(x, jnp.float64) / 3.0
+        return EpsilonReport(*([v] * len(EpsilonReport._fields)))
+
+    x = jnp.linspace(1.0, 2.0, 64, dtype=jnp.float32)
+    rep = jax.vmap(lambda v: report(v, with_report=True))(x)
+    exact = np.asarray(x, np.float64) / 3.0
+    f64 = lambda a: np.asarray(a, np.float64)
+    assert np.all(f64(rep.epsilon) >= exact) and np.all(f64(rep.epsilon_lower_estimate) <= exact)
+    assert np.any(f64(rep.epsilon) != f64(rep.excess))  # the other fields: nearest
+    np.testing.assert_array_equal(f64(rep.excess), exact.astype(np.float32))

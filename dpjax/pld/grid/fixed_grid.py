@@ -315,6 +315,12 @@ class LooseBoundWarning(UserWarning):
     would give (the parameters left the range the fixed grid was planned for)."""
 
 
+def epsilon_rounding(*args, with_report: bool = False, **kwargs):
+    """The float32 rounding of a certified epsilon (:func:`dpjax._base.x64.float64`'s
+    ``rounding``): up; in an :class:`EpsilonReport`, the epsilon up and its lower estimate down."""
+    return {"epsilon": "up", "epsilon_lower_estimate": "down"} if with_report else "up"
+
+
 class EpsilonReport(NamedTuple):
     """:func:`grid_epsilon_fn`'s answer with the terms of its bound (``with_report=True``).
 
@@ -386,7 +392,7 @@ def _warn_loose(loose, excess):
             f"dpjax.calibration.dpsgd_grid at them)", LooseBoundWarning, stacklevel=2)
 
 
-@float64(rounding="up")
+@float64(rounding=epsilon_rounding)
 def grid_epsilon_fn(grid: FixedGrid, target_delta, mechanisms=None, *, counts=None, with_report: bool = False,
                warn: bool = True):
     """Certified epsilon (upper bound) at ``target_delta`` (any array shape), in closed form.
