@@ -28,12 +28,12 @@ from typing import Callable, Mapping
 
 import numpy as np
 from dpjax._base import jax_loaded, lazy_module as _lazy_module
-from dpjax._base.x64 import ieee_arithmetic
+from dpjax._base.x64 import ieee_arithmetic, round_up
 
 jax = _lazy_module("jax")
 jnp = _lazy_module("jax.numpy")
 
-__all__ = ["is_tracer", "is_traced", "host_call", "round_up"]
+__all__ = ["is_tracer", "is_traced", "host_call"]
 
 
 def is_tracer(x) -> bool:
@@ -46,16 +46,6 @@ def is_traced(*values) -> bool:
     if not jax_loaded():
         return False
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(values))
-
-
-def round_up(value, dtype) -> np.ndarray:
-    """``value`` in ``dtype``, rounded toward +inf where ``dtype`` is narrower (a float64 upper
-    bound handed to float32 code: the nearest float32 may lie below it, and below the truth)."""
-    value = np.asarray(value, np.float64)
-    out = value.astype(dtype)
-    if out.dtype == value.dtype:
-        return out
-    return np.where(out < value, np.nextafter(out, np.asarray(np.inf, out.dtype)), out).astype(dtype)
 
 
 def _float_dtype():
@@ -79,7 +69,7 @@ def host_call(values: Callable[..., np.ndarray], partials: Callable[..., tuple],
         broadcast to one shape (float64 NumPy arrays for ``floats``, int64 for ``ints``); its
         result has that shape.  The result is an upper-side quantity (a certified epsilon or
         delta, a calibrated noise multiplier): in a float32 caller's dtype it is rounded up
-        (:func:`round_up`).
+        (:func:`dpjax._base.x64.round_up`).
       partials: ``partials(wrt, **arrays) -> (values, {name: d values / d name})`` for the
         argument names in ``wrt`` (a tuple), each of the broadcast shape.
       floats: name -> value (a tracer or a concrete number/array) of the differentiable

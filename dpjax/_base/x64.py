@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import inspect
 import sys
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -49,8 +50,8 @@ jnp = _lazy_module("jax.numpy")
 
 F = TypeVar("F", bound=Callable)
 
-__all__ = ["float64", "x64_enabled", "require_concrete", "host_only", "flushes_subnormals", "ieee_arithmetic",
-           "reset_thread", "can_switch"]
+__all__ = ["float64", "x64_enabled", "require_concrete", "host_only", "round_up", "flushes_subnormals",
+           "ieee_arithmetic", "reset_thread", "can_switch"]
 
 
 def x64_enabled() -> bool:
@@ -85,11 +86,19 @@ def float64(fn: F | None = None, *, rounding: str | Mapping[str, str] | Callable
     ``"nearest"``, ``"up"`` (a certified upper bound or a calibrated noise multiplier, whose safe
     side is up) or ``"down"`` (a lower bound).  ``rounding`` is a side (for a bare array result;
     a record's fields go to nearest), a mapping from a record's field names to sides (the other
-    fields to nearest), or a function of the call's ``(*args, **kwargs)`` returning either.  The
-    derivative is that of the float64 value.
+    fields to nearest), or a function of the call's arguments by name (defaults applied, as
+    keywords) returning either.  The derivative is that of the float64 value.
     """
     if fn is None:
         return functools.partial(float64, rounding=rounding)
+    signature = inspect.signature(fn) if callable(rounding) else None
+
+    def side_of(args, kwargs):
+        if signature is None:
+            return rounding
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return rounding(**bound.arguments)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -115,8 +124,7 @@ def float64(fn: F | None = None, *, rounding: str | Mapping[str, str] | Callable
                 "into a program lowered without x64. Call it outside jit (eager, grad and vmap "
                 "work from float32 code), or trace with x64 on: "
                 "`with jax.enable_x64(True): jax.jit(f)(...)`.")
-        side = rounding(*args, **kwargs) if callable(rounding) else rounding
-        return _traced_call(fn, leaves, treedef, side)
+        return _traced_call(fn, leaves, treedef, side_of(args, kwargs))
 
     wrapper.__wrapped_float64__ = fn  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
@@ -169,6 +177,17 @@ def _traced_call(fn: Callable, leaves: list, treedef, rounding: str = "nearest")
     primal.defvjp(primal_fwd, primal_bwd)
     out_leaves = primal([leaves[i] for i in diff_index], [leaves[i] for i in other_index])
     return jax.tree_util.tree_unflatten(out_meta[0], out_leaves)
+
+
+def round_up(value, dtype) -> np.ndarray:
+    """``value`` in ``dtype``, rounded toward +inf where ``dtype`` is narrower: the host (NumPy)
+    form of the ``"up"`` side, for results handed back from a host callback (the nearest float32
+    of a float64 upper bound may lie below it, and below the truth)."""
+    value = np.asarray(value, np.float64)
+    out = value.astype(dtype)
+    if out.dtype == value.dtype:
+        return out
+    return np.where(out < value, np.nextafter(out, np.asarray(np.inf, out.dtype)), out).astype(dtype)
 
 
 def _side(rounding, path, num_leaves: int) -> str:

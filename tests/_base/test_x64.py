@@ -154,7 +154,7 @@ def test_an_epsilon_reports_fields_round_to_their_sides():
     from dpjax.pld.grid.fixed_grid import EpsilonReport, epsilon_rounding
 
     @_x64.float64(rounding=epsilon_rounding)
-    def report(x, *, with_report):
+    def report(x, *, with_report=False):
         v = jnp.asarray(x, jnp.float64) / 3.0
         return EpsilonReport(*([v] * len(EpsilonReport._fields)))
 

@@ -835,10 +835,9 @@ _EPS_FN = None
 _DELTA_FN = None
 
 
-def _bound_side(*args, **kwargs) -> str:
-    """The safe rounding side of the call's ``bound`` (its fourth argument) for a float32
-    caller's value: up for the certified upper bound, down for the lower one."""
-    bound = args[3] if len(args) > 3 else kwargs.get("bound", "upper")
+def _bound_side(*, bound: str, **_) -> str:
+    """The safe rounding side of the call's ``bound`` for a float32 caller's value: up for the
+    certified upper bound, down for the lower one."""
     return "up" if bound == "upper" else "down"
 
 

@@ -315,7 +315,7 @@ class LooseBoundWarning(UserWarning):
     would give (the parameters left the range the fixed grid was planned for)."""
 
 
-def epsilon_rounding(*args, with_report: bool = False, **kwargs):
+def epsilon_rounding(*, with_report: bool, **_):
     """The float32 rounding of a certified epsilon (:func:`dpjax._base.x64.float64`'s
     ``rounding``): up; in an :class:`EpsilonReport`, the epsilon up and its lower estimate down."""
     return {"epsilon": "up", "epsilon_lower_estimate": "down"} if with_report else "up"

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpjax._base.ops import NUMPY, Ops, is_jax, jax_ops, tree_flatten, tree_map, tree_unflatten
+from dpjax._base.x64 import reset_thread
 from dpjax.pld.mechanisms import LossCDFs
 
 __all__ = ["DIAGNOSTICS", "UNIT_ROUNDOFF", "FLUSH", "GridLayout", "Spec", "GroupSpec", "Inputs", "run_host", "run_jit",
@@ -1168,10 +1169,8 @@ def _direction_pool():
     if not _DIRECTION_POOL:
         import concurrent.futures
 
-        from dpjax._base import x64
-
         _DIRECTION_POOL.append(concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dpjax-direction", initializer=x64.reset_thread))
+            max_workers=1, thread_name_prefix="dpjax-direction", initializer=reset_thread))
     return _DIRECTION_POOL[0]
 
 
